@@ -1,0 +1,493 @@
+"""Requests and responses: headers decoded eagerly, bodies lazily, bytes reused.
+
+A decoded ``Request``/``Response`` keeps the frame it came from.  Its body is decoded
+on first access.  Encoding an unchanged message returns the original frame object; a
+message changed with ``replace()`` is re-encoded by splicing: every top-level field that
+is still the very object that was decoded is copied from the original bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Final, NamedTuple
+
+from gatehouse.codecs._compile import message_codec
+from gatehouse.codecs.errors import LocalProtocolError, ProtocolError, RemoteProtocolError, UnknownApi
+from gatehouse.codecs.primitives import Buffer, read_uvarint, uvarint_bytes
+from gatehouse.codecs.schema import API_VERSIONS_KEY, APIS, ApiSpec, MessageSpec
+
+_HEAD: Final = struct.Struct(">hhih")  # api key, version, correlation id, client id length
+_HEAD_NO_CLIENT: Final = struct.Struct(">hhi")
+_I16: Final = struct.Struct(">h")
+_I32: Final = struct.Struct(">i")
+
+UNSUPPORTED_VERSION: Final = 35
+
+# (api_key << 16 | version) -> request header version, for every version we know.
+_REQUEST_HEADER_VERSION: Final[dict[int, int]] = {
+    (a.key << 16) | v: a.request_header_version(v) for a in APIS.values() for v in a.versions
+}
+
+
+class RequestHeader(NamedTuple):
+    """Request header v0-v2.  ``client_id`` is None in v0 (and when sent as null)."""
+
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    unknown_tags: tuple[tuple[int, bytes], ...] = ()
+
+    def replace(self, **changes: Any) -> RequestHeader:
+        return self._replace(**changes)
+
+
+class ResponseHeader(NamedTuple):
+    """Response header v0/v1."""
+
+    correlation_id: int
+    unknown_tags: tuple[tuple[int, bytes], ...] = ()
+
+    def replace(self, **changes: Any) -> ResponseHeader:
+        return self._replace(**changes)
+
+
+_UNSET: Final[Any] = object()
+
+
+def _readonly(frame: Buffer) -> memoryview:
+    """A read-only view of the frame; records fields are slices of it (no copies)."""
+    view = memoryview(frame)
+    if not view.readonly:  # a caller's bytearray may change under us: take a copy
+        view = memoryview(bytes(view))
+    return view
+
+
+def _read_header_tags(view: memoryview, pos: int) -> tuple[tuple[tuple[int, bytes], ...], int]:
+    count, pos = read_uvarint(view, pos)
+    if not count:
+        return (), pos
+    tags = []
+    for _ in range(count):
+        tag, pos = read_uvarint(view, pos)
+        size, pos = read_uvarint(view, pos)
+        if pos + size > len(view):
+            raise RemoteProtocolError("header tagged field runs past the end of the frame", offset=pos)
+        tags.append((tag, bytes(view[pos : pos + size])))
+        pos += size
+    return tuple(tags), pos
+
+
+def _write_header_tags(out: bytearray, tags: tuple[tuple[int, bytes], ...]) -> None:
+    out += uvarint_bytes(len(tags))
+    for tag, payload in sorted(tags):
+        out += uvarint_bytes(tag)
+        out += uvarint_bytes(len(payload))
+        out += payload
+
+
+class _Message:
+    """What requests and responses share: lazy body, splicing encoder."""
+
+    __slots__ = ("_body", "_body_offset", "_frame", "_orig_body", "_orig_header", "_spans", "header")
+
+    header: Any
+    _frame: Buffer | None
+    _body_offset: int
+    _body: Any
+    _orig_header: Any
+    _orig_body: Any
+    _spans: tuple[int, ...] | None
+
+    api_key: int
+    api_version: int
+
+    def _message_spec(self) -> MessageSpec:
+        raise NotImplementedError
+
+    @property
+    def api(self) -> ApiSpec:
+        """The API's table entry; raises ``UnknownApi`` for keys/versions we don't know."""
+        spec = APIS.get(self.api_key)
+        if spec is None or self.api_version not in spec.versions:
+            raise UnknownApi(
+                "API key or version not in the codec's tables",
+                api_key=self.api_key,
+                api_version=self.api_version,
+                api_name=spec.name if spec else None,
+            )
+        return spec
+
+    @property
+    def known(self) -> bool:
+        """Whether the codec can decode this message's body."""
+        spec = APIS.get(self.api_key)
+        return spec is not None and self.api_version in spec.versions
+
+    @property
+    def body(self) -> Any:
+        """The body record, decoded from the frame on first access."""
+        body = self._body
+        if body is _UNSET:
+            body = self._decode_body()
+        return body
+
+    @property
+    def body_decoded(self) -> bool:
+        return self._body is not _UNSET
+
+    @property
+    def frame(self) -> Buffer | None:
+        """The bytes this message was decoded from (None if built in code)."""
+        return self._frame
+
+    def _decode_body(self) -> Any:
+        assert self._frame is not None
+        spec = self._message_spec()
+        codec = message_codec(spec, self.api_version)
+        view = _readonly(self._frame)[self._body_offset :]
+        try:
+            body, end, spans = codec.decode(view)
+        except ProtocolError as exc:
+            if exc.offset is not None:
+                exc.offset += self._body_offset
+            raise exc.at_api(self.api_key, self.api_version, self.api.name) from None
+        if end != len(view):
+            raise RemoteProtocolError(
+                f"{len(view) - end} unexpected bytes after the body",
+                api_key=self.api_key,
+                api_version=self.api_version,
+                api_name=self.api.name,
+                offset=self._body_offset + end,
+            )
+        self._body = self._orig_body = body
+        self._spans = spans
+        return body
+
+    def _encode_header(self, out: bytearray) -> None:
+        raise NotImplementedError
+
+    def encode(self) -> Buffer:
+        """The wire bytes of this message (without the 4-byte size prefix)."""
+        frame = self._frame
+        if frame is not None and self.header is self._orig_header:
+            if self._body is _UNSET or self._body is self._orig_body:
+                return frame  # unchanged: the original bytes, not a copy
+        out = bytearray()
+        view = None if frame is None else _readonly(frame)
+        if view is not None and self.header is self._orig_header:
+            out += view[: self._body_offset]
+        else:
+            self._encode_header(out)
+        body = self.body
+        spec = self._message_spec()
+        codec = message_codec(spec, self.api_version)
+        try:
+            if view is not None and self._spans is not None:
+                codec.encode_spliced(out, body, self._orig_body, view[self._body_offset :], self._spans)
+            else:
+                codec.encode(out, body)
+        except ProtocolError as exc:
+            raise exc.at_api(self.api_key, self.api_version, self.api.name) from None
+        return bytes(out)
+
+    def __repr__(self) -> str:
+        body = repr(self._body) if self._body is not _UNSET else "<not decoded>"
+        return f"{type(self).__name__}({self.header!r}, body={body})"
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        assert isinstance(other, _Message)
+        return (
+            self.header == other.header
+            and self.api_key == other.api_key
+            and self.api_version == other.api_version
+            and self.body == other.body
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class Request(_Message):
+    """A Kafka request: ``header`` (always decoded) and ``body`` (decoded when read)."""
+
+    __slots__ = ()
+    header: RequestHeader
+
+    @property
+    def api_key(self) -> int:  # type: ignore[override]
+        return self.header.api_key
+
+    @property
+    def api_version(self) -> int:  # type: ignore[override]
+        return self.header.api_version
+
+    @property
+    def correlation_id(self) -> int:
+        return self.header.correlation_id
+
+    @property
+    def header_version(self) -> int | None:
+        """1 or 2 by the flexible-version rule (0 for ControlledShutdown v0); None if unknown."""
+        return _REQUEST_HEADER_VERSION.get((self.api_key << 16) | self.api_version)
+
+    def _message_spec(self) -> MessageSpec:
+        return self.api.request
+
+    @classmethod
+    def build(
+        cls,
+        api_key: int,
+        api_version: int,
+        correlation_id: int,
+        client_id: str | None,
+        body: Any,
+    ) -> Request:
+        """A request made in code (encoded in full by ``encode``)."""
+        req = object.__new__(cls)
+        req.header = RequestHeader(api_key, api_version, correlation_id, client_id)
+        req._frame = None
+        req._body_offset = 0
+        req._body = body
+        req._orig_header = req._orig_body = _UNSET
+        req._spans = None
+        req.api  # noqa: B018 - validates key and version
+        return req
+
+    def replace(self, *, header: RequestHeader | None = None, body: Any = _UNSET) -> Request:
+        """A copy with a new header and/or body; unchanged parts are spliced on encode."""
+        if body is not _UNSET and self._frame is not None:
+            self.body  # noqa: B018 - the original must be decoded to splice against it
+        new = object.__new__(Request)
+        new.header = self.header if header is None else header
+        new._frame = self._frame
+        new._body_offset = self._body_offset
+        new._body = self._body if body is _UNSET else body
+        new._orig_header = self._orig_header
+        new._orig_body = self._orig_body
+        new._spans = self._spans
+        if new._frame is not None and (
+            new.header.api_key != self.api_key or new.header.api_version != self.api_version
+        ):
+            raise LocalProtocolError("replace() cannot change the API key or version of a decoded request")
+        return new
+
+    def _encode_header(self, out: bytearray) -> None:
+        h = self.header
+        version = self.header_version
+        if version is None:
+            raise LocalProtocolError(
+                "cannot encode a request of an unknown API version", api_key=h.api_key,
+                api_version=h.api_version,
+            )
+        try:
+            out += _HEAD_NO_CLIENT.pack(h.api_key, h.api_version, h.correlation_id)
+            if version >= 1:
+                if h.client_id is None:
+                    out += b"\xff\xff"
+                else:
+                    raw = h.client_id.encode()
+                    out += _I16.pack(len(raw))
+                    out += raw
+            if version >= 2:
+                _write_header_tags(out, h.unknown_tags)
+            elif h.unknown_tags:
+                raise LocalProtocolError("tagged fields in a request header below v2")
+        except struct.error as exc:
+            raise LocalProtocolError(f"cannot encode request header: {exc}") from None
+
+
+class Response(_Message):
+    """A Kafka response.  Responses do not say which API they answer: the caller does."""
+
+    __slots__ = ("_api_key", "_api_version")
+    header: ResponseHeader
+
+    @property
+    def api_key(self) -> int:  # type: ignore[override]
+        return self._api_key
+
+    @property
+    def api_version(self) -> int:  # type: ignore[override]
+        """The version the body is written in (0 for a v0-format ApiVersions fallback)."""
+        return self._api_version
+
+    @property
+    def correlation_id(self) -> int:
+        return self.header.correlation_id
+
+    @property
+    def header_version(self) -> int:
+        spec = APIS.get(self._api_key)
+        if spec is None:
+            return 0
+        return spec.response_header_version(self._api_version)
+
+    def _message_spec(self) -> MessageSpec:
+        return self.api.response
+
+    @classmethod
+    def build(cls, api_key: int, api_version: int, correlation_id: int, body: Any) -> Response:
+        resp = object.__new__(cls)
+        resp.header = ResponseHeader(correlation_id)
+        resp._api_key = api_key
+        resp._api_version = api_version
+        resp._frame = None
+        resp._body_offset = 0
+        resp._body = body
+        resp._orig_header = resp._orig_body = _UNSET
+        resp._spans = None
+        resp.api  # noqa: B018 - validates key and version
+        return resp
+
+    def replace(self, *, header: ResponseHeader | None = None, body: Any = _UNSET) -> Response:
+        if body is not _UNSET and self._frame is not None:
+            self.body  # noqa: B018
+        new = object.__new__(Response)
+        new.header = self.header if header is None else header
+        new._api_key = self._api_key
+        new._api_version = self._api_version
+        new._frame = self._frame
+        new._body_offset = self._body_offset
+        new._body = self._body if body is _UNSET else body
+        new._orig_header = self._orig_header
+        new._orig_body = self._orig_body
+        new._spans = self._spans
+        return new
+
+    def _encode_header(self, out: bytearray) -> None:
+        h = self.header
+        out += _I32.pack(h.correlation_id)
+        if self.header_version >= 1:
+            _write_header_tags(out, h.unknown_tags)
+        elif h.unknown_tags:
+            raise LocalProtocolError("tagged fields in a response header v0")
+
+
+def decode_request_header(frame: Buffer) -> RequestHeader:
+    """Only the header (api key, version, correlation id, client id) of a request frame."""
+    return decode_request(frame).header
+
+
+def decode_request(frame: Buffer) -> Request:
+    """A request from the bytes after its 4-byte size prefix.  Decodes the header only.
+
+    Unknown API keys and versions decode too (header v1 layout, which v2 shares up to
+    its tag section); their body raises ``UnknownApi``.
+    """
+    try:
+        api_key, api_version, correlation_id, n = _HEAD.unpack_from(frame, 0)
+    except struct.error:
+        if len(frame) >= 8:  # header v0 without a client id (ControlledShutdown v0)
+            api_key, api_version, correlation_id = _HEAD_NO_CLIENT.unpack_from(frame, 0)
+            n = None
+        else:
+            raise RemoteProtocolError(
+                f"request frame of {len(frame)} bytes is shorter than a request header", offset=0
+            ) from None
+    header_version = _REQUEST_HEADER_VERSION.get((api_key << 16) | api_version, 1)
+    if header_version == 0:
+        client_id = None
+        pos = 8
+    elif n is None:
+        raise RemoteProtocolError("request header ends before its client id", offset=8)
+    elif n < 0:
+        if n != -1:
+            raise RemoteProtocolError(f"negative client id length {n}", offset=8)
+        client_id = None
+        pos = 10
+    else:
+        pos = 10 + n
+        if pos > len(frame):
+            raise RemoteProtocolError("client id runs past the end of the frame", offset=8)
+        try:
+            client_id = str(frame[10:pos], "utf-8")
+        except UnicodeDecodeError:
+            raise RemoteProtocolError("client id is not valid UTF-8", offset=10) from None
+    tags: tuple[tuple[int, bytes], ...] = ()
+    if header_version == 2:
+        if pos < len(frame) and frame[pos] == 0:  # the usual empty tag section
+            pos += 1
+        else:
+            try:
+                tags, pos = _read_header_tags(memoryview(frame), pos)
+            except ProtocolError as exc:
+                raise exc.at_api(api_key, api_version, None) from None
+    req = object.__new__(Request)
+    req.header = req._orig_header = RequestHeader(api_key, api_version, correlation_id, client_id, tags)
+    req._frame = frame
+    req._body_offset = pos
+    req._body = req._orig_body = _UNSET
+    req._spans = None
+    return req
+
+
+def decode_response(frame: Buffer, api_key: int, api_version: int) -> Response:
+    """A response to a request of ``api_key``/``api_version``.  Decodes the header only.
+
+    ApiVersions is special (KIP-35): a broker that does not support the requested version
+    answers UNSUPPORTED_VERSION in the v0 format.  Such a response decodes with
+    ``api_version == 0``, which is what its bytes are.
+    """
+    if len(frame) < 4:
+        raise RemoteProtocolError(
+            f"response frame of {len(frame)} bytes is shorter than a response header", offset=0
+        )
+    (correlation_id,) = _I32.unpack_from(frame, 0)
+    spec = APIS.get(api_key)
+    pos = 4
+    tags: tuple[tuple[int, bytes], ...] = ()
+    if spec is not None and api_version in spec.versions and spec.response_header_version(api_version) == 1:
+        if pos < len(frame) and frame[pos] == 0:
+            pos += 1
+        else:
+            try:
+                tags, pos = _read_header_tags(memoryview(frame), pos)
+            except ProtocolError as exc:
+                raise exc.at_api(api_key, api_version, spec.name) from None
+    resp = object.__new__(Response)
+    resp.header = resp._orig_header = ResponseHeader(correlation_id, tags)
+    resp._api_key = api_key
+    resp._api_version = api_version
+    resp._frame = frame
+    resp._body_offset = pos
+    resp._body = resp._orig_body = _UNSET
+    resp._spans = None
+    if api_key == API_VERSIONS_KEY and api_version != 0:
+        _settle_api_versions_format(resp)
+    return resp
+
+
+def _settle_api_versions_format(resp: Response) -> None:
+    """Pick the format an ApiVersions response is really in (see ``decode_response``)."""
+    frame = resp._frame
+    assert frame is not None
+    error = _I16.unpack_from(frame, 4)[0] if len(frame) >= 6 else None
+    requested = resp._api_version
+    # A v0 fallback answer says UNSUPPORTED_VERSION; try that first, as clients do.
+    order = [0, requested] if error == UNSUPPORTED_VERSION else [requested, 0]
+    for version in order:
+        if version not in APIS[API_VERSIONS_KEY].versions:
+            continue
+        resp._api_version = version
+        try:
+            resp._decode_body()
+            return
+        except ProtocolError:
+            resp._body = resp._orig_body = _UNSET
+    resp._api_version = requested  # neither fits: report the error on access
+
+
+def encode_request(req: Request) -> Buffer:
+    """The frame of a request (no size prefix): the original bytes if unchanged."""
+    return req.encode()
+
+
+def encode_response(resp: Response) -> Buffer:
+    return resp.encode()
+
+
+def size_prefixed(frame: Buffer) -> bytes:
+    """The frame with its 4-byte size prefix, ready for the socket."""
+    return _I32.pack(len(frame)) + bytes(frame)

@@ -1,0 +1,225 @@
+"""Record batch headers, read without decompressing anything.
+
+A ``records`` field (Produce requests, Fetch responses, ...) holds a sequence of record
+batches (magic 2) or, from very old clients, legacy message sets (magic 0/1).  Metrics
+and rules need counts and sizes, never payloads, so this module reads headers only:
+
+- batch v2: base offset, length, leader epoch, magic, CRC-32C, attributes (compression,
+  timestamp type, transactional, control), last offset delta, timestamps, producer id
+  and epoch, base sequence, record count (K ``DefaultRecordBatch``);
+- legacy messages: offset, size, CRC-32, magic, attributes, timestamp (magic 1).
+
+A Fetch response may end with a partial batch (the broker cuts at max bytes); that tail
+is reported as ``truncated_bytes``, not as an error.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Final
+
+from gatehouse.codecs.errors import RemoteProtocolError
+from gatehouse.codecs.primitives import Buffer
+
+BATCH_HEADER: Final = struct.Struct(">qiibIhiqqqhii")
+BATCH_OVERHEAD: Final = BATCH_HEADER.size  # 61
+LOG_OVERHEAD: Final = 12  # base offset + length, which the length does not count
+_OFFSET_SIZE: Final = struct.Struct(">qi")
+_LEGACY_V0: Final = struct.Struct(">qiIbb")
+_LEGACY_V1: Final = struct.Struct(">qiIbbq")
+_COUNT: Final = struct.Struct(">i")
+_MAGIC_AT: Final = 16
+_CRC_DATA_FROM: Final = 21  # CRC-32C covers attributes onwards
+
+COMPRESSION_NAMES: Final = ("none", "gzip", "snappy", "lz4", "zstd")
+
+
+def _crc32c_table() -> tuple[int, ...]:
+    table = []
+    for n in range(256):
+        c = n
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return tuple(table)
+
+
+_CRC32C_TABLE: Final = _crc32c_table()
+
+
+def crc32c(data: Buffer, crc: int = 0) -> int:
+    """CRC-32C (Castagnoli), as record batches v2 use.  Pure Python: checks, not hot paths."""
+    table = _CRC32C_TABLE
+    crc ^= 0xFFFFFFFF
+    for byte in memoryview(data).cast("B"):
+        crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+@dataclass(frozen=True, slots=True)
+class RecordBatch:
+    """The header of one record batch (magic 2)."""
+
+    position: int  # where the batch starts in the records field
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    record_count: int
+
+    @property
+    def size(self) -> int:
+        """Bytes the batch takes in the records field, header included."""
+        return LOG_OVERHEAD + self.batch_length
+
+    @property
+    def compression(self) -> str:
+        code = self.attributes & 0x07
+        return COMPRESSION_NAMES[code] if code < len(COMPRESSION_NAMES) else f"unknown-{code}"
+
+    @property
+    def timestamp_type(self) -> str:
+        return "log_append_time" if self.attributes & 0x08 else "create_time"
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & 0x10)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & 0x20)
+
+    def crc_ok(self, records: Buffer) -> bool:
+        """Whether the stored CRC-32C matches the batch's bytes."""
+        view = memoryview(records)
+        data = view[self.position + _CRC_DATA_FROM : self.position + self.size]
+        return crc32c(data) == self.crc
+
+
+@dataclass(frozen=True, slots=True)
+class LegacyMessage:
+    """One magic 0/1 message (a legacy message set entry).  Compressed wrappers count as one."""
+
+    position: int
+    offset: int
+    message_size: int
+    crc: int
+    magic: int
+    attributes: int
+    timestamp: int | None
+
+    @property
+    def size(self) -> int:
+        return LOG_OVERHEAD + self.message_size
+
+    @property
+    def record_count(self) -> int:
+        return 1
+
+    @property
+    def compression(self) -> str:
+        code = self.attributes & 0x07
+        return COMPRESSION_NAMES[code] if code < len(COMPRESSION_NAMES) else f"unknown-{code}"
+
+    def crc_ok(self, records: Buffer) -> bool:
+        """Legacy messages use CRC-32 (IEEE) from the magic byte to the end."""
+        view = memoryview(records)
+        data = view[self.position + _MAGIC_AT : self.position + self.size]
+        return (zlib.crc32(data) & 0xFFFFFFFF) == self.crc
+
+
+@dataclass(frozen=True, slots=True)
+class RecordsSummary:
+    batches: int
+    records: int
+    bytes: int  # bytes of complete batches/messages
+    legacy_messages: int
+    truncated_bytes: int  # a partial batch at the end (normal in Fetch responses)
+    compressions: frozenset[str]
+
+
+def iter_batches(records: Buffer | None) -> Iterator[RecordBatch | LegacyMessage]:
+    """The batches (and legacy messages) of a records field, in order.
+
+    Stops quietly at a partial batch at the end; raises ``RemoteProtocolError`` for a
+    batch whose header is impossible (negative length, unknown magic).
+    """
+    if records is None:
+        return
+    view = memoryview(records)
+    end = len(view)
+    pos = 0
+    while end - pos >= LOG_OVERHEAD + 5:  # up to the magic byte
+        base_offset, length = _OFFSET_SIZE.unpack_from(view, pos)
+        if length < 0:
+            raise RemoteProtocolError(f"record batch with negative length {length}", offset=pos)
+        if pos + LOG_OVERHEAD + length > end:
+            return  # partial batch at the end
+        magic = view[pos + _MAGIC_AT]
+        if magic == 2:
+            if length + LOG_OVERHEAD < BATCH_OVERHEAD:
+                raise RemoteProtocolError(f"record batch length {length} below the v2 header size", offset=pos)
+            (
+                _, _, leader_epoch, _, crc, attributes, last_delta,
+                base_ts, max_ts, producer_id, producer_epoch, base_seq, count,
+            ) = BATCH_HEADER.unpack_from(view, pos)  # fmt: skip
+            yield RecordBatch(
+                pos, base_offset, length, leader_epoch, magic, crc, attributes, last_delta,
+                base_ts, max_ts, producer_id, producer_epoch, base_seq, count,
+            )  # fmt: skip
+        elif magic in (0, 1):
+            layout = _LEGACY_V1 if magic == 1 else _LEGACY_V0
+            if LOG_OVERHEAD + length < layout.size:
+                raise RemoteProtocolError(f"legacy message size {length} below its header", offset=pos)
+            fields = layout.unpack_from(view, pos)
+            yield LegacyMessage(
+                pos, base_offset, length, fields[2], magic, fields[4],
+                fields[5] if magic == 1 else None,
+            )  # fmt: skip
+        else:
+            raise RemoteProtocolError(f"unknown record batch magic {magic}", offset=pos + _MAGIC_AT)
+        pos += LOG_OVERHEAD + length
+
+
+def summarize(records: Buffer | None) -> RecordsSummary:
+    """Counts over a records field, from batch headers only (the metrics' hot path)."""
+    if records is None:
+        return RecordsSummary(0, 0, 0, 0, 0, frozenset())
+    view = memoryview(records)
+    end = len(view)
+    pos = batches = count = legacy = 0
+    compressions: set[str] = set()
+    while end - pos >= LOG_OVERHEAD + 5:
+        length = _COUNT.unpack_from(view, pos + 8)[0]
+        if length < 0:
+            raise RemoteProtocolError(f"record batch with negative length {length}", offset=pos)
+        size = LOG_OVERHEAD + length
+        if pos + size > end:
+            break
+        magic = view[pos + _MAGIC_AT]
+        if magic == 2:
+            if size < BATCH_OVERHEAD:
+                raise RemoteProtocolError(f"record batch length {length} below the v2 header size", offset=pos)
+            count += _COUNT.unpack_from(view, pos + 57)[0]
+            code = view[pos + 22] & 0x07
+        elif magic in (0, 1):
+            legacy += 1
+            count += 1
+            code = view[pos + 17] & 0x07 if size > 17 else 0
+        else:
+            raise RemoteProtocolError(f"unknown record batch magic {magic}", offset=pos + _MAGIC_AT)
+        compressions.add(COMPRESSION_NAMES[code] if code < len(COMPRESSION_NAMES) else f"unknown-{code}")
+        batches += 1
+        pos += size
+    return RecordsSummary(batches, count, pos, legacy, end - pos, frozenset(compressions))
