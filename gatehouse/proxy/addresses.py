@@ -1,0 +1,87 @@
+"""Which responses tell clients where brokers are, and rewriting them (pure, no I/O).
+
+Found from the tables, not a hand list: a struct in a response of a client-facing
+API (one the broker listener serves) with ``Host`` and ``Port`` and a node id
+(``NodeId``/``BrokerId``).  In Kafka 4.4 that is Metadata, FindCoordinator (v0-3 at
+the top level, v4+ per coordinator), DescribeCluster, the KIP-951 ``NodeEndpoints`` of
+Produce v10+ and Fetch v16+, and ShareFetch/ShareAcknowledge.  Raft APIs (controller
+listeners) and Streams application endpoints (no node id) are left alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from gatehouse.codecs import APIS, FieldSpec, Response, StructSpec
+from gatehouse.codecs.walk import reaches, rewrite
+
+NODE_ID_ATTRS = ("node_id", "broker_id")
+
+
+def _is_address_struct(struct: StructSpec) -> bool:
+    attrs = {f.attr for f in struct.fields}
+    return {"host", "port"} <= attrs and any(a in attrs for a in NODE_ID_ATTRS)
+
+
+def _is_host_field(f: FieldSpec) -> bool:
+    # The predicate is per field; the struct test runs once per struct in ``visit``.
+    return f.attr == "host"
+
+
+@cache
+def address_apis() -> frozenset[int]:
+    """API keys whose responses may carry broker addresses for clients."""
+    keys = set()
+    for key, spec in APIS.items():
+        if "broker" not in spec.request.listeners:
+            continue
+        if any(_is_address_struct(s) for s in spec.response.structs.values()) and reaches(
+            spec.response, _is_host_field
+        ):
+            keys.add(key)
+    return frozenset(keys)
+
+
+@dataclass(frozen=True)
+class BrokerAddress:
+    node_id: int
+    host: str
+    port: int
+
+
+# Given the real broker address, return what the client should see (or None: keep).
+AddressMapper = Callable[[BrokerAddress], tuple[str, int] | None]
+
+
+def rewrite_addresses(resp: Response, mapper: AddressMapper) -> tuple[Response, list[BrokerAddress]]:
+    """Rewrite every broker address in ``resp``; also return the real addresses seen.
+
+    ``resp`` is returned unchanged (same object) when it carries no address.
+    """
+    if resp.api_key not in address_apis() or not resp.known:
+        return resp, []
+    seen: list[BrokerAddress] = []
+
+    def visit(struct: StructSpec, record: Any) -> Any:
+        if not _is_address_struct(struct):
+            return record
+        node_id = getattr(record, "node_id", None)
+        if node_id is None:
+            node_id = record.broker_id
+        host = record.host
+        if host is None or node_id is None or node_id < 0 or not host:
+            return record  # e.g. FindCoordinator's error answer: node -1, host ""
+        real = BrokerAddress(node_id, host, record.port)
+        seen.append(real)
+        mapped = mapper(real)
+        if mapped is None or (mapped[0] == host and mapped[1] == record.port):
+            return record
+        return record.replace(host=mapped[0], port=mapped[1])
+
+    body = rewrite(resp.api.response, resp.api_version, resp.body, _is_host_field, visit)
+    if body is resp.body:
+        return resp, seen
+    return resp.replace(body=body), seen

@@ -1,0 +1,266 @@
+"""The proxy's YAML config: parsed into frozen dataclasses, errors as file:line.
+
+The minimal config is two lines::
+
+    listen: 127.0.0.1:9192
+    upstream: [127.0.0.1:9092]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gatehouse.codecs import DEFAULT_MAX_FRAME_SIZE
+from gatehouse.configfile import ConfigError, Reader, Source, line_of, load_yaml_file, load_yaml_text
+
+
+@dataclass(frozen=True)
+class Address:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class BrokerPorts:
+    """How the proxy gives each broker node its own port.
+
+    Default: port-per-broker, ``start_port + node_id``; ``ports`` pins nodes explicitly
+    (nodes outside it still use the scheme unless ``start_port`` is null).  A
+    ``start_port`` of 0 lets the OS pick a free port for each broker as it is found.
+    """
+
+    start_port: int | None
+    ports: dict[int, int] = field(default_factory=dict)
+    listen_host: str | None = None  # default: the bootstrap listener's host
+
+    def port_for(self, node_id: int) -> int | None:
+        if node_id in self.ports:
+            return self.ports[node_id]
+        if self.start_port is None or node_id < 0:
+            return None
+        if self.start_port == 0:
+            return 0
+        port = self.start_port + node_id
+        return port if port <= 65535 else None
+
+
+@dataclass(frozen=True)
+class DownstreamTls:
+    cert: Path
+    key: Path
+    client_ca: Path | None = None  # set: clients must present a certificate
+
+
+@dataclass(frozen=True)
+class UpstreamTls:
+    ca: Path | None = None  # None: the system trust store
+    verify: bool = True
+    server_hostname: str | None = None  # SNI and the name checked; default the broker host
+    cert: Path | None = None  # client certificate for mutual TLS to the brokers
+    key: Path | None = None
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_SIZE
+    max_connections: int = 10_000
+    max_in_flight: int = 1_000  # per connection; Kafka clients use 5 by default
+    idle_timeout: float = 600.0  # seconds without a byte either way; Kafka's default is 9 min
+    connect_timeout: float = 10.0
+    shutdown_grace: float = 10.0  # in-flight requests get this long on SIGTERM
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    listen: Address
+    upstream: tuple[Address, ...]
+    advertise_host: str
+    brokers: BrokerPorts
+    limits: Limits = Limits()
+    tls_downstream: DownstreamTls | None = None
+    tls_upstream: UpstreamTls | None = None
+    metrics_listen: Address | None = None
+    capture: Any = None  # validated by gatehouse.capture
+    rules: Any = None  # validated by gatehouse.rules
+    rules_file: Path | None = None
+    source: str = "<config>"
+    log_level: str = "INFO"
+    log_json: bool = False
+
+
+def parse_address(text: Any, source: Source, line: int | None, what: str) -> Address:
+    if isinstance(text, int) and not isinstance(text, bool):
+        text = f"0.0.0.0:{text}"
+    if not isinstance(text, str):
+        raise source.error(f"{what} must be 'host:port', not {text!r}", line)
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not port_text.isdigit():
+        raise source.error(f"{what} must be 'host:port', not {text!r}", line)
+    host = host.strip("[]") or "0.0.0.0"
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise source.error(f"{what}: port {port} is out of range", line)
+    return Address(host, port)
+
+
+def _path(reader: Reader, key: str, base: Path, required: bool = False) -> Path | None:
+    value = reader.require(key, str) if required else reader.take(key, str)
+    if value is None:
+        return None
+    path = Path(value)
+    if not path.is_absolute():
+        path = base / path
+    if not path.exists():
+        raise reader.error(key, f"{reader.what}.{key}: file {str(path)!r} does not exist")
+    return path
+
+
+def _positive(reader: Reader, key: str, default: float, integer: bool = False) -> Any:
+    types: tuple[type, ...] = (int,) if integer else (int, float)
+    value = reader.take(key, types, default)
+    if value <= 0:
+        raise reader.error(key, f"{reader.what}.{key} must be positive, not {value}")
+    return value
+
+
+def parse_config(data: Any, source_name: str = "<config>", base: Path | None = None) -> ProxyConfig:
+    source = Source(source_name)
+    base = base or Path.cwd()
+    top = Reader(data, source, "config")
+    listen = parse_address(top.require("listen", (str, int)), source, top.line_of("listen"), "listen")
+    raw_upstream = top.require("upstream", (str, list))
+    if isinstance(raw_upstream, str):
+        raw_upstream = [part.strip() for part in raw_upstream.split(",") if part.strip()]
+    if not raw_upstream:
+        raise top.error("upstream", "upstream needs at least one broker address")
+    upstream = tuple(
+        parse_address(item, source, line_of(raw_upstream, i) or top.line_of("upstream"), "upstream")
+        for i, item in enumerate(raw_upstream)
+    )
+    advertise = top.take("advertise_host", str)
+    if advertise is None:
+        advertise = listen.host if listen.host not in ("0.0.0.0", "::") else "localhost"
+
+    brokers_reader = top.child("brokers")
+    start_port = brokers_reader.take(
+        "start_port", (int, type(None)), listen.port + 1 if listen.port else 0
+    )
+    if brokers_reader.has("start_port") and brokers_reader.data["start_port"] is None:
+        start_port = None
+    explicit_raw = brokers_reader.take("ports", dict, {})
+    explicit: dict[int, int] = {}
+    for key, port in explicit_raw.items():
+        line = line_of(explicit_raw, key)
+        try:
+            node = int(key)
+        except ValueError:
+            raise source.error(f"brokers.ports: node id {key!r} is not an integer", line) from None
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 < port <= 65535:
+            raise source.error(f"brokers.ports: port for node {node} must be 1-65535", line)
+        explicit[node] = port
+    broker_host = brokers_reader.take("listen_host", str)
+    brokers_reader.finish()
+    brokers = BrokerPorts(start_port=start_port, ports=explicit, listen_host=broker_host)
+    clashes = [n for n, p in explicit.items() if p == listen.port]
+    if clashes:
+        raise brokers_reader.error("ports", f"node {clashes[0]} would share the bootstrap port")
+
+    limits_reader = top.child("limits")
+    limits = Limits(
+        max_frame_bytes=_positive(limits_reader, "max_frame_bytes", Limits.max_frame_bytes, True),
+        max_connections=_positive(limits_reader, "max_connections", Limits.max_connections, True),
+        max_in_flight=_positive(limits_reader, "max_in_flight", Limits.max_in_flight, True),
+        idle_timeout=float(_positive(limits_reader, "idle_timeout", Limits.idle_timeout)),
+        connect_timeout=float(_positive(limits_reader, "connect_timeout", Limits.connect_timeout)),
+        shutdown_grace=float(_positive(limits_reader, "shutdown_grace", Limits.shutdown_grace)),
+    )
+    limits_reader.finish()
+
+    tls_reader = top.child("tls")
+    tls_down = tls_up = None
+    if tls_reader.has("downstream"):
+        down = tls_reader.child("downstream")
+        cert = _path(down, "cert", base, required=True)
+        key = _path(down, "key", base, required=True)
+        assert cert is not None and key is not None
+        tls_down = DownstreamTls(cert=cert, key=key, client_ca=_path(down, "client_ca", base))
+        down.finish()
+    if tls_reader.has("upstream"):
+        up = tls_reader.child("upstream")
+        tls_up = UpstreamTls(
+            ca=_path(up, "ca", base),
+            verify=up.take("verify", bool, True),
+            server_hostname=up.take("server_hostname", str),
+            cert=_path(up, "cert", base),
+            key=_path(up, "key", base),
+        )
+        up.finish()
+        if (tls_up.cert is None) != (tls_up.key is None):
+            raise up.error(None, "tls.upstream needs both cert and key for mutual TLS")
+    tls_reader.finish()
+
+    metrics_listen = None
+    if top.has("metrics"):
+        metrics = top.child("metrics")
+        metrics_listen = parse_address(
+            metrics.require("listen", (str, int)), source, metrics.line_of("listen"), "metrics.listen"
+        )
+        metrics.finish()
+
+    log = top.child("log")
+    level = str(log.take("level", str, "INFO")).upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise log.error("level", f"log.level must be DEBUG, INFO, WARNING or ERROR, not {level}")
+    log_json = log.take("json", bool, False)
+    log.finish()
+
+    capture = top.take("capture", (dict, type(None)))
+    rules = top.take("rules", (list, type(None)))
+    rules_file = _path(top, "rules_file", base)
+    if rules is not None and rules_file is not None:
+        raise top.error("rules_file", "use either rules or rules_file, not both")
+    top.finish()
+    return ProxyConfig(
+        listen=listen,
+        upstream=upstream,
+        advertise_host=advertise,
+        brokers=brokers,
+        limits=limits,
+        tls_downstream=tls_down,
+        tls_upstream=tls_up,
+        metrics_listen=metrics_listen,
+        capture=capture,
+        rules=rules,
+        rules_file=rules_file,
+        source=source_name,
+        log_level=level,
+        log_json=log_json,
+    )
+
+
+def load_config(path: str | Path) -> ProxyConfig:
+    path = Path(path)
+    return parse_config(load_yaml_file(path), str(path), path.parent.resolve())
+
+
+def config_from_text(text: str, name: str = "<config>", base: Path | None = None) -> ProxyConfig:
+    return parse_config(load_yaml_text(text, name), name, base)
+
+
+__all__ = [
+    "Address",
+    "BrokerPorts",
+    "ConfigError",
+    "DownstreamTls",
+    "Limits",
+    "ProxyConfig",
+    "UpstreamTls",
+    "config_from_text",
+    "load_config",
+    "parse_config",
+]

@@ -1,0 +1,386 @@
+"""One client connection: three tasks in a nursery, backpressure through awaited sends.
+
+    client ──► client_reader ──(pending, bounded channel)──► response_writer ──► client
+                    │                                              ▲
+                    └──────────► upstream ──► upstream_reader ─────┘ (unbuffered channel)
+
+Kafka answers requests in order on a connection, so the order of ``Pending`` entries in
+the channel *is* the order of answers: an upstream answer is matched to the oldest
+entry (and its correlation id checked), and an answer the proxy makes itself (a refused
+request) waits in line behind earlier forwarded ones.  Produce with acks=0 gets no
+entry.  Both channels are bounded, so a slow client stops the upstream reads and a
+flood of requests stops the client reads: memory stays flat.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import struct
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from gatehouse.codecs import (
+    ProtocolError,
+    Request,
+    UnknownApi,
+    decode_request,
+    decode_response,
+)
+from gatehouse.codecs.peek import produce_acks
+from gatehouse.codecs.reader import FrameReader
+from gatehouse.logs import log_event
+from gatehouse.proxy.addresses import AddressMapper, BrokerAddress, address_apis, rewrite_addresses
+from gatehouse.proxy.apiversions import API_VERSIONS, adjust_api_versions
+from gatehouse.proxy.config import Limits
+from gatehouse.proxy.hooks import Close, ConnectionInfo, Forward, Observer, Pending, Policy, Respond
+
+logger = logging.getLogger("gatehouse.proxy")
+
+_SIZE = struct.Struct(">i")
+PRODUCE = 0
+SASL_HANDSHAKE = 17
+# SaslHandshake v0 is followed by raw size-prefixed tokens, no Kafka header.  How many
+# client tokens each mechanism sends; None: unknown, so watch for the first frame that
+# parses as a whole Kafka request (GSSAPI's exchange length varies).
+SASL_RAW_ROUNDS: dict[str, int | None] = {
+    "PLAIN": 1,
+    "SCRAM-SHA-256": 2,
+    "SCRAM-SHA-512": 2,
+    "OAUTHBEARER": 1,
+}
+_RECEIVE_SIZE = 64 * 1024
+_STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+
+
+@dataclass
+class ConnectionContext:
+    """What every connection shares with the server (set up by ``serve_proxy``)."""
+
+    limits: Limits
+    observer: Observer
+    address_mapper: AddressMapper
+    brokers_seen: Callable[[Sequence[BrokerAddress]], Awaitable[None]]
+    draining: trio.Event
+    get_policy: Callable[[], Policy]
+
+
+class _Close(Exception):
+    """Ends the connection; ``reason`` goes into the close log line."""
+
+    def __init__(self, reason: str, level: int = logging.INFO) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.level = level
+
+
+def _looks_like_request(frame: bytes) -> bool:
+    try:
+        req = decode_request(frame)
+        if not req.known:
+            return False
+        req.body  # noqa: B018 - a full decode is the test
+    except ProtocolError:
+        return False
+    return True
+
+
+class ProxyConnection:
+    """The pumps of one client connection (see the module docstring)."""
+
+    def __init__(
+        self,
+        client: trio.abc.Stream,
+        upstream: trio.abc.Stream,
+        conn: ConnectionInfo,
+        ctx: ConnectionContext,
+    ) -> None:
+        self.client = client
+        self.upstream = upstream
+        self.conn = conn
+        self.ctx = ctx
+        self.limits = ctx.limits
+        self.pending_send, self.pending_receive = trio.open_memory_channel[Pending](
+            ctx.limits.max_in_flight
+        )
+        self.frames_send, self.frames_receive = trio.open_memory_channel[bytes](0)
+        self.in_flight = 0
+        self.upstream_closed = False
+        self.close_reason = "client closed"
+        self.close_level = logging.INFO
+        self.sasl_raw_rounds: int | None = 0  # >0: that many raw tokens; None: until Kafka
+        self.idle = trio.CancelScope()
+        self.reader_scope = trio.CancelScope()
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    async def run(self) -> None:
+        self._touch()
+        try:
+            with self.idle:
+                async with trio.open_nursery() as nursery:
+                    self.nursery = nursery
+                    nursery.start_soon(self._guard, self.client_reader)
+                    nursery.start_soon(self._guard, self.upstream_reader)
+                    nursery.start_soon(self._watch_drain)
+                    await self._guard(self.response_writer)
+                    nursery.cancel_scope.cancel()
+            if self.idle.cancelled_caught:
+                self.close_reason = "idle timeout"
+        finally:
+            with trio.CancelScope(shield=True):
+                await _aclose_quietly(self.upstream)
+                await _aclose_quietly(self.client)
+
+    async def _guard(self, task: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await task()
+        except _Close as exc:
+            self._record_close(exc.reason, exc.level)
+            self.nursery.cancel_scope.cancel()
+        except _STREAM_ERRORS as exc:
+            self._record_close(f"connection error: {exc!r}", logging.INFO)
+            self.nursery.cancel_scope.cancel()
+
+    def _record_close(self, reason: str, level: int) -> None:
+        if self.close_reason == "client closed" or level > self.close_level:
+            self.close_reason = reason
+            self.close_level = level
+
+    def _touch(self) -> None:
+        self.idle.deadline = trio.current_time() + self.limits.idle_timeout
+
+    async def _watch_drain(self) -> None:
+        await self.ctx.draining.wait()
+        # Stop taking new requests; the writer finishes the ones already in flight.
+        self.reader_scope.cancel()
+
+    # -- client -> upstream ----------------------------------------------------------
+
+    async def client_reader(self) -> None:
+        reader = FrameReader(self.limits.max_frame_bytes)
+        try:
+            with self.reader_scope:
+                while True:
+                    data = await self.client.receive_some(_RECEIVE_SIZE)
+                    if not data:
+                        try:
+                            reader.check_eof()
+                        except ProtocolError as exc:
+                            self._malformed("request", exc)
+                        return
+                    self._touch()
+                    self.conn.bytes_from_client += len(data)
+                    reader.feed(data)
+                    while True:
+                        try:
+                            frame = reader.next_frame()
+                        except ProtocolError as exc:
+                            self._malformed("request", exc)
+                        if frame is None:
+                            break
+                        await self.handle_request_frame(frame)
+            if self.reader_scope.cancelled_caught:
+                self._record_close("proxy shutting down", logging.INFO)
+        finally:
+            self.pending_send.close()
+
+    def _malformed(self, direction: str, exc: ProtocolError) -> None:
+        self.ctx.observer.malformed(self.conn, direction, str(exc))
+        who = "client" if direction == "request" else "broker"
+        raise _Close(f"malformed {direction} from {who}: {exc}", logging.WARNING)
+
+    async def handle_request_frame(self, frame: bytes) -> None:
+        conn = self.conn
+        if self.sasl_raw_rounds != 0:
+            if self.sasl_raw_rounds is None and _looks_like_request(frame):
+                self.sasl_raw_rounds = 0
+            else:
+                if self.sasl_raw_rounds is not None:
+                    self.sasl_raw_rounds -= 1
+                await self._forward(frame, Pending(-1, -1, -1, trio.current_time(), raw=True))
+                return
+        try:
+            req = decode_request(frame)
+        except ProtocolError as exc:
+            self._malformed("request", exc)
+        header = req.header
+        conn.requests += 1
+        if header.client_id is not None:
+            conn.client_id = header.client_id
+        try:
+            if header.api_key == API_VERSIONS and header.api_version >= 3 and req.known:
+                body = req.body
+                conn.software_name = body.client_software_name or None
+                conn.software_version = body.client_software_version or None
+            expects_response = not (header.api_key == PRODUCE and produce_acks(req) == 0)
+            self.ctx.observer.request(conn, req, len(frame))
+            policy = self.ctx.get_policy()
+            decision = policy.on_request(conn, req)
+        except UnknownApi:
+            # Newer than our tables: forward untouched, we cannot look inside.
+            await self._forward(
+                frame,
+                Pending(header.correlation_id, header.api_key, header.api_version, trio.current_time()),
+            )
+            return
+        except ProtocolError as exc:
+            self._malformed("request", exc)
+        now = trio.current_time()
+        if isinstance(decision, Forward):
+            out = decision.request.encode()
+            pending = Pending(
+                header.correlation_id,
+                header.api_key,
+                header.api_version,
+                now,
+                wants_response=decision.wants_response,
+                context=decision.context,
+                policy=policy,
+            )
+            if header.api_key == SASL_HANDSHAKE and header.api_version == 0:
+                mechanism = str(decision.request.body.mechanism).upper()
+                self.sasl_raw_rounds = SASL_RAW_ROUNDS.get(mechanism)
+            await self._forward(out, pending if expects_response else None)
+        elif isinstance(decision, Respond):
+            conn.refused += 1
+            if expects_response:
+                local = decision.response.encode()
+                await self.pending_send.send(
+                    Pending(header.correlation_id, header.api_key, header.api_version, now,
+                            local=bytes(local), policy=policy)
+                )
+            else:
+                # acks=0 Produce has no response to carry a refusal: close instead.
+                raise _Close("refused a Produce request with acks=0 (no response possible)")
+        elif isinstance(decision, Close):
+            conn.refused += 1
+            raise _Close(decision.reason, logging.INFO)
+
+    async def _forward(self, frame: Any, pending: Pending | None) -> None:
+        if pending is not None:
+            self.in_flight += 1
+            # Queued before the bytes go up, so the writer is ready for the answer; a
+            # full queue stops this reader: backpressure on a client that floods us.
+            await self.pending_send.send(pending)
+        await self.upstream.send_all(_SIZE.pack(len(frame)) + frame)
+
+    # -- upstream -> client ----------------------------------------------------------
+
+    async def upstream_reader(self) -> None:
+        reader = FrameReader(self.limits.max_frame_bytes)
+        try:
+            while True:
+                data = await self.upstream.receive_some(_RECEIVE_SIZE)
+                if not data:
+                    try:
+                        reader.check_eof()
+                    except ProtocolError as exc:
+                        self._malformed("response", exc)
+                    break
+                self._touch()
+                reader.feed(data)
+                while True:
+                    try:
+                        frame = reader.next_frame()
+                    except ProtocolError as exc:
+                        self._malformed("response", exc)
+                    if frame is None:
+                        break
+                    await self.frames_send.send(frame)
+        finally:
+            self.frames_send.close()
+        self.upstream_closed = True
+        if self.in_flight == 0:
+            raise _Close(f"broker {self.conn.upstream} closed the connection")
+
+    async def response_writer(self) -> None:
+        async for pending in self.pending_receive:
+            if pending.local is not None:
+                await self._send_client(pending.local)
+                self._answered(pending, len(pending.local))
+                continue
+            try:
+                frame = await self.frames_receive.receive()
+            except trio.EndOfChannel:
+                raise _Close(
+                    f"broker {self.conn.upstream} closed the connection with "
+                    f"{self.in_flight} request(s) in flight",
+                    logging.WARNING,
+                ) from None
+            self.in_flight -= 1
+            if pending.raw:
+                await self._send_client(frame)
+                continue
+            out = await self.handle_response_frame(frame, pending)
+            await self._send_client(out)
+            self._answered(pending, len(out))
+            if self.upstream_closed and self.in_flight == 0:
+                raise _Close(f"broker {self.conn.upstream} closed the connection")
+
+    def _answered(self, pending: Pending, size: int) -> None:
+        self.conn.responses += 1
+        self.ctx.observer.response(self.conn, pending, size, trio.current_time() - pending.started)
+
+    async def handle_response_frame(self, frame: bytes, pending: Pending) -> Any:
+        if len(frame) < 4:
+            self._malformed("response", ProtocolError(f"response of {len(frame)} bytes"))
+        (correlation_id,) = _SIZE.unpack_from(frame, 0)
+        if correlation_id != pending.correlation_id:
+            raise _Close(
+                f"broker answered correlation id {correlation_id}, expected "
+                f"{pending.correlation_id}: the connection is out of step",
+                logging.WARNING,
+            )
+        key = pending.api_key
+        rewrite = key in address_apis()
+        if not (rewrite or key == API_VERSIONS or pending.wants_response):
+            return frame  # nothing to look at: the original bytes go through
+        try:
+            resp = decode_response(frame, key, pending.api_version)
+            if not resp.known:
+                return frame
+            policy: Policy = pending.policy or self.ctx.get_policy()
+            if key == API_VERSIONS:
+                resp = adjust_api_versions(resp, *policy.api_version_adjusters(self.conn))
+            if rewrite:
+                # First learn the brokers (their listeners must be open before the client
+                # reads their addresses), then rewrite with their ports.
+                _, seen = rewrite_addresses(resp, _keep)
+                if seen:
+                    await self.ctx.brokers_seen(seen)
+                    resp, _ = rewrite_addresses(resp, self.ctx.address_mapper)
+            if pending.wants_response:
+                resp = policy.on_response(self.conn, pending, resp)
+            return resp.encode()
+        except UnknownApi:
+            return frame
+        except ProtocolError as exc:
+            self._malformed("response", exc)
+
+    async def _send_client(self, data: Any) -> None:
+        await self.client.send_all(_SIZE.pack(len(data)) + data)
+        self.conn.bytes_to_client += len(data) + 4
+        self._touch()
+
+
+def _keep(real: BrokerAddress) -> None:
+    return None
+
+
+async def _aclose_quietly(stream: trio.abc.AsyncResource) -> None:
+    try:
+        with trio.move_on_after(1):
+            await stream.aclose()
+    except _STREAM_ERRORS:
+        pass
+    except trio.Cancelled:  # pragma: no cover - shielded by the caller
+        raise
+
+
+def elapsed_ms(started: float) -> float:
+    return round((time.monotonic() - started) * 1000, 3) if math.isfinite(started) else 0.0

@@ -1,0 +1,161 @@
+"""What the connection pumps call out to: the policy (rules) and observers (metrics, capture).
+
+Both are plain synchronous objects: decisions are pure and fast, and observers only
+count or enqueue.  The proxy wires them; ``gatehouse.rules`` never imports trio.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from gatehouse.codecs import Request, Response
+from gatehouse.proxy.apiversions import RangeAdjuster
+
+
+@dataclass(eq=False)
+class ConnectionInfo:
+    """One client connection, as policies, observers and log lines see it."""
+
+    id: int
+    client: str  # the client's address, "host:port"
+    listener: str  # "bootstrap" or "broker-<node>"
+    node_id: int | None = None
+    upstream: str | None = None
+    tls: bool = False
+    client_id: str | None = None
+    software_name: str | None = None  # KIP-511, from ApiVersions v3+
+    software_version: str | None = None
+    opened: float = field(default_factory=time.monotonic)
+    requests: int = 0
+    responses: int = 0
+    bytes_from_client: int = 0
+    bytes_to_client: int = 0
+    refused: int = 0
+    # Per-connection memory for policies, e.g. the protocol type a JoinGroup declared
+    # (needed to decode consumer-protocol bytes of pre-KIP-559 versions).  Bounded by
+    # the policy that writes it.
+    state: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "conn": self.id,
+            "client": self.client,
+            "client_id": self.client_id,
+            "software": (
+                f"{self.software_name}/{self.software_version}" if self.software_name else None
+            ),
+            "listener": self.listener,
+        }
+
+
+@dataclass(slots=True, eq=False)
+class Pending:
+    """A request the client awaits an answer to, in the order the answers must go."""
+
+    correlation_id: int
+    api_key: int
+    api_version: int
+    started: float
+    local: bytes | None = None  # the answer, when the proxy answers itself
+    raw: bool = False  # a SaslHandshake v0 token: no Kafka header either way
+    wants_response: bool = False  # decode the response body (rewrite or inspect)
+    context: Any = None  # whatever the policy needs back with the response
+    policy: Any = None  # the policy that decided: in-flight requests finish under it
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    request: Request  # maybe rewritten
+    wants_response: bool = False
+    context: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Respond:
+    response: Response  # the proxy's own answer at the request's version
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    reason: str
+
+
+Decision = Forward | Respond | Close
+
+
+class Policy:
+    """The default policy: forward everything, change nothing."""
+
+    def on_request(self, conn: ConnectionInfo, req: Request) -> Decision:
+        return Forward(req)
+
+    def on_response(self, conn: ConnectionInfo, pending: Pending, resp: Response) -> Response:
+        return resp
+
+    def api_version_adjusters(self, conn: ConnectionInfo) -> tuple[RangeAdjuster, ...]:
+        return ()
+
+
+class Observer:
+    """Hooks for metrics, capture and the demo's summary; every method defaults to nothing."""
+
+    def connection_opened(self, conn: ConnectionInfo) -> None:
+        pass
+
+    def connection_closed(self, conn: ConnectionInfo, reason: str) -> None:
+        pass
+
+    def request(self, conn: ConnectionInfo, req: Request, size: int) -> None:
+        pass
+
+    def response(
+        self, conn: ConnectionInfo, pending: Pending, size: int, elapsed: float
+    ) -> None:
+        pass
+
+    def upstream_failure(self, target: str, error: str) -> None:
+        pass
+
+    def malformed(self, conn: ConnectionInfo, direction: str, error: str) -> None:
+        pass
+
+
+class Observers(Observer):
+    """Fan-out to several observers; one failing observer is logged, never fatal."""
+
+    def __init__(self, observers: list[Observer] | None = None) -> None:
+        self.observers = list(observers or [])
+
+    def add(self, observer: Observer) -> None:
+        self.observers.append(observer)
+
+    def _each(self, method: str, *args: Any) -> None:
+        for observer in self.observers:
+            try:
+                getattr(observer, method)(*args)
+            except Exception:  # an observer bug must not break traffic
+                import logging
+
+                logging.getLogger("gatehouse.proxy").exception(
+                    "observer %s failed in %s", type(observer).__name__, method
+                )
+
+    def connection_opened(self, conn: ConnectionInfo) -> None:
+        self._each("connection_opened", conn)
+
+    def connection_closed(self, conn: ConnectionInfo, reason: str) -> None:
+        self._each("connection_closed", conn, reason)
+
+    def request(self, conn: ConnectionInfo, req: Request, size: int) -> None:
+        self._each("request", conn, req, size)
+
+    def response(self, conn: ConnectionInfo, pending: Pending, size: int, elapsed: float) -> None:
+        self._each("response", conn, pending, size, elapsed)
+
+    def upstream_failure(self, target: str, error: str) -> None:
+        self._each("upstream_failure", target, error)
+
+    def malformed(self, conn: ConnectionInfo, direction: str, error: str) -> None:
+        self._each("malformed", conn, direction, error)

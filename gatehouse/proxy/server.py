@@ -1,0 +1,367 @@
+"""The proxy server: a bootstrap listener, one listener per discovered broker.
+
+``serve_proxy(config)`` runs until cancelled or until ``Proxy.shutdown()``: it stops
+accepting, lets the requests in flight finish (bounded by ``limits.shutdown_grace``)
+and returns.  Brokers are discovered from the responses that name them (Metadata,
+FindCoordinator, DescribeCluster, ...) and by a Metadata request at start-up, and each
+gets its own port, opened before the response naming it reaches the client.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import ssl
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import trio
+
+from gatehouse import codecs
+from gatehouse.codecs import Request
+from gatehouse.logs import log_event
+from gatehouse.proxy.addresses import BrokerAddress
+from gatehouse.proxy.config import Address, ProxyConfig
+from gatehouse.proxy.connection import ConnectionContext, ProxyConnection
+from gatehouse.proxy.hooks import ConnectionInfo, Observer, Observers, Policy
+
+logger = logging.getLogger("gatehouse.proxy")
+
+_STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+
+
+class UpstreamUnavailable(Exception):
+    pass
+
+
+@dataclass
+class BrokerListener:
+    node_id: int
+    port: int
+    real: BrokerAddress
+    listeners: list[trio.SocketListener] = field(default_factory=list)
+
+
+def _server_ssl_context(config: ProxyConfig) -> ssl.SSLContext | None:
+    tls = config.tls_downstream
+    if tls is None:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(str(tls.cert), str(tls.key))
+    if tls.client_ca is not None:
+        ctx.load_verify_locations(str(tls.client_ca))
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def _client_ssl_context(config: ProxyConfig) -> ssl.SSLContext | None:
+    tls = config.tls_upstream
+    if tls is None:
+        return None
+    ctx = ssl.create_default_context(
+        ssl.Purpose.SERVER_AUTH, cafile=str(tls.ca) if tls.ca else None
+    )
+    if not tls.verify:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    if tls.cert is not None and tls.key is not None:
+        ctx.load_cert_chain(str(tls.cert), str(tls.key))
+    return ctx
+
+
+class Proxy:
+    """State shared by all connections: the broker map, the policy, the observers."""
+
+    def __init__(
+        self,
+        config: ProxyConfig,
+        policy: Policy | None = None,
+        observers: Sequence[Observer] = (),
+    ) -> None:
+        self.config = config
+        self.policy = policy or Policy()
+        self.observer = Observers(list(observers))
+        self.brokers: dict[int, BrokerListener] = {}
+        self.draining = trio.Event()
+        self.stopped = trio.Event()
+        self.ready = trio.Event()
+        self.bootstrap_ports: list[int] = []
+        self._ids = itertools.count(1)
+        self._rotate = itertools.count()
+        self._connections = 0
+        self._server_ssl = _server_ssl_context(config)
+        self._client_ssl = _client_ssl_context(config)
+        self._listener_lock = trio.Lock()
+        self._nursery: trio.Nursery | None = None
+        self.ctx = ConnectionContext(
+            limits=config.limits,
+            observer=self.observer,
+            address_mapper=self.map_address,
+            brokers_seen=self.brokers_seen,
+            draining=self.draining,
+            get_policy=lambda: self.policy,
+        )
+
+    # -- broker map ---------------------------------------------------------------------
+
+    @property
+    def broker_host(self) -> str:
+        return self.config.brokers.listen_host or self.config.listen.host
+
+    def map_address(self, real: BrokerAddress) -> tuple[str, int] | None:
+        known = self.brokers.get(real.node_id)
+        port = known.port if known else self.config.brokers.port_for(real.node_id)
+        if not port:
+            return None  # no port for this node: the client would bypass us; logged below
+        return self.config.advertise_host, port
+
+    async def brokers_seen(self, seen: Sequence[BrokerAddress]) -> None:
+        for real in seen:
+            known = self.brokers.get(real.node_id)
+            if known is not None:
+                if known.real != real:
+                    log_event(logger, logging.INFO, "broker address changed",
+                              node=real.node_id, old=f"{known.real.host}:{known.real.port}",
+                              new=f"{real.host}:{real.port}")
+                    known.real = real
+                continue
+            await self._open_broker_listener(real)
+
+    async def _open_broker_listener(self, real: BrokerAddress) -> None:
+        async with self._listener_lock:
+            if real.node_id in self.brokers or self._nursery is None:
+                return
+            port = self.config.brokers.port_for(real.node_id)
+            if port is None:
+                log_event(logger, logging.ERROR, "no proxy port for broker: clients will fail "
+                          "to reach it", node=real.node_id, broker=f"{real.host}:{real.port}")
+                return
+            try:
+                listeners = await trio.open_tcp_listeners(port, host=self.broker_host)
+            except OSError as exc:
+                log_event(logger, logging.ERROR, "cannot open broker listener",
+                          node=real.node_id, port=port, error=exc.strerror or str(exc))
+                return
+            port = listeners[0].socket.getsockname()[1]  # the OS's choice when port is 0
+            entry = BrokerListener(real.node_id, port, real, listeners)
+            self.brokers[real.node_id] = entry
+            log_event(logger, logging.INFO, "broker listener opened", node=real.node_id,
+                      listen=f"{self.broker_host}:{port}", broker=f"{real.host}:{real.port}")
+            self._nursery.start_soon(self._accept_loop, listeners, f"broker-{real.node_id}",
+                                     real.node_id)
+
+    # -- upstream -----------------------------------------------------------------------
+
+    def _upstream_targets(self, node_id: int | None) -> list[Address]:
+        if node_id is None:
+            upstream = list(self.config.upstream)
+            start = next(self._rotate) % len(upstream)
+            return upstream[start:] + upstream[:start]
+        real = self.brokers[node_id].real
+        return [Address(real.host, real.port)]
+
+    async def open_upstream(self, node_id: int | None) -> tuple[trio.abc.Stream, Address]:
+        errors = []
+        for target in self._upstream_targets(node_id):
+            try:
+                with trio.fail_after(self.config.limits.connect_timeout):
+                    stream: trio.abc.Stream = await trio.open_tcp_stream(target.host, target.port)
+                    if self._client_ssl is not None:
+                        hostname = (self.config.tls_upstream.server_hostname  # type: ignore[union-attr]
+                                    or target.host)
+                        tls_stream = trio.SSLStream(stream, self._client_ssl,
+                                                    server_hostname=hostname)
+                        await tls_stream.do_handshake()
+                        stream = tls_stream
+                return stream, target
+            except trio.TooSlowError:
+                errors.append(f"{target}: connect timed out")
+            except (*_STREAM_ERRORS, ssl.SSLError) as exc:
+                errors.append(f"{target}: {getattr(exc, 'strerror', None) or exc}")
+            self.observer.upstream_failure(str(target), errors[-1])
+        raise UpstreamUnavailable("; ".join(errors))
+
+    # -- listeners ----------------------------------------------------------------------
+
+    async def _accept_loop(
+        self, listeners: list[trio.SocketListener], name: str, node_id: int | None
+    ) -> None:
+        async with trio.open_nursery() as nursery:
+            for listener in listeners:
+                nursery.start_soon(self._accept_one_listener, listener, name, node_id, nursery)
+
+    async def _accept_one_listener(
+        self, listener: trio.SocketListener, name: str, node_id: int | None, nursery: trio.Nursery
+    ) -> None:
+        async with listener:
+            while not self.draining.is_set():
+                try:
+                    stream = await listener.accept()
+                except trio.ClosedResourceError:
+                    return  # closed by shutdown
+                except OSError as exc:  # e.g. EMFILE: back off instead of spinning
+                    log_event(logger, logging.ERROR, "accept failed", listener=name,
+                              error=exc.strerror or str(exc))
+                    await trio.sleep(0.1)
+                    continue
+                if self._connections >= self.config.limits.max_connections:
+                    log_event(logger, logging.WARNING, "connection refused: limit reached",
+                              client=_peer(stream), limit=self.config.limits.max_connections)
+                    await stream.aclose()
+                    continue
+                self._connections += 1
+                nursery.start_soon(self._serve_client, stream, name, node_id)
+
+    async def _serve_client(self, stream: trio.SocketStream, listener: str,
+                            node_id: int | None) -> None:
+        conn = ConnectionInfo(id=next(self._ids), client=_peer(stream), listener=listener,
+                              node_id=node_id, tls=self._server_ssl is not None)
+        client: trio.abc.Stream = stream
+        reason = "client closed"
+        level = logging.INFO
+        opened = trio.current_time()
+        try:
+            if self._server_ssl is not None:
+                tls = trio.SSLStream(stream, self._server_ssl, server_side=True)
+                try:
+                    with trio.fail_after(self.config.limits.connect_timeout):
+                        await tls.do_handshake()
+                except (trio.TooSlowError, *_STREAM_ERRORS, ssl.SSLError) as exc:
+                    reason, level = f"TLS handshake failed: {exc}", logging.WARNING
+                    await _aclose(stream)
+                    return
+                client = tls
+            try:
+                upstream, target = await self.open_upstream(node_id)
+            except UpstreamUnavailable as exc:
+                reason, level = f"upstream unreachable: {exc}", logging.WARNING
+                await _aclose(client)
+                return
+            conn.upstream = str(target)
+            self.observer.connection_opened(conn)
+            log_event(logger, logging.DEBUG, "connection opened", **conn.describe(),
+                      upstream=conn.upstream)
+            pumps = ProxyConnection(client, upstream, conn, self.ctx)
+            try:
+                await pumps.run()
+            finally:
+                reason, level = pumps.close_reason, pumps.close_level
+                self.observer.connection_closed(conn, reason)
+        finally:
+            self._connections -= 1
+            log_event(logger, level, "connection closed", **conn.describe(),
+                      upstream=conn.upstream, reason=reason,
+                      requests=conn.requests, responses=conn.responses,
+                      refused=conn.refused or None,
+                      bytes_in=conn.bytes_from_client, bytes_out=conn.bytes_to_client,
+                      seconds=round(trio.current_time() - opened, 3))
+
+    # -- discovery ----------------------------------------------------------------------
+
+    async def discover(self) -> None:
+        """Ask the cluster for its brokers once, so their ports are open from the start."""
+        try:
+            stream, target = await self.open_upstream(None)
+        except UpstreamUnavailable as exc:
+            log_event(logger, logging.WARNING, "brokers not reachable at start-up; will "
+                      "discover them from client traffic", error=str(exc))
+            return
+        try:
+            with trio.fail_after(self.config.limits.connect_timeout * 2):
+                versions = await _roundtrip(stream, Request.build(18, 0, 1, "gatehouse", codecs.api(18).request.root.cls()))
+                ranges = {e.api_key: (e.min_version, e.max_version)
+                          for e in versions.body.api_keys}
+                lo, hi = ranges.get(3, (0, 0))
+                version = min(hi, codecs.api(3).versions.hi)
+                if version < max(lo, 1):
+                    return
+                metadata = await _roundtrip(
+                    stream, Request.build(3, version, 2, "gatehouse",
+                                  codecs.api(3).request.root.cls(topics=())))
+            seen = [BrokerAddress(b.node_id, b.host, b.port) for b in metadata.body.brokers]
+            await self.brokers_seen(seen)
+        except (trio.TooSlowError, *_STREAM_ERRORS, codecs.ProtocolError) as exc:
+            log_event(logger, logging.WARNING, "broker discovery failed", upstream=str(target),
+                      error=str(exc) or repr(exc))
+        finally:
+            await _aclose(stream)
+
+    # -- running ------------------------------------------------------------------------
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        listen = self.config.listen
+        async with trio.open_nursery() as outer:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                listeners = await trio.open_tcp_listeners(listen.port, host=listen.host)
+                self.bootstrap_ports = [ln.socket.getsockname()[1] for ln in listeners]
+                nursery.start_soon(self._accept_loop, listeners, "bootstrap", None)
+                log_event(logger, logging.INFO, "proxy listening",
+                          listen=f"{listen.host}:{self.bootstrap_ports[0]}",
+                          upstream=",".join(map(str, self.config.upstream)),
+                          advertise=self.config.advertise_host)
+                await self.discover()
+                self.ready.set()
+                task_status.started()
+                await self.draining.wait()
+                # Stop accepting now; connections finish their in-flight requests.
+                outer.cancel_scope.deadline = trio.current_time() + self.config.limits.shutdown_grace
+                for entry in self.brokers.values():
+                    for ln in entry.listeners:
+                        await _aclose(ln)
+                for ln in listeners:
+                    await _aclose(ln)
+        self.stopped.set()
+
+    def shutdown(self) -> None:
+        self.draining.set()
+
+
+def _request_bytes(req: Request) -> bytes:
+    frame = req.encode()
+    return len(frame).to_bytes(4, "big") + bytes(frame)
+
+
+async def _roundtrip(stream: trio.abc.Stream, req: Request) -> codecs.Response:
+    await stream.send_all(_request_bytes(req))
+    reader = codecs.FrameReader()
+    while True:
+        frame = reader.next_frame()
+        if frame is not None:
+            resp = codecs.decode_response(frame, req.api_key, req.api_version)
+            resp.body  # noqa: B018 - decode now, inside the caller's error handling
+            return resp
+        data = await stream.receive_some(65536)
+        if not data:
+            raise trio.BrokenResourceError("broker closed the connection")
+        reader.feed(data)
+
+
+def _peer(stream: trio.SocketStream) -> str:
+    try:
+        host, port, *_ = stream.socket.getpeername()
+    except (OSError, ValueError):
+        return "?"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+async def _aclose(resource: trio.abc.AsyncResource) -> None:
+    try:
+        with trio.CancelScope(shield=True), trio.move_on_after(1):
+            await resource.aclose()
+    except _STREAM_ERRORS:
+        pass
+
+
+async def serve_proxy(
+    config: ProxyConfig,
+    policy: Policy | None = None,
+    observers: Sequence[Observer] = (),
+    *,
+    task_status: trio.TaskStatus[Proxy] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run a proxy until cancelled or until its ``shutdown()``; ``nursery.start`` gives it."""
+    proxy = Proxy(config, policy, observers)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.serve)
+        task_status.started(proxy)
