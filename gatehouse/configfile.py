@@ -124,9 +124,12 @@ def line_of(container: Any, key: str | int | None = None) -> int | None:
     if key is not None:
         if isinstance(container, LocatedDict) and isinstance(key, str):
             return container.key_lines.get(key, container.line)
-        if isinstance(container, LocatedList) and isinstance(key, int):
-            if 0 <= key < len(container.item_lines):
-                return container.item_lines[key]
+        if (
+            isinstance(container, LocatedList)
+            and isinstance(key, int)
+            and 0 <= key < len(container.item_lines)
+        ):
+            return container.item_lines[key]
     return getattr(container, "line", None)
 
 

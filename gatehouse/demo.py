@@ -64,7 +64,7 @@ def _workload(bootstrap: str, stop: threading.Event, produced: list[int],
               consumed: list[int]) -> None:
     """Produce and consume through the proxy until ``stop`` (runs in a thread)."""
     from confluent_kafka import Consumer, Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
     admin = AdminClient({"bootstrap.servers": bootstrap, "client.id": "demo-admin"})
     futures = admin.create_topics([NewTopic(TOPIC, num_partitions=3, replication_factor=1)])

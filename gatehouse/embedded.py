@@ -75,14 +75,16 @@ class TansuProcess:
     def start(self, timeout: float = 30.0) -> TansuProcess:
         binary = tansu_binary()
         url = f"tcp://{self.host}:{self.port}"
-        log = tempfile.NamedTemporaryFile(prefix="gatehouse-tansu-", suffix=".log", delete=False)
-        self.log_path = Path(log.name)
-        self.process = subprocess.Popen(
-            [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url,
-             "--storage-engine", "memory://tansu/"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )
-        log.close()
+        fd, name = tempfile.mkstemp(prefix="gatehouse-tansu-", suffix=".log")
+        self.log_path = Path(name)
+        try:
+            self.process = subprocess.Popen(
+                [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url,
+                 "--storage-engine", "memory://tansu/"],
+                stdout=fd, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )
+        finally:
+            os.close(fd)
         try:
             wait_for_port(self.host, self.port, timeout, self.process)
         except EmbeddedBrokerError as exc:

@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from gatehouse.codecs import DEFAULT_MAX_FRAME_SIZE
-from gatehouse.configfile import ConfigError, Reader, Source, line_of, load_yaml_file, load_yaml_text
+from gatehouse.configfile import (
+    ConfigError,
+    Reader,
+    Source,
+    line_of,
+    load_yaml_file,
+    load_yaml_text,
+)
 
 
 @dataclass(frozen=True)

@@ -26,14 +26,12 @@ import trio
 
 from gatehouse.codecs import (
     ProtocolError,
-    Request,
     UnknownApi,
     decode_request,
     decode_response,
 )
 from gatehouse.codecs.peek import produce_acks
 from gatehouse.codecs.reader import FrameReader
-from gatehouse.logs import log_event
 from gatehouse.proxy.addresses import AddressMapper, BrokerAddress, address_apis, rewrite_addresses
 from gatehouse.proxy.apiversions import API_VERSIONS, adjust_api_versions
 from gatehouse.proxy.config import Limits

@@ -290,27 +290,26 @@ class Proxy:
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         listen = self.config.listen
-        async with trio.open_nursery() as outer:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                listeners = await trio.open_tcp_listeners(listen.port, host=listen.host)
-                self.bootstrap_ports = [ln.socket.getsockname()[1] for ln in listeners]
-                nursery.start_soon(self._accept_loop, listeners, "bootstrap", None)
-                log_event(logger, logging.INFO, "proxy listening",
-                          listen=f"{listen.host}:{self.bootstrap_ports[0]}",
-                          upstream=",".join(map(str, self.config.upstream)),
-                          advertise=self.config.advertise_host)
-                await self.discover()
-                self.ready.set()
-                task_status.started()
-                await self.draining.wait()
-                # Stop accepting now; connections finish their in-flight requests.
-                outer.cancel_scope.deadline = trio.current_time() + self.config.limits.shutdown_grace
-                for entry in self.brokers.values():
-                    for ln in entry.listeners:
-                        await _aclose(ln)
-                for ln in listeners:
+        async with trio.open_nursery() as outer, trio.open_nursery() as nursery:
+            self._nursery = nursery
+            listeners = await trio.open_tcp_listeners(listen.port, host=listen.host)
+            self.bootstrap_ports = [ln.socket.getsockname()[1] for ln in listeners]
+            nursery.start_soon(self._accept_loop, listeners, "bootstrap", None)
+            log_event(logger, logging.INFO, "proxy listening",
+                      listen=f"{listen.host}:{self.bootstrap_ports[0]}",
+                      upstream=",".join(map(str, self.config.upstream)),
+                      advertise=self.config.advertise_host)
+            await self.discover()
+            self.ready.set()
+            task_status.started()
+            await self.draining.wait()
+            # Stop accepting now; connections finish their in-flight requests.
+            outer.cancel_scope.deadline = trio.current_time() + self.config.limits.shutdown_grace
+            for entry in self.brokers.values():
+                for ln in entry.listeners:
                     await _aclose(ln)
+            for ln in listeners:
+                await _aclose(ln)
         self.stopped.set()
 
     def shutdown(self) -> None:
