@@ -1,0 +1,373 @@
+"""The per-connection pumps over trio memory streams, against an in-process fake broker."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from gatehouse import codecs
+from gatehouse.proxy.addresses import BrokerAddress, address_apis
+from gatehouse.proxy.config import Limits
+from gatehouse.proxy.connection import ConnectionContext, ProxyConnection
+from gatehouse.proxy.hooks import ConnectionInfo, Forward, Observer, Pending, Policy, Respond
+from tests.support.fakebroker import FakeBroker, FrameStream, frame_bytes, request, response_body
+
+
+@dataclass
+class Harness:
+    client: FrameStream
+    broker: FakeBroker
+    conn: ConnectionInfo
+    pumps: ProxyConnection
+    seen: list[BrokerAddress] = field(default_factory=list)
+    done: trio.Event = field(default_factory=trio.Event)
+
+
+class Recorder(Observer):
+    def __init__(self) -> None:
+        self.requests: list[tuple[int, int]] = []
+        self.responses: list[int] = []
+        self.malformed_errors: list[str] = []
+
+    def request(self, conn: ConnectionInfo, req: codecs.Request, size: int) -> None:
+        self.requests.append((req.api_key, req.api_version))
+
+    def response(self, conn: ConnectionInfo, pending: Pending, size: int, elapsed: float) -> None:
+        self.responses.append(pending.correlation_id)
+
+    def malformed(self, conn: ConnectionInfo, direction: str, error: str) -> None:
+        self.malformed_errors.append(f"{direction}: {error}")
+
+
+@asynccontextmanager
+async def proxied(
+    handler: Callable[[codecs.Request], Any],
+    *,
+    policy: Policy | None = None,
+    limits: Limits | None = None,
+    lockstep: bool = False,
+    observer: Observer | None = None,
+    draining: trio.Event | None = None,
+) -> AsyncIterator[Harness]:
+    pair = trio.testing.lockstep_stream_pair if lockstep else trio.testing.memory_stream_pair
+    client_side, proxy_client_side = pair()
+    proxy_upstream_side, broker_side = pair()
+    seen: list[BrokerAddress] = []
+
+    async def brokers_seen(addresses: Any) -> None:
+        seen.extend(addresses)
+
+    ctx = ConnectionContext(
+        limits=limits or Limits(),
+        observer=observer or Observer(),
+        address_mapper=lambda real: ("proxy.example", 19000 + real.node_id),
+        brokers_seen=brokers_seen,
+        draining=draining if draining is not None else trio.Event(),
+        get_policy=lambda: policy or Policy(),
+    )
+    conn = ConnectionInfo(id=1, client="127.0.0.1:5555", listener="bootstrap",
+                          upstream="broker:9092")
+    pumps = ProxyConnection(proxy_client_side, proxy_upstream_side, conn, ctx)
+    broker = FakeBroker(broker_side, handler)
+    harness = Harness(FrameStream(client_side), broker, conn, pumps, seen)
+    async with trio.open_nursery() as nursery:
+
+        async def run_pumps() -> None:
+            await pumps.run()
+            harness.done.set()
+
+        nursery.start_soon(run_pumps)
+        nursery.start_soon(broker.serve)
+        yield harness
+        nursery.cancel_scope.cancel()
+
+
+def echo_handler(req: codecs.Request) -> Any:
+    if req.api_key == 18:
+        return response_body(18, req.api_version, api_keys=[
+            {"api_key": 0, "min_version": 0, "max_version": 11},
+            {"api_key": 3, "min_version": 0, "max_version": 12},
+            {"api_key": 18, "min_version": 0, "max_version": 4},
+        ])
+    if req.api_key == 0 and req.body.acks == 0:
+        return None
+    return req.api.response.root.default
+
+
+async def test_pipelined_requests_answered_in_order_with_original_bytes() -> None:
+    async with proxied(echo_handler) as h:
+        sent = [request(3, 12, 100 + i, topics=[]) for i in range(3)]
+        for req in sent:  # all three before reading anything: pipelined
+            await h.client.send(req.encode())
+        got = [await h.client.receive() for _ in sent]
+        assert [struct.unpack_from(">i", g)[0] for g in got] == [100, 101, 102]
+        # The broker received exactly the client's bytes.
+        assert h.broker.received == [bytes(r.encode()) for r in sent]
+
+
+async def test_acks_zero_produce_gets_no_pending_entry() -> None:
+    async with proxied(echo_handler) as h:
+        fire_and_forget = request(0, 9, 7, acks=0, timeout_ms=100, topic_data=[])
+        await h.client.send(fire_and_forget.encode())
+        await h.client.send(request(3, 12, 8, topics=[]).encode())
+        answer = await h.client.receive()
+        assert answer is not None and struct.unpack_from(">i", answer)[0] == 8
+        assert len(h.broker.received) == 2
+        assert h.pumps.in_flight == 0
+
+
+@pytest.mark.parametrize("version", [0, 4, 9, 12, 13])
+async def test_metadata_brokers_rewritten_to_proxy_addresses(version: int) -> None:
+    def handler(req: codecs.Request) -> Any:
+        return response_body(3, req.api_version, brokers=[
+            {"node_id": 1, "host": "kafka-1.internal", "port": 9092},
+            {"node_id": 2, "host": "kafka-2.internal", "port": 9093},
+        ])
+
+    async with proxied(handler) as h:
+        await h.client.send(request(3, version, 5).encode())
+        frame = await h.client.receive()
+        resp = codecs.decode_response(frame, 3, version)
+        assert [(b.node_id, b.host, b.port) for b in resp.body.brokers] == [
+            (1, "proxy.example", 19001), (2, "proxy.example", 19002)]
+        assert [(s.node_id, s.host, s.port) for s in h.seen] == [
+            (1, "kafka-1.internal", 9092), (2, "kafka-2.internal", 9093)]
+
+
+async def test_find_coordinator_v0_and_v4_rewritten() -> None:
+    def handler(req: codecs.Request) -> Any:
+        if req.api_version < 4:
+            return response_body(10, req.api_version, node_id=3, host="k3", port=1)
+        return response_body(10, req.api_version, coordinators=[
+            {"key": "g", "node_id": 3, "host": "k3", "port": 1},
+            {"key": "bad", "node_id": -1, "host": "", "port": -1, "error_code": 15}])
+
+    async with proxied(handler) as h:
+        await h.client.send(request(10, 2, 1, key="g").encode())
+        old = codecs.decode_response(await h.client.receive(), 10, 2).body
+        assert (old.host, old.port) == ("proxy.example", 19003)
+        await h.client.send(request(10, 6, 2, coordinator_keys=["g", "bad"]).encode())
+        new = codecs.decode_response(await h.client.receive(), 10, 6).body
+        assert [(c.host, c.port) for c in new.coordinators] == [("proxy.example", 19003), ("", -1)]
+
+
+def test_address_apis_found_from_tables() -> None:
+    names = {codecs.api(k).name for k in address_apis()}
+    assert {"Metadata", "FindCoordinator", "DescribeCluster", "Produce", "Fetch",
+            "ShareFetch", "ShareAcknowledge"} <= names
+    # Raft (controller-only) and Streams application endpoints are not broker addresses.
+    assert not names & {"Vote", "BeginQuorumEpoch", "FetchSnapshot", "StreamsGroupHeartbeat"}
+
+
+async def test_produce_v10_node_endpoints_rewritten() -> None:
+    def handler(req: codecs.Request) -> Any:
+        return response_body(0, req.api_version, node_endpoints=[
+            {"node_id": 2, "host": "k2", "port": 9092, "rack": None}])
+
+    async with proxied(handler) as h:
+        await h.client.send(request(0, 11, 1, acks=-1, timeout_ms=100, topic_data=[]).encode())
+        body = codecs.decode_response(await h.client.receive(), 0, 11).body
+        assert [(e.host, e.port) for e in body.node_endpoints] == [("proxy.example", 19002)]
+
+
+async def test_api_versions_capped_and_features_kept() -> None:
+    unknown_key = 999
+    top = codecs.api(3).versions.hi
+
+    def handler(req: codecs.Request) -> Any:
+        return response_body(18, req.api_version, api_keys=[
+            {"api_key": 0, "min_version": 0, "max_version": 11},
+            {"api_key": 3, "min_version": 0, "max_version": top + 5},
+            {"api_key": unknown_key, "min_version": 0, "max_version": 1},
+        ], supported_features=[{"name": "transaction.version", "min_version": 0,
+                                "max_version": 2}],
+            finalized_features_epoch=7,
+            finalized_features=[{"name": "transaction.version", "max_version_level": 2,
+                                 "min_version_level": 2}])
+
+    async with proxied(handler) as h:
+        await h.client.send(request(18, 4, 1, client_software_name="librdkafka",
+                                    client_software_version="2.6.0").encode())
+        body = codecs.decode_response(await h.client.receive(), 18, 4).body
+        ranges = {k.api_key: (k.min_version, k.max_version) for k in body.api_keys}
+        assert ranges == {0: (0, 11), 3: (0, top)}  # Produce min stays 0 (KAFKA-18727)
+        assert body.finalized_features_epoch == 7
+        assert [f.name for f in body.supported_features] == ["transaction.version"]
+        assert h.conn.software_name == "librdkafka"
+        assert h.conn.software_version == "2.6.0"
+
+
+async def test_api_versions_unsupported_version_answered_in_v0_format() -> None:
+    # A broker that does not know ApiVersions v4 answers error 35 in the v0 layout.
+    v0_body = response_body(18, 0, error_code=35, api_keys=[
+        {"api_key": 18, "min_version": 0, "max_version": 3}])
+    raw = codecs.Response.build(18, 0, 9, v0_body).encode()
+
+    async with proxied(lambda req: raw) as h:
+        await h.client.send(request(18, 4, 9).encode())
+        frame = await h.client.receive()
+        assert frame == bytes(raw)  # nothing to cap: passes through intact
+        resp = codecs.decode_response(frame, 18, 4)
+        assert resp.body.error_code == 35
+        assert [(k.api_key, k.max_version) for k in resp.body.api_keys] == [(18, 3)]
+
+
+async def test_unknown_api_key_forwarded_untouched() -> None:
+    weird_request = struct.pack(">hhi", 250, 3, 77) + struct.pack(">h", 1) + b"c" + b"\x01\x02"
+    weird_answer = struct.pack(">i", 77) + b"\xde\xad"
+    async with proxied(lambda req: weird_answer) as h:
+        await h.client.send(weird_request)
+        assert await h.client.receive() == weird_answer
+        assert h.broker.received == [weird_request]
+
+
+async def test_garbage_from_client_closes_connection_with_a_reason() -> None:
+    recorder = Recorder()
+    async with proxied(echo_handler, observer=recorder) as h:
+        await h.client.send(b"\x00\x01")  # shorter than a request header
+        await h.done.wait()
+        assert "malformed request from client" in h.pumps.close_reason
+        assert await h.client.receive() is None
+        assert recorder.malformed_errors
+
+
+async def test_two_gib_frame_refused_before_buffering() -> None:
+    async with proxied(echo_handler) as h:
+        await h.client.send_raw(struct.pack(">i", 0x7FFFFFFF) + b"x" * 10)
+        await h.done.wait()
+        assert "frame size" in h.pumps.close_reason
+        assert h.broker.received == []
+
+
+async def test_client_disconnect_mid_frame() -> None:
+    async with proxied(echo_handler) as h:
+        await h.client.send_raw(struct.pack(">i", 100) + b"partial")
+        await h.client.stream.aclose()
+        await h.done.wait()
+        assert "middle of a frame" in h.pumps.close_reason
+        assert h.broker.received == []
+
+
+async def test_broker_out_of_step_correlation_closes() -> None:
+    def handler(req: codecs.Request) -> Any:
+        return codecs.Response.build(3, req.api_version, req.correlation_id + 1,
+                                     req.api.response.root.default)
+
+    async with proxied(handler) as h:
+        await h.client.send(request(3, 12, 1).encode())
+        await h.done.wait()
+        assert "out of step" in h.pumps.close_reason
+
+
+async def test_broker_closing_closes_the_client() -> None:
+    async with proxied(lambda req: None) as h:
+        await h.client.send(request(3, 12, 1).encode())
+        while not h.broker.received:
+            await trio.testing.wait_all_tasks_blocked()
+        await h.broker.frames.stream.aclose()
+        await h.done.wait()
+        assert "closed the connection with 1 request(s) in flight" in h.pumps.close_reason
+        assert await h.client.receive() is None
+
+
+async def test_sasl_handshake_v0_raw_tokens_pass_through() -> None:
+    def handler(req: codecs.Request) -> Any:
+        if req.api_key == 17:
+            broker.raw_mode = 2  # SCRAM: two raw tokens follow
+            return response_body(17, 0, mechanisms=["SCRAM-SHA-256"])
+        return echo_handler(req)
+
+    async with proxied(handler) as h:
+        broker = h.broker
+        await h.client.send(request(17, 0, 1, mechanism="SCRAM-SHA-256").encode())
+        await h.client.receive()
+        for token in (b"n,,n=user,r=abc", b"c=biws,r=abcdef,p=xyz"):
+            await h.client.send(token)
+            assert await h.client.receive() == b"raw-answer:" + token
+        # Back to Kafka framing after the exchange.
+        await h.client.send(request(3, 1, 5).encode())
+        assert struct.unpack_from(">i", await h.client.receive())[0] == 5
+
+
+class RefuseMetadata(Policy):
+    def on_request(self, conn: ConnectionInfo, req: codecs.Request) -> Any:
+        if req.api_key == 3:
+            body = req.api.response.root.default
+            return Respond(codecs.Response.build(3, req.api_version, req.correlation_id, body))
+        return Forward(req)
+
+
+async def test_local_answers_keep_their_place_in_line() -> None:
+    release = trio.Event()
+    answers: list[codecs.Request] = []
+
+    def handler(req: codecs.Request) -> Any:
+        answers.append(req)
+        return None  # answered below, once released
+
+    async with proxied(handler, policy=RefuseMetadata()) as h:
+        await h.client.send(request(10, 2, 1, key="g").encode())  # forwarded
+        await h.client.send(request(3, 12, 2).encode())  # answered by the proxy
+        while not answers:
+            await trio.testing.wait_all_tasks_blocked()
+        release.set()
+        first = answers[0]
+        await h.broker.frames.send(codecs.Response.build(
+            10, 2, first.correlation_id, first.api.response.root.default).encode())
+        ids = [struct.unpack_from(">i", await h.client.receive())[0] for _ in range(2)]
+        assert ids == [1, 2]  # the local answer did not overtake the forwarded one
+        assert h.conn.refused == 1
+
+
+async def test_backpressure_bounds_requests_in_flight() -> None:
+    limits = Limits(max_in_flight=4)
+    async with proxied(echo_handler, limits=limits, lockstep=True) as h:
+        async with trio.open_nursery() as nursery:
+
+            async def flood() -> None:
+                for i in range(50):
+                    await h.client.send(request(3, 12, i).encode())
+
+            nursery.start_soon(flood)
+            await trio.testing.wait_all_tasks_blocked()
+            # The client reads nothing: the proxy stops reading it after a few requests.
+            assert len(h.broker.received) <= limits.max_in_flight + 2
+            for _ in range(50):
+                assert await h.client.receive() is not None
+        assert len(h.broker.received) == 50
+
+
+async def test_idle_connection_times_out(autojump_clock: trio.testing.MockClock) -> None:
+    async with proxied(echo_handler, limits=Limits(idle_timeout=30)) as h:
+        await h.client.send(request(3, 12, 1).encode())
+        await h.client.receive()
+        await h.done.wait()
+        assert h.pumps.close_reason == "idle timeout"
+        assert trio.current_time() >= 30
+
+
+async def test_draining_finishes_in_flight_then_closes() -> None:
+    draining = trio.Event()
+    held: list[codecs.Request] = []
+    async with proxied(lambda req: held.append(req), draining=draining) as h:
+        await h.client.send(request(3, 12, 42).encode())
+        while not held:
+            await trio.testing.wait_all_tasks_blocked()
+        draining.set()
+        await trio.testing.wait_all_tasks_blocked()
+        resp = codecs.Response.build(3, 12, 42, held[0].api.response.root.default)
+        await h.broker.frames.send(resp.encode())
+        assert struct.unpack_from(">i", await h.client.receive())[0] == 42
+        await h.done.wait()
+        assert h.pumps.close_reason == "proxy shutting down"
+
+
+def test_frame_bytes_helper() -> None:
+    assert frame_bytes(b"ab") == b"\x00\x00\x00\x02ab"
