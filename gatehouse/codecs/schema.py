@@ -99,6 +99,7 @@ class FieldSpec:
     entity: str | None
     ignorable: bool
     flexible_override: Versions | None  # only RequestHeader.ClientId ("none")
+    map_key: bool = False  # the key of its struct within an array (``mapKey``)
 
     @property
     def is_struct(self) -> bool:
@@ -249,6 +250,7 @@ class _Builder:
             flexible_override=(
                 Versions.parse(options["flexible"]) if "flexible" in options else None
             ),
+            map_key=bool(options.get("map_key", False)),
         )
 
     def build(self) -> MessageSpec:

@@ -8,28 +8,65 @@ import trio
 
 from gatehouse.proxy.config import ProxyConfig, load_config
 from gatehouse.proxy.hooks import Observer, Policy
+from gatehouse.proxy.policy import Reloader, RulesPolicy, RulesSource
 from gatehouse.proxy.server import Proxy
+from gatehouse.rules import RuleSet, load_rules_file, parse_rules
+
+RELOAD_POLL_SECONDS = 1.0
 
 
-def load_everything(path: str | Path) -> tuple[ProxyConfig, Policy]:
-    """The config and the policy it names; raises ConfigError with file:line."""
+def load_everything(path: str | Path) -> tuple[ProxyConfig, RulesPolicy]:
+    """The config and the policy its rules make; raises ConfigError with file:line."""
     config = load_config(path)
-    return config, build_policy(config)
+    return config, RulesPolicy(load_ruleset(config))
 
 
-def build_policy(config: ProxyConfig) -> Policy:
-    return Policy()
+def load_ruleset(config: ProxyConfig) -> RuleSet:
+    if config.rules_file is not None:
+        return load_rules_file(config.rules_file)
+    return parse_rules(config.rules, config.source)
 
 
-def build_observers(config: ProxyConfig) -> list[Observer]:
-    return []
+def rules_source(config: ProxyConfig, path: str | Path | None) -> RulesSource:
+    return RulesSource(Path(path) if path is not None else None, config.rules_file, config.rules)
 
 
-async def run_configured(config: ProxyConfig, policy: Policy, path: str | Path) -> None:
+def build_observers(config: ProxyConfig, policy: Policy, reloader: Reloader | None
+                    ) -> list[Observer]:
+    observers: list[Observer] = []
+    if config.metrics_listen is not None:
+        from gatehouse.metrics import ProxyMetrics
+
+        metrics = ProxyMetrics()
+        metrics.attach(policy, reloader)
+        observers.append(metrics)
+    if config.capture is not None:
+        from gatehouse.capture import open_capture
+
+        observers.append(open_capture(config.capture, config.source))
+    return observers
+
+
+async def watch_rules(reloader: Reloader, poll: float = RELOAD_POLL_SECONDS) -> None:
+    """Reload when the watched file changes (polling: no inotify dependency)."""
+    while True:
+        await trio.sleep(poll)
+        if reloader.changed():
+            reloader.reload()
+
+
+async def run_configured(config: ProxyConfig, policy: RulesPolicy, path: str | Path) -> None:
     from gatehouse.cli import handle_signals
 
-    proxy = Proxy(config, policy, build_observers(config))
+    reloader = Reloader(policy, rules_source(config, path))
+    observers = build_observers(config, policy, reloader)
+    proxy = Proxy(config, policy, observers)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(handle_signals, proxy, None)
+        nursery.start_soon(handle_signals, proxy, reloader.reload)
+        nursery.start_soon(watch_rules, reloader)
+        if config.metrics_listen is not None:
+            from gatehouse.metrics import serve_metrics
+
+            await nursery.start(serve_metrics, config.metrics_listen, observers[0])
         await proxy.serve()
         nursery.cancel_scope.cancel()

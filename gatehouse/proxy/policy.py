@@ -1,0 +1,196 @@
+"""The rules, wired into the connection pumps: refusals, topic maps, ApiVersions, reload."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gatehouse.codecs import Request, Response
+from gatehouse.configfile import ConfigError, load_yaml_file
+from gatehouse.logs import log_event
+from gatehouse.proxy.apiversions import RangeAdjuster
+from gatehouse.proxy.hooks import Close, ConnectionInfo, Decision, Forward, Pending, Policy, Respond
+from gatehouse.rules import (
+    ClientFacts,
+    Outcome,
+    RewriteStats,
+    RuleSet,
+    TopicMap,
+    error_response,
+    map_request,
+    map_response,
+    parse_rules,
+)
+from gatehouse.rules.errors import INVALID_REQUEST
+from gatehouse.rules.topics import carries_topics, regex_subscription
+
+logger = logging.getLogger("gatehouse.rules")
+PRODUCE = 0
+
+
+def facts_of(conn: ConnectionInfo, req: Request | None = None) -> ClientFacts:
+    client_id = req.header.client_id if req is not None else conn.client_id
+    return ClientFacts(client_id=client_id, software_name=conn.software_name,
+                       software_version=conn.software_version, address=conn.client,
+                       listener=conn.listener)
+
+
+class RulesPolicy(Policy):
+    """Applies a RuleSet; ``ruleset`` can be swapped at any time (hot reload)."""
+
+    def __init__(self, ruleset: RuleSet) -> None:
+        self.ruleset = ruleset
+        self.stats = RewriteStats()
+        self.outcome_listeners: list[Callable[[Outcome], None]] = []
+        self.refusal_listeners: list[Callable[[ConnectionInfo, Request, str, str], None]] = []
+
+    def _emit(self, outcomes: tuple[Outcome, ...]) -> None:
+        for listener in self.outcome_listeners:
+            for outcome in outcomes:
+                listener(outcome)
+
+    def on_request(self, conn: ConnectionInfo, req: Request) -> Decision:
+        ruleset = self.ruleset  # one snapshot for the whole request
+        if not ruleset:
+            return Forward(req)
+        evaluation = ruleset.evaluate(facts_of(conn, req), req)
+        self._emit(evaluation.outcomes)
+        for refusal in evaluation.would_refuse:
+            self._log_refusal(conn, req, refusal.rule, refusal.message, observe=True)
+        if evaluation.refusal is not None:
+            refusal = evaluation.refusal
+            self._log_refusal(conn, req, refusal.rule, refusal.message, observe=False)
+            if req.api_key == PRODUCE and _acks(req) == 0:
+                return Close(f"refused acks=0 Produce ({refusal.message}): no response "
+                             "exists to carry the error, so the connection is closed")
+            return Respond(error_response(req, refusal.code, refusal.message))
+        if evaluation.observed_map is not None and req.known:
+            try:
+                changed = map_request(req, evaluation.observed_map, {}, RewriteStats())
+            except Exception:  # observe mode must never break traffic
+                changed = req
+            if changed is not req:
+                log_event(logger, logging.DEBUG, "would rewrite topic names", **conn.describe(),
+                          api=req.api.name)
+        topic_map = evaluation.topic_map
+        if topic_map is None:
+            return Forward(req)
+        regex = regex_subscription(req)
+        if regex is not None:
+            message = (f"regex subscription {regex!r} cannot be rewritten safely under topic "
+                       "renames/prefixes; subscribe to topic names instead")
+            self._log_refusal(conn, req, "topic-map", message, observe=False)
+            return Respond(error_response(req, INVALID_REQUEST, message))
+        mapped = map_request(req, topic_map, conn.state, self.stats)
+        wants = carries_topics(req.api.response) or req.api_key in (11, 14, 15)
+        return Forward(mapped, wants_response=wants, context=topic_map)
+
+    def on_response(self, conn: ConnectionInfo, pending: Pending, resp: Response) -> Response:
+        topic_map = pending.context
+        if isinstance(topic_map, TopicMap):
+            return map_response(resp, topic_map, conn.state, self.stats)
+        return resp
+
+    def api_version_adjusters(self, conn: ConnectionInfo) -> tuple[RangeAdjuster, ...]:
+        ruleset = self.ruleset
+        if not ruleset:
+            return ()
+        facts = facts_of(conn)
+
+        def adjust(api_key: int, lo: int, hi: int) -> tuple[int, int] | None:
+            return ruleset.version_ranges(facts, api_key, lo, hi)
+
+        return (adjust,)
+
+    def _log_refusal(self, conn: ConnectionInfo, req: Request, rule: str, message: str,
+                     observe: bool) -> None:
+        for listener in self.refusal_listeners:
+            listener(conn, req, rule, "would_refuse" if observe else "refuse")
+        logged = conn.state.setdefault("refusals_logged", set())
+        key = (req.api_key, rule, observe)
+        if key in logged:
+            return  # once per connection, API and rule
+        logged.add(key)
+        log_event(logger, logging.INFO, "would refuse (observe mode)" if observe else "refused",
+                  rule=rule, api=req.api.name if req.known else req.api_key,
+                  version=req.api_version, reason=message, **conn.describe())
+
+
+def _acks(req: Request) -> int:
+    from gatehouse.codecs.peek import produce_acks
+
+    return produce_acks(req)
+
+
+class RulesSource:
+    """Where the rules come from, for loading and hot reload (inline or a rules file)."""
+
+    def __init__(self, config_path: Path | None, rules_file: Path | None,
+                 inline: Any = None) -> None:
+        self.config_path = config_path
+        self.rules_file = rules_file
+        self.inline = inline
+
+    @property
+    def watched(self) -> Path | None:
+        return self.rules_file or self.config_path
+
+    def load(self) -> RuleSet:
+        if self.rules_file is not None:
+            from gatehouse.rules import load_rules_file
+
+            return load_rules_file(self.rules_file)
+        if self.config_path is not None:
+            data = load_yaml_file(self.config_path)
+            rules = data.get("rules") if isinstance(data, dict) else None
+            return parse_rules(rules, str(self.config_path))
+        return parse_rules(self.inline)
+
+
+class Reloader:
+    """Validates and swaps rules; a bad file keeps the old rules in force."""
+
+    def __init__(self, policy: RulesPolicy, source: RulesSource) -> None:
+        self.policy = policy
+        self.source = source
+        self.succeeded = 0
+        self.failed = 0
+        self.last_error: str | None = None
+        self.listeners: list[Callable[[bool], None]] = []
+        self._mtime = self._stat()
+
+    def _stat(self) -> float | None:
+        path = self.source.watched
+        try:
+            return path.stat().st_mtime_ns if path is not None else None
+        except OSError:
+            return None
+
+    def changed(self) -> bool:
+        mtime = self._stat()
+        if mtime != self._mtime:
+            self._mtime = mtime
+            return True
+        return False
+
+    def reload(self) -> bool:
+        try:
+            ruleset = self.source.load()
+        except ConfigError as exc:
+            self.failed += 1
+            self.last_error = str(exc)
+            log_event(logger, logging.ERROR, "rules reload failed: keeping the old rules",
+                      error=str(exc))
+            for listener in self.listeners:
+                listener(False)
+            return False
+        self.policy.ruleset = ruleset  # atomic swap: new requests see the new rules
+        self.succeeded += 1
+        self.last_error = None
+        log_event(logger, logging.INFO, "rules reloaded", rules=len(ruleset.rules),
+                  source=ruleset.source)
+        for listener in self.listeners:
+            listener(True)
+        return True

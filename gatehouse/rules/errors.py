@@ -1,0 +1,177 @@
+"""Building an API's own error response to a request, from the tables (pure).
+
+Kafka answers a refused request with that API's response at the request's version,
+the error code in every place the response carries one, and the per-topic and
+per-partition entries mirroring the request (31 responses have no top-level error
+code: Produce, Metadata, CreateTopics...).  Kafka writes this per request class
+(``AbstractRequest.getErrorResponse``); we derive it from the specs instead, so every
+API and version is covered, new ones included:
+
+* ``error_code`` fields get the code, ``error_message`` fields the message;
+* an array of structs in the response is matched to the request array it answers
+  (same key fields: ``name``/``topic_id``/``partition_index``..., the same
+  ``entityType``, or a plain list of keys such as FindCoordinator's
+  ``CoordinatorKeys``), and gets one entry per request entry with the keys copied.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from gatehouse.codecs import FieldSpec, Request, Response, StructSpec
+
+UNSUPPORTED_VERSION = 35
+UNKNOWN_TOPIC_OR_PARTITION = 3
+TOPIC_AUTHORIZATION_FAILED = 29
+CLUSTER_AUTHORIZATION_FAILED = 31
+POLICY_VIOLATION = 44
+INVALID_REQUEST = 42
+
+ERROR_NAMES = {
+    UNSUPPORTED_VERSION: "UNSUPPORTED_VERSION",
+    UNKNOWN_TOPIC_OR_PARTITION: "UNKNOWN_TOPIC_OR_PARTITION",
+    TOPIC_AUTHORIZATION_FAILED: "TOPIC_AUTHORIZATION_FAILED",
+    CLUSTER_AUTHORIZATION_FAILED: "CLUSTER_AUTHORIZATION_FAILED",
+    POLICY_VIOLATION: "POLICY_VIOLATION",
+    INVALID_REQUEST: "INVALID_REQUEST",
+}
+
+_PARTITION_KEYS = frozenset({"partition", "partition_index", "index", "partition_id"})
+_KEY_ATTRS = frozenset({
+    "name", "topic", "topic_name", "topic_id", "key", "group_id", "transactional_id",
+    "resource_type", "resource_name", "member_id", "group_instance_id", "producer_id",
+    "broker_id", "node_id", "principal", "client_id",
+}) | _PARTITION_KEYS
+
+
+def _is_key(f: FieldSpec) -> bool:
+    return f.map_key or f.attr in _KEY_ATTRS or f.entity in ("topicName", "groupId",
+                                                               "transactionalId")
+
+
+def _same_key(a: FieldSpec, b: FieldSpec) -> bool:
+    if a.type != b.type or a.is_array or b.is_array:
+        return False
+    if a.attr == b.attr:
+        return True
+    return a.attr in _PARTITION_KEYS and b.attr in _PARTITION_KEYS
+
+
+def _singular(attr: str) -> str:
+    for plural, single in (("indexes", "index"), ("ies", "y"), ("es", "e"), ("s", "")):
+        if attr.endswith(plural):
+            return attr[: -len(plural)] + single
+    return attr
+
+
+def _scalar_key_field(g: FieldSpec, struct: StructSpec, version: int) -> FieldSpec | None:
+    """The field of ``struct`` that one element of the scalar array ``g`` fills."""
+    fields = [f for f in struct.fields if version in f.versions and not f.is_array
+              and f.struct is None and f.type == g.type]
+    single = _singular(g.attr)
+    for f in fields:
+        if g.entity is not None and f.entity == g.entity:
+            return f
+    for f in fields:
+        if f.attr == single or single.endswith("_" + f.attr) or (
+            f.attr in _PARTITION_KEYS and (single in _PARTITION_KEYS or g.attr == "partitions")
+        ):
+            return f
+    return None
+
+
+@cache
+def _plan(resp_struct: StructSpec, req_struct: StructSpec, version: int) -> tuple[Any, ...]:
+    """For each response field: how to fill it (cached per struct pair and version)."""
+    steps: list[Any] = []
+    req_fields = [g for g in req_struct.fields if version in g.versions]
+    for f in resp_struct.fields:
+        if version not in f.versions:
+            continue
+        if f.attr == "error_code" and f.type == "int16":
+            steps.append(("error", f.attr))
+        elif f.attr == "error_message" and f.type == "string":
+            steps.append(("message", f.attr))
+        elif f.is_array and f.struct is not None:
+            match = None
+            for g in req_fields:
+                if not g.is_array:
+                    continue
+                if g.struct is not None:
+                    shared = [(rf.attr, gf.attr) for rf in f.struct.fields
+                              for gf in g.struct.fields
+                              if version in rf.versions and version in gf.versions
+                              and _is_key(rf) and _same_key(rf, gf)]
+                    if shared:
+                        match = ("mirror", f.attr, g.attr, tuple(shared), f.struct, g.struct)
+                        break
+                else:
+                    key = _scalar_key_field(g, f.struct, version)
+                    if key is not None:
+                        match = ("mirror_keys", f.attr, g.attr, key.attr, f.struct)
+                        break
+            if match is not None:
+                steps.append(match)
+        elif f.struct is not None and not f.is_array:
+            steps.append(("struct", f.attr, f.struct))
+        elif not f.is_array and f.struct is None and _is_key(f):
+            for g in req_fields:
+                if _same_key(f, g):
+                    steps.append(("copy", f.attr, g.attr))
+                    break
+    return tuple(steps)
+
+
+def _fill(resp_struct: StructSpec, req_struct: StructSpec, req_value: Any, version: int,
+          code: int, message: str | None) -> Any:
+    changes: dict[str, Any] = {}
+    for step in _plan(resp_struct, req_struct, version):
+        kind = step[0]
+        if kind == "error":
+            changes[step[1]] = code
+        elif kind == "message":
+            changes[step[1]] = message
+        elif kind == "copy":
+            value = getattr(req_value, step[2], None) if req_value is not None else None
+            if value is not None:
+                changes[step[1]] = value
+        elif kind == "mirror":
+            _, attr, req_attr, shared, sub_resp, sub_req = step
+            items = getattr(req_value, req_attr, None) if req_value is not None else None
+            out = []
+            for item in items or ():
+                entry = _fill(sub_resp, sub_req, item, version, code, message)
+                keys = {r: getattr(item, g) for r, g in shared if getattr(item, g) is not None}
+                out.append(entry.replace(**keys) if keys else entry)
+            changes[attr] = tuple(out)
+        elif kind == "mirror_keys":
+            _, attr, req_attr, key_attr, sub_resp = step
+            items = getattr(req_value, req_attr, None) if req_value is not None else None
+            out = []
+            for key in items or ():
+                entry = _fill(sub_resp, _EMPTY, None, version, code, message)
+                out.append(entry.replace(**{key_attr: key}))
+            changes[attr] = tuple(out)
+        elif kind == "struct":
+            _, attr, sub_resp = step
+            changes[attr] = _fill(sub_resp, _EMPTY, None, version, code, message)
+    return resp_struct.default.replace(**changes) if changes else resp_struct.default
+
+
+_EMPTY = StructSpec(name="<none>", message="<none>")
+
+
+def error_response(req: Request, code: int, message: str | None = None) -> Response:
+    """``req``'s API's response at ``req``'s version with ``code`` everywhere it fits."""
+    api = req.api
+    version = req.api_version
+    body = _fill(api.response.root, api.request.root, req.body, version, code, message)
+    return Response.build(req.api_key, version, req.correlation_id, body)
+
+
+def carries_error(api_key_spec: Any, version: int) -> bool:
+    """Whether the response at ``version`` has any error_code field at all."""
+    from gatehouse.codecs.schema import iter_fields
+
+    return any(f.attr == "error_code" for _, f in iter_fields(api_key_spec.response.root, version))

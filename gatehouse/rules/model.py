@@ -1,0 +1,270 @@
+"""Rules and their decisions over one request (pure: no I/O, no clocks, no trio).
+
+A ``RuleSet`` is immutable; hot reload swaps the whole set.  ``evaluate`` looks at every
+rule top to bottom against the original request: the first enforced refusal wins, topic
+maps of all matching rules compose in order, and observe-mode rules only report what
+they would have done.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from gatehouse.codecs import APIS, Request
+from gatehouse.rules.errors import (
+    CLUSTER_AUTHORIZATION_FAILED,
+    UNSUPPORTED_VERSION,
+)
+from gatehouse.rules.topics import Chain, Prefix, Rename, TopicMap
+
+Mode = Literal["enforce", "observe"]
+API_VERSIONS = 18
+PRODUCE = 0
+
+
+@dataclass(frozen=True)
+class ClientFacts:
+    """What rules may match on: the connection and the request's client id."""
+
+    client_id: str | None = None
+    software_name: str | None = None  # KIP-511
+    software_version: str | None = None
+    address: str | None = None  # "host:port" of the client
+    listener: str | None = None  # "bootstrap" or "broker-<node>"
+
+
+@dataclass(frozen=True)
+class Match:
+    client_id: re.Pattern[str] | None = None
+    software_name: re.Pattern[str] | None = None
+    software_version: re.Pattern[str] | None = None
+    sources: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+    listeners: tuple[str, ...] = ()
+
+    def matches(self, facts: ClientFacts) -> bool:
+        if self.client_id is not None and not self.client_id.search(facts.client_id or ""):
+            return False
+        if self.software_name is not None and not self.software_name.search(
+                facts.software_name or ""):
+            return False
+        if self.software_version is not None and not self.software_version.search(
+                facts.software_version or ""):
+            return False
+        if self.sources:
+            ip = _ip_of(facts.address)
+            if ip is None or not any(ip in net for net in self.sources):
+                return False
+        return not (self.listeners and facts.listener not in self.listeners)
+
+
+def _ip_of(address: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    if not address:
+        return None
+    host = address.rsplit(":", 1)[0].strip("[]")
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class VersionBound:
+    version: int
+    advertise: bool  # rewrite ApiVersions so clients pick an allowed version
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    match: Match = Match()
+    mode: Mode = "enforce"
+    min_api_version: dict[int, VersionBound] = field(default_factory=dict)
+    max_api_version: dict[int, VersionBound] = field(default_factory=dict)
+    deny_apis: frozenset[int] = frozenset()
+    allow_apis: frozenset[int] | None = None
+    min_client_software: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    min_client_software_text: dict[str, str] = field(default_factory=dict)
+    unknown_software: Literal["allow", "refuse"] = "allow"
+    topic_map: TopicMap | None = None
+    line: int | None = None  # where the rule starts in its file
+
+
+@dataclass(frozen=True)
+class Refusal:
+    rule: str
+    action: str  # min_api_version, deny_apis, ...
+    code: int
+    message: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One rule's effect on one request, for the per-rule decision counters."""
+
+    rule: str
+    action: str
+    effect: Literal["refuse", "rewrite", "pass"]
+    mode: Mode
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    refusal: Refusal | None = None  # enforced: answer with an error
+    would_refuse: tuple[Refusal, ...] = ()  # observe mode
+    topic_map: TopicMap | None = None  # enforced renames/prefixes, composed
+    observed_map: TopicMap | None = None  # observe-mode maps (count, don't apply)
+    outcomes: tuple[Outcome, ...] = ()
+
+
+def parse_version(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    parts = re.findall(r"\d+", text)
+    return tuple(int(p) for p in parts[:4]) if parts else None
+
+
+def software_versions(facts: ClientFacts) -> dict[str, tuple[int, ...]]:
+    """name -> version for the client's software, including librdkafka inside wrappers.
+
+    confluent-kafka-python reports ``2.6.0-rdkafka-2.6.0``; other librdkafka wrappers
+    do the same, so ``librdkafka`` rules apply to all of them.
+    """
+    out: dict[str, tuple[int, ...]] = {}
+    name, version = facts.software_name, facts.software_version
+    if name:
+        parsed = parse_version((version or "").split("-rdkafka-")[0])
+        if parsed is not None:
+            out[name.lower()] = parsed
+    if version and "rdkafka-" in version:
+        parsed = parse_version(version.split("rdkafka-", 1)[1])
+        if parsed is not None:
+            out["librdkafka"] = parsed
+    return out
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    rules: tuple[Rule, ...] = ()
+    source: str = "<rules>"
+
+    def __bool__(self) -> bool:
+        return bool(self.rules)
+
+    def matching(self, facts: ClientFacts) -> list[Rule]:
+        return [r for r in self.rules if r.match.matches(facts)]
+
+    def evaluate(self, facts: ClientFacts, req: Request) -> Evaluation:
+        key, version = req.api_key, req.api_version
+        api_name = APIS[key].name if key in APIS else f"api-{key}"
+        refusal: Refusal | None = None
+        would: list[Refusal] = []
+        maps: list[TopicMap] = []
+        observed: list[TopicMap] = []
+        outcomes: list[Outcome] = []
+        for rule in self.matching(facts):
+            found: list[Refusal] = []
+            bound = rule.min_api_version.get(key)
+            if bound is not None and version < bound.version:
+                found.append(Refusal(rule.name, "min_api_version", UNSUPPORTED_VERSION,
+                                     f"{api_name} v{version} is below the minimum "
+                                     f"v{bound.version} (rule {rule.name})"))
+            bound = rule.max_api_version.get(key)
+            if bound is not None and version > bound.version:
+                found.append(Refusal(rule.name, "max_api_version", UNSUPPORTED_VERSION,
+                                     f"{api_name} v{version} is above the maximum "
+                                     f"v{bound.version} (rule {rule.name})"))
+            if key in rule.deny_apis or (
+                    rule.allow_apis is not None and key not in rule.allow_apis
+                    and key != API_VERSIONS):
+                found.append(Refusal(rule.name, "deny_apis" if key in rule.deny_apis
+                                     else "allow_apis", CLUSTER_AUTHORIZATION_FAILED,
+                                     f"{api_name} is not allowed here (rule {rule.name})"))
+            if rule.min_client_software and key != API_VERSIONS:
+                refusal_text = _software_refusal(rule, facts)
+                if refusal_text is not None:
+                    found.append(Refusal(rule.name, "min_client_software", UNSUPPORTED_VERSION,
+                                         refusal_text))
+            for r in found:
+                outcomes.append(Outcome(rule.name, r.action, "refuse", rule.mode))
+            if rule.mode == "enforce":
+                if found and refusal is None:
+                    refusal = found[0]
+            else:
+                would.extend(found)
+            if rule.topic_map is not None:
+                (maps if rule.mode == "enforce" else observed).append(rule.topic_map)
+                outcomes.append(Outcome(rule.name, "topics", "rewrite", rule.mode))
+            if not found and rule.topic_map is None:
+                outcomes.append(Outcome(rule.name, "match", "pass", rule.mode))
+        return Evaluation(
+            refusal=refusal,
+            would_refuse=tuple(would),
+            topic_map=_compose(maps),
+            observed_map=_compose(observed),
+            outcomes=tuple(outcomes),
+        )
+
+    def version_ranges(self, facts: ClientFacts, api_key: int, lo: int,
+                       hi: int) -> tuple[int, int] | None:
+        """The ApiVersions range to advertise for one API (None: leave the API out)."""
+        for rule in self.matching(facts):
+            if rule.mode != "enforce":
+                continue
+            bound = rule.min_api_version.get(api_key)
+            if bound is not None and bound.advertise and bound.version > lo:
+                lo = bound.version
+            bound = rule.max_api_version.get(api_key)
+            if bound is not None and bound.advertise and bound.version < hi:
+                hi = bound.version
+        if lo > hi:
+            # Nothing the broker offers is allowed: advertising an empty range is not
+            # possible, so the API is left out and requests to it are refused.
+            return None
+        return lo, hi
+
+    @property
+    def has_topic_maps(self) -> bool:
+        return any(r.topic_map is not None for r in self.rules)
+
+
+def _software_refusal(rule: Rule, facts: ClientFacts) -> str | None:
+    versions = software_versions(facts)
+    if not versions:
+        if rule.unknown_software == "refuse":
+            return (f"client software not reported (KIP-511) and rule {rule.name} requires "
+                    f"{_minimums(rule)}")
+        return None
+    for name, minimum in rule.min_client_software.items():
+        have = versions.get(name)
+        if have is not None and have < minimum:
+            return (f"{name} {'.'.join(map(str, have))} is older than "
+                    f"{rule.min_client_software_text[name]} (rule {rule.name})")
+    return None
+
+
+def _minimums(rule: Rule) -> str:
+    return ", ".join(f"{n} >= {v}" for n, v in rule.min_client_software_text.items())
+
+
+def _compose(maps: Sequence[TopicMap]) -> TopicMap | None:
+    if not maps:
+        return None
+    return maps[0] if len(maps) == 1 else Chain(tuple(maps))
+
+
+__all__ = [
+    "ClientFacts",
+    "Evaluation",
+    "Match",
+    "Outcome",
+    "Prefix",
+    "Refusal",
+    "Rename",
+    "Rule",
+    "RuleSet",
+    "VersionBound",
+]

@@ -1,0 +1,263 @@
+"""Reading rules from YAML, with every mistake reported as file:line."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+from typing import Any
+
+from gatehouse.codecs import API_KEYS_BY_NAME, APIS
+from gatehouse.configfile import (
+    ConfigError,
+    LocatedList,
+    Reader,
+    Source,
+    line_of,
+    load_yaml_file,
+)
+from gatehouse.rules.model import (
+    API_VERSIONS,
+    PRODUCE,
+    Match,
+    Rule,
+    RuleSet,
+    VersionBound,
+    parse_version,
+)
+from gatehouse.rules.topics import Prefix, Rename
+
+_TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+_SOFTWARE_RE = re.compile(r"^[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?$")  # KIP-511
+
+
+def _api_key(name: Any, source: Source, line: int | None) -> int:
+    if isinstance(name, int) and not isinstance(name, bool) and name in APIS:
+        return name
+    if isinstance(name, str):
+        key = API_KEYS_BY_NAME.get(name)
+        if key is None:  # be kind to case slips, strict on typos
+            lowered = {n.lower(): k for n, k in API_KEYS_BY_NAME.items()}
+            key = lowered.get(name.lower())
+        if key is not None:
+            return key
+    close = [n for n in API_KEYS_BY_NAME if isinstance(name, str)
+             and n.lower().startswith(str(name)[:3].lower())][:3]
+    hint = f" (did you mean {', '.join(close)}?)" if close else ""
+    raise source.error(f"unknown API name {name!r}{hint}", line)
+
+
+def _bounds(reader: Reader, key: str, minimum: bool) -> dict[int, VersionBound]:
+    raw = reader.take(key, dict)
+    out: dict[int, VersionBound] = {}
+    if raw is None:
+        return out
+    for name, value in raw.items():
+        line = line_of(raw, name)
+        api = _api_key(name, reader.source, line)
+        if minimum and api == API_VERSIONS:
+            raise reader.source.error(
+                "ApiVersions cannot have a minimum version: clients must always be able to "
+                "ask which versions exist (KIP-35)", line)
+        # Produce: raising the advertised minimum above 0 makes librdkafka turn
+        # compression off (KAFKA-18727, librdkafka #4956), so by default refuse old
+        # Produce versions without advertising the raise.
+        advertise = not (minimum and api == PRODUCE)
+        if isinstance(value, dict):
+            sub = Reader(value, reader.source, f"{key}.{name}", line)
+            version = sub.require("version", int)
+            advertise = sub.take("advertise", bool, advertise)
+            sub.finish()
+        elif isinstance(value, int) and not isinstance(value, bool):
+            version = value
+        else:
+            raise reader.source.error(
+                f"{key}.{name} must be a version number or {{version: N, advertise: bool}}",
+                line)
+        valid = APIS[api].versions
+        if not 0 <= version <= 0x7FFF:
+            raise reader.source.error(f"{key}.{name}: version {version} is out of range", line)
+        if minimum and version > valid.hi:
+            raise reader.source.error(
+                f"{key}.{name}: v{version} is above every version of {APIS[api].name} "
+                f"known (v{valid.lo}-v{valid.hi}): every request would be refused", line)
+        out[api] = VersionBound(version, advertise)
+    return out
+
+
+def _api_set(reader: Reader, key: str) -> frozenset[int] | None:
+    raw = reader.take(key, list)
+    if raw is None:
+        return None
+    return frozenset(_api_key(item, reader.source, line_of(raw, i)) for i, item in enumerate(raw))
+
+
+def _regex(reader: Reader, key: str) -> re.Pattern[str] | None:
+    text = reader.take(key, str)
+    if text is None:
+        return None
+    try:
+        return re.compile(text)
+    except re.error as exc:
+        raise reader.error(key, f"match.{key}: bad regular expression: {exc}") from None
+
+
+def _match(reader: Reader) -> Match:
+    sources_raw = reader.take("source", (str, list))
+    sources = []
+    if sources_raw is not None:
+        items = [sources_raw] if isinstance(sources_raw, str) else sources_raw
+        for item in items:
+            try:
+                sources.append(ipaddress.ip_network(str(item), strict=False))
+            except ValueError:
+                raise reader.error("source", f"match.source: {item!r} is not a CIDR") from None
+    listeners_raw = reader.take("listener", (str, list))
+    listeners: tuple[str, ...] = ()
+    if listeners_raw is not None:
+        listeners = tuple(str(x) for x in (
+            [listeners_raw] if isinstance(listeners_raw, str) else listeners_raw))
+    match = Match(
+        client_id=_regex(reader, "client_id"),
+        software_name=_regex(reader, "client_software_name"),
+        software_version=_regex(reader, "client_software_version"),
+        sources=tuple(sources),
+        listeners=listeners,
+    )
+    reader.finish()
+    return match
+
+
+def _topic(value: Any, source: Source, line: int | None, what: str) -> str:
+    if not isinstance(value, str) or not _TOPIC_RE.match(value):
+        raise source.error(f"{what}: {value!r} is not a valid Kafka topic name", line)
+    return value
+
+
+def _rule(data: Any, source: Source, line: int | None, index: int) -> Rule:
+    reader = Reader(data, source, f"rules[{index}]", line)
+    name = reader.require("name", str)
+    mode = reader.take("mode", str, "enforce")
+    if mode not in ("enforce", "observe"):
+        raise reader.error("mode", f"mode must be enforce or observe, not {mode!r}")
+    match = _match(reader.child("match"))
+    minimum = _bounds(reader, "min_api_version", True)
+    maximum = _bounds(reader, "max_api_version", False)
+    for api, bound in minimum.items():
+        if api in maximum and maximum[api].version < bound.version:
+            raise reader.error("max_api_version",
+                               f"{APIS[api].name}: maximum v{maximum[api].version} is below "
+                               f"the minimum v{bound.version}")
+    deny = _api_set(reader, "deny_apis") or frozenset()
+    allow = _api_set(reader, "allow_apis")
+    if API_VERSIONS in deny:
+        raise reader.error("deny_apis", "ApiVersions cannot be denied: no client could connect")
+    software_raw = reader.take("min_client_software", dict) or {}
+    software: dict[str, tuple[int, ...]] = {}
+    software_text: dict[str, str] = {}
+    for sw_name, version in software_raw.items():
+        sw_line = line_of(software_raw, sw_name)
+        if not _SOFTWARE_RE.match(sw_name):
+            raise source.error(f"min_client_software: {sw_name!r} is not a KIP-511 software "
+                               "name", sw_line)
+        parsed = parse_version(str(version))
+        if parsed is None:
+            raise source.error(f"min_client_software.{sw_name}: {version!r} is not a version",
+                               sw_line)
+        software[sw_name.lower()] = parsed
+        software_text[sw_name.lower()] = str(version)
+    unknown = reader.take("unknown_software", str, "allow")
+    if unknown not in ("allow", "refuse"):
+        raise reader.error("unknown_software", "unknown_software must be allow or refuse")
+    topic_map = None
+    renames_raw = reader.take("rename_topics", dict)
+    prefix_raw = reader.take("topic_prefix", (dict, str))
+    if renames_raw is not None and prefix_raw is not None:
+        raise reader.error("topic_prefix", "one rule cannot both rename and prefix topics: "
+                           "use two rules (they compose in order)")
+    if renames_raw is not None:
+        renames: dict[str, str] = {}
+        targets: dict[str, str] = {}
+        for client, broker in renames_raw.items():
+            r_line = line_of(renames_raw, client)
+            _topic(client, source, r_line, "rename_topics")
+            _topic(broker, source, r_line, f"rename_topics.{client}")
+            if broker in targets:
+                raise source.error(f"rename_topics: {client!r} and {targets[broker]!r} both "
+                                   f"rename to {broker!r}", r_line)
+            targets[broker] = client
+            renames[client] = broker
+        _check_cycles(renames, source, reader.line_of("rename_topics"))
+        topic_map = Rename(renames)
+    elif prefix_raw is not None:
+        if isinstance(prefix_raw, str):
+            prefix, hide = prefix_raw, False
+        else:
+            sub = Reader(prefix_raw, source, "topic_prefix", reader.line_of("topic_prefix"))
+            prefix = sub.require("broker", str)
+            hide = sub.take("hide_others", bool, False)
+            sub.finish()
+        if not prefix or not _TOPIC_RE.match(prefix):
+            raise reader.error("topic_prefix", f"topic_prefix: {prefix!r} cannot start a topic "
+                               "name")
+        topic_map = Prefix(prefix, hide)
+    reader.finish()
+    return Rule(name=name, match=match, mode=mode,  # type: ignore[arg-type]
+                min_api_version=minimum, max_api_version=maximum, deny_apis=deny,
+                allow_apis=allow, min_client_software=software,
+                min_client_software_text=software_text,
+                unknown_software=unknown,  # type: ignore[arg-type]
+                topic_map=topic_map, line=line)
+
+
+def _check_cycles(renames: dict[str, str], source: Source, line: int | None) -> None:
+    for start in renames:
+        seen = [start]
+        name = renames[start]
+        while name in renames:
+            if name in seen:
+                raise source.error("rename_topics has a cycle: " + " -> ".join([*seen, name]),
+                                   line)
+            seen.append(name)
+            name = renames[name]
+
+
+def parse_rules(data: Any, source_name: str = "<rules>") -> RuleSet:
+    source = Source(source_name)
+    if data is None:
+        return RuleSet((), source_name)
+    if isinstance(data, dict):  # a rules file may be {rules: [...]} or just the list
+        reader = Reader(data, source, "rules file")
+        data = reader.require("rules", list)
+        reader.finish()
+    if not isinstance(data, list):
+        raise source.error("rules must be a list of rules", line_of(data))
+    rules = []
+    names: dict[str, int | None] = {}
+    for i, item in enumerate(data):
+        line = line_of(data, i) if isinstance(data, LocatedList) else None
+        rule = _rule(item, source, line, i)
+        if rule.name in names:
+            raise source.error(f"two rules are named {rule.name!r} (the other is at line "
+                               f"{names[rule.name]})", line)
+        names[rule.name] = line
+        rules.append(rule)
+    # Renames across rules: two client names must not land on one broker name.
+    landing: dict[str, str] = {}
+    for rule in rules:
+        if isinstance(rule.topic_map, Rename) and rule.mode == "enforce":
+            for client, broker in rule.topic_map.client_to_broker.items():
+                other = landing.get(broker)
+                if other is not None and other != client:
+                    raise source.error(f"rule {rule.name!r} renames {client!r} to {broker!r}, "
+                                       f"which another rule already gives to {other!r}",
+                                       rule.line)
+                landing[broker] = client
+    return RuleSet(tuple(rules), source_name)
+
+
+def load_rules_file(path: str | Path) -> RuleSet:
+    return parse_rules(load_yaml_file(path), str(path))
+
+
+__all__ = ["ConfigError", "load_rules_file", "parse_rules"]

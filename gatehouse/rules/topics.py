@@ -1,0 +1,394 @@
+"""Topic renames and prefixes, in every place a topic name appears (pure).
+
+Where names live, found from the tables rather than a hand list:
+
+* every field the specs mark ``entityType: topicName`` (strings and string arrays), in
+  requests and responses of every API;
+* resource names whose resource type is TOPIC (2): DescribeConfigs, AlterConfigs,
+  IncrementalAlterConfigs, CreateAcls, DescribeAcls, DeleteAcls;
+* the consumer protocol bytes inside JoinGroup, SyncGroup and DescribeGroups
+  (subscriptions and assignments; decoded statelessly from ProtocolType, KIP-559, with
+  the connection's JoinGroup as the fallback for older versions);
+* error messages that quote a broker-side name.
+
+The client sees its names, the broker holds the others.  Broker-side names the client
+must not see (other tenants, with ``hide_others``) are removed from responses.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from gatehouse.codecs import FieldSpec, MessageSpec, Request, Response, StructSpec, consumer
+from gatehouse.codecs.errors import ProtocolError
+from gatehouse.codecs.walk import rewrite
+
+TOPIC_RESOURCE = 2
+JOIN_GROUP, SYNC_GROUP, DESCRIBE_GROUPS = 11, 14, 15
+CONSUMER = consumer.CONSUMER_PROTOCOL_TYPE
+
+
+class TopicMap:
+    """A client-name <-> broker-name mapping; ``to_client`` returns None to hide a name."""
+
+    broker_to_client: dict[str, str]
+
+    def to_broker(self, name: str) -> str:
+        raise NotImplementedError
+
+    def to_client(self, name: str) -> str | None:
+        raise NotImplementedError
+
+    def message_to_client(self, text: str) -> str:
+        return text
+
+
+@dataclass(frozen=True, eq=False)
+class Rename(TopicMap):
+    client_to_broker: dict[str, str]
+
+    def __post_init__(self) -> None:
+        inverse = {b: c for c, b in self.client_to_broker.items()}
+        object.__setattr__(self, "broker_to_client", inverse)
+        object.__setattr__(self, "_pattern",
+                           _word_pattern(tuple(sorted(inverse, key=len, reverse=True))))
+
+    def to_broker(self, name: str) -> str:
+        return self.client_to_broker.get(name, name)
+
+    def to_client(self, name: str) -> str | None:
+        client = self.broker_to_client.get(name)
+        if client is not None:
+            return client
+        if name in self.client_to_broker:
+            return None  # a broker topic shadowed by a client alias: the alias wins
+        return name
+
+    def message_to_client(self, text: str) -> str:
+        pattern: re.Pattern[str] | None = self._pattern  # type: ignore[attr-defined]
+        if pattern is None:
+            return text
+        inverse = self.broker_to_client
+        return pattern.sub(lambda m: inverse[m.group(0)], text)
+
+
+@dataclass(frozen=True)
+class Prefix(TopicMap):
+    prefix: str
+    hide_others: bool = False
+
+    def to_broker(self, name: str) -> str:
+        return self.prefix + name
+
+    def to_client(self, name: str) -> str | None:
+        if name.startswith(self.prefix) and len(name) > len(self.prefix):
+            return name[len(self.prefix):]
+        return None if self.hide_others else name
+
+    def message_to_client(self, text: str) -> str:
+        return re.sub(re.escape(self.prefix) + r"(?=[A-Za-z0-9._-])", "", text)
+
+
+@dataclass(frozen=True)
+class Chain(TopicMap):
+    """Maps applied in rule order towards the broker, in reverse towards the client."""
+
+    maps: tuple[TopicMap, ...]
+
+    def to_broker(self, name: str) -> str:
+        for m in self.maps:
+            name = m.to_broker(name)
+        return name
+
+    def to_client(self, name: str) -> str | None:
+        result: str | None = name
+        for m in reversed(self.maps):
+            if result is None:
+                return None
+            result = m.to_client(result)
+        return result
+
+    def message_to_client(self, text: str) -> str:
+        for m in reversed(self.maps):
+            text = m.message_to_client(text)
+        return text
+
+
+@cache
+def _word_pattern(names: tuple[str, ...]) -> re.Pattern[str] | None:
+    if not names:
+        return None
+    return re.compile(r"(?<![A-Za-z0-9._-])(" + "|".join(map(re.escape, names)) +
+                      r")(?![A-Za-z0-9._-])")
+
+
+# -- where names are ------------------------------------------------------------------
+
+
+def _is_topic_field(f: FieldSpec) -> bool:
+    return f.entity == "topicName" and f.type == "string"
+
+
+def _is_resource_field(f: FieldSpec) -> bool:
+    return f.attr in ("resource_name", "resource_name_filter") and f.type == "string"
+
+
+def _has_direct_topic(struct: StructSpec | None) -> bool:
+    return struct is not None and any(_is_topic_field(g) and not g.is_array for g in struct.fields)
+
+
+def _request_predicate(f: FieldSpec) -> bool:
+    return _is_topic_field(f) or _is_resource_field(f)
+
+
+def _response_predicate(f: FieldSpec) -> bool:
+    return (_is_topic_field(f) or _is_resource_field(f)
+            or (f.attr == "error_message" and f.type == "string")
+            or (f.is_array and _has_direct_topic(f.struct)))
+
+
+@cache
+def carries_topics(message: MessageSpec) -> bool:
+    """Whether any version of ``message`` has a topic name (or topic resource) in it."""
+    from gatehouse.codecs.walk import reaches
+
+    return reaches(message, _request_predicate) or message.name in (
+        "JoinGroupRequest", "JoinGroupResponse", "SyncGroupRequest", "SyncGroupResponse",
+        "DescribeGroupsResponse")
+
+
+_HIDDEN = object()
+
+
+def _resource_type(record: Any) -> int | None:
+    value = getattr(record, "resource_type", None)
+    if value is None:
+        value = getattr(record, "resource_type_filter", None)
+    return value
+
+
+def _struct_mapper(fn: Callable[[str], str | None], to_client: bool,
+                   mapping: TopicMap) -> Callable[[StructSpec, Any], Any]:
+    def visit(struct: StructSpec, record: Any) -> Any:
+        changes: dict[str, Any] = {}
+        is_topic_resource = _resource_type(record) == TOPIC_RESOURCE
+        for f in struct.fields:
+            value = getattr(record, f.attr, None)
+            if value is None:
+                continue
+            if _is_topic_field(f) or (is_topic_resource and _is_resource_field(f)):
+                if f.is_array:
+                    mapped = [fn(v) if v is not None else None for v in value]
+                    kept = tuple(m for m, v in zip(mapped, value, strict=True)
+                                 if m is not None or v is None)
+                    if kept != tuple(value):
+                        changes[f.attr] = kept
+                else:
+                    new = fn(value)
+                    if new is None:
+                        if not f.map_key and not _has_key_role(f):
+                            continue
+                        return _HIDDEN
+                    if new != value:
+                        changes[f.attr] = new
+            elif to_client and f.attr == "error_message" and f.type == "string":
+                text = mapping.message_to_client(value)
+                if text != value:
+                    changes[f.attr] = text
+            elif f.is_array and f.struct is not None and any(v is _HIDDEN for v in value):
+                changes[f.attr] = tuple(v for v in value if v is not _HIDDEN)
+        return record.replace(**changes) if changes else record
+
+    return visit
+
+
+def _has_key_role(f: FieldSpec) -> bool:
+    # A topic name that identifies its entry (not e.g. a free-standing reference).
+    return f.attr in ("name", "topic", "topic_name")
+
+
+# -- requests and responses -----------------------------------------------------------
+
+
+@dataclass
+class RewriteStats:
+    """Counts the proxy exports as metrics."""
+
+    protocol_fallbacks: int = 0  # consumer bytes decoded from the connection's JoinGroup
+    unknown_protocol_bytes: int = 0  # group bytes of a protocol type we don't decode
+    undecodable_protocol_bytes: int = 0
+
+
+def map_request(req: Request, mapping: TopicMap, state: dict[str, Any],
+                stats: RewriteStats) -> Request:
+    """``req`` with client names turned into broker names (same object if none)."""
+    api = req.api
+    if not carries_topics(api.request) and req.api_key not in (JOIN_GROUP, SYNC_GROUP):
+        return req
+    body = req.body
+    new = rewrite(api.request, req.api_version, body, _request_predicate,
+                  _struct_mapper(mapping.to_broker, False, mapping))
+    if req.api_key == JOIN_GROUP:
+        protocol_type = new.protocol_type
+        groups = state.setdefault("protocol_type", {})
+        if len(groups) > 64:  # bounded: a connection joins few groups
+            groups.clear()
+        groups[new.group_id] = protocol_type
+        if protocol_type == CONSUMER:
+            new = _map_items(new, "protocols", "metadata", consumer.decode_subscription,
+                             mapping.to_broker, stats)
+    elif req.api_key == SYNC_GROUP:
+        protocol_type = _protocol_type(new, state, stats)
+        if protocol_type == CONSUMER:
+            new = _map_items(new, "assignments", "assignment", consumer.decode_assignment,
+                             mapping.to_broker, stats)
+        elif protocol_type is not None:
+            stats.unknown_protocol_bytes += 1
+    return req if new is body else req.replace(body=new)
+
+
+def map_response(resp: Response, mapping: TopicMap, state: dict[str, Any],
+                 stats: RewriteStats) -> Response:
+    """``resp`` with broker names turned into client names; hidden names removed."""
+    api = resp.api
+    body = resp.body
+    visit = _struct_mapper(mapping.to_client, True, mapping)
+    new = rewrite(api.response, resp.api_version, body, _response_predicate, visit)
+    key = resp.api_key
+    if key == JOIN_GROUP:
+        protocol_type = _protocol_type(new, state, stats)
+        if protocol_type == CONSUMER:
+            new = _map_items(new, "members", "metadata", consumer.decode_subscription,
+                             mapping.to_client, stats)
+    elif key == SYNC_GROUP:
+        protocol_type = _protocol_type(new, state, stats)
+        if protocol_type == CONSUMER and new.assignment:
+            data = _map_bytes(new.assignment, consumer.decode_assignment, mapping.to_client,
+                              stats)
+            if data is not None:
+                new = new.replace(assignment=data)
+    elif key == DESCRIBE_GROUPS:
+        groups = []
+        for group in new.groups:
+            if group.protocol_type == CONSUMER:
+                group = _map_items(group, "members", "member_metadata",
+                                   consumer.decode_subscription, mapping.to_client, stats)
+                group = _map_items(group, "members", "member_assignment",
+                                   consumer.decode_assignment, mapping.to_client, stats)
+            elif group.protocol_type:
+                stats.unknown_protocol_bytes += 1
+            groups.append(group)
+        if any(a is not b for a, b in zip(groups, new.groups, strict=True)):
+            new = new.replace(groups=tuple(groups))
+    return resp if new is body else resp.replace(body=new)
+
+
+def _protocol_type(body: Any, state: dict[str, Any], stats: RewriteStats) -> str | None:
+    declared = getattr(body, "protocol_type", None)
+    if declared is not None and declared != "":
+        return str(declared)
+    # Before KIP-559 (JoinGroup response < v7, SyncGroup < v5) the bytes do not say what
+    # they are: use what this connection's JoinGroup declared for the group.
+    groups: dict[str, str] = state.get("protocol_type", {})
+    group_id = getattr(body, "group_id", None)
+    fallback = groups.get(group_id) if group_id is not None else None
+    if fallback is None and len(set(groups.values())) == 1:
+        fallback = next(iter(groups.values()))
+    if fallback is not None:
+        stats.protocol_fallbacks += 1
+    return fallback
+
+
+def _map_items(record: Any, array: str, field: str, decode: Callable[[Any], Any],
+               fn: Callable[[str], str | None], stats: RewriteStats) -> Any:
+    items = getattr(record, array)
+    out = []
+    changed = False
+    for item in items:
+        data = getattr(item, field)
+        if data:
+            mapped = _map_bytes(data, decode, fn, stats)
+            if mapped is not None:
+                item = item.replace(**{field: mapped})
+                changed = True
+        out.append(item)
+    return record.replace(**{array: tuple(out)}) if changed else record
+
+
+_SUB_FIELDS = ("topic", "topics", "topic_name")
+
+
+def _map_bytes(data: Any, decode: Callable[[Any], Any], fn: Callable[[str], str | None],
+               stats: RewriteStats) -> bytes | None:
+    try:
+        parsed = decode(data)
+    except ProtocolError:
+        stats.undecodable_protocol_bytes += 1
+        return None
+    body = parsed.body
+    version = min(parsed.version, parsed.spec.valid.hi)
+
+    def predicate(f: FieldSpec) -> bool:
+        return f.attr in _SUB_FIELDS and f.type == "string"
+
+    def visit(struct: StructSpec, record: Any) -> Any:
+        changes: dict[str, Any] = {}
+        for f in struct.fields:
+            if not predicate(f) or version not in f.versions:
+                continue
+            value = getattr(record, f.attr)
+            if value is None:
+                continue
+            if f.is_array:
+                mapped = tuple(m for m in (fn(v) for v in value) if m is not None)
+                if mapped != tuple(value):
+                    changes[f.attr] = mapped
+            else:
+                new = fn(value)
+                if new is None:
+                    return _HIDDEN
+                if new != value:
+                    changes[f.attr] = new
+        for f in struct.fields:
+            value = getattr(record, f.attr)
+            if f.is_array and f.struct is not None and value and any(v is _HIDDEN for v in value):
+                changes[f.attr] = tuple(v for v in value if v is not _HIDDEN)
+        return record.replace(**changes) if changes else record
+
+    def wide(f: FieldSpec) -> bool:
+        return predicate(f) or (f.is_array and f.struct is not None and any(
+            predicate(g) for g in f.struct.fields))
+
+    new = rewrite(parsed.spec, version, body, wide, visit)
+    if new is body:
+        return None
+    return bytes(parsed.replace(body=new).encode())
+
+
+def regex_subscription(req: Request) -> str | None:
+    """The KIP-848 regex a ConsumerGroupHeartbeat subscribes with, if any."""
+    if req.api_key != 68:
+        return None
+    return getattr(req.body, "subscribed_topic_regex", None) or None
+
+
+def topic_names(req: Request) -> Sequence[str]:
+    """Every topic name a request mentions (for allow/deny by topic and for logs)."""
+    names: list[str] = []
+
+    def visit(struct: StructSpec, record: Any) -> Any:
+        is_resource = _resource_type(record) == TOPIC_RESOURCE
+        for f in struct.fields:
+            value = getattr(record, f.attr, None)
+            if value is None:
+                continue
+            if _is_topic_field(f) or (is_resource and _is_resource_field(f)):
+                names.extend(value if f.is_array else [value])
+        return record
+
+    rewrite(req.api.request, req.api_version, req.body, _request_predicate, visit)
+    return names
