@@ -45,7 +45,8 @@ class TrafficSummary(Observer):
         if req.api_key == 18 and conn.software_name:
             self.software[f"{conn.software_name} {conn.software_version}"] += 1
 
-    def response(self, conn: ConnectionInfo, pending: Pending, size: int, elapsed: float) -> None:
+    def response(self, conn: ConnectionInfo, pending: Pending, size: int, elapsed: float,
+                 frame: Any = None) -> None:
         self.bytes_out += size
 
     def render(self) -> str:

@@ -227,6 +227,8 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
     log.finish()
 
     capture = top.take("capture", (dict, type(None)))
+    if capture is not None:
+        raise top.error("capture", "capture is not available in this version yet")
     rules = top.take("rules", (list, type(None)))
     rules_file = _path(top, "rules_file", base)
     if rules is not None and rules_file is not None:

@@ -300,7 +300,7 @@ class ProxyConnection:
         async for pending in self.pending_receive:
             if pending.local is not None:
                 await self._send_client(pending.local)
-                self._answered(pending, len(pending.local))
+                self._answered(pending, pending.local)
                 continue
             try:
                 frame = await self.frames_receive.receive()
@@ -316,13 +316,14 @@ class ProxyConnection:
                 continue
             out = await self.handle_response_frame(frame, pending)
             await self._send_client(out)
-            self._answered(pending, len(out))
+            self._answered(pending, out)
             if self.upstream_closed and self.in_flight == 0:
                 raise _Close(f"broker {self.conn.upstream} closed the connection")
 
-    def _answered(self, pending: Pending, size: int) -> None:
+    def _answered(self, pending: Pending, frame: Any) -> None:
         self.conn.responses += 1
-        self.ctx.observer.response(self.conn, pending, size, trio.current_time() - pending.started)
+        self.ctx.observer.response(self.conn, pending, len(frame),
+                                   trio.current_time() - pending.started, frame)
 
     async def handle_response_frame(self, frame: bytes, pending: Pending) -> Any:
         if len(frame) < 4:

@@ -111,9 +111,10 @@ class Observer:
         pass
 
     def response(
-        self, conn: ConnectionInfo, pending: Pending, size: int, elapsed: float
+        self, conn: ConnectionInfo, pending: Pending, size: int, elapsed: float,
+        frame: Any = None,
     ) -> None:
-        pass
+        """``frame``: the response as sent to the client (after any rewrite)."""
 
     def upstream_failure(self, target: str, error: str) -> None:
         pass
@@ -151,8 +152,9 @@ class Observers(Observer):
     def request(self, conn: ConnectionInfo, req: Request, size: int) -> None:
         self._each("request", conn, req, size)
 
-    def response(self, conn: ConnectionInfo, pending: Pending, size: int, elapsed: float) -> None:
-        self._each("response", conn, pending, size, elapsed)
+    def response(self, conn: ConnectionInfo, pending: Pending, size: int, elapsed: float,
+                 frame: Any = None) -> None:
+        self._each("response", conn, pending, size, elapsed, frame)
 
     def upstream_failure(self, target: str, error: str) -> None:
         self._each("upstream_failure", target, error)

@@ -86,6 +86,7 @@ class Proxy:
         self.stopped = trio.Event()
         self.ready = trio.Event()
         self.bootstrap_ports: list[int] = []
+        self.upstream_reachable = False  # for /readyz: the last connect attempt worked
         self._ids = itertools.count(1)
         self._rotate = itertools.count()
         self._connections = 0
@@ -173,12 +174,14 @@ class Proxy:
                                                     server_hostname=hostname)
                         await tls_stream.do_handshake()
                         stream = tls_stream
+                self.upstream_reachable = True
                 return stream, target
             except trio.TooSlowError:
                 errors.append(f"{target}: connect timed out")
             except (*_STREAM_ERRORS, ssl.SSLError) as exc:
                 errors.append(f"{target}: {getattr(exc, 'strerror', None) or exc}")
             self.observer.upstream_failure(str(target), errors[-1])
+        self.upstream_reachable = False
         raise UpstreamUnavailable("; ".join(errors))
 
     # -- listeners ----------------------------------------------------------------------

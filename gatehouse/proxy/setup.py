@@ -40,10 +40,6 @@ def build_observers(config: ProxyConfig, policy: Policy, reloader: Reloader | No
         metrics = ProxyMetrics()
         metrics.attach(policy, reloader)
         observers.append(metrics)
-    if config.capture is not None:
-        from gatehouse.capture import open_capture
-
-        observers.append(open_capture(config.capture, config.source))
     return observers
 
 
@@ -67,6 +63,7 @@ async def run_configured(config: ProxyConfig, policy: RulesPolicy, path: str | P
         if config.metrics_listen is not None:
             from gatehouse.metrics import serve_metrics
 
-            await nursery.start(serve_metrics, config.metrics_listen, observers[0])
+            await nursery.start(serve_metrics, config.metrics_listen, observers[0],
+                                lambda: proxy.ready.is_set() and proxy.upstream_reachable)
         await proxy.serve()
         nursery.cancel_scope.cancel()

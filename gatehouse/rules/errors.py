@@ -94,7 +94,7 @@ def _plan(resp_struct: StructSpec, req_struct: StructSpec, version: int) -> tupl
         elif f.attr == "error_message" and f.type == "string":
             steps.append(("message", f.attr))
         elif f.is_array and f.struct is not None:
-            match = None
+            match: tuple[Any, ...] | None = None
             for g in req_fields:
                 if not g.is_array:
                     continue

@@ -25,7 +25,7 @@ from gatehouse.rules.model import (
     VersionBound,
     parse_version,
 )
-from gatehouse.rules.topics import Prefix, Rename
+from gatehouse.rules.topics import Prefix, Rename, TopicMap
 
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _SOFTWARE_RE = re.compile(r"^[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?$")  # KIP-511
@@ -169,7 +169,7 @@ def _rule(data: Any, source: Source, line: int | None, index: int) -> Rule:
     unknown = reader.take("unknown_software", str, "allow")
     if unknown not in ("allow", "refuse"):
         raise reader.error("unknown_software", "unknown_software must be allow or refuse")
-    topic_map = None
+    topic_map: TopicMap | None = None
     renames_raw = reader.take("rename_topics", dict)
     prefix_raw = reader.take("topic_prefix", (dict, str))
     if renames_raw is not None and prefix_raw is not None:
@@ -202,11 +202,11 @@ def _rule(data: Any, source: Source, line: int | None, index: int) -> Rule:
                                "name")
         topic_map = Prefix(prefix, hide)
     reader.finish()
-    return Rule(name=name, match=match, mode=mode,  # type: ignore[arg-type]
+    return Rule(name=name, match=match, mode=mode,
                 min_api_version=minimum, max_api_version=maximum, deny_apis=deny,
                 allow_apis=allow, min_client_software=software,
                 min_client_software_text=software_text,
-                unknown_software=unknown,  # type: ignore[arg-type]
+                unknown_software=unknown,
                 topic_map=topic_map, line=line)
 
 

@@ -1,0 +1,290 @@
+"""Prometheus metrics for the proxy, and the /metrics, /healthz, /readyz endpoints.
+
+Every metric lives in the proxy's own registry (tests run several proxies in one
+process).  Label values that come from clients (topics, client software) are capped;
+what does not fit folds into ``other`` and the fold is counted.  See docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import trio
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+
+from gatehouse.codecs import APIS, ProtocolError, Request, Response, decode_response, records
+from gatehouse.codecs.walk import rewrite
+from gatehouse.logs import log_event
+from gatehouse.proxy.config import Address
+from gatehouse.proxy.hooks import ConnectionInfo, Observer, Pending
+
+logger = logging.getLogger("gatehouse.metrics")
+
+ERROR_NAMES: dict[int, str] = {
+    -1: "UNKNOWN_SERVER_ERROR", 0: "NONE", 1: "OFFSET_OUT_OF_RANGE", 2: "CORRUPT_MESSAGE",
+    3: "UNKNOWN_TOPIC_OR_PARTITION", 5: "LEADER_NOT_AVAILABLE", 6: "NOT_LEADER_OR_FOLLOWER",
+    7: "REQUEST_TIMED_OUT", 14: "COORDINATOR_LOAD_IN_PROGRESS", 15: "COORDINATOR_NOT_AVAILABLE",
+    16: "NOT_COORDINATOR", 22: "ILLEGAL_GENERATION", 25: "UNKNOWN_MEMBER_ID",
+    27: "REBALANCE_IN_PROGRESS", 29: "TOPIC_AUTHORIZATION_FAILED",
+    30: "GROUP_AUTHORIZATION_FAILED", 31: "CLUSTER_AUTHORIZATION_FAILED",
+    35: "UNSUPPORTED_VERSION", 36: "TOPIC_ALREADY_EXISTS", 41: "NOT_CONTROLLER",
+    42: "INVALID_REQUEST", 44: "POLICY_VIOLATION", 47: "INVALID_PRODUCER_EPOCH",
+    58: "SASL_AUTHENTICATION_FAILED", 72: "LISTENER_NOT_FOUND", 79: "MEMBER_ID_REQUIRED",
+    100: "UNKNOWN_TOPIC_ID",
+}
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                   0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# Requests the broker may hold on purpose (long polls): labelled so they don't drown
+# the latency of everything else.
+LONG_POLL_APIS = frozenset({1, 11, 68, 76, 78})  # Fetch, JoinGroup, group heartbeats, ShareFetch
+PRODUCE, FETCH, METADATA = 0, 1, 3
+
+
+class CappedLabel:
+    """At most ``cap`` distinct values; the rest become ``other`` (and are counted)."""
+
+    def __init__(self, cap: int, folded: Counter, name: str) -> None:
+        self.cap = cap
+        self.values: set[str] = set()
+        self.folded = folded.labels(label=name)
+
+    def __call__(self, value: str) -> str:
+        if value in self.values:
+            return value
+        if len(self.values) < self.cap:
+            self.values.add(value)
+            return value
+        self.folded.inc()
+        return "other"
+
+
+def _error_predicate(f: Any) -> bool:
+    return bool(f.attr == "error_code" and f.type == "int16")
+
+
+def error_codes(resp: Response) -> list[int]:
+    """Every error code in a response, partition-level included."""
+    codes: list[int] = []
+
+    def visit(struct: Any, record: Any) -> Any:
+        for f in struct.fields:
+            if _error_predicate(f):
+                value = getattr(record, f.attr, None)
+                if value is not None:
+                    codes.append(value)
+        return record
+
+    rewrite(resp.api.response, resp.api_version, resp.body, _error_predicate, visit)
+    return codes
+
+
+class ProxyMetrics(Observer):
+    def __init__(self, label_cap: int = 500, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        self.requests = Counter("gatehouse_requests", "Requests from clients",
+                                ["api", "version", "client_software", "listener"], registry=r)
+        self.responses = Counter("gatehouse_responses", "Error codes in responses (every "
+                                 "level)", ["api", "error"], registry=r)
+        self.duration = Histogram("gatehouse_request_duration_seconds",
+                                  "Forwarded request to its response", ["api", "kind"],
+                                  buckets=LATENCY_BUCKETS, registry=r)
+        self.bytes = Counter("gatehouse_bytes", "Bytes through the proxy", ["direction"],
+                             registry=r)
+        self.connections = Gauge("gatehouse_connections", "Open connections", ["side"],
+                                 registry=r)
+        self.connections_total = Counter("gatehouse_connections", "Connections by outcome",
+                                         ["side", "outcome"], registry=r)
+        self.clients = Gauge("gatehouse_clients", "Live connections per client software "
+                             "(KIP-511)", ["software_name", "software_version"], registry=r)
+        self.topic_records = Counter("gatehouse_topic_records", "Records by client-side topic",
+                                     ["topic", "direction"], registry=r)
+        self.topic_bytes = Counter("gatehouse_topic_bytes", "Record bytes by client-side "
+                                   "topic", ["topic", "direction"], registry=r)
+        self.decisions = Counter("gatehouse_rule_decisions", "Rule decisions",
+                                 ["rule", "action"], registry=r)
+        self.reloads = Counter("gatehouse_rules_reloads", "Rules reloads", ["outcome"],
+                               registry=r)
+        self.upstream_failures = Counter("gatehouse_upstream_failures", "Failed connections "
+                                         "to brokers", ["broker"], registry=r)
+        self.malformed_frames = Counter("gatehouse_malformed_frames", "Frames that could not be "
+                                 "decoded", ["direction"], registry=r)
+        self.folded = Counter("gatehouse_label_values_folded", "Label values folded into "
+                              "'other' by the cardinality cap", ["label"], registry=r)
+        self.topic_label = CappedLabel(label_cap, self.folded, "topic")
+        self.software_label = CappedLabel(label_cap, self.folded, "client_software")
+        self.broker_label = CappedLabel(label_cap, self.folded, "broker")
+        self.upstream_ok = False
+        self._software_of: dict[int, tuple[str, str]] = {}
+        for direction in ("client_to_proxy", "proxy_to_broker", "broker_to_proxy",
+                          "proxy_to_client"):
+            self.bytes.labels(direction=direction)
+        for outcome in ("ok", "failed"):
+            self.reloads.labels(outcome=outcome)
+
+    # -- wiring ---------------------------------------------------------------------
+
+    def attach(self, policy: Any, reloader: Any) -> None:
+        """Subscribe to the rules' decisions and reloads."""
+        if hasattr(policy, "outcome_listeners"):
+            policy.outcome_listeners.append(self._outcome)
+        if reloader is not None:
+            reloader.listeners.append(
+                lambda ok: self.reloads.labels(outcome="ok" if ok else "failed").inc())
+
+    def _outcome(self, outcome: Any) -> None:
+        effect = outcome.effect
+        if outcome.mode == "observe":
+            action = {"refuse": "would_refuse", "rewrite": "would_rename"}.get(effect, "allow")
+        else:
+            action = {"refuse": "refuse", "rewrite": "rename"}.get(effect, "allow")
+        self.decisions.labels(rule=outcome.rule, action=action).inc()
+
+    # -- observer -------------------------------------------------------------------
+
+    def connection_opened(self, conn: ConnectionInfo) -> None:
+        self.upstream_ok = True
+        self.connections.labels(side="client").inc()
+        self.connections_total.labels(side="client", outcome="opened").inc()
+
+    def connection_closed(self, conn: ConnectionInfo, reason: str) -> None:
+        self.connections.labels(side="client").dec()
+        outcome = "clean" if reason in ("client closed", "proxy shutting down") else "error"
+        self.connections_total.labels(side="client", outcome=outcome).inc()
+        software = self._software_of.pop(conn.id, None)
+        if software is not None:
+            self.clients.labels(*software).dec()
+        self.bytes.labels(direction="client_to_proxy").inc(conn.bytes_from_client)
+
+    def request(self, conn: ConnectionInfo, req: Request, size: int) -> None:
+        key = req.api_key
+        api = APIS[key].name if key in APIS else f"api-{key}"
+        if key == 18 and conn.software_name and conn.id not in self._software_of:
+            software = (self.software_label(conn.software_name),
+                        self.software_label(conn.software_version or ""))
+            self._software_of[conn.id] = software
+            self.clients.labels(*software).inc()
+        software_text = (f"{conn.software_name}/{conn.software_version}"
+                         if conn.software_name else "unknown")
+        self.requests.labels(api=api, version=str(req.api_version),
+                             client_software=self.software_label(software_text),
+                             listener=conn.listener).inc()
+        self.bytes.labels(direction="proxy_to_broker").inc(size + 4)
+        if key == PRODUCE and req.known:
+            with contextlib.suppress(ProtocolError):  # the pumps report malformed frames
+                self._count_produce(req, conn)
+
+    def _count_produce(self, req: Request, conn: ConnectionInfo) -> None:
+        for topic in req.body.topic_data:
+            name = getattr(topic, "name", None) or "unknown"
+            records_total = bytes_total = 0
+            for partition in topic.partition_data:
+                summary = records.summarize(partition.records)
+                records_total += summary.records
+                bytes_total += summary.bytes
+            label = self.topic_label(name)
+            self.topic_records.labels(topic=label, direction="produce").inc(records_total)
+            self.topic_bytes.labels(topic=label, direction="produce").inc(bytes_total)
+
+    def response(self, conn: ConnectionInfo, pending: Pending, size: int, elapsed: float,
+                 frame: Any = None) -> None:
+        key = pending.api_key
+        api = APIS[key].name if key in APIS else f"api-{key}"
+        self.bytes.labels(direction="proxy_to_client").inc(size + 4)
+        self.bytes.labels(direction="broker_to_proxy").inc(size + 4)
+        if pending.local is None:
+            kind = "long_poll" if key in LONG_POLL_APIS else "request"
+            self.duration.labels(api=api, kind=kind).observe(elapsed)
+        if frame is None or key not in APIS:
+            return
+        try:
+            resp = decode_response(frame, key, pending.api_version)
+            if not resp.known:
+                return
+            for code in error_codes(resp) or [0]:
+                self.responses.labels(api=api, error=ERROR_NAMES.get(code, str(code))).inc()
+            if key == FETCH and resp.api_version <= 12:
+                for topic in resp.body.responses:
+                    records_total = bytes_total = 0
+                    for partition in topic.partitions:
+                        summary = records.summarize(partition.records)
+                        records_total += summary.records
+                        bytes_total += summary.bytes
+                    if records_total:
+                        label = self.topic_label(topic.topic or "unknown")
+                        self.topic_records.labels(topic=label, direction="fetch").inc(
+                            records_total)
+                        self.topic_bytes.labels(topic=label, direction="fetch").inc(bytes_total)
+        except ProtocolError:
+            pass
+
+    def upstream_failure(self, target: str, error: str) -> None:
+        self.upstream_failures.labels(broker=self.broker_label(target)).inc()
+
+    def malformed(self, conn: ConnectionInfo, direction: str, error: str) -> None:
+        self.malformed_frames.labels(direction=direction).inc()
+
+
+# -- endpoints ------------------------------------------------------------------------
+
+async def _http(stream: trio.SocketStream, metrics: ProxyMetrics,
+                ready: Callable[[], bool]) -> None:
+    async with stream:
+        data = b""
+        with trio.move_on_after(5):
+            while b"\r\n\r\n" not in data and len(data) < 8192:
+                chunk = await stream.receive_some(4096)
+                if not chunk:
+                    return
+                data += chunk
+        line = data.split(b"\r\n", 1)[0].decode("latin-1")
+        parts = line.split()
+        path = parts[1].split("?", 1)[0] if len(parts) >= 2 else ""
+        if path == "/metrics":
+            body = await trio.to_thread.run_sync(generate_latest, metrics.registry)
+            status, ctype = "200 OK", CONTENT_TYPE_LATEST
+        elif path == "/healthz":
+            body, status, ctype = b"ok\n", "200 OK", "text/plain"
+        elif path == "/readyz":
+            ok = ready()
+            body = b"ready\n" if ok else b"not ready: no upstream broker reachable\n"
+            status = "200 OK" if ok else "503 Service Unavailable"
+            ctype = "text/plain"
+        else:
+            body, status, ctype = b"not found\n", "404 Not Found", "text/plain"
+        head = (f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}"
+                f"\r\nConnection: close\r\n\r\n").encode()
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await stream.send_all(head + body)
+
+
+async def serve_metrics(listen: Address, metrics: ProxyMetrics,
+                        ready: Callable[[], bool] | None = None, *,
+                        task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve /metrics, /healthz and /readyz; ``task_status`` gets the bound port."""
+    listeners = await trio.open_tcp_listeners(listen.port, host=listen.host)
+    port = listeners[0].socket.getsockname()[1]
+    log_event(logger, logging.INFO, "metrics listening", listen=f"{listen.host}:{port}")
+    task_status.started(port)
+    check = ready or (lambda: metrics.upstream_ok)
+
+    async def handler(stream: trio.SocketStream) -> None:
+        await _http(stream, metrics, check)
+
+    await trio.serve_listeners(handler, listeners)
