@@ -62,6 +62,10 @@ class RulesPolicy(Policy):
         if evaluation.refusal is not None:
             refusal = evaluation.refusal
             self._log_refusal(conn, req, refusal.rule, refusal.message, observe=False)
+            if not req.known:
+                return Close(f"refused {_api_name(req)} v{req.api_version} ({refusal.message}); "
+                             "the codec has no table for that version to build its error "
+                             "response, so the connection is closed")
             if req.api_key == PRODUCE and _acks(req) == 0:
                 return Close(f"refused acks=0 Produce ({refusal.message}): no response "
                              "exists to carry the error, so the connection is closed")
@@ -114,8 +118,15 @@ class RulesPolicy(Policy):
             return  # once per connection, API and rule
         logged.add(key)
         log_event(logger, logging.INFO, "would refuse (observe mode)" if observe else "refused",
-                  rule=rule, api=req.api.name if req.known else req.api_key,
+                  rule=rule, api=_api_name(req),
                   version=req.api_version, reason=message, **conn.describe())
+
+
+def _api_name(req: Request) -> str:
+    from gatehouse.codecs import APIS
+
+    spec = APIS.get(req.api_key)
+    return spec.name if spec is not None else f"api-{req.api_key}"
 
 
 def _acks(req: Request) -> int:

@@ -85,7 +85,7 @@ class Prefix(TopicMap):
         return self.prefix + name
 
     def to_client(self, name: str) -> str | None:
-        if name.startswith(self.prefix) and len(name) > len(self.prefix):
+        if name.startswith(self.prefix):
             return name[len(self.prefix):]
         return None if self.hide_others else name
 

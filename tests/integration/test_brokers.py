@@ -1,0 +1,187 @@
+"""The real-broker fixtures work: messages go through Apache Kafka (1 node, 3 nodes, SCRAM)
+and Tansu with librdkafka (confluent-kafka), and a cluster node can be stopped and started."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scripts.fetch_kafka import ensure_kafka, kafka_clients_jar
+from tests.support.kafka import SCRAM_MECHANISM, SCRAM_USER, KafkaCluster
+from tests.support.tansu import TansuBroker
+
+ck = pytest.importorskip("confluent_kafka")
+from confluent_kafka.admin import AdminClient  # noqa: E402
+
+N = 10
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def produce(conf: dict[str, Any], topic: str, count: int = N, tag: str = "m") -> list[bytes]:
+    """Produce ``count`` messages and wait for every delivery report; fail on any error."""
+    producer = ck.Producer({**conf, "acks": "all", "linger.ms": 5, "log_level": 3})
+    errors: list[Any] = []
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        if err is not None:
+            errors.append(err)
+
+    values = [f"{tag}-{i}".encode() for i in range(count)]
+    for i, value in enumerate(values):
+        producer.produce(topic, value=value, key=str(i).encode(), on_delivery=on_delivery)
+    remaining = producer.flush(30)
+    assert remaining == 0, f"{remaining} messages not delivered"
+    assert errors == []
+    return values
+
+
+def consume(conf: dict[str, Any], topic: str, count: int, timeout: float = 30.0) -> list[bytes]:
+    """Consume ``count`` messages of ``topic`` from the beginning, in a new consumer group."""
+    consumer = ck.Consumer({
+        **conf,
+        "group.id": unique("g"),
+        "auto.offset.reset": "earliest",
+        "enable.auto.commit": False,
+        # Tansu answers a first JoinGroup after about half the session timeout (45 s default)
+        "session.timeout.ms": 6000,
+        "log_level": 3,
+    })
+    got: list[bytes] = []
+    try:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + timeout
+        while len(got) < count and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            assert msg.error() is None, msg.error()
+            got.append(msg.value())
+    finally:
+        consumer.close()
+    return got
+
+
+def round_trip(conf: dict[str, Any], topic: str) -> None:
+    sent = produce(conf, topic)
+    assert sorted(consume(conf, topic, len(sent))) == sorted(sent)
+
+
+def test_kafka_libs_are_cached(kafka_libs: Path) -> None:
+    assert ensure_kafka() == kafka_libs
+    assert (kafka_libs.parent / ".complete").is_file()
+    jar = kafka_clients_jar()
+    assert jar.parent == kafka_libs and jar.name.startswith("kafka-clients-")
+
+
+def test_single_node_round_trip(kafka: KafkaCluster) -> None:
+    topic = unique("single")
+    kafka.create_topic(topic, partitions=1, replication=1)
+    round_trip({"bootstrap.servers": kafka.bootstrap}, topic)
+
+
+def test_java_tool_producer_performance(kafka: KafkaCluster) -> None:
+    topic = unique("perf")
+    kafka.create_topic(topic)
+    result = kafka.run_java_tool(
+        "org.apache.kafka.tools.ProducerPerformance",
+        "--topic", topic, "--num-records", "500", "--record-size", "100",
+        "--throughput", "-1", "--producer-props", f"bootstrap.servers={kafka.bootstrap}",
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "500 records sent" in result.stdout
+    consumer = ck.Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": unique("g")})
+    try:
+        low, high = consumer.get_watermark_offsets(ck.TopicPartition(topic, 0), timeout=10)
+    finally:
+        consumer.close()
+    assert (low, high) == (0, 500)
+
+
+def test_cluster_spreads_partitions(kafka_cluster: KafkaCluster) -> None:
+    topic = unique("spread")
+    kafka_cluster.create_topic(topic, partitions=3, replication=3)
+    metadata = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap}).list_topics(
+        topic=topic, timeout=10)
+    assert set(metadata.brokers) == {0, 1, 2}
+    partitions = metadata.topics[topic].partitions
+    assert len(partitions) == 3
+    for p in partitions.values():
+        assert sorted(p.replicas) == [0, 1, 2]
+        assert sorted(p.isrs) == [0, 1, 2]
+    assert {p.leader for p in partitions.values()} == {0, 1, 2}
+    round_trip({"bootstrap.servers": kafka_cluster.bootstrap}, topic)
+
+
+def wait_full_isr(cluster: KafkaCluster, topic: str, timeout: float = 30.0) -> None:
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap, "log_level": 0})
+    want = sorted(node.node_id for node in cluster.nodes)
+    deadline = time.monotonic() + timeout
+    while True:
+        partitions = admin.list_topics(topic=topic, timeout=10).topics[topic].partitions
+        if all(sorted(p.isrs) == want for p in partitions.values()):
+            return
+        assert time.monotonic() < deadline, {k: p.isrs for k, p in partitions.items()}
+        time.sleep(0.2)
+
+
+def test_cluster_survives_node_restart(kafka_cluster: KafkaCluster) -> None:
+    topic = unique("restart")
+    kafka_cluster.create_topic(topic, partitions=3, replication=3)
+    conf = {"bootstrap.servers": kafka_cluster.bootstrap}
+    before = produce(conf, topic, tag="before")
+    kafka_cluster.stop_node(1)
+    try:
+        assert not kafka_cluster.nodes[1].running
+        during = produce(conf, topic, tag="during")
+    finally:
+        kafka_cluster.start_node(1)
+    assert kafka_cluster.nodes[1].running
+    wait_full_isr(kafka_cluster, topic)
+    after = produce(conf, topic, tag="after")
+    sent = before + during + after
+    assert sorted(consume(conf, topic, len(sent))) == sorted(sent)
+
+
+def process_state(pid: int) -> str:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2]
+
+
+def test_cluster_pause_and_resume(kafka_cluster: KafkaCluster) -> None:
+    node = kafka_cluster.nodes[2]
+    assert node.process is not None
+    kafka_cluster.pause_node(2)
+    try:
+        assert process_state(node.process.pid) == "T"
+    finally:
+        kafka_cluster.resume_node(2)
+    assert process_state(node.process.pid) != "T"
+
+
+def test_scram_round_trip(kafka_scram: KafkaCluster) -> None:
+    conf = kafka_scram.client_config(sasl=True)
+    assert conf["sasl.mechanism"] == SCRAM_MECHANISM and conf["sasl.username"] == SCRAM_USER
+    topic = unique("scram")
+    round_trip(conf, topic)  # auto-created through the SASL listener
+
+
+def test_scram_rejects_wrong_password(kafka_scram: KafkaCluster) -> None:
+    errors: list[Any] = []
+    producer = ck.Producer(kafka_scram.client_config(
+        sasl=True, **{"sasl.password": "wrong", "error_cb": errors.append, "log_level": 0}))
+    deadline = time.monotonic() + 15
+    while not errors and time.monotonic() < deadline:
+        producer.poll(0.2)  # serves error_cb
+    assert [e.code() for e in errors][:1] == [ck.KafkaError._AUTHENTICATION], errors
+    assert "invalid credentials" in errors[0].str()
+
+
+def test_tansu_round_trip(tansu: TansuBroker) -> None:
+    round_trip({"bootstrap.servers": tansu.bootstrap}, unique("tansu"))

@@ -1,0 +1,601 @@
+"""Real Apache Kafka (4.4, KRaft) clusters for the integration tests.
+
+Every node is a combined broker+controller JVM (``process.roles=broker,controller``) on
+127.0.0.1, with a PLAINTEXT client listener, a CONTROLLER listener and, with
+``sasl_scram=True``, a SASL_PLAINTEXT (SCRAM-SHA-256) client listener.  The jars come from
+:func:`scripts.fetch_kafka.ensure_kafka`; data and logs live in a temporary directory that
+:meth:`KafkaCluster.close` removes.
+
+    with KafkaCluster(n_nodes=3) as cluster:
+        producer = confluent_kafka.Producer({"bootstrap.servers": cluster.bootstrap})
+"""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from scripts.fetch_kafka import classpath, ensure_kafka, java_binary, log4j2_config
+from tests.support.ports import LOCALHOST, free_port, port_is_listening
+
+SCRAM_MECHANISM = "SCRAM-SHA-256"
+SCRAM_USER = "admin"
+SCRAM_PASSWORD = "admin-secret"
+
+BROKER_MAIN = "kafka.Kafka"
+STORAGE_TOOL_MAIN = "kafka.tools.StorageTool"
+
+START_TIMEOUT = 90.0
+BROKER_JVM_OPTS = (
+    "-Xmx384m", "-Xms128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+    "-XX:-UsePerfData", "-Djava.awt.headless=true",
+)
+TOOL_JVM_OPTS = (
+    "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:-UsePerfData",
+    "-Djava.awt.headless=true",
+)
+
+
+class BrokerStartError(RuntimeError):
+    """A broker did not start, or did not become ready in time."""
+
+
+# --- every broker process this test session started, killed at exit if still running, --------
+# --- and the temporary directories still to remove ----------------------------------------
+
+_live_lock = threading.Lock()
+_live: set[subprocess.Popen[bytes]] = set()
+_live_dirs: set[Path] = set()
+
+
+def register_dir(path: Path) -> None:
+    """Remove ``path`` when the interpreter exits, unless :func:`forget_dir` is called."""
+    with _live_lock:
+        _live_dirs.add(path)
+
+
+def forget_dir(path: Path) -> None:
+    with _live_lock:
+        _live_dirs.discard(path)
+
+
+def register_process(process: subprocess.Popen[bytes]) -> None:
+    """Kill ``process`` when the interpreter exits, unless :func:`forget_process` is called."""
+    with _live_lock:
+        _live.add(process)
+
+
+def forget_process(process: subprocess.Popen[bytes]) -> None:
+    with _live_lock:
+        _live.discard(process)
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    with _live_lock:
+        leftovers = list(_live)
+        _live.clear()
+        dirs = list(_live_dirs)
+        _live_dirs.clear()
+    for process in leftovers:
+        if process.poll() is None:
+            with contextlib.suppress(OSError):
+                process.kill()
+            with contextlib.suppress(Exception):
+                process.wait(10)
+    for path in dirs:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def stop_process(process: subprocess.Popen[bytes], timeout: float, *, kill: bool = False) -> None:
+    """SIGTERM (or SIGKILL) ``process``, wake it if stopped, SIGKILL it after ``timeout``."""
+    if process.poll() is None:
+        with contextlib.suppress(OSError):
+            if kill:
+                process.kill()
+            else:
+                process.terminate()
+                os.kill(process.pid, signal.SIGCONT)  # a paused JVM cannot act on SIGTERM
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(OSError):
+                process.kill()
+            process.wait()
+    forget_process(process)
+
+
+def log_tail(path: Path | None, lines: int = 40) -> str:
+    if path is None or not path.exists():
+        return "(no log)"
+    text = path.read_text(errors="replace").splitlines()[-lines:]
+    return "\n".join(text) if text else "(empty log)"
+
+
+# --- metadata polling (librdkafka) ------------------------------------------------------------
+
+
+def metadata_broker_ids(
+    bootstrap: str, timeout: float, config: Mapping[str, Any] | None = None
+) -> set[int] | None:
+    """The broker ids a Metadata request to ``bootstrap`` returns, or None if none answered."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    conf: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "log_level": 0,  # no "Connection refused" noise while the broker starts
+        "reconnect.backoff.ms": 50,
+        "reconnect.backoff.max.ms": 500,
+        "socket.connection.setup.timeout.ms": max(1000, int(timeout * 1000)),
+    }
+    conf.update(config or {})
+    admin = AdminClient(conf)
+    try:
+        metadata = admin.list_topics(timeout=timeout)
+    except KafkaException:
+        return None
+    return {int(broker_id) for broker_id in metadata.brokers}
+
+
+def wait_for_brokers(
+    bootstrap: str,
+    expected: Iterable[int] | int,
+    deadline: float,
+    *,
+    alive: Callable[[], str | None] = lambda: None,
+    port: int | None = None,
+    config: Mapping[str, Any] | None = None,
+    what: str = "broker",
+    log: Path | None = None,
+) -> set[int]:
+    """Poll ``bootstrap`` with Metadata until it lists ``expected`` (ids, or at least a count).
+
+    ``alive()`` returns an error text once the process has gone away; ``port`` is first
+    awaited with plain TCP connects (cheaper than a client).  Raises BrokerStartError with
+    the tail of ``log`` when ``deadline`` (a ``time.monotonic()`` value) passes.
+    """
+    want_ids = None if isinstance(expected, int) else set(expected)
+    want_count = expected if isinstance(expected, int) else len(want_ids or ())
+    last: set[int] | None = None
+
+    def fail(reason: str) -> BrokerStartError:
+        return BrokerStartError(f"{what} at {bootstrap}: {reason}; its log ends with:\n"
+                                f"{log_tail(log)}")
+
+    while True:
+        gone = alive()
+        if gone:
+            raise fail(gone)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise fail(f"not ready in time (metadata listed brokers {sorted(last or ())}, "
+                       f"expected {sorted(want_ids) if want_ids is not None else want_count})")
+        if port is not None and not port_is_listening(port):
+            time.sleep(min(0.1, remaining))
+            continue
+        last = metadata_broker_ids(bootstrap, min(2.0, max(0.2, remaining)), config)
+        if last is not None:
+            if want_ids is not None and want_ids <= last:
+                return last
+            if want_ids is None and len(last) >= want_count:
+                return last
+        time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+
+
+# --- the cluster ------------------------------------------------------------------------------
+
+
+def _random_cluster_id() -> str:
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+@dataclass
+class KafkaNode:
+    """One combined broker+controller JVM."""
+
+    node_id: int
+    port: int  # PLAINTEXT client listener (also the inter-broker listener)
+    controller_port: int
+    sasl_port: int | None
+    dir: Path
+    process: subprocess.Popen[bytes] | None = None
+    paused: bool = False
+    _log_file: IO[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def config_path(self) -> Path:
+        return self.dir / "server.properties"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.dir / "data"
+
+    @property
+    def log_path(self) -> Path:
+        return self.dir / "kafka.log"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{LOCALHOST}:{self.port}"
+
+    @property
+    def sasl_bootstrap(self) -> str:
+        if self.sasl_port is None:
+            raise AttributeError("this cluster has no SASL listener (sasl_scram=False)")
+        return f"{LOCALHOST}:{self.sasl_port}"
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log_tail(self, lines: int = 40) -> str:
+        return log_tail(self.log_path, lines)
+
+
+class KafkaCluster:
+    """``n_nodes`` Kafka KRaft nodes on 127.0.0.1, each broker and controller.
+
+    ``start()`` formats the storage and waits (``start_timeout`` seconds in all) until
+    every node's Metadata lists every broker.  ``close()`` stops them and removes their
+    directory.  Also a context manager.
+    """
+
+    def __init__(
+        self,
+        n_nodes: int = 1,
+        sasl_scram: bool = False,
+        *,
+        version: str | None = None,
+        libs: Path | None = None,
+        extra_config: Mapping[str, object] | None = None,
+        start_timeout: float = START_TIMEOUT,
+        jvm_opts: Iterable[str] = BROKER_JVM_OPTS,
+        log_level: str = "WARN",
+        keep_dir: bool | None = None,
+    ) -> None:
+        if n_nodes < 1:
+            raise ValueError("n_nodes must be at least 1")
+        self.n_nodes = n_nodes
+        self.sasl_scram = sasl_scram
+        self.version = version
+        self._libs = libs
+        self.extra_config = dict(extra_config or {})
+        self.start_timeout = start_timeout
+        self.jvm_opts = tuple(jvm_opts)
+        self.log_level = log_level
+        self.keep_dir = (os.environ.get("GATEHOUSE_KEEP_KAFKA_DIRS") == "1"
+                         if keep_dir is None else keep_dir)
+        self.cluster_id = _random_cluster_id()
+        self.base_dir: Path | None = None
+        self.nodes: list[KafkaNode] = []
+
+    # -- addresses --
+
+    @property
+    def bootstrap(self) -> str:
+        """The PLAINTEXT listeners: ``127.0.0.1:port,...``."""
+        return ",".join(node.bootstrap for node in self.nodes)
+
+    @property
+    def sasl_bootstrap(self) -> str:
+        """The SASL_PLAINTEXT (SCRAM-SHA-256) listeners; only with ``sasl_scram=True``."""
+        if not self.sasl_scram:
+            raise AttributeError("this cluster has no SASL listener (sasl_scram=False)")
+        return ",".join(node.sasl_bootstrap for node in self.nodes)
+
+    def client_config(self, sasl: bool = False, **extra: Any) -> dict[str, Any]:
+        """A confluent-kafka config for this cluster (``sasl=True``: SCRAM as ``admin``)."""
+        conf: dict[str, Any] = {"bootstrap.servers": self.sasl_bootstrap if sasl else self.bootstrap}
+        if sasl:
+            conf.update({
+                "security.protocol": "SASL_PLAINTEXT",
+                "sasl.mechanism": SCRAM_MECHANISM,
+                "sasl.username": SCRAM_USER,
+                "sasl.password": SCRAM_PASSWORD,
+            })
+        conf.update(extra)
+        return conf
+
+    @property
+    def libs(self) -> Path:
+        if self._libs is None:
+            self._libs = ensure_kafka(self.version)
+        return self._libs
+
+    # -- lifecycle --
+
+    def __enter__(self) -> KafkaCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> KafkaCluster:
+        if self.nodes:
+            raise RuntimeError("cluster already started")
+        libs = self.libs
+        self.base_dir = Path(tempfile.mkdtemp(prefix="gatehouse-kafka-"))
+        if not self.keep_dir:
+            register_dir(self.base_dir)
+        for node_id in range(self.n_nodes):
+            node_dir = self.base_dir / f"node{node_id}"
+            node_dir.mkdir()
+            self.nodes.append(KafkaNode(
+                node_id=node_id,
+                port=free_port(),
+                controller_port=free_port(),
+                sasl_port=free_port() if self.sasl_scram else None,
+                dir=node_dir,
+            ))
+        try:
+            for node in self.nodes:
+                node.config_path.write_text(self._server_properties(node))
+            self._format(libs)
+            deadline = time.monotonic() + self.start_timeout
+            for node in self.nodes:
+                self._launch(node)
+            for node in self.nodes:
+                self._wait_ready(node, deadline)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop every node (SIGTERM, SIGKILL after ``timeout``) and remove the directory."""
+        for node in self.nodes:
+            if node.process is not None and node.process.poll() is None:
+                with contextlib.suppress(OSError):
+                    node.process.terminate()
+                    os.kill(node.process.pid, signal.SIGCONT)
+        deadline = time.monotonic() + timeout
+        for node in self.nodes:
+            if node.process is not None:
+                stop_process(node.process, max(0.1, deadline - time.monotonic()))
+            node.paused = False
+            self._close_log(node)
+        if self.base_dir is not None and not self.keep_dir:
+            shutil.rmtree(self.base_dir, ignore_errors=True)
+            forget_dir(self.base_dir)
+        self.base_dir = None
+        self.nodes = []
+
+    def stop_node(self, i: int, *, timeout: float = 30.0, kill: bool = False) -> None:
+        """Stop node ``i`` (SIGTERM, a controlled shutdown; ``kill=True``: SIGKILL)."""
+        node = self.nodes[i]
+        if node.process is not None:
+            stop_process(node.process, timeout, kill=kill)
+        node.paused = False
+        self._close_log(node)
+
+    def start_node(self, i: int, *, timeout: float = START_TIMEOUT) -> None:
+        """Start node ``i`` again with its data and ports; wait until it lists the live brokers."""
+        node = self.nodes[i]
+        if node.running:
+            raise RuntimeError(f"node {i} is running")
+        self._launch(node)
+        self._wait_ready(node, time.monotonic() + timeout)
+
+    def pause_node(self, i: int) -> None:
+        """SIGSTOP node ``i``: it keeps its sockets but answers nothing."""
+        node = self.nodes[i]
+        if not node.running:
+            raise RuntimeError(f"node {i} is not running")
+        os.kill(node.process.pid, signal.SIGSTOP)  # type: ignore[union-attr]
+        node.paused = True
+
+    def resume_node(self, i: int) -> None:
+        """SIGCONT node ``i``."""
+        node = self.nodes[i]
+        if not node.running:
+            raise RuntimeError(f"node {i} is not running")
+        os.kill(node.process.pid, signal.SIGCONT)  # type: ignore[union-attr]
+        node.paused = False
+
+    # -- helpers for tests --
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int = 1,
+        replication: int = 1,
+        *,
+        config: Mapping[str, str] | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        """Create a topic and wait until every live node's metadata has a leader for each partition."""
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient(self.client_config(log_level=0))
+        futures = admin.create_topics(
+            [NewTopic(name, num_partitions=partitions, replication_factor=replication,
+                      config=dict(config or {}))],
+            operation_timeout=timeout, request_timeout=timeout,
+        )
+        futures[name].result(timeout=timeout)
+        deadline = time.monotonic() + timeout
+        for node in self.nodes:
+            if not node.running or node.paused:
+                continue
+            node_admin = AdminClient({"bootstrap.servers": node.bootstrap, "log_level": 0})
+            while True:
+                topic = node_admin.list_topics(topic=name, timeout=timeout).topics.get(name)
+                if (topic is not None and topic.error is None
+                        and len(topic.partitions) == partitions
+                        and all(p.leader >= 0 for p in topic.partitions.values())):
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"topic {name} has no leaders on node {node.node_id}")
+                time.sleep(0.1)
+
+    def run_java_tool(
+        self,
+        main_class: str,
+        *args: str,
+        timeout: float = 120.0,
+        jvm_opts: Iterable[str] = TOOL_JVM_OPTS,
+        check: bool = False,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a Java main class on Kafka's classpath (``org.apache.kafka.tools.ProducerPerformance``...).
+
+        Output is captured as text; ``subprocess.TimeoutExpired`` after ``timeout`` seconds.
+        """
+        return run_java_tool(self.libs, main_class, *args, timeout=timeout, jvm_opts=jvm_opts,
+                             check=check, log_level=self.log_level)
+
+    # -- internals --
+
+    def _server_properties(self, node: KafkaNode) -> str:
+        n = self.n_nodes
+        voters = ",".join(f"{other.node_id}@{LOCALHOST}:{other.controller_port}"
+                          for other in self.nodes)
+        listeners = [f"PLAINTEXT://{LOCALHOST}:{node.port}"]
+        advertised = [f"PLAINTEXT://{LOCALHOST}:{node.port}"]
+        protocols = ["PLAINTEXT:PLAINTEXT", "CONTROLLER:PLAINTEXT"]
+        if node.sasl_port is not None:
+            listeners.append(f"SASL_PLAINTEXT://{LOCALHOST}:{node.sasl_port}")
+            advertised.append(f"SASL_PLAINTEXT://{LOCALHOST}:{node.sasl_port}")
+            protocols.append("SASL_PLAINTEXT:SASL_PLAINTEXT")
+        listeners.append(f"CONTROLLER://{LOCALHOST}:{node.controller_port}")
+        props: dict[str, object] = {
+            "process.roles": "broker,controller",
+            "node.id": node.node_id,
+            "controller.quorum.voters": voters,
+            "controller.listener.names": "CONTROLLER",
+            "listeners": ",".join(listeners),
+            "advertised.listeners": ",".join(advertised),
+            "listener.security.protocol.map": ",".join(protocols),
+            "inter.broker.listener.name": "PLAINTEXT",
+            "log.dirs": node.data_dir,
+            # small and quick
+            "num.partitions": 1,
+            "default.replication.factor": min(3, n),
+            "min.insync.replicas": 1,
+            "offsets.topic.replication.factor": min(3, n),
+            "offsets.topic.num.partitions": 5,
+            "transaction.state.log.replication.factor": min(3, n),
+            "transaction.state.log.min.isr": min(2, n),
+            "transaction.state.log.num.partitions": 5,
+            "share.coordinator.state.topic.replication.factor": min(3, n),
+            "share.coordinator.state.topic.min.isr": min(2, n),
+            "share.coordinator.state.topic.num.partitions": 5,
+            "group.initial.rebalance.delay.ms": 0,
+            "num.network.threads": 2,
+            "num.io.threads": 4,
+            "num.recovery.threads.per.data.dir": 1,
+            "background.threads": 4,
+            "log.cleaner.threads": 1,
+            "log.cleaner.dedupe.buffer.size": 16 * 1024 * 1024,
+            # failures are noticed (and shutdowns finish) in seconds
+            "broker.heartbeat.interval.ms": 1000,
+            "broker.session.timeout.ms": 6000,
+            "controller.quorum.election.timeout.ms": 1000,
+            "controller.quorum.fetch.timeout.ms": 2000,
+            "replica.lag.time.max.ms": 10000,
+            "leader.imbalance.check.interval.seconds": 5,
+        }
+        if node.sasl_port is not None:
+            props.update({
+                "sasl.enabled.mechanisms": SCRAM_MECHANISM,
+                "listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config":
+                    "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+            })
+        props.update(self.extra_config)
+        return "".join(f"{key}={value}\n" for key, value in props.items())
+
+    def _format(self, libs: Path) -> None:
+        extra: list[str] = []
+        if self.sasl_scram:
+            extra = ["--add-scram", f"{SCRAM_MECHANISM}=[name={SCRAM_USER},password={SCRAM_PASSWORD}]"]
+        procs = []
+        for node in self.nodes:
+            cmd = [java_binary(), *TOOL_JVM_OPTS, *self._log_opts(), "-cp", classpath(libs),
+                   STORAGE_TOOL_MAIN, "format", "--config", str(node.config_path),
+                   "--cluster-id", self.cluster_id, *extra]
+            procs.append((node, subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)))
+        errors = []
+        for node, proc in procs:
+            try:
+                out, _ = proc.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, _ = proc.communicate()
+            if proc.returncode != 0:
+                errors.append(f"node {node.node_id}: exit {proc.returncode}:\n"
+                              f"{out.decode(errors='replace')[-3000:]}")
+        if errors:
+            raise BrokerStartError("kafka storage format failed: " + "\n".join(errors))
+
+    def _log_opts(self) -> list[str]:
+        return [f"-Dlog4j2.configurationFile={log4j2_config()}",
+                f"-Dgatehouse.kafka.log.level={self.log_level}"]
+
+    def _launch(self, node: KafkaNode) -> None:
+        self._close_log(node)
+        node._log_file = open(node.log_path, "ab")  # noqa: SIM115 (closed in _close_log)
+        cmd = [java_binary(), *self.jvm_opts, *self._log_opts(), "-cp", classpath(self.libs),
+               BROKER_MAIN, str(node.config_path)]
+        node.process = subprocess.Popen(
+            cmd, cwd=node.dir, stdin=subprocess.DEVNULL, stdout=node._log_file,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        node.paused = False
+        register_process(node.process)
+
+    def _wait_ready(self, node: KafkaNode, deadline: float) -> None:
+        expected = {other.node_id for other in self.nodes
+                    if other is node or (other.running and not other.paused)}
+
+        def alive() -> str | None:
+            if node.process is None or node.process.poll() is not None:
+                code = None if node.process is None else node.process.returncode
+                return f"Kafka node {node.node_id} exited with code {code}"
+            return None
+
+        wait_for_brokers(node.bootstrap, expected, deadline, alive=alive, port=node.port,
+                         what=f"Kafka node {node.node_id}", log=node.log_path)
+        if node.sasl_port is not None:
+            while not port_is_listening(node.sasl_port):
+                if alive() or time.monotonic() > deadline:
+                    raise BrokerStartError(
+                        f"Kafka node {node.node_id}: SASL listener {node.sasl_port} not up; "
+                        f"log ends with:\n{node.log_tail()}")
+                time.sleep(0.1)
+
+    @staticmethod
+    def _close_log(node: KafkaNode) -> None:
+        if node._log_file is not None:
+            node._log_file.close()
+            node._log_file = None
+
+
+def run_java_tool(
+    libs: Path,
+    main_class: str,
+    *args: str,
+    timeout: float = 120.0,
+    jvm_opts: Iterable[str] = TOOL_JVM_OPTS,
+    check: bool = False,
+    log_level: str = "WARN",
+) -> subprocess.CompletedProcess[str]:
+    """Run ``main_class`` with ``libs/*`` as the classpath; output captured as text."""
+    cmd = [java_binary(), *jvm_opts, f"-Dlog4j2.configurationFile={log4j2_config()}",
+           f"-Dgatehouse.kafka.log.level={log_level}", "-cp", classpath(libs), main_class,
+           *args]
+    return subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=timeout, check=check)

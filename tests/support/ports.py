@@ -1,0 +1,42 @@
+"""Free TCP ports on 127.0.0.1 for the brokers the tests start.
+
+The kernel picks a free port (bind to port 0); a port handed out once is never handed out
+again by this process, so two brokers started in one test session never race for it.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+LOCALHOST = "127.0.0.1"
+
+_lock = threading.Lock()
+_handed_out: set[int] = set()
+
+
+def free_port(host: str = LOCALHOST) -> int:
+    """A TCP port on ``host`` that is free now and not handed out before by this process."""
+    with _lock:
+        for _ in range(200):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind((host, 0))
+                port = int(sock.getsockname()[1])
+            if port not in _handed_out:
+                _handed_out.add(port)
+                return port
+    raise RuntimeError(f"no free TCP port on {host}")
+
+
+def free_ports(count: int, host: str = LOCALHOST) -> list[int]:
+    """``count`` distinct free ports (see :func:`free_port`)."""
+    return [free_port(host) for _ in range(count)]
+
+
+def port_is_listening(port: int, host: str = LOCALHOST, timeout: float = 0.5) -> bool:
+    """Whether something accepts TCP connections on ``host:port``."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False

@@ -1,0 +1,393 @@
+"""Rules: parsing with file:line, decisions, error responses and topic maps for every API."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+
+from gatehouse import codecs
+from gatehouse.configfile import ConfigError, load_yaml_text
+from gatehouse.proxy.hooks import Close, ConnectionInfo, Respond
+from gatehouse.proxy.policy import Reloader, RulesPolicy, RulesSource
+from gatehouse.rules import ClientFacts, Prefix, Rename, parse_rules
+from gatehouse.rules.errors import error_response
+from gatehouse.rules.topics import (
+    RewriteStats,
+    carries_topics,
+    map_request,
+    map_response,
+    topic_names,
+)
+from tests.codec_strategies import message_body
+
+# Generation only: a failure is reported as found (shrinking big messages takes minutes).
+FAST = (Phase.explicit, Phase.generate)
+
+ISSUE_EXAMPLE = """\
+rules:
+  - name: no-ancient-producers
+    min_api_version: {Produce: 3, Fetch: 4}
+  - name: orders-alias
+    rename_topics: {orders: prod.orders}
+  - name: tenant-a
+    match: {client_id: "^tenant-a-"}
+    topic_prefix: {broker: "tenant-a.", hide_others: true}
+  - name: read-only-edge
+    deny_apis: [CreateTopics, DeleteTopics, AlterConfigs]
+"""
+
+
+def rules(text: str) -> Any:
+    return parse_rules(load_yaml_text(text, "rules.yaml"), "rules.yaml")
+
+
+def req(api_key: int, version: int, client_id: str = "app", **fields: Any) -> codecs.Request:
+    plain = {"header": {"api_key": api_key, "api_version": version, "correlation_id": 1,
+                        "client_id": client_id}, "body": fields}
+    built = codecs.request_from_dict(plain)
+    return codecs.decode_request(bytes(built.encode()))  # as the proxy sees it: from bytes
+
+
+def test_issue_example_parses() -> None:
+    ruleset = rules(ISSUE_EXAMPLE)
+    assert [r.name for r in ruleset.rules] == ["no-ancient-producers", "orders-alias",
+                                               "tenant-a", "read-only-edge"]
+    assert ruleset.rules[0].min_api_version[0].version == 3
+    assert not ruleset.rules[0].min_api_version[0].advertise  # Produce: KAFKA-18727
+    assert ruleset.rules[0].min_api_version[1].advertise
+
+
+@pytest.mark.parametrize(("text", "line", "message"), [
+    ("- name: a\n  min_api_version: {Prodcue: 3}\n", 2, "unknown API name 'Prodcue'"),
+    ("- name: a\n  min_api_version:\n    ApiVersions: 3\n", 3, "KIP-35"),
+    ("- name: a\n  rename_topics:\n    x: t\n    y: t\n", 4, "both rename to 't'"),
+    ("- name: a\n  rename_topics: {x: y, y: x}\n", 2, "cycle"),
+    ("- name: a\n  rename_topic: {x: y}\n", 2, "unknown key 'rename_topic'"),
+    ("- name: a\n  mode: enforced\n", 2, "enforce or observe"),
+    ("- name: a\n  min_api_version: {Produce: three}\n", 2, "version number"),
+    ("- name: a\n- name: a\n", 2, "two rules are named 'a'"),
+    ("- name: a\n  match: {client_id: '('}\n", 2, "bad regular expression"),
+    ("- name: a\n  rename_topics: {x: 'bad name'}\n", 2, "not a valid Kafka topic name"),
+    ("- name: a\n  deny_apis: [ApiVersions]\n", 2, "ApiVersions cannot be denied"),
+    ("- name: a\n  rename_topics: {x: t}\n- name: b\n  rename_topics: {y: t}\n", 3,
+     "already gives to 'x'"),
+])
+def test_bad_rules_name_file_and_line(text: str, line: int, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        rules(text)
+    assert (info.value.file, info.value.line) == ("rules.yaml", line), str(info.value)
+    assert message in str(info.value)
+
+
+def test_min_version_refused_with_first_refusal_winning() -> None:
+    ruleset = rules(ISSUE_EXAMPLE.replace("Produce: 3", "Produce: 7") +
+                    "  - name: second\n    min_api_version: {Produce: 8}\n")
+    produce_v5 = req(0, 5, acks=1, timeout_ms=100, topic_data=[])
+    ev = ruleset.evaluate(ClientFacts(client_id="app"), produce_v5)
+    assert ev.refusal is not None and ev.refusal.code == 35
+    assert ev.refusal.rule == "no-ancient-producers"
+    ok = ruleset.evaluate(ClientFacts(client_id="app"), req(0, 9, acks=1, topic_data=[]))
+    assert ok.refusal is None
+    denied = ruleset.evaluate(ClientFacts(), req(19, 5, topics=[]))
+    assert denied.refusal is not None and denied.refusal.code == 31
+
+
+def test_observe_mode_only_reports() -> None:
+    ruleset = rules("- name: watch\n  mode: observe\n  min_api_version: {Metadata: 9}\n")
+    ev = ruleset.evaluate(ClientFacts(), req(3, 4))
+    assert ev.refusal is None
+    assert [r.rule for r in ev.would_refuse] == ["watch"]
+    assert [(o.effect, o.mode) for o in ev.outcomes] == [("refuse", "observe")]
+
+
+def test_match_by_client_id_source_and_listener() -> None:
+    ruleset = rules("- name: edge\n  match: {client_id: '^legacy-', source: 10.0.0.0/8,"
+                    " listener: bootstrap}\n  deny_apis: [Metadata]\n")
+    hit = ClientFacts(client_id="legacy-1", address="10.1.2.3:5000", listener="bootstrap")
+    assert ruleset.evaluate(hit, req(3, 12, "legacy-1")).refusal is not None
+    for miss in (ClientFacts(client_id="new", address="10.1.2.3:5000", listener="bootstrap"),
+                 ClientFacts(client_id="legacy-1", address="192.168.0.1:1", listener="bootstrap"),
+                 ClientFacts(client_id="legacy-1", address="10.1.2.3:5", listener="broker-1")):
+        assert ruleset.evaluate(miss, req(3, 12)).refusal is None
+
+
+def test_min_client_software_understands_librdkafka_wrappers() -> None:
+    ruleset = rules("- name: sw\n  min_client_software: {librdkafka: 2.0.0, "
+                    "apache-kafka-java: 3.0.0}\n")
+    old = ClientFacts(software_name="confluent-kafka-python",
+                      software_version="1.9.2-rdkafka-1.9.2")
+    new = ClientFacts(software_name="confluent-kafka-python",
+                      software_version="2.6.0-rdkafka-2.6.0")
+    java_old = ClientFacts(software_name="apache-kafka-java", software_version="2.8.1")
+    metadata = req(3, 12)
+    refusal = ruleset.evaluate(old, metadata).refusal
+    assert refusal is not None and "librdkafka 1.9.2 is older than 2.0.0" in refusal.message
+    assert ruleset.evaluate(new, metadata).refusal is None
+    assert ruleset.evaluate(java_old, metadata).refusal is not None
+    assert ruleset.evaluate(ClientFacts(), metadata).refusal is None  # unknown: allowed
+    # ApiVersions itself is never refused: the client must learn what it may use.
+    assert ruleset.evaluate(old, req(18, 3)).refusal is None
+
+
+def test_version_ranges_for_api_versions() -> None:
+    ruleset = rules(ISSUE_EXAMPLE + "  - name: cap\n    max_api_version: {Metadata: 9}\n"
+                    "  - name: too-high\n    min_api_version: {ListOffsets: 10}\n")
+    facts = ClientFacts()
+    assert ruleset.version_ranges(facts, 1, 0, 17) == (4, 17)  # Fetch min raised
+    assert ruleset.version_ranges(facts, 0, 0, 12) == (0, 12)  # Produce: not advertised
+    assert ruleset.version_ranges(facts, 3, 0, 13) == (0, 9)
+    assert ruleset.version_ranges(facts, 2, 0, 9) is None  # min above broker max: left out
+
+
+# -- error responses, for every API and version --------------------------------------
+
+ALL_VERSIONS = [(k, v) for k, a in sorted(codecs.APIS.items()) for v in a.versions]
+
+
+@pytest.mark.parametrize(("api_key", "version"), ALL_VERSIONS)
+def test_error_response_for_every_api_version(api_key: int, version: int) -> None:
+    api = codecs.api(api_key)
+
+    @settings(max_examples=2, deadline=None, database=None, phases=FAST,
+              suppress_health_check=list(HealthCheck))
+    @given(message_body(api.request, version))
+    def check(body: Any) -> None:
+        request = codecs.Request.build(api_key, version, 9, "c", body)
+        resp = error_response(request, 35, "refused")
+        frame = resp.encode()
+        back = codecs.decode_response(frame, api_key, version)
+        assert back.correlation_id == 9
+        found = _error_codes(codecs.to_dict(back)["body"])
+        assert set(found) <= {35}
+        if _has_unconditional_error_code(api.response.root, version):
+            assert found
+
+    check()
+
+
+def _has_unconditional_error_code(struct: Any, version: int) -> bool:
+    """An error_code reachable without going through an array (always present)."""
+    for f in struct.fields:
+        if version not in f.versions or f.is_array:
+            continue
+        if f.attr == "error_code" and f.tag is None:
+            return True
+        if f.struct is not None and _has_unconditional_error_code(f.struct, version):
+            return True
+    return False
+
+
+def _error_codes(plain: Any) -> list[int]:
+    """Every error_code in a to_dict() tree (only fields present in that version)."""
+    out = []
+    if isinstance(plain, dict):
+        for name, value in plain.items():
+            if name == "error_code":
+                out.append(value)
+            else:
+                out.extend(_error_codes(value))
+    elif isinstance(plain, list):
+        for item in plain:
+            out.extend(_error_codes(item))
+    return out
+
+
+def test_produce_error_response_mirrors_topics_and_partitions() -> None:
+    produce = req(0, 9, acks=-1, timeout_ms=1000, topic_data=[
+        {"name": "a", "partition_data": [{"index": 0, "records": None},
+                                         {"index": 3, "records": None}]}])
+    body = error_response(produce, 35, "old").body
+    assert [(t.name, [(p.index, p.error_code, p.error_message) for p in t.partition_responses])
+            for t in body.responses] == [("a", [(0, 35, "old"), (3, 35, "old")])]
+
+
+def test_find_coordinator_v4_error_response_has_one_entry_per_key() -> None:
+    body = error_response(req(10, 4, key_type=0, coordinator_keys=["g1", "g2"]), 31).body
+    assert [(c.key, c.error_code) for c in body.coordinators] == [("g1", 31), ("g2", 31)]
+
+
+# -- topic names everywhere, generated from the tables -------------------------------
+
+TOPIC_REQUESTS = [(k, v) for k, v in ALL_VERSIONS if carries_topics(codecs.api(k).request)
+                  and k not in (11, 14)]  # group bytes: tested with real payloads below
+TOPIC_RESPONSES = [(k, v) for k, v in ALL_VERSIONS if carries_topics(codecs.api(k).response)
+                   and k not in (11, 14, 15)]
+
+
+def test_tables_find_the_topic_apis() -> None:
+    names = {codecs.api(k).name for k, _ in TOPIC_REQUESTS}
+    assert {"Produce", "Fetch", "ListOffsets", "Metadata", "OffsetCommit", "OffsetFetch",
+            "OffsetForLeaderEpoch", "CreateTopics", "DeleteTopics", "CreatePartitions",
+            "DeleteRecords", "TxnOffsetCommit", "AddPartitionsToTxn", "DescribeProducers",
+            "DescribeConfigs", "AlterConfigs", "IncrementalAlterConfigs", "CreateAcls",
+            "DescribeAcls", "ConsumerGroupHeartbeat"} <= names
+
+
+@pytest.mark.parametrize(("api_key", "version"), TOPIC_REQUESTS)
+def test_request_topic_names_prefixed(api_key: int, version: int) -> None:
+    api = codecs.api(api_key)
+    mapping = Prefix("tenant.")
+
+    @settings(max_examples=3, deadline=None, database=None, phases=FAST,
+              suppress_health_check=list(HealthCheck))
+    @given(message_body(api.request, version))
+    def check(body: Any) -> None:
+        request = codecs.decode_request(bytes(
+            codecs.Request.build(api_key, version, 1, "c", body).encode()))
+        before = [n for n in topic_names(request)]
+        mapped = map_request(request, mapping, {}, RewriteStats())
+        after = topic_names(codecs.decode_request(bytes(mapped.encode())))
+        assert after == ["tenant." + n for n in before]
+
+    check()
+
+
+@pytest.mark.parametrize(("api_key", "version"), TOPIC_RESPONSES)
+def test_response_topic_names_unprefixed(api_key: int, version: int) -> None:
+    api = codecs.api(api_key)
+    mapping = Prefix("tenant.")
+
+    @settings(max_examples=3, deadline=None, database=None, phases=FAST,
+              suppress_health_check=list(HealthCheck))
+    @given(message_body(api.response, version))
+    def check(body: Any) -> None:
+        resp = codecs.Response.build(api_key, version, 1, body)
+        prefixed = map_response(resp, _ToBroker(mapping), {}, RewriteStats())
+        back = map_response(prefixed, mapping, {}, RewriteStats())
+        assert codecs.to_dict(back)["body"] == codecs.to_dict(resp)["body"]
+
+    check()
+
+
+class _ToBroker(Rename):
+    """Test helper: maps responses *towards* the broker to fabricate broker-side data."""
+
+    def __init__(self, inner: Prefix) -> None:
+        super().__init__({})
+        object.__setattr__(self, "inner", inner)
+
+    def to_client(self, name: str) -> str | None:
+        return self.inner.to_broker(name)  # type: ignore[attr-defined]
+
+    def message_to_client(self, text: str) -> str:
+        return text
+
+
+def test_hide_others_removes_foreign_topics_from_metadata() -> None:
+    body = {"brokers": [], "topics": [
+        {"name": "tenant-a.orders", "partitions": []},
+        {"name": "tenant-b.secrets", "partitions": []},
+        {"name": "plain", "partitions": []}]}
+    resp = codecs.response_from_dict({"header": {"correlation_id": 1}, "body": body},
+                                     api_key=3, api_version=12)
+    shown = map_response(resp, Prefix("tenant-a.", hide_others=True), {}, RewriteStats())
+    assert [t.name for t in shown.body.topics] == ["orders"]
+    visible = map_response(resp, Prefix("tenant-a."), {}, RewriteStats())
+    assert [t.name for t in visible.body.topics] == ["orders", "tenant-b.secrets", "plain"]
+
+
+def test_error_messages_quote_client_names() -> None:
+    body = {"topics": [{"name": "prod.orders", "error_code": 36,
+                        "error_message": "Topic 'prod.orders' already exists."}]}
+    resp = codecs.response_from_dict({"header": {"correlation_id": 1}, "body": body},
+                                     api_key=19, api_version=5)
+    shown = map_response(resp, Rename({"orders": "prod.orders"}), {}, RewriteStats())
+    assert shown.body.topics[0].name == "orders"
+    assert shown.body.topics[0].error_message == "Topic 'orders' already exists."
+
+
+def test_topic_resources_renamed_other_resources_not() -> None:
+    request = req(32, 4, resources=[
+        {"resource_type": 2, "resource_name": "orders", "configuration_keys": None},
+        {"resource_type": 4, "resource_name": "orders", "configuration_keys": None}])
+    mapped = map_request(request, Rename({"orders": "prod.orders"}), {}, RewriteStats())
+    assert [r.resource_name for r in mapped.body.resources] == ["prod.orders", "orders"]
+
+
+def test_consumer_protocol_bytes_renamed_both_ways_with_kip559_and_fallback() -> None:
+    mapping = Rename({"orders": "prod.orders"})
+    sub = codecs.consumer.subscription(1, topics=("orders",), user_data=None,
+                                       owned_partitions=())
+    join = req(11, 5, group_id="g", session_timeout_ms=10000, rebalance_timeout_ms=10000,
+               member_id="", group_instance_id=None, protocol_type="consumer",
+               protocols=[{"name": "range", "metadata": sub.encode()}])
+    state: dict[str, Any] = {}
+    stats = RewriteStats()
+    mapped = map_request(join, mapping, state, stats)
+    inner = codecs.consumer.decode_subscription(mapped.body.protocols[0].metadata)
+    assert inner.body.topics == ("prod.orders",)
+    # JoinGroup response v5 has no ProtocolType: decoded via this connection's JoinGroup.
+    broker_sub = codecs.consumer.subscription(1, topics=("prod.orders",), user_data=None,
+                                              owned_partitions=())
+    join_resp = codecs.response_from_dict({"header": {"correlation_id": 1}, "body": {
+        "generation_id": 1, "protocol_name": "range", "leader": "m", "member_id": "m",
+        "members": [{"member_id": "m", "group_instance_id": None,
+                     "metadata": broker_sub.encode()}]}}, api_key=11, api_version=5)
+    shown = map_response(join_resp, mapping, state, stats)
+    assert codecs.consumer.decode_subscription(
+        shown.body.members[0].metadata).body.topics == ("orders",)
+    assert stats.protocol_fallbacks == 1
+    # SyncGroup v5 says ProtocolType itself (KIP-559): no fallback needed.
+    assignment = codecs.consumer.assignment(0, assigned_partitions=[
+        codecs.consumer.ASSIGNMENT.structs["TopicPartition"].cls(topic="prod.orders",
+                                                                  partitions=(0, 1))],
+        user_data=None)
+    sync_resp = codecs.response_from_dict({"header": {"correlation_id": 2}, "body": {
+        "protocol_type": "consumer", "protocol_name": "range",
+        "assignment": assignment.encode()}}, api_key=14, api_version=5)
+    shown_sync = map_response(sync_resp, mapping, {}, stats)
+    decoded = codecs.consumer.decode_assignment(shown_sync.body.assignment)
+    assert [tp.topic for tp in decoded.body.assigned_partitions] == ["orders"]
+    assert stats.protocol_fallbacks == 1
+
+
+def test_unknown_protocol_type_bytes_pass_untouched() -> None:
+    sync = req(14, 5, group_id="g", generation_id=1, member_id="m", group_instance_id=None,
+               protocol_type="connect", protocol_name="default",
+               assignments=[{"member_id": "m", "assignment": b"\x00\x01opaque"}])
+    stats = RewriteStats()
+    mapped = map_request(sync, Rename({"orders": "prod.orders"}), {}, stats)
+    assert mapped is sync
+    assert stats.unknown_protocol_bytes == 1
+
+
+# -- the policy in the proxy, and hot reload -----------------------------------------
+
+def test_policy_answers_refusals_with_the_api_error() -> None:
+    policy = RulesPolicy(rules("- name: r\n  min_api_version: {Fetch: 6}\n"))
+    conn = ConnectionInfo(id=1, client="127.0.0.1:1", listener="bootstrap")
+    decision = policy.on_request(conn, req(1, 5, max_wait_ms=1, min_bytes=1, max_bytes=1,
+                                           topics=[]))
+    assert isinstance(decision, Respond)
+    assert decision.response.api_key == 1 and decision.response.api_version == 5
+    assert decision.response.body.error_code == 0 or True  # Fetch v5 has no top-level code
+    assert conn.state["refusals_logged"] == {(1, "r", False)}
+
+
+def test_policy_closes_when_the_refused_version_is_unknown_to_the_codec() -> None:
+    # Produce v2 left the specs in Kafka 4.0: no table to build its error response from.
+    policy = RulesPolicy(rules(ISSUE_EXAMPLE))
+    conn = ConnectionInfo(id=1, client="127.0.0.1:1", listener="bootstrap")
+    frame = struct.pack(">hhih", 0, 2, 7, 1) + b"c" + struct.pack(">hi", 1, 100) + b"\0\0\0\0"
+    decision = policy.on_request(conn, codecs.decode_request(frame))
+    assert isinstance(decision, Close) and "Produce v2" in decision.reason
+
+
+def test_bad_reload_keeps_old_rules(tmp_path: Path) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text(ISSUE_EXAMPLE)
+    policy = RulesPolicy(rules(ISSUE_EXAMPLE))
+    reloader = Reloader(policy, RulesSource(None, path))
+    old = policy.ruleset
+    path.write_text(ISSUE_EXAMPLE + "  - name: broken\n    deny_apis: [NoSuchApi]\n")
+    assert reloader.changed()
+    assert not reloader.reload()
+    assert policy.ruleset is old
+    assert reloader.failed == 1 and f"{path}:12: unknown API name" in str(reloader.last_error)
+    path.write_text("rules:\n  - name: only\n    deny_apis: [Metadata]\n")
+    assert reloader.reload()
+    assert [r.name for r in policy.ruleset.rules] == ["only"]
