@@ -89,7 +89,10 @@ def _write_header_tags(out: bytearray, tags: tuple[tuple[int, bytes], ...]) -> N
 class _Message:
     """What requests and responses share: lazy body, splicing encoder."""
 
-    __slots__ = ("_body", "_body_offset", "_frame", "_orig_body", "_orig_header", "_spans", "header")
+    __slots__ = (
+        "_body", "_body_offset", "_frame", "_orig_body", "_orig_header", "_spans", "_trailing",
+        "header",
+    )
 
     header: Any
     _frame: Buffer | None
@@ -152,7 +155,12 @@ class _Message:
             if exc.offset is not None:
                 exc.offset += self._body_offset
             raise exc.at_api(self.api_key, self.api_version, self.api.name) from None
-        if end != len(view):
+        if end != len(view) and isinstance(self, Request):
+            # Kafka's broker ignores bytes after a request body, and real clients send
+            # some (librdkafka 2.x's Metadata v13 carries 3 extra bytes): tolerate them
+            # as the broker does, and keep them so they are forwarded as they came.
+            self._trailing = bytes(view[end:])
+        elif end != len(view):
             raise RemoteProtocolError(
                 f"{len(view) - end} unexpected bytes after the body",
                 api_key=self.api_key,
@@ -189,7 +197,17 @@ class _Message:
                 codec.encode(out, body)
         except ProtocolError as exc:
             raise exc.at_api(self.api_key, self.api_version, self.api.name) from None
+        if view is not None:
+            out += self.trailing
         return bytes(out)
+
+    @property
+    def trailing(self) -> bytes:
+        """Bytes after a request's body that the broker would ignore (kept verbatim)."""
+        try:
+            return self._trailing
+        except AttributeError:
+            return b""
 
     def __repr__(self) -> str:
         body = repr(self._body) if self._body is not _UNSET else "<not decoded>"
@@ -267,6 +285,7 @@ class Request(_Message):
         new._orig_header = self._orig_header
         new._orig_body = self._orig_body
         new._spans = self._spans
+        new._trailing = self.trailing
         if new._frame is not None and (
             new.header.api_key != self.api_key or new.header.api_version != self.api_version
         ):

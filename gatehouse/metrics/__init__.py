@@ -20,6 +20,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
@@ -93,7 +94,9 @@ def error_codes(resp: Response) -> list[int]:
 
 class ProxyMetrics(Observer):
     def __init__(self, label_cap: int = 500, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry(auto_describe=True)
+        # auto_describe off: the connections gauge and the connections_total counter share
+        # a base name, which the text format allows but the registry's check does not.
+        self.registry = registry or CollectorRegistry(auto_describe=False)
         r = self.registry
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
@@ -107,8 +110,8 @@ class ProxyMetrics(Observer):
                                   buckets=LATENCY_BUCKETS, registry=r)
         self.bytes = Counter("gatehouse_bytes", "Bytes through the proxy", ["direction"],
                              registry=r)
-        self.connections = Gauge("gatehouse_connections", "Open connections", ["side"],
-                                 registry=r)
+        self.open_connections = {"client": 0, "broker": 0}
+        r.register(_ConnectionsGauge(self.open_connections))
         self.connections_total = Counter("gatehouse_connections", "Connections by outcome",
                                          ["side", "outcome"], registry=r)
         self.clients = Gauge("gatehouse_clients", "Live connections per client software "
@@ -131,6 +134,9 @@ class ProxyMetrics(Observer):
         self.software_label = CappedLabel(label_cap, self.folded, "client_software")
         self.broker_label = CappedLabel(label_cap, self.folded, "broker")
         self.upstream_ok = False
+        # Produce v13 and Fetch v13+ name topics by id: names come from the Metadata
+        # responses this proxy has seen (bounded; "unknown" until then).
+        self.topic_names: dict[Any, str] = {}
         self._software_of: dict[int, tuple[str, str]] = {}
         for direction in ("client_to_proxy", "proxy_to_broker", "broker_to_proxy",
                           "proxy_to_client"):
@@ -160,13 +166,15 @@ class ProxyMetrics(Observer):
 
     def connection_opened(self, conn: ConnectionInfo) -> None:
         self.upstream_ok = True
-        self.connections.labels(side="client").inc()
-        self.connections_total.labels(side="client", outcome="opened").inc()
+        for side in ("client", "broker"):
+            self.open_connections[side] += 1
+            self.connections_total.labels(side=side, outcome="opened").inc()
 
     def connection_closed(self, conn: ConnectionInfo, reason: str) -> None:
-        self.connections.labels(side="client").dec()
         outcome = "clean" if reason in ("client closed", "proxy shutting down") else "error"
-        self.connections_total.labels(side="client", outcome=outcome).inc()
+        for side in ("client", "broker"):
+            self.open_connections[side] -= 1
+            self.connections_total.labels(side=side, outcome=outcome).inc()
         software = self._software_of.pop(conn.id, None)
         if software is not None:
             self.clients.labels(*software).dec()
@@ -192,7 +200,7 @@ class ProxyMetrics(Observer):
 
     def _count_produce(self, req: Request, conn: ConnectionInfo) -> None:
         for topic in req.body.topic_data:
-            name = getattr(topic, "name", None) or "unknown"
+            name = self._topic_name(topic, "name")
             records_total = bytes_total = 0
             for partition in topic.partition_data:
                 summary = records.summarize(partition.records)
@@ -219,7 +227,9 @@ class ProxyMetrics(Observer):
                 return
             for code in error_codes(resp) or [0]:
                 self.responses.labels(api=api, error=ERROR_NAMES.get(code, str(code))).inc()
-            if key == FETCH and resp.api_version <= 12:
+            if key == METADATA:
+                self._learn_topic_ids(resp)
+            if key == FETCH:
                 for topic in resp.body.responses:
                     records_total = bytes_total = 0
                     for partition in topic.partitions:
@@ -227,18 +237,47 @@ class ProxyMetrics(Observer):
                         records_total += summary.records
                         bytes_total += summary.bytes
                     if records_total:
-                        label = self.topic_label(topic.topic or "unknown")
+                        label = self.topic_label(self._topic_name(topic, "topic"))
                         self.topic_records.labels(topic=label, direction="fetch").inc(
                             records_total)
                         self.topic_bytes.labels(topic=label, direction="fetch").inc(bytes_total)
         except ProtocolError:
             pass
 
+    def _topic_name(self, topic: Any, attr: str) -> str:
+        name = getattr(topic, attr, None)
+        if name:
+            return str(name)
+        return self.topic_names.get(getattr(topic, "topic_id", None), "unknown")
+
+    def _learn_topic_ids(self, resp: Response) -> None:
+        for topic in resp.body.topics:
+            topic_id = getattr(topic, "topic_id", None)
+            if topic_id is not None and topic.name and topic_id.int:
+                if len(self.topic_names) >= 10_000 and topic_id not in self.topic_names:
+                    self.topic_names.clear()  # bounded: relearned from the next Metadata
+                self.topic_names[topic_id] = topic.name
+
     def upstream_failure(self, target: str, error: str) -> None:
+        self.connections_total.labels(side="broker", outcome="failed").inc()
         self.upstream_failures.labels(broker=self.broker_label(target)).inc()
 
     def malformed(self, conn: ConnectionInfo, direction: str, error: str) -> None:
         self.malformed_frames.labels(direction=direction).inc()
+
+
+class _ConnectionsGauge:
+    """``gatehouse_connections{side}``: open connections to clients and to brokers."""
+
+    def __init__(self, counts: dict[str, int]) -> None:
+        self.counts = counts
+
+    def collect(self) -> Any:
+        family = GaugeMetricFamily("gatehouse_connections", "Open connections",
+                                   labels=["side"])
+        for side, value in self.counts.items():
+            family.add_metric([side], value)
+        yield family
 
 
 # -- endpoints ------------------------------------------------------------------------

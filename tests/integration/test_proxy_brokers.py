@@ -1,0 +1,368 @@
+"""Real clients through the proxy to real brokers (Apache Kafka 4.4 and Tansu)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import struct
+import time
+from typing import Any
+
+import confluent_kafka as ck
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from gatehouse import codecs
+from tests.support.clients import consume, produce, unique
+from tests.support.kafka import SCRAM_MECHANISM, SCRAM_PASSWORD, SCRAM_USER, KafkaCluster
+from tests.support.proxythread import ProxyThread
+from tests.support.tansu import TansuBroker
+
+
+def stats_broker_ports(stats: list[dict[str, Any]]) -> set[int]:
+    """Every broker port librdkafka knew or used, from its statistics."""
+    ports = set()
+    for snapshot in stats:
+        for broker in snapshot.get("brokers", {}).values():
+            name = broker.get("nodename") or broker["name"].split("/")[0]
+            if ":" in name and broker.get("nodeid", -1) != -1:
+                ports.add(int(name.rsplit(":", 1)[1]))
+    return ports
+
+
+def test_librdkafka_through_proxy_on_kafka(kafka: KafkaCluster) -> None:
+    with ProxyThread(kafka.bootstrap) as proxy:
+        conf = {"bootstrap.servers": proxy.bootstrap}
+        admin = AdminClient(conf)
+        topic = unique("t")
+        futures = admin.create_topics([NewTopic(topic, num_partitions=3, replication_factor=1)])
+        futures[topic].result(30)
+        described = admin.list_topics(topic, timeout=10)
+        assert len(described.topics[topic].partitions) == 3
+        # Every broker the client is told about is the proxy.
+        assert {b.port for b in described.brokers.values()} <= proxy.broker_ports
+        sent = produce({**conf, "enable.idempotence": True}, topic, count=1000)
+        assert sorted(consume(conf, topic, 1000)) == sorted(sent)
+        assert proxy.sample("gatehouse_topic_records_total", topic=topic,
+                            direction="produce") == 1000
+        admin.delete_topics([topic])[topic].result(30)
+        assert topic not in admin.list_topics(timeout=10).topics
+
+
+def test_three_brokers_port_per_broker_and_no_bypass(kafka_cluster: KafkaCluster) -> None:
+    with ProxyThread(kafka_cluster.bootstrap) as proxy:
+        topic = unique("spread")
+        kafka_cluster.create_topic(topic, partitions=6, replication=1)
+        stats: list[dict[str, Any]] = []
+        conf = {"bootstrap.servers": proxy.bootstrap, "statistics.interval.ms": 200,
+                "stats_cb": lambda s: stats.append(json.loads(s))}
+        sent = produce(conf, topic, count=600)
+        assert sorted(consume(conf, topic, 600)) == sorted(sent)
+        metadata = AdminClient({"bootstrap.servers": proxy.bootstrap}).list_topics(topic,
+                                                                                   timeout=10)
+        leaders = {p.leader for p in metadata.topics[topic].partitions.values()}
+        assert len(leaders) >= 2  # partitions really are led by different brokers
+        assert len(proxy.proxy.brokers) == 3
+        real_ports = {n.port for n in kafka_cluster.nodes}
+        seen = stats_broker_ports(stats)
+        assert seen and seen <= proxy.broker_ports
+        assert not seen & real_ports  # the client never learned a real broker address
+
+
+def test_transactional_producer_and_group_rebalance(kafka: KafkaCluster) -> None:
+    with ProxyThread(kafka.bootstrap) as proxy:
+        topic = unique("tx")
+        kafka.create_topic(topic, partitions=3)
+        conf = {"bootstrap.servers": proxy.bootstrap}
+        producer = ck.Producer({**conf, "transactional.id": unique("txid")})
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        for i in range(30):
+            producer.produce(topic, value=f"tx-{i}".encode())
+        producer.commit_transaction(30)
+        group = unique("g")
+        consumers = [ck.Consumer({**conf, "group.id": group, "auto.offset.reset": "earliest",
+                                  "isolation.level": "read_committed",
+                                  "session.timeout.ms": 6000}) for _ in range(3)]
+        got: list[bytes] = []
+        try:
+            for c in consumers:
+                c.subscribe([topic])
+            deadline = time.monotonic() + 60
+            assigned: set[int] = set()
+            while (len(got) < 30 or len(assigned) < 3) and time.monotonic() < deadline:
+                for i, c in enumerate(consumers):
+                    msg = c.poll(0.2)
+                    if c.assignment():
+                        assigned.add(i)
+                    if msg is not None and msg.error() is None:
+                        got.append(msg.value())
+            assert len(assigned) == 3  # the group rebalanced to all three members
+        finally:
+            for c in consumers:
+                c.close()
+        assert sorted(got) == sorted(f"tx-{i}".encode() for i in range(30))
+
+
+def test_kafka_python_and_aiokafka_through_proxy(kafka: KafkaCluster) -> None:
+    from kafka import KafkaConsumer, KafkaProducer
+
+    with ProxyThread(kafka.bootstrap) as proxy:
+        topic = unique("kp")
+        kafka.create_topic(topic, partitions=2)
+        producer = KafkaProducer(bootstrap_servers=proxy.bootstrap, acks="all")
+        for i in range(50):
+            producer.send(topic, f"kp-{i}".encode())
+        producer.flush(30)
+        producer.close()
+        consumer = KafkaConsumer(topic, bootstrap_servers=proxy.bootstrap,
+                                 auto_offset_reset="earliest", consumer_timeout_ms=15000,
+                                 group_id=unique("g"))
+        got = [m.value for m, _ in zip(consumer, range(50), strict=False)]
+        consumer.close()
+        assert sorted(got) == sorted(f"kp-{i}".encode() for i in range(50))
+
+        async def with_aiokafka() -> list[bytes]:
+            from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+            p = AIOKafkaProducer(bootstrap_servers=proxy.bootstrap)
+            await p.start()
+            try:
+                for i in range(20):
+                    await p.send_and_wait(topic, f"aio-{i}".encode())
+            finally:
+                await p.stop()
+            c = AIOKafkaConsumer(topic, bootstrap_servers=proxy.bootstrap,
+                                 auto_offset_reset="earliest", group_id=unique("g"))
+            await c.start()
+            out: list[bytes] = []
+            try:
+                while len(out) < 70:
+                    batch = await asyncio.wait_for(c.getmany(timeout_ms=1000), 30)
+                    for messages in batch.values():
+                        out.extend(m.value for m in messages)
+            finally:
+                await c.stop()
+            return out
+
+        values = asyncio.run(with_aiokafka())
+        assert {f"aio-{i}".encode() for i in range(20)} <= set(values)
+
+
+def test_java_perf_tool_through_proxy(kafka: KafkaCluster) -> None:
+    with ProxyThread(kafka.bootstrap) as proxy:
+        topic = unique("perf")
+        kafka.create_topic(topic, partitions=1)
+        result = kafka.run_java_tool(
+            "org.apache.kafka.tools.ProducerPerformance", "--topic", topic,
+            "--num-records", "2000", "--record-size", "100", "--throughput", "-1",
+            "--producer-props", f"bootstrap.servers={proxy.bootstrap}", "acks=all",
+            timeout=120)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert "2000 records sent" in result.stdout
+        assert proxy.sample("gatehouse_topic_records_total", topic=topic,
+                            direction="produce") == 2000
+
+
+def test_sasl_scram_passes_through(kafka_scram: KafkaCluster) -> None:
+    with ProxyThread(kafka_scram.sasl_bootstrap) as proxy:
+        topic = unique("sasl")
+        kafka_scram.create_topic(topic)
+        conf = {"bootstrap.servers": proxy.bootstrap, "security.protocol": "SASL_PLAINTEXT",
+                "sasl.mechanism": SCRAM_MECHANISM, "sasl.username": SCRAM_USER,
+                "sasl.password": SCRAM_PASSWORD}
+        sent = produce(conf, topic, count=20)
+        assert sorted(consume(conf, topic, 20)) == sorted(sent)
+
+
+def test_tansu_through_proxy(tansu: TansuBroker) -> None:
+    with ProxyThread(tansu.bootstrap) as proxy:
+        topic = unique("tansu")
+        conf = {"bootstrap.servers": proxy.bootstrap}
+        admin = AdminClient(conf)  # kept alive until the result is in
+        admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+        sent = produce(conf, topic, count=100)
+        assert sorted(consume(conf, topic, 100)) == sorted(sent)
+
+
+def test_unreachable_upstream_closes_client_promptly() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead_port = s.getsockname()[1]  # bound, never listening: connection refused
+        with ProxyThread(f"127.0.0.1:{dead_port}") as proxy:
+            client = socket.create_connection(("127.0.0.1", proxy.proxy.bootstrap_ports[0]))
+            client.settimeout(10)
+            assert client.recv(10) == b""  # closed without a byte
+            client.close()
+            assert proxy.sample("gatehouse_upstream_failures_total",
+                                broker=f"127.0.0.1:{dead_port}") >= 1
+
+
+def test_garbage_and_huge_frames_close_only_that_connection(kafka: KafkaCluster) -> None:
+    with ProxyThread(kafka.bootstrap) as proxy:
+        port = proxy.proxy.bootstrap_ports[0]
+        good = socket.create_connection(("127.0.0.1", port))
+        bad = socket.create_connection(("127.0.0.1", port))
+        huge = socket.create_connection(("127.0.0.1", port))
+        for s in (good, bad, huge):
+            s.settimeout(20)
+        bad.sendall(struct.pack(">i", 6) + b"\xff" * 6)
+        huge.sendall(struct.pack(">i", 2**31 - 1))
+        assert bad.recv(10) == b""
+        assert huge.recv(10) == b""
+        req = codecs.Request.build(3, 12, 5, "good", codecs.api(3).request.root.cls(topics=()))
+        frame = bytes(req.encode())
+        good.sendall(struct.pack(">i", len(frame)) + frame)
+        size = struct.unpack(">i", _recv_exact(good, 4))[0]
+        resp = codecs.decode_response(_recv_exact(good, size), 3, 12)
+        assert resp.correlation_id == 5 and resp.body.brokers
+        for s in (good, bad, huge):
+            s.close()
+        assert proxy.sample("gatehouse_malformed_frames_total", direction="request") == 2
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        assert chunk, "connection closed early"
+        data += chunk
+    return data
+
+
+def test_broker_stopped_mid_stream_clients_recover(kafka_cluster: KafkaCluster) -> None:
+    with ProxyThread(kafka_cluster.bootstrap) as proxy:
+        topic = unique("failover")
+        kafka_cluster.create_topic(topic, partitions=3, replication=3)
+        conf = {"bootstrap.servers": proxy.bootstrap}
+        produce(conf, topic, count=30, tag="before")
+        victim = 2
+        kafka_cluster.stop_node(victim)
+        try:
+            # Leaders move; the client learns of it through the proxy and carries on.
+            produce({**conf, "message.timeout.ms": 60000}, topic, count=30, tag="during")
+        finally:
+            kafka_cluster.start_node(victim)
+        produce(conf, topic, count=30, tag="after")
+        got = consume(conf, topic, 90, timeout=60)
+        assert len(got) == 90
+
+
+def test_min_api_version_refuses_old_kafka_python_but_not_librdkafka(kafka: KafkaCluster) -> None:
+    from kafka import KafkaProducer
+    from kafka.errors import KafkaError
+
+    rules = "- name: modern-metadata\n  min_api_version: {Metadata: 4}\n"
+    with ProxyThread(kafka.bootstrap, rules_yaml=rules) as proxy:
+        topic = unique("rules")
+        kafka.create_topic(topic)
+        with pytest.raises(KafkaError):
+            old = KafkaProducer(bootstrap_servers=proxy.bootstrap, api_version=(0, 10, 1),
+                                max_block_ms=5000)
+            old.send(topic, b"x").get(timeout=10)
+        assert proxy.sample("gatehouse_rule_decisions_total", rule="modern-metadata",
+                            action="refuse") >= 1
+        assert proxy.sample("gatehouse_responses_total", api="Metadata",
+                            error="UNSUPPORTED_VERSION") >= 1
+        sent = produce({"bootstrap.servers": proxy.bootstrap}, topic, count=10)
+        assert len(sent) == 10
+
+
+def test_rename_topic_group_commits_under_broker_name(kafka: KafkaCluster) -> None:
+    broker_name = unique("prod.orders")
+    rules = f"- name: orders-alias\n  rename_topics: {{orders: {broker_name}}}\n"
+    with ProxyThread(kafka.bootstrap, rules_yaml=rules) as proxy:
+        kafka.create_topic(broker_name, partitions=2)
+        conf = {"bootstrap.servers": proxy.bootstrap}
+        sent = produce(conf, "orders", count=40)
+        group = unique("g")
+        consumers = [ck.Consumer({**conf, "group.id": group, "auto.offset.reset": "earliest",
+                                  "session.timeout.ms": 6000, "enable.auto.commit": False})
+                     for _ in range(2)]
+        got: list[bytes] = []
+        try:
+            for c in consumers:
+                c.subscribe(["orders"])
+            deadline = time.monotonic() + 60
+            while len(got) < 40 and time.monotonic() < deadline:
+                for c in consumers:
+                    msg = c.poll(0.2)
+                    if msg is not None and msg.error() is None:
+                        assert msg.topic() == "orders"
+                        got.append(msg.value())
+                        c.commit(msg, asynchronous=False)
+        finally:
+            for c in consumers:
+                c.close()
+        assert sorted(got) == sorted(sent)
+        # Straight to the broker: the data and the offsets live under the broker-side name.
+        direct = AdminClient({"bootstrap.servers": kafka.bootstrap})
+        assert "orders" not in direct.list_topics(timeout=10).topics
+        offsets = direct.list_consumer_group_offsets(
+            [ck.ConsumerGroupTopicPartitions(group)])[group].result(30)
+        assert {tp.topic for tp in offsets.topic_partitions} == {broker_name}
+        assert sum(tp.offset for tp in offsets.topic_partitions) == 40
+
+
+def test_tenant_prefix_hides_other_tenants(kafka: KafkaCluster) -> None:
+    mine, theirs = unique("tenant-a.orders"), unique("tenant-b.secrets")
+    kafka.create_topic(mine)
+    kafka.create_topic(theirs)
+    rules = ("- name: tenant-a\n  match: {client_id: '^tenant-a-'}\n"
+             "  topic_prefix: {broker: 'tenant-a.', hide_others: true}\n")
+    with ProxyThread(kafka.bootstrap, rules_yaml=rules) as proxy:
+        conf = {"bootstrap.servers": proxy.bootstrap, "client.id": "tenant-a-app"}
+        topics = AdminClient(conf).list_topics(timeout=10).topics
+        assert mine.removeprefix("tenant-a.") in topics
+        assert theirs not in topics and not any(t.startswith("tenant-") for t in topics)
+        other = AdminClient({"bootstrap.servers": proxy.bootstrap, "client.id": "ops"})
+        assert theirs in other.list_topics(timeout=10).topics  # the rule matched by client id
+
+
+def test_observe_mode_changes_no_bytes(kafka: KafkaCluster) -> None:
+    rules = ("- name: watch\n  mode: observe\n  min_api_version: {Metadata: 13, Produce: 13}\n"
+             "- name: watch-rename\n  mode: observe\n  rename_topics: {a: b}\n")
+    with ProxyThread(kafka.bootstrap, rules_yaml=rules) as proxy:
+        topic = unique("obs")
+        kafka.create_topic(topic)
+        conf = {"bootstrap.servers": proxy.bootstrap}
+        sent = produce(conf, topic, count=10)
+        assert sorted(consume(conf, topic, 10)) == sorted(sent)
+        assert proxy.sample("gatehouse_rule_decisions_total", rule="watch",
+                            action="would_refuse") >= 1
+        assert proxy.sample("gatehouse_rule_decisions_total", rule="watch",
+                            action="refuse") == 0
+
+
+@pytest.fixture()
+def tls_files(tmp_path: Any) -> dict[str, str]:
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("localhost", "127.0.0.1")
+    paths = {"ca": tmp_path / "ca.pem", "cert": tmp_path / "cert.pem", "key": tmp_path / "key.pem"}
+    ca.cert_pem.write_to_path(str(paths["ca"]))
+    cert.cert_chain_pems[0].write_to_path(str(paths["cert"]))
+    cert.private_key_pem.write_to_path(str(paths["key"]))
+    return {k: str(v) for k, v in paths.items()}
+
+
+def test_tls_on_both_sides(kafka: KafkaCluster, tls_files: dict[str, str]) -> None:
+    # client --TLS--> edge proxy --TLS--> inner proxy (TLS listener) --> Kafka
+    inner_cfg = f"tls:\n  downstream: {{cert: {tls_files['cert']}, key: {tls_files['key']}}}\n"
+    with ProxyThread(kafka.bootstrap, extra_config=inner_cfg) as inner:
+        edge_cfg = (f"tls:\n  downstream: {{cert: {tls_files['cert']}, key: {tls_files['key']}}}"
+                    f"\n  upstream: {{ca: {tls_files['ca']}, server_hostname: localhost}}\n")
+        with ProxyThread(inner.bootstrap, extra_config=edge_cfg) as edge:
+            topic = unique("tls")
+            kafka.create_topic(topic)
+            conf = {"bootstrap.servers": edge.bootstrap, "security.protocol": "SSL",
+                    "ssl.ca.location": tls_files["ca"]}
+            sent = produce(conf, topic, count=20)
+            assert sorted(consume(conf, topic, 20)) == sorted(sent)
+            plain = socket.create_connection(("127.0.0.1", edge.proxy.bootstrap_ports[0]))
+            plain.settimeout(10)
+            plain.sendall(struct.pack(">i", 10) + b"0123456789")  # not a TLS handshake
+            assert plain.recv(10) == b""
+            plain.close()

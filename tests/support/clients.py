@@ -1,0 +1,61 @@
+"""Real-client helpers shared by the integration tests (librdkafka via confluent-kafka)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import confluent_kafka as ck
+
+N = 10
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def produce(conf: dict[str, Any], topic: str, count: int = N, tag: str = "m") -> list[bytes]:
+    """Produce ``count`` messages and wait for every delivery report; fail on any error."""
+    producer = ck.Producer({**conf, "acks": "all", "linger.ms": 5, "log_level": 3})
+    errors: list[Any] = []
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        if err is not None:
+            errors.append(err)
+
+    values = [f"{tag}-{i}".encode() for i in range(count)]
+    for i, value in enumerate(values):
+        producer.produce(topic, value=value, key=str(i).encode(), on_delivery=on_delivery)
+    remaining = producer.flush(30)
+    assert remaining == 0, f"{remaining} messages not delivered"
+    assert errors == []
+    return values
+
+
+def consume(conf: dict[str, Any], topic: str, count: int, timeout: float = 30.0) -> list[bytes]:
+    """Consume ``count`` messages of ``topic`` from the beginning, in a new consumer group."""
+    consumer = ck.Consumer({
+        **conf,
+        "group.id": unique("g"),
+        "auto.offset.reset": "earliest",
+        "enable.auto.commit": False,
+        # Tansu answers a first JoinGroup after about half the session timeout (45 s default)
+        "session.timeout.ms": 6000,
+        "log_level": 3,
+    })
+    got: list[bytes] = []
+    try:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + timeout
+        while len(got) < count and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            assert msg.error() is None, msg.error()
+            got.append(msg.value())
+    finally:
+        consumer.close()
+    return got
+
+

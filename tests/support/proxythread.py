@@ -1,0 +1,101 @@
+"""A real Gatehouse proxy on real sockets, run by trio in a background thread.
+
+Blocking clients (librdkafka, kafka-python, Java tools) talk to it from the test's thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import trio
+
+from gatehouse.metrics import ProxyMetrics
+from gatehouse.proxy.config import config_from_text
+from gatehouse.proxy.hooks import Observer, Policy
+from gatehouse.proxy.policy import RulesPolicy
+from gatehouse.proxy.server import Proxy
+from gatehouse.rules import parse_rules
+from gatehouse.configfile import load_yaml_text
+
+
+class ProxyThread:
+    """``with ProxyThread(upstream, rules_yaml=...) as p: p.bootstrap``."""
+
+    def __init__(self, upstream: str, *, extra_config: str = "", rules_yaml: str | None = None,
+                 policy: Policy | None = None, observers: Sequence[Observer] = ()) -> None:
+        text = (f"listen: 127.0.0.1:0\nupstream: [{upstream}]\nbrokers: {{start_port: 0}}\n"
+                + extra_config)
+        self.config = config_from_text(text)
+        if policy is None and rules_yaml is not None:
+            policy = RulesPolicy(parse_rules(load_yaml_text(rules_yaml, "rules.yaml"),
+                                             "rules.yaml"))
+        self.policy = policy or Policy()
+        self.metrics = ProxyMetrics()
+        if isinstance(self.policy, RulesPolicy):
+            self.metrics.attach(self.policy, None)
+        self.proxy = Proxy(self.config, self.policy, [self.metrics, *observers])
+        self._thread: threading.Thread | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.proxy.bootstrap_ports[0]}"
+
+    @property
+    def broker_ports(self) -> set[int]:
+        return {b.port for b in self.proxy.brokers.values()}
+
+    @property
+    def ports(self) -> set[int]:
+        return {*self.proxy.bootstrap_ports, *self.broker_ports}
+
+    def _run(self) -> None:
+        async def main() -> None:
+            self._token = trio.lowlevel.current_trio_token()
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.proxy.serve)
+                self._started.set()
+
+        try:
+            trio.run(main)
+        except BaseException as exc:  # surfaced to the test by stop()
+            self._error = exc
+            self._started.set()
+
+    def start(self) -> ProxyThread:
+        self._thread = threading.Thread(target=self._run, name="gatehouse-proxy", daemon=True)
+        self._thread.start()
+        self._started.wait(60)
+        if self._error is not None:
+            raise RuntimeError("proxy failed to start") from self._error
+        return self
+
+    def call(self, fn: Any, *args: Any) -> Any:
+        """Run ``fn(*args)`` in the proxy's trio thread (e.g. to swap rules)."""
+        return trio.from_thread.run_sync(fn, *args, trio_token=self._token)
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        if self._token is not None and self._thread.is_alive():
+            try:
+                self.call(self.proxy.shutdown)
+            except trio.RunFinishedError:
+                pass
+        self._thread.join(self.config.limits.shutdown_grace + 10)
+        if self._error is not None:
+            raise RuntimeError("the proxy crashed") from self._error
+
+    def sample(self, name: str, **labels: str) -> float:
+        value = self.metrics.registry.get_sample_value(name, labels)
+        return value or 0.0
+
+    def __enter__(self) -> ProxyThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
