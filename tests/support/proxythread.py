@@ -5,19 +5,20 @@ Blocking clients (librdkafka, kafka-python, Java tools) talk to it from the test
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Sequence
 from typing import Any
 
 import trio
 
+from gatehouse.configfile import load_yaml_text
 from gatehouse.metrics import ProxyMetrics
 from gatehouse.proxy.config import config_from_text
 from gatehouse.proxy.hooks import Observer, Policy
 from gatehouse.proxy.policy import RulesPolicy
 from gatehouse.proxy.server import Proxy
 from gatehouse.rules import parse_rules
-from gatehouse.configfile import load_yaml_text
 
 
 class ProxyThread:
@@ -82,10 +83,8 @@ class ProxyThread:
         if self._thread is None:
             return
         if self._token is not None and self._thread.is_alive():
-            try:
+            with contextlib.suppress(trio.RunFinishedError):
                 self.call(self.proxy.shutdown)
-            except trio.RunFinishedError:
-                pass
         self._thread.join(self.config.limits.shutdown_grace + 10)
         if self._error is not None:
             raise RuntimeError("the proxy crashed") from self._error
