@@ -1,0 +1,183 @@
+"""Direct vs through Gatehouse vs through Tansu's proxy, same Kafka broker, same run.
+
+    python bench/proxy.py [--records 200000] [--rounds 2]
+
+Load comes from Kafka's own ProducerPerformance / ConsumerPerformance (separate JVMs),
+the proxy runs as its own process (`gatehouse run`), and the runs alternate
+direct / gatehouse / tansu so drift hits all three alike.  Prints ratios against direct:
+throughput (1 KiB and 100 KiB records, acks=all), consumer throughput, added latency
+p50/p99 of a request-response loop at low load, and the proxy's RSS with 1,000 idle
+client connections.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gatehouse import codecs  # noqa: E402
+from gatehouse.embedded import free_port, tansu_binary, wait_for_port  # noqa: E402
+from tests.support.kafka import KafkaCluster  # noqa: E402
+
+PERF = "org.apache.kafka.tools.ProducerPerformance"
+CONSUMER_PERF = "org.apache.kafka.tools.ConsumerPerformance"
+
+
+def start_gatehouse(upstream: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    config = Path(tempfile.mkdtemp()) / "gatehouse.yaml"
+    config.write_text(f"listen: 127.0.0.1:{port}\nupstream: [{upstream}]\n"
+                      "brokers: {start_port: 0}\n"
+                      "log: {level: WARNING}\n")
+    proc = subprocess.Popen([sys.executable, "-m", "gatehouse.cli", "run", "--config",
+                             str(config)], stdin=subprocess.DEVNULL)
+    wait_for_port("127.0.0.1", port, 30, proc)
+    return proc, f"127.0.0.1:{port}"
+
+
+def start_tansu_proxy(upstream: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    url = f"tcp://127.0.0.1:{port}"
+    proc = subprocess.Popen([str(tansu_binary()), "proxy", "--listener-url", url,
+                             "--advertised-listener-url", url, "--origin-url",
+                             f"tcp://{upstream}"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    wait_for_port("127.0.0.1", port, 30, proc)
+    return proc, f"127.0.0.1:{port}"
+
+
+def produce_rate(kafka: KafkaCluster, bootstrap: str, topic: str, records: int,
+                 size: int) -> float:
+    result = kafka.run_java_tool(PERF, "--topic", topic, "--num-records", str(records),
+                                 "--record-size", str(size), "--throughput", "-1",
+                                 "--producer-props", f"bootstrap.servers={bootstrap}",
+                                 "acks=all", "linger.ms=5", timeout=600)
+    match = re.search(r"(\d+) records sent, ([\d.]+) records/sec \(([\d.]+) MB/sec\)",
+                      result.stdout.strip().splitlines()[-1] if result.stdout else "")
+    if result.returncode != 0 or match is None:
+        raise RuntimeError(f"ProducerPerformance failed: {result.stderr[-1500:]}")
+    return float(match.group(3))
+
+
+def consume_rate(kafka: KafkaCluster, bootstrap: str, topic: str, records: int) -> float:
+    result = kafka.run_java_tool(CONSUMER_PERF, "--bootstrap-server", bootstrap, "--topic",
+                                 topic, "--messages", str(records), "--timeout", "60000",
+                                 timeout=600)
+    lines = [ln for ln in result.stdout.splitlines() if ln and ln[0].isdigit()]
+    if result.returncode != 0 or not lines:
+        raise RuntimeError(f"ConsumerPerformance failed: {result.stderr[-1500:]}")
+    return float(lines[-1].split(",")[3])  # MB.sec
+
+
+def latencies(bootstrap: str, n: int = 2000) -> list[float]:
+    host, port = bootstrap.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    out = []
+    body = codecs.api(18).request.root.cls()
+    for i in range(n):
+        frame = bytes(codecs.Request.build(18, 3, i, "bench", body).encode())
+        t0 = time.perf_counter()
+        sock.sendall(struct.pack(">i", len(frame)) + frame)
+        size = struct.unpack(">i", _exact(sock, 4))[0]
+        _exact(sock, size)
+        out.append(time.perf_counter() - t0)
+    sock.close()
+    return out
+
+
+def _exact(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("closed")
+        data += chunk
+    return data
+
+
+def rss_with_idle_connections(proc: subprocess.Popen[bytes], bootstrap: str,
+                              n: int = 1000) -> tuple[float, float]:
+    def rss() -> float:
+        text = Path(f"/proc/{proc.pid}/status").read_text()
+        return int(re.search(r"VmRSS:\s+(\d+)", text).group(1)) / 1024  # type: ignore[union-attr]
+
+    before = rss()
+    host, port = bootstrap.rsplit(":", 1)
+    socks = []
+    frame = bytes(codecs.Request.build(18, 3, 1, "idle", codecs.api(18).request.root.cls())
+                  .encode())
+    for _ in range(n):
+        s = socket.create_connection((host, int(port)))
+        s.sendall(struct.pack(">i", len(frame)) + frame)
+        socks.append(s)
+    for s in socks:  # every connection has been served once, then sits idle
+        size = struct.unpack(">i", _exact(s, 4))[0]
+        _exact(s, size)
+    after = rss()
+    for s in socks:
+        s.close()
+    return before, after
+
+
+def pct(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100)[int(q) - 1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    os.environ.setdefault("GATEHOUSE_KAFKA_VERSION", "4.4.0")
+    with KafkaCluster(1) as kafka:
+        gate, gate_addr = start_gatehouse(kafka.bootstrap)
+        tansu, tansu_addr = start_tansu_proxy(kafka.bootstrap)
+        targets = {"direct": kafka.bootstrap, "gatehouse": gate_addr, "tansu-proxy": tansu_addr}
+        results: dict[str, dict[str, list[float]]] = {k: {} for k in targets}
+        try:
+            for size, records in ((1024, args.records), (100 * 1024, max(args.records // 50,
+                                                                        500))):
+                for r in range(args.rounds):
+                    for name, addr in targets.items():
+                        topic = f"bench-{size}-{name}-{r}"
+                        kafka.create_topic(topic, partitions=3)
+                        mbs = produce_rate(kafka, addr, topic, records, size)
+                        results[name].setdefault(f"produce {size // 1024} KiB MB/s",
+                                                 []).append(mbs)
+                        if size == 1024:
+                            c = consume_rate(kafka, addr, topic, records)
+                            results[name].setdefault("consume 1 KiB MB/s", []).append(c)
+            lat = {name: latencies(addr) for name, addr in targets.items()}
+            before, after = rss_with_idle_connections(gate, gate_addr)
+        finally:
+            for proc in (gate, tansu):
+                proc.terminate()
+                proc.wait(15)
+    print(f"{'metric':<24}" + "".join(f"{n:>14}" for n in targets) + "   gatehouse/direct"
+          "   tansu/direct")
+    for metric in results["direct"]:
+        row = {n: statistics.median(results[n][metric]) for n in targets}
+        print(f"{metric:<24}" + "".join(f"{row[n]:>14.1f}" for n in targets) +
+              f"{row['gatehouse'] / row['direct']:>18.2f}{row['tansu-proxy'] / row['direct']:>15.2f}")
+    for q in (50, 99):
+        direct = pct(lat["direct"], q)
+        print(f"added latency p{q} (ms): gatehouse {1000 * (pct(lat['gatehouse'], q) - direct):.3f}"
+              f", tansu-proxy {1000 * (pct(lat['tansu-proxy'], q) - direct):.3f}"
+              f" (direct p{q} {1000 * direct:.3f})")
+    print(f"gatehouse RSS: {before:.1f} MiB idle, {after:.1f} MiB with 1000 idle connections")
+
+
+if __name__ == "__main__":
+    main()
