@@ -1,0 +1,96 @@
+"""The `gatehouse` command as users run it: demo, run with SIGTERM/SIGHUP, check."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.support.clients import consume, produce, unique
+from tests.support.kafka import KafkaCluster
+from tests.support.ports import free_port
+
+GATEHOUSE = [sys.executable, "-m", "gatehouse.cli"]
+
+
+def test_demo_runs_on_the_embedded_broker() -> None:
+    result = subprocess.run([*GATEHOUSE, "demo", "--duration", "12", "--every", "4"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    final = re.search(r"produced (\d+), consumed (\d+) through the proxy", result.stdout)
+    assert final is not None, result.stdout[-2000:]
+    assert int(final.group(1)) > 0 and int(final.group(2)) > 0
+    for api in ("Produce", "Fetch", "Metadata", "JoinGroup"):
+        assert re.search(rf"^{api}\s+demo-", result.stdout, re.M), api
+    assert "client software (KIP-511): confluent-kafka-python" in result.stdout
+
+
+def _wait_listening(port: int, proc: subprocess.Popen[str], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError(f"nothing listening on {port}")
+
+
+def test_run_reload_and_sigterm(kafka: KafkaCluster, tmp_path: Path) -> None:
+    port, metrics_port = free_port(), free_port()
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("rules:\n  - name: no-metadata-v0\n    min_api_version: {Metadata: 1}\n")
+    config = tmp_path / "gatehouse.yaml"
+    config.write_text(f"listen: 127.0.0.1:{port}\nupstream: [{kafka.bootstrap}]\n"
+                      f"brokers: {{start_port: 0}}\nmetrics: {{listen: 127.0.0.1:{metrics_port}}}\n"
+                      f"rules_file: {rules}\nlog: {{json: true}}\n")
+    assert subprocess.run([*GATEHOUSE, "check", "--config", str(config)],
+                          capture_output=True, timeout=60).returncode == 0
+    proc = subprocess.Popen([*GATEHOUSE, "run", "--config", str(config)], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        _wait_listening(port, proc)
+        _wait_listening(metrics_port, proc)
+        topic = unique("cli")
+        kafka.create_topic(topic)
+        conf = {"bootstrap.servers": f"127.0.0.1:{port}"}
+        sent = produce(conf, topic, count=10)
+        assert sorted(consume(conf, topic, 10)) == sorted(sent)
+        with socket.create_connection(("127.0.0.1", metrics_port)) as s:
+            s.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+            text = b""
+            while chunk := s.recv(65536):
+                text += chunk
+        assert b'gatehouse_topic_records_total{direction="produce",topic="' + topic.encode() \
+            + b'"} 10.0' in text
+        assert b'gatehouse_rules_reloads_total{outcome="failed"} 0.0' in text
+        # A bad rules file on SIGHUP: rejected with file:line, the old rules stay.
+        rules.write_text("rules:\n  - name: x\n    deny_apis: [Nope]\n")
+        proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with socket.create_connection(("127.0.0.1", metrics_port)) as s:
+                s.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+                text = b""
+                while chunk := s.recv(65536):
+                    text += chunk
+            if b'gatehouse_rules_reloads_total{outcome="failed"} 0.0' not in text:
+                break
+            time.sleep(0.1)
+        assert b'gatehouse_rules_reloads_total{outcome="failed"} 0.0' not in text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log = proc.stderr.read() if proc.stderr else ""
+    assert f"{rules}:3: unknown API name 'Nope'" in log
+    assert '"event": "shutting down: draining connections"' in log
