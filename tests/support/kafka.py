@@ -525,7 +525,7 @@ class KafkaCluster:
         for node in self.nodes:
             cmd = [java_binary(), *TOOL_JVM_OPTS, *self._log_opts(), "-cp", classpath(libs),
                    STORAGE_TOOL_MAIN, "format", "--config", str(node.config_path),
-                   "--cluster-id", self.cluster_id, *extra]
+                   f"--cluster-id={self.cluster_id}", *extra]  # ids may start with "-"
             procs.append((node, subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)))
         errors = []
