@@ -1,0 +1,427 @@
+"""Codec benchmark: gatehouse.codecs against kio, in the same process.
+
+Run from the repository root::
+
+    .venv/bin/python bench/codecs.py             # the table (markdown)
+    .venv/bin/python bench/codecs.py --quick     # fewer repeats
+    .venv/bin/python bench/codecs.py --profile   # + cProfile of our side of each case
+    .venv/bin/python bench/codecs.py --no-gc     # cyclic GC off while timing
+
+Cases:
+
+1. header-only decode of a Produce request frame (latest version).  Ours:
+   ``codecs.decode_request(frame).header`` (the body stays undecoded).  kio has no
+   header-only decode: its ``RequestHeader`` v2 entity reader over the frame.
+2. Metadata response (latest version), 1,000 topics x 10 partitions: full body decode,
+   and full body encode.
+3. Fetch response (latest version), 50 partitions of 64 KiB of records: decode, encode.
+
+"Decode" is frame -> objects: ours ``decode_response(frame, ...).body`` (the compiled
+decoder builds the whole record tree on that first access; records stay memoryview
+slices of the frame), kio's ``ResponseHeader`` + payload entity readers.  "Encode" is
+objects -> frame, forced to re-encode everything: ours ``Response.build(...).encode()``
+(a message built in code has no cached frame, so there is no byte splicing), kio's
+header + payload entity writers into a ``BytesIO``.
+
+Timing: ``time.perf_counter`` around a loop of N calls, repeated R times; the table
+shows the best repeat (and the median).  The cyclic garbage collector stays enabled,
+as in the proxy (``--no-gc`` disables it, as ``timeit`` does: that isolates codec work
+from collection work, which both sides' object trees trigger).  Speed-up = kio time /
+our time (above 1: we are faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import datetime
+import gc
+import io
+import os
+import platform
+import pstats
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from kio.index import load_response_schema
+from kio.schema.request_header.v2.header import RequestHeader as KioRequestHeaderV2
+from kio.schema.response_header.v1.header import ResponseHeader as KioResponseHeaderV1
+from kio.serial import entity_reader, entity_writer
+
+from gatehouse import codecs
+
+PRODUCE, FETCH, METADATA = 0, 1, 3
+CORRELATION_ID = 0x01020304
+
+# -- frames ---------------------------------------------------------------------------
+
+
+def produce_request_frame() -> bytes:
+    version = codecs.APIS[PRODUCE].versions.hi
+    body = {
+        "transactional_id": None,
+        "acks": -1,
+        "timeout_ms": 30_000,
+        "topic_data": [
+            {
+                "topic_id": str(uuid.UUID(int=0x1234)),
+                # Opaque to the header decode, so any bytes do: 1 KiB.
+                "partition_data": [{"index": 0, "records": bytes(1024)}],
+            }
+        ],
+    }
+    header = {
+        "api_key": PRODUCE,
+        "api_version": version,
+        "correlation_id": CORRELATION_ID,
+        "client_id": "bench-producer-1",
+    }
+    req = codecs.request_from_dict({"header": header, "body": body})
+    return bytes(codecs.encode_request(req))
+
+
+def metadata_response_frame(topics: int = 1000, partitions: int = 10) -> tuple[bytes, int]:
+    version = codecs.APIS[METADATA].versions.hi
+    body = {
+        "throttle_time_ms": 0,
+        "brokers": [
+            {
+                "node_id": n,
+                "host": f"broker-{n}.kafka.internal",
+                "port": 9092,
+                "rack": f"rack-{n % 3}",
+            }
+            for n in range(6)
+        ],
+        "cluster_id": "Yk9mC3RfQk2mJ0r3bE4x1A",
+        "controller_id": 1,
+        "topics": [
+            {
+                "error_code": 0,
+                "name": f"orders.events.{t:05d}",
+                "topic_id": str(uuid.UUID(int=(t + 1) * 0x9E3779B97F4A7C15)),
+                "is_internal": False,
+                "partitions": [
+                    {
+                        "error_code": 0,
+                        "partition_index": p,
+                        "leader_id": (t + p) % 6,
+                        "leader_epoch": 7,
+                        "replica_nodes": [(t + p + i) % 6 for i in range(3)],
+                        "isr_nodes": [(t + p + i) % 6 for i in range(3)],
+                        "offline_replicas": [],
+                    }
+                    for p in range(partitions)
+                ],
+                "topic_authorized_operations": -2147483648,
+            }
+            for t in range(topics)
+        ],
+        "error_code": 0,
+    }
+    resp = codecs.response_from_dict(
+        {"header": {"correlation_id": CORRELATION_ID}, "body": body},
+        api_key=METADATA,
+        api_version=version,
+    )
+    return bytes(codecs.encode_response(resp)), version
+
+
+def fetch_response_frame(partitions: int = 50, records_size: int = 64 * 1024) -> tuple[bytes, int]:
+    version = codecs.APIS[FETCH].versions.hi
+    payload = bytes(range(256)) * (records_size // 256)
+    body = {
+        "throttle_time_ms": 0,
+        "error_code": 0,
+        "session_id": 0,
+        "responses": [
+            {
+                "topic_id": str(uuid.UUID(int=0xABCDEF)),
+                "partitions": [
+                    {
+                        "partition_index": p,
+                        "error_code": 0,
+                        "high_watermark": 1_000_000 + p,
+                        "last_stable_offset": 1_000_000 + p,
+                        "log_start_offset": 0,
+                        "aborted_transactions": [],
+                        "preferred_read_replica": -1,
+                        "records": payload,
+                    }
+                    for p in range(partitions)
+                ],
+            }
+        ],
+        "node_endpoints": [],
+    }
+    resp = codecs.response_from_dict(
+        {"header": {"correlation_id": CORRELATION_ID}, "body": body},
+        api_key=FETCH,
+        api_version=version,
+    )
+    return bytes(codecs.encode_response(resp)), version
+
+
+# -- the two sides --------------------------------------------------------------------
+
+
+def ours_header(frame: bytes) -> Callable[[], Any]:
+    decode = codecs.decode_request
+
+    def run() -> Any:
+        return decode(frame).header
+
+    return run
+
+
+def kio_header(frame: bytes) -> Callable[[], Any]:
+    read = entity_reader(KioRequestHeaderV2)
+
+    def run() -> Any:
+        return read(frame, 0)[0]
+
+    return run
+
+
+def ours_decode(frame: bytes, api_key: int, version: int) -> Callable[[], Any]:
+    decode = codecs.decode_response
+
+    def run() -> Any:
+        return decode(frame, api_key, version).body
+
+    return run
+
+
+def kio_decode(frame: bytes, api_key: int, version: int) -> Callable[[], Any]:
+    read_header = entity_reader(KioResponseHeaderV1)
+    read_body = entity_reader(load_response_schema(api_key, version))
+
+    def run() -> Any:
+        header, size = read_header(frame, 0)
+        body, _ = read_body(frame, size)
+        return header, body
+
+    return run
+
+
+def ours_encode(frame: bytes, api_key: int, version: int) -> Callable[[], Any]:
+    body = codecs.decode_response(frame, api_key, version).body
+    build = codecs.Response.build
+
+    def run() -> Any:
+        return build(api_key, version, CORRELATION_ID, body).encode()
+
+    assert run() == frame  # a real, complete re-encode
+    return run
+
+
+def kio_encode(frame: bytes, api_key: int, version: int) -> Callable[[], Any]:
+    header, body = kio_decode(frame, api_key, version)()
+    write_header = entity_writer(KioResponseHeaderV1)
+    write_body = entity_writer(load_response_schema(api_key, version))
+
+    def run() -> Any:
+        buf = io.BytesIO()
+        write_header(buf, header)
+        write_body(buf, body)
+        return buf.getvalue()
+
+    assert run() == frame
+    return run
+
+
+# -- timing ---------------------------------------------------------------------------
+
+
+@dataclass
+class Timing:
+    best: float  # seconds per call
+    median: float
+    number: int
+    repeat: int
+
+
+def measure(fn: Callable[[], Any], repeat: int, target: float = 0.25) -> Timing:
+    fn()  # warm up (compiles our codec, fills kio's caches)
+    number = 1
+    while True:  # calibrate: one repeat should take ~target seconds
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        elapsed = time.perf_counter() - start
+        if elapsed >= target / 5 or number >= 1 << 24:
+            break
+        number *= 2
+    number = max(1, int(number * target / max(elapsed, 1e-9)))
+    times = []
+    for _ in range(repeat):
+        gc.collect()  # the same starting heap for every repeat (also with --no-gc)
+        start = time.perf_counter()
+        for _ in range(number):
+            fn()
+        times.append((time.perf_counter() - start) / number)
+    return Timing(min(times), statistics.median(times), number, repeat)
+
+
+def fmt_time(seconds: float) -> str:
+    if seconds < 1e-6:
+        return f"{seconds * 1e9:.0f} ns"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.2f} µs"
+    return f"{seconds * 1e3:.2f} ms"
+
+
+@dataclass
+class Row:
+    case: str
+    ours: Timing
+    kio: Timing
+    unit: str  # what one call is, for the rate column
+    size: int  # frame bytes
+
+    @property
+    def speedup(self) -> float:
+        return self.kio.best / self.ours.best
+
+
+def machine() -> str:
+    model = platform.processor() or "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return (
+        f"{model}, {os.cpu_count()} cores; Python {platform.python_version()} "
+        f"({platform.python_implementation()}); kio {_kio_version()}; "
+        f"Kafka specs {codecs.KAFKA_RELEASE}; {datetime.date.today().isoformat()}"
+    )
+
+
+def _kio_version() -> str:
+    from kio import _version
+
+    return _version.version
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="3 repeats instead of 9")
+    parser.add_argument("--profile", action="store_true", help="cProfile our side of each case")
+    parser.add_argument(
+        "--no-gc", action="store_true", help="disable the cyclic GC while timing (as timeit does)"
+    )
+    args = parser.parse_args()
+    repeat = 3 if args.quick else 9
+
+    produce = produce_request_frame()
+    metadata, mv = metadata_response_frame()
+    fetch, fv = fetch_response_frame()
+    pv = codecs.APIS[PRODUCE].versions.hi
+
+    cases: list[tuple[str, str, int, Callable[[], Any], Callable[[], Any]]] = [
+        (
+            f"Produce v{pv} request: header-only decode",
+            "frames",
+            len(produce),
+            ours_header(produce),
+            kio_header(produce),
+        ),
+        (
+            f"Metadata v{mv} response (1,000 topics x 10 partitions): decode body",
+            "frames",
+            len(metadata),
+            ours_decode(metadata, METADATA, mv),
+            kio_decode(metadata, METADATA, mv),
+        ),
+        (
+            f"Metadata v{mv} response (1,000 topics x 10 partitions): encode body",
+            "frames",
+            len(metadata),
+            ours_encode(metadata, METADATA, mv),
+            kio_encode(metadata, METADATA, mv),
+        ),
+        (
+            f"Fetch v{fv} response (50 partitions x 64 KiB): decode body",
+            "frames",
+            len(fetch),
+            ours_decode(fetch, FETCH, fv),
+            kio_decode(fetch, FETCH, fv),
+        ),
+        (
+            f"Fetch v{fv} response (50 partitions x 64 KiB): encode body",
+            "frames",
+            len(fetch),
+            ours_encode(fetch, FETCH, fv),
+            kio_encode(fetch, FETCH, fv),
+        ),
+    ]
+    # Both sides must agree on what the header says.
+    theirs = kio_header(produce)()
+    ours = ours_header(produce)()
+    assert (
+        theirs.request_api_key,
+        theirs.request_api_version,
+        theirs.correlation_id,
+        theirs.client_id,
+    ) == (ours.api_key, ours.api_version, ours.correlation_id, ours.client_id)
+
+    print(f"Machine: {machine()}")
+    if args.no_gc:
+        gc.disable()
+    print(
+        f"Best of {repeat} repeats (median in brackets); "
+        f"cyclic GC {'disabled' if args.no_gc else 'enabled'}.\n"
+    )
+    print("| Case | Frame | Ours | kio | Ours/s | kio/s | Speed-up (kio time / ours) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    rows = []
+    for name, unit, size, ours_fn, kio_fn in cases:
+        row = Row(name, measure(ours_fn, repeat), measure(kio_fn, repeat), unit, size)
+        rows.append(row)
+        print(
+            f"| {name} | {size:,} B "
+            f"| {fmt_time(row.ours.best)} ({fmt_time(row.ours.median)}) "
+            f"| {fmt_time(row.kio.best)} ({fmt_time(row.kio.median)}) "
+            f"| {1 / row.ours.best:,.0f} | {1 / row.kio.best:,.0f} | {row.speedup:.2f}x |",
+            flush=True,
+        )
+
+    header_rate = 1 / rows[0].ours.best
+    print()
+    print(
+        f"Goal: header decode >= 1,000,000 frames/s: {header_rate:,.0f}/s "
+        f"-> {'met' if header_rate >= 1e6 else 'NOT met'}"
+    )
+    for row in rows[1:]:
+        print(
+            f"Goal: >= 3x kio: {row.case}: {row.speedup:.2f}x "
+            f"-> {'met' if row.speedup >= 3 else 'NOT met'}"
+        )
+
+    if args.profile:
+        for name, _, _, ours_fn, _ in cases:
+            print(f"\n== cProfile, ours: {name} ==")
+            profiler = cProfile.Profile()
+            deadline = time.perf_counter() + 1.0
+            profiler.enable()
+            while time.perf_counter() < deadline:
+                ours_fn()
+            profiler.disable()
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(12)
+
+
+if __name__ == "__main__":
+    main()
