@@ -50,8 +50,8 @@ from gatehouse.codecs.schema import (
 )
 
 __all__ = [
-    "API_KEYS_BY_NAME",
     "APIS",
+    "API_KEYS_BY_NAME",
     "DEFAULT_MAX_FRAME_SIZE",
     "KAFKA_RELEASE",
     "MESSAGES",

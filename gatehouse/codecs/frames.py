@@ -12,7 +12,12 @@ import struct
 from typing import Any, Final, NamedTuple
 
 from gatehouse.codecs._compile import message_codec
-from gatehouse.codecs.errors import LocalProtocolError, ProtocolError, RemoteProtocolError, UnknownApi
+from gatehouse.codecs.errors import (
+    LocalProtocolError,
+    ProtocolError,
+    RemoteProtocolError,
+    UnknownApi,
+)
 from gatehouse.codecs.primitives import Buffer, read_uvarint, uvarint_bytes
 from gatehouse.codecs.schema import API_VERSIONS_KEY, APIS, ApiSpec, MessageSpec
 

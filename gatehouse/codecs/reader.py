@@ -22,7 +22,7 @@ _COMPACT_AT: Final = 64 * 1024
 class FrameReader:
     """Bytes in, frames (the bytes after each 4-byte size prefix) out."""
 
-    __slots__ = ("_buf", "_start", "max_frame_size", "_expected")
+    __slots__ = ("_buf", "_expected", "_start", "max_frame_size")
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         if max_frame_size <= 0:

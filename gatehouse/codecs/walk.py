@@ -9,7 +9,7 @@ encoder can splice the unchanged fields from the original bytes.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 from gatehouse.codecs.schema import FieldSpec, MessageSpec, StructSpec
@@ -18,7 +18,7 @@ FieldPredicate = Callable[[FieldSpec], bool]
 StructVisitor = Callable[[StructSpec, Any], Any]
 
 
-@lru_cache(maxsize=None)
+@cache
 def _reaching(root: StructSpec, predicate: FieldPredicate) -> frozenset[int]:
     """ids of the structs under ``root`` whose subtree has a field matching ``predicate``."""
     memo: dict[int, bool] = {}
