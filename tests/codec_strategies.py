@@ -53,10 +53,8 @@ def field_value(f: FieldSpec, version: int, flexible: bool, depth: int = 0) -> s
         element = st.deferred(lambda: struct_value(struct, version, flexible, depth + 1))
     else:
         element = scalar(f.type)
-    if f.is_array:
-        value = st.lists(element, max_size=3 if depth < 2 else 1).map(tuple)
-    else:
-        value = element
+    value = (st.lists(element, max_size=3 if depth < 2 else 1).map(tuple) if f.is_array
+             else element)
     if f.nullable_in(version) or (f.type == "records" and not f.is_array):
         value = st.one_of(st.none(), value)
     return value

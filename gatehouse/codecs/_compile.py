@@ -47,7 +47,7 @@ def _uuid_from_bytes(raw: bytes) -> uuid.UUID:
     u = _new_uuid(uuid.UUID)
     _set(u, "int", int.from_bytes(raw, "big"))
     _set(u, "is_safe", _SAFE_UNKNOWN)
-    return u  # type: ignore[no-any-return]
+    return u
 
 
 def _uuid_to_bytes(value: uuid.UUID) -> bytes:
@@ -564,10 +564,15 @@ class _Compiler:
         source = self.src.text()
         code = compile(source, f"<gatehouse.codecs {self.message.name} v{self.version}>", "exec")
         exec(code, namespace)
+        root_decoder = namespace[f"d_{_ROOT}"]
+
+        def decode(buf: Any) -> Any:
+            return root_decoder(buf, 0)
+
         return MessageCodec(
             message=self.message,
             version=self.version,
-            decode=lambda buf, _d=namespace[f"d_{_ROOT}"]: _d(buf, 0),
+            decode=decode,
             encode=namespace[f"e_{root.name}"],
             encode_spliced=namespace[f"es_{_ROOT}"],
         )

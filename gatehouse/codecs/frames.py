@@ -183,9 +183,9 @@ class _Message:
     def encode(self) -> Buffer:
         """The wire bytes of this message (without the 4-byte size prefix)."""
         frame = self._frame
-        if frame is not None and self.header is self._orig_header:
-            if self._body is _UNSET or self._body is self._orig_body:
-                return frame  # unchanged: the original bytes, not a copy
+        if (frame is not None and self.header is self._orig_header
+                and (self._body is _UNSET or self._body is self._orig_body)):
+            return frame  # unchanged: the original bytes, not a copy
         out = bytearray()
         view = None if frame is None else _readonly(frame)
         if view is not None and self.header is self._orig_header:
@@ -327,6 +327,8 @@ class Response(_Message):
 
     __slots__ = ("_api_key", "_api_version")
     header: ResponseHeader
+    _api_key: int
+    _api_version: int
 
     @property
     def api_key(self) -> int:  # type: ignore[override]

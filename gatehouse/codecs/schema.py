@@ -330,7 +330,7 @@ def _make_record_class(struct: StructSpec) -> None:
 def _load() -> tuple[dict[int, ApiSpec], dict[str, MessageSpec]]:
     messages: dict[str, MessageSpec] = {}
     for table in _schema.MESSAGES:
-        messages[table["name"]] = _Builder(table).build()
+        messages[str(table["name"])] = _Builder(table).build()
     apis: dict[int, ApiSpec] = {}
     for message in messages.values():
         if message.kind != "request":
