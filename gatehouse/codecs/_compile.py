@@ -54,16 +54,28 @@ def _uuid_to_bytes(value: uuid.UUID) -> bytes:
     return value.bytes
 
 
+def _decode_reason(exc: BaseException) -> str:
+    if isinstance(exc, (IndexError, struct.error)):
+        return "truncated: the frame ends inside this field"
+    if isinstance(exc, UnicodeDecodeError):
+        return "string is not valid UTF-8"
+    return str(exc) or type(exc).__name__
+
+
 def _fail_decode(exc: BaseException, struct_name: str, field_name: str, pos: int) -> ProtocolError:
     if isinstance(exc, ProtocolError):
         return exc.within(field_name)
-    if isinstance(exc, (IndexError, struct.error)):
-        reason = "truncated: the frame ends inside this field"
-    elif isinstance(exc, UnicodeDecodeError):
-        reason = "string is not valid UTF-8"
-    else:
-        reason = str(exc) or type(exc).__name__
-    return RemoteProtocolError(reason, path=(field_name,), offset=pos)
+    return RemoteProtocolError(_decode_reason(exc), path=(field_name,), offset=pos)
+
+
+def _rebase(exc: BaseException, base: int, pos: int) -> ProtocolError:
+    """An error raised while decoding a tagged field from its own slice of the buffer,
+    with the offset made relative to the enclosing buffer again."""
+    if isinstance(exc, ProtocolError):
+        if exc.offset is not None:
+            exc.offset += base
+        return exc
+    return RemoteProtocolError(_decode_reason(exc), offset=base + pos)
 
 
 def _fail_encode(exc: BaseException, struct_name: str, field_name: str) -> ProtocolError:
@@ -84,6 +96,11 @@ def _short(what: str, pos: int) -> RemoteProtocolError:
 
 def _null(field: str, pos: int) -> RemoteProtocolError:
     return RemoteProtocolError("null in a non-nullable field", offset=pos)
+
+
+def _tag_order(tag: int, last: int, pos: int) -> RemoteProtocolError:
+    what = "repeated" if tag == last else f"out of order (after tag {last})"
+    return RemoteProtocolError(f"tagged field {tag} {what}", offset=pos)
 
 
 def _bad_length(n: int, pos: int) -> RemoteProtocolError:
@@ -352,7 +369,7 @@ class _Compiler:
             s("except Exception as exc:")
             s(f"    raise _fail_decode(exc, {struct.name!r}, {self.const(tuple(names))}[f], pos) from None")
             values = ", ".join(f"v{i}" for i in range(len(fields)))
-            record = f"_tnew({self.const(struct.cls)}, ({values}{', ' if values else ''}unk))"
+            record = f"_tnew({self.const(struct.cls)}, ({values}{', ' if values else ''}unk,))"
             if is_root:
                 span_list = ", ".join([*spans, "pos"])
                 s(f"return {record}, pos, ({span_list},)")
@@ -367,9 +384,14 @@ class _Compiler:
         s("if nt:")
         with s.indent():
             s("ul = []")
+            s("lt = -1")
             s("for _ in range(nt):")
             with s.indent():
                 self.read_uvarint("tag")
+                # Tags are written sorted and unique (RawTaggedFieldWriter): anything else
+                # could not be written back, so it is refused here rather than on encode.
+                s("if tag <= lt: raise _tag_order(tag, lt, pos)")
+                s("lt = tag")
                 self.read_uvarint("sz")
                 s("te = pos + sz")
                 s("if te > end: raise _short('tagged field', pos)")
@@ -378,11 +400,16 @@ class _Compiler:
                     s(f"{'if' if first else 'elif'} tag == {f.tag}:")
                     first = False
                     with s.indent():
-                        # Decode the value from exactly its own bytes.
+                        # Decode the value from exactly its own bytes; errors inside get
+                        # their offsets rebased onto the enclosing buffer.
                         s(f"f = {idx}")
                         s("outer, outer_end, outer_pos = buf, end, pos")
                         s("buf, end, pos = buf[pos:te], sz, 0")
-                        self.read_field(f"v{idx}", f, True)
+                        s("try:")
+                        with s.indent():
+                            self.read_field(f"v{idx}", f, True)
+                        s("except Exception as exc:")
+                        s("    raise _rebase(exc, outer_pos, pos) from None")
                         s("if pos != sz: raise RemoteProtocolError("
                           "f'tagged field size {sz} but its value took {pos} bytes', offset=outer_pos)")
                         s("buf, end, pos = outer, outer_end, te")
@@ -554,6 +581,8 @@ class _Compiler:
             "_null": _null,
             "_bad_length": _bad_length,
             "_fail_decode": _fail_decode,
+            "_rebase": _rebase,
+            "_tag_order": _tag_order,
             "_fail_encode": _fail_encode,
             "_not_in_version": _not_in_version,
             "_encode_null": _encode_null,

@@ -32,6 +32,12 @@ UNSUPPORTED_VERSION: Final = 35
 _REQUEST_HEADER_VERSION: Final[dict[int, int]] = {
     (a.key << 16) | v: a.request_header_version(v) for a in APIS.values() for v in a.versions
 }
+# ControlledShutdown v0 uses request header v0 (no ClientId).  Kafka 4 removed the API
+# from its specs, but the header layout is still what such a frame has on the wire.
+CONTROLLED_SHUTDOWN_KEY: Final = 7
+_REQUEST_HEADER_VERSION[CONTROLLED_SHUTDOWN_KEY << 16] = 0
+# Exceptions that values of the wrong type or range raise while a header is packed.
+_BAD_VALUE: Final = (struct.error, TypeError, ValueError, AttributeError, OverflowError)
 
 
 class RequestHeader(NamedTuple):
@@ -60,6 +66,24 @@ class ResponseHeader(NamedTuple):
 _UNSET: Final[Any] = object()
 
 
+def _api_name(api_key: int) -> str | None:
+    spec = APIS.get(api_key)
+    return None if spec is None else spec.name
+
+
+def _owned(frame: Buffer) -> Buffer:
+    """The frame itself if nobody can change it (bytes, read-only views), else a copy.
+
+    A message decodes its body lazily and encodes as its frame: both must see the bytes
+    as they were when the message was decoded, not what a caller's reused buffer holds now.
+    """
+    if isinstance(frame, bytes):
+        return frame
+    if isinstance(frame, memoryview) and frame.readonly:
+        return frame
+    return bytes(frame)
+
+
 def _readonly(frame: Buffer) -> memoryview:
     """A read-only view of the frame; records fields are slices of it (no copies)."""
     view = memoryview(frame)
@@ -68,13 +92,27 @@ def _readonly(frame: Buffer) -> memoryview:
     return view
 
 
+_CLIENT_ID_PATH: Final = ("header", "ClientId")
+
+
 def _read_header_tags(view: memoryview, pos: int) -> tuple[tuple[tuple[int, bytes], ...], int]:
+    try:
+        return _read_header_tag_section(view, pos)
+    except ProtocolError as exc:
+        raise exc.within("_tagged_fields").within("header") from None
+
+
+def _read_header_tag_section(view: memoryview, pos: int) -> tuple[tuple[tuple[int, bytes], ...], int]:
     count, pos = read_uvarint(view, pos)
     if not count:
         return (), pos
     tags = []
+    last = -1
     for _ in range(count):
         tag, pos = read_uvarint(view, pos)
+        if tag <= last:
+            raise RemoteProtocolError(f"header tagged field {tag} repeated or out of order", offset=pos)
+        last = tag
         size, pos = read_uvarint(view, pos)
         if pos + size > len(view):
             raise RemoteProtocolError("header tagged field runs past the end of the frame", offset=pos)
@@ -85,7 +123,11 @@ def _read_header_tags(view: memoryview, pos: int) -> tuple[tuple[tuple[int, byte
 
 def _write_header_tags(out: bytearray, tags: tuple[tuple[int, bytes], ...]) -> None:
     out += uvarint_bytes(len(tags))
+    last = -1
     for tag, payload in sorted(tags):
+        if tag == last:
+            raise LocalProtocolError(f"header tagged field {tag} appears twice")
+        last = tag
         out += uvarint_bytes(tag)
         out += uvarint_bytes(len(payload))
         out += payload
@@ -318,8 +360,11 @@ class Request(_Message):
                 _write_header_tags(out, h.unknown_tags)
             elif h.unknown_tags:
                 raise LocalProtocolError("tagged fields in a request header below v2")
-        except struct.error as exc:
-            raise LocalProtocolError(f"cannot encode request header: {exc}") from None
+        except _BAD_VALUE as exc:
+            raise LocalProtocolError(
+                f"cannot encode request header: {exc}", api_key=h.api_key,
+                api_version=h.api_version, api_name=_api_name(h.api_key),
+            ) from None
 
 
 class Response(_Message):
@@ -384,11 +429,17 @@ class Response(_Message):
 
     def _encode_header(self, out: bytearray) -> None:
         h = self.header
-        out += _I32.pack(h.correlation_id)
-        if self.header_version >= 1:
-            _write_header_tags(out, h.unknown_tags)
-        elif h.unknown_tags:
-            raise LocalProtocolError("tagged fields in a response header v0")
+        try:
+            out += _I32.pack(h.correlation_id)
+            if self.header_version >= 1:
+                _write_header_tags(out, h.unknown_tags)
+            elif h.unknown_tags:
+                raise LocalProtocolError("tagged fields in a response header v0")
+        except _BAD_VALUE as exc:
+            raise LocalProtocolError(
+                f"cannot encode response header: {exc}", api_key=self._api_key,
+                api_version=self._api_version, api_name=_api_name(self._api_key),
+            ) from None
 
 
 def decode_request_header(frame: Buffer) -> RequestHeader:
@@ -396,12 +447,36 @@ def decode_request_header(frame: Buffer) -> RequestHeader:
     return decode_request(frame).header
 
 
+def _decoding_header_version(api_key: int, api_version: int) -> int:
+    """The request header version to read: from the tables, else by the flexible rule.
+
+    A client may send a version newer than the tables (a newer Kafka): its API's flexible
+    range is open-ended ("9+"), so the header layout is known even though the body is not.
+    Unknown API keys are read as header v1 (v2 shares its layout up to the tag section).
+    """
+    known = _REQUEST_HEADER_VERSION.get((api_key << 16) | api_version)
+    if known is not None:
+        return known
+    spec = APIS.get(api_key)
+    if spec is None or api_version < 0:
+        return 1
+    return spec.request_header_version(api_version)
+
+
+def _header_error(reason: str, offset: int, api_key: int, api_version: int) -> RemoteProtocolError:
+    return RemoteProtocolError(reason, api_key=api_key, api_version=api_version,
+                               api_name=_api_name(api_key), path=_CLIENT_ID_PATH, offset=offset)
+
+
 def decode_request(frame: Buffer) -> Request:
     """A request from the bytes after its 4-byte size prefix.  Decodes the header only.
 
     Unknown API keys and versions decode too (header v1 layout, which v2 shares up to
-    its tag section); their body raises ``UnknownApi``.
+    its tag section); their body raises ``UnknownApi``.  A mutable buffer (bytearray)
+    is copied first, so the message does not change when the caller reuses it.
     """
+    if type(frame) is not bytes:
+        frame = _owned(frame)
     try:
         api_key, api_version, correlation_id, n = _HEAD.unpack_from(frame, 0)
     except struct.error:
@@ -412,26 +487,27 @@ def decode_request(frame: Buffer) -> Request:
             raise RemoteProtocolError(
                 f"request frame of {len(frame)} bytes is shorter than a request header", offset=0
             ) from None
-    header_version = _REQUEST_HEADER_VERSION.get((api_key << 16) | api_version, 1)
+    header_version = _REQUEST_HEADER_VERSION.get((api_key << 16) | api_version)
+    if header_version is None:
+        header_version = _decoding_header_version(api_key, api_version)
+    tags: tuple[tuple[int, bytes], ...] = ()
+    client_id: str | None = None
     if header_version == 0:
-        client_id = None
         pos = 8
     elif n is None:
-        raise RemoteProtocolError("request header ends before its client id", offset=8)
-    elif n < 0:
-        if n != -1:
-            raise RemoteProtocolError(f"negative client id length {n}", offset=8)
-        client_id = None
-        pos = 10
-    else:
+        raise _header_error("request header ends before its client id", 8, api_key, api_version)
+    elif n >= 0:
         pos = 10 + n
         if pos > len(frame):
-            raise RemoteProtocolError("client id runs past the end of the frame", offset=8)
+            raise _header_error("client id runs past the end of the frame", 8, api_key, api_version)
         try:
             client_id = str(frame[10:pos], "utf-8")
         except UnicodeDecodeError:
-            raise RemoteProtocolError("client id is not valid UTF-8", offset=10) from None
-    tags: tuple[tuple[int, bytes], ...] = ()
+            raise _header_error("client id is not valid UTF-8", 10, api_key, api_version) from None
+    elif n == -1:
+        pos = 10
+    else:
+        raise _header_error(f"negative client id length {n}", 8, api_key, api_version)
     if header_version == 2:
         if pos < len(frame) and frame[pos] == 0:  # the usual empty tag section
             pos += 1
@@ -439,7 +515,7 @@ def decode_request(frame: Buffer) -> Request:
             try:
                 tags, pos = _read_header_tags(memoryview(frame), pos)
             except ProtocolError as exc:
-                raise exc.at_api(api_key, api_version, None) from None
+                raise exc.at_api(api_key, api_version, _api_name(api_key)) from None
     req = object.__new__(Request)
     req.header = req._orig_header = RequestHeader(api_key, api_version, correlation_id, client_id, tags)
     req._frame = frame
@@ -456,6 +532,8 @@ def decode_response(frame: Buffer, api_key: int, api_version: int) -> Response:
     answers UNSUPPORTED_VERSION in the v0 format.  Such a response decodes with
     ``api_version == 0``, which is what its bytes are.
     """
+    if type(frame) is not bytes:
+        frame = _owned(frame)
     if len(frame) < 4:
         raise RemoteProtocolError(
             f"response frame of {len(frame)} bytes is shorter than a response header", offset=0
@@ -464,7 +542,9 @@ def decode_response(frame: Buffer, api_key: int, api_version: int) -> Response:
     spec = APIS.get(api_key)
     pos = 4
     tags: tuple[tuple[int, bytes], ...] = ()
-    if spec is not None and api_version in spec.versions and spec.response_header_version(api_version) == 1:
+    # Versions newer than the tables: flexible ranges are open-ended ("9+"), so the header
+    # layout is still known even though the body is not.
+    if spec is not None and api_version >= 0 and spec.response_header_version(api_version) == 1:
         if pos < len(frame) and frame[pos] == 0:
             pos += 1
         else:

@@ -35,7 +35,7 @@ def produce_acks(req: Request) -> int:
                 (n,) = _INT16.unpack_from(frame, pos)
                 pos += 2 + max(n, 0)
         (acks,) = _INT16.unpack_from(frame, pos)
-    except struct.error:
+    except (struct.error, RemoteProtocolError):
         raise RemoteProtocolError(
             "Produce request ends before its acks",
             api_key=PRODUCE,

@@ -124,9 +124,16 @@ def _value_from_plain(f: FieldSpec, value: Any, version: int, path: str) -> Any:
 
 def _tags_from_plain(value: Any, path: str) -> tuple[tuple[int, bytes], ...]:
     try:
-        return tuple((int(tag), bytes(raw)) for tag, raw in value)
+        tags = tuple((tag, raw) for tag, raw in value)
     except (TypeError, ValueError):
-        raise LocalProtocolError(f"{path}.{UNKNOWN_TAGS_KEY}: expected [[tag, bytes], ...]") from None
+        tags = None
+    if tags is None or not all(
+        isinstance(tag, int) and not isinstance(tag, bool) and tag >= 0
+        and isinstance(raw, (bytes, bytearray, memoryview))
+        for tag, raw in tags
+    ):
+        raise LocalProtocolError(f"{path}.{UNKNOWN_TAGS_KEY}: expected [[tag, bytes], ...]")
+    return tuple((tag, bytes(raw)) for tag, raw in tags)
 
 
 def struct_from_dict(struct: StructSpec, plain: Any, version: int, path: str = "body") -> Any:

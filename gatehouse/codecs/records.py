@@ -30,6 +30,9 @@ LOG_OVERHEAD: Final = 12  # base offset + length, which the length does not coun
 _OFFSET_SIZE: Final = struct.Struct(">qi")
 _LEGACY_V0: Final = struct.Struct(">qiIbb")
 _LEGACY_V1: Final = struct.Struct(">qiIbbq")
+# The smallest legacy message of each magic (K ``LegacyRecord.RECORD_OVERHEAD_V0/V1``):
+# CRC, magic, attributes, (timestamp,) key length, value length.
+_LEGACY_MIN_SIZE: Final = (14, 22)
 _COUNT: Final = struct.Struct(">i")
 _MAGIC_AT: Final = 16
 _CRC_DATA_FROM: Final = 21  # CRC-32C covers attributes onwards
@@ -180,7 +183,7 @@ def iter_batches(records: Buffer | None) -> Iterator[RecordBatch | LegacyMessage
             )  # fmt: skip
         elif magic in (0, 1):
             layout = _LEGACY_V1 if magic == 1 else _LEGACY_V0
-            if LOG_OVERHEAD + length < layout.size:
+            if length < _LEGACY_MIN_SIZE[magic]:
                 raise RemoteProtocolError(f"legacy message size {length} below its header", offset=pos)
             fields = layout.unpack_from(view, pos)
             yield LegacyMessage(
@@ -214,9 +217,11 @@ def summarize(records: Buffer | None) -> RecordsSummary:
             count += _COUNT.unpack_from(view, pos + 57)[0]
             code = view[pos + 22] & 0x07
         elif magic in (0, 1):
+            if length < _LEGACY_MIN_SIZE[magic]:
+                raise RemoteProtocolError(f"legacy message size {length} below its header", offset=pos)
             legacy += 1
             count += 1
-            code = view[pos + 17] & 0x07 if size > 17 else 0
+            code = view[pos + 17] & 0x07
         else:
             raise RemoteProtocolError(f"unknown record batch magic {magic}", offset=pos + _MAGIC_AT)
         compressions.add(COMPRESSION_NAMES[code] if code < len(COMPRESSION_NAMES) else f"unknown-{code}")
