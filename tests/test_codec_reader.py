@@ -199,3 +199,31 @@ def test_frames_decode_as_requests() -> None:
     requests = [codecs.decode_request(f) for f in drain(reader)]
     assert [r.header.correlation_id for r in requests] == [7, 7, 7]
     assert requests[0].body.client_software_name == "gatehouse"
+
+
+def test_wire_frames_keep_the_prefix_and_a_whole_chunk_is_not_copied() -> None:
+    reader = FrameReader()
+    whole = prefixed(b"x" * 70_000)
+    reader.feed(whole)
+    assert reader.next_wire_frame() is whole  # forwarded as received: zero copies
+    reader.feed(STREAM)
+    wires = []
+    while (wire := reader.next_wire_frame()) is not None:
+        wires.append(wire)
+    assert wires == [prefixed(f) for f in FRAMES]
+    assert reader.buffered == 0
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.lists(st.integers(1, 2000), max_size=40))
+def test_wire_frames_from_random_chunks(sizes: list[int]) -> None:
+    reader = FrameReader()
+    pos, got = 0, []
+    for size in [*sizes, len(STREAM)]:
+        reader.feed(STREAM[pos:pos + size])
+        pos += size
+        while (wire := reader.next_wire_frame()) is not None:
+            got.append(wire)
+        assert reader.buffered == min(pos, len(STREAM)) - sum(map(len, got))
+    assert got == [prefixed(f) for f in FRAMES]
+    reader.check_eof()

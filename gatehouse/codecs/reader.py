@@ -9,6 +9,7 @@ buffered: a peer cannot make us allocate what it merely announces.
 from __future__ import annotations
 
 import struct
+from collections import deque
 from typing import Final
 
 from gatehouse.codecs.errors import FrameTooLarge, RemoteProtocolError
@@ -16,30 +17,39 @@ from gatehouse.codecs.primitives import Buffer
 
 DEFAULT_MAX_FRAME_SIZE: Final = 100 * 1024 * 1024
 _SIZE: Final = struct.Struct(">i")
-_COMPACT_AT: Final = 64 * 1024
 
 
 class FrameReader:
-    """Bytes in, frames (the bytes after each 4-byte size prefix) out."""
+    """Bytes in, frames (the bytes after each 4-byte size prefix) out.
 
-    __slots__ = ("_buf", "_expected", "_start", "max_frame_size")
+    Received chunks are kept as a list and joined once per frame, so a large frame is
+    copied once (not once per chunk as with a growing buffer), and a chunk that is exactly
+    one frame is handed back without any copy.  ``next_wire_frame`` keeps the size prefix
+    so a proxy can forward an unchanged frame as the very bytes it received.
+    """
+
+    __slots__ = ("_buffered", "_chunks", "_expected", "_offset", "max_frame_size")
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         if max_frame_size <= 0:
             raise ValueError("max_frame_size must be positive")
         self.max_frame_size = max_frame_size
-        self._buf = bytearray()
-        self._start = 0
+        self._chunks: deque[bytes] = deque()
+        self._offset = 0  # bytes of _chunks[0] already handed out
+        self._buffered = 0
         self._expected: int | None = None  # size of the frame being assembled
 
     def feed(self, data: Buffer) -> None:
         """Add received bytes."""
-        self._buf += data
+        if data:
+            chunk = data if type(data) is bytes else bytes(data)  # ours to keep, immutable
+            self._chunks.append(chunk)
+            self._buffered += len(chunk)
 
     @property
     def buffered(self) -> int:
         """Bytes received and not yet returned as frames."""
-        return len(self._buf) - self._start
+        return self._buffered
 
     @property
     def expected_size(self) -> int | None:
@@ -47,38 +57,66 @@ class FrameReader:
         return self._expected
 
     def next_frame(self) -> bytes | None:
-        """The next complete frame, or None if more data is needed.
+        """The next complete frame without its size prefix, or None if more data is needed.
 
         Raises ``FrameTooLarge`` for a size above ``max_frame_size`` or below zero.
         """
-        buf = self._buf
-        start = self._start
-        available = len(buf) - start
+        wire = self.next_wire_frame()
+        return None if wire is None else wire[4:]
+
+    def next_wire_frame(self) -> bytes | None:
+        """The next complete frame with its 4-byte size prefix, or None (need more data).
+
+        Raises ``FrameTooLarge`` for a size above ``max_frame_size`` or below zero.
+        """
         size = self._expected
         if size is None:
-            if available < 4:
+            if self._buffered < 4:
                 return None
-            (size,) = _SIZE.unpack_from(buf, start)
+            (size,) = _SIZE.unpack_from(self._peek(4))
             if size < 0 or size > self.max_frame_size:
                 raise FrameTooLarge(
                     f"frame size {size} is outside 0..{self.max_frame_size}", offset=0
                 )
             self._expected = size
-        if available < 4 + size:
+        if self._buffered < 4 + size:
             return None
-        end = start + 4 + size
-        with memoryview(buf) as view:
-            frame = bytes(view[start + 4 : end])
         self._expected = None
-        if end == len(buf):
-            buf.clear()
-            self._start = 0
-        elif end >= _COMPACT_AT and end * 2 >= len(buf):
-            del buf[:end]
-            self._start = 0
+        return self._take(4 + size)
+
+    def _peek(self, n: int) -> bytes:
+        first, offset = self._chunks[0], self._offset
+        if len(first) - offset >= n:
+            return first[offset : offset + n]
+        return b"".join(self._chunks)[offset : offset + n]  # only n < 4 bytes per chunk
+
+    def _take(self, n: int) -> bytes:
+        chunks = self._chunks
+        self._buffered -= n
+        first, offset = chunks[0], self._offset
+        left = len(first) - offset
+        if left > n:
+            self._offset = offset + n
+            return first[offset : offset + n]
+        if left == n:
+            chunks.popleft()
+            self._offset = 0
+            return first if offset == 0 else first[offset:]
+        parts = [first[offset:] if offset else first]
+        chunks.popleft()
+        need = n - left
+        while need:
+            chunk = chunks[0]
+            if len(chunk) <= need:
+                parts.append(chunks.popleft())
+                need -= len(chunk)
+            else:
+                parts.append(chunk[:need])
+                self._offset = need
+                break
         else:
-            self._start = end
-        return frame
+            self._offset = 0
+        return b"".join(parts)
 
     def check_eof(self) -> None:
         """At end of stream: raise if a frame was cut off in the middle."""

@@ -176,12 +176,12 @@ class ProxyConnection:
                     reader.feed(data)
                     while True:
                         try:
-                            frame = reader.next_frame()
+                            wire = reader.next_wire_frame()
                         except ProtocolError as exc:
                             self._malformed("request", exc)
-                        if frame is None:
+                        if wire is None:
                             break
-                        await self.handle_request_frame(frame)
+                        await self.handle_request_frame(wire)
             if self.reader_scope.cancelled_caught:
                 self._record_close("proxy shutting down", logging.INFO)
         finally:
@@ -192,15 +192,17 @@ class ProxyConnection:
         who = "client" if direction == "request" else "broker"
         raise _Close(f"malformed {direction} from {who}: {exc}", logging.WARNING)
 
-    async def handle_request_frame(self, frame: bytes) -> None:
+    async def handle_request_frame(self, wire: bytes) -> None:
+        """One request as received: ``wire`` is the frame with its size prefix."""
         conn = self.conn
+        frame = memoryview(wire)[4:]  # read-only view: decoding copies nothing
         if self.sasl_raw_rounds != 0:
             if self.sasl_raw_rounds is None and _looks_like_request(frame):
                 self.sasl_raw_rounds = 0
             else:
                 if self.sasl_raw_rounds is not None:
                     self.sasl_raw_rounds -= 1
-                await self._forward(frame, Pending(-1, -1, -1, trio.current_time(), raw=True))
+                await self._forward(wire, Pending(-1, -1, -1, trio.current_time(), raw=True))
                 return
         try:
             req = decode_request(frame)
@@ -222,7 +224,7 @@ class ProxyConnection:
         except UnknownApi:
             # Newer than our tables: forward untouched, we cannot look inside.
             await self._forward(
-                frame,
+                wire,
                 Pending(header.correlation_id, header.api_key, header.api_version, trio.current_time()),
             )
             return
@@ -243,7 +245,8 @@ class ProxyConnection:
             if header.api_key == SASL_HANDSHAKE and header.api_version == 0:
                 mechanism = str(decision.request.body.mechanism).upper()
                 self.sasl_raw_rounds = SASL_RAW_ROUNDS.get(mechanism)
-            await self._forward(out, pending if expects_response else None)
+            await self._forward(wire if out is frame else _sized(out),
+                                pending if expects_response else None)
         elif isinstance(decision, Respond):
             conn.refused += 1
             if expects_response:
@@ -259,13 +262,13 @@ class ProxyConnection:
             conn.refused += 1
             raise _Close(decision.reason, logging.INFO)
 
-    async def _forward(self, frame: Any, pending: Pending | None) -> None:
+    async def _forward(self, wire: Any, pending: Pending | None) -> None:
         if pending is not None:
             self.in_flight += 1
             # Queued before the bytes go up, so the writer is ready for the answer; a
             # full queue stops this reader: backpressure on a client that floods us.
             await self.pending_send.send(pending)
-        await self.upstream.send_all(_SIZE.pack(len(frame)) + frame)
+        await self.upstream.send_all(wire)
 
     # -- upstream -> client ----------------------------------------------------------
 
@@ -284,12 +287,12 @@ class ProxyConnection:
                 reader.feed(data)
                 while True:
                     try:
-                        frame = reader.next_frame()
+                        wire = reader.next_wire_frame()
                     except ProtocolError as exc:
                         self._malformed("response", exc)
-                    if frame is None:
+                    if wire is None:
                         break
-                    await self.frames_send.send(frame)
+                    await self.frames_send.send(wire)
         finally:
             self.frames_send.close()
         self.upstream_closed = True
@@ -299,11 +302,11 @@ class ProxyConnection:
     async def response_writer(self) -> None:
         async for pending in self.pending_receive:
             if pending.local is not None:
-                await self._send_client(pending.local)
+                await self._send_client(_sized(pending.local))
                 self._answered(pending, pending.local)
                 continue
             try:
-                frame = await self.frames_receive.receive()
+                wire = await self.frames_receive.receive()
             except trio.EndOfChannel:
                 raise _Close(
                     f"broker {self.conn.upstream} closed the connection with "
@@ -312,10 +315,11 @@ class ProxyConnection:
                 ) from None
             self.in_flight -= 1
             if pending.raw:
-                await self._send_client(frame)
+                await self._send_client(wire)
                 continue
+            frame = memoryview(wire)[4:]
             out = await self.handle_response_frame(frame, pending)
-            await self._send_client(out)
+            await self._send_client(wire if out is frame else _sized(out))
             self._answered(pending, out)
             if self.upstream_closed and self.in_flight == 0:
                 raise _Close(f"broker {self.conn.upstream} closed the connection")
@@ -325,7 +329,8 @@ class ProxyConnection:
         self.ctx.observer.response(self.conn, pending, len(frame),
                                    trio.current_time() - pending.started, frame)
 
-    async def handle_response_frame(self, frame: bytes, pending: Pending) -> Any:
+    async def handle_response_frame(self, frame: memoryview, pending: Pending) -> Any:
+        """The response the client gets: ``frame`` itself when nothing changed."""
         if len(frame) < 4:
             self._malformed("response", ProtocolError(f"response of {len(frame)} bytes"))
         (correlation_id,) = _SIZE.unpack_from(frame, 0)
@@ -355,16 +360,22 @@ class ProxyConnection:
                     resp, _ = rewrite_addresses(resp, self.ctx.address_mapper)
             if pending.wants_response:
                 resp = policy.on_response(self.conn, pending, resp)
+            pending.decoded = resp  # observers need not decode it again
             return resp.encode()
         except UnknownApi:
             return frame
         except ProtocolError as exc:
             self._malformed("response", exc)
 
-    async def _send_client(self, data: Any) -> None:
-        await self.client.send_all(_SIZE.pack(len(data)) + data)
-        self.conn.bytes_to_client += len(data) + 4
+    async def _send_client(self, wire: Any) -> None:
+        await self.client.send_all(wire)
+        self.conn.bytes_to_client += len(wire)
         self._touch()
+
+
+def _sized(frame: Any) -> bytes:
+    """A frame with its size prefix, ready to send (one copy: only for changed frames)."""
+    return _SIZE.pack(len(frame)) + frame
 
 
 def _keep(real: BrokerAddress) -> None:

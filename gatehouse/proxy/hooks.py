@@ -63,6 +63,7 @@ class Pending:
     wants_response: bool = False  # decode the response body (rewrite or inspect)
     context: Any = None  # whatever the policy needs back with the response
     policy: Any = None  # the policy that decided: in-flight requests finish under it
+    decoded: Response | None = None  # the response as sent, if the proxy decoded it
 
 
 @dataclass(frozen=True, slots=True)
