@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -34,12 +35,13 @@ PERF = "org.apache.kafka.tools.ProducerPerformance"
 CONSUMER_PERF = "org.apache.kafka.tools.ConsumerPerformance"
 
 
-def start_gatehouse(upstream: str) -> tuple[subprocess.Popen[bytes], str]:
+def start_gatehouse(upstream: str, extra_config: str = "") -> tuple[subprocess.Popen[bytes], str]:
+    """``gatehouse run`` as its own process; ``extra_config`` is appended YAML (rules...)."""
     port = free_port()
     config = Path(tempfile.mkdtemp()) / "gatehouse.yaml"
     config.write_text(f"listen: 127.0.0.1:{port}\nupstream: [{upstream}]\n"
                       "brokers: {start_port: 0}\n"
-                      "log: {level: WARNING}\n")
+                      "log: {level: WARNING}\n" + extra_config)
     proc = subprocess.Popen([sys.executable, "-m", "gatehouse.cli", "run", "--config",
                              str(config)], stdin=subprocess.DEVNULL)
     wait_for_port("127.0.0.1", port, 30, proc)
@@ -79,6 +81,45 @@ def consume_rate(kafka: KafkaCluster, bootstrap: str, topic: str, records: int) 
     if result.returncode != 0 or not lines:
         raise RuntimeError(f"ConsumerPerformance failed: {result.stderr[-1500:]}")
     return float(lines[-1].split(",")[3])  # MB.sec
+
+
+def compare_throughput(kafka: KafkaCluster, targets: dict[str, str], *, records: int,
+                       rounds: int, sizes: tuple[int, ...] = (1024,),
+                       topic_for: Callable[[str, int, int], str] | None = None,
+                       broker_topic: Callable[[str], str] = lambda t: t,
+                       ) -> dict[str, dict[str, list[float]]]:
+    """Produce (acks=all) then consume through each target, alternating targets each round
+    so drift hits them alike; MB/s lists per target and metric.
+
+    ``topic_for(name, size, round)`` is the topic the client uses and ``broker_topic`` maps
+    it to the name to create on the broker (they differ behind a rename rule).
+    """
+    topic_for = topic_for or (lambda name, size, r: f"bench-{size}-{name}-{r}")
+    results: dict[str, dict[str, list[float]]] = {name: {} for name in targets}
+    for size in sizes:
+        n = records if size <= 1024 else max(records * 1024 // size // 50, 500)
+        for r in range(rounds):
+            for name, addr in targets.items():
+                topic = topic_for(name, size, r)
+                kafka.create_topic(broker_topic(topic), partitions=3)
+                label = f"{size // 1024} KiB"
+                results[name].setdefault(f"produce {label} MB/s", []).append(
+                    produce_rate(kafka, addr, topic, n, size))
+                results[name].setdefault(f"consume {label} MB/s", []).append(
+                    consume_rate(kafka, addr, topic, n))
+    return results
+
+
+def print_ratios(results: dict[str, dict[str, list[float]]], baseline: str = "direct") -> None:
+    """Median MB/s per target and metric, and each target's ratio to the baseline."""
+    names = list(results)
+    others = [n for n in names if n != baseline]
+    print(f"{'metric':<22}" + "".join(f"{n:>16}" for n in names)
+          + "".join(f"{n + '/' + baseline:>26}" for n in others))
+    for metric in results[baseline]:
+        row = {n: statistics.median(results[n][metric]) for n in names}
+        print(f"{metric:<22}" + "".join(f"{row[n]:>16.1f}" for n in names)
+              + "".join(f"{row[n] / row[baseline]:>26.3f}" for n in others))
 
 
 def latencies(bootstrap: str, n: int = 2000) -> list[float]:

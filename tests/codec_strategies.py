@@ -58,7 +58,7 @@ def field_value(f: FieldSpec, version: int, flexible: bool, depth: int = 0) -> s
         element = scalar(f.type)
     value = (st.lists(element, max_size=3 if depth < 2 else 1).map(tuple) if f.is_array
              else element)
-    if f.nullable_in(version) or (f.type == "records" and not f.is_array):
+    if f.nullable_in(version):
         value = st.one_of(st.none(), value)
     return value
 

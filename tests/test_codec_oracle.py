@@ -166,12 +166,6 @@ def _fit_to_kio(struct: StructSpec, cls: type, version: int, record: Any) -> Any
         value = values[p.index]
         f = p.ours
         if value is None:
-            if f.type == "records" and not f.is_array and not p.optional:
-                # Our codec accepts null in every records field ("nullable by nature"),
-                # and our generator makes some; Kafka and kio reject null where the spec
-                # does not list the version as nullable (FetchSnapshot v0-1
-                # UnalignedRecords, ShareFetch v1-2 Records).  Compare empty records.
-                values[p.index] = b""
             continue
         if f.struct is not None:
             assert p.nested is not None and f.struct is not None

@@ -339,6 +339,24 @@ def test_q5_nullable_records(version: int, data: bytes | None, encoded: bytes) -
     assert plain_round_trip(req) == frame
 
 
+def test_q5_records_are_null_only_where_the_spec_says() -> None:
+    # FetchSnapshot v0 UnalignedRecords is not nullable: Kafka refuses null both ways.
+    partition = {"index": 0, "error_code": 0, "snapshot_id": {"end_offset": 1, "epoch": 1},
+                 "current_leader": {"leader_id": 1, "leader_epoch": 1}, "size": 0,
+                 "position": 0, "unaligned_records": None}
+    plain = {"header": {"correlation_id": 1},
+             "body": {"throttle_time_ms": 0, "error_code": 0,
+                      "topics": [{"name": "t", "partitions": [partition]}]}}
+    with pytest.raises(codecs.LocalProtocolError, match="UnalignedRecords"):
+        codecs.response_from_dict(plain, api_key=59, api_version=0).encode()
+    partition["unaligned_records"] = b"ZZZ"
+    frame = bytes(codecs.response_from_dict(plain, api_key=59, api_version=0).encode())
+    assert frame.count(b"\x04ZZZ") == 1  # compact length 3 + 1, then the bytes
+    null_records = frame.replace(b"\x04ZZZ", b"\x00")  # compact length 0 = null
+    with pytest.raises(codecs.RemoteProtocolError, match="UnalignedRecords"):
+        codecs.decode_response(null_records, 59, 0).body  # noqa: B018
+
+
 def test_q5_bytes_classic_and_compact() -> None:
     # SaslAuthenticate v1 (classic bytes: int32 length) and v2 (compact: uvarint + 1).
     assert codecs.decode_request(req_v1(36, 1, 1) + i32(0)).body.auth_bytes == b""

@@ -239,9 +239,7 @@ class _Compiler:
         with s.indent():
             if nullable:
                 s(f"{target} = None")
-            elif type_name == "records":
-                s(f"{target} = None")  # records are nullable by nature in every version
-            else:
+            else:  # as Kafka: null only in the versions the spec lists as nullable
                 s(f"if {n} != -1: raise _bad_length({n}, pos)")
                 s(f"raise _null({label!r}, pos)")
         s("else:")
@@ -448,7 +446,7 @@ class _Compiler:
             return
         s(f"if {value} is None:")
         with s.indent():
-            if nullable or type_name == "records":
+            if nullable:
                 self.write_length(out, "-1", flexible, wide=type_name != "string")
             else:
                 s(f"raise _encode_null({label!r}, {self.version})")
