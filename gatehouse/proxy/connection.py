@@ -31,6 +31,7 @@ from gatehouse.codecs import (
     decode_response,
 )
 from gatehouse.codecs.peek import produce_acks
+from gatehouse.codecs.primitives import Buffer
 from gatehouse.codecs.reader import FrameReader
 from gatehouse.proxy.addresses import AddressMapper, BrokerAddress, address_apis, rewrite_addresses
 from gatehouse.proxy.apiversions import API_VERSIONS, adjust_api_versions
@@ -76,7 +77,7 @@ class _Close(Exception):
         self.level = level
 
 
-def _looks_like_request(frame: bytes) -> bool:
+def _looks_like_request(frame: memoryview) -> bool:
     try:
         req = decode_request(frame)
         if not req.known:
@@ -373,9 +374,9 @@ class ProxyConnection:
         self._touch()
 
 
-def _sized(frame: Any) -> bytes:
+def _sized(frame: Buffer) -> bytes:
     """A frame with its size prefix, ready to send (one copy: only for changed frames)."""
-    return _SIZE.pack(len(frame)) + frame
+    return b"".join((_SIZE.pack(len(frame)), frame))
 
 
 def _keep(real: BrokerAddress) -> None:
