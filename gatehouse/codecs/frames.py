@@ -92,6 +92,7 @@ def _readonly(frame: Buffer) -> memoryview:
     return view
 
 
+_tuple_new: Final = tuple.__new__
 _CLIENT_ID_PATH: Final = ("header", "ClientId")
 
 
@@ -501,7 +502,7 @@ def decode_request(frame: Buffer) -> Request:
         if pos > len(frame):
             raise _header_error("client id runs past the end of the frame", 8, api_key, api_version)
         try:
-            client_id = str(frame[10:pos], "utf-8")
+            client_id = str(frame[10:pos], "utf-8") if n else ""
         except UnicodeDecodeError:
             raise _header_error("client id is not valid UTF-8", 10, api_key, api_version) from None
     elif n == -1:
@@ -517,7 +518,9 @@ def decode_request(frame: Buffer) -> Request:
             except ProtocolError as exc:
                 raise exc.at_api(api_key, api_version, _api_name(api_key)) from None
     req = object.__new__(Request)
-    req.header = req._orig_header = RequestHeader(api_key, api_version, correlation_id, client_id, tags)
+    # tuple.__new__ skips the namedtuple's Python-level __new__: the hot path of a proxy
+    req.header = req._orig_header = _tuple_new(
+        RequestHeader, (api_key, api_version, correlation_id, client_id, tags))
     req._frame = frame
     req._body_offset = pos
     req._body = req._orig_body = _UNSET
