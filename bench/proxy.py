@@ -73,6 +73,20 @@ def produce_rate(kafka: KafkaCluster, bootstrap: str, topic: str, records: int,
     return float(match.group(3))
 
 
+def produce_latency(kafka: KafkaCluster, bootstrap: str, topic: str, records: int,
+                    size: int, rate: int) -> tuple[float, float]:
+    """ProducerPerformance throttled to ``rate`` records/s: its (p50, p99) latency in ms."""
+    result = kafka.run_java_tool(PERF, "--topic", topic, "--num-records", str(records),
+                                 "--record-size", str(size), "--throughput", str(rate),
+                                 "--producer-props", f"bootstrap.servers={bootstrap}",
+                                 "acks=all", "linger.ms=0", timeout=600)
+    match = re.search(r"([\d.]+) ms 50th, ([\d.]+) ms 95th, ([\d.]+) ms 99th",
+                      result.stdout.strip().splitlines()[-1] if result.stdout else "")
+    if result.returncode != 0 or match is None:
+        raise RuntimeError(f"ProducerPerformance failed: {result.stderr[-1500:]}")
+    return float(match.group(1)), float(match.group(3))
+
+
 def consume_rate(kafka: KafkaCluster, bootstrap: str, topic: str, records: int) -> float:
     result = kafka.run_java_tool(CONSUMER_PERF, "--bootstrap-server", bootstrap, "--topic",
                                  topic, "--messages", str(records), "--timeout", "60000",
@@ -209,6 +223,18 @@ def main() -> None:
                             c = consume_rate(kafka, addr, topic, records)
                             results[name].setdefault("consume 1 KiB MB/s", []).append(c)
             lat = {name: latencies(addr) for name, addr in targets.items() if name not in broken}
+            # Added producer latency at half the direct 1 KiB throughput (records/s).
+            half = int(statistics.median(results["direct"]["produce 1 KiB MB/s"])
+                       * 1e6 / 1024 / 2)
+            at_half: dict[str, list[tuple[float, float]]] = {}
+            for r in range(args.rounds):
+                for name, addr in targets.items():
+                    if name in broken:
+                        continue
+                    topic = f"bench-half-{name}-{r}"
+                    kafka.create_topic(topic, partitions=3)
+                    at_half.setdefault(name, []).append(
+                        produce_latency(kafka, addr, topic, half * 10, 1024, half))
             before, after = rss_with_idle_connections(gate, gate_addr)
         finally:
             for proc in (gate, tansu):
@@ -226,6 +252,12 @@ def main() -> None:
         direct = pct(lat["direct"], q)
         added = {n: f"{1000 * (pct(v, q) - direct):.3f}" for n, v in lat.items() if n != "direct"}
         print(f"added latency p{q} (ms): {added} (direct p{q} {1000 * direct:.3f})")
+    for q, i in ((50, 0), (99, 1)):
+        direct_q = statistics.median(v[i] for v in at_half["direct"])
+        added_q = {n: f"{statistics.median(v[i] for v in vals) - direct_q:.2f}"
+                   for n, vals in at_half.items() if n != "direct"}
+        print(f"added producer latency p{q} at {half} records/s (half the direct rate), ms: "
+              f"{added_q} (direct p{q} {direct_q:.2f})")
     for name, why in broken.items():
         print(f"{name}: failed under load: {why}")
     print(f"gatehouse RSS: {before:.1f} MiB idle, {after:.1f} MiB with 1000 idle connections")

@@ -52,7 +52,7 @@ SASL_RAW_ROUNDS: dict[str, int | None] = {
     "SCRAM-SHA-512": 2,
     "OAUTHBEARER": 1,
 }
-_RECEIVE_SIZE = 64 * 1024
+_RECEIVE_SIZE = 256 * 1024
 _STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 
