@@ -115,6 +115,10 @@ def pom_xml(version: str) -> str:
         ("org.apache.logging.log4j", "log4j-core", log4j_version),
         ("org.apache.logging.log4j", binding, log4j_version),
     ]
+    return _pom("kafka-libs", version, deps)
+
+
+def _pom(artifact: str, version: str, deps: list[tuple[str, str, str]]) -> str:
     lines = "\n".join(
         f"    <dependency><groupId>{g}</groupId><artifactId>{a}</artifactId>"
         f"<version>{v}</version></dependency>"
@@ -124,7 +128,7 @@ def pom_xml(version: str) -> str:
 <project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>
   <groupId>gatehouse.tests</groupId>
-  <artifactId>kafka-libs</artifactId>
+  <artifactId>{artifact}</artifactId>
   <version>{version}</version>
   <packaging>pom</packaging>
   <dependencies>
@@ -177,7 +181,29 @@ def _is_complete(home: Path) -> bool:
 def ensure_kafka(version: str | None = None, *, log: bool = False) -> Path:
     """The libs directory of Kafka ``version`` (default: see module doc), fetched if needed."""
     version = kafka_version(version)
-    home = kafka_home(version)
+    return ensure_maven_libs(kafka_home(version), pom_xml(version),
+                             f"kafka_{SCALA_BINARY_VERSION}-{version}.jar",
+                             f"Apache Kafka {version}", log=log)
+
+
+KROXYLICIOUS_VERSION = "0.12.0"  # the newest kroxylicious-runtime on Maven Central
+
+
+def ensure_kroxylicious(version: str = KROXYLICIOUS_VERSION, *, log: bool = False) -> Path:
+    """The libs directory of the Kroxylicious proxy runtime (a peer in bench/peers.py)."""
+    deps = [("io.kroxylicious", "kroxylicious-runtime", version),
+            ("org.apache.logging.log4j", "log4j-slf4j2-impl", "2.24.3"),
+            ("org.apache.logging.log4j", "log4j-core", "2.24.3")]
+    return ensure_maven_libs(cache_root() / "kroxylicious" / version,
+                             _pom("kroxylicious-libs", version, deps),
+                             f"kroxylicious-runtime-{version}.jar", f"Kroxylicious {version}",
+                             log=log)
+
+
+def ensure_maven_libs(home: Path, pom: str, expected_jar: str, what: str, *,
+                      log: bool = False) -> Path:
+    """``home/libs`` holding ``pom``'s runtime dependencies: fetched once with Maven
+    (retried with back-off), cached, and safe against concurrent fetches."""
     libs = home / "libs"
     if _is_complete(home):
         return libs
@@ -186,12 +212,11 @@ def ensure_kafka(version: str | None = None, *, log: bool = False) -> Path:
             return libs
         tmp = Path(tempfile.mkdtemp(prefix=".fetch-", dir=home))
         try:
-            (tmp / "pom.xml").write_text(pom_xml(version))
+            (tmp / "pom.xml").write_text(pom)
             out = tmp / "libs"
             for attempt in range(1, MAVEN_ATTEMPTS + 1):
                 if log:
-                    print(f"fetching Apache Kafka {version} with Maven (attempt {attempt})",
-                          file=sys.stderr)
+                    print(f"fetching {what} with Maven (attempt {attempt})", file=sys.stderr)
                 try:
                     shutil.rmtree(out, ignore_errors=True)
                     _run_maven(tmp, out, attempt)
@@ -199,14 +224,12 @@ def ensure_kafka(version: str | None = None, *, log: bool = False) -> Path:
                 except FetchError as exc:
                     if attempt == MAVEN_ATTEMPTS:
                         raise FetchError(
-                            f"could not fetch Apache Kafka {version} after {attempt} attempts: "
-                            f"{exc}") from None
+                            f"could not fetch {what} after {attempt} attempts: {exc}") from None
                     if log:
                         print(str(exc), file=sys.stderr)
                     time.sleep(2.0 * 2 ** (attempt - 1))
-            broker_jar = out / f"kafka_{SCALA_BINARY_VERSION}-{version}.jar"
-            if not broker_jar.is_file():
-                raise FetchError(f"Maven finished but {broker_jar.name} is not in {out}")
+            if not (out / expected_jar).is_file():
+                raise FetchError(f"Maven finished but {expected_jar} is not in {out}")
             if libs.exists():  # a partial directory from an interrupted run (no marker)
                 shutil.rmtree(libs)
             os.rename(out, libs)

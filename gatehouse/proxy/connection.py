@@ -2,14 +2,15 @@
 
     client ──► client_reader ──(pending, bounded channel)──► response_writer ──► client
                     │                                              ▲
-                    └──────────► upstream ──► upstream_reader ─────┘ (unbuffered channel)
+                    └─► upstream_writer ─► upstream ─► upstream_reader ┘ (unbuffered channels)
 
 Kafka answers requests in order on a connection, so the order of ``Pending`` entries in
 the channel *is* the order of answers: an upstream answer is matched to the oldest
 entry (and its correlation id checked), and an answer the proxy makes itself (a refused
 request) waits in line behind earlier forwarded ones.  Produce with acks=0 gets no
 entry.  Both channels are bounded, so a slow client stops the upstream reads and a
-flood of requests stops the client reads: memory stays flat.
+flood of requests stops the client reads: memory stays flat.  The upstream writer is its
+own task so that reading the next request overlaps sending the last one.
 """
 
 from __future__ import annotations
@@ -107,13 +108,14 @@ class ProxyConnection:
             ctx.limits.max_in_flight
         )
         self.frames_send, self.frames_receive = trio.open_memory_channel[bytes](0)
+        self.requests_send, self.requests_receive = trio.open_memory_channel[bytes](0)
         self.in_flight = 0
         self.upstream_closed = False
         self.close_reason = "client closed"
         self.close_level = logging.INFO
         self.sasl_raw_rounds: int | None = 0  # >0: that many raw tokens; None: until Kafka
         self.idle = trio.CancelScope()
-        self.reader_scope = trio.CancelScope()
+        self.receive_scope = trio.CancelScope()  # a fresh one per receive
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -125,6 +127,7 @@ class ProxyConnection:
                     self.nursery = nursery
                     nursery.start_soon(self._guard, self.client_reader)
                     nursery.start_soon(self._guard, self.upstream_reader)
+                    nursery.start_soon(self._guard, self.upstream_writer)
                     nursery.start_soon(self._watch_drain)
                     await self._guard(self.response_writer)
                     nursery.cancel_scope.cancel()
@@ -156,37 +159,49 @@ class ProxyConnection:
     async def _watch_drain(self) -> None:
         await self.ctx.draining.wait()
         # Stop taking new requests; the writer finishes the ones already in flight.
-        self.reader_scope.cancel()
+        self.receive_scope.cancel()
 
     # -- client -> upstream ----------------------------------------------------------
 
     async def client_reader(self) -> None:
         reader = FrameReader(self.limits.max_frame_bytes)
         try:
-            with self.reader_scope:
-                while True:
+            while True:
+                # Only the wait for bytes is cancelled by a drain: a request being handled
+                # is forwarded whole, with its Pending entry, or not at all.
+                with self.receive_scope:
                     data = await self.client.receive_some(_RECEIVE_SIZE)
-                    if not data:
-                        try:
-                            reader.check_eof()
-                        except ProtocolError as exc:
-                            self._malformed("request", exc)
-                        return
-                    self._touch()
-                    self.conn.bytes_from_client += len(data)
-                    reader.feed(data)
-                    while True:
-                        try:
-                            wire = reader.next_wire_frame()
-                        except ProtocolError as exc:
-                            self._malformed("request", exc)
-                        if wire is None:
-                            break
-                        await self.handle_request_frame(wire)
-            if self.reader_scope.cancelled_caught:
-                self._record_close("proxy shutting down", logging.INFO)
+                if self.receive_scope.cancelled_caught:
+                    self._record_close("proxy shutting down", logging.INFO)
+                    return
+                self.receive_scope = trio.CancelScope()
+                if self.ctx.draining.is_set():
+                    self.receive_scope.cancel()
+                if not data:
+                    try:
+                        reader.check_eof()
+                    except ProtocolError as exc:
+                        self._malformed("request", exc)
+                    return
+                self._touch()
+                self.conn.bytes_from_client += len(data)
+                reader.feed(data)
+                while True:
+                    try:
+                        wire = reader.next_wire_frame()
+                    except ProtocolError as exc:
+                        self._malformed("request", exc)
+                    if wire is None:
+                        break
+                    await self.handle_request_frame(wire)
         finally:
             self.pending_send.close()
+            self.requests_send.close()
+
+    async def upstream_writer(self) -> None:
+        # Never cancelled by a drain: requests already accepted go up.
+        async for wire in self.requests_receive:
+            await self.upstream.send_all(wire)
 
     def _malformed(self, direction: str, exc: ProtocolError) -> None:
         self.ctx.observer.malformed(self.conn, direction, str(exc))
@@ -269,7 +284,7 @@ class ProxyConnection:
             # Queued before the bytes go up, so the writer is ready for the answer; a
             # full queue stops this reader: backpressure on a client that floods us.
             await self.pending_send.send(pending)
-        await self.upstream.send_all(wire)
+        await self.requests_send.send(wire)
 
     # -- upstream -> client ----------------------------------------------------------
 
