@@ -12,6 +12,7 @@ an error names the field path and byte offset without slowing the happy path.
 
 from __future__ import annotations
 
+import functools
 import struct
 import uuid
 from collections.abc import Callable
@@ -33,6 +34,15 @@ _FIXED: Final = {
     "float64": ("d", 8),
     "uuid": ("16s", 16),
 }
+_ARRAY_STRUCTS: Final = 32
+
+
+@functools.cache
+def _int_array_structs(code: str) -> tuple[struct.Struct, ...]:
+    """Struct objects for arrays of 0.._ARRAY_STRUCTS-1 integers of one type."""
+    return tuple(struct.Struct(f">{n}{code}") for n in range(_ARRAY_STRUCTS))
+
+
 _INTS: Final = frozenset({"int8", "int16", "uint16", "int32", "uint32", "int64", "float64", "bool"})
 _ZERO_UUID_BYTES: Final = bytes(16)
 _new_uuid = object.__new__
@@ -282,7 +292,10 @@ class _Compiler:
                     s(f"{target} = tuple({lst})")
                 elif f.type in _INTS:
                     code, size = _FIXED[f.type]
-                    s(f"{target} = _st.unpack_from('>%d{code}' % {n}, buf, pos)")
+                    # Short arrays (replicas, ISR...) use a Struct made once per length.
+                    arrays = self.const(_int_array_structs(code))
+                    s(f"if {n} < {_ARRAY_STRUCTS}: {target} = {arrays}[{n}].unpack_from(buf, pos)")
+                    s(f"else: {target} = _st.unpack_from('>%d{code}' % {n}, buf, pos)")
                     s(f"pos += {size} * {n}")
                 else:
                     lst, i = s.tmp("l"), s.tmp("i")
@@ -477,7 +490,9 @@ class _Compiler:
                     s(f"for x in {value}:")
                     s(f"    e_{f.struct.name}({out}, x)")
                 elif f.type in _INTS:
-                    s(f"{out} += _st.pack('>%d{_FIXED[f.type][0]}' % len({value}), *{value})")
+                    arrays = self.const(_int_array_structs(_FIXED[f.type][0]))
+                    s(f"if len({value}) < {_ARRAY_STRUCTS}: {out} += {arrays}[len({value})].pack(*{value})")
+                    s(f"else: {out} += _st.pack('>%d{_FIXED[f.type][0]}' % len({value}), *{value})")
                 else:
                     s(f"for x in {value}:")
                     with s.indent():
