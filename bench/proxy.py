@@ -114,7 +114,7 @@ def compare_throughput(kafka: KafkaCluster, targets: dict[str, str], *, records:
     topic_for = topic_for or (lambda name, size, r: f"bench-{size}-{name}-{r}")
     results: dict[str, dict[str, list[float]]] = {name: {} for name in targets}
     for size in sizes:
-        n = records if size <= 1024 else max(records * 1024 // size // 50, 500)
+        n = records if size <= 1024 else max(records // 50, 500)
         for r in range(rounds):
             for name, addr in targets.items():
                 topic = topic_for(name, size, r)

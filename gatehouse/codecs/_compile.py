@@ -35,6 +35,9 @@ _FIXED: Final = {
     "uuid": ("16s", 16),
 }
 _ARRAY_STRUCTS: Final = 32
+# Module-level names the generated functions use most, bound as default arguments so a
+# use is a local load rather than a global lookup (the codec's inner loops).
+_LOCALS: Final = "K=K, _tnew=_tnew, _uv=_uv, _i16=_i16, _i32=_i32, _p16=_p16, _p32=_p32, _uvb=_uvb"
 
 
 @functools.cache
@@ -322,7 +325,7 @@ class _Compiler:
         v = self.version
         fields = struct.fields
         names = [f.name for f in fields] + ["_tagged_fields"]
-        s(f"def d_{struct.name}(buf, pos):")
+        s(f"def d_{struct.name}(buf, pos, {_LOCALS}):")
         with s.indent():
             s("end = len(buf)")
             s("f = 0")
@@ -514,9 +517,9 @@ class _Compiler:
         fields = struct.fields
         names = [f.name for f in fields] + ["_tagged_fields"]
         if splice:
-            s(f"def es_{struct.name}(out, r, o, fv, sp):")
+            s(f"def es_{struct.name}(out, r, o, fv, sp, {_LOCALS}):")
         else:
-            s(f"def e_{struct.name}(out, r):")
+            s(f"def e_{struct.name}(out, r, {_LOCALS}):")
         with s.indent():
             targets = ", ".join(f"v{i}" for i in range(len(fields)))
             s("f = 0")
