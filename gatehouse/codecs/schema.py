@@ -198,7 +198,7 @@ def _parse_default(type_name: str, is_array: bool, text: str | None, nullable: V
     if type_name == "uuid":
         return ZERO_UUID
     if type_name == "records":
-        return None
+        return b""  # empty, not null: null is valid only where the spec says so
     return _STRUCT_DEFAULT  # resolved to the struct's default record once classes exist
 
 
