@@ -183,7 +183,6 @@ class ProxyConnection:
                     except ProtocolError as exc:
                         self._malformed("request", exc)
                     return
-                self._touch()
                 self.conn.bytes_from_client += len(data)
                 reader.feed(data)
                 while True:
@@ -193,6 +192,9 @@ class ProxyConnection:
                         self._malformed("request", exc)
                     if wire is None:
                         break
+                    # Only whole requests are activity: a client trickling the bytes of
+                    # a frame that never completes (slowloris) still meets the idle timeout.
+                    self._touch()
                     await self.handle_request_frame(wire)
         finally:
             self.pending_send.close()
