@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint unit bench install-dev kafka clean
+.PHONY: demo test lint unit bench install-dev kafka prometheus clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,11 @@ install-dev: $(BIN)/python
 kafka: install-dev
 	$(BIN)/python -m scripts.fetch_kafka
 
+# Prometheus + promtool (Debian package) for tests/integration/test_prometheus.py:
+# installed once with apt, retried; a no-op when already installed.
+prometheus:
+	sh scripts/install_prometheus.sh
+
 lint: install-dev
 	$(BIN)/ruff check gatehouse tests bench scripts
 	$(BIN)/mypy gatehouse
@@ -30,7 +35,7 @@ lint: install-dev
 unit: install-dev
 	$(BIN)/pytest -q --ignore=tests/integration
 
-test: lint kafka
+test: lint kafka prometheus
 	$(BIN)/pytest -q
 
 bench: install-dev kafka
