@@ -92,7 +92,7 @@ class ProxyConfig:
     tls_downstream: DownstreamTls | None = None
     tls_upstream: UpstreamTls | None = None
     metrics_listen: Address | None = None
-    capture: Any = None  # validated by gatehouse.capture
+    capture: Any = None  # a gatehouse.capture.CaptureSettings
     rules: Any = None  # validated by gatehouse.rules
     rules_file: Path | None = None
     source: str = "<config>"
@@ -226,9 +226,11 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
     log_json = log.take("json", bool, False)
     log.finish()
 
-    capture = top.take("capture", (dict, type(None)))
-    if capture is not None:
-        raise top.error("capture", "capture is not available in this version yet")
+    capture = None
+    if top.has("capture"):
+        from gatehouse.capture.settings import parse_capture
+
+        capture = parse_capture(top.child("capture"), base)
     rules = top.take("rules", (list, type(None)))
     rules_file = _path(top, "rules_file", base)
     if rules is not None and rules_file is not None:

@@ -34,13 +34,30 @@ def rules_source(config: ProxyConfig, path: str | Path | None) -> RulesSource:
 def build_observers(config: ProxyConfig, policy: Policy, reloader: Reloader | None
                     ) -> list[Observer]:
     observers: list[Observer] = []
+    registry = None  # the capture's counters join the metrics, when there are metrics
     if config.metrics_listen is not None:
         from gatehouse.metrics import ProxyMetrics
 
         metrics = ProxyMetrics()
         metrics.attach(policy, reloader)
         observers.append(metrics)
+        registry = metrics.registry
+    if config.capture is not None:
+        from gatehouse.capture.observer import CaptureObserver
+
+        capture = CaptureObserver(config.capture, registry=registry)
+        capture.attach(policy)
+        observers.append(capture)
     return observers
+
+
+def close_observers(observers: list[Observer]) -> None:
+    """Flush what observers hold (the capture's queued records) on shutdown."""
+    from gatehouse.capture.observer import CaptureObserver
+
+    for observer in observers:
+        if isinstance(observer, CaptureObserver):
+            observer.close()
 
 
 async def watch_rules(reloader: Reloader, poll: float = RELOAD_POLL_SECONDS) -> None:
@@ -57,13 +74,16 @@ async def run_configured(config: ProxyConfig, policy: RulesPolicy, path: str | P
     reloader = Reloader(policy, rules_source(config, path))
     observers = build_observers(config, policy, reloader)
     proxy = Proxy(config, policy, observers)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(handle_signals, proxy, reloader.reload)
-        nursery.start_soon(watch_rules, reloader)
-        if config.metrics_listen is not None:
-            from gatehouse.metrics import serve_metrics
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(handle_signals, proxy, reloader.reload)
+            nursery.start_soon(watch_rules, reloader)
+            if config.metrics_listen is not None:
+                from gatehouse.metrics import serve_metrics
 
-            await nursery.start(serve_metrics, config.metrics_listen, observers[0],
-                                lambda: proxy.ready.is_set() and proxy.upstream_reachable)
-        await proxy.serve()
-        nursery.cancel_scope.cancel()
+                await nursery.start(serve_metrics, config.metrics_listen, observers[0],
+                                    lambda: proxy.ready.is_set() and proxy.upstream_reachable)
+            await proxy.serve()
+            nursery.cancel_scope.cancel()
+    finally:
+        close_observers(observers)

@@ -1,0 +1,11 @@
+"""The observation log: one JSON Lines record per request/response exchange.
+
+    from gatehouse.capture.observer import CaptureObserver
+    capture = CaptureObserver(settings, registry=metrics.registry)  # settings: parse_capture
+    capture.attach(policy)      # the rules' decisions go into the records
+    ...
+    capture.close()             # flush: nothing is lost on a clean shutdown
+
+``gatehouse.capture.schema`` (the versioned record schema, docs/capture.md) is pure and
+is what the Spark pipeline reads with; it imports neither trio nor the proxy.
+"""

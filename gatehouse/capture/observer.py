@@ -1,0 +1,378 @@
+"""One record per request/response exchange, built from what the proxy already decoded.
+
+The record is started when the request arrives (client, API, topics, group), gets the
+rules' decisions while the policy runs (``attach``: the policy decides synchronously
+right after ``Observer.request``, so its outcomes belong to the record started last),
+and is finished by the response (latency, size, error codes, fetched records) or by
+the connection's end.  Only names, numbers and error codes go in: never record
+payloads, SASL bytes, passwords or tokens (docs/capture.md, schema v1).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import secrets
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from gatehouse.capture.schema import SCHEMA_VERSION
+from gatehouse.capture.settings import CaptureSettings
+from gatehouse.capture.writer import CaptureStats, CaptureWriter
+from gatehouse.codecs import APIS, ProtocolError, Request, Response, decode_response, records
+from gatehouse.codecs.peek import produce_acks
+from gatehouse.codecs.schema import FieldSpec, StructSpec
+from gatehouse.codecs.walk import rewrite
+from gatehouse.metrics import error_codes
+from gatehouse.proxy.hooks import ConnectionInfo, Observer, Pending
+from gatehouse.rules import Chain, Outcome, RuleSet, TopicMap
+
+logger = logging.getLogger("gatehouse.capture")
+
+PRODUCE, FETCH, METADATA, FIND_COORDINATOR, JOIN_GROUP = 0, 1, 3, 10, 11
+_PARTITION_ARRAYS = ("partitions", "partition_indexes", "partition_data", "partition_responses")
+_PARTITION_ATTRS = ("partition_index", "index", "partition")
+_MAX_TOPIC_IDS = 10_000
+
+
+def _api_name(key: int) -> str:
+    spec = APIS.get(key)
+    return spec.name if spec is not None else f"api-{key}"
+
+
+class CaptureObserver(Observer):
+    """Builds exchange records and hands them to a ``CaptureWriter``."""
+
+    def __init__(self, settings: CaptureSettings, writer: CaptureWriter | None = None,
+                 registry: Any = None) -> None:
+        self.settings = settings
+        self.writer = writer or CaptureWriter(settings)
+        self.run = secrets.token_hex(4)  # connection ids restart with the process
+        self.sampled_out = 0
+        self._rates = dict(settings.sample)
+        self._rate_default = settings.sample_default
+        self._in_flight: dict[int, dict[int, dict[str, Any]]] = {}
+        self._current: dict[str, Any] | None = None  # the record the policy is deciding
+        self._held: dict[str, Any] | None = None  # no response coming: out after its outcomes
+        self._policy: Any = None
+        self._maps_of: tuple[RuleSet | None, dict[str, TopicMap]] = (None, {})
+        self.topic_names: dict[uuid.UUID, str] = {}
+        if registry is not None:
+            registry.register(CaptureCollector(self))
+
+    # -- wiring ------------------------------------------------------------------------
+
+    def attach(self, policy: Any) -> None:
+        """Record the rules' decisions (a ``RulesPolicy``'s ``outcome_listeners``)."""
+        if hasattr(policy, "outcome_listeners"):
+            self._policy = policy
+            policy.outcome_listeners.append(self._outcome)
+
+    def close(self, timeout: float | None = 30.0) -> bool:
+        """Write every record still held or in flight, then close the writer."""
+        self._flush_held()
+        for conn_id in list(self._in_flight):
+            self._finish_connection(conn_id)
+        return self.writer.close(timeout)
+
+    def statistics(self) -> CaptureStats:
+        stats = self.writer.statistics()
+        stats.sampled_out = self.sampled_out
+        return stats
+
+    def _outcome(self, outcome: Outcome) -> None:
+        record = self._current
+        if record is None:
+            return
+        record["rules"].append({"rule": outcome.rule, "action": outcome.action,
+                                "effect": outcome.effect, "mode": outcome.mode})
+        if outcome.effect == "rewrite" and outcome.mode == "enforce":
+            topic_map = self._topic_map(outcome.rule)
+            if topic_map is not None:
+                record.setdefault("_maps", []).append(topic_map)
+
+    def _topic_map(self, rule_name: str) -> TopicMap | None:
+        ruleset = getattr(self._policy, "ruleset", None)
+        if self._maps_of[0] is not ruleset:
+            maps = {r.name: r.topic_map for r in (ruleset.rules if ruleset else ())
+                    if r.topic_map is not None}
+            self._maps_of = (ruleset, maps)
+        return self._maps_of[1].get(rule_name)
+
+    # -- observer ----------------------------------------------------------------------
+
+    def request(self, conn: ConnectionInfo, req: Request, size: int) -> None:
+        self._flush_held()
+        self._current = None
+        key = req.api_key
+        rate = self._rates.get(key, self._rate_default)
+        if rate < 1.0 and random.random() >= rate:
+            self.sampled_out += 1
+            return
+        header = req.header
+        record: dict[str, Any] = {
+            "v": SCHEMA_VERSION,
+            "time": time.time(),
+            "proxy": self.settings.instance,
+            "run": self.run,
+            "conn": conn.id,
+            "client": conn.client,
+            "listener": conn.listener,
+            "client_id": header.client_id,
+            "software_name": conn.software_name,
+            "software_version": conn.software_version,
+            "api": _api_name(key),
+            "api_key": key,
+            "api_version": header.api_version,
+            "correlation_id": header.correlation_id,
+            "request_bytes": size,
+            "response_bytes": None,
+            "latency_ms": None,
+            "outcome": None,
+            "errors": [],
+            "error_count": 0,
+            "topics": [],
+            "group_id": None,
+            "protocol_type": None,
+            "protocol_name": None,
+            "rules": [],
+            "sample": rate,
+        }
+        no_response = False
+        if req.known:
+            try:
+                body = req.body
+                if key != FETCH:  # Fetch: the response says what moved
+                    record["topics"] = self._request_topics(req, body)
+                self._group(record, key, body)
+                no_response = key == PRODUCE and produce_acks(req) == 0
+            except ProtocolError:
+                pass  # the pumps report malformed frames; the record keeps the header
+        self._current = record
+        if no_response:
+            record["outcome"] = "no_response"
+            self._held = record
+        else:
+            self._in_flight.setdefault(conn.id, {})[header.correlation_id] = record
+
+    def response(self, conn: ConnectionInfo, pending: Pending, size: int, elapsed: float,
+                 frame: Any = None) -> None:
+        self._flush_held()
+        self._current = None
+        waiting = self._in_flight.get(conn.id)
+        record = waiting.pop(pending.correlation_id, None) if waiting else None
+        if record is None:
+            return
+        record["response_bytes"] = size
+        record["latency_ms"] = round(elapsed * 1000.0, 3)
+        record["outcome"] = "refused" if pending.local is not None else "answered"
+        key = pending.api_key
+        if frame is not None and key in APIS:
+            try:
+                resp = pending.decoded or decode_response(frame, key, pending.api_version)
+                if resp.known:
+                    self._response_facts(record, resp)
+            except ProtocolError:
+                pass
+        self._emit(record)
+
+    def connection_closed(self, conn: ConnectionInfo, reason: str) -> None:
+        self._flush_held()
+        self._current = None
+        self._finish_connection(conn.id)
+
+    # -- records -----------------------------------------------------------------------
+
+    def _finish_connection(self, conn_id: int) -> None:
+        for record in (self._in_flight.pop(conn_id, None) or {}).values():
+            record["outcome"] = "unanswered"
+            self._emit(record)
+
+    def _flush_held(self) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._emit(held)
+
+    def _emit(self, record: dict[str, Any]) -> None:
+        maps = record.pop("_maps", None)
+        topic_map: TopicMap | None = None
+        if maps:
+            topic_map = maps[0] if len(maps) == 1 else Chain(tuple(maps))
+        for topic in record["topics"]:
+            name = topic["name"]
+            topic["broker"] = topic_map.to_broker(name) if topic_map and name else name
+        self.writer.offer(record)
+
+    def _topic_name(self, topic_id: Any) -> str | None:
+        return self.topic_names.get(topic_id)
+
+    def _request_topics(self, req: Request, body: Any) -> list[dict[str, Any]]:
+        topics: list[dict[str, Any]] = []
+        if req.api_key == PRODUCE:
+            for topic in body.topic_data:
+                entry = self._entry(getattr(topic, "name", None), getattr(topic, "topic_id", None))
+                total_records = total_bytes = 0
+                partitions = []
+                for partition in topic.partition_data:
+                    partitions.append(partition.index)
+                    summary = records.summarize(partition.records)
+                    total_records += summary.records
+                    total_bytes += summary.bytes
+                entry["partitions"] = partitions
+                entry["records"] = total_records
+                entry["bytes"] = total_bytes
+                topics.append(entry)
+            return topics
+        for name, topic_id, partitions in _walk_topics(req.api.request, req.api_version, body):
+            entry = self._entry(name, topic_id)
+            entry["partitions"] = partitions
+            topics.append(entry)
+        return topics
+
+    def _entry(self, name: str | None, topic_id: Any) -> dict[str, Any]:
+        id_text = None
+        if isinstance(topic_id, uuid.UUID) and topic_id.int:
+            id_text = str(topic_id)
+            if not name:
+                name = self._topic_name(topic_id)
+        return {"name": name or None, "broker": None, "id": id_text, "partitions": [],
+                "records": None, "bytes": None}
+
+    def _group(self, record: dict[str, Any], key: int, body: Any) -> None:
+        group = getattr(body, "group_id", None)
+        if key == FIND_COORDINATOR and not getattr(body, "key_type", 0):
+            keys = getattr(body, "coordinator_keys", None)
+            group = getattr(body, "key", None) or (keys[0] if keys and len(keys) == 1 else None)
+        if group:
+            record["group_id"] = group
+        protocol_type = getattr(body, "protocol_type", None)
+        if protocol_type:
+            record["protocol_type"] = protocol_type
+        protocol_name = getattr(body, "protocol_name", None)
+        if protocol_name:
+            record["protocol_name"] = protocol_name
+        elif key == JOIN_GROUP:
+            names = [p.name for p in getattr(body, "protocols", ())]
+            if len(names) == 1:
+                record["protocol_name"] = names[0]
+
+    def _response_facts(self, record: dict[str, Any], resp: Response) -> None:
+        codes = [c for c in error_codes(resp) if c]
+        if codes:
+            record["errors"] = sorted(set(codes))
+            record["error_count"] = len(codes)
+        key = resp.api_key
+        body = resp.body
+        if key == FETCH:
+            topics = []
+            for topic in body.responses:
+                entry = self._entry(getattr(topic, "topic", None), getattr(topic, "topic_id", None))
+                total_records = total_bytes = 0
+                partitions = []
+                for partition in topic.partitions:
+                    partitions.append(partition.partition_index)
+                    summary = records.summarize(partition.records)
+                    total_records += summary.records
+                    total_bytes += summary.bytes
+                entry["partitions"] = partitions
+                entry["records"] = total_records
+                entry["bytes"] = total_bytes
+                topics.append(entry)
+            record["topics"] = topics
+        elif key == METADATA:
+            self._learn_topic_ids(body)
+        elif key == JOIN_GROUP:
+            protocol_name = getattr(body, "protocol_name", None)
+            if protocol_name:
+                record["protocol_name"] = protocol_name
+            protocol_type = getattr(body, "protocol_type", None)
+            if protocol_type:
+                record["protocol_type"] = protocol_type
+
+    def _learn_topic_ids(self, body: Any) -> None:
+        for topic in body.topics:
+            topic_id = getattr(topic, "topic_id", None)
+            if topic_id is not None and topic.name and topic_id.int:
+                if len(self.topic_names) >= _MAX_TOPIC_IDS and topic_id not in self.topic_names:
+                    self.topic_names.clear()  # bounded: relearned from the next Metadata
+                self.topic_names[topic_id] = topic.name
+
+
+def _is_topic_field(f: FieldSpec) -> bool:
+    return (f.entity == "topicName" and f.type == "string") or (
+        f.attr == "topic_id" and f.type == "uuid" and not f.is_array)
+
+
+def _walk_topics(message: Any, version: int, body: Any
+                 ) -> Iterator[tuple[str | None, Any, list[int]]]:
+    """(name, topic id, partitions) for every place a request names a topic."""
+    found: list[tuple[str | None, Any, list[int]]] = []
+
+    def visit(struct: StructSpec, record: Any) -> Any:
+        name: str | None = None
+        topic_id: Any = None
+        for f in struct.fields:
+            if not _is_topic_field(f) or version not in f.versions:
+                continue
+            value = getattr(record, f.attr, None)
+            if value is None:
+                continue
+            if f.is_array:
+                found.extend((str(v), None, []) for v in value if v)
+            elif f.type == "uuid":
+                topic_id = value
+            else:
+                name = value
+        if name or (topic_id is not None and topic_id.int):
+            found.append((name, topic_id, _partitions(record)))
+        return record
+
+    rewrite(message, version, body, _is_topic_field, visit)
+    return iter(found)
+
+
+def _partitions(record: Any) -> list[int]:
+    for attr in _PARTITION_ARRAYS:
+        value = getattr(record, attr, None)
+        if not value:
+            continue
+        out = []
+        for item in value:
+            if isinstance(item, int):
+                out.append(item)
+                continue
+            for name in _PARTITION_ATTRS:
+                index = getattr(item, name, None)
+                if isinstance(index, int):
+                    out.append(index)
+                    break
+        return out
+    return []
+
+
+class CaptureCollector:
+    """The capture's counters in the proxy's Prometheus registry (read at scrape time)."""
+
+    def __init__(self, observer: CaptureObserver) -> None:
+        self.observer = observer
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        stats = self.observer.statistics()
+        family = CounterMetricFamily("gatehouse_capture_records", "Exchanges by what became "
+                                     "of their capture record", labels=["outcome"])
+        family.add_metric(["written"], stats.written)
+        family.add_metric(["dropped"], stats.dropped)
+        family.add_metric(["write_error"], stats.write_errors)
+        family.add_metric(["sampled_out"], stats.sampled_out)
+        yield family
+        yield CounterMetricFamily("gatehouse_capture_bytes_written", "Bytes of JSON Lines "
+                                  "written (before gzip)", value=stats.bytes_written)
+        yield CounterMetricFamily("gatehouse_capture_files_deleted", "Capture files deleted "
+                                  "to keep to the disk budget", value=stats.files_deleted)
+        yield GaugeMetricFamily("gatehouse_capture_queue_depth", "Records waiting for the "
+                                "disk", value=stats.queue_depth)

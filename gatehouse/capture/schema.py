@@ -1,0 +1,69 @@
+"""The capture record, schema version 1: one source for the writer's tests, the docs
+and the Spark pipeline's read schema (pure: no trio, no proxy)."""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 1
+
+# (field, type) with types: string, int (32 bit), long, double, array<...>, or a struct
+# name below.  Every record has every field; absent values are null (or empty lists).
+TOPIC_FIELDS: tuple[tuple[str, str], ...] = (
+    ("name", "string"),  # client-side name (null: a topic id not yet seen in Metadata)
+    ("broker", "string"),  # broker-side name (differs under rename/prefix rules)
+    ("id", "string"),  # topic id (UUID) when the request used ids
+    ("partitions", "array<int>"),
+    ("records", "long"),  # Produce requests and Fetch responses: from batch headers
+    ("bytes", "long"),
+)
+RULE_FIELDS: tuple[tuple[str, str], ...] = (
+    ("rule", "string"),
+    ("action", "string"),  # min_api_version, deny_apis, topics, match, ...
+    ("effect", "string"),  # refuse, rewrite, pass
+    ("mode", "string"),  # enforce, observe
+)
+FIELDS: tuple[tuple[str, str], ...] = (
+    ("v", "int"),
+    ("time", "double"),  # request arrival, seconds since the epoch (UTC)
+    ("proxy", "string"),  # capture.instance (default: host name)
+    ("run", "string"),  # random per proxy process: connection ids restart with it
+    ("conn", "long"),
+    ("client", "string"),  # client address host:port
+    ("listener", "string"),  # bootstrap or broker-<node>
+    ("client_id", "string"),
+    ("software_name", "string"),  # KIP-511 (ApiVersions v3+), null before/without it
+    ("software_version", "string"),
+    ("api", "string"),
+    ("api_key", "int"),
+    ("api_version", "int"),
+    ("correlation_id", "int"),
+    ("request_bytes", "long"),
+    ("response_bytes", "long"),
+    ("latency_ms", "double"),
+    ("outcome", "string"),  # answered, refused, no_response, unanswered
+    ("errors", "array<int>"),  # distinct non-zero error codes, every level
+    ("error_count", "int"),  # non-zero error codes, every level
+    ("topics", "array<topic>"),
+    ("group_id", "string"),
+    ("protocol_type", "string"),
+    ("protocol_name", "string"),
+    ("rules", "array<rule>"),
+    ("sample", "double"),  # the share of this API's exchanges recorded (1.0: all)
+)
+OUTCOMES = frozenset({"answered", "refused", "no_response", "unanswered"})
+
+_SPARK = {"string": "STRING", "int": "INT", "long": "BIGINT", "double": "DOUBLE"}
+_STRUCTS = {"topic": TOPIC_FIELDS, "rule": RULE_FIELDS}
+
+
+def _spark_type(kind: str) -> str:
+    if kind.startswith("array<"):
+        return f"ARRAY<{_spark_type(kind[6:-1])}>"
+    if kind in _STRUCTS:
+        inner = ", ".join(f"`{n}`: {_spark_type(t)}" for n, t in _STRUCTS[kind])
+        return f"STRUCT<{inner}>"
+    return _SPARK[kind]
+
+
+def spark_ddl() -> str:
+    """The record schema as a Spark DDL string (``spark.read.schema(spark_ddl())``)."""
+    return ", ".join(f"`{name}` {_spark_type(kind)}" for name, kind in FIELDS)
