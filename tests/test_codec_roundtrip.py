@@ -274,3 +274,26 @@ BAD_PLAIN: list[tuple[str, dict[str, Any]]] = [
 def test_from_dict_refuses_what_it_cannot_encode(what: str, plain: dict[str, Any]) -> None:
     with pytest.raises(codecs.LocalProtocolError):
         codecs.request_from_dict(plain).encode()
+
+
+def test_large_record_sets_are_joined_in_place() -> None:
+    # Record sets of 16 KiB and more are referenced by the encoder and joined once at the
+    # end; small and large ones mixed must land exactly where they belong.
+    sizes = [70_000, 5, 16 * 1024, 0, 200_000, 16 * 1024 - 1]
+    plain = {"header": {"correlation_id": 3}, "body": {
+        "throttle_time_ms": 0, "error_code": 0, "session_id": 0, "responses": [
+            {"topic_id": uuid.UUID(int=i + 1), "partitions": [
+                {"partition_index": p, "error_code": 0, "high_watermark": size,
+                 "last_stable_offset": size, "log_start_offset": 0, "aborted_transactions": None,
+                 "preferred_read_replica": -1,
+                 "records": bytes([p + 1]) * size}
+                for p, size in enumerate(sizes)]}
+            for i in range(2)]}}
+    resp = codecs.response_from_dict(plain, api_key=1, api_version=17)
+    frame = bytes(resp.encode())
+    assert len(frame) > 2 * sum(sizes)
+    back = codecs.decode_response(frame, 1, 17)
+    got = [bytes(p.records) for t in back.body.responses for p in t.partitions]
+    assert got == [bytes([p + 1]) * size for _ in range(2) for p, size in enumerate(sizes)]
+    assert bytes(codecs.response_from_dict(codecs.to_dict(back), api_key=1,
+                                           api_version=17).encode()) == frame

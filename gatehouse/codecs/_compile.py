@@ -34,10 +34,43 @@ _FIXED: Final = {
     "float64": ("d", 8),
     "uuid": ("16s", 16),
 }
+_HOLE_MIN: Final = 16 * 1024
+
+
+class _Out(bytearray):
+    """An encoder's output: bytes, plus large record sets kept by reference ("holes")
+    as (position, buffer) pairs, so a 3 MB Fetch response is copied once, by ``finish``."""
+
+    __slots__ = ("holes",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.holes: list[tuple[int, Any]] = []
+
+    def finish(self) -> bytes:
+        if not self.holes:
+            return bytes(self)
+        view = memoryview(self)
+        parts: list[Any] = []
+        at = 0
+        for position, data in self.holes:
+            parts.append(view[at:position])
+            parts.append(data)
+            at = position
+        parts.append(view[at:])
+        return b"".join(parts)
+
+
+def new_output() -> _Out:
+    """The buffer ``MessageCodec.encode`` writes into best (see ``_Out``)."""
+    return _Out()
+
+
 _ARRAY_STRUCTS: Final = 32
 # Module-level names the generated functions use most, bound as default arguments so a
 # use is a local load rather than a global lookup (the codec's inner loops).
-_LOCALS: Final = "K=K, _tnew=_tnew, _uv=_uv, _i16=_i16, _i32=_i32, _p16=_p16, _p32=_p32, _uvb=_uvb"
+_LOCALS: Final = ("K=K, _tnew=_tnew, _uv=_uv, _i16=_i16, _i32=_i32, _p16=_p16, _p32=_p32, "
+                  "_uvb=_uvb, _Out=_Out")
 
 
 @functools.cache
@@ -474,7 +507,13 @@ class _Compiler:
             else:
                 b = value
             self.write_length(out, f"len({b})", flexible, wide=type_name != "string")
-            s(f"{out} += {b}")
+            if type_name == "records":
+                # Large record sets are referenced, not copied: joined once at the end.
+                s(f"if len({b}) >= {_HOLE_MIN} and type({out}) is _Out: "
+                  f"{out}.holes.append((len({out}), {b}))")
+                s(f"else: {out} += {b}")
+            else:
+                s(f"{out} += {b}")
 
     def write_field(self, out: str, value: str, f: FieldSpec, flexible: bool) -> None:
         s = self.src
@@ -585,6 +624,7 @@ class _Compiler:
         namespace: dict[str, Any] = {
             "K": self.consts,
             "_st": struct,
+            "_Out": _Out,
             "_i16": struct_cls(">h").unpack_from,
             "_i32": struct_cls(">i").unpack_from,
             "_p16": struct_cls(">h").pack,

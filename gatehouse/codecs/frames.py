@@ -11,7 +11,7 @@ from __future__ import annotations
 import struct
 from typing import Any, Final, NamedTuple
 
-from gatehouse.codecs._compile import message_codec
+from gatehouse.codecs._compile import message_codec, new_output
 from gatehouse.codecs.errors import (
     LocalProtocolError,
     ProtocolError,
@@ -229,7 +229,7 @@ class _Message:
         if (frame is not None and self.header is self._orig_header
                 and (self._body is _UNSET or self._body is self._orig_body)):
             return frame  # unchanged: the original bytes, not a copy
-        out = bytearray()
+        out = new_output()
         view = None if frame is None else _readonly(frame)
         if view is not None and self.header is self._orig_header:
             out += view[: self._body_offset]
@@ -247,7 +247,7 @@ class _Message:
             raise exc.at_api(self.api_key, self.api_version, self.api.name) from None
         if view is not None:
             out += self.trailing
-        return bytes(out)
+        return out.finish()
 
     @property
     def trailing(self) -> bytes:
