@@ -20,7 +20,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
@@ -29,6 +29,7 @@ from prometheus_client.process_collector import ProcessCollector
 from gatehouse.codecs import APIS, ProtocolError, Request, Response, decode_response, records
 from gatehouse.codecs.walk import rewrite
 from gatehouse.logs import log_event
+from gatehouse.metrics.groups import GROUP_APIS, GROUP_RESPONSES, GroupCensus
 from gatehouse.proxy.config import Address
 from gatehouse.proxy.hooks import ConnectionInfo, Observer, Pending
 
@@ -130,6 +131,15 @@ class ProxyMetrics(Observer):
                                  "decoded", ["direction"], registry=r)
         self.folded = Counter("gatehouse_label_values_folded", "Label values folded into "
                               "'other' by the cardinality cap", ["label"], registry=r)
+        self.consumer_groups = Gauge("gatehouse_consumer_groups", "Groups with a live member "
+                                     "connection through this proxy",
+                                     ["protocol_type", "protocol"], registry=r)
+        self.group_fallbacks = Counter(
+            "gatehouse_group_protocol_fallbacks", "Frames with group payloads that do not "
+            "say their protocol type (before KIP-559)", ["api", "direction", "outcome"],
+            registry=r)
+        self.group_label = CappedLabel(label_cap, self.folded, "group_protocol")
+        self.groups = GroupCensus(self.consumer_groups, self.group_fallbacks, self.group_label)
         self.topic_label = CappedLabel(label_cap, self.folded, "topic")
         self.software_label = CappedLabel(label_cap, self.folded, "client_software")
         self.broker_label = CappedLabel(label_cap, self.folded, "broker")
@@ -150,6 +160,9 @@ class ProxyMetrics(Observer):
         """Subscribe to the rules' decisions and reloads."""
         if hasattr(policy, "outcome_listeners"):
             policy.outcome_listeners.append(self._outcome)
+        stats = getattr(policy, "stats", None)
+        if stats is not None and hasattr(stats, "protocol_fallbacks"):
+            self.registry.register(_RewriteStatsCollector(stats))
         if reloader is not None:
             reloader.listeners.append(
                 lambda ok: self.reloads.labels(outcome="ok" if ok else "failed").inc())
@@ -175,6 +188,7 @@ class ProxyMetrics(Observer):
         for side in ("client", "broker"):
             self.open_connections[side] -= 1
             self.connections_total.labels(side=side, outcome=outcome).inc()
+        self.groups.connection_closed(conn.id)
         software = self._software_of.pop(conn.id, None)
         if software is not None:
             self.clients.labels(*software).dec()
@@ -197,6 +211,9 @@ class ProxyMetrics(Observer):
         if key == PRODUCE and req.known:
             with contextlib.suppress(ProtocolError):  # the pumps report malformed frames
                 self._count_produce(req, conn)
+        elif key in GROUP_APIS and req.known:
+            with contextlib.suppress(ProtocolError):
+                self.groups.request(conn.id, req)
 
     def _count_produce(self, req: Request, conn: ConnectionInfo) -> None:
         for topic in req.body.topic_data:
@@ -222,13 +239,15 @@ class ProxyMetrics(Observer):
         if frame is None or key not in APIS:
             return
         try:
-            resp = decode_response(frame, key, pending.api_version)
+            resp = pending.decoded or decode_response(frame, key, pending.api_version)
             if not resp.known:
                 return
             for code in error_codes(resp) or [0]:
                 self.responses.labels(api=api, error=ERROR_NAMES.get(code, str(code))).inc()
             if key == METADATA:
                 self._learn_topic_ids(resp)
+            elif key in GROUP_RESPONSES:
+                self.groups.response(conn.id, pending.correlation_id, resp)
             if key == FETCH:
                 for topic in resp.body.responses:
                     records_total = bytes_total = 0
@@ -277,6 +296,25 @@ class _ConnectionsGauge:
                                    labels=["side"])
         for side, value in self.counts.items():
             family.add_metric([side], value)
+        yield family
+
+
+class _RewriteStatsCollector:
+    """``gatehouse_rename_group_payloads_total{outcome}``: what topic renames met inside
+    group payloads (the rules' own counts, read at scrape time)."""
+
+    def __init__(self, stats: Any) -> None:
+        self.stats = stats
+
+    def collect(self) -> Any:
+        family = CounterMetricFamily(
+            "gatehouse_rename_group_payloads", "Group payloads met by topic rename/prefix "
+            "rules: decoded with the connection's JoinGroup (fallback), of a protocol type "
+            "other than consumer, or undecodable (both passed through unchanged)",
+            labels=["outcome"])
+        family.add_metric(["fallback"], self.stats.protocol_fallbacks)
+        family.add_metric(["unknown_protocol"], self.stats.unknown_protocol_bytes)
+        family.add_metric(["undecodable"], self.stats.undecodable_protocol_bytes)
         yield family
 
 
