@@ -189,11 +189,14 @@ class Reloader:
     def reload(self) -> bool:
         try:
             ruleset = self.source.load()
-        except ConfigError as exc:
+        except (ConfigError, RecursionError) as exc:
+            # PyYAML recurses once per nesting level: "[[[[..." must not end the proxy.
+            error = (str(exc) if isinstance(exc, ConfigError)
+                     else f"{self.source.watched}: nested too deeply to parse")
             self.failed += 1
-            self.last_error = str(exc)
+            self.last_error = error
             log_event(logger, logging.ERROR, "rules reload failed: keeping the old rules",
-                      error=str(exc))
+                      error=error)
             for listener in self.listeners:
                 listener(False)
             return False
