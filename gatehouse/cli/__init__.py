@@ -38,6 +38,12 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--port", type=int, default=0, help="proxy bootstrap port (default: any)")
     demo.add_argument("--log-level", default="WARNING")
     demo.add_argument("--every", type=float, default=5.0, help="seconds between summaries")
+
+    report = sub.add_parser("report", help="capture files -> census, traffic and rule "
+                            "impact tables and report.html (PySpark)")
+    from gatehouse.pipeline.cli import add_arguments
+
+    add_arguments(report)
     return parser
 
 
@@ -47,6 +53,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _check(args.config)
     if args.command == "run":
         return _run(args)
+    if args.command == "report":
+        from gatehouse.pipeline.cli import main as report_main
+
+        return report_main(args)
     if args.command == "demo":
         from gatehouse.demo import run_demo
 

@@ -1,0 +1,289 @@
+"""The Spark job behind ``gatehouse report``: capture files in, Parquet tables out.
+
+    census/   one row per client software name/version
+    traffic/  one row per minute, topic and API
+    impact/   with proposed rules: one row per rule, effect, client and API version
+
+The same code runs on ``local[*]`` and on a Spark standalone cluster (``spark://``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gatehouse.capture.schema import spark_ddl
+from gatehouse.rules import ClientFacts, RuleSet
+from gatehouse.rules.model import software_versions
+
+MAX_LISTED = 50  # client ids / addresses listed per census row
+
+
+class PipelineError(Exception):
+    """A one-line reason the report cannot run (no Java, no pyspark, no captures)."""
+
+
+@dataclass
+class ReportOptions:
+    captures: str
+    out: Path
+    rules: RuleSet | None = None
+    master: str = "local[*]"
+    since: float | None = None  # seconds since the epoch
+    until: float | None = None
+    driver_memory: str = "1g"
+    executor_memory: str = "512m"
+    shuffle_partitions: int = 8
+    spark_conf: dict[str, str] = field(default_factory=dict)
+
+
+def java_available() -> bool:
+    home = os.environ.get("JAVA_HOME")
+    if home and (Path(home) / "bin" / "java").is_file():
+        return True
+    return shutil.which("java") is not None
+
+
+def spark_session(options: ReportOptions) -> Any:
+    if not java_available():
+        raise PipelineError("Spark needs Java (17 or newer) and none was found: install a JRE "
+                            "(e.g. apt-get install openjdk-17-jre-headless) or set JAVA_HOME")
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:
+        raise PipelineError("gatehouse report needs PySpark: pip install "
+                            "'kafka-gatehouse[pipeline]'") from None
+    builder = (SparkSession.builder.master(options.master).appName("gatehouse-report")
+               .config("spark.driver.memory", options.driver_memory)
+               .config("spark.executor.memory", options.executor_memory)
+               .config("spark.sql.shuffle.partitions", str(options.shuffle_partitions))
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.pyspark.python", sys.executable)
+               .config("spark.pyspark.driver.python", sys.executable))
+    for key, value in options.spark_conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    if not options.master.startswith("local"):
+        # Executors elsewhere get this very Gatehouse (the rules code runs there).
+        spark.sparkContext.addPyFile(_package_zip())
+    return spark
+
+
+def _package_zip() -> str:
+    root = Path(__file__).resolve().parents[1]
+    target = Path(tempfile.mkdtemp(prefix="gatehouse-pyfiles-")) / "gatehouse.zip"
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in root.rglob("*.py"):
+            archive.write(path, Path("gatehouse") / path.relative_to(root))
+    return str(target)
+
+
+def read_captures(spark: Any, options: ReportOptions) -> Any:
+    from pyspark.sql import functions as F
+
+    reader = (spark.read.schema(spark_ddl()).option("mode", "PERMISSIVE")
+              .option("recursiveFileLookup", "true")
+              .option("pathGlobFilter", "*.{jsonl,jsonl.gz}"))
+    try:
+        df = reader.json(options.captures)
+    except Exception as exc:  # AnalysisException: path does not exist
+        raise PipelineError(f"cannot read captures from {options.captures}: "
+                            f"{str(exc).splitlines()[0]}") from None
+    df = df.where(F.col("time").isNotNull() & F.col("api").isNotNull())
+    if options.since is not None:
+        df = df.where(F.col("time") >= options.since)
+    if options.until is not None:
+        df = df.where(F.col("time") < options.until)
+    weight = F.lit(1.0) / F.when(F.col("sample") > 0, F.col("sample")).otherwise(F.lit(1.0))
+    host = F.regexp_extract("client", r"^\[?(.*?)\]?:\d+$", 1)
+    return df.select(
+        "time", "proxy", "run", "conn", "client", "listener", "client_id", "software_name",
+        "software_version", "api", "api_key", "api_version", "latency_ms", "outcome",
+        "error_count", "topics", "rules", "request_bytes", "response_bytes",
+        weight.alias("weight"), host.alias("client_host"),
+        F.timestamp_seconds("time").alias("ts"),
+    )
+
+
+def _weighted_count(F: Any, condition: Any = None) -> Any:
+    value = F.col("weight") if condition is None else F.when(condition, F.col("weight"))
+    return F.round(F.coalesce(F.sum(value), F.lit(0.0))).cast("long")
+
+
+def census_table(df: Any, libraries: dict[tuple[str, str], dict[str, str]]) -> Any:
+    from pyspark.sql import functions as F
+
+    software = [F.coalesce("software_name", F.lit("(not reported)")).alias("software_name"),
+                F.coalesce("software_version", F.lit("")).alias("software_version")]
+    base = df.select(*software, "client_id", "client_host", "api", "api_version", "ts",
+                     "weight", "proxy", "run", "conn")
+    apis = (base.groupBy("software_name", "software_version", "api", "api_version")
+            .agg(_weighted_count(F).alias("requests"))
+            .groupBy("software_name", "software_version")
+            .agg(F.sort_array(F.collect_list(F.struct("api", "api_version", "requests")))
+                 .alias("apis")))
+    main = base.groupBy("software_name", "software_version").agg(
+        _weighted_count(F).alias("requests"),
+        F.countDistinct("proxy", "run", "conn").alias("connections"),
+        F.slice(F.sort_array(F.collect_set("client_id")), 1, MAX_LISTED).alias("client_ids"),
+        F.slice(F.sort_array(F.collect_set("client_host")), 1, MAX_LISTED).alias("addresses"),
+        F.min("ts").alias("first_seen"), F.max("ts").alias("last_seen"),
+    )
+    spark = df.sparkSession
+    lib_rows = [(n, v, libs) for (n, v), libs in libraries.items()]
+    lib_df = spark.createDataFrame(
+        lib_rows, "software_name STRING, software_version STRING, "
+                  "libraries MAP<STRING, STRING>")
+    return (main.join(apis, ["software_name", "software_version"])
+            .join(lib_df, ["software_name", "software_version"], "left")
+            .orderBy(F.desc("requests"), "software_name", "software_version"))
+
+
+def library_versions(df: Any) -> dict[tuple[str, str], dict[str, str]]:
+    """name/version -> the libraries in it (librdkafka inside confluent-kafka-python, ...),
+    by the rules' own parser of KIP-511 versions (few distinct pairs: done on the driver)."""
+    from pyspark.sql import functions as F
+
+    pairs = (df.select(F.coalesce("software_name", F.lit("(not reported)")).alias("n"),
+                       F.coalesce("software_version", F.lit("")).alias("v"))
+             .distinct().collect())
+    out = {}
+    for row in pairs:
+        facts = ClientFacts(software_name=row.n, software_version=row.v)
+        out[(row.n, row.v)] = {name: ".".join(map(str, version))
+                               for name, version in software_versions(facts).items()}
+    return out
+
+
+def traffic_table(df: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    exploded = df.select("ts", "api", "latency_ms", "error_count", "weight",
+                         F.explode_outer("topics").alias("t"))
+    return (exploded.groupBy(F.date_trunc("minute", "ts").alias("minute"),
+                             F.coalesce("t.name", "t.id").alias("topic"), "api")
+            .agg(_weighted_count(F).alias("requests"),
+                 F.round(F.coalesce(F.sum(F.col("t.records") * F.col("weight")), F.lit(0.0)))
+                 .cast("long").alias("records"),
+                 F.round(F.coalesce(F.sum(F.col("t.bytes") * F.col("weight")), F.lit(0.0)))
+                 .cast("long").alias("bytes"),
+                 _weighted_count(F, F.col("error_count") > 0).alias("error_responses"),
+                 F.percentile_approx("latency_ms", 0.5).alias("latency_p50_ms"),
+                 F.percentile_approx("latency_ms", 0.99).alias("latency_p99_ms"))
+            .orderBy("minute", "topic", "api"))
+
+
+def latency_table(df: Any) -> Any:
+    """p50/p99 per API over the whole period (the report's latency chart)."""
+    from pyspark.sql import functions as F
+
+    return (df.where(F.col("latency_ms").isNotNull()).groupBy("api")
+            .agg(_weighted_count(F).alias("requests"),
+                 F.percentile_approx("latency_ms", 0.5).alias("p50"),
+                 F.percentile_approx("latency_ms", 0.99).alias("p99"))
+            .orderBy(F.desc("requests")))
+
+
+def impact_table(df: Any, ruleset: RuleSet) -> Any:
+    from pyspark.sql import functions as F
+
+    from gatehouse.pipeline.impact import IMPACT_DDL, evaluate_partition
+
+    groups = (df.select("client_id", "software_name", "software_version", "client",
+                        "listener", "api", "api_key", "api_version", "time", "weight",
+                        F.array_sort(F.array_distinct(F.filter(
+                            F.transform("topics", lambda t: t["name"]),
+                            lambda n: n.isNotNull()))).alias("topic_names"))
+              .groupBy("client_id", "software_name", "software_version", "client", "listener",
+                       "api", "api_key", "api_version", "topic_names")
+              .agg(F.sum("weight").alias("requests"), F.min("time").alias("first_seen"),
+                   F.max("time").alias("last_seen")))
+    decided = df.sparkSession.createDataFrame(
+        groups.rdd.mapPartitions(evaluate_partition(ruleset)), IMPACT_DDL)
+    host = F.regexp_extract("client", r"^\[?(.*?)\]?:\d+$", 1)
+    return (decided.withColumn("client_host", host)
+            .groupBy("rule_index", "rule", "effect", "action", "mode", "software_name",
+                     "software_version", "client_id", "client_host", "api", "api_version")
+            .agg(F.round(F.sum("requests")).cast("long").alias("requests"),
+                 F.countDistinct("client").alias("connections"),
+                 F.first("reason", ignorenulls=True).alias("reason"),
+                 F.array_sort(F.array_distinct(F.flatten(F.collect_list("topics"))))
+                 .alias("topics"),
+                 F.timestamp_seconds(F.min("first_seen")).alias("first_seen"),
+                 F.timestamp_seconds(F.max("last_seen")).alias("last_seen"))
+            .orderBy("rule_index", "effect", F.desc("requests"), "software_name",
+                     "client_id", "api", "api_version"))
+
+
+@dataclass
+class ReportData:
+    """Small aggregates collected to the driver for report.html."""
+
+    records: int
+    first: Any
+    last: Any
+    census: list[Any]
+    per_minute: list[Any]
+    latency: list[Any]
+    topics: list[Any]
+    impact: list[Any] | None
+    rules: RuleSet | None
+
+
+def run_report(options: ReportOptions) -> ReportData:
+    """Writes census/, traffic/, impact/ (with rules) and report.html under ``out``."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    spark = spark_session(options)
+    try:
+        df = read_captures(spark, options).persist(StorageLevel.MEMORY_AND_DISK)
+        summary = df.agg(F.count(F.lit(1)).alias("n"), F.min("ts").alias("first"),
+                         F.max("ts").alias("last")).collect()[0]
+        if summary.n == 0:
+            raise PipelineError(f"no capture records in {options.captures} for that period")
+        out = options.out
+        out.mkdir(parents=True, exist_ok=True)
+        census = census_table(df, library_versions(df))
+        census.coalesce(1).write.mode("overwrite").parquet(str(out / "census"))
+        traffic = traffic_table(df)
+        traffic.write.mode("overwrite").parquet(str(out / "traffic"))
+        impact_rows = None
+        if options.rules is not None:
+            impact = impact_table(df, options.rules)
+            impact.coalesce(1).write.mode("overwrite").parquet(str(out / "impact"))
+            impact_rows = spark.read.parquet(str(out / "impact")).orderBy(
+                "rule_index", "effect", F.desc("requests")).collect()
+        traffic_saved = spark.read.parquet(str(out / "traffic"))
+        per_minute = (traffic_saved.groupBy("minute", "api")
+                      .agg(F.sum("records").alias("records"), F.sum("bytes").alias("bytes"),
+                           F.sum("requests").alias("requests"))
+                      .orderBy("minute").collect())
+        topics = (traffic_saved.where(F.col("topic").isNotNull()
+                                      & F.col("api").isin("Produce", "Fetch"))
+                  .groupBy("topic", "api").agg(F.sum("records").alias("records"),
+                                               F.sum("bytes").alias("bytes"))
+                  .orderBy(F.desc("records")).limit(40).collect())
+        data = ReportData(
+            records=summary.n, first=summary.first, last=summary.last,
+            census=spark.read.parquet(str(out / "census")).orderBy(F.desc("requests"))
+            .collect(),
+            per_minute=per_minute, latency=latency_table(df).limit(20).collect(),
+            topics=topics, impact=impact_rows, rules=options.rules,
+        )
+        df.unpersist()
+    finally:
+        spark.stop()
+    from gatehouse.pipeline.html import render_report
+
+    (options.out / "report.html").write_text(render_report(data), encoding="utf-8")
+    return data
