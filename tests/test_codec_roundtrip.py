@@ -297,3 +297,26 @@ def test_large_record_sets_are_joined_in_place() -> None:
     assert got == [bytes([p + 1]) * size for _ in range(2) for p, size in enumerate(sizes)]
     assert bytes(codecs.response_from_dict(codecs.to_dict(back), api_key=1,
                                            api_version=17).encode()) == frame
+
+
+def test_splice_keeps_large_untouched_spans_in_place() -> None:
+    # A Fetch response whose NodeEndpoints change (the proxy's KIP-951 rewrite): the 3 MB
+    # of partitions before them are spliced by reference and must come out unchanged.
+    records = [bytes([i]) * (100_000 + i) for i in range(3)]
+    plain = {"header": {"correlation_id": 5}, "body": {
+        "throttle_time_ms": 0, "error_code": 0, "session_id": 0, "responses": [
+            {"topic_id": uuid.UUID(int=7), "partitions": [
+                {"partition_index": p, "error_code": 0, "high_watermark": 1,
+                 "last_stable_offset": 1, "log_start_offset": 0, "aborted_transactions": None,
+                 "preferred_read_replica": -1, "records": data}
+                for p, data in enumerate(records)]}],
+        "node_endpoints": [{"node_id": 1, "host": "broker-1", "port": 9092, "rack": None}]}}
+    frame = bytes(codecs.response_from_dict(plain, api_key=1, api_version=17).encode())
+    resp = codecs.decode_response(frame, 1, 17)
+    moved = resp.replace(body=resp.body.replace(node_endpoints=(
+        resp.body.node_endpoints[0].replace(host="proxy", port=19092),)))
+    spliced = bytes(moved.encode())
+    plain["body"]["node_endpoints"][0].update(host="proxy", port=19092)
+    assert spliced == bytes(codecs.response_from_dict(plain, api_key=1, api_version=17).encode())
+    back = codecs.decode_response(spliced, 1, 17)
+    assert [bytes(p.records) for p in back.body.responses[0].partitions] == records

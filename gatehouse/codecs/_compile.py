@@ -61,6 +61,14 @@ class _Out(bytearray):
         return b"".join(parts)
 
 
+def _copy(out: bytearray, view: memoryview, start: int, end: int) -> None:
+    """An untouched span of the original frame into ``out``: large ones by reference."""
+    if end - start >= _HOLE_MIN and type(out) is _Out:
+        out.holes.append((len(out), view[start:end]))
+    else:
+        out += view[start:end]
+
+
 def new_output() -> _Out:
     """The buffer ``MessageCodec.encode`` writes into best (see ``_Out``)."""
     return _Out()
@@ -573,7 +581,7 @@ class _Compiler:
                 for j, (idx, f) in enumerate(regular):
                     s(f"f = {idx}")
                     if splice:
-                        s(f"if v{idx} is o[{idx}]: out += fv[sp[{j}]:sp[{j + 1}]]")
+                        s(f"if v{idx} is o[{idx}]: _copy(out, fv, sp[{j}], sp[{j + 1}])")
                         s("else:")
                         with s.indent():
                             self.write_field("out", f"v{idx}", f, self.flexible_for(f))
@@ -625,6 +633,7 @@ class _Compiler:
             "K": self.consts,
             "_st": struct,
             "_Out": _Out,
+            "_copy": _copy,
             "_i16": struct_cls(">h").unpack_from,
             "_i32": struct_cls(">i").unpack_from,
             "_p16": struct_cls(">h").pack,
