@@ -22,6 +22,8 @@ from gatehouse.configfile import (
     load_yaml_text,
 )
 
+DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
+
 
 @dataclass(frozen=True)
 class Address:
@@ -100,15 +102,17 @@ class ProxyConfig:
     log_json: bool = False
 
 
-def parse_address(text: Any, source: Source, line: int | None, what: str) -> Address:
+def parse_address(text: Any, source: Source, line: int | None, what: str,
+                  default_host: str = "0.0.0.0") -> Address:
+    """``host:port``; a bare port (``9464`` or ``:9464``) binds ``default_host``."""
     if isinstance(text, int) and not isinstance(text, bool):
-        text = f"0.0.0.0:{text}"
+        text = f"{default_host}:{text}"
     if not isinstance(text, str):
         raise source.error(f"{what} must be 'host:port', not {text!r}", line)
     host, sep, port_text = text.rpartition(":")
     if not sep or not port_text.isdigit():
         raise source.error(f"{what} must be 'host:port', not {text!r}", line)
-    host = host.strip("[]") or "0.0.0.0"
+    host = host.strip("[]") or default_host
     port = int(port_text)
     if not 0 <= port <= 65535:
         raise source.error(f"{what}: port {port} is out of range", line)
@@ -214,8 +218,11 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
     metrics_listen = None
     if top.has("metrics"):
         metrics = top.child("metrics")
+        # Localhost unless a host is named: /metrics tells anyone who can reach it the
+        # topics, client ids and software of every client.
         metrics_listen = parse_address(
-            metrics.require("listen", (str, int)), source, metrics.line_of("listen"), "metrics.listen"
+            metrics.take("listen", (str, int), DEFAULT_METRICS_LISTEN), source,
+            metrics.line_of("listen"), "metrics.listen", default_host="127.0.0.1",
         )
         metrics.finish()
 

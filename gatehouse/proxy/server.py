@@ -179,7 +179,7 @@ class Proxy:
             except trio.TooSlowError:
                 errors.append(f"{target}: connect timed out")
             except (*_STREAM_ERRORS, ssl.SSLError) as exc:
-                errors.append(f"{target}: {getattr(exc, 'strerror', None) or exc}")
+                errors.append(f"{target}: {_describe(exc)}")
             self.observer.upstream_failure(str(target), errors[-1])
         self.upstream_reachable = False
         raise UpstreamUnavailable("; ".join(errors))
@@ -230,7 +230,7 @@ class Proxy:
                     with trio.fail_after(self.config.limits.connect_timeout):
                         await tls.do_handshake()
                 except (trio.TooSlowError, *_STREAM_ERRORS, ssl.SSLError) as exc:
-                    reason, level = f"TLS handshake failed: {exc}", logging.WARNING
+                    reason, level = f"TLS handshake failed: {_describe(exc)}", logging.WARNING
                     await _aclose(stream)
                     return
                 client = tls
@@ -302,6 +302,12 @@ class Proxy:
                       listen=f"{listen.host}:{self.bootstrap_ports[0]}",
                       upstream=",".join(map(str, self.config.upstream)),
                       advertise=self.config.advertise_host)
+            if self.config.tls_upstream is not None and not self.config.tls_upstream.verify:
+                # Never silent: on every start, for as long as the config says so.
+                log_event(logger, logging.WARNING, "upstream TLS verification is DISABLED "
+                          "(tls.upstream.verify: false): broker certificates and names are "
+                          "not checked; anyone on the path can impersonate the brokers",
+                          upstream=",".join(map(str, self.config.upstream)))
             await self.discover()
             self.ready.set()
             task_status.started()
@@ -337,6 +343,16 @@ async def _roundtrip(stream: trio.abc.Stream, req: Request) -> codecs.Response:
         if not data:
             raise trio.BrokenResourceError("broker closed the connection")
         reader.feed(data)
+
+
+def _describe(exc: BaseException) -> str:
+    """What went wrong, for the log: trio wraps TLS errors (certificate verify failed...)
+    in a BrokenResourceError whose own text is empty."""
+    text = getattr(exc, "strerror", None) or str(exc)
+    cause = exc.__cause__ or exc.__context__
+    if not text and cause is not None:
+        return _describe(cause)
+    return text or type(exc).__name__
 
 
 def _peer(stream: trio.SocketStream) -> str:

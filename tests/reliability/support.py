@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -205,8 +206,9 @@ def _discovery_answer(req: codecs.Request) -> Any:
 class FakeBrokerServer:
     """``FakeBroker`` on 127.0.0.1 (trio in a thread): every frame it received is kept."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, ssl_context: ssl.SSLContext | None = None) -> None:
         self.handler = handler
+        self.ssl_context = ssl_context
         self.received: list[bytes] = []
         self.port = 0
         self._ready = threading.Event()
@@ -220,12 +222,16 @@ class FakeBrokerServer:
         return self.handler(req)
 
     async def _main(self) -> None:
-        async def serve(stream: trio.SocketStream) -> None:
+        async def serve(socket_stream: trio.SocketStream) -> None:
+            stream: trio.abc.Stream = socket_stream
+            if self.ssl_context is not None:
+                stream = trio.SSLStream(socket_stream, self.ssl_context, server_side=True)
             broker = FakeBroker(stream, self._answer)
             broker.received = self.received  # one list for all connections
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                 await broker.serve()
-            await stream.aclose()
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await stream.aclose()
 
         with trio.CancelScope() as self._cancel:
             listeners = await trio.open_tcp_listeners(0, host=LOCALHOST)
@@ -282,7 +288,10 @@ def read_frame(sock: socket.socket) -> bytes | None:
 def read_exactly(sock: socket.socket, n: int) -> bytes | None:
     parts, need = [], n
     while need:
-        chunk = sock.recv(min(need, 1 << 20))
+        try:
+            chunk = sock.recv(min(need, 1 << 20))
+        except ConnectionResetError:
+            return None
         if not chunk:
             return None
         parts.append(chunk)
