@@ -125,6 +125,10 @@ class ProxyMetrics(Observer):
                                  ["rule", "action"], registry=r)
         self.reloads = Counter("gatehouse_rules_reloads", "Rules reloads", ["outcome"],
                                registry=r)
+        self.last_reload_ok = Gauge("gatehouse_rules_last_reload_success", "1 unless the "
+                                    "last rules reload failed (the old rules stay in force)",
+                                    registry=r)
+        self.last_reload_ok.set(1)
         self.upstream_failures = Counter("gatehouse_upstream_failures", "Failed connections "
                                          "to brokers", ["broker"], registry=r)
         self.malformed_frames = Counter("gatehouse_malformed_frames", "Frames that could not be "
@@ -144,6 +148,9 @@ class ProxyMetrics(Observer):
         self.software_label = CappedLabel(label_cap, self.folded, "client_software")
         self.broker_label = CappedLabel(label_cap, self.folded, "broker")
         self.upstream_ok = False
+        # What /readyz answers; serve_metrics installs the proxy's own check.
+        self.ready_check: Callable[[], bool] = lambda: self.upstream_ok
+        r.register(_ReadyGauge(self))
         # Produce v13 and Fetch v13+ name topics by id: names come from the Metadata
         # responses this proxy has seen (bounded; "unknown" until then).
         self.topic_names: dict[Any, str] = {}
@@ -164,8 +171,11 @@ class ProxyMetrics(Observer):
         if stats is not None and hasattr(stats, "protocol_fallbacks"):
             self.registry.register(_RewriteStatsCollector(stats))
         if reloader is not None:
-            reloader.listeners.append(
-                lambda ok: self.reloads.labels(outcome="ok" if ok else "failed").inc())
+            reloader.listeners.append(self._reloaded)
+
+    def _reloaded(self, ok: bool) -> None:
+        self.reloads.labels(outcome="ok" if ok else "failed").inc()
+        self.last_reload_ok.set(1 if ok else 0)
 
     def _outcome(self, outcome: Any) -> None:
         effect = outcome.effect
@@ -278,6 +288,7 @@ class ProxyMetrics(Observer):
                 self.topic_names[topic_id] = topic.name
 
     def upstream_failure(self, target: str, error: str) -> None:
+        self.upstream_ok = False
         self.connections_total.labels(side="broker", outcome="failed").inc()
         self.upstream_failures.labels(broker=self.broker_label(target)).inc()
 
@@ -296,6 +307,20 @@ class _ConnectionsGauge:
                                    labels=["side"])
         for side, value in self.counts.items():
             family.add_metric([side], value)
+        yield family
+
+
+class _ReadyGauge:
+    """``gatehouse_ready``: 1 while /readyz answers 200."""
+
+    def __init__(self, metrics: ProxyMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Any:
+        family = GaugeMetricFamily("gatehouse_ready", "1 while /readyz answers 200: "
+                                   "listening, and the last connection attempt to a broker "
+                                   "succeeded")
+        family.add_metric([], 1.0 if self.metrics.ready_check() else 0.0)
         yield family
 
 
@@ -359,7 +384,9 @@ async def serve_metrics(listen: Address, metrics: ProxyMetrics,
     port = listeners[0].socket.getsockname()[1]
     log_event(logger, logging.INFO, "metrics listening", listen=f"{listen.host}:{port}")
     task_status.started(port)
-    check = ready or (lambda: metrics.upstream_ok)
+    if ready is not None:
+        metrics.ready_check = ready
+    check = metrics.ready_check
 
     async def handler(stream: trio.SocketStream) -> None:
         await _http(stream, metrics, check)
