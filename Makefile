@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint unit bench install-dev kafka prometheus clean
+.PHONY: demo test lint unit soak bench install-dev kafka prometheus clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,11 @@ unit: install-dev
 
 test: lint kafka prometheus
 	$(BIN)/pytest -q
+
+# The long variants of tests/reliability (minutes of fuzzing, 10,000 connections, more
+# fault rounds); `make test` runs the short ones.
+soak: install-dev kafka
+	GATEHOUSE_SOAK=1 $(BIN)/pytest -q tests/reliability
 
 bench: install-dev kafka
 	$(BIN)/python bench/codecs.py

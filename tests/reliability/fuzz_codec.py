@@ -1,0 +1,158 @@
+"""Coverage-guided fuzzing of the frame splitter and the request/response codecs (atheris).
+
+    python -m tests.reliability.fuzz_codec CORPUS_DIR [-max_total_time=30] [libFuzzer flags]
+
+An input is a mode byte, then bytes as they come off a socket:
+
+    0x00 <request frames, size-prefixed>
+    0x01 <api_key int16> <api_version int16> <response frames, size-prefixed>
+
+The splitter gets the bytes in chunks whose sizes come from the input's length; every frame
+is decoded (header, then body), turned into a plain dict and built again.  The codec may
+refuse bytes only with its own ``ProtocolError``; any other exception is a crash.
+``check_input`` is also what tests/reliability/test_fuzz.py replays for each saved crash.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+import sys
+
+from gatehouse import codecs
+
+MAX_FRAME = 1 << 20
+REQUEST, RESPONSE = 0, 1
+_KEY_VERSION = struct.Struct(">hh")
+
+
+def request_seed(wire: bytes) -> bytes:
+    return bytes([REQUEST]) + wire
+
+
+def response_seed(api_key: int, api_version: int, wire: bytes) -> bytes:
+    return bytes([RESPONSE]) + _KEY_VERSION.pack(api_key, api_version) + wire
+
+
+def _frames(stream: bytes) -> list[bytes]:
+    """Split ``stream`` in input-determined chunks; the frames must be the stream itself."""
+    reader = codecs.FrameReader(MAX_FRAME)
+    chunks = random.Random(len(stream)).choices([1, 2, 3, 5, 64, 4096], k=len(stream) + 1)
+    frames: list[bytes] = []
+    pos = 0
+    try:
+        for size in chunks:
+            if pos >= len(stream):
+                break
+            reader.feed(stream[pos:pos + size])
+            pos += size
+            while (wire := reader.next_wire_frame()) is not None:
+                frames.append(wire)
+    except codecs.ProtocolError:
+        pass
+    consumed = sum(len(f) for f in frames)
+    assert b"".join(frames) == stream[:consumed], "the splitter changed the bytes"
+    for wire in frames:
+        assert struct.unpack(">i", wire[:4])[0] == len(wire) - 4
+    return [wire[4:] for wire in frames]
+
+
+def _request(frame: bytes) -> None:
+    try:
+        req = codecs.decode_request(frame)
+        if not req.known:
+            return
+        req.body  # noqa: B018 - the full decode is the test
+    except codecs.ProtocolError:
+        return
+    assert bytes(codecs.encode_request(req)) == frame, "an unchanged request re-encodes as is"
+    plain = codecs.to_dict(req)
+    again = codecs.request_from_dict(plain)
+    rebuilt = bytes(codecs.encode_request(again))
+    assert repr(codecs.to_dict(codecs.decode_request(rebuilt))) == repr(plain), "dict round trip"
+
+
+def _response(frame: bytes, api_key: int, api_version: int) -> None:
+    try:
+        resp = codecs.decode_response(frame, api_key, api_version)
+        if not resp.known:
+            return
+        resp.body  # noqa: B018
+    except codecs.ProtocolError:
+        return
+    assert bytes(codecs.encode_response(resp)) == frame, "an unchanged response re-encodes as is"
+    plain = codecs.to_dict(resp)
+    again = codecs.response_from_dict(plain, api_key=api_key, api_version=resp.api_version)
+    rebuilt = bytes(codecs.encode_response(again))
+    back = codecs.decode_response(rebuilt, api_key, resp.api_version)
+    assert repr(codecs.to_dict(back)) == repr(plain), "dict round trip"  # NaN-safe
+
+
+def check_input(data: bytes) -> None:
+    if not data:
+        return
+    mode = data[0] & 1
+    if mode == REQUEST:
+        for frame in _frames(data[1:]):
+            _request(frame)
+    elif len(data) >= 5:
+        api_key, api_version = _KEY_VERSION.unpack_from(data, 1)
+        for frame in _frames(data[5:]):
+            _response(frame, api_key, api_version)
+
+
+def mutate(data: bytes, rng: random.Random) -> bytes:
+    """One blind mutation (the fallback where atheris has no wheel): flip, cut, splice."""
+    out = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        choice = rng.randrange(4)
+        if choice == 0 and out:
+            out[rng.randrange(len(out))] ^= 1 << rng.randrange(8)
+        elif choice == 1 and out:
+            del out[rng.randrange(len(out)):]
+        elif choice == 2:
+            at = rng.randrange(len(out) + 1)
+            out[at:at] = rng.choice([b"\x00", b"\xff", b"\x7f\xff\xff\xff", b"\x80"])
+        elif out:
+            at = rng.randrange(len(out))
+            out[at:at + 4] = rng.randbytes(4)
+    return bytes(out)
+
+
+def _blind(argv: list[str]) -> None:
+    """Same flags as libFuzzer's where they matter: CORPUS -max_total_time= -artifact_prefix=."""
+    import hashlib
+    import time
+    from pathlib import Path
+
+    flags = dict(a[1:].split("=", 1) for a in argv[1:] if a.startswith("-") and "=" in a)
+    corpus = [p.read_bytes() for d in argv[1:] if not d.startswith("-")
+              for p in sorted(Path(d).iterdir())]
+    deadline = time.monotonic() + float(flags.get("max_total_time", 30))
+    rng = random.Random(0)
+    runs = 0
+    while time.monotonic() < deadline:
+        data = mutate(rng.choice(corpus), rng)
+        runs += 1
+        try:
+            check_input(data)
+        except Exception:
+            name = flags.get("artifact_prefix", "") + "crash-" + hashlib.sha1(data).hexdigest()
+            Path(name).write_bytes(data)
+            raise
+    print(f"Done {runs} runs (blind mutation, cov: n/a)", file=sys.stderr)
+
+
+def main(argv: list[str]) -> None:
+    try:
+        import atheris
+    except ImportError:
+        _blind(argv)
+        return
+    atheris.instrument_all()  # coverage feedback from every function loaded so far
+    atheris.Setup(argv, check_input)
+    atheris.Fuzz()
+
+
+if __name__ == "__main__":
+    main(sys.argv)
