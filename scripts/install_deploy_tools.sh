@@ -34,11 +34,12 @@ retry() {
 }
 
 mkdir -p "$TOOLS/bin" "$TOOLS/node"
+GO=$(command -v go || echo /usr/local/go/bin/go)
 
 # kustomize: one static binary, built once (about a minute on 2 cores), then cached.
 if ! "$TOOLS/bin/kustomize" version 2>/dev/null | grep -q "$KUSTOMIZE_VERSION"; then
     retry env GOBIN="$TOOLS/bin" GOFLAGS=-mod=mod \
-        go install "sigs.k8s.io/kustomize/kustomize/v5@$KUSTOMIZE_VERSION"
+        "$GO" install "sigs.k8s.io/kustomize/kustomize/v5@$KUSTOMIZE_VERSION"
 fi
 
 # hadolint and the Kubernetes schemas, into the project's virtualenv.
