@@ -1,4 +1,4 @@
-"""The `gatehouse` command: run, check, demo."""
+"""The `gatehouse` command: run, check, demo, top."""
 
 from __future__ import annotations
 
@@ -39,6 +39,13 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--log-level", default="WARNING")
     demo.add_argument("--every", type=float, default=5.0, help="seconds between summaries")
 
+    top = sub.add_parser("top", help="a live terminal view of a proxy's /metrics")
+    top.add_argument("--metrics", required=True, metavar="URL",
+                     help="the proxy's metrics endpoint, e.g. http://127.0.0.1:9464/metrics")
+    top.add_argument("--interval", type=float, default=2.0, help="seconds between scrapes")
+    top.add_argument("--once", action="store_true",
+                     help="print one view (rates over one interval) and exit")
+
     report = sub.add_parser("report", help="capture files -> census, traffic and rule "
                             "impact tables and report.html (PySpark)")
     from gatehouse.pipeline.cli import add_arguments
@@ -57,6 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gatehouse.pipeline.cli import main as report_main
 
         return report_main(args)
+    if args.command == "top":
+        from gatehouse.cli.top import run_top
+
+        return run_top(args.metrics, interval=args.interval, once=args.once)
     if args.command == "demo":
         from gatehouse.demo import run_demo
 

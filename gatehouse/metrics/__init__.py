@@ -233,6 +233,8 @@ class ProxyMetrics(Observer):
                 summary = records.summarize(partition.records)
                 records_total += summary.records
                 bytes_total += summary.bytes
+            if records_total <= 0:  # nothing (or a nonsense count from a bad header)
+                continue
             label = self.topic_label(name)
             self.topic_records.labels(topic=label, direction="produce").inc(records_total)
             self.topic_bytes.labels(topic=label, direction="produce").inc(bytes_total)
@@ -265,7 +267,7 @@ class ProxyMetrics(Observer):
                         summary = records.summarize(partition.records)
                         records_total += summary.records
                         bytes_total += summary.bytes
-                    if records_total:
+                    if records_total > 0:
                         label = self.topic_label(self._topic_name(topic, "topic"))
                         self.topic_records.labels(topic=label, direction="fetch").inc(
                             records_total)

@@ -1,0 +1,205 @@
+"""The group census, the KIP-559 fallback counter and topic-id naming, frame by frame.
+
+The observer is fed what the connection pumps feed it: requests decoded from bytes and
+response frames as sent to the client.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from typing import Any
+
+from gatehouse import codecs
+from gatehouse.metrics import ProxyMetrics
+from gatehouse.proxy.hooks import ConnectionInfo, Pending
+
+_correlation = itertools.count(1)
+
+
+class Wire:
+    """One client connection's traffic into a ProxyMetrics."""
+
+    def __init__(self, metrics: ProxyMetrics, conn_id: int) -> None:
+        self.metrics = metrics
+        self.conn = ConnectionInfo(id=conn_id, client="127.0.0.1:1", listener="bootstrap")
+        metrics.connection_opened(self.conn)
+
+    def exchange(self, api_key: int, version: int, request: dict[str, Any],
+                 response: dict[str, Any]) -> None:
+        correlation_id = next(_correlation)
+        plain = {"header": {"api_key": api_key, "api_version": version,
+                            "correlation_id": correlation_id, "client_id": "app"},
+                 "body": request}
+        req = codecs.decode_request(bytes(codecs.request_from_dict(plain).encode()))
+        self.metrics.request(self.conn, req, 100)
+        frame = bytes(codecs.response_from_dict(
+            {"header": {"correlation_id": correlation_id}, "body": response},
+            api_key=api_key, api_version=version).encode())
+        pending = Pending(correlation_id, api_key, version, 0.0)
+        self.metrics.response(self.conn, pending, len(frame), 0.001, memoryview(frame))
+
+    def close(self) -> None:
+        self.metrics.connection_closed(self.conn, "client closed")
+
+
+def join(wire: Wire, group: str, version: int = 5, protocol_type: str = "consumer",
+         chosen: str = "range", leader: bool = True) -> None:
+    members = [{"member_id": "m", "group_instance_id": None, "metadata": b"\x00\x01x"}]
+    response: dict[str, Any] = {"generation_id": 1, "protocol_name": chosen, "leader": "m",
+                                "member_id": "m", "members": members if leader else []}
+    if version >= 7:
+        response["protocol_type"] = protocol_type
+    wire.exchange(11, version, {"group_id": group, "session_timeout_ms": 10000,
+                                "rebalance_timeout_ms": 10000, "member_id": "",
+                                "group_instance_id": None, "protocol_type": protocol_type,
+                                "protocols": [{"name": chosen, "metadata": b"\x00\x01x"}]},
+                  response)
+
+
+def sync(wire: Wire, group: str, version: int = 3) -> None:
+    request: dict[str, Any] = {"group_id": group, "generation_id": 1, "member_id": "m",
+                               "group_instance_id": None,
+                               "assignments": [{"member_id": "m", "assignment": b"\x00\x01a"}]}
+    response: dict[str, Any] = {"assignment": b"\x00\x01a"}
+    if version >= 5:
+        request.update(protocol_type="consumer", protocol_name="range")
+        response.update(protocol_type="consumer", protocol_name="range")
+    wire.exchange(14, version, request, response)
+
+
+def groups(metrics: ProxyMetrics, protocol_type: str, protocol: str) -> float:
+    value = metrics.registry.get_sample_value(
+        "gatehouse_consumer_groups", {"protocol_type": protocol_type, "protocol": protocol})
+    return value or 0.0
+
+
+def fallbacks(metrics: ProxyMetrics, api: str, direction: str, outcome: str) -> float:
+    value = metrics.registry.get_sample_value(
+        "gatehouse_group_protocol_fallbacks_total",
+        {"api": api, "direction": direction, "outcome": outcome})
+    return value or 0.0
+
+
+def test_classic_group_counted_once_across_members_until_the_last_leaves() -> None:
+    metrics = ProxyMetrics()
+    a, b = Wire(metrics, 1), Wire(metrics, 2)
+    join(a, "g1")
+    join(b, "g1", leader=False)
+    assert groups(metrics, "consumer", "range") == 1
+    a.exchange(13, 5, {"group_id": "g1", "members": [
+        {"member_id": "m", "group_instance_id": None, "reason": None}]},
+        {"members": [{"member_id": "m", "group_instance_id": None}]})
+    assert groups(metrics, "consumer", "range") == 1  # b is still a member
+    b.close()
+    assert groups(metrics, "consumer", "range") == 0
+
+
+def test_rebalance_to_another_protocol_moves_the_group() -> None:
+    metrics = ProxyMetrics()
+    wire = Wire(metrics, 1)
+    join(wire, "g", version=9, chosen="range")
+    join(wire, "g", version=9, chosen="cooperative-sticky")
+    assert groups(metrics, "consumer", "range") == 0
+    assert groups(metrics, "consumer", "cooperative-sticky") == 1
+    join(wire, "c", version=9, protocol_type="connect", chosen="sessioned")
+    assert groups(metrics, "connect", "sessioned") == 1
+
+
+def test_pre_kip559_frames_resolved_from_the_connections_join() -> None:
+    metrics = ProxyMetrics()
+    wire = Wire(metrics, 1)
+    join(wire, "g", version=5)  # the leader's response carries member metadata
+    sync(wire, "g", version=3)
+    for api, direction in (("JoinGroup", "response"), ("SyncGroup", "request"),
+                           ("SyncGroup", "response")):
+        assert fallbacks(metrics, api, direction, "resolved") == 1
+        assert fallbacks(metrics, api, direction, "unresolved") == 0
+
+
+def test_kip559_versions_need_no_fallback() -> None:
+    metrics = ProxyMetrics()
+    wire = Wire(metrics, 1)
+    join(wire, "g", version=9)
+    sync(wire, "g", version=5)
+    total = sum(s.value for family in metrics.registry.collect() for s in family.samples
+                if s.name == "gatehouse_group_protocol_fallbacks_total")
+    assert total == 0
+
+
+def test_sync_without_a_join_on_the_connection_is_unresolved() -> None:
+    """A client that moved its SyncGroup to another connection (or a proxy restarted
+    mid-group): the bytes cannot be told apart."""
+    metrics = ProxyMetrics()
+    sync(Wire(metrics, 7), "g", version=3)
+    assert fallbacks(metrics, "SyncGroup", "request", "unresolved") == 1
+    assert fallbacks(metrics, "SyncGroup", "response", "unresolved") == 1
+
+
+def heartbeat(wire: Wire, group: str, epoch: int, assignor: str | None) -> None:
+    wire.exchange(68, 1, {"group_id": group, "member_id": "m", "member_epoch": epoch,
+                          "instance_id": None, "rack_id": None, "rebalance_timeout_ms": 1000,
+                          "subscribed_topic_names": None, "subscribed_topic_regex": None,
+                          "server_assignor": assignor, "topic_partitions": None},
+                  {"error_code": 0, "error_message": None, "member_id": "m",
+                   "member_epoch": max(epoch, 0) + 1, "heartbeat_interval_ms": 5000,
+                   "assignment": None})
+
+
+def test_kip848_group_keeps_its_assignor_until_the_member_leaves() -> None:
+    metrics = ProxyMetrics()
+    wire = Wire(metrics, 1)
+    heartbeat(wire, "g", 0, "uniform")
+    heartbeat(wire, "g", 1, None)  # null: unchanged
+    assert groups(metrics, "consumer", "uniform") == 1
+    heartbeat(wire, "g", -1, None)  # leave
+    assert groups(metrics, "consumer", "uniform") == 0
+    heartbeat(wire, "h", 0, None)
+    assert groups(metrics, "consumer", "default") == 1
+    wire.close()
+    assert groups(metrics, "consumer", "default") == 0
+
+
+def test_fetch_by_topic_id_is_unknown_until_metadata_names_it() -> None:
+    metrics = ProxyMetrics()
+    wire = Wire(metrics, 1)
+    topic_id = uuid.uuid4()
+    batch = one_record_batch()
+
+    def fetch() -> None:
+        wire.exchange(1, 13, {"replica_id": -1, "max_wait_ms": 500, "min_bytes": 1,
+                              "max_bytes": 1 << 20, "isolation_level": 0, "session_id": 0,
+                              "session_epoch": -1, "topics": [], "forgotten_topics_data": [],
+                              "rack_id": ""},
+                      {"error_code": 0, "session_id": 0, "responses": [
+                          {"topic_id": topic_id, "partitions": [
+                              {"partition_index": 0, "error_code": 0, "high_watermark": 1,
+                               "last_stable_offset": 1, "log_start_offset": 0,
+                               "aborted_transactions": None, "preferred_read_replica": -1,
+                               "records": batch}]}]})
+
+    def records(topic: str) -> float:
+        value = metrics.registry.get_sample_value(
+            "gatehouse_topic_records_total", {"topic": topic, "direction": "fetch"})
+        return value or 0.0
+
+    fetch()
+    assert records("unknown") == 1
+    wire.exchange(3, 12, {"topics": None, "allow_auto_topic_creation": False,
+                          "include_topic_authorized_operations": False},
+                  {"brokers": [], "cluster_id": None, "controller_id": 1, "topics": [
+                      {"error_code": 0, "name": "orders", "topic_id": topic_id,
+                       "is_internal": False, "partitions": [],
+                       "topic_authorized_operations": 0}]})
+    fetch()
+    assert records("orders") == 1
+    assert records("unknown") == 1
+
+
+def one_record_batch() -> bytes:
+    """A record batch v2 header claiming one record (the counters read headers only)."""
+    import struct
+
+    body = struct.pack(">hiqqqhii", 0, 0, 0, 0, -1, -1, -1, 1) + b"\x00" * 8
+    length = 4 + 1 + 4 + len(body)  # leader epoch, magic, crc, rest
+    return struct.pack(">qii", 0, length, 0) + b"\x02" + struct.pack(">I", 0) + body

@@ -1,0 +1,65 @@
+"""`gatehouse top`'s arithmetic: rates between scrapes, counter resets, quantiles."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pytest
+from prometheus_client import generate_latest
+from rich.console import Console
+
+from gatehouse.cli.top import ScrapeError, latency_quantiles, parse, quantile, rates, render
+from gatehouse.metrics import ProxyMetrics
+
+
+def test_quantile_interpolates_like_prometheus() -> None:
+    # 10 observations <= 0.1, 10 more <= 0.2: the median is the bucket edge, p75 halfway.
+    buckets = {0.1: 10.0, 0.2: 20.0, math.inf: 20.0}
+    assert quantile(0.5, buckets) == pytest.approx(0.1)
+    assert quantile(0.75, buckets) == pytest.approx(0.15)
+    assert math.isnan(quantile(0.5, {0.1: 0.0, math.inf: 0.0}))
+    # Everything above the last finite bound: that bound (as histogram_quantile).
+    assert quantile(0.99, {0.1: 0.0, math.inf: 5.0}) == pytest.approx(0.1)
+
+
+def text(requests: int, api: str = "Produce") -> str:
+    return ("# TYPE gatehouse_requests_total counter\n"
+            f'gatehouse_requests_total{{api="{api}",version="9"}} {requests}\n')
+
+
+def test_rates_between_scrapes_and_after_a_restart() -> None:
+    before, after = parse(text(100), 10.0), parse(text(150), 12.0)
+    assert rates(before, after, "gatehouse_requests_total", ("api",)) == {("Produce",): 25.0}
+    # The proxy restarted: the counter went down, so it counts from zero.
+    restarted = parse(text(4), 14.0)
+    assert rates(after, restarted, "gatehouse_requests_total", ("api",)) == {("Produce",): 2.0}
+    assert rates(None, after, "gatehouse_requests_total", ("api",)) == {("Produce",): 0.0}
+
+
+def test_not_prometheus_text_is_an_error() -> None:
+    with pytest.raises(ScrapeError):
+        parse("this is { not metrics\n", 0.0)
+
+
+def test_render_from_a_real_registry() -> None:
+    metrics = ProxyMetrics()
+    metrics.requests.labels(api="Fetch", version="17", client_software="x/1",
+                            listener="bootstrap").inc(3)
+    metrics.duration.labels(api="Metadata", kind="request").observe(0.004)
+    first = parse(generate_latest(metrics.registry).decode(), 1.0)
+    metrics.requests.labels(api="Fetch", version="17", client_software="x/1",
+                            listener="bootstrap").inc(10)
+    metrics.duration.labels(api="Metadata", kind="request").observe(0.004)
+    metrics.topic_records.labels(topic="orders", direction="fetch").inc(42)
+    metrics.decisions.labels(rule="old-clients", action="refuse").inc()
+    second = parse(generate_latest(metrics.registry).decode(), 3.0)
+    p50, _ = latency_quantiles(first, second)["Metadata"]
+    assert 0.0025 < p50 <= 0.005
+    out = io.StringIO()
+    Console(file=out, width=200, color_system=None).print(render(first, second, "URL"))
+    shown = out.getvalue()
+    assert "over 2.0 s" in shown and "NOT READY" in shown  # no broker seen yet
+    fetch = next(line for line in shown.splitlines() if "Fetch" in line)
+    assert "5" in fetch.split("│")[2]  # 10 requests in 2 s
+    assert "orders" in shown and "old-clients" in shown
