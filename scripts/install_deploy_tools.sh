@@ -6,6 +6,7 @@
 #   kubernetes-validate  PyPI: Kubernetes JSON schemas (strict, per Kubernetes version)
 #   @kubernetes-models/prometheus-operator  npm: PodMonitor/ServiceMonitor validators
 #   iproute2, nftables   Debian: `ip netns` and the pod's egress rule in the sidecar test
+#   systemd              Debian: systemd-analyze verify/security for deploy/systemd
 # Idempotent (each step is skipped when its tool is already there) and retried: registries
 # and apt locks held by other jobs fail transiently.
 set -eu
@@ -56,15 +57,17 @@ if ! grep -q "\"version\": \"$PROMETHEUS_OPERATOR_MODELS_VERSION\"" "$MODELS" 2>
         "@kubernetes-models/prometheus-operator@$PROMETHEUS_OPERATOR_MODELS_VERSION"
 fi
 
-# ip netns (iproute2) and nft (nftables) for the sidecar test's "pod" and "cluster".
-if ! command -v ip >/dev/null 2>&1 || ! command -v nft >/dev/null 2>&1; then
+# ip netns (iproute2) and nft (nftables) for the sidecar test's "pod" and "cluster";
+# systemd-analyze (systemd) for the unit's test.
+if ! command -v ip >/dev/null 2>&1 || ! command -v nft >/dev/null 2>&1 \
+        || ! command -v systemd-analyze >/dev/null 2>&1; then
     SUDO=""
     if [ "$(id -u)" -ne 0 ]; then
         SUDO="sudo"
     fi
     apt_install() {
         $SUDO env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=120 \
-            install -y -q --no-install-recommends iproute2 nftables \
+            install -y -q --no-install-recommends iproute2 nftables systemd \
             || { $SUDO apt-get -o DPkg::Lock::Timeout=120 update -q || true; return 1; }
     }
     retry apt_install
