@@ -27,7 +27,6 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
 from gatehouse.codecs import APIS, ProtocolError, Request, Response, decode_response, records
-from gatehouse.codecs.walk import rewrite
 from gatehouse.logs import log_event
 from gatehouse.metrics.groups import GROUP_APIS, GROUP_RESPONSES, GroupCensus
 from gatehouse.proxy.config import Address
@@ -77,20 +76,62 @@ def _error_predicate(f: Any) -> bool:
     return bool(f.attr == "error_code" and f.type == "int16")
 
 
+Extractor = Callable[[Any, list[int]], None]
+_EXTRACTORS: dict[tuple[int, int], Extractor | None] = {}
+
+
+def _build_extractor(struct: Any, version: int) -> Extractor | None:
+    """A function appending every error code under ``struct`` (None: there are none).
+
+    Built once per API version from the tables: the hot path is then attribute reads
+    and loops, no per-field predicate calls."""
+    codes = tuple(f.attr for f in struct.fields
+                  if _error_predicate(f) and version in f.versions)
+    subs = []
+    for f in struct.fields:
+        if f.struct is not None and version in f.versions:
+            sub = _build_extractor(f.struct, version)
+            if sub is not None:
+                subs.append((f.attr, f.is_array, sub))
+    if not codes and not subs:
+        return None
+    nested = tuple(subs)
+
+    def extract(record: Any, out: list[int]) -> None:
+        for attr in codes:
+            value = getattr(record, attr)
+            if value is not None:
+                out.append(value)
+        for attr, is_array, sub in nested:
+            value = getattr(record, attr)
+            if value is None:
+                continue
+            if is_array:
+                for item in value:
+                    sub(item, out)
+            else:
+                sub(value, out)
+
+    return extract
+
+
 def error_codes(resp: Response) -> list[int]:
     """Every error code in a response, partition-level included."""
+    key = (resp.api_key, resp.api_version)
+    try:
+        extract = _EXTRACTORS[key]
+    except KeyError:
+        extract = _EXTRACTORS[key] = _build_extractor(resp.api.response.root,
+                                                      resp.api_version)
     codes: list[int] = []
-
-    def visit(struct: Any, record: Any) -> Any:
-        for f in struct.fields:
-            if _error_predicate(f):
-                value = getattr(record, f.attr, None)
-                if value is not None:
-                    codes.append(value)
-        return record
-
-    rewrite(resp.api.response, resp.api_version, resp.body, _error_predicate, visit)
+    if extract is not None:
+        extract(resp.body, codes)
     return codes
+
+
+def _api_name(key: int) -> str:
+    spec = APIS.get(key)
+    return spec.name if spec is not None else f"api-{key}"
 
 
 class ProxyMetrics(Observer):
@@ -155,9 +196,14 @@ class ProxyMetrics(Observer):
         # responses this proxy has seen (bounded; "unknown" until then).
         self.topic_names: dict[Any, str] = {}
         self._software_of: dict[int, tuple[str, str]] = {}
-        for direction in ("client_to_proxy", "proxy_to_broker", "broker_to_proxy",
-                          "proxy_to_client"):
-            self.bytes.labels(direction=direction)
+        # Label children resolved once: labels() costs more than the increment itself.
+        self._bytes_in, self._bytes_up, self._bytes_down, self._bytes_out = (
+            self.bytes.labels(direction=d) for d in (
+                "client_to_proxy", "proxy_to_broker", "broker_to_proxy", "proxy_to_client"))
+        self._request_counters: dict[tuple[int, int, str | None, str | None, str], Any] = {}
+        self._response_counters: dict[tuple[int, int], Any] = {}
+        self._durations: dict[tuple[int, bool], Any] = {}
+        self._topic_counters: dict[tuple[str, str], tuple[Any, Any]] = {}
         for outcome in ("ok", "failed"):
             self.reloads.labels(outcome=outcome)
 
@@ -202,22 +248,28 @@ class ProxyMetrics(Observer):
         software = self._software_of.pop(conn.id, None)
         if software is not None:
             self.clients.labels(*software).dec()
-        self.bytes.labels(direction="client_to_proxy").inc(conn.bytes_from_client)
+        self._bytes_in.inc(conn.bytes_from_client)
 
     def request(self, conn: ConnectionInfo, req: Request, size: int) -> None:
         key = req.api_key
-        api = APIS[key].name if key in APIS else f"api-{key}"
         if key == 18 and conn.software_name and conn.id not in self._software_of:
             software = (self.software_label(conn.software_name),
                         self.software_label(conn.software_version or ""))
             self._software_of[conn.id] = software
             self.clients.labels(*software).inc()
-        software_text = (f"{conn.software_name}/{conn.software_version}"
-                         if conn.software_name else "unknown")
-        self.requests.labels(api=api, version=str(req.api_version),
-                             client_software=self.software_label(software_text),
-                             listener=conn.listener).inc()
-        self.bytes.labels(direction="proxy_to_broker").inc(size + 4)
+        cache_key = (key, req.api_version, conn.software_name, conn.software_version,
+                     conn.listener)
+        counter = self._request_counters.get(cache_key)
+        if counter is None:
+            software_text = (f"{conn.software_name}/{conn.software_version}"
+                             if conn.software_name else "unknown")
+            counter = self.requests.labels(
+                api=_api_name(key), version=str(req.api_version),
+                client_software=self.software_label(software_text), listener=conn.listener)
+            if len(self._request_counters) < 100_000:  # bounded, like the labels
+                self._request_counters[cache_key] = counter
+        counter.inc()
+        self._bytes_up.inc(size + 4)
         if key == PRODUCE and req.known:
             with contextlib.suppress(ProtocolError):  # the pumps report malformed frames
                 self._count_produce(req, conn)
@@ -235,27 +287,46 @@ class ProxyMetrics(Observer):
                 bytes_total += summary.bytes
             if records_total <= 0:  # nothing (or a nonsense count from a bad header)
                 continue
+            counted, sized = self._topic(name, "produce")
+            counted.inc(records_total)
+            sized.inc(bytes_total)
+
+    def _topic(self, name: str, direction: str) -> tuple[Any, Any]:
+        """The records and bytes counters of a topic (its label capped)."""
+        counters = self._topic_counters.get((name, direction))
+        if counters is None:
             label = self.topic_label(name)
-            self.topic_records.labels(topic=label, direction="produce").inc(records_total)
-            self.topic_bytes.labels(topic=label, direction="produce").inc(bytes_total)
+            counters = (self.topic_records.labels(topic=label, direction=direction),
+                        self.topic_bytes.labels(topic=label, direction=direction))
+            if label != "other":  # folded names keep counting as folds
+                self._topic_counters[(name, direction)] = counters
+        return counters
 
     def response(self, conn: ConnectionInfo, pending: Pending, size: int, elapsed: float,
                  frame: Any = None) -> None:
         key = pending.api_key
-        api = APIS[key].name if key in APIS else f"api-{key}"
-        self.bytes.labels(direction="proxy_to_client").inc(size + 4)
-        self.bytes.labels(direction="broker_to_proxy").inc(size + 4)
+        self._bytes_out.inc(size + 4)
+        self._bytes_down.inc(size + 4)
         if pending.local is None:
-            kind = "long_poll" if key in LONG_POLL_APIS else "request"
-            self.duration.labels(api=api, kind=kind).observe(elapsed)
+            histogram = self._durations.get((key, True))
+            if histogram is None:
+                kind = "long_poll" if key in LONG_POLL_APIS else "request"
+                histogram = self._durations[(key, True)] = self.duration.labels(
+                    api=_api_name(key), kind=kind)
+            histogram.observe(elapsed)
         if frame is None or key not in APIS:
             return
         try:
             resp = pending.decoded or decode_response(frame, key, pending.api_version)
             if not resp.known:
                 return
-            for code in error_codes(resp) or [0]:
-                self.responses.labels(api=api, error=ERROR_NAMES.get(code, str(code))).inc()
+            codes = error_codes(resp) or [0]
+            first = codes[0]
+            if all(code == first for code in codes):  # the usual case: all NONE
+                self._response_counter(key, first).inc(len(codes))
+            else:
+                for code in codes:
+                    self._response_counter(key, code).inc()
             if key == METADATA:
                 self._learn_topic_ids(resp)
             elif key in GROUP_RESPONSES:
@@ -268,12 +339,20 @@ class ProxyMetrics(Observer):
                         records_total += summary.records
                         bytes_total += summary.bytes
                     if records_total > 0:
-                        label = self.topic_label(self._topic_name(topic, "topic"))
-                        self.topic_records.labels(topic=label, direction="fetch").inc(
-                            records_total)
-                        self.topic_bytes.labels(topic=label, direction="fetch").inc(bytes_total)
+                        counted, sized = self._topic(self._topic_name(topic, "topic"),
+                                                     "fetch")
+                        counted.inc(records_total)
+                        sized.inc(bytes_total)
         except ProtocolError:
             pass
+
+    def _response_counter(self, key: int, code: int) -> Any:
+        counter = self._response_counters.get((key, code))
+        if counter is None:
+            # Error codes are int16: at most 65,536 per API, and brokers use a few dozen.
+            counter = self._response_counters[(key, code)] = self.responses.labels(
+                api=_api_name(key), error=ERROR_NAMES.get(code, str(code)))
+        return counter
 
     def _topic_name(self, topic: Any, attr: str) -> str:
         name = getattr(topic, attr, None)

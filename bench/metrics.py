@@ -1,0 +1,85 @@
+"""What metrics cost: direct vs Gatehouse without metrics vs Gatehouse with metrics (per-API,
+per-error, per-topic counters from record batch headers, latency histograms, group census)
+scraped every few seconds, same broker, same run.
+
+    python bench/metrics.py [--records 100000] [--rounds 3] [--scrape-every 5]
+
+Load comes from Kafka's ProducerPerformance / ConsumerPerformance (bench/proxy.py's
+helpers).  Goal (issue #5): metrics cost <= 5% throughput versus no metrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.proxy import compare_throughput, print_ratios, start_gatehouse
+from gatehouse.embedded import free_port
+from tests.support.kafka import KafkaCluster
+
+SIZES = (1024, 100 * 1024)
+
+
+class Scraper(threading.Thread):
+    """Scrapes /metrics every ``every`` seconds, as Prometheus would, until stopped."""
+
+    def __init__(self, url: str, every: float) -> None:
+        super().__init__(daemon=True)
+        self.url, self.every = url, every
+        self.stop = threading.Event()
+        self.durations: list[float] = []
+        self.size = 0
+
+    def run(self) -> None:
+        while not self.stop.wait(self.every):
+            t0 = time.perf_counter()
+            with urllib.request.urlopen(self.url, timeout=30) as response:
+                self.size = len(response.read())
+            self.durations.append(time.perf_counter() - t0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--scrape-every", type=float, default=5.0)
+    args = parser.parse_args()
+    os.environ.setdefault("GATEHOUSE_KAFKA_VERSION", "4.4.0")
+    metrics_port = free_port()
+    with KafkaCluster(1) as kafka:
+        plain, plain_addr = start_gatehouse(kafka.bootstrap)
+        metered, metered_addr = start_gatehouse(
+            kafka.bootstrap, f"metrics: {{listen: 127.0.0.1:{metrics_port}}}\n")
+        scraper = Scraper(f"http://127.0.0.1:{metrics_port}/metrics", args.scrape_every)
+        scraper.start()
+        try:
+            results = compare_throughput(
+                kafka, {"direct": kafka.bootstrap, "no-metrics": plain_addr,
+                        "metrics": metered_addr},
+                records=args.records, rounds=args.rounds, sizes=SIZES)
+        finally:
+            scraper.stop.set()
+            scraper.join(60)
+            for proc in (plain, metered):
+                proc.terminate()
+                proc.wait(15)
+    print_ratios(results)
+    print("metrics/no-metrics: " + ", ".join(
+        f"{metric} {statistics.median(results['metrics'][metric]) / statistics.median(results['no-metrics'][metric]):.3f}"
+        for metric in results["direct"]))
+    if scraper.durations:
+        print(f"scrapes: {len(scraper.durations)}, median "
+              f"{1000 * statistics.median(scraper.durations):.1f} ms, max "
+              f"{1000 * max(scraper.durations):.1f} ms, last {scraper.size / 1024:.0f} KiB")
+
+
+if __name__ == "__main__":
+    main()
