@@ -79,7 +79,9 @@ class Limits:
     max_frame_bytes: int = DEFAULT_MAX_FRAME_SIZE
     max_connections: int = 10_000
     max_in_flight: int = 1_000  # per connection; Kafka clients use 5 by default
-    idle_timeout: float = 600.0  # seconds without a byte either way; Kafka's default is 9 min
+    # seconds without a whole request from the client or a byte from the broker (bytes of
+    # a request that never completes do not count: slowloris); Kafka's default is 9 min
+    idle_timeout: float = 600.0
     connect_timeout: float = 10.0
     shutdown_grace: float = 10.0  # in-flight requests get this long on SIGTERM
 
