@@ -156,6 +156,16 @@ def test_kip848_group_keeps_its_assignor_until_the_member_leaves() -> None:
     assert groups(metrics, "consumer", "uniform") == 0
     heartbeat(wire, "h", 0, None)
     assert groups(metrics, "consumer", "default") == 1
+    # Fenced: the member is out until it joins again.
+    wire.exchange(68, 1, {"group_id": "h", "member_id": "m", "member_epoch": 3,
+                          "instance_id": None, "rack_id": None, "rebalance_timeout_ms": 1000,
+                          "subscribed_topic_names": None, "subscribed_topic_regex": None,
+                          "server_assignor": None, "topic_partitions": None},
+                  {"error_code": 110, "error_message": "fenced", "member_id": None,
+                   "member_epoch": -1, "heartbeat_interval_ms": 0, "assignment": None})
+    assert groups(metrics, "consumer", "default") == 0
+    heartbeat(wire, "h", 0, None)
+    assert groups(metrics, "consumer", "default") == 1
     wire.close()
     assert groups(metrics, "consumer", "default") == 0
 

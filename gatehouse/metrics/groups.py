@@ -41,6 +41,8 @@ STATELESS_SINCE = {(JOIN_GROUP, "response"): 7, (SYNC_GROUP, "request"): 5,
                    (SYNC_GROUP, "response"): 5}
 API_NAMES = {JOIN_GROUP: "JoinGroup", SYNC_GROUP: "SyncGroup"}
 DEFAULT_PROTOCOL = "default"
+# Answers that say the member is out of the group (it rejoins from scratch).
+NOT_A_MEMBER = frozenset({25, 110})  # UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH
 LEAVING_EPOCHS = frozenset({-1, -2})  # KIP-848: leave, static member leaves temporarily
 GROUPS_PER_CONNECTION = 64
 MAX_GROUPS = 10_000
@@ -110,6 +112,8 @@ class GroupCensus:
         body = resp.body
         if (key == SYNC_GROUP and body.assignment) or (key == JOIN_GROUP and body.members):
             self._payload(conn_id, key, asked.group_id, "response", resp.api_version)
+        if body.error_code in NOT_A_MEMBER:
+            self._leave(conn_id, asked.group_id)
         if body.error_code != 0:
             return
         if key == JOIN_GROUP:
