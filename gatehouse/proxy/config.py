@@ -96,6 +96,7 @@ class ProxyConfig:
     tls_downstream: DownstreamTls | None = None
     tls_upstream: UpstreamTls | None = None
     metrics_listen: Address | None = None
+    metrics_label_cap: int = 500  # distinct topic / client values per label
     capture: Any = None  # a gatehouse.capture.CaptureSettings
     rules: Any = None  # validated by gatehouse.rules
     rules_file: Path | None = None
@@ -218,6 +219,7 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
     tls_reader.finish()
 
     metrics_listen = None
+    label_cap = 500
     if top.has("metrics"):
         metrics = top.child("metrics")
         # Localhost unless a host is named: /metrics tells anyone who can reach it the
@@ -226,6 +228,10 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
             metrics.take("listen", (str, int), DEFAULT_METRICS_LISTEN), source,
             metrics.line_of("listen"), "metrics.listen", default_host="127.0.0.1",
         )
+        label_cap = metrics.take("label_cap", int, 500)
+        if label_cap < 1:
+            raise metrics.error("label_cap", f"metrics.label_cap must be at least 1, not "
+                                f"{label_cap}")
         metrics.finish()
 
     log = top.child("log")
@@ -254,6 +260,7 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
         tls_downstream=tls_down,
         tls_upstream=tls_up,
         metrics_listen=metrics_listen,
+        metrics_label_cap=label_cap,
         capture=capture,
         rules=rules,
         rules_file=rules_file,

@@ -38,7 +38,7 @@ def build_observers(config: ProxyConfig, policy: Policy, reloader: Reloader | No
     if config.metrics_listen is not None:
         from gatehouse.metrics import ProxyMetrics
 
-        metrics = ProxyMetrics()
+        metrics = ProxyMetrics(label_cap=config.metrics_label_cap)
         metrics.attach(policy, reloader)
         observers.append(metrics)
         registry = metrics.registry
