@@ -103,9 +103,15 @@ def load_yaml_text(text: str, file: str = "<config>") -> Any:
         raise ConfigError(f"not valid YAML: {exc.problem or exc}", file=file, line=line) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"not valid YAML: {exc}", file=file) from None
+    except RecursionError:
+        raise ConfigError("not a usable config: nested too deeply", file=file) from None
     if node is None:
         return LocatedDict()
-    return _build(node, file)
+    try:
+        return _build(node, file)
+    except RecursionError:
+        raise ConfigError("not a usable config: nested too deeply", file=file,
+                          line=node.start_mark.line + 1) from None
 
 
 def load_yaml_file(path: str | Path) -> Any:

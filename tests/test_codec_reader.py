@@ -227,3 +227,22 @@ def test_wire_frames_from_random_chunks(sizes: list[int]) -> None:
         assert reader.buffered == min(pos, len(STREAM)) - sum(map(len, got))
     assert got == [prefixed(f) for f in FRAMES]
     reader.check_eof()
+
+
+def test_a_trickled_frame_costs_its_size_in_memory() -> None:
+    # A client sending a 1 MB frame two bytes at a time must not pin an object per read.
+    import tracemalloc
+
+    frame = prefixed(bytes(range(256)) * 4096)
+    reader = FrameReader()
+    tracemalloc.start()
+    try:
+        for i in range(0, len(frame) - 2, 2):
+            reader.feed(frame[i:i + 2])
+            assert reader.next_wire_frame() is None
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * len(frame), f"{peak} bytes held for a {len(frame)}-byte frame"
+    reader.feed(frame[len(frame) - 2:])  # the frame has an even length
+    assert reader.next_wire_frame() == frame

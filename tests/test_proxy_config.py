@@ -91,3 +91,15 @@ def test_load_config_resolves_paths_next_to_the_file(tmp_path: Path) -> None:
     path.write_text("listen: 127.0.0.1:1\nupstream: [a:1]\ntls: {upstream: {ca: ca.pem}}\n")
     config = load_config(path)
     assert config.tls_upstream is not None and config.tls_upstream.ca == tmp_path / "ca.pem"
+
+
+def test_a_deeply_nested_file_is_a_config_error(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "gatehouse.yaml"
+    path.write_text("listen: 127.0.0.1:9192\nupstream: [127.0.0.1:9092]\nrules: "
+                    + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(ConfigError, match="nested too deeply") as info:
+        load_config(path)
+    assert str(path) in str(info.value)
+    assert main(["check", "--config", str(path)]) == 1
+    assert "nested too deeply" in capsys.readouterr().err

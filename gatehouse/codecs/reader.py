@@ -17,6 +17,7 @@ from gatehouse.codecs.primitives import Buffer
 
 DEFAULT_MAX_FRAME_SIZE: Final = 100 * 1024 * 1024
 _SIZE: Final = struct.Struct(">i")
+_SMALL_CHUNK: Final = 4096
 
 
 class FrameReader:
@@ -28,7 +29,7 @@ class FrameReader:
     so a proxy can forward an unchanged frame as the very bytes it received.
     """
 
-    __slots__ = ("_buffered", "_chunks", "_expected", "_offset", "max_frame_size")
+    __slots__ = ("_buffered", "_chunks", "_expected", "_offset", "_small", "max_frame_size")
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         if max_frame_size <= 0:
@@ -38,13 +39,29 @@ class FrameReader:
         self._offset = 0  # bytes of _chunks[0] already handed out
         self._buffered = 0
         self._expected: int | None = None  # size of the frame being assembled
+        # Small chunks collect here first: one object per tiny read (a client trickling
+        # bytes) would cost far more memory than the bytes themselves.
+        self._small = bytearray()
 
     def feed(self, data: Buffer) -> None:
         """Add received bytes."""
-        if data:
-            chunk = data if type(data) is bytes else bytes(data)  # ours to keep, immutable
-            self._chunks.append(chunk)
-            self._buffered += len(chunk)
+        n = len(data)
+        if not n:
+            return
+        self._buffered += n
+        if n >= _SMALL_CHUNK:
+            self._flush_small()
+            self._chunks.append(data if type(data) is bytes else bytes(data))  # ours, immutable
+        else:
+            small = self._small
+            small += data
+            if len(small) >= _SMALL_CHUNK:
+                self._flush_small()
+
+    def _flush_small(self) -> None:
+        if self._small:
+            self._chunks.append(bytes(self._small))
+            self._small.clear()
 
     @property
     def buffered(self) -> int:
@@ -73,6 +90,7 @@ class FrameReader:
         if size is None:
             if self._buffered < 4:
                 return None
+            self._flush_small()
             (size,) = _SIZE.unpack_from(self._peek(4))
             if size < 0 or size > self.max_frame_size:
                 raise FrameTooLarge(
@@ -82,6 +100,7 @@ class FrameReader:
         if self._buffered < 4 + size:
             return None
         self._expected = None
+        self._flush_small()
         return self._take(4 + size)
 
     def _peek(self, n: int) -> bytes:
