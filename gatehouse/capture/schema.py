@@ -64,6 +64,20 @@ def _spark_type(kind: str) -> str:
     return _SPARK[kind]
 
 
-def spark_ddl() -> str:
-    """The record schema as a Spark DDL string (``spark.read.schema(spark_ddl())``)."""
-    return ", ".join(f"`{name}` {_spark_type(kind)}" for name, kind in FIELDS)
+def spark_ddl(fields: frozenset[str] | None = None,
+              topic_fields: frozenset[str] | None = None) -> str:
+    """The record schema as a Spark DDL string (``spark.read.schema(spark_ddl())``).
+
+    ``fields`` / ``topic_fields`` keep only those: the JSON reader then skips the rest of
+    each line without building it (much faster than reading everything).
+    """
+    def keep(pairs: tuple[tuple[str, str], ...], wanted: frozenset[str] | None
+             ) -> tuple[tuple[str, str], ...]:
+        return pairs if wanted is None else tuple(p for p in pairs if p[0] in wanted)
+
+    topic = keep(TOPIC_FIELDS, topic_fields)
+    inner = ", ".join(f"`{n}`: {_spark_type(t)}" for n, t in topic)
+    return ", ".join(
+        f"`{name}` " + (f"ARRAY<STRUCT<{inner}>>" if kind == "array<topic>"
+                        else _spark_type(kind))
+        for name, kind in keep(FIELDS, fields))

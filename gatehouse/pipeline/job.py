@@ -23,6 +23,13 @@ from gatehouse.rules import ClientFacts, RuleSet
 from gatehouse.rules.model import software_versions
 
 MAX_LISTED = 50  # client ids / addresses listed per census row
+PERCENTILE_ACCURACY = 1000  # percentile_approx: rank error about 1/1000 of the rows
+# What the report reads of each record (the JSON reader skips the rest unparsed).
+READ_FIELDS = frozenset({
+    "time", "proxy", "run", "conn", "client", "listener", "client_id", "software_name",
+    "software_version", "api", "api_key", "api_version", "latency_ms", "error_count",
+    "topics", "sample"})
+READ_TOPIC_FIELDS = frozenset({"name", "id", "records", "bytes"})
 
 
 class PipelineError(Exception):
@@ -90,7 +97,8 @@ def _package_zip() -> str:
 def read_captures(spark: Any, options: ReportOptions) -> Any:
     from pyspark.sql import functions as F
 
-    reader = (spark.read.schema(spark_ddl()).option("mode", "PERMISSIVE")
+    reader = (spark.read.schema(spark_ddl(READ_FIELDS, READ_TOPIC_FIELDS))
+              .option("mode", "PERMISSIVE")
               .option("recursiveFileLookup", "true")
               .option("pathGlobFilter", "*.{jsonl,jsonl.gz}"))
     try:
@@ -106,9 +114,9 @@ def read_captures(spark: Any, options: ReportOptions) -> Any:
     weight = F.lit(1.0) / F.when(F.col("sample") > 0, F.col("sample")).otherwise(F.lit(1.0))
     host = F.regexp_extract("client", r"^\[?(.*?)\]?:\d+$", 1)
     return df.select(
-        "time", "proxy", "run", "conn", "client", "listener", "client_id", "software_name",
-        "software_version", "api", "api_key", "api_version", "latency_ms", "outcome",
-        "error_count", "topics", "rules", "request_bytes", "response_bytes",
+        "time", "client", "listener", "client_id", "software_name", "software_version",
+        "api", "api_key", "api_version", "latency_ms", "error_count", "topics",
+        F.concat_ws("/", "proxy", "run", "conn").alias("connection"),
         weight.alias("weight"), host.alias("client_host"),
         F.timestamp_seconds("time").alias("ts"),
     )
@@ -119,48 +127,69 @@ def _weighted_count(F: Any, condition: Any = None) -> Any:
     return F.round(F.coalesce(F.sum(value), F.lit(0.0))).cast("long")
 
 
-def census_table(df: Any, libraries: dict[tuple[str, str], dict[str, str]]) -> Any:
+def facts_table(df: Any) -> Any:
+    """The log by everything the census and rule decisions look at: one pass over the
+    records, down to a few rows per connection, API version and topic set (materialized:
+    both the census and the impact read it)."""
     from pyspark.sql import functions as F
 
-    software = [F.coalesce("software_name", F.lit("(not reported)")).alias("software_name"),
-                F.coalesce("software_version", F.lit("")).alias("software_version")]
-    base = df.select(*software, "client_id", "client_host", "api", "api_version", "ts",
-                     "weight", "proxy", "run", "conn")
-    apis = (base.groupBy("software_name", "software_version", "api", "api_version")
-            .agg(_weighted_count(F).alias("requests"))
+    topic_names = F.array_sort(F.array_distinct(F.filter(
+        F.transform("topics", lambda t: t["name"]), lambda n: n.isNotNull())))
+    return (df.select("software_name", "software_version", "client_id", "client",
+                      "client_host", "listener", "connection", "api", "api_key",
+                      "api_version", "time", "weight", topic_names.alias("topic_names"))
+            .groupBy("software_name", "software_version", "client_id", "client",
+                     "client_host", "listener", "connection", "api", "api_key",
+                     "api_version", "topic_names")
+            .agg(F.sum("weight").alias("requests"), F.min("time").alias("first_seen"),
+                 F.max("time").alias("last_seen"))
+            .localCheckpoint(eager=True))
+
+
+def census_table(facts: Any, libraries: dict[tuple[str, str], dict[str, str]]) -> Any:
+    from pyspark.sql import functions as F
+
+    fine = facts.select(
+        F.coalesce("software_name", F.lit("(not reported)")).alias("software_name"),
+        F.coalesce("software_version", F.lit("")).alias("software_version"),
+        "client_id", "client_host", "connection", "api", "api_version", "requests",
+        "first_seen", "last_seen")
+    apis = (fine.groupBy("software_name", "software_version", "api", "api_version")
+            .agg(F.round(F.sum("requests")).cast("long").alias("requests"))
             .groupBy("software_name", "software_version")
             .agg(F.sort_array(F.collect_list(F.struct("api", "api_version", "requests")))
                  .alias("apis")))
-    main = base.groupBy("software_name", "software_version").agg(
-        _weighted_count(F).alias("requests"),
-        F.countDistinct("proxy", "run", "conn").alias("connections"),
+    main = fine.groupBy("software_name", "software_version").agg(
+        F.round(F.sum("requests")).cast("long").alias("requests"),
+        F.countDistinct("connection").alias("connections"),
         F.slice(F.sort_array(F.collect_set("client_id")), 1, MAX_LISTED).alias("client_ids"),
         F.slice(F.sort_array(F.collect_set("client_host")), 1, MAX_LISTED).alias("addresses"),
-        F.min("ts").alias("first_seen"), F.max("ts").alias("last_seen"),
+        F.timestamp_seconds(F.min("first_seen")).alias("first_seen"),
+        F.timestamp_seconds(F.max("last_seen")).alias("last_seen"),
     )
-    spark = df.sparkSession
+    spark = facts.sparkSession
     lib_rows = [(n, v, libs) for (n, v), libs in libraries.items()]
     lib_df = spark.createDataFrame(
         lib_rows, "software_name STRING, software_version STRING, "
                   "libraries MAP<STRING, STRING>")
     return (main.join(apis, ["software_name", "software_version"])
-            .join(lib_df, ["software_name", "software_version"], "left")
+            .join(F.broadcast(lib_df), ["software_name", "software_version"], "left")
             .orderBy(F.desc("requests"), "software_name", "software_version"))
 
 
-def library_versions(df: Any) -> dict[tuple[str, str], dict[str, str]]:
+def library_versions(facts: Any) -> dict[tuple[str, str], dict[str, str]]:
     """name/version -> the libraries in it (librdkafka inside confluent-kafka-python, ...),
     by the rules' own parser of KIP-511 versions (few distinct pairs: done on the driver)."""
     from pyspark.sql import functions as F
 
-    pairs = (df.select(F.coalesce("software_name", F.lit("(not reported)")).alias("n"),
-                       F.coalesce("software_version", F.lit("")).alias("v"))
+    pairs = (facts.select(F.coalesce("software_name", F.lit("(not reported)")).alias("n"),
+                          F.coalesce("software_version", F.lit("")).alias("v"))
              .distinct().collect())
     out = {}
     for row in pairs:
-        facts = ClientFacts(software_name=row.n, software_version=row.v)
+        facts_of = ClientFacts(software_name=row.n, software_version=row.v)
         out[(row.n, row.v)] = {name: ".".join(map(str, version))
-                               for name, version in software_versions(facts).items()}
+                               for name, version in software_versions(facts_of).items()}
     return out
 
 
@@ -177,9 +206,17 @@ def traffic_table(df: Any) -> Any:
                  F.round(F.coalesce(F.sum(F.col("t.bytes") * F.col("weight")), F.lit(0.0)))
                  .cast("long").alias("bytes"),
                  _weighted_count(F, F.col("error_count") > 0).alias("error_responses"),
-                 F.percentile_approx("latency_ms", 0.5).alias("latency_p50_ms"),
-                 F.percentile_approx("latency_ms", 0.99).alias("latency_p99_ms"))
+                 _percentiles(F).alias("latency"))
+            .select("minute", "topic", "api", "requests", "records", "bytes",
+                    "error_responses", F.col("latency")[0].alias("latency_p50_ms"),
+                    F.col("latency")[1].alias("latency_p99_ms"))
             .orderBy("minute", "topic", "api"))
+
+
+def _percentiles(F: Any) -> Any:
+    """p50 and p99 of latency_ms with one summary per group (not one each)."""
+    return F.percentile_approx("latency_ms", F.array(F.lit(0.5), F.lit(0.99)),
+                               PERCENTILE_ACCURACY)
 
 
 def latency_table(df: Any) -> Any:
@@ -187,27 +224,21 @@ def latency_table(df: Any) -> Any:
     from pyspark.sql import functions as F
 
     return (df.where(F.col("latency_ms").isNotNull()).groupBy("api")
-            .agg(_weighted_count(F).alias("requests"),
-                 F.percentile_approx("latency_ms", 0.5).alias("p50"),
-                 F.percentile_approx("latency_ms", 0.99).alias("p99"))
+            .agg(_weighted_count(F).alias("requests"), _percentiles(F).alias("latency"))
+            .select("api", "requests", F.col("latency")[0].alias("p50"),
+                    F.col("latency")[1].alias("p99"))
             .orderBy(F.desc("requests")))
 
 
-def impact_table(df: Any, ruleset: RuleSet) -> Any:
+def impact_table(facts: Any, ruleset: RuleSet) -> Any:
     from pyspark.sql import functions as F
 
-    from gatehouse.pipeline.impact import IMPACT_DDL, evaluate_partition
+    from gatehouse.pipeline.impact import FACT_COLUMNS, IMPACT_DDL, evaluate_partition
 
-    groups = (df.select("client_id", "software_name", "software_version", "client",
-                        "listener", "api", "api_key", "api_version", "time", "weight",
-                        F.array_sort(F.array_distinct(F.filter(
-                            F.transform("topics", lambda t: t["name"]),
-                            lambda n: n.isNotNull()))).alias("topic_names"))
-              .groupBy("client_id", "software_name", "software_version", "client", "listener",
-                       "api", "api_key", "api_version", "topic_names")
-              .agg(F.sum("weight").alias("requests"), F.min("time").alias("first_seen"),
-                   F.max("time").alias("last_seen")))
-    decided = df.sparkSession.createDataFrame(
+    groups = (facts.groupBy(*FACT_COLUMNS)
+              .agg(F.sum("requests").alias("requests"), F.min("first_seen").alias("first_seen"),
+                   F.max("last_seen").alias("last_seen")))
+    decided = facts.sparkSession.createDataFrame(
         groups.rdd.mapPartitions(evaluate_partition(ruleset)), IMPACT_DDL)
     host = F.regexp_extract("client", r"^\[?(.*?)\]?:\d+$", 1)
     return (decided.withColumn("client_host", host)
@@ -253,13 +284,14 @@ def run_report(options: ReportOptions) -> ReportData:
             raise PipelineError(f"no capture records in {options.captures} for that period")
         out = options.out
         out.mkdir(parents=True, exist_ok=True)
-        census = census_table(df, library_versions(df))
+        facts = facts_table(df)
+        census = census_table(facts, library_versions(facts))
         census.coalesce(1).write.mode("overwrite").parquet(str(out / "census"))
         traffic = traffic_table(df)
         traffic.write.mode("overwrite").parquet(str(out / "traffic"))
         impact_rows = None
         if options.rules is not None:
-            impact = impact_table(df, options.rules)
+            impact = impact_table(facts, options.rules)
             impact.coalesce(1).write.mode("overwrite").parquet(str(out / "impact"))
             impact_rows = spark.read.parquet(str(out / "impact")).orderBy(
                 "rule_index", "effect", F.desc("requests")).collect()
