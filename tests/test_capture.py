@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -284,3 +285,39 @@ def test_capture_config(tmp_path: Path) -> None:
         with pytest.raises(ConfigError, match=message) as info:
             config_from_text("listen: 1\nupstream: [a:1]\n" + text, "g.yaml", base=tmp_path)
         assert str(info.value).startswith("g.yaml:3")
+
+
+def _wait_for(condition: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_time_rotation_closes_idle_files_without_empty_ones(tmp_path: Path) -> None:
+    writer = CaptureWriter(CaptureSettings(dir=tmp_path, rotate_seconds=0.2))
+    writer.offer({"n": 1})
+    _wait_for(lambda: any(not p.name.startswith(".") for p in tmp_path.iterdir()))
+    time.sleep(0.5)  # idle for more than rotate_seconds: no new (empty) file appears
+    writer.offer({"n": 2})
+    assert writer.close(10)
+    files = sorted(tmp_path.iterdir())
+    assert [p.read_text() for p in files] == ['{"n":1}\n', '{"n":2}\n']
+
+
+def test_leftovers_of_dead_writers_are_recovered_live_ones_left(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    prefix = ".gatehouse-edge-20260101T000000Z"
+    (tmp_path / f"{prefix}-{dead.pid}-000001.jsonl.open").write_text('{"n":1}\n')
+    (tmp_path / f"{prefix}-{dead.pid}-000002.jsonl.gz.open").write_bytes(b"\x1f\x8b")
+    live = tmp_path / f"{prefix}-{os.getppid()}-000001.jsonl.open"
+    live.write_text('{"n":2}\n')
+    writer = CaptureWriter(CaptureSettings(dir=tmp_path, instance="edge"))
+    assert writer.close(10)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == sorted([live.name, f"{prefix[1:]}-{dead.pid}-000001.jsonl",
+                            f"{prefix[1:]}-{dead.pid}-000002.jsonl.gz.truncated"])

@@ -133,7 +133,7 @@ class CaptureWriter:
                     self._wake.wait(IDLE_WAIT)
                     self._wake.clear()
                     if self._out is not None and self._expired():
-                        self._rotate()
+                        self._close_file()  # the next record opens the next file
                     continue
                 batch = [queue.popleft() for _ in range(min(BATCH, len(queue)))]
                 self._write(batch)
@@ -231,6 +231,8 @@ class CaptureWriter:
         """Files this instance left behind: counted in the budget; unfinished ones named."""
         directory = self.settings.dir
         for path in sorted(directory.glob(f".{self.prefix}*.open")):
+            if _writer_alive(path):
+                continue  # another live process with the same instance name writes it
             final = path.with_name(path.name[1:].removesuffix(".open"))
             if final.name.endswith(".gz"):
                 final = final.with_name(final.name + ".truncated")  # not a valid gzip stream
@@ -239,3 +241,21 @@ class CaptureWriter:
         for path in sorted(directory.glob(f"{self.prefix}*{self.suffix}")):
             with contextlib.suppress(OSError):
                 self._closed_bytes.append((path, path.stat().st_size))
+
+
+def _writer_alive(path: Path) -> bool:
+    """Whether the process named in a hidden file's name (``…Z-<pid>-<seq>``) still runs."""
+    parts = path.name.removesuffix(".open").split("-")
+    try:
+        pid = int(parts[-2])
+    except (IndexError, ValueError):
+        return False
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
