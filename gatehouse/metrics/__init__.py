@@ -270,12 +270,14 @@ class ProxyMetrics(Observer):
                 self._request_counters[cache_key] = counter
         counter.inc()
         self._bytes_up.inc(size + 4)
-        if key == PRODUCE and req.known:
-            with contextlib.suppress(ProtocolError):  # the pumps report malformed frames
-                self._count_produce(req, conn)
-        elif key in GROUP_APIS and req.known:
-            with contextlib.suppress(ProtocolError):
+        try:  # a malformed body is the pumps' to report, not ours
+            if key == PRODUCE:
+                if req.known:
+                    self._count_produce(req, conn)
+            elif key in GROUP_APIS and req.known:
                 self.groups.request(conn.id, req)
+        except ProtocolError:
+            pass
 
     def _count_produce(self, req: Request, conn: ConnectionInfo) -> None:
         for topic in req.body.topic_data:
