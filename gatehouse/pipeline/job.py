@@ -9,6 +9,7 @@ The same code runs on ``local[*]`` and on a Spark standalone cluster (``spark://
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import sys
@@ -87,7 +88,9 @@ def spark_session(options: ReportOptions) -> Any:
 
 def _package_zip() -> str:
     root = Path(__file__).resolve().parents[1]
-    target = Path(tempfile.mkdtemp(prefix="gatehouse-pyfiles-")) / "gatehouse.zip"
+    folder = tempfile.mkdtemp(prefix="gatehouse-pyfiles-")
+    atexit.register(shutil.rmtree, folder, True)
+    target = Path(folder) / "gatehouse.zip"
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
         for path in root.rglob("*.py"):
             archive.write(path, Path("gatehouse") / path.relative_to(root))

@@ -150,6 +150,16 @@ def test_report_on_a_spark_standalone_cluster_matches_local(captured: Captured,
         assert table(tmp_path / "cluster", name) == table(captured.local_out, name), name
 
 
+def test_report_of_an_empty_period_says_so(captured: Captured, tmp_path: Path) -> None:
+    result = subprocess.run([*GATEHOUSE, "report", "--captures", str(captured.captures),
+                             "--out", str(tmp_path / "out"), "--master", "local[1]",
+                             "--driver-memory", "512m", "--until", "2001-01-01T00:00"],
+                            capture_output=True, text=True, timeout=300, env=SPARK_ENV)
+    assert result.returncode == 1
+    assert "error: no capture records in" in result.stderr
+    assert not (tmp_path / "out" / "report.html").exists()
+
+
 def test_report_without_java_says_so_in_one_line(captured: Captured, tmp_path: Path) -> None:
     env = {k: v for k, v in SPARK_ENV.items() if k != "JAVA_HOME"}
     env["PATH"] = str(Path(sys.executable).parent)  # python, but no java
