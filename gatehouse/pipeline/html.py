@@ -30,7 +30,7 @@ def _n(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, float):
-        return f"{value:,.1f}"
+        return f"{value:,.0f}" if value.is_integer() else f"{value:,.1f}"
     return f"{value:,}"
 
 
