@@ -28,6 +28,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 from gatehouse.codecs import APIS, ProtocolError, Request, Response, decode_response, records
 from gatehouse.logs import log_event
+from gatehouse.metrics import produce
 from gatehouse.metrics.groups import GROUP_APIS, GROUP_RESPONSES, GroupCensus
 from gatehouse.proxy.config import Address
 from gatehouse.proxy.hooks import ConnectionInfo, Observer, Pending
@@ -194,7 +195,7 @@ class ProxyMetrics(Observer):
         r.register(_ReadyGauge(self))
         # Produce v13 and Fetch v13+ name topics by id: names come from the Metadata
         # responses this proxy has seen (bounded; "unknown" until then).
-        self.topic_names: dict[Any, str] = {}
+        self.topic_names: dict[bytes, str] = {}  # topic id (16 bytes) -> name
         self._software_of: dict[int, tuple[str, str]] = {}
         # Label children resolved once: labels() costs more than the increment itself.
         self._bytes_in, self._bytes_up, self._bytes_down, self._bytes_out = (
@@ -272,12 +273,26 @@ class ProxyMetrics(Observer):
         self._bytes_up.inc(size + 4)
         try:  # a malformed body is the pumps' to report, not ours
             if key == PRODUCE:
-                if req.known:
+                topics = (None if req.body_decoded or req.frame is None
+                          else produce.request_topics(req.frame, req.api_version))
+                if topics is not None:
+                    self._count_topics(topics)
+                elif req.known:
                     self._count_produce(req, conn)
             elif key in GROUP_APIS and req.known:
                 self.groups.request(conn.id, req)
         except ProtocolError:
             pass
+
+    def _count_topics(self, topics: produce.TopicCounts) -> None:
+        names = self.topic_names
+        for key, records_total, bytes_total in topics:
+            if records_total <= 0:
+                continue
+            name = key if isinstance(key, str) else names.get(key, "unknown")
+            counted, sized = self._topic(name, "produce")
+            counted.inc(records_total)
+            sized.inc(bytes_total)
 
     def _count_produce(self, req: Request, conn: ConnectionInfo) -> None:
         for topic in req.body.topic_data:
@@ -318,6 +333,14 @@ class ProxyMetrics(Observer):
             histogram.observe(elapsed)
         if frame is None or key not in APIS:
             return
+        if key == PRODUCE and pending.decoded is None:
+            counts = produce.response_codes(frame, pending.api_version)
+            if counts is not None:
+                for code, n in counts.items():
+                    self._response_counter(key, code).inc(n)
+                if not counts:
+                    self._response_counter(key, 0).inc()
+                return
         try:
             resp = pending.decoded or decode_response(frame, key, pending.api_version)
             if not resp.known:
@@ -360,15 +383,19 @@ class ProxyMetrics(Observer):
         name = getattr(topic, attr, None)
         if name:
             return str(name)
-        return self.topic_names.get(getattr(topic, "topic_id", None), "unknown")
+        topic_id = getattr(topic, "topic_id", None)
+        if topic_id is None:
+            return "unknown"
+        return self.topic_names.get(topic_id.bytes, "unknown")
 
     def _learn_topic_ids(self, resp: Response) -> None:
         for topic in resp.body.topics:
             topic_id = getattr(topic, "topic_id", None)
             if topic_id is not None and topic.name and topic_id.int:
-                if len(self.topic_names) >= 10_000 and topic_id not in self.topic_names:
+                key = topic_id.bytes  # as the Produce fast path reads it from the frame
+                if len(self.topic_names) >= 10_000 and key not in self.topic_names:
                     self.topic_names.clear()  # bounded: relearned from the next Metadata
-                self.topic_names[topic_id] = topic.name
+                self.topic_names[key] = topic.name
 
     def upstream_failure(self, target: str, error: str) -> None:
         self.upstream_ok = False
