@@ -24,9 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gatehouse.capture.schema import SCHEMA_VERSION  # noqa: E402
-from gatehouse.pipeline.job import ReportOptions, read_captures, run_report, spark_session  # noqa: E402
-from gatehouse.rules import parse_rules  # noqa: E402
+from gatehouse.capture.schema import SCHEMA_VERSION
+from gatehouse.pipeline.job import ReportOptions, read_captures, run_report, spark_session
+from gatehouse.rules import parse_rules
 
 # (software name, version, share of connections, {api: version})
 CLIENTS = [
