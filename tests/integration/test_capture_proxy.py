@@ -93,11 +93,12 @@ def test_a_stalled_disk_keeps_traffic_speed_and_counts_drops(kafka: KafkaCluster
     kafka.create_topic(topic)
     count = 600
     disk = StalledDisk()
-    settings = CaptureSettings(dir=tmp_path, queue=50)
     timings: dict[str, list[float]] = {"off": [], "stalled": []}
     captures: list[Any] = []
     try:
-        for _ in range(2):  # alternate, so drift on the shared machine hits both alike
+        for round_ in range(2):  # alternate, so drift on the shared machine hits both alike
+            # One instance name per proxy: two writers of one name would share files.
+            settings = CaptureSettings(dir=tmp_path, queue=50, instance=f"stall-{round_}")
             with ProxyThread(kafka.bootstrap) as plain:
                 timings["off"].append(_produce_one_by_one(plain.bootstrap, topic, count))
             capture = CaptureObserver(settings, CaptureWriter(settings, opener=disk.open))
