@@ -21,12 +21,12 @@ from typing import Any
 from gatehouse.capture.schema import SCHEMA_VERSION
 from gatehouse.capture.settings import CaptureSettings
 from gatehouse.capture.writer import CaptureStats, CaptureWriter
-from gatehouse.codecs import APIS, ProtocolError, Request, Response, decode_response, records
+from gatehouse.codecs import APIS, ProtocolError, Request, Response, records
 from gatehouse.codecs.peek import produce_acks
 from gatehouse.codecs.schema import FieldSpec, StructSpec
 from gatehouse.codecs.walk import rewrite
 from gatehouse.metrics import error_codes
-from gatehouse.proxy.hooks import ConnectionInfo, Observer, Pending
+from gatehouse.proxy.hooks import ConnectionInfo, Observer, Pending, decoded_response
 from gatehouse.rules import Chain, Outcome, RuleSet, TopicMap
 
 logger = logging.getLogger("gatehouse.capture")
@@ -171,7 +171,7 @@ class CaptureObserver(Observer):
         key = pending.api_key
         if frame is not None and key in APIS:
             try:
-                resp = pending.decoded or decode_response(frame, key, pending.api_version)
+                resp = decoded_response(pending, frame)
                 if resp.known:
                     self._response_facts(record, resp)
             except ProtocolError:

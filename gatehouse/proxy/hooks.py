@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from gatehouse.codecs import Request, Response
+from gatehouse.codecs import Request, Response, decode_response
 from gatehouse.proxy.apiversions import RangeAdjuster
 
 
@@ -64,6 +64,16 @@ class Pending:
     context: Any = None  # whatever the policy needs back with the response
     policy: Any = None  # the policy that decided: in-flight requests finish under it
     decoded: Response | None = None  # the response as sent, if the proxy decoded it
+
+
+def decoded_response(pending: Pending, frame: Any) -> Response:
+    """The response to ``pending`` as the client got it (``frame``), decoded once: the
+    proxy's own decode if it made one, else decoded here and kept for the next observer.
+    Raises the codec's errors (``ProtocolError``, ``UnknownApi``)."""
+    resp = pending.decoded
+    if resp is None:
+        resp = pending.decoded = decode_response(frame, pending.api_key, pending.api_version)
+    return resp
 
 
 @dataclass(frozen=True, slots=True)
