@@ -53,6 +53,10 @@ LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0
 # the latency of everything else.
 LONG_POLL_APIS = frozenset({1, 11, 68, 76, 78})  # Fetch, JoinGroup, group heartbeats, ShareFetch
 PRODUCE, FETCH, METADATA = 0, 1, 3
+# Topic name -> its counters, including names folded into "other": past this many, a
+# folded name is looked up (and counted as a fold) again each time.
+MAX_CACHED_TOPICS = 100_000
+MAX_REMEMBERED_FOLDS = 100_000  # past this, a folded value counts each time it is seen
 
 
 class CappedLabel:
@@ -62,6 +66,8 @@ class CappedLabel:
         self.cap = cap
         self.values: set[str] = set()
         self.folded = folded.labels(label=name)
+        # Folded values remembered (bounded) so each is counted once.
+        self.folded_values: set[str] = set()
 
     def __call__(self, value: str) -> str:
         if value in self.values:
@@ -69,7 +75,10 @@ class CappedLabel:
         if len(self.values) < self.cap:
             self.values.add(value)
             return value
-        self.folded.inc()
+        if value not in self.folded_values:
+            if len(self.folded_values) < MAX_REMEMBERED_FOLDS:
+                self.folded_values.add(value)
+            self.folded.inc()
         return "other"
 
 
@@ -315,7 +324,7 @@ class ProxyMetrics(Observer):
             label = self.topic_label(name)
             counters = (self.topic_records.labels(topic=label, direction=direction),
                         self.topic_bytes.labels(topic=label, direction=direction))
-            if label != "other":  # folded names keep counting as folds
+            if len(self._topic_counters) < MAX_CACHED_TOPICS:  # each fold counted once
                 self._topic_counters[(name, direction)] = counters
         return counters
 
