@@ -212,7 +212,8 @@ class ProxyMetrics(Observer):
                 "client_to_proxy", "proxy_to_broker", "broker_to_proxy", "proxy_to_client"))
         self._request_counters: dict[tuple[int, int, str | None, str | None, str], Any] = {}
         self._response_counters: dict[tuple[int, int], Any] = {}
-        self._durations: dict[tuple[int, bool], Any] = {}
+        self._durations: dict[int, Any] = {}
+        self._decision_counters: dict[tuple[str, str, str], Any] = {}
         self._topic_counters: dict[tuple[str, str], tuple[Any, Any]] = {}
         for outcome in ("ok", "failed"):
             self.reloads.labels(outcome=outcome)
@@ -234,12 +235,18 @@ class ProxyMetrics(Observer):
         self.last_reload_ok.set(1 if ok else 0)
 
     def _outcome(self, outcome: Any) -> None:
-        effect = outcome.effect
-        if outcome.mode == "observe":
-            action = {"refuse": "would_refuse", "rewrite": "would_rename"}.get(effect, "allow")
-        else:
-            action = {"refuse": "refuse", "rewrite": "rename"}.get(effect, "allow")
-        self.decisions.labels(rule=outcome.rule, action=action).inc()
+        key = (outcome.rule, outcome.mode, outcome.effect)
+        counter = self._decision_counters.get(key)
+        if counter is None:
+            if outcome.mode == "observe":
+                actions = {"refuse": "would_refuse", "rewrite": "would_rename"}
+            else:
+                actions = {"refuse": "refuse", "rewrite": "rename"}
+            counter = self.decisions.labels(rule=outcome.rule,
+                                            action=actions.get(outcome.effect, "allow"))
+            if len(self._decision_counters) < 10_000:  # rule names come from the config
+                self._decision_counters[key] = counter
+        counter.inc()
 
     # -- observer -------------------------------------------------------------------
 
@@ -334,11 +341,11 @@ class ProxyMetrics(Observer):
         self._bytes_out.inc(size + 4)
         self._bytes_down.inc(size + 4)
         if pending.local is None:
-            histogram = self._durations.get((key, True))
+            histogram = self._durations.get(key)
             if histogram is None:
                 kind = "long_poll" if key in LONG_POLL_APIS else "request"
-                histogram = self._durations[(key, True)] = self.duration.labels(
-                    api=_api_name(key), kind=kind)
+                histogram = self._durations[key] = self.duration.labels(api=_api_name(key),
+                                                                        kind=kind)
             histogram.observe(elapsed)
         if frame is None or key not in APIS:
             return
