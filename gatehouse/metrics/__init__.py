@@ -26,12 +26,12 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
-from gatehouse.codecs import APIS, ProtocolError, Request, Response, decode_response, records
+from gatehouse.codecs import APIS, ProtocolError, Request, Response, records
 from gatehouse.logs import log_event
 from gatehouse.metrics import produce
 from gatehouse.metrics.groups import GROUP_APIS, GROUP_RESPONSES, GroupCensus
 from gatehouse.proxy.config import Address
-from gatehouse.proxy.hooks import ConnectionInfo, Observer, Pending
+from gatehouse.proxy.hooks import ConnectionInfo, Observer, Pending, decoded_response
 
 logger = logging.getLogger("gatehouse.metrics")
 
@@ -358,7 +358,7 @@ class ProxyMetrics(Observer):
                     self._response_counter(key, 0).inc()
                 return
         try:
-            resp = pending.decoded or decode_response(frame, key, pending.api_version)
+            resp = decoded_response(pending, frame)  # once for every observer
             if not resp.known:
                 return
             codes = error_codes(resp) or [0]
