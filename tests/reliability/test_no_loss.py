@@ -171,11 +171,20 @@ def test_verifiable_producer_and_consumer_through_faults(kafka_cluster: KafkaClu
             proxies[-1].stop()
             proxies.append(ProxyRunner(config, policy=killswitch).start())
 
+        def killed_clients() -> set[str]:
+            return {entry.split("/")[1].split("-")[0] for entry in killswitch.killed_on}
+
         def kill_connections() -> None:
-            killed = killswitch.killed
-            killswitch.kill()
-            wait_until(lambda: killswitch.killed > killed, 30, "connections to be killed")
-            time.sleep(3)  # every connection with a request in these seconds goes too
+            # A client still reconnecting after the proxy restart has no connection to
+            # kill yet: re-arm until both the producer's and the consumer's have gone.
+            for _ in range(10):
+                killed = killswitch.killed
+                killswitch.kill()
+                wait_until(lambda k=killed: killswitch.killed > k, 30,  # type: ignore[misc]
+                           "connections to be killed")
+                time.sleep(3)  # every connection with a request in these seconds goes too
+                if {"producer", "consumer"} <= killed_clients():
+                    return
 
         def pause_broker() -> None:
             cluster.pause_node(2)
@@ -188,8 +197,7 @@ def test_verifiable_producer_and_consumer_through_faults(kafka_cluster: KafkaClu
             run_faults([("broker restart", restart_broker), ("proxy restart", restart_proxy),
                         ("connections killed", kill_connections),
                         ("broker paused", pause_broker)], acks)
-        clients = {entry.split("/")[1].split("-")[0] for entry in killswitch.killed_on}
-        assert {"producer", "consumer"} <= clients, killswitch.killed_on
+        assert {"producer", "consumer"} <= killed_clients(), killswitch.killed_on
         assert producer.process.wait(messages / throughput + 300) == 0
         acked = {e["value"]: (e["partition"], e["offset"])
                  for e in producer.named("producer_send_success")}
