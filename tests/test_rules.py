@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 
 from gatehouse import codecs
 from gatehouse.configfile import ConfigError, load_yaml_text
+from gatehouse.logs import TextFormatter
 from gatehouse.proxy.hooks import Close, ConnectionInfo, Respond
 from gatehouse.proxy.policy import Reloader, RulesPolicy, RulesSource
 from gatehouse.rules import ClientFacts, Prefix, Rename, parse_rules
@@ -367,6 +368,49 @@ def test_policy_answers_refusals_with_the_api_error() -> None:
     codes = [p.error_code for t in decision.response.body.responses for p in t.partitions]
     assert codes == []  # Fetch v5 has no top-level code and the request named no topics
     assert conn.state["refusals_logged"] == {(1, "r", False)}
+
+
+def test_a_refusal_is_logged_once_per_connection_and_api_with_who_asked(
+        caplog: pytest.LogCaptureFixture) -> None:
+    policy = RulesPolicy(rules("- name: modern\n  min_api_version: {Fetch: 6, Metadata: 4}\n"))
+    conn = ConnectionInfo(id=7, client="10.1.2.3:5555", listener="bootstrap",
+                          client_id="legacy-app", software_name="kafka-python",
+                          software_version="2.0.2")
+    fetch = req(1, 5, client_id="legacy-app", max_wait_ms=1, min_bytes=1, max_bytes=1,
+                topics=[])
+    metadata = req(3, 1, client_id="legacy-app", topics=None)
+    with caplog.at_level("INFO", logger="gatehouse.rules"):
+        for request in (fetch, fetch, metadata, fetch, metadata):
+            assert isinstance(policy.on_request(conn, request), Respond)
+    lines = [TextFormatter().format(r) for r in caplog.records if r.levelname == "INFO"]
+    assert len(lines) == 2, lines  # one per API on this connection, not one per request
+    for line, api in zip(lines, ("Fetch", "Metadata"), strict=True):
+        assert "refused" in line and api in line and "modern" in line
+        assert "10.1.2.3:5555" in line and "legacy-app" in line
+        assert "kafka-python/2.0.2" in line
+    other = ConnectionInfo(id=8, client="10.1.2.4:1", listener="bootstrap")
+    with caplog.at_level("INFO", logger="gatehouse.rules"):
+        policy.on_request(other, fetch)
+    assert sum("10.1.2.4:1" in TextFormatter().format(r) for r in caplog.records) == 1
+
+
+def test_kip848_regex_subscription_under_a_rename_is_refused_clearly() -> None:
+    policy = RulesPolicy(rules("- name: alias\n  rename_topics: {orders: prod.orders}\n"))
+    conn = ConnectionInfo(id=1, client="127.0.0.1:1", listener="bootstrap")
+    heartbeat = req(68, 1, group_id="g", member_id="m", member_epoch=0, instance_id=None,
+                    rack_id=None, rebalance_timeout_ms=30000, subscribed_topic_names=None,
+                    server_assignor=None, topic_partitions=None,
+                    subscribed_topic_regex="ord.*")
+    decision = policy.on_request(conn, heartbeat)
+    assert isinstance(decision, Respond)
+    body = decision.response.body
+    assert body.error_code == 42  # INVALID_REQUEST
+    assert "regex subscription 'ord.*'" in body.error_message
+    named = req(68, 1, group_id="g", member_id="m", member_epoch=0, instance_id=None,
+                rack_id=None, rebalance_timeout_ms=30000, subscribed_topic_names=["orders"],
+                server_assignor=None, topic_partitions=None)
+    forwarded = policy.on_request(conn, named)
+    assert not isinstance(forwarded, Respond)
 
 
 def test_policy_closes_when_the_refused_version_is_unknown_to_the_codec() -> None:

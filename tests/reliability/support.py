@@ -25,12 +25,10 @@ import trio
 
 from gatehouse import codecs
 from gatehouse.logs import FIELDS_ATTR, JsonFormatter, TextFormatter
-from gatehouse.metrics import ProxyMetrics
-from gatehouse.proxy.config import config_from_text
 from gatehouse.proxy.hooks import Observer, Policy
-from gatehouse.proxy.server import Proxy
 from tests.support.fakebroker import FakeBroker, Handler, frame_bytes, request
 from tests.support.ports import LOCALHOST
+from tests.support.proxythread import ProxyThread
 
 GATEHOUSE = [sys.executable, "-m", "gatehouse.cli"]
 SIZE = struct.Struct(">i")
@@ -123,74 +121,13 @@ def fields(record: logging.LogRecord) -> dict[str, Any]:
 # --- a proxy in a thread, with a config of our choosing ------------------------------------------
 
 
-class ProxyRunner:
-    """A real proxy (``gatehouse.proxy.server.Proxy``) run by trio in a background thread.
-
-    Unlike tests.support.proxythread.ProxyThread it takes the whole config text, so the
-    ports can be fixed (a restarted proxy comes back where clients left it).
-    """
+class ProxyRunner(ProxyThread):
+    """A ProxyThread made from the whole config text (fixed ports: a restarted proxy comes
+    back where its clients left it)."""
 
     def __init__(self, config_text: str, *, policy: Policy | None = None,
                  observers: Sequence[Observer] = ()) -> None:
-        self.config = config_from_text(config_text)
-        self.metrics = ProxyMetrics()
-        self.proxy = Proxy(self.config, policy or Policy(), [self.metrics, *observers])
-        self._thread: threading.Thread | None = None
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._started = threading.Event()
-        self.error: BaseException | None = None
-
-    @property
-    def bootstrap(self) -> str:
-        return f"{LOCALHOST}:{self.proxy.bootstrap_ports[0]}"
-
-    @property
-    def port(self) -> int:
-        return self.proxy.bootstrap_ports[0]
-
-    def _run(self) -> None:
-        async def main() -> None:
-            self._token = trio.lowlevel.current_trio_token()
-            async with trio.open_nursery() as nursery:
-                await nursery.start(self.proxy.serve)
-                self._started.set()
-
-        try:
-            trio.run(main)
-        except BaseException as exc:  # surfaced by alive() and stop()
-            self.error = exc
-            self._started.set()
-
-    def start(self) -> ProxyRunner:
-        self._thread = threading.Thread(target=self._run, name="gatehouse-proxy", daemon=True)
-        self._thread.start()
-        self._started.wait(60)
-        if self.error is not None:
-            raise RuntimeError("proxy failed to start") from self.error
-        return self
-
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and self.error is None
-
-    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return trio.from_thread.run_sync(fn, *args, trio_token=self._token)
-
-    def stop(self) -> None:
-        if self._thread is None:
-            return
-        if self._token is not None and self._thread.is_alive():
-            with contextlib.suppress(trio.RunFinishedError):
-                self.call(self.proxy.shutdown)
-        self._thread.join(self.config.limits.shutdown_grace + 10)
-        assert not self._thread.is_alive(), "the proxy did not stop"
-        if self.error is not None:
-            raise RuntimeError("the proxy crashed") from self.error
-
-    def __enter__(self) -> ProxyRunner:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        super().__init__(config_text=config_text, policy=policy, observers=observers)
 
 
 # --- a fake broker on a real socket, in a thread -------------------------------------------------

@@ -24,11 +24,16 @@ from gatehouse.rules import parse_rules
 class ProxyThread:
     """``with ProxyThread(upstream, rules_yaml=...) as p: p.bootstrap``."""
 
-    def __init__(self, upstream: str, *, extra_config: str = "", rules_yaml: str | None = None,
-                 policy: Policy | None = None, observers: Sequence[Observer] = ()) -> None:
-        text = (f"listen: 127.0.0.1:0\nupstream: [{upstream}]\nbrokers: {{start_port: 0}}\n"
-                + extra_config)
-        self.config = config_from_text(text)
+    def __init__(self, upstream: str | None = None, *, extra_config: str = "",
+                 rules_yaml: str | None = None, policy: Policy | None = None,
+                 observers: Sequence[Observer] = (), config_text: str | None = None) -> None:
+        """``config_text``, when given, is the whole config (fixed ports, say, so that a
+        restarted proxy comes back where its clients left it); else one is made for
+        ``upstream`` with OS-chosen ports, plus ``extra_config``."""
+        if config_text is None:
+            config_text = (f"listen: 127.0.0.1:0\nupstream: [{upstream}]\n"
+                           "brokers: {start_port: 0}\n" + extra_config)
+        self.config = config_from_text(config_text)
         if policy is None and rules_yaml is not None:
             policy = RulesPolicy(parse_rules(load_yaml_text(rules_yaml, "rules.yaml"),
                                              "rules.yaml"))
@@ -40,7 +45,7 @@ class ProxyThread:
         self._thread: threading.Thread | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._started = threading.Event()
-        self._error: BaseException | None = None
+        self.error: BaseException | None = None
 
     @property
     def bootstrap(self) -> str:
@@ -64,16 +69,19 @@ class ProxyThread:
         try:
             trio.run(main)
         except BaseException as exc:  # surfaced to the test by stop()
-            self._error = exc
+            self.error = exc
             self._started.set()
 
     def start(self) -> ProxyThread:
         self._thread = threading.Thread(target=self._run, name="gatehouse-proxy", daemon=True)
         self._thread.start()
         self._started.wait(60)
-        if self._error is not None:
-            raise RuntimeError("proxy failed to start") from self._error
+        if self.error is not None:
+            raise RuntimeError("proxy failed to start") from self.error
         return self
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.error is None
 
     def call(self, fn: Any, *args: Any) -> Any:
         """Run ``fn(*args)`` in the proxy's trio thread (e.g. to swap rules)."""
@@ -86,8 +94,9 @@ class ProxyThread:
             with contextlib.suppress(trio.RunFinishedError):
                 self.call(self.proxy.shutdown)
         self._thread.join(self.config.limits.shutdown_grace + 10)
-        if self._error is not None:
-            raise RuntimeError("the proxy crashed") from self._error
+        assert not self._thread.is_alive(), "the proxy did not stop"
+        if self.error is not None:
+            raise RuntimeError("the proxy crashed") from self.error
 
     def sample(self, name: str, **labels: str) -> float:
         value = self.metrics.registry.get_sample_value(name, labels)
