@@ -52,6 +52,11 @@ class ProxyThread:
         return f"127.0.0.1:{self.proxy.bootstrap_ports[0]}"
 
     @property
+    def port(self) -> int:
+        """The bootstrap port."""
+        return self.proxy.bootstrap_ports[0]
+
+    @property
     def broker_ports(self) -> set[int]:
         return {b.port for b in self.proxy.brokers.values()}
 
