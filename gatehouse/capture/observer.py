@@ -212,25 +212,30 @@ class CaptureObserver(Observer):
     def _request_topics(self, req: Request, body: Any) -> list[dict[str, Any]]:
         topics: list[dict[str, Any]] = []
         if req.api_key == PRODUCE:
-            for topic in body.topic_data:
-                entry = self._entry(getattr(topic, "name", None), getattr(topic, "topic_id", None))
-                total_records = total_bytes = 0
-                partitions = []
-                for partition in topic.partition_data:
-                    partitions.append(partition.index)
-                    summary = records.summarize(partition.records)
-                    total_records += summary.records
-                    total_bytes += summary.bytes
-                entry["partitions"] = partitions
-                entry["records"] = total_records
-                entry["bytes"] = total_bytes
-                topics.append(entry)
-            return topics
+            return [self._records_entry(getattr(topic, "name", None),
+                                        getattr(topic, "topic_id", None),
+                                        [(p.index, p.records) for p in topic.partition_data])
+                    for topic in body.topic_data]
         for name, topic_id, partitions in _walk_topics(req.api.request, req.api_version, body):
             entry = self._entry(name, topic_id)
             entry["partitions"] = partitions
             topics.append(entry)
         return topics
+
+    def _records_entry(self, name: str | None, topic_id: Any,
+                       partitions: list[tuple[int, Any]]) -> dict[str, Any]:
+        """A topic of a Produce request or Fetch response, with record counts and bytes
+        from its batch headers (no decompression)."""
+        entry = self._entry(name, topic_id)
+        total_records = total_bytes = 0
+        for _, data in partitions:
+            summary = records.summarize(data)
+            total_records += summary.records
+            total_bytes += summary.bytes
+        entry["partitions"] = [index for index, _ in partitions]
+        entry["records"] = total_records
+        entry["bytes"] = total_bytes
+        return entry
 
     def _entry(self, name: str | None, topic_id: Any) -> dict[str, Any]:
         id_text = None
@@ -267,21 +272,11 @@ class CaptureObserver(Observer):
         key = resp.api_key
         body = resp.body
         if key == FETCH:
-            topics = []
-            for topic in body.responses:
-                entry = self._entry(getattr(topic, "topic", None), getattr(topic, "topic_id", None))
-                total_records = total_bytes = 0
-                partitions = []
-                for partition in topic.partitions:
-                    partitions.append(partition.partition_index)
-                    summary = records.summarize(partition.records)
-                    total_records += summary.records
-                    total_bytes += summary.bytes
-                entry["partitions"] = partitions
-                entry["records"] = total_records
-                entry["bytes"] = total_bytes
-                topics.append(entry)
-            record["topics"] = topics
+            record["topics"] = [
+                self._records_entry(getattr(topic, "topic", None),
+                                    getattr(topic, "topic_id", None),
+                                    [(p.partition_index, p.records) for p in topic.partitions])
+                for topic in body.responses]
         elif key == METADATA:
             self._learn_topic_ids(body)
         elif key == JOIN_GROUP:
