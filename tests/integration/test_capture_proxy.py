@@ -17,10 +17,9 @@ import confluent_kafka as ck
 from gatehouse.capture.observer import CaptureCollector, CaptureObserver
 from gatehouse.capture.settings import CaptureSettings
 from gatehouse.capture.writer import CaptureWriter
-from tests.integration.test_cli import _wait_listening
 from tests.support.clients import produce, unique
 from tests.support.kafka import KafkaCluster
-from tests.support.ports import free_port
+from tests.support.ports import free_port, wait_listening
 from tests.support.proxythread import ProxyThread
 from tests.test_capture import StalledDisk, check_schema, read_records
 
@@ -41,8 +40,8 @@ def test_gatehouse_run_captures_and_flushes_on_sigterm(kafka: KafkaCluster,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        _wait_listening(port, proc)
-        _wait_listening(metrics_port, proc)
+        wait_listening(port, proc)
+        wait_listening(metrics_port, proc)
         topic = unique("captured")
         kafka.create_topic(topic, partitions=3)
         sent = produce({"bootstrap.servers": f"127.0.0.1:{port}"}, topic, count=300)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tests.support.clients import consume, produce, unique
 from tests.support.kafka import KafkaCluster
-from tests.support.ports import free_port
+from tests.support.ports import free_port, wait_listening
 
 GATEHOUSE = [sys.executable, "-m", "gatehouse.cli"]
 
@@ -30,18 +30,6 @@ def test_demo_runs_on_the_embedded_broker() -> None:
     assert "client software (KIP-511): confluent-kafka-python" in result.stdout
 
 
-def _wait_listening(port: int, proc: subprocess.Popen[str], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise AssertionError(f"nothing listening on {port}")
-
-
 def test_run_reload_and_sigterm(kafka: KafkaCluster, tmp_path: Path) -> None:
     port, metrics_port = free_port(), free_port()
     rules = tmp_path / "rules.yaml"
@@ -56,8 +44,8 @@ def test_run_reload_and_sigterm(kafka: KafkaCluster, tmp_path: Path) -> None:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        _wait_listening(port, proc)
-        _wait_listening(metrics_port, proc)
+        wait_listening(port, proc)
+        wait_listening(metrics_port, proc)
         topic = unique("cli")
         kafka.create_topic(topic)
         conf = {"bootstrap.servers": f"127.0.0.1:{port}"}

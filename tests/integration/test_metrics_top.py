@@ -5,10 +5,8 @@ from __future__ import annotations
 import io
 import os
 import re
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,21 +18,9 @@ from rich.console import Console
 from gatehouse.cli.top import run_top
 from tests.support.clients import consume, produce, unique
 from tests.support.kafka import KafkaCluster
-from tests.support.ports import free_port
+from tests.support.ports import free_port, wait_listening
 
 GATEHOUSE = [sys.executable, "-m", "gatehouse.cli"]
-
-
-def wait_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"gatehouse exited with {proc.returncode}"
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise AssertionError(f"nothing listening on port {port}")
 
 
 @pytest.fixture
@@ -50,8 +36,8 @@ def gatehouse(kafka: KafkaCluster, tmp_path: Path) -> Iterator[tuple[str, str]]:
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
-        wait_port(port, proc)
-        wait_port(metrics_port, proc)
+        wait_listening(port, proc)
+        wait_listening(metrics_port, proc)
         yield f"127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics"
     finally:
         proc.terminate()

@@ -32,7 +32,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 
 from tests.support.clients import unique
 from tests.support.kafka import KafkaCluster
-from tests.support.ports import free_port
+from tests.support.ports import free_port, wait_listening
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "dashboards" / "gatehouse.json"
@@ -49,18 +49,6 @@ def tool(name: str) -> str:
     return path
 
 
-def wait_port(port: int, proc: subprocess.Popen[Any], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"process exited with {proc.returncode}"
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise AssertionError(f"nothing listening on port {port}")
-
-
 def start_gatehouse(tmp: Path, name: str, upstream: str, rules: str) -> tuple[
         subprocess.Popen[bytes], int, int, Path]:
     port, metrics_port = free_port(), free_port()
@@ -73,8 +61,8 @@ def start_gatehouse(tmp: Path, name: str, upstream: str, rules: str) -> tuple[
     proc = subprocess.Popen([*GATEHOUSE, "run", "--config", str(config)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=(tmp / f"{name}.log").open("wb"))
-    wait_port(port, proc)
-    wait_port(metrics_port, proc)
+    wait_listening(port, proc)
+    wait_listening(metrics_port, proc)
     return proc, port, metrics_port, rules_file
 
 

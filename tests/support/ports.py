@@ -7,7 +7,10 @@ again by this process, so two brokers started in one test session never race for
 from __future__ import annotations
 
 import socket
+import subprocess
 import threading
+import time
+from typing import Any
 
 LOCALHOST = "127.0.0.1"
 
@@ -40,3 +43,19 @@ def port_is_listening(port: int, host: str = LOCALHOST, timeout: float = 0.5) ->
             return True
     except OSError:
         return False
+
+
+def wait_listening(port: int, proc: subprocess.Popen[Any], timeout: float = 30.0) -> None:
+    """Until something accepts connections on 127.0.0.1:``port``; fails at once if ``proc``
+    (the process that should be listening) exits, with its stderr when it was piped."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            stderr = proc.stderr.read() if proc.stderr else ""
+            raise AssertionError(f"process exited with {proc.returncode}: {stderr!r}")
+        try:
+            socket.create_connection((LOCALHOST, port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError(f"nothing listening on port {port}")
