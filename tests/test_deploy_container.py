@@ -29,7 +29,7 @@ from tests.support.deploy import (
     healthcheck_command,
     image_user,
 )
-from tests.support.netns import Netns, NetnsUnavailable, unique_name
+from tests.support.netns import Netns, namespace_or_skip
 from tests.support.tansu import tansu_binary
 
 DEFAULT_CONFIG = ROOT / "deploy" / "container" / "gatehouse.yaml"
@@ -157,15 +157,7 @@ def image_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def netns() -> Iterator[Netns]:
-    ns = Netns(unique_name("ghimage"))
-    try:
-        ns.create()
-    except NetnsUnavailable as exc:
-        pytest.skip(f"network namespaces unavailable: {exc}")
-    try:
-        yield ns
-    finally:
-        ns.delete()
+    yield from namespace_or_skip("ghimage")
 
 
 def test_entrypoint_runs_and_healthcheck_passes(image_venv: Path, netns: Netns,

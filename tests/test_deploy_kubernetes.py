@@ -33,7 +33,7 @@ from tests.support.deploy import (
     volume_files,
     write_volume,
 )
-from tests.support.netns import Netns, NetnsUnavailable, unique_name
+from tests.support.netns import Netns, namespace_or_skip
 from tests.support.tansu import tansu_binary
 
 KUBERNETES_VERSION = "1.33.0"  # the schemas' version (kubernetes-validate ships 1.25-1.37)
@@ -285,15 +285,7 @@ def get_status(ns: Netns, url: str) -> int:
 
 @pytest.fixture
 def netns() -> Iterator[Netns]:
-    ns = Netns(unique_name("ghprobe"))
-    try:
-        ns.create()
-    except NetnsUnavailable as exc:
-        pytest.skip(f"network namespaces unavailable: {exc}")
-    try:
-        yield ns
-    finally:
-        ns.delete()
+    yield from namespace_or_skip("ghprobe")
 
 
 @pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)

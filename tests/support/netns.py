@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -113,3 +113,19 @@ def nft(ns: Netns, ruleset: str) -> None:
                             text=True, timeout=30)
     if result.returncode != 0:
         raise RuntimeError(f"nft in {ns.name}: {result.stderr.strip()}")
+
+
+def namespace_or_skip(prefix: str) -> Iterator[Netns]:
+    """A fresh namespace for a pytest fixture to yield from, deleted afterwards; the test is
+    skipped, with the reason, only where namespaces cannot be created at all."""
+    import pytest
+
+    ns = Netns(unique_name(prefix))
+    try:
+        ns.create()
+    except NetnsUnavailable as exc:
+        pytest.skip(f"network namespaces unavailable: {exc}")
+    try:
+        yield ns
+    finally:
+        ns.delete()
