@@ -12,7 +12,7 @@ from confluent_kafka.admin import AdminClient
 
 from scripts.fetch_kafka import ensure_kafka, kafka_clients_jar
 from tests.support.clients import consume, produce, unique
-from tests.support.kafka import SCRAM_MECHANISM, SCRAM_USER, KafkaCluster
+from tests.support.kafka import SCRAM_MECHANISM, SCRAM_USER, KafkaCluster, process_state
 from tests.support.tansu import TansuBroker
 
 
@@ -95,11 +95,6 @@ def test_cluster_survives_node_restart(kafka_cluster: KafkaCluster) -> None:
     after = produce(conf, topic, tag="after")
     sent = before + during + after
     assert sorted(consume(conf, topic, len(sent))) == sorted(sent)
-
-
-def process_state(pid: int) -> str:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat[stat.rindex(")") + 2]
 
 
 def test_cluster_pause_and_resume(kafka_cluster: KafkaCluster) -> None:

@@ -395,7 +395,14 @@ class KafkaCluster:
         node = self.nodes[i]
         if not node.running:
             raise RuntimeError(f"node {i} is not running")
-        os.kill(node.process.pid, signal.SIGSTOP)  # type: ignore[union-attr]
+        pid = node.process.pid  # type: ignore[union-attr]
+        os.kill(pid, signal.SIGSTOP)
+        # The signal is delivered asynchronously: return once the process has stopped.
+        deadline = time.monotonic() + 10
+        while process_state(pid) != "T":
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"node {i} did not stop after SIGSTOP")
+            time.sleep(0.01)
         node.paused = True
 
     def resume_node(self, i: int) -> None:
@@ -599,3 +606,9 @@ def run_java_tool(
            *args]
     return subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                           timeout=timeout, check=check)
+
+
+def process_state(pid: int) -> str:
+    """The one-letter state of a process (R running, S sleeping, T stopped...)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2]
