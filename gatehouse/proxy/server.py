@@ -24,6 +24,7 @@ from gatehouse.proxy.addresses import BrokerAddress
 from gatehouse.proxy.config import Address, ProxyConfig
 from gatehouse.proxy.connection import ConnectionContext, ProxyConnection
 from gatehouse.proxy.hooks import ConnectionInfo, Observer, Observers, Policy
+from gatehouse.proxy.tls import upstream_ssl_context
 
 logger = logging.getLogger("gatehouse.proxy")
 
@@ -56,17 +57,7 @@ def _server_ssl_context(config: ProxyConfig) -> ssl.SSLContext | None:
 
 def _client_ssl_context(config: ProxyConfig) -> ssl.SSLContext | None:
     tls = config.tls_upstream
-    if tls is None:
-        return None
-    ctx = ssl.create_default_context(
-        ssl.Purpose.SERVER_AUTH, cafile=str(tls.ca) if tls.ca else None
-    )
-    if not tls.verify:
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    if tls.cert is not None and tls.key is not None:
-        ctx.load_cert_chain(str(tls.cert), str(tls.key))
-    return ctx
+    return None if tls is None else upstream_ssl_context(tls)
 
 
 class Proxy:
