@@ -13,7 +13,7 @@ import trio
 import trio.testing
 
 from gatehouse import codecs
-from gatehouse.proxy.addresses import BrokerAddress, address_apis
+from gatehouse.proxy.addresses import BrokerAddress, address_apis, carries_addresses
 from gatehouse.proxy.config import Limits
 from gatehouse.proxy.connection import ConnectionContext, ProxyConnection
 from gatehouse.proxy.hooks import ConnectionInfo, Forward, Observer, Pending, Policy, Respond
@@ -166,6 +166,32 @@ def test_address_apis_found_from_tables() -> None:
     assert not names & {"Vote", "BeginQuorumEpoch", "FetchSnapshot", "StreamsGroupHeartbeat"}
 
 
+
+def test_only_versions_with_node_endpoints_are_decoded_for_addresses() -> None:
+    assert not carries_addresses(0, 9) and carries_addresses(0, 10)  # Produce (KIP-951)
+    assert not carries_addresses(1, 15) and carries_addresses(1, 16)  # Fetch
+    assert carries_addresses(3, 0)  # Metadata: always
+    assert not carries_addresses(18, 3)  # ApiVersions: never
+
+
+async def test_responses_that_cannot_carry_addresses_pass_through_undecoded() -> None:
+    """A Produce v9 answer is not decoded: even bytes the codec would reject (a trailing
+    byte) reach the client unchanged, and the connection stays open."""
+    def handler(req: codecs.Request) -> Any:
+        if req.api_key != 0:
+            return echo_handler(req)
+        body = codecs.Response.build(0, 9, req.correlation_id, response_body(0, 9)).encode()
+        return bytes(body) + b"\x00"
+
+    async with proxied(handler) as h:
+        await h.client.send(request(0, 9, 5, acks=1, timeout_ms=100, topic_data=[]).encode())
+        answer = await h.client.receive()
+        assert answer is not None and answer.endswith(b"\x00")
+        with pytest.raises(codecs.ProtocolError):
+            codecs.decode_response(answer, 0, 9).body  # noqa: B018
+        await h.client.send(request(3, 12, 6, topics=[]).encode())
+        assert await h.client.receive() is not None
+        assert h.pumps.close_reason == "client closed"
 async def test_produce_v10_node_endpoints_rewritten() -> None:
     def handler(req: codecs.Request) -> Any:
         return response_body(0, req.api_version, node_endpoints=[

@@ -220,6 +220,11 @@ class ProxyMetrics(Observer):
 
     # -- wiring ---------------------------------------------------------------------
 
+    def watch_buffers(self, requests: Any, responses: Any) -> None:
+        """Export the proxy's shared byte budgets (gatehouse.proxy.budget.ByteBudget)."""
+        self.registry.register(_BufferCollector({"request": requests, "response": responses}))
+
+
     def attach(self, policy: Any, reloader: Any) -> None:
         """Subscribe to the rules' decisions and reloads."""
         if hasattr(policy, "outcome_listeners"):
@@ -434,6 +439,29 @@ class _ConnectionsGauge:
         for side, value in self.counts.items():
             family.add_metric([side], value)
         yield family
+
+
+class _BufferCollector:
+    """``gatehouse_buffered_bytes{direction}`` and the waits for a spent budget."""
+
+    def __init__(self, budgets: dict[str, Any]) -> None:
+        self.budgets = budgets
+
+    def collect(self) -> Any:
+        held = GaugeMetricFamily("gatehouse_buffered_bytes", "Frame bytes the proxy holds "
+                                 "(reserved) across all connections", labels=["direction"])
+        limit = GaugeMetricFamily("gatehouse_buffered_bytes_limit", "limits.max_buffered_"
+                                  "{request,response}_bytes", labels=["direction"])
+        waits = CounterMetricFamily("gatehouse_buffer_waits", "Frames whose reading waited "
+                                    "for the shared budget (it was spent)",
+                                    labels=["direction"])
+        for direction, budget in self.budgets.items():
+            held.add_metric([direction], budget.held)
+            limit.add_metric([direction], budget.total)
+            waits.add_metric([direction], budget.waits)
+        yield held
+        yield limit
+        yield waits
 
 
 class _ReadyGauge:

@@ -45,6 +45,23 @@ def address_apis() -> frozenset[int]:
     return frozenset(keys)
 
 
+@cache
+def carries_addresses(api_key: int, version: int) -> bool:
+    """Whether a response of this API *version* can hold a broker address: Produce < v10
+    and Fetch < v16 cannot (no NodeEndpoints), so they need not be decoded for it."""
+    if api_key not in address_apis():
+        return False
+    return _struct_has_address(APIS[api_key].response.root, version)
+
+
+def _struct_has_address(struct: StructSpec, version: int) -> bool:
+    present = [f for f in struct.fields if f.present_in(version)]
+    if _is_address_struct(struct) and any(_is_host_field(f) for f in present):
+        return True
+    return any(f.struct is not None and _struct_has_address(f.struct, version)
+               for f in present)
+
+
 @dataclass(frozen=True)
 class BrokerAddress:
     node_id: int
@@ -61,7 +78,7 @@ def rewrite_addresses(resp: Response, mapper: AddressMapper) -> tuple[Response, 
 
     ``resp`` is returned unchanged (same object) when it carries no address.
     """
-    if resp.api_key not in address_apis() or not resp.known:
+    if not resp.known or not carries_addresses(resp.api_key, resp.api_version):
         return resp, []
     seen: list[BrokerAddress] = []
 

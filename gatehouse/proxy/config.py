@@ -84,6 +84,11 @@ class Limits:
     idle_timeout: float = 600.0
     connect_timeout: float = 10.0
     shutdown_grace: float = 10.0  # in-flight requests get this long on SIGTERM
+    # Frame bytes held at once across all connections, per direction (a frame's declared
+    # size is reserved before the rest of it is read): memory stays bounded however many
+    # connections send large frames at once.  Like Kafka's queued.max.request.bytes.
+    max_buffered_request_bytes: int = 256 * 1024 * 1024
+    max_buffered_response_bytes: int = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -192,6 +197,10 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
         idle_timeout=float(_positive(limits_reader, "idle_timeout", Limits.idle_timeout)),
         connect_timeout=float(_positive(limits_reader, "connect_timeout", Limits.connect_timeout)),
         shutdown_grace=float(_positive(limits_reader, "shutdown_grace", Limits.shutdown_grace)),
+        max_buffered_request_bytes=_positive(limits_reader, "max_buffered_request_bytes",
+                                             Limits.max_buffered_request_bytes, True),
+        max_buffered_response_bytes=_positive(limits_reader, "max_buffered_response_bytes",
+                                              Limits.max_buffered_response_bytes, True),
     )
     limits_reader.finish()
 

@@ -20,7 +20,7 @@ import math
 import struct
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import trio
@@ -34,8 +34,14 @@ from gatehouse.codecs import (
 from gatehouse.codecs.peek import produce_acks
 from gatehouse.codecs.primitives import Buffer
 from gatehouse.codecs.reader import FrameReader
-from gatehouse.proxy.addresses import AddressMapper, BrokerAddress, address_apis, rewrite_addresses
+from gatehouse.proxy.addresses import (
+    AddressMapper,
+    BrokerAddress,
+    carries_addresses,
+    rewrite_addresses,
+)
 from gatehouse.proxy.apiversions import API_VERSIONS, adjust_api_versions
+from gatehouse.proxy.budget import ByteBudget
 from gatehouse.proxy.config import Limits
 from gatehouse.proxy.hooks import Close, ConnectionInfo, Forward, Observer, Pending, Policy, Respond
 
@@ -67,6 +73,12 @@ class ConnectionContext:
     brokers_seen: Callable[[Sequence[BrokerAddress]], Awaitable[None]]
     draining: trio.Event
     get_policy: Callable[[], Policy]
+    request_budget: ByteBudget = field(init=False)
+    response_budget: ByteBudget = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.request_budget = ByteBudget(self.limits.max_buffered_request_bytes)
+        self.response_budget = ByteBudget(self.limits.max_buffered_response_bytes)
 
 
 class _Close(Exception):
@@ -107,8 +119,14 @@ class ProxyConnection:
         self.pending_send, self.pending_receive = trio.open_memory_channel[Pending](
             ctx.limits.max_in_flight
         )
-        self.frames_send, self.frames_receive = trio.open_memory_channel[bytes](0)
-        self.requests_send, self.requests_receive = trio.open_memory_channel[bytes](0)
+        # (frame, bytes of a budget it holds): the holder gives them back once it is sent
+        self.frames_send, self.frames_receive = trio.open_memory_channel[tuple[bytes, int]](0)
+        self.requests_send, self.requests_receive = trio.open_memory_channel[tuple[Any, int]](0)
+        self.request_budget = ctx.request_budget
+        self.response_budget = ctx.response_budget
+        self.held_request_bytes = 0  # of the shared budgets: returned when this ends
+        self.held_response_bytes = 0
+        self.request_ticket = 0  # budget bytes of the request being handled
         self.in_flight = 0
         self.upstream_closed = False
         self.close_reason = "client closed"
@@ -134,6 +152,8 @@ class ProxyConnection:
             if self.idle.cancelled_caught:
                 self.close_reason = "idle timeout"
         finally:
+            self.request_budget.give(self.held_request_bytes)
+            self.response_budget.give(self.held_response_bytes)
             with trio.CancelScope(shield=True):
                 await _aclose_quietly(self.upstream)
                 await _aclose_quietly(self.client)
@@ -165,6 +185,7 @@ class ProxyConnection:
 
     async def client_reader(self) -> None:
         reader = FrameReader(self.limits.max_frame_bytes)
+        reserved = 0  # budget bytes held for the frame being assembled
         try:
             while True:
                 # Only the wait for bytes is cancelled by a drain: a request being handled
@@ -195,15 +216,29 @@ class ProxyConnection:
                     # Only whole requests are activity: a client trickling the bytes of
                     # a frame that never completes (slowloris) still meets the idle timeout.
                     self._touch()
+                    self.request_ticket, reserved = reserved, 0
                     await self.handle_request_frame(wire)
+                    if self.request_ticket:  # not forwarded (answered here): done with it
+                        self._give_request_bytes(self.request_ticket)
+                        self.request_ticket = 0
+                if not reserved and (expected := reader.expected_size) is not None:
+                    # Reserve the rest of a partly read frame before reading more of it.
+                    reserved = await self.request_budget.take(expected + 4)
+                    self.held_request_bytes += reserved
         finally:
             self.pending_send.close()
             self.requests_send.close()
 
     async def upstream_writer(self) -> None:
         # Never cancelled by a drain: requests already accepted go up.
-        async for wire in self.requests_receive:
+        async for wire, ticket in self.requests_receive:
             await self.upstream.send_all(wire)
+            if ticket:
+                self._give_request_bytes(ticket)
+
+    def _give_request_bytes(self, size: int) -> None:
+        self.held_request_bytes -= size
+        self.request_budget.give(size)
 
     def _malformed(self, direction: str, exc: ProtocolError) -> None:
         self.ctx.observer.malformed(self.conn, direction, str(exc))
@@ -286,12 +321,14 @@ class ProxyConnection:
             # Queued before the bytes go up, so the writer is ready for the answer; a
             # full queue stops this reader: backpressure on a client that floods us.
             await self.pending_send.send(pending)
-        await self.requests_send.send(wire)
+        ticket, self.request_ticket = self.request_ticket, 0
+        await self.requests_send.send((wire, ticket))
 
     # -- upstream -> client ----------------------------------------------------------
 
     async def upstream_reader(self) -> None:
         reader = FrameReader(self.limits.max_frame_bytes)
+        reserved = 0  # budget bytes held for the frame being assembled
         try:
             while True:
                 data = await self.upstream.receive_some(_RECEIVE_SIZE)
@@ -310,7 +347,11 @@ class ProxyConnection:
                         self._malformed("response", exc)
                     if wire is None:
                         break
-                    await self.frames_send.send(wire)
+                    await self.frames_send.send((wire, reserved))
+                    reserved = 0
+                if not reserved and (expected := reader.expected_size) is not None:
+                    reserved = await self.response_budget.take(expected + 4)
+                    self.held_response_bytes += reserved
         finally:
             self.frames_send.close()
         self.upstream_closed = True
@@ -324,7 +365,7 @@ class ProxyConnection:
                 self._answered(pending, pending.local)
                 continue
             try:
-                wire = await self.frames_receive.receive()
+                wire, ticket = await self.frames_receive.receive()
             except trio.EndOfChannel:
                 raise _Close(
                     f"broker {self.conn.upstream} closed the connection with "
@@ -334,11 +375,14 @@ class ProxyConnection:
             self.in_flight -= 1
             if pending.raw:
                 await self._send_client(wire)
-                continue
-            frame = memoryview(wire)[4:]
-            out = await self.handle_response_frame(frame, pending)
-            await self._send_client(wire if out is frame else _sized(out))
-            self._answered(pending, out)
+            else:
+                frame = memoryview(wire)[4:]
+                out = await self.handle_response_frame(frame, pending)
+                await self._send_client(wire if out is frame else _sized(out))
+                self._answered(pending, out)
+            if ticket:
+                self.held_response_bytes -= ticket
+                self.response_budget.give(ticket)
             if self.upstream_closed and self.in_flight == 0:
                 raise _Close(f"broker {self.conn.upstream} closed the connection")
 
@@ -359,7 +403,7 @@ class ProxyConnection:
                 logging.WARNING,
             )
         key = pending.api_key
-        rewrite = key in address_apis()
+        rewrite = carries_addresses(key, pending.api_version)
         if not (rewrite or key == API_VERSIONS or pending.wants_response):
             return frame  # nothing to look at: the original bytes go through
         try:

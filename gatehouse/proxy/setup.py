@@ -74,6 +74,9 @@ async def run_configured(config: ProxyConfig, policy: RulesPolicy, path: str | P
     reloader = Reloader(policy, rules_source(config, path))
     observers = build_observers(config, policy, reloader)
     proxy = Proxy(config, policy, observers)
+    if config.metrics_listen is not None:
+        observers[0].watch_buffers(proxy.ctx.request_budget,  # type: ignore[attr-defined]
+                                   proxy.ctx.response_budget)
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(handle_signals, proxy, reloader.reload)
