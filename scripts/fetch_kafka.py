@@ -13,6 +13,9 @@ The directory is filled atomically (download into a temporary directory, rename,
 ``.complete``); when ``.complete`` exists nothing is fetched.  Maven's own local repository
 (``~/.m2``) caches the jars as well.  The libs path is printed on stdout.
 
+Kafka Streams (for the streams-group test) goes to ``<cache>/kafka-streams/<version>/libs``
+the same way, with the kafka-clients it was built with: see :func:`ensure_kafka_streams`.
+
 The version is ``--version``, else ``$GATEHOUSE_KAFKA_VERSION``, else 4.4.0.
 """
 
@@ -186,6 +189,26 @@ def ensure_kafka(version: str | None = None, *, log: bool = False) -> Path:
                              f"Apache Kafka {version}", log=log)
 
 
+def ensure_kafka_streams(version: str | None = None, *, log: bool = False) -> Path:
+    """A libs directory with Kafka Streams and the kafka-clients it was built with (for a
+    Streams application run against the brokers of Kafka ``version``).
+
+    Like kafka-tools, kafka-streams is not on Maven Central for every release (4.4.0's is
+    missing): the newest release of the same major version up to ``version`` is used, with
+    its own kafka-clients, in a directory apart from the broker's jars (the two clients
+    versions must not meet on one classpath)."""
+    version = kafka_version(version)
+    log4j_version, binding = _log4j_for(version)
+    deps = [("org.apache.kafka", "kafka-streams", _tools_version_spec(version)),
+            ("org.apache.logging.log4j", "log4j-api", log4j_version),
+            ("org.apache.logging.log4j", "log4j-core", log4j_version),
+            ("org.apache.logging.log4j", binding, log4j_version)]
+    return ensure_maven_libs(cache_root() / "kafka-streams" / version,
+                             _pom("kafka-streams-libs", version, deps),
+                             "kafka-streams-*.jar", f"Kafka Streams for Kafka {version}",
+                             log=log)
+
+
 KROXYLICIOUS_VERSION = "0.12.0"  # the newest kroxylicious-runtime on Maven Central
 
 
@@ -203,7 +226,8 @@ def ensure_kroxylicious(version: str = KROXYLICIOUS_VERSION, *, log: bool = Fals
 def ensure_maven_libs(home: Path, pom: str, expected_jar: str, what: str, *,
                       log: bool = False) -> Path:
     """``home/libs`` holding ``pom``'s runtime dependencies: fetched once with Maven
-    (retried with back-off), cached, and safe against concurrent fetches."""
+    (retried with back-off), cached, and safe against concurrent fetches.
+    ``expected_jar`` (a glob pattern) must be among them."""
     libs = home / "libs"
     if _is_complete(home):
         return libs
@@ -228,7 +252,7 @@ def ensure_maven_libs(home: Path, pom: str, expected_jar: str, what: str, *,
                     if log:
                         print(str(exc), file=sys.stderr)
                     time.sleep(2.0 * 2 ** (attempt - 1))
-            if not (out / expected_jar).is_file():
+            if not any(out.glob(expected_jar)):
                 raise FetchError(f"Maven finished but {expected_jar} is not in {out}")
             if libs.exists():  # a partial directory from an interrupted run (no marker)
                 shutil.rmtree(libs)
@@ -257,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         libs = ensure_kafka(args.version, log=True)
+        ensure_kafka_streams(args.version, log=True)
     except FetchError as exc:
         print(f"fetch_kafka: {exc}", file=sys.stderr)
         return 1

@@ -213,3 +213,130 @@ def one_record_batch() -> bytes:
     body = struct.pack(">hiqqqhii", 0, 0, 0, 0, -1, -1, -1, 1) + b"\x00" * 8
     length = 4 + 1 + 4 + len(body)  # leader epoch, magic, crc, rest
     return struct.pack(">qii", 0, length, 0) + b"\x02" + struct.pack(">I", 0) + body
+
+
+# -- share groups (KIP-932, ShareGroupHeartbeat) and streams groups (KIP-1071,
+# -- StreamsGroupHeartbeat): counted by their heartbeats, like KIP-848 consumer groups ---------
+
+SHARE, STREAMS = 76, 88
+UNKNOWN_MEMBER_ID, FENCED_MEMBER_EPOCH, NOT_COORDINATOR = 25, 110, 16
+COORDINATOR_LOAD_IN_PROGRESS, GROUP_AUTHORIZATION_FAILED = 14, 30
+
+
+def share_heartbeat(wire: Wire, group: str, epoch: int, error: int = 0,
+                    member: str = "m") -> None:
+    request: dict[str, Any] = {"group_id": group, "member_id": member, "member_epoch": epoch}
+    if epoch == 0:
+        request["subscribed_topic_names"] = ["orders"]
+    wire.exchange(SHARE, 1, request,
+                  {"error_code": error, "member_id": None if error else member,
+                   "member_epoch": -1 if error else max(epoch, 0) + 1,
+                   "heartbeat_interval_ms": 5000})
+
+
+def streams_heartbeat(wire: Wire, group: str, epoch: int, error: int = 0,
+                      member: str = "m", version: int = 1) -> None:
+    request: dict[str, Any] = {"group_id": group, "member_id": member, "member_epoch": epoch,
+                               "endpoint_information_epoch": 0}
+    if epoch == 0:
+        request.update(process_id="p", topology={"epoch": 0, "subtopologies": [
+            {"subtopology_id": "0", "source_topics": ["orders"], "source_topic_regex": [],
+             "state_changelog_topics": [], "repartition_sink_topics": [],
+             "repartition_source_topics": [], "copartition_groups": []}]})
+    wire.exchange(STREAMS, version, request,
+                  {"error_code": error, "member_id": member,
+                   "member_epoch": -1 if error else max(epoch, 0) + 1,
+                   "heartbeat_interval_ms": 5000, "status": None})
+
+
+def test_share_group_counted_once_across_members_until_the_last_leaves() -> None:
+    metrics = ProxyMetrics()
+    a, b = Wire(metrics, 1), Wire(metrics, 2)
+    share_heartbeat(a, "s", 0, member="a")
+    share_heartbeat(b, "s", 0, member="b")
+    share_heartbeat(a, "s", 1, member="a")  # a steady heartbeat changes nothing
+    assert groups(metrics, "share", "default") == 1
+    share_heartbeat(a, "s", -1, member="a")  # a leaves; b is still a member
+    assert groups(metrics, "share", "default") == 1
+    share_heartbeat(b, "s", -1, member="b")
+    assert groups(metrics, "share", "default") == 0
+    # Only the share label moved: no consumer group was counted on the way.
+    assert groups(metrics, "consumer", "default") == 0
+
+
+def test_streams_group_counted_once_until_its_last_member_connection_closes() -> None:
+    metrics = ProxyMetrics()
+    a, b = Wire(metrics, 1), Wire(metrics, 2)
+    streams_heartbeat(a, "app", 0, member="a")
+    streams_heartbeat(b, "app", 0, member="b", version=0)  # a 4.0 client
+    streams_heartbeat(b, "app", 1, member="b", version=0)
+    assert groups(metrics, "streams", "default") == 1
+    a.close()  # a JVM that died: no leave heartbeat, its connection closed
+    assert groups(metrics, "streams", "default") == 1
+    streams_heartbeat(b, "app", -1, member="b")
+    assert groups(metrics, "streams", "default") == 0
+    b.close()  # nothing left to take out
+    assert groups(metrics, "streams", "default") == 0
+
+
+def test_share_and_streams_groups_are_counted_apart() -> None:
+    metrics = ProxyMetrics()
+    wire = Wire(metrics, 1)
+    share_heartbeat(wire, "s1", 0)
+    share_heartbeat(wire, "s2", 0)
+    streams_heartbeat(wire, "app", 0)
+    assert groups(metrics, "share", "default") == 2
+    assert groups(metrics, "streams", "default") == 1
+    wire.close()
+    assert groups(metrics, "share", "default") == 0
+    assert groups(metrics, "streams", "default") == 0
+
+
+def test_fenced_or_unknown_members_are_out_until_they_join_again() -> None:
+    metrics = ProxyMetrics()
+    wire = Wire(metrics, 1)
+    share_heartbeat(wire, "s", 0)
+    share_heartbeat(wire, "s", 1, error=UNKNOWN_MEMBER_ID)
+    assert groups(metrics, "share", "default") == 0
+    share_heartbeat(wire, "s", 0)
+    assert groups(metrics, "share", "default") == 1
+    streams_heartbeat(wire, "app", 0)
+    streams_heartbeat(wire, "app", 3, error=FENCED_MEMBER_EPOCH)
+    assert groups(metrics, "streams", "default") == 0
+    assert groups(metrics, "share", "default") == 1  # the other group is untouched
+    streams_heartbeat(wire, "app", 0)
+    assert groups(metrics, "streams", "default") == 1
+
+
+def test_other_errors_neither_join_nor_drop_a_member() -> None:
+    metrics = ProxyMetrics()
+    wire = Wire(metrics, 1)
+    share_heartbeat(wire, "s", 0, error=GROUP_AUTHORIZATION_FAILED)
+    assert groups(metrics, "share", "default") == 0
+    share_heartbeat(wire, "s", 0)
+    share_heartbeat(wire, "s", 1, error=COORDINATOR_LOAD_IN_PROGRESS)  # retried by the client
+    assert groups(metrics, "share", "default") == 1
+
+
+def test_a_leave_heartbeat_answered_with_an_error_still_leaves() -> None:
+    """The clients count themselves out once the leave heartbeat is sent and never resend
+    it, so the census must not keep the member until its connection closes."""
+    metrics = ProxyMetrics()
+    wire = Wire(metrics, 1)
+    share_heartbeat(wire, "s", 0)
+    streams_heartbeat(wire, "app", 0)
+    share_heartbeat(wire, "s", -1, error=NOT_COORDINATOR)
+    streams_heartbeat(wire, "app", -1, error=UNKNOWN_MEMBER_ID)
+    assert groups(metrics, "share", "default") == 0
+    assert groups(metrics, "streams", "default") == 0
+
+
+def test_a_share_heartbeat_does_not_inherit_a_consumer_assignor() -> None:
+    """Share and streams heartbeats name no assignor; a group id last seen as a KIP-848
+    group with one (on another connection) is relabelled, not counted as share/uniform."""
+    metrics = ProxyMetrics()
+    heartbeat(Wire(metrics, 1), "g", 0, "uniform")
+    share_heartbeat(Wire(metrics, 2), "g", 0)
+    assert groups(metrics, "share", "uniform") == 0
+    assert groups(metrics, "share", "default") == 1
+    assert groups(metrics, "consumer", "uniform") == 0

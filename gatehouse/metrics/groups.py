@@ -112,8 +112,12 @@ class GroupCensus:
         body = resp.body
         if (key == SYNC_GROUP and body.assignment) or (key == JOIN_GROUP and body.members):
             self._payload(conn_id, key, asked.group_id, "response", resp.api_version)
-        if body.error_code in NOT_A_MEMBER:
+        if asked.leaving or body.error_code in NOT_A_MEMBER:
+            # A member that sent its leave heartbeat is out whatever the answer: the clients
+            # count themselves out once it is sent and never resend it.  (Settled here, not
+            # at the request: answers to its earlier heartbeats come first on the connection.)
             self._leave(conn_id, asked.group_id)
+            return
         if body.error_code != 0:
             return
         if key == JOIN_GROUP:
@@ -122,13 +126,16 @@ class GroupCensus:
         elif key == SYNC_GROUP:
             if body.protocol_type and body.protocol_name:
                 self._join(conn_id, asked.group_id, body.protocol_type, body.protocol_name)
-        elif asked.leaving:
-            self._leave(conn_id, asked.group_id)
         else:
+            protocol_type = HEARTBEAT_TYPES[key]
             current = self.groups.get(asked.group_id)
-            protocol = asked.protocol or (current.labels[1] if current is not None else
-                                          DEFAULT_PROTOCOL)
-            self._join(conn_id, asked.group_id, HEARTBEAT_TYPES[key], protocol)
+            # A null assignor means "unchanged" (KIP-848); share and streams heartbeats
+            # name none (their assignors are the broker's).
+            protocol = asked.protocol or (
+                current.labels[1]
+                if current is not None and current.labels[0] == self.label(protocol_type)
+                else DEFAULT_PROTOCOL)
+            self._join(conn_id, asked.group_id, protocol_type, protocol)
 
     def connection_closed(self, conn_id: int) -> None:
         for group_id in self.of_connection.pop(conn_id, set()):

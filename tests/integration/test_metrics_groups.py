@@ -1,15 +1,25 @@
-"""The group census and the KIP-559 fallback counter, with real consumers on Kafka 4.4."""
+"""The group census and the KIP-559 fallback counter, with real consumers on Kafka 4.4:
+librdkafka (classic and KIP-848 groups), the Java consumer, a Java share consumer (KIP-932)
+and a Kafka Streams application on the streams protocol (KIP-1071)."""
 
 from __future__ import annotations
 
+import queue
+import subprocess
+import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
 
 import confluent_kafka as ck
 
+from gatehouse.codecs import Request
+from gatehouse.proxy.hooks import ConnectionInfo, Observer, Pending, decoded_response
+from scripts.fetch_kafka import classpath, ensure_kafka_streams, java_binary, log4j2_config
 from tests.support.clients import produce, unique
-from tests.support.kafka import KafkaCluster
+from tests.support.kafka import TOOL_JVM_OPTS, KafkaCluster, register_process, stop_process
 from tests.support.proxythread import ProxyThread
 
 
@@ -131,3 +141,154 @@ def test_rename_rule_decodes_pre_kip559_payloads_with_the_fallback(
             assert proxy.sample("gatehouse_rename_group_payloads_total", outcome=outcome) == 0
         assert proxy.sample("gatehouse_group_protocol_fallbacks_total", api="SyncGroup",
                             direction="response", outcome="resolved") == 1
+
+
+# -- share and streams groups: Java members started from tests/support/java ------------------
+
+JAVA_SOURCES = Path(__file__).resolve().parents[1] / "support" / "java"
+SHARE_HEARTBEAT, STREAMS_HEARTBEAT = 76, 88
+
+
+@dataclass(frozen=True)
+class Answered:
+    """One heartbeat the proxy answered, and the group gauge right after metrics counted it."""
+
+    member_epoch: int
+    error_code: int
+    groups_after: float
+
+
+class HeartbeatWatch(Observer):
+    """Records one heartbeat API's exchanges through a proxy.  Observers run after the
+    proxy's metrics, so ``groups_after`` shows what that very answer did to the census,
+    before any connection close could."""
+
+    def __init__(self, upstream: str, api_key: int, protocol_type: str) -> None:
+        self.api_key = api_key
+        self.protocol_type = protocol_type
+        self.epochs: dict[tuple[int, int], int] = {}
+        self.answered: list[Answered] = []
+        self.proxy = ProxyThread(upstream, observers=[self])
+
+    def groups(self) -> float:
+        """The gauge of this protocol type's groups (their protocol is always "default")."""
+        return self.proxy.sample("gatehouse_consumer_groups", protocol_type=self.protocol_type,
+                                 protocol="default")
+
+    def request(self, conn: ConnectionInfo, req: Request, size: int) -> None:
+        if req.api_key == self.api_key:
+            self.epochs[(conn.id, req.correlation_id)] = req.body.member_epoch
+
+    def response(self, conn: ConnectionInfo, pending: Pending, size: int, elapsed: float,
+                 frame: Any = None) -> None:
+        epoch = self.epochs.pop((conn.id, pending.correlation_id), None)
+        if epoch is not None and frame is not None:
+            code = decoded_response(pending, frame).body.error_code
+            self.answered.append(Answered(epoch, code, self.groups()))
+
+
+class JavaMember:
+    """A group member from tests/support/java (Java's single-file source launcher): its
+    stdout lines as they come; closing its stdin makes it leave its group and exit."""
+
+    def __init__(self, source: str, libs: Path, args: list[str], log: Path) -> None:
+        cmd = [java_binary(), *TOOL_JVM_OPTS, f"-Dlog4j2.configurationFile={log4j2_config()}",
+               "-Dgatehouse.kafka.log.level=WARN", "-cp", classpath(libs),
+               str(JAVA_SOURCES / source), *args]
+        self.log = log
+        with open(log, "w") as stderr:
+            self.process = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                            stderr=stderr, text=True, start_new_session=True)
+        register_process(self.process)  # type: ignore[arg-type]
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, args=(self.process.stdout,), daemon=True).start()
+
+    def _read(self, stdout: IO[str]) -> None:
+        for line in stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)  # end of output
+
+    def wait_for(self, prefix: str, timeout: float = 120.0) -> str:
+        """The next output line starting with ``prefix`` (earlier ones are dropped)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no {prefix!r} line within {timeout}s; stderr ends with:"
+                                     f"\n{self.stderr_tail()}") from None
+            if line is None:
+                raise AssertionError(f"exited ({self.process.wait()}) before a {prefix!r} "
+                                     f"line; stderr ends with:\n{self.stderr_tail()}")
+            if line.startswith(prefix):
+                return line
+
+    def leave(self, timeout: float = 60.0) -> None:
+        """Close stdin, wait for the member to say it closed and to exit with 0."""
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.wait_for("closed", timeout)
+        assert self.process.wait(timeout) == 0, self.stderr_tail()
+
+    def stderr_tail(self) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])
+
+    def __enter__(self) -> JavaMember:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.process.stdin is not None and not self.process.stdin.closed:
+            self.process.stdin.close()
+        stop_process(self.process, 10, kill=True)  # type: ignore[arg-type]
+
+
+def assert_left_by_its_heartbeat(watch: HeartbeatWatch) -> None:
+    """The member joined (epoch 0, answered, gauge 1) and left with one leave heartbeat
+    (epoch -1) that itself took the gauge to 0, before the client's connection closed."""
+    assert watch.answered, "no heartbeat went through the proxy"
+    assert watch.answered[0] == Answered(0, 0, 1.0), watch.answered[:3]
+    leaves = [a for a in watch.answered if a.member_epoch == -1]
+    assert leaves == [Answered(-1, 0, 0.0)], watch.answered[-3:]
+
+
+def test_java_share_consumer_is_a_share_group_until_it_leaves(
+        kafka: KafkaCluster, tmp_path: Path) -> None:
+    watch = HeartbeatWatch(kafka.bootstrap, SHARE_HEARTBEAT, "share")
+    with watch.proxy as proxy:
+        topic = unique("share")
+        kafka.create_topic(topic, partitions=1)
+        values = produce({"bootstrap.servers": proxy.bootstrap}, topic, count=5)
+        args = [proxy.bootstrap, topic, unique("share-group")]
+        with JavaMember("ShareMember.java", kafka.libs, args, tmp_path / "share.log") as member:
+            got = [member.wait_for("record ") for _ in values]
+            assert sorted(got) == sorted(f"record {v.decode()}" for v in values)
+            # Consuming: the member joined and holds an assignment.
+            assert watch.groups() == 1
+            assert sum_samples(proxy, "gatehouse_consumer_groups", protocol_type="consumer") == 0
+            member.leave()
+        assert watch.groups() == 0
+        assert_left_by_its_heartbeat(watch)
+
+
+def test_kafka_streams_app_is_a_streams_group_until_it_leaves(
+        kafka: KafkaCluster, tmp_path: Path) -> None:
+    """A Kafka Streams application with group.protocol=streams.  Kafka Streams 4.4.0 is not
+    on Maven Central: the newest 4.x release is used with its own kafka-clients (see
+    scripts.fetch_kafka.ensure_kafka_streams), a real mixed-version pairing."""
+    streams_libs = ensure_kafka_streams()
+    watch = HeartbeatWatch(kafka.bootstrap, STREAMS_HEARTBEAT, "streams")
+    with watch.proxy as proxy:
+        topic = unique("streams")
+        kafka.create_topic(topic, partitions=1)
+        values = produce({"bootstrap.servers": proxy.bootstrap}, topic, count=5)
+        args = [proxy.bootstrap, topic, unique("streams-app"), str(tmp_path / "state")]
+        with JavaMember("StreamsMember.java", streams_libs, args,
+                        tmp_path / "streams.log") as member:
+            member.wait_for("state RUNNING")
+            got = [member.wait_for("record ") for _ in values]
+            assert sorted(got) == sorted(f"record {v.decode()}" for v in values)
+            assert watch.groups() == 1
+            assert sum_samples(proxy, "gatehouse_consumer_groups", protocol_type="consumer") == 0
+            member.leave()
+        assert watch.groups() == 0
+        assert_left_by_its_heartbeat(watch)
