@@ -1,4 +1,5 @@
-"""The byte budget all connections share: large frames wait for it instead of growing RSS."""
+"""The proxy's memory: the byte budget all connections share (large frames wait for it
+instead of growing RSS) and the start-up heap frozen out of the collector's walks."""
 
 from __future__ import annotations
 
@@ -166,3 +167,24 @@ async def test_large_responses_share_the_response_budget() -> None:
 
 async def _nothing(seen: object) -> None:
     return None
+
+
+async def test_gatehouse_run_freezes_the_start_up_heap_once_ready() -> None:
+    """Full collections must not walk the codec tables while traffic waits (see
+    freeze_heap_when_ready): the freeze happens once the proxy is ready, not before."""
+    import gc
+    from types import SimpleNamespace
+
+    from gatehouse.proxy.setup import freeze_heap_when_ready
+
+    gc.unfreeze()
+    proxy = SimpleNamespace(ready=trio.Event())
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(freeze_heap_when_ready, proxy)
+            await trio.testing.wait_all_tasks_blocked()
+            assert gc.get_freeze_count() == 0
+            proxy.ready.set()
+        assert gc.get_freeze_count() > 10_000
+    finally:
+        gc.unfreeze()
