@@ -278,7 +278,7 @@ def test_capture_config(tmp_path: Path) -> None:
         "capture: {dir: c, sample: {Fetchh: 1}}\n": "unknown API name 'Fetchh'",
         "capture: {dir: c, sample: {Fetch: 2}}\n": "from 0 to 1",
         "capture: {dir: c, rotate_bytes: 10, max_total_bytes: 5}\n": "at least",
-        "capture: {dir: c, kafka: {topic: t}}\n": "not available in this version yet",
+        "capture: {dir: c, kafka: {acks: 0}}\n": "capture.kafka.acks must be 'all' or 1",
         "capture: {dir: c, colour: red}\n": "unknown key 'colour'",
     }
     for text, message in bad.items():

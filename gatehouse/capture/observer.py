@@ -16,7 +16,7 @@ import secrets
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gatehouse.capture.schema import SCHEMA_VERSION
 from gatehouse.capture.settings import CaptureSettings
@@ -28,6 +28,9 @@ from gatehouse.codecs.walk import rewrite
 from gatehouse.metrics import error_codes
 from gatehouse.proxy.hooks import ConnectionInfo, Observer, Pending, decoded_response
 from gatehouse.rules import Chain, Outcome, RuleSet, TopicMap
+
+if TYPE_CHECKING:
+    from gatehouse.capture.kafka_sink import KafkaSink
 
 logger = logging.getLogger("gatehouse.capture")
 
@@ -43,12 +46,14 @@ def _api_name(key: int) -> str:
 
 
 class CaptureObserver(Observer):
-    """Builds exchange records and hands them to a ``CaptureWriter``."""
+    """Builds exchange records and hands them to a ``CaptureWriter`` (and to a
+    ``KafkaSink`` when ``capture.kafka`` is configured: see ``kafka_sink.sink_for``)."""
 
     def __init__(self, settings: CaptureSettings, writer: CaptureWriter | None = None,
-                 registry: Any = None) -> None:
+                 registry: Any = None, kafka: KafkaSink | None = None) -> None:
         self.settings = settings
         self.writer = writer or CaptureWriter(settings)
+        self.kafka = kafka
         self.run = secrets.token_hex(4)  # connection ids restart with the process
         self.sampled_out = 0
         self._rates = dict(settings.sample)
@@ -75,7 +80,12 @@ class CaptureObserver(Observer):
         self._flush_held()
         for conn_id in list(self._in_flight):
             self._finish_connection(conn_id)
-        return self.writer.close(timeout)
+        if self.kafka is None:
+            return self.writer.close(timeout)
+        self.kafka.stop()  # both sinks finish at once
+        written = self.writer.close(timeout)
+        produced = self.kafka.close(timeout)
+        return written and produced
 
     def statistics(self) -> CaptureStats:
         stats = self.writer.statistics()
@@ -205,6 +215,8 @@ class CaptureObserver(Observer):
             name = topic["name"]
             topic["broker"] = topic_map.to_broker(name) if topic_map and name else name
         self.writer.offer(record)
+        if self.kafka is not None:
+            self.kafka.offer(record)
 
     def _topic_name(self, topic_id: Any) -> str | None:
         return self.topic_names.get(topic_id)
@@ -371,3 +383,5 @@ class CaptureCollector:
                                   "to keep to the disk budget", value=stats.files_deleted)
         yield GaugeMetricFamily("gatehouse_capture_queue_depth", "Records waiting for the "
                                 "disk", value=stats.queue_depth)
+        if self.observer.kafka is not None:
+            yield from self.observer.kafka.metric_families()

@@ -9,6 +9,7 @@
       queue: 20000                       # records waiting for the disk; more are dropped
       instance: edge-1                   # default: the host name
       sample: {Fetch: 0.1, default: 1.0} # per-API share of exchanges recorded
+      kafka: {topic: gatehouse.observations}  # also to a topic: capture/kafka_sink.py
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ import math
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gatehouse.codecs import API_KEYS_BY_NAME
 from gatehouse.configfile import Reader, line_of
+
+if TYPE_CHECKING:
+    from gatehouse.capture.kafka_sink import KafkaSinkSettings
 
 MIB = 1024 * 1024
 
@@ -36,6 +40,7 @@ class CaptureSettings:
     instance: str = field(default_factory=socket.gethostname)
     sample: dict[int, float] = field(default_factory=dict)  # api key -> share recorded
     sample_default: float = 1.0
+    kafka: KafkaSinkSettings | None = None  # records also produced to a topic
 
     def sample_rate(self, api_key: int) -> float:
         return self.sample.get(api_key, self.sample_default)
@@ -81,11 +86,13 @@ def parse_capture(reader: Reader, base: Path) -> CaptureSettings:
         if key is None:
             raise reader.source.error(f"capture.sample: unknown API name {name!r}", line)
         sample[key] = _rate(value, reader, line, f"capture.sample.{name}")
+    kafka = None
     if reader.has("kafka"):
-        raise reader.error("kafka", "capture.kafka (a Kafka topic sink) is not available in "
-                           "this version yet; see docs/capture.md")
+        from gatehouse.capture.kafka_sink import parse_kafka_sink
+
+        kafka = parse_kafka_sink(reader.child("kafka"), base)
     reader.finish()
     return CaptureSettings(dir=directory, gzip=gzip, rotate_bytes=rotate_bytes,
                            rotate_seconds=rotate_seconds, max_total_bytes=max_total,
                            queue=queue, instance=instance, sample=sample,
-                           sample_default=sample_default)
+                           sample_default=sample_default, kafka=kafka)

@@ -11,18 +11,22 @@ and rules need counts and sizes, never payloads, so this module reads headers on
 
 A Fetch response may end with a partial batch (the broker cuts at max bytes); that tail
 is reported as ``truncated_bytes``, not as an error.
+
+``encode_batch`` goes the other way for a producer of our own (the capture's Kafka
+sink): records in, one batch v2 out, CRC-32C computed, optionally gzip-compressed.
 """
 
 from __future__ import annotations
 
+import gzip
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 from gatehouse.codecs.errors import RemoteProtocolError
-from gatehouse.codecs.primitives import Buffer
+from gatehouse.codecs.primitives import Buffer, varint_bytes
 
 BATCH_HEADER: Final = struct.Struct(">qiibIhiqqqhii")
 BATCH_OVERHEAD: Final = BATCH_HEADER.size  # 61
@@ -38,6 +42,10 @@ _MAGIC_AT: Final = 16
 _CRC_DATA_FROM: Final = 21  # CRC-32C covers attributes onwards
 
 COMPRESSION_NAMES: Final = ("none", "gzip", "snappy", "lz4", "zstd")
+_AFTER_CRC: Final = struct.Struct(">hiqqqhii")  # attributes .. record count
+_BEFORE_CRC: Final = struct.Struct(">qiibI")  # base offset .. CRC
+_NULL: Final = varint_bytes(-1)
+_NO_HEADERS: Final = varint_bytes(0)
 
 
 def _crc32c_table() -> tuple[int, ...]:
@@ -228,3 +236,52 @@ def summarize(records: Buffer | None) -> RecordsSummary:
         batches += 1
         pos += size
     return RecordsSummary(batches, count, pos, legacy, end - pos, frozenset(compressions))
+
+
+def encode_batch(
+    records: Sequence[tuple[int, bytes | None, bytes | None]],
+    *,
+    compression: str = "none",
+    base_offset: int = 0,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    partition_leader_epoch: int = -1,
+) -> bytes:
+    """One record batch v2 of ``(timestamp_ms, key, value)`` records (CreateTime, no headers).
+
+    ``compression`` is ``none`` or ``gzip`` (the only codec in the standard library).
+    The defaults are a plain producer's: no idempotence, no transaction; the broker
+    assigns the offsets.  The CRC-32C is computed in pure Python over the (compressed)
+    bytes: compression also makes it cheaper.
+    """
+    if not records:
+        raise ValueError("a record batch holds at least one record")
+    if compression not in ("none", "gzip"):
+        raise ValueError(f"compression {compression!r} is not available (none, gzip)")
+    timestamps = [timestamp for timestamp, _, _ in records]
+    base_timestamp = min(timestamps)
+    parts = []
+    for offset_delta, (timestamp, key, value) in enumerate(records):
+        body = b"".join((
+            b"\x00",  # record attributes: unused
+            varint_bytes(timestamp - base_timestamp),
+            varint_bytes(offset_delta),
+            _NULL if key is None else varint_bytes(len(key)) + key,
+            _NULL if value is None else varint_bytes(len(value)) + value,
+            _NO_HEADERS,
+        ))
+        parts.append(varint_bytes(len(body)))
+        parts.append(body)
+    data = b"".join(parts)
+    attributes = 0
+    if compression == "gzip":
+        data = gzip.compress(data, compresslevel=6, mtime=0)
+        attributes = COMPRESSION_NAMES.index("gzip")
+    count = len(records)
+    after_crc = _AFTER_CRC.pack(attributes, count - 1, base_timestamp, max(timestamps),
+                                producer_id, producer_epoch, base_sequence, count) + data
+    # The length counts everything after itself: leader epoch, magic, CRC and the rest.
+    length = 4 + 1 + 4 + len(after_crc)
+    return _BEFORE_CRC.pack(base_offset, length, partition_leader_epoch, 2,
+                            crc32c(after_crc)) + after_crc
