@@ -19,7 +19,7 @@ import logging
 import math
 import struct
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,10 +122,8 @@ class ProxyConnection:
         # (frame, bytes of a budget it holds): the holder gives them back once it is sent
         self.frames_send, self.frames_receive = trio.open_memory_channel[tuple[bytes, int]](0)
         self.requests_send, self.requests_receive = trio.open_memory_channel[tuple[Any, int]](0)
-        self.request_budget = ctx.request_budget
-        self.response_budget = ctx.response_budget
-        self.held_request_bytes = 0  # of the shared budgets: returned when this ends
-        self.held_response_bytes = 0
+        self.request_bytes = _Share(ctx.request_budget)
+        self.response_bytes = _Share(ctx.response_budget)
         self.request_ticket = 0  # budget bytes of the request being handled
         self.in_flight = 0
         self.upstream_closed = False
@@ -152,8 +150,8 @@ class ProxyConnection:
             if self.idle.cancelled_caught:
                 self.close_reason = "idle timeout"
         finally:
-            self.request_budget.give(self.held_request_bytes)
-            self.response_budget.give(self.held_response_bytes)
+            self.request_bytes.give(self.request_bytes.held)
+            self.response_bytes.give(self.response_bytes.held)
             with trio.CancelScope(shield=True):
                 await _aclose_quietly(self.upstream)
                 await _aclose_quietly(self.client)
@@ -183,48 +181,63 @@ class ProxyConnection:
 
     # -- client -> upstream ----------------------------------------------------------
 
-    async def client_reader(self) -> None:
+    async def _wire_frames(self, receive: Callable[[], Awaitable[bytes | bytearray | None]],
+                           direction: str, share: _Share) -> AsyncIterator[tuple[bytes, int]]:
+        """Whole frames (size prefix included) as they arrive, each with the budget bytes
+        it holds; ``receive`` returns b"" at EOF (a partial frame is malformed) and None
+        to stop quietly (a drain)."""
         reader = FrameReader(self.limits.max_frame_bytes)
         reserved = 0  # budget bytes held for the frame being assembled
-        try:
+        while True:
+            data = await receive()
+            if data is None:
+                return
+            if not data:
+                try:
+                    reader.check_eof()
+                except ProtocolError as exc:
+                    self._malformed(direction, exc)
+                return
+            reader.feed(data)
             while True:
-                # Only the wait for bytes is cancelled by a drain: a request being handled
-                # is forwarded whole, with its Pending entry, or not at all.
-                with self.receive_scope:
-                    data = await self.client.receive_some(_RECEIVE_SIZE)
-                if self.receive_scope.cancelled_caught:
-                    self._record_close("proxy shutting down", logging.INFO)
-                    return
-                self.receive_scope = trio.CancelScope()
-                if self.ctx.draining.is_set():
-                    self.receive_scope.cancel()
-                if not data:
-                    try:
-                        reader.check_eof()
-                    except ProtocolError as exc:
-                        self._malformed("request", exc)
-                    return
-                self.conn.bytes_from_client += len(data)
-                reader.feed(data)
-                while True:
-                    try:
-                        wire = reader.next_wire_frame()
-                    except ProtocolError as exc:
-                        self._malformed("request", exc)
-                    if wire is None:
-                        break
-                    # Only whole requests are activity: a client trickling the bytes of
-                    # a frame that never completes (slowloris) still meets the idle timeout.
-                    self._touch()
-                    self.request_ticket, reserved = reserved, 0
-                    await self.handle_request_frame(wire)
-                    if self.request_ticket:  # not forwarded (answered here): done with it
-                        self._give_request_bytes(self.request_ticket)
-                        self.request_ticket = 0
-                if not reserved and (expected := reader.expected_size) is not None:
-                    # Reserve the rest of a partly read frame before reading more of it.
-                    reserved = await self.request_budget.take(expected + 4)
-                    self.held_request_bytes += reserved
+                try:
+                    wire = reader.next_wire_frame()
+                except ProtocolError as exc:
+                    self._malformed(direction, exc)
+                if wire is None:
+                    break
+                yield wire, reserved
+                reserved = 0
+            if not reserved and (expected := reader.expected_size) is not None:
+                # Reserve the rest of a partly read frame before reading more of it.
+                reserved = await share.take(expected + 4)
+
+    async def _receive_from_client(self) -> bytes | bytearray | None:
+        # Only the wait for bytes is cancelled by a drain: a request being handled is
+        # forwarded whole, with its Pending entry, or not at all.
+        with self.receive_scope:
+            data = await self.client.receive_some(_RECEIVE_SIZE)
+        if self.receive_scope.cancelled_caught:
+            self._record_close("proxy shutting down", logging.INFO)
+            return None
+        self.receive_scope = trio.CancelScope()
+        if self.ctx.draining.is_set():
+            self.receive_scope.cancel()
+        self.conn.bytes_from_client += len(data)
+        return data
+
+    async def client_reader(self) -> None:
+        try:
+            async for wire, reserved in self._wire_frames(self._receive_from_client,
+                                                          "request", self.request_bytes):
+                # Only whole requests are activity: a client trickling the bytes of a
+                # frame that never completes (slowloris) still meets the idle timeout.
+                self._touch()
+                self.request_ticket = reserved
+                await self.handle_request_frame(wire)
+                if self.request_ticket:  # not forwarded (answered here): done with it
+                    self.request_bytes.give(self.request_ticket)
+                    self.request_ticket = 0
         finally:
             self.pending_send.close()
             self.requests_send.close()
@@ -234,11 +247,7 @@ class ProxyConnection:
         async for wire, ticket in self.requests_receive:
             await self.upstream.send_all(wire)
             if ticket:
-                self._give_request_bytes(ticket)
-
-    def _give_request_bytes(self, size: int) -> None:
-        self.held_request_bytes -= size
-        self.request_budget.give(size)
+                self.request_bytes.give(ticket)
 
     def _malformed(self, direction: str, exc: ProtocolError) -> None:
         self.ctx.observer.malformed(self.conn, direction, str(exc))
@@ -326,32 +335,16 @@ class ProxyConnection:
 
     # -- upstream -> client ----------------------------------------------------------
 
+    async def _receive_from_upstream(self) -> bytes | bytearray:
+        data = await self.upstream.receive_some(_RECEIVE_SIZE)
+        self._touch()
+        return data
+
     async def upstream_reader(self) -> None:
-        reader = FrameReader(self.limits.max_frame_bytes)
-        reserved = 0  # budget bytes held for the frame being assembled
         try:
-            while True:
-                data = await self.upstream.receive_some(_RECEIVE_SIZE)
-                if not data:
-                    try:
-                        reader.check_eof()
-                    except ProtocolError as exc:
-                        self._malformed("response", exc)
-                    break
-                self._touch()
-                reader.feed(data)
-                while True:
-                    try:
-                        wire = reader.next_wire_frame()
-                    except ProtocolError as exc:
-                        self._malformed("response", exc)
-                    if wire is None:
-                        break
-                    await self.frames_send.send((wire, reserved))
-                    reserved = 0
-                if not reserved and (expected := reader.expected_size) is not None:
-                    reserved = await self.response_budget.take(expected + 4)
-                    self.held_response_bytes += reserved
+            async for frame_and_ticket in self._wire_frames(self._receive_from_upstream,
+                                                            "response", self.response_bytes):
+                await self.frames_send.send(frame_and_ticket)
         finally:
             self.frames_send.close()
         self.upstream_closed = True
@@ -381,8 +374,7 @@ class ProxyConnection:
                 await self._send_client(wire if out is frame else _sized(out))
                 self._answered(pending, out)
             if ticket:
-                self.held_response_bytes -= ticket
-                self.response_budget.give(ticket)
+                self.response_bytes.give(ticket)
             if self.upstream_closed and self.in_flight == 0:
                 raise _Close(f"broker {self.conn.upstream} closed the connection")
 
@@ -433,6 +425,26 @@ class ProxyConnection:
         await self.client.send_all(wire)
         self.conn.bytes_to_client += len(wire)
         self._touch()
+
+
+class _Share:
+    """A connection's share of a budget all connections use: what it holds goes back
+    when the connection ends, however it ends."""
+
+    __slots__ = ("budget", "held")
+
+    def __init__(self, budget: ByteBudget) -> None:
+        self.budget = budget
+        self.held = 0
+
+    async def take(self, size: int) -> int:
+        taken = await self.budget.take(size)
+        self.held += taken
+        return taken
+
+    def give(self, size: int) -> None:
+        self.held -= size
+        self.budget.give(size)
 
 
 def _sized(frame: Buffer) -> bytes:
