@@ -85,10 +85,7 @@ async def test_connections_share_the_request_budget_and_wait_for_it() -> None:
     """Two clients each send a 700 KiB request through a 1 MiB budget to brokers that do
     not read yet: the second client's frame is not read past its first chunk until the
     first frame has gone upstream and given its bytes back."""
-    limits = Limits(max_buffered_request_bytes=1024 * KIB)
-    ctx = ConnectionContext(
-        limits=limits, observer=Observer(), address_mapper=lambda real: None,
-        brokers_seen=_nothing, draining=trio.Event(), get_policy=lambda: Policy())
+    ctx = _context(max_buffered_request_bytes=1024 * KIB)
     frames = [_big_produce(1, 700 * KIB), _big_produce(2, 700 * KIB)]
     clients, brokers, conns = [], [], []
     async with trio.open_nursery() as nursery:
@@ -121,10 +118,7 @@ async def test_connections_share_the_request_budget_and_wait_for_it() -> None:
 
 async def test_a_connection_that_ends_gives_its_bytes_back() -> None:
     """A client that sends half of a large frame and goes away frees its reservation."""
-    ctx = ConnectionContext(
-        limits=Limits(max_buffered_request_bytes=1024 * KIB), observer=Observer(),
-        address_mapper=lambda real: None, brokers_seen=_nothing, draining=trio.Event(),
-        get_policy=lambda: Policy())
+    ctx = _context(max_buffered_request_bytes=1024 * KIB)
     frame = _big_produce(1, 700 * KIB)
     client, proxy_client = trio.testing.memory_stream_pair()
     proxy_upstream, _broker = trio.testing.memory_stream_pair()
@@ -142,10 +136,7 @@ async def test_a_connection_that_ends_gives_its_bytes_back() -> None:
 async def test_large_responses_share_the_response_budget() -> None:
     """A broker answering with a frame larger than the response budget: the frame still
     arrives whole (it takes all of the budget) and the budget is whole again after."""
-    ctx = ConnectionContext(
-        limits=Limits(max_buffered_response_bytes=64 * KIB), observer=Observer(),
-        address_mapper=lambda real: None, brokers_seen=_nothing, draining=trio.Event(),
-        get_policy=lambda: Policy())
+    ctx = _context(max_buffered_response_bytes=64 * KIB)
     client, proxy_client = trio.testing.memory_stream_pair()
     proxy_upstream, broker = trio.testing.memory_stream_pair()
     conn = ConnectionInfo(id=1, client="10.0.0.1:1", listener="bootstrap", upstream="b:9092")
@@ -163,6 +154,12 @@ async def test_large_responses_share_the_response_budget() -> None:
         await trio.testing.wait_all_tasks_blocked()
         assert ctx.response_budget.held == 0 and ctx.response_budget.waits == 0
         nursery.cancel_scope.cancel()
+
+
+def _context(**limits: int) -> ConnectionContext:
+    return ConnectionContext(
+        limits=Limits(**limits), observer=Observer(), address_mapper=lambda real: None,
+        brokers_seen=_nothing, draining=trio.Event(), get_policy=lambda: Policy())
 
 
 async def _nothing(seen: object) -> None:
