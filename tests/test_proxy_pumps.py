@@ -379,6 +379,18 @@ async def test_idle_connection_times_out(autojump_clock: trio.testing.MockClock)
         assert trio.current_time() >= 30
 
 
+
+async def test_requests_keep_a_connection_alive_past_the_idle_timeout(
+        autojump_clock: trio.testing.MockClock) -> None:
+    async with proxied(echo_handler, limits=Limits(idle_timeout=30)) as h:
+        for i in range(5):  # one request every 20 s: 100 s in all, never 30 s idle
+            await trio.sleep(20)
+            await h.client.send(request(3, 12, i).encode())
+            assert await h.client.receive() is not None
+        last = trio.current_time()
+        await h.done.wait()
+        assert h.pumps.close_reason == "idle timeout"
+        assert last + 30 <= trio.current_time() <= last + 31
 async def test_draining_finishes_in_flight_then_closes() -> None:
     draining = trio.Event()
     held: list[codecs.Request] = []
