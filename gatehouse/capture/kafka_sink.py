@@ -352,6 +352,11 @@ class BrokerUnavailable(Exception):
     """Connecting, a request or its answer failed: the connection is gone."""
 
 
+class TopicUnavailable(Exception):
+    """The cluster answered, but the topic cannot take records now (no leader yet, missing,
+    not allowed, ...)."""
+
+
 class BrokerConnection:
     """Requests and answers with one broker, one at a time or pipelined (``send``/``receive``)."""
 
@@ -535,7 +540,6 @@ class KafkaSink:
         self._wake_at = max(1, min(1000, settings.queue // 4))
         self._wake = threading.Event()
         self._stopping = False
-        self._stopped = threading.Event()  # backoff waits end at once on stop()
         self._stats = CaptureStats()
         self._dropped_logged = 0
         self._drop_log_at = 0.0
@@ -585,7 +589,6 @@ class KafkaSink:
     def stop(self) -> None:
         """Take no more records; the thread produces what is queued (one try each) and ends."""
         self._stopping = True
-        self._stopped.set()
         self._wake.set()
 
     def close(self, timeout: float | None = 30.0) -> bool:
@@ -675,25 +678,30 @@ class KafkaSink:
                 if pending is None:
                     pending = self._partition(entries, layout.partitions)
                 pending, problem, unreachable = self._produce_once(layout, pending)
-            except (BrokerUnavailable, SaslError) as exc:
+            except BrokerUnavailable as exc:
                 problem, unreachable = str(exc), True
+                self._stale = True
+            except (TopicUnavailable, SaslError) as exc:
+                problem, unreachable = str(exc), False
                 self._stale = True
             if pending is not None and not pending:
                 self._recovered()
                 return
             attempt += 1
-            if attempt > settings.retries or self._stopping:
+            # Shutting down, a cluster that does not answer gets no more tries; one that
+            # answers (a leader being elected) gets its retries.
+            if attempt > settings.retries or (self._stopping and unreachable):
                 lost = len(entries) if pending is None else sum(p.count for p in pending.values())
                 self._stats.write_errors += lost
                 self._failed(problem, lost)
-                if self._stopping:
+                if self._stopping:  # the rest would fail the same way: don't make exit wait
                     self._abandon_queue()
                 return
             if unreachable:  # an outage is logged at once; a leader moving, only if it lasts
                 self._failed(problem, 0)
             log_event(logger, logging.DEBUG, "capture kafka: retrying", problem=problem,
                       attempt=attempt)
-            self._stopped.wait(min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (attempt - 1)))
+            time.sleep(min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (attempt - 1)))
 
     def _abandon_queue(self) -> None:
         """Shutting down with the cluster failing: what is queued would only wait in vain."""
@@ -784,15 +792,15 @@ class KafkaSink:
         topic = self._metadata(node, conn)
         if topic is not None and topic.error_code == UNKNOWN_TOPIC_OR_PARTITION:
             if not self.settings.create:
-                raise BrokerUnavailable(f"topic {self.settings.topic!r} does not exist "
+                raise TopicUnavailable(f"topic {self.settings.topic!r} does not exist "
                                         "(capture.kafka.create is false)")
             self._create_topic(node, conn)
             topic = self._metadata(node, conn)
         if topic is None or topic.error_code:
             code = UNKNOWN_TOPIC_OR_PARTITION if topic is None else topic.error_code
-            raise BrokerUnavailable(f"topic {self.settings.topic!r}: {error_name(code)}")
+            raise TopicUnavailable(f"topic {self.settings.topic!r}: {error_name(code)}")
         if not topic.partitions:
-            raise BrokerUnavailable(f"topic {self.settings.topic!r} has no partitions yet")
+            raise TopicUnavailable(f"topic {self.settings.topic!r} has no partitions yet")
         leaders = {p.partition_index: p.leader_id if p.error_code == NONE else -1
                    for p in topic.partitions}
         self._layout = _TopicLayout(len(leaders), leaders, now)
@@ -812,7 +820,7 @@ class KafkaSink:
                                         "not authenticate: see capture.kafka.sasl)") from None
             raise
         if getattr(answer, "error_code", NONE):
-            raise BrokerUnavailable(f"{conn.address}: Metadata: {error_name(answer.error_code)}")
+            raise TopicUnavailable(f"{conn.address}: Metadata: {error_name(answer.error_code)}")
         for broker in answer.brokers:
             self._brokers[broker.node_id] = (broker.host, broker.port)
         return next((t for t in answer.topics if t.name == self.settings.topic), None)
@@ -831,7 +839,7 @@ class KafkaSink:
             raise
         for result in answer.topics:
             if result.error_code not in (NONE, TOPIC_ALREADY_EXISTS):
-                raise BrokerUnavailable(
+                raise TopicUnavailable(
                     f"creating topic {settings.topic!r}: {error_name(result.error_code)}"
                     + (f": {result.error_message}" if result.error_message else ""))
             if result.error_code == NONE:

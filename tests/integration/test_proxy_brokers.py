@@ -335,19 +335,6 @@ def test_observe_mode_changes_no_bytes(kafka: KafkaCluster) -> None:
                             action="refuse") == 0
 
 
-@pytest.fixture()
-def tls_files(tmp_path: Any) -> dict[str, str]:
-    import trustme
-
-    ca = trustme.CA()
-    cert = ca.issue_cert("localhost", "127.0.0.1")
-    paths = {"ca": tmp_path / "ca.pem", "cert": tmp_path / "cert.pem", "key": tmp_path / "key.pem"}
-    ca.cert_pem.write_to_path(str(paths["ca"]))
-    cert.cert_chain_pems[0].write_to_path(str(paths["cert"]))
-    cert.private_key_pem.write_to_path(str(paths["key"]))
-    return {k: str(v) for k, v in paths.items()}
-
-
 def test_tls_on_both_sides(kafka: KafkaCluster, tls_files: dict[str, str]) -> None:
     # client --TLS--> edge proxy --TLS--> inner proxy (TLS listener) --> Kafka
     inner_cfg = f"tls:\n  downstream: {{cert: {tls_files['cert']}, key: {tls_files['key']}}}\n"

@@ -6,6 +6,7 @@ Fixtures:
     kafka_cluster  KafkaCluster, 3 nodes
     kafka_scram    KafkaCluster, 1 node, with a SASL_PLAINTEXT SCRAM-SHA-256 listener
     tansu          TansuBroker
+    tls_files      {"ca", "cert", "key"}: PEM paths of a CA and a localhost/127.0.0.1 certificate
 
 Tests that use the Kafka fixtures get the ``kafka`` marker (``pytest -m "not kafka"``).
 A test that stops or pauses a node of a shared cluster must bring it back.
@@ -52,6 +53,19 @@ def kafka_cluster(kafka_libs: Path) -> Iterator[KafkaCluster]:
 def kafka_scram(kafka_libs: Path) -> Iterator[KafkaCluster]:
     with KafkaCluster(1, sasl_scram=True, libs=kafka_libs) as cluster:
         yield cluster
+
+
+@pytest.fixture()
+def tls_files(tmp_path: Path) -> dict[str, str]:
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("localhost", "127.0.0.1")
+    paths = {"ca": tmp_path / "ca.pem", "cert": tmp_path / "cert.pem", "key": tmp_path / "key.pem"}
+    ca.cert_pem.write_to_path(str(paths["ca"]))
+    cert.cert_chain_pems[0].write_to_path(str(paths["cert"]))
+    cert.private_key_pem.write_to_path(str(paths["key"]))
+    return {k: str(v) for k, v in paths.items()}
 
 
 @pytest.fixture(scope="session")
