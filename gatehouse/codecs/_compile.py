@@ -13,27 +13,20 @@ an error names the field path and byte offset without slowing the happy path.
 from __future__ import annotations
 
 import functools
+import itertools
+import operator
 import struct
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from gatehouse.codecs._flat import NUMBERS, FlatLayout, flat_layout, flat_shape
 from gatehouse.codecs.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from gatehouse.codecs.primitives import read_uvarint, uvarint_bytes
 from gatehouse.codecs.schema import ZERO_UUID, FieldSpec, MessageSpec, StructSpec
 
-_FIXED: Final = {
-    "bool": ("?", 1),
-    "int8": ("b", 1),
-    "int16": ("h", 2),
-    "uint16": ("H", 2),
-    "int32": ("i", 4),
-    "uint32": ("I", 4),
-    "int64": ("q", 8),
-    "float64": ("d", 8),
-    "uuid": ("16s", 16),
-}
+_FIXED: Final = {**NUMBERS, "uuid": ("16s", 16)}
 _HOLE_MIN: Final = 16 * 1024
 
 
@@ -75,6 +68,8 @@ def new_output() -> _Out:
 
 
 _ARRAY_STRUCTS: Final = 32
+# Arrays of structs nested this deep in one decoder function are decoded inline.
+_INLINE_DEPTH: Final = 3
 # Module-level names the generated functions use most, bound as default arguments so a
 # use is a local load rather than a global lookup (the codec's inner loops).
 _LOCALS: Final = ("K=K, _tnew=_tnew, _uv=_uv, _i16=_i16, _i32=_i32, _p16=_p16, _p32=_p32, "
@@ -87,7 +82,7 @@ def _int_array_structs(code: str) -> tuple[struct.Struct, ...]:
     return tuple(struct.Struct(f">{n}{code}") for n in range(_ARRAY_STRUCTS))
 
 
-_INTS: Final = frozenset({"int8", "int16", "uint16", "int32", "uint32", "int64", "float64", "bool"})
+_INTS: Final = frozenset(NUMBERS)
 _ZERO_UUID_BYTES: Final = bytes(16)
 _new_uuid = object.__new__
 _set = object.__setattr__
@@ -116,10 +111,12 @@ def _decode_reason(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def _fail_decode(exc: BaseException, struct_name: str, field_name: str, pos: int) -> ProtocolError:
+def _fail_decode(exc: BaseException, path: tuple[str, ...], pos: int) -> ProtocolError:
+    """The error of a generated decoder: ``path`` leads from its struct to the field."""
     if isinstance(exc, ProtocolError):
-        return exc.within(field_name)
-    return RemoteProtocolError(_decode_reason(exc), path=(field_name,), offset=pos)
+        exc.path = (*path, *exc.path)
+        return exc
+    return RemoteProtocolError(_decode_reason(exc), path=path, offset=pos)
 
 
 def _rebase(exc: BaseException, base: int, pos: int) -> ProtocolError:
@@ -219,16 +216,20 @@ class MessageCodec:
     encode: Callable[[bytearray, Any], None]
     # encode_spliced(out, new root, original root, original body view, spans)
     encode_spliced: Callable[[bytearray, Any, Any, memoryview, tuple[int, ...]], None]
+    # the generated functions by name (d_<struct>, e_<struct>, b_<struct>...), for tests
+    functions: dict[str, Any]
 
 
 class _Compiler:
-    def __init__(self, message: MessageSpec, version: int) -> None:
+    def __init__(self, message: MessageSpec, version: int, *, bulk: bool = True) -> None:
         self.message = message
         self.version = version
+        self.bulk = bulk  # arrays of flat structs in bulk (off: element by element, for tests)
         self.flexible = message.is_flexible(version)
         self.consts: list[Any] = []
         self.const_ids: dict[int, int] = {}
         self.structs: dict[str, StructSpec] = {}
+        self.flat: dict[str, FlatLayout] = {}  # structs decoded in bulk in arrays
         self.src = _Src()
 
     # -- helpers -------------------------------------------------------------------
@@ -245,28 +246,48 @@ class _Compiler:
             return self.flexible and self.version in f.flexible_override
         return self.flexible
 
-    def collect(self, struct: StructSpec) -> None:
+    def collect(self, struct: StructSpec, in_array: bool = False) -> None:
+        if in_array and self.bulk and struct.name not in self.flat:
+            layout = flat_layout(struct.fields, self.version, self.flexible_for, self.flexible)
+            if layout is not None:
+                self.flat[struct.name] = layout
         if struct.name in self.structs:
             return
         self.structs[struct.name] = struct
         for f in struct.fields:
             if f.struct is not None and (self.version in f.versions):
-                self.collect(f.struct)
+                self.collect(f.struct, f.is_array)
 
     # -- decoding ------------------------------------------------------------------
+    #
+    # A struct is decoded by straight-line code in the function of the struct that holds
+    # it: the elements of an array of structs are decoded inside the array's loop (down
+    # to _INLINE_DEPTH levels), which saves a call, a result tuple and the set-up of a
+    # frame per element.  Locals of an inlined struct carry its depth (v1_3, u1...).
+    # ``f`` holds the spec names from the function's struct down to the field being
+    # read, so an error names its path without any work on the happy path.
 
-    def read_uvarint(self, target: str) -> None:
+    def read_uvarint(self, target: str, inline: int = 1) -> None:
+        """An unsigned varint into ``target``; its first ``inline`` bytes are read here."""
         s = self.src
         s(f"{target} = buf[pos]")
-        s(f"if {target} > 127:")
-        s(f"    {target}, pos = _uv(buf, pos)")
-        s("else:")
-        s("    pos += 1")
+        s(f"if {target} < 128: pos += 1")
+        if inline >= 2:
+            b1 = s.tmp("b")
+            s(f"elif ({b1} := buf[pos + 1]) < 128:")
+            s(f"    {target} = ({target} & 127) | ({b1} << 7)")
+            s("    pos += 2")
+            if inline >= 3:  # record sets of 16 KiB..2 MiB: a 3-byte length
+                b2 = s.tmp("b")
+                s(f"elif ({b2} := buf[pos + 2]) < 128:")
+                s(f"    {target} = ({target} & 127) | (({b1} & 127) << 7) | ({b2} << 14)")
+                s("    pos += 3")
+        s(f"else: {target}, pos = _uv(buf, pos)")
 
-    def read_length(self, target: str, flexible: bool, wide: bool) -> None:
+    def read_length(self, target: str, flexible: bool, wide: bool, inline: int = 2) -> None:
         """A length prefix into ``target``; -1 means null."""
         if flexible:
-            self.read_uvarint(target)
+            self.read_uvarint(target, inline)
             self.src(f"{target} -= 1")
         elif wide:
             self.src(f"{target} = _i32(buf, pos)[0]")
@@ -288,7 +309,7 @@ class _Compiler:
         if type_name not in ("string", "bytes", "records"):
             raise AssertionError(type_name)
         n = s.tmp("n")
-        self.read_length(n, flexible, wide=type_name != "string")
+        self.read_length(n, flexible, wide=type_name != "string", inline=2 if type_name == "string" else 3)
         s(f"if {n} < 0:")
         with s.indent():
             if nullable:
@@ -309,7 +330,8 @@ class _Compiler:
                 s(f"{target} = buf[pos:{e}]")
             s(f"pos = {e}")
 
-    def read_field(self, target: str, f: FieldSpec, flexible: bool) -> None:
+    def read_field(self, target: str, f: FieldSpec, flexible: bool, depth: int, path: tuple[str, ...]) -> None:
+        """The value of field ``f`` into ``target``; ``f`` (the local) already names it."""
         s = self.src
         nullable = f.nullable_in(self.version)
         if f.is_array:
@@ -325,14 +347,25 @@ class _Compiler:
             # Each element takes at least one byte, except structs with no fields in
             # this version; a count beyond the bytes left is a lie, not an allocation.
             s(f"elif {n} > end - pos: raise _short('array of ' + str({n}), pos)")
+            s(f"elif not {n}: {target} = ()")  # common (aborted transactions, offline replicas)
+            if f.struct is not None and f.struct.name in self.flat:
+                # Several elements of one layout: built at C speed (see flat_decoder).
+                bt = s.tmp("bt")
+                s(f"elif {n} > 2 and ({bt} := b_{f.struct.name}(buf, pos, {n})) is not None:")
+                s(f"    {target}, pos = {bt}")
             s("else:")
             with s.indent():
                 if f.struct is not None:
                     lst, i = s.tmp("l"), s.tmp("i")
                     s(f"{lst} = []")
                     s(f"for {i} in range({n}):")
-                    s(f"    x, pos = d_{f.struct.name}(buf, pos)")
-                    s(f"    {lst}.append(x)")
+                    with s.indent():
+                        x = f"x{depth + 1}"
+                        if depth < _INLINE_DEPTH:
+                            self.decode_struct(f.struct, x, depth + 1, (*path, f.name))
+                        else:
+                            s(f"{x}, pos = d_{f.struct.name}(buf, pos)")
+                        s(f"{lst}.append({x})")
                     s(f"{target} = tuple({lst})")
                 elif f.type in _INTS:
                     code, size = _FIXED[f.type]
@@ -346,8 +379,9 @@ class _Compiler:
                     s(f"{lst} = []")
                     s(f"for {i} in range({n}):")
                     with s.indent():
-                        self.read_scalar("x", f.type, flexible, False, f.name)
-                        s(f"{lst}.append(x)")
+                        x = s.tmp("x")
+                        self.read_scalar(x, f.type, flexible, False, f.name)
+                        s(f"{lst}.append({x})")
                     s(f"{target} = tuple({lst})")
         elif f.struct is not None:
             if nullable:
@@ -356,123 +390,197 @@ class _Compiler:
                 s("    pos += 1")
                 s("else:")
                 s(f"    {target}, pos = d_{f.struct.name}(buf, pos + 1)")
+            elif depth < _INLINE_DEPTH:
+                self.decode_struct(f.struct, target, depth + 1, (*path, f.name))
             else:
                 s(f"{target}, pos = d_{f.struct.name}(buf, pos)")
         else:
             self.read_scalar(target, f.type, flexible, nullable, f.name)
 
-    def gen_decoder(self, struct: StructSpec, is_root: bool) -> None:
+    def decode_struct(
+        self, struct: StructSpec, target: str, depth: int, path: tuple[str, ...],
+        spans: list[str] | None = None,
+    ) -> None:
+        """Code that decodes ``struct`` at ``pos`` into the local ``target``.
+
+        ``spans`` (the root only) collects the names of the locals holding the start of
+        each top-level field, for splicing on re-encode.
+        """
         s = self.src
         v = self.version
         fields = struct.fields
-        names = [f.name for f in fields] + ["_tagged_fields"]
+        value = [f"v{depth}_{idx}" for idx in range(len(fields))]
+        unk = f"u{depth}"
+        # Values of fields absent from this version: their defaults.
+        for idx, f in enumerate(fields):
+            if v not in f.versions or f.tagged_in(v):
+                s(f"{value[idx]} = {self.const(f.default)}")
+        s(f"{unk} = ()")
+        regular = [(i, f) for i, f in enumerate(fields) if v in f.versions and not f.tagged_in(v)]
+        k = 0
+        while k < len(regular):
+            idx, f = regular[k]
+            s(f"f = {(*path, f.name)!r}")
+            if spans is not None:
+                spans.append(f"s{idx}")
+                s(f"s{idx} = pos")
+            if not f.is_array and f.struct is None and f.type in _FIXED:
+                # Merge a run of fixed-size fields into one unpack.
+                run = [(idx, f)]
+                while (
+                    k + len(run) < len(regular)
+                    and not regular[k + len(run)][1].is_array
+                    and regular[k + len(run)][1].struct is None
+                    and regular[k + len(run)][1].type in _FIXED
+                ):
+                    run.append(regular[k + len(run)])
+                fmt = ">" + "".join(_FIXED[g.type][0] for _, g in run)
+                size = sum(_FIXED[g.type][1] for _, g in run)
+                targets = ", ".join(value[i] for i, _ in run)
+                if spans is not None:  # each field of the run still gets its span
+                    offset = 0
+                    for (i, _), (_, prev) in zip(run[1:], run, strict=False):
+                        offset += _FIXED[prev.type][1]
+                        spans.append(f"s{i}")
+                        s(f"s{i} = pos + {offset}")
+                s(f"{targets}, = {self.const(struct_cls(fmt).unpack_from)}(buf, pos)")
+                s(f"pos += {size}")
+                for i, g in run:
+                    if g.type == "uuid":
+                        s(f"{value[i]} = _uuid({value[i]})")
+                k += len(run)
+                continue
+            self.read_field(value[idx], f, self.flexible_for(f), depth, path)
+            k += 1
+        if self.flexible:
+            s(f"f = {(*path, '_tagged_fields')!r}")
+            if spans is not None:
+                spans.append("st")
+                s("st = pos")
+            self.read_tagged(struct, value, unk, depth, path)
+        values = "".join(f"{name}, " for name in value)
+        s(f"{target} = _tnew({self.const(struct.cls)}, ({values}{unk},))")
+
+    def gen_decoder(self, struct: StructSpec, is_root: bool) -> None:
+        s = self.src
         s(f"def d_{struct.name}(buf, pos, {_LOCALS}):")
         with s.indent():
             s("end = len(buf)")
-            s("f = 0")
-            # Values of fields absent from this version: their defaults.
-            for idx, f in enumerate(fields):
-                if v not in f.versions or f.tagged_in(v):
-                    s(f"v{idx} = {self.const(f.default)}")
-            s("unk = ()")
+            s("f = ()")
             s("try:")
             with s.indent():
-                s("pass")
-                regular = [(i, f) for i, f in enumerate(fields) if v in f.versions and not f.tagged_in(v)]
-                spans: list[str] = []
-                k = 0
-                while k < len(regular):
-                    idx, f = regular[k]
-                    s(f"f = {idx}")
-                    if is_root:
-                        spans.append(f"s{idx}")
-                        s(f"s{idx} = pos")
-                    if not f.is_array and f.struct is None and f.type in _FIXED:
-                        # Merge a run of fixed-size fields into one unpack.
-                        run = [(idx, f)]
-                        while (
-                            k + len(run) < len(regular)
-                            and not regular[k + len(run)][1].is_array
-                            and regular[k + len(run)][1].struct is None
-                            and regular[k + len(run)][1].type in _FIXED
-                        ):
-                            run.append(regular[k + len(run)])
-                        fmt = ">" + "".join(_FIXED[g.type][0] for _, g in run)
-                        size = sum(_FIXED[g.type][1] for _, g in run)
-                        targets = ", ".join(f"v{i}" for i, _ in run)
-                        if is_root:  # each field of the run still gets its span
-                            offset = 0
-                            for (i, _), (_, prev) in zip(run[1:], run, strict=False):
-                                offset += _FIXED[prev.type][1]
-                                spans.append(f"s{i}")
-                                s(f"s{i} = pos + {offset}")
-                        s(f"{targets}, = {self.const(struct_cls(fmt).unpack_from)}(buf, pos)")
-                        s(f"pos += {size}")
-                        for i, g in run:
-                            if g.type == "uuid":
-                                s(f"v{i} = _uuid(v{i})")
-                        k += len(run)
-                        continue
-                    self.read_field(f"v{idx}", f, self.flexible_for(f))
-                    k += 1
-                if self.flexible:
-                    s(f"f = {len(fields)}")
-                    if is_root:
-                        spans.append("st")
-                        s("st = pos")
-                    self.read_tagged(struct)
+                spans: list[str] | None = [] if is_root else None
+                self.decode_struct(struct, "r", 0, (), spans)
             s("except Exception as exc:")
-            s(f"    raise _fail_decode(exc, {struct.name!r}, {self.const(tuple(names))}[f], pos) from None")
-            values = ", ".join(f"v{i}" for i in range(len(fields)))
-            record = f"_tnew({self.const(struct.cls)}, ({values}{', ' if values else ''}unk,))"
-            if is_root:
-                span_list = ", ".join([*spans, "pos"])
-                s(f"return {record}, pos, ({span_list},)")
+            s("    raise _fail_decode(exc, f, pos) from None")
+            if spans is not None:
+                s(f"return r, pos, ({', '.join([*spans, 'pos'])},)")
             else:
-                s(f"return {record}, pos")
+                s("return r, pos")
 
-    def read_tagged(self, struct: StructSpec) -> None:
+    def read_tagged(self, struct: StructSpec, value: list[str], unk: str, depth: int, path: tuple[str, ...]) -> None:
         s = self.src
         v = self.version
         tagged = [(i, f) for i, f in enumerate(struct.fields) if f.tagged_in(v)]
-        self.read_uvarint("nt")
-        s("if nt:")
+        nt, ul, lt, tag, sz, te = (f"{name}{depth}" for name in ("nt", "ul", "lt", "tag", "sz", "te"))
+        self.read_uvarint(nt)
+        s(f"if {nt}:")
         with s.indent():
-            s("ul = []")
-            s("lt = -1")
-            s("for _ in range(nt):")
+            s(f"{ul} = []")
+            s(f"{lt} = -1")
+            s(f"for _ in range({nt}):")
             with s.indent():
-                self.read_uvarint("tag")
+                self.read_uvarint(tag)
                 # Tags are written sorted and unique (RawTaggedFieldWriter): anything else
                 # could not be written back, so it is refused here rather than on encode.
-                s("if tag <= lt: raise _tag_order(tag, lt, pos)")
-                s("lt = tag")
-                self.read_uvarint("sz")
-                s("te = pos + sz")
-                s("if te > end: raise _short('tagged field', pos)")
+                s(f"if {tag} <= {lt}: raise _tag_order({tag}, {lt}, pos)")
+                s(f"{lt} = {tag}")
+                self.read_uvarint(sz)
+                s(f"{te} = pos + {sz}")
+                s(f"if {te} > end: raise _short('tagged field', pos)")
                 first = True
                 for idx, f in tagged:
-                    s(f"{'if' if first else 'elif'} tag == {f.tag}:")
+                    s(f"{'if' if first else 'elif'} {tag} == {f.tag}:")
                     first = False
                     with s.indent():
                         # Decode the value from exactly its own bytes; errors inside get
                         # their offsets rebased onto the enclosing buffer.
-                        s(f"f = {idx}")
-                        s("outer, outer_end, outer_pos = buf, end, pos")
-                        s("buf, end, pos = buf[pos:te], sz, 0")
+                        ob, oe, op = f"ob{depth}", f"oe{depth}", f"op{depth}"
+                        s(f"f = {(*path, f.name)!r}")
+                        s(f"{ob}, {oe}, {op} = buf, end, pos")
+                        s(f"buf, end, pos = buf[pos:{te}], {sz}, 0")
                         s("try:")
                         with s.indent():
-                            self.read_field(f"v{idx}", f, True)
+                            self.read_field(value[idx], f, True, depth, path)
                         s("except Exception as exc:")
-                        s("    raise _rebase(exc, outer_pos, pos) from None")
-                        s("if pos != sz: raise RemoteProtocolError("
-                          "f'tagged field size {sz} but its value took {pos} bytes', offset=outer_pos)")
-                        s("buf, end, pos = outer, outer_end, te")
-                        s(f"f = {len(struct.fields)}")
+                        s(f"    raise _rebase(exc, {op}, pos) from None")
+                        s(f"if pos != {sz}: raise RemoteProtocolError("
+                          f"f'tagged field size {{{sz}}} but its value took {{pos}} bytes', offset={op})")
+                        s(f"buf, end, pos = {ob}, {oe}, {te}")
+                        s(f"f = {(*path, '_tagged_fields')!r}")
                 s(f"{'if' if first else 'elif'} True:" if first else "else:")
-                s("    ul.append((tag, bytes(buf[pos:te])))")
-                s("    pos = te")
-            s("unk = tuple(ul)")
+                s(f"    {ul}.append(({tag}, bytes(buf[pos:{te}])))")
+                s(f"    pos = {te}")
+            s(f"{unk} = tuple({ul})")
+
+    def gen_flat_decoder(self, struct: StructSpec) -> None:
+        """``b_<name>(buf, pos, n)``: ``n`` elements of a flat struct in one go, or None.
+
+        A flat struct (see ``_flat.flat_layout``) whose ``n`` elements all have the layout of
+        the first (same array lengths, no tagged fields) is a run of ``n`` equal-sized
+        records: one ``Struct.iter_unpack`` reads them and ``map`` builds the records,
+        all in C.  The first element's array lengths are read here; the rest are checked
+        by comparing the length bytes at their offsets in every element (a strided slice
+        each).  Anything else (null arrays, long varints, tags, a short buffer) returns
+        None and the caller decodes element by element.
+        """
+        s = self.src
+        layout = self.flat[struct.name]
+        s(f"def b_{struct.name}(buf, pos, n, K=K, _tnew=_tnew, _repeat=_repeat, _flat_shape=_flat_shape):")
+        with s.indent():
+            s("try:")
+            with s.indent():
+                s("p = pos")
+                counts: list[str] = []
+                fixed = 0
+                for item in layout.items:
+                    if item.kind == "number":
+                        fixed += item.size
+                    elif item.kind == "array":
+                        c = f"c{len(counts)}"
+                        counts.append(c)
+                        if fixed:
+                            s(f"p += {fixed}")
+                            fixed = 0
+                        if item.prefix == "B":  # compact: count + 1 in one byte
+                            s(f"{c} = buf[p] - 1")
+                            s(f"if not 0 <= {c} < 127: return None")
+                            s(f"p += 1 + {item.size} * {c}")
+                        else:
+                            s(f"{c} = _i32(buf, p)[0]")
+                            s(f"if {c} < 0: return None")
+                            s(f"p += 4 + {item.size} * {c}")
+                if fixed:
+                    s(f"p += {fixed}")
+                if layout.tagged:
+                    s("if buf[p]: return None")
+                else:
+                    s("if p > len(buf): return None")
+            s("except (IndexError, _st.error):")
+            s("    return None")
+            key = f"({', '.join(counts)},)" if counts else "()"
+            cache = self.const({})
+            s(f"shape = {cache}.get({key})")
+            s(f"if shape is None: shape = _flat_shape({self.const(layout)}, {key}, {cache})")
+            s("unpack, size, checks, pick, consts = shape")
+            s("e = pos + n * size")
+            s("if e > len(buf): return None")
+            s("for offset, byte in checks:")
+            s("    if buf[pos + offset:e:size] != byte * n: return None")
+            s("rows = unpack(buf[pos:e])")
+            if any(item.kind == "default" for item in layout.items):
+                s("if consts: rows = map(_add, rows, _repeat(consts, n))")
+            s(f"return tuple(map(_tnew, _repeat({self.const(struct.cls)}, n), map(pick, rows))), e")
 
     # -- encoding ------------------------------------------------------------------
 
@@ -626,6 +734,8 @@ class _Compiler:
         self.collect(root)
         for spec in self.structs.values():
             self.gen_decoder(spec, is_root=False)
+            if spec.name in self.flat:
+                self.gen_flat_decoder(spec)
             self.gen_encoder(spec, splice=False)
         self.gen_decoder(_RootAlias(root), is_root=True)  # type: ignore[arg-type]
         self.gen_encoder(_RootAlias(root), splice=True)  # type: ignore[arg-type]
@@ -642,6 +752,9 @@ class _Compiler:
             "_uvb": uvarint_bytes,
             "_uuid": _uuid_from_bytes,
             "_tnew": tuple.__new__,
+            "_repeat": itertools.repeat,
+            "_add": operator.add,
+            "_flat_shape": flat_shape,
             "_short": _short,
             "_null": _null,
             "_bad_length": _bad_length,
@@ -669,6 +782,7 @@ class _Compiler:
             decode=decode,
             encode=namespace[f"e_{root.name}"],
             encode_spliced=namespace[f"es_{_ROOT}"],
+            functions=namespace,
         )
 
 

@@ -1,0 +1,139 @@
+"""Arrays of flat structs decoded in bulk: one ``Struct`` per element layout.
+
+A struct is *flat* in a version when each of its fields is a fixed-size number (not a
+UUID) or an array of numbers (fields absent from the version, or tagged, take their
+defaults): Metadata's partitions (error code, index, leader, epoch, replicas, ISR,
+offline replicas) are the case that matters.  The elements of such an array that all have the same array lengths
+and no tagged fields have the same size, so one ``Struct.iter_unpack`` over the array
+reads them all, an ``itemgetter`` cuts each row into the record's fields (array fields
+are slices of the row) and ``map(tuple.__new__, ...)`` makes the records, without a
+Python-level step per element.  The compiled ``b_<struct>`` functions (see
+``_compile.gen_flat_decoder``) use this module's shapes; whether an array qualifies is
+decided from its bytes, and when it does not, the element-by-element decoder runs.
+"""
+
+from __future__ import annotations
+
+import operator
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Final
+
+# Distinct layouts kept per struct (a real cluster has a few: replication factor,
+# shrunk ISRs); beyond that the cache starts afresh.
+MAX_SHAPES: Final = 256
+
+NUMBERS: Final = {
+    "bool": ("?", 1),
+    "int8": ("b", 1),
+    "int16": ("h", 2),
+    "uint16": ("H", 2),
+    "int32": ("i", 4),
+    "uint32": ("I", 4),
+    "int64": ("q", 8),
+    "float64": ("d", 8),
+}
+
+
+@dataclass(frozen=True)
+class FlatItem:
+    """One field of a flat struct, in field order."""
+
+    kind: str  # "number", "array" (of numbers) or "default" (absent or tagged: its default)
+    default: Any = None
+    code: str = ""  # struct format code of the number(s)
+    size: int = 0  # bytes of one number
+    prefix: str = ""  # arrays: "B" (compact: count + 1 in one byte) or "i" (int32 count)
+
+
+@dataclass(frozen=True)
+class FlatLayout:
+    items: tuple[FlatItem, ...]
+    tagged: bool  # flexible version: each element ends with its tagged-field count
+
+
+def flat_layout(fields: Any, version: int, compact: Callable[[Any], bool], flexible: bool) -> FlatLayout | None:
+    """The layout of a struct's fields in ``version`` if they are flat, else None.
+
+    ``compact(field)`` says whether an array field has a compact (varint) length.
+    """
+    items: list[FlatItem] = []
+    for f in fields:
+        if version not in f.versions or f.tagged_in(version):
+            items.append(FlatItem("default", f.default))
+            continue
+        if f.struct is not None or f.type not in NUMBERS:
+            return None
+        code, size = NUMBERS[f.type]
+        if f.is_array:
+            items.append(FlatItem("array", code=code, size=size, prefix="B" if compact(f) else "i"))
+        else:
+            items.append(FlatItem("number", code=code, size=size))
+    if all(item.kind == "default" for item in items):
+        return None
+    return FlatLayout(tuple(items), flexible)
+
+
+# (iter_unpack, element size, length-byte checks, row picker, constants)
+Shape = tuple[
+    Callable[[Any], Iterator[tuple[Any, ...]]], int, tuple[tuple[int, bytes], ...], Any, tuple[Any, ...]
+]
+
+
+def flat_shape(layout: FlatLayout, counts: tuple[int, ...], cache: dict[tuple[int, ...], Shape]) -> Shape:
+    """The shape of elements whose arrays hold ``counts`` numbers (remembered in ``cache``).
+
+    The checks are ``(offset in the element, expected byte)`` for every byte of every
+    length prefix and the tagged-field count: equal in each element, they prove that
+    every element has this layout.  The picker takes a row of the unpacked numbers
+    followed by the constants (the defaults other than ``()``) and returns the record's
+    values; arrays are slices of the row.
+    """
+    fmt = [">"]
+    picks: list[Any] = []
+    defaults: list[tuple[int, Any]] = []  # (position in picks, value)
+    checks: list[tuple[int, bytes]] = []
+    offset = index = 0
+    arrays = iter(counts)
+    for item in layout.items:
+        if item.kind == "default":
+            if type(item.default) is tuple and not item.default:
+                picks.append(slice(0, 0))  # () is any empty slice of the row
+            else:
+                defaults.append((len(picks), item.default))
+                picks.append(None)
+        elif item.kind == "number":
+            fmt.append(item.code)
+            picks.append(index)
+            index += 1
+            offset += item.size
+        else:
+            count = next(arrays)
+            if item.prefix == "B":
+                checks.append((offset, bytes((count + 1,))))
+                offset += 1
+            else:
+                checks.extend((offset + j, bytes((b,))) for j, b in enumerate(count.to_bytes(4, "big")))
+                offset += 4
+            fmt.append(f"{item.prefix}{count}{item.code}")
+            index += 1
+            picks.append(slice(index, index + count))
+            index += count
+            offset += count * item.size
+    if layout.tagged:
+        fmt.append("B")
+        checks.append((offset, b"\x00"))
+        offset += 1
+        index += 1
+    picks.append(slice(0, 0))  # unknown tagged fields: none
+    for k, (at, _) in enumerate(defaults):
+        picks[at] = index + k  # after the row's numbers
+    unpack = struct.Struct("".join(fmt))
+    assert unpack.size == offset
+    consts = tuple(value for _, value in defaults)
+    shape: Shape = (unpack.iter_unpack, offset, tuple(checks), operator.itemgetter(*picks), consts)
+    if len(cache) >= MAX_SHAPES:
+        cache.clear()
+    cache[counts] = shape
+    return shape

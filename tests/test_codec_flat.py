@@ -1,0 +1,182 @@
+"""Arrays of flat structs are decoded in bulk (``gatehouse.codecs._flat``).
+
+Metadata partitions and the like are read by one ``Struct.iter_unpack`` per array when
+every element has the layout of the first.  The bulk path must give the very records
+the element-by-element decoder gives (same values, same types), fall back whenever an
+element differs, and leave every error (class, reason, path, offset) as it was.  The
+reference is the same message compiled with ``bulk=False``.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+from typing import Any
+
+import pytest
+
+from gatehouse import codecs
+from gatehouse.codecs._compile import MessageCodec, _Compiler, message_codec
+from gatehouse.codecs.schema import MessageSpec, StructSpec
+from tests.codec_strategies import ALL_CASES, case_id, message_spec, random_scalar, random_struct
+
+
+def _flat_structs(message: MessageSpec, version: int) -> set[str]:
+    compiler = _Compiler(message, version)
+    compiler.collect(message.root)
+    return set(compiler.flat)
+
+
+FLAT_CASES = [case for case in ALL_CASES
+              if _flat_structs(message_spec(case[0], case[2]), case[1])]
+
+
+def _uniform_struct(struct: StructSpec, version: int, flexible: bool, rng: random.Random,
+                    flat: set[str], depth: int = 0) -> Any:
+    """A record like ``random_struct``'s, whose arrays of flat structs hold runs of
+    elements of one layout (and, now and then, one element that breaks the run)."""
+    values: list[Any] = []
+    for f in struct.fields:
+        if version not in f.versions:
+            values.append(f.default)
+        elif f.is_array and f.struct is not None and f.struct.name in flat:
+            values.append(_flat_run(f.struct, version, flexible, rng))
+        elif f.struct is not None and not f.tagged_in(version) and not f.is_array:
+            values.append(_uniform_struct(f.struct, version, flexible, rng, flat, depth + 1))
+        elif f.is_array and f.struct is not None and depth < 2:
+            values.append(tuple(_uniform_struct(f.struct, version, flexible, rng, flat, depth + 1)
+                                for _ in range(rng.randint(0, 3))))
+        else:
+            values.append(random_struct(struct, version, flexible, rng, depth)[struct.fields.index(f)])
+    return struct.cls(*values, ())
+
+
+def _flat_element(struct: StructSpec, version: int, rng: random.Random,
+                  lengths: dict[str, int]) -> Any:
+    values: list[Any] = []
+    for f in struct.fields:
+        if version not in f.versions or f.tagged_in(version):
+            values.append(f.default)
+        elif f.is_array:
+            values.append(tuple(random_scalar(f.type, rng) for _ in range(lengths[f.name])))
+        else:
+            values.append(random_scalar(f.type, rng))
+    return struct.cls(*values, ())
+
+
+def _flat_run(struct: StructSpec, version: int, flexible: bool, rng: random.Random) -> tuple[Any, ...]:
+    arrays = [f for f in struct.fields if f.is_array and version in f.versions]
+    # Mostly short arrays; sometimes 126 (the longest one-byte compact length) or 127.
+    lengths = {f.name: rng.choice((0, 1, 3, 3, 5, 126, 127)) for f in arrays}
+    items = [_flat_element(struct, version, rng, lengths) for _ in range(rng.randint(3, 9))]
+    if rng.random() < 0.4:  # one element that is not like the others
+        items[rng.randrange(len(items))] = random_struct(struct, version, flexible, rng, 3)
+    return tuple(items)
+
+
+def _typed(value: Any) -> Any:
+    """``value`` with the type of every part spelled out (True is not 1, 1.0 is not 1)."""
+    if isinstance(value, tuple):
+        return (type(value).__name__, tuple(_typed(v) for v in value))
+    if isinstance(value, memoryview):
+        return ("memoryview", value.tobytes())
+    return (type(value).__name__, value)
+
+
+def _outcome(codec: MessageCodec, frame: bytes) -> Any:
+    try:
+        body, end, spans = codec.decode(memoryview(frame))
+    except codecs.ProtocolError as exc:
+        return (type(exc), exc.reason, exc.path, exc.offset)
+    return (_typed(body), end, spans)
+
+
+@pytest.mark.parametrize(("api_key", "version", "direction"), FLAT_CASES,
+                         ids=[case_id(c) for c in FLAT_CASES])
+def test_bulk_decode_gives_the_records_and_errors_of_element_by_element(
+        api_key: int, version: int, direction: str) -> None:
+    message = message_spec(api_key, direction)
+    flexible = message.is_flexible(version)
+    flat = _flat_structs(message, version)
+    bulk = message_codec(message, version)
+    single = _Compiler(message, version, bulk=False).compile()
+    rng = random.Random(f"{api_key}/{version}/{direction}")
+    for _ in range(12):
+        body = _uniform_struct(message.root, version, flexible, rng, flat)
+        out = bytearray()
+        bulk.encode(out, body)
+        frame = bytes(out)
+        decoded, end, _ = bulk.decode(memoryview(frame))
+        assert decoded == body and end == len(frame)
+        assert _outcome(bulk, frame) == _outcome(single, frame)
+        # Broken frames: cut short, or one byte changed.
+        for _ in range(8):
+            cut = frame[:rng.randrange(len(frame))] if frame else frame
+            assert _outcome(bulk, cut) == _outcome(single, cut)
+            if frame:
+                at = rng.randrange(len(frame))
+                mutated = frame[:at] + bytes((rng.randrange(256),)) + frame[at + 1:]
+                assert _outcome(bulk, mutated) == _outcome(single, mutated)
+
+
+def _metadata_response(isr: list[int], version: int) -> bytes:
+    """A Metadata response with one topic whose partitions have these ISR sizes."""
+    spec = codecs.APIS[3].response
+    partition_spec = next(f for f in spec.root.fields if f.name == "Topics").struct
+    assert partition_spec is not None
+    present = {f.attr for f in next(f for f in partition_spec.fields if f.name == "Partitions")
+               .struct.fields if version in f.versions}  # type: ignore[union-attr]
+    partitions = [
+        {k: v for k, v in {"error_code": 0, "partition_index": p, "leader_id": 1, "leader_epoch": 5,
+                           "replica_nodes": [1, 2, 3], "isr_nodes": list(range(1, n + 1)),
+                           "offline_replicas": []}.items() if k in present}
+        for p, n in enumerate(isr)
+    ]
+    body = {"brokers": [], "topics": [{"error_code": 0, "name": "t", "partitions": partitions}]}
+    resp = codecs.response_from_dict({"header": {"correlation_id": 1}, "body": body},
+                                     api_key=3, api_version=version)
+    return bytes(resp.encode())
+
+
+@pytest.mark.parametrize("version", [1, 7, 12, 13])
+def test_metadata_partitions_of_one_layout_are_read_in_bulk(
+        version: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    codec = message_codec(codecs.APIS[3].response, version)
+    name = "b_MetadataResponsePartition"
+    bulk = codec.functions[name]
+    results: list[Any] = []
+
+    def recording(buf: memoryview, pos: int, n: int) -> Any:
+        results.append(bulk(buf, pos, n))
+        return results[-1]
+
+    monkeypatch.setitem(codec.functions, name, recording)  # the decoder looks it up there
+    resp = codecs.decode_response(_metadata_response([3] * 50, version), 3, version)
+    partitions = resp.body.topics[0].partitions
+    assert results and results[0] is not None and results[0][0] is partitions
+    assert [p.isr_nodes for p in partitions] == [(1, 2, 3)] * 50
+    assert partitions[7].partition_index == 7
+    assert partitions[7].leader_epoch == (5 if version >= 7 else -1)  # the default before v7
+    # One shrunk ISR breaks the run: the bulk reader says so, the decoder still reads it.
+    results.clear()
+    mixed = codecs.decode_response(_metadata_response([3] * 20 + [2] + [3] * 29, version), 3, version)
+    assert [len(p.isr_nodes) for p in mixed.body.topics[0].partitions] == [3] * 20 + [2] + [3] * 29
+    assert results == [None]
+
+
+def test_bulk_reader_refuses_what_it_cannot_prove() -> None:
+    codec = message_codec(codecs.APIS[3].response, 13)
+    bulk = codec.functions["b_MetadataResponsePartition"]
+    element = struct.pack(">hiii", 0, 1, 2, 3) + b"\x02\x00\x00\x00\x01" * 2 + b"\x01" + b"\x00"
+    assert bulk(memoryview(element * 4), 0, 4) is not None
+    assert bulk(memoryview(element * 3), 0, 4) is None  # the buffer ends early
+    tagged = element[:-1] + b"\x01\x05\x00"  # a tagged field in the last element
+    assert bulk(memoryview(element * 3 + tagged), 0, 4) is None
+    null = element[:14] + b"\x00" + element[19:]  # null replicas (not nullable: an error)
+    assert bulk(memoryview(null * 4), 0, 4) is None
+    with pytest.raises(codecs.RemoteProtocolError) as info:
+        codec.decode(memoryview(b"\x00" * 4 + b"\x01" + b"\x00" + b"\x00" * 4
+                                + b"\x02" + b"\x00\x00\x02t" + bytes(16) + b"\x00"
+                                + b"\x05" + element * 3 + null + b"\x00" * 6))
+    assert info.value.path == ("Topics", "Partitions", "ReplicaNodes")
+
