@@ -163,3 +163,17 @@ def test_a_message_without_fields() -> None:
         assert bytes(out) == wire
         decoded, end, _ = codec.decode(memoryview(wire))
         assert decoded == body and decoded.unknown_tags == tags and end == len(wire)
+
+
+def test_committed_error_codes_are_fresh(clients_jar: Path) -> None:
+    """The error code table is Kafka's own Errors enum, read from the same jar by Java."""
+    from gatehouse.codecs import _error_codes, generate_errors
+
+    codes = generate_errors.read_errors(clients_jar)
+    assert codes[0] == "NONE" and codes[35] == "UNSUPPORTED_VERSION" and codes[-1] == \
+        "UNKNOWN_SERVER_ERROR"
+    expected = generate_errors.render(codes, generate.release_from_jar(clients_jar))
+    assert generate_errors.DEFAULT_OUTPUT.read_text("utf-8") == expected, (
+        "stale error codes: run python -m gatehouse.codecs.generate_errors "
+        f"--kafka-clients-jar {clients_jar}")
+    assert _error_codes.KAFKA_RELEASE == codecs.KAFKA_RELEASE

@@ -65,6 +65,7 @@ import gatehouse
 from gatehouse import codecs
 from gatehouse.capture.writer import CaptureStats
 from gatehouse.codecs import ProtocolError, Response, records
+from gatehouse.codecs._error_codes import ERROR_NAMES
 from gatehouse.configfile import Reader, line_of
 from gatehouse.logs import log_event
 
@@ -97,18 +98,6 @@ OUR_VERSIONS = {API_VERSIONS: (0, 3), METADATA: (1, 13), PRODUCE: (3, 12),
                 CREATE_TOPICS: (4, 7), SASL_HANDSHAKE: (1, 1), SASL_AUTHENTICATE: (0, 2)}
 
 NONE, UNKNOWN_TOPIC_OR_PARTITION, UNSUPPORTED_VERSION, TOPIC_ALREADY_EXISTS = 0, 3, 35, 36
-ERROR_NAMES = {
-    -1: "UNKNOWN_SERVER_ERROR", 2: "CORRUPT_MESSAGE", 3: "UNKNOWN_TOPIC_OR_PARTITION",
-    5: "LEADER_NOT_AVAILABLE", 6: "NOT_LEADER_OR_FOLLOWER", 7: "REQUEST_TIMED_OUT",
-    10: "MESSAGE_TOO_LARGE", 13: "NETWORK_EXCEPTION", 18: "RECORD_LIST_TOO_LARGE",
-    19: "NOT_ENOUGH_REPLICAS", 20: "NOT_ENOUGH_REPLICAS_AFTER_APPEND",
-    29: "TOPIC_AUTHORIZATION_FAILED", 31: "CLUSTER_AUTHORIZATION_FAILED",
-    33: "UNSUPPORTED_SASL_MECHANISM", 35: "UNSUPPORTED_VERSION", 36: "TOPIC_ALREADY_EXISTS",
-    37: "INVALID_PARTITIONS", 38: "INVALID_REPLICATION_FACTOR", 40: "INVALID_CONFIG",
-    41: "NOT_CONTROLLER", 44: "POLICY_VIOLATION", 56: "KAFKA_STORAGE_ERROR",
-    58: "SASL_AUTHENTICATION_FAILED", 74: "FENCED_LEADER_EPOCH", 75: "UNKNOWN_LEADER_EPOCH",
-    87: "INVALID_RECORD", 89: "THROTTLING_QUOTA_EXCEEDED",
-}
 # Produce errors that another try (after fresh metadata) can cure; the rest lose the batch
 # at once (too large, corrupt, invalid: sending it again cannot help).  Authorization is
 # retried: an operator may be adding the ACL right now.

@@ -27,6 +27,7 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
 from gatehouse.codecs import APIS, ProtocolError, Request, Response, records
+from gatehouse.codecs._error_codes import ERROR_NAMES
 from gatehouse.logs import log_event
 from gatehouse.metrics import produce
 from gatehouse.metrics.groups import GROUP_APIS, GROUP_RESPONSES, GroupCensus
@@ -35,18 +36,6 @@ from gatehouse.proxy.hooks import ConnectionInfo, Observer, Pending, decoded_res
 
 logger = logging.getLogger("gatehouse.metrics")
 
-ERROR_NAMES: dict[int, str] = {
-    -1: "UNKNOWN_SERVER_ERROR", 0: "NONE", 1: "OFFSET_OUT_OF_RANGE", 2: "CORRUPT_MESSAGE",
-    3: "UNKNOWN_TOPIC_OR_PARTITION", 5: "LEADER_NOT_AVAILABLE", 6: "NOT_LEADER_OR_FOLLOWER",
-    7: "REQUEST_TIMED_OUT", 14: "COORDINATOR_LOAD_IN_PROGRESS", 15: "COORDINATOR_NOT_AVAILABLE",
-    16: "NOT_COORDINATOR", 22: "ILLEGAL_GENERATION", 25: "UNKNOWN_MEMBER_ID",
-    27: "REBALANCE_IN_PROGRESS", 29: "TOPIC_AUTHORIZATION_FAILED",
-    30: "GROUP_AUTHORIZATION_FAILED", 31: "CLUSTER_AUTHORIZATION_FAILED",
-    35: "UNSUPPORTED_VERSION", 36: "TOPIC_ALREADY_EXISTS", 41: "NOT_CONTROLLER",
-    42: "INVALID_REQUEST", 44: "POLICY_VIOLATION", 47: "INVALID_PRODUCER_EPOCH",
-    58: "SASL_AUTHENTICATION_FAILED", 72: "LISTENER_NOT_FOUND", 79: "MEMBER_ID_REQUIRED",
-    100: "UNKNOWN_TOPIC_ID",
-}
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                    0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 # Requests the broker may hold on purpose (long polls): labelled so they don't drown
