@@ -221,10 +221,13 @@ class MessageCodec:
 
 
 class _Compiler:
-    def __init__(self, message: MessageSpec, version: int, *, bulk: bool = True) -> None:
+    def __init__(self, message: MessageSpec, version: int, *, fast_paths: bool = True) -> None:
         self.message = message
         self.version = version
-        self.bulk = bulk  # arrays of flat structs in bulk (off: element by element, for tests)
+        # Bulk flat arrays and speculative unpacks; off, the plain field-by-field decoder
+        # that the tests compare them against.
+        self.fast_paths = fast_paths
+        self.speculated = 0  # speculative unpacks written (see speculate_empty_array)
         self.flexible = message.is_flexible(version)
         self.consts: list[Any] = []
         self.const_ids: dict[int, int] = {}
@@ -247,7 +250,7 @@ class _Compiler:
         return self.flexible
 
     def collect(self, struct: StructSpec, in_array: bool = False) -> None:
-        if in_array and self.bulk and struct.name not in self.flat:
+        if in_array and self.fast_paths and struct.name not in self.flat:
             layout = flat_layout(struct.fields, self.version, self.flexible_for, self.flexible)
             if layout is not None:
                 self.flat[struct.name] = layout
@@ -421,34 +424,21 @@ class _Compiler:
         while k < len(regular):
             idx, f = regular[k]
             s(f"f = {(*path, f.name)!r}")
+            run = _fixed_run(regular, k)
+            after = k + len(run)
+            if (run and spans is None and self.fast_paths and after < len(regular)
+                    and regular[after][1].is_array):
+                run2 = _fixed_run(regular, after + 1)
+                if run2:
+                    self.speculate_empty_array(run, regular[after], run2, value, depth, path)
+                    k = after + 1 + len(run2)
+                    continue
             if spans is not None:
                 spans.append(f"s{idx}")
                 s(f"s{idx} = pos")
-            if not f.is_array and f.struct is None and f.type in _FIXED:
-                # Merge a run of fixed-size fields into one unpack.
-                run = [(idx, f)]
-                while (
-                    k + len(run) < len(regular)
-                    and not regular[k + len(run)][1].is_array
-                    and regular[k + len(run)][1].struct is None
-                    and regular[k + len(run)][1].type in _FIXED
-                ):
-                    run.append(regular[k + len(run)])
-                fmt = ">" + "".join(_FIXED[g.type][0] for _, g in run)
-                size = sum(_FIXED[g.type][1] for _, g in run)
-                targets = ", ".join(value[i] for i, _ in run)
-                if spans is not None:  # each field of the run still gets its span
-                    offset = 0
-                    for (i, _), (_, prev) in zip(run[1:], run, strict=False):
-                        offset += _FIXED[prev.type][1]
-                        spans.append(f"s{i}")
-                        s(f"s{i} = pos + {offset}")
-                s(f"{targets}, = {self.const(struct_cls(fmt).unpack_from)}(buf, pos)")
-                s(f"pos += {size}")
-                for i, g in run:
-                    if g.type == "uuid":
-                        s(f"{value[i]} = _uuid({value[i]})")
-                k += len(run)
+            if run:
+                self.read_fixed_run(run, value, spans)
+                k = after
                 continue
             self.read_field(value[idx], f, self.flexible_for(f), depth, path)
             k += 1
@@ -460,6 +450,76 @@ class _Compiler:
             self.read_tagged(struct, value, unk, depth, path)
         values = "".join(f"{name}, " for name in value)
         s(f"{target} = _tnew({self.const(struct.cls)}, ({values}{unk},))")
+
+    def read_fixed_run(self, run: list[tuple[int, FieldSpec]], value: list[str],
+                       spans: list[str] | None) -> None:
+        """A run of fixed-size fields: one unpack (``f`` names the first)."""
+        s = self.src
+        fmt = ">" + "".join(_FIXED[g.type][0] for _, g in run)
+        size = sum(_FIXED[g.type][1] for _, g in run)
+        if spans is not None:  # each field of the run still gets its span
+            offset = 0
+            for (i, _), (_, prev) in zip(run[1:], run, strict=False):
+                offset += _FIXED[prev.type][1]
+                spans.append(f"s{i}")
+                s(f"s{i} = pos + {offset}")
+        s(f"{', '.join(value[i] for i, _ in run)}, = {self.const(struct_cls(fmt).unpack_from)}(buf, pos)")
+        s(f"pos += {size}")
+        for i, g in run:
+            if g.type == "uuid":
+                s(f"{value[i]} = _uuid({value[i]})")
+
+    def speculate_empty_array(
+        self, run: list[tuple[int, FieldSpec]], array: tuple[int, FieldSpec],
+        run2: list[tuple[int, FieldSpec]], value: list[str], depth: int, path: tuple[str, ...],
+    ) -> None:
+        """Fixed fields, an array, fixed fields: one unpack if the array is empty or null.
+
+        Fetch's partitions (offsets, then aborted transactions, then the preferred read
+        replica) are the case: that array is nearly always empty.  The unpack reads the
+        array's length and the fields after it too; for any other length they are read
+        again after the array (the first fields are kept).  With too few bytes left, all
+        are read field by field, so that errors still name the field they are in.
+        """
+        s = self.src
+        self.speculated += 1
+        idx, f = array
+        compact = self.flexible_for(f)
+        code, empty, null = ("B", 1, 0) if compact else ("i", 0, -1)
+        both = [*run, (-1, f), *run2]
+        fmt = ">" + "".join(code if i < 0 else _FIXED[g.type][0] for i, g in both)
+        size = sum(_FIXED[g.type][1] for _, g in [*run, *run2]) + (1 if compact else 4)
+        size1 = sum(_FIXED[g.type][1] for _, g in run)
+        length = s.tmp("n")
+        targets = ", ".join(length if i < 0 else value[i] for i, _ in both)
+        s(f"if pos + {size} <= end:")
+        with s.indent():
+            s(f"{targets}, = {self.const(struct_cls(fmt).unpack_from)}(buf, pos)")
+            s(f"pos += {size1}")
+            for i, g in run:
+                if g.type == "uuid":
+                    s(f"{value[i]} = _uuid({value[i]})")
+        s("else:")
+        with s.indent():
+            self.read_fixed_run(run, value, None)
+            s(f"{length} = None")
+        if f.nullable_in(self.version):
+            s(f"if {length} == {empty} or {length} == {null}:")
+            s(f"    {value[idx]} = () if {length} == {empty} else None")
+        else:
+            s(f"if {length} == {empty}:")
+            s(f"    {value[idx]} = ()")
+        with s.indent():
+            s(f"pos += {size - size1}")
+            for i, g in run2:
+                if g.type == "uuid":
+                    s(f"{value[i]} = _uuid({value[i]})")
+        s("else:")
+        with s.indent():
+            s(f"f = {(*path, f.name)!r}")
+            self.read_field(value[idx], f, compact, depth, path)
+            s(f"f = {(*path, run2[0][1].name)!r}")
+            self.read_fixed_run(run2, value, None)
 
     def gen_decoder(self, struct: StructSpec, is_root: bool) -> None:
         s = self.src
@@ -571,7 +631,9 @@ class _Compiler:
             key = f"({', '.join(counts)},)" if counts else "()"
             cache = self.const({})
             s(f"shape = {cache}.get({key})")
-            s(f"if shape is None: shape = _flat_shape({self.const(layout)}, {key}, {cache})")
+            s("if shape is None:")
+            s(f"    shape = _flat_shape({self.const(layout)}, {key}, {cache})")
+            s("    if shape is None: return None")
             s("unpack, size, checks, pick, consts = shape")
             s("e = pos + n * size")
             s("if e > len(buf): return None")
@@ -784,6 +846,16 @@ class _Compiler:
             encode_spliced=namespace[f"es_{_ROOT}"],
             functions=namespace,
         )
+
+
+def _fixed_run(regular: list[tuple[int, FieldSpec]], k: int) -> list[tuple[int, FieldSpec]]:
+    """The fixed-size fields from ``regular[k]`` on (none if that one is not)."""
+    run = []
+    for idx, f in regular[k:]:
+        if f.is_array or f.struct is not None or f.type not in _FIXED:
+            break
+        run.append((idx, f))
+    return run
 
 
 _ROOT: Final = "_root"

@@ -20,8 +20,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
-# Distinct layouts kept per struct (a real cluster has a few: replication factor,
-# shrunk ISRs); beyond that the cache starts afresh.
+# Distinct layouts per struct and version (a real cluster has a few: replication
+# factors, shrunk ISRs).  Past that, arrays of new layouts are read element by element:
+# frames made to have a new layout in every array cannot make us build Structs forever.
 MAX_SHAPES: Final = 256
 
 NUMBERS: Final = {
@@ -81,8 +82,10 @@ Shape = tuple[
 ]
 
 
-def flat_shape(layout: FlatLayout, counts: tuple[int, ...], cache: dict[tuple[int, ...], Shape]) -> Shape:
-    """The shape of elements whose arrays hold ``counts`` numbers (remembered in ``cache``).
+def flat_shape(layout: FlatLayout, counts: tuple[int, ...],
+               cache: dict[tuple[int, ...], Shape]) -> Shape | None:
+    """The shape of elements whose arrays hold ``counts`` numbers, remembered in
+    ``cache`` (None once ``cache`` holds MAX_SHAPES others).
 
     The checks are ``(offset in the element, expected byte)`` for every byte of every
     length prefix and the tagged-field count: equal in each element, they prove that
@@ -90,6 +93,8 @@ def flat_shape(layout: FlatLayout, counts: tuple[int, ...], cache: dict[tuple[in
     followed by the constants (the defaults other than ``()``) and returns the record's
     values; arrays are slices of the row.
     """
+    if len(cache) >= MAX_SHAPES:
+        return None
     fmt = [">"]
     picks: list[Any] = []
     defaults: list[tuple[int, Any]] = []  # (position in picks, value)
@@ -133,7 +138,5 @@ def flat_shape(layout: FlatLayout, counts: tuple[int, ...], cache: dict[tuple[in
     assert unpack.size == offset
     consts = tuple(value for _, value in defaults)
     shape: Shape = (unpack.iter_unpack, offset, tuple(checks), operator.itemgetter(*picks), consts)
-    if len(cache) >= MAX_SHAPES:
-        cache.clear()
     cache[counts] = shape
     return shape
