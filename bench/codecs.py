@@ -6,6 +6,8 @@ Run from the repository root::
     .venv/bin/python bench/codecs.py --quick     # fewer repeats
     .venv/bin/python bench/codecs.py --profile   # + cProfile of our side of each case
     .venv/bin/python bench/codecs.py --no-gc     # cyclic GC off while timing
+    .venv/bin/python bench/codecs.py --freeze    # gc.freeze() the imported modules first
+    .venv/bin/python bench/codecs.py --cpu-time  # CPU time (a machine shared with others)
 
 Cases:
 
@@ -23,8 +25,9 @@ objects -> frame, forced to re-encode everything: ours ``Response.build(...).enc
 (a message built in code has no cached frame, so there is no byte splicing), kio's
 header + payload entity writers into a ``BytesIO``.
 
-Timing: ``time.perf_counter`` around a loop of N calls, repeated R times; the table
-shows the best repeat (and the median).  The cyclic garbage collector stays enabled,
+Timing: ``time.perf_counter`` (``--cpu-time``: ``time.process_time``) around a loop of
+N calls, repeated R times, ours and kio's repeats interleaved; the table shows the best
+repeat (and the median).  The cyclic garbage collector stays enabled,
 as in the proxy (``--no-gc`` disables it, as ``timeit`` does: that isolates codec work
 from collection work, which both sides' object trees trigger).  Speed-up = kio time /
 our time (above 1: we are faster).
@@ -46,6 +49,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -248,26 +252,40 @@ class Timing:
     repeat: int
 
 
-def measure(fn: Callable[[], Any], repeat: int, target: float = 0.25) -> Timing:
+def _calibrate(fn: Callable[[], Any], clock: Callable[[], float], target: float) -> int:
+    """How many calls of ``fn`` take about ``target`` seconds."""
     fn()  # warm up (compiles our codec, fills kio's caches)
     number = 1
-    while True:  # calibrate: one repeat should take ~target seconds
-        start = time.perf_counter()
+    while True:
+        start = clock()
         for _ in range(number):
             fn()
-        elapsed = time.perf_counter() - start
+        elapsed = clock() - start
         if elapsed >= target / 5 or number >= 1 << 24:
             break
         number *= 2
-    number = max(1, int(number * target / max(elapsed, 1e-9)))
-    times = []
+    return max(1, int(number * target / max(elapsed, 1e-9)))
+
+
+def measure_pair(
+    ours: Callable[[], Any], theirs: Callable[[], Any], repeat: int,
+    clock: Callable[[], float] = time.perf_counter, target: float = 0.25,
+) -> tuple[Timing, Timing]:
+    """Time both sides, their repeats interleaved (ours, kio, ours, kio...), so that a
+    busy neighbour on a shared machine slows both rather than one."""
+    numbers = [_calibrate(fn, clock, target) for fn in (ours, theirs)]
+    times: list[list[float]] = [[], []]
     for _ in range(repeat):
-        gc.collect()  # the same starting heap for every repeat (also with --no-gc)
-        start = time.perf_counter()
-        for _ in range(number):
-            fn()
-        times.append((time.perf_counter() - start) / number)
-    return Timing(min(times), statistics.median(times), number, repeat)
+        for side, fn in enumerate((ours, theirs)):
+            gc.collect()  # the same starting heap for every repeat (also with --no-gc)
+            start = clock()
+            for _ in range(numbers[side]):
+                fn()
+            times[side].append((clock() - start) / numbers[side])
+    ours_t, theirs_t = (
+        Timing(min(t), statistics.median(t), n, repeat) for t, n in zip(times, numbers, strict=True)
+    )
+    return ours_t, theirs_t
 
 
 def fmt_time(seconds: float) -> str:
@@ -323,49 +341,65 @@ def main() -> None:
     parser.add_argument(
         "--no-gc", action="store_true", help="disable the cyclic GC while timing (as timeit does)"
     )
+    parser.add_argument(
+        "--freeze", action="store_true",
+        help="gc.freeze() after the set-up: collections then skip the objects of the "
+             "modules imported (kio's schemas are ~40,000 of them, which every full "
+             "collection walks, for both sides, in one process)",
+    )
+    parser.add_argument(
+        "--cpu-time", action="store_true",
+        help="time with the process's CPU clock (time.process_time): on a shared machine "
+             "the time other processes hold the CPU is not counted",
+    )
     args = parser.parse_args()
     repeat = 3 if args.quick else 9
+    clock = time.process_time if args.cpu_time else time.perf_counter
 
     produce = produce_request_frame()
     metadata, mv = metadata_response_frame()
     fetch, fv = fetch_response_frame()
     pv = codecs.APIS[PRODUCE].versions.hi
 
-    cases: list[tuple[str, str, int, Callable[[], Any], Callable[[], Any]]] = [
+    # Each case's functions (and the decoded objects the encode cases hold) are made just
+    # before the case is timed and dropped after it: a heap holding the other cases'
+    # object trees would make every collection slower, for both sides.
+    Factory = Callable[[], Callable[[], Any]]
+    cases: list[tuple[str, str, int, Factory, Factory]] = [
         (
             f"Produce v{pv} request: header-only decode",
             "frames",
             len(produce),
-            ours_header(produce),
-            kio_header(produce),
+            partial(ours_header, produce),
+            partial(kio_header, produce),
         ),
         (
             f"Metadata v{mv} response (1,000 topics x 10 partitions): decode body",
             "frames",
             len(metadata),
-            ours_decode(metadata, METADATA, mv),
-            kio_decode(metadata, METADATA, mv),
+            partial(ours_decode, metadata, METADATA, mv),
+            partial(kio_decode, metadata, METADATA, mv),
         ),
         (
             f"Metadata v{mv} response (1,000 topics x 10 partitions): encode body",
             "frames",
             len(metadata),
-            ours_encode(metadata, METADATA, mv),
-            kio_encode(metadata, METADATA, mv),
+            partial(ours_encode, metadata, METADATA, mv),
+            partial(kio_encode, metadata, METADATA, mv),
         ),
         (
             f"Fetch v{fv} response (50 partitions x 64 KiB): decode body",
             "frames",
             len(fetch),
-            ours_decode(fetch, FETCH, fv),
-            kio_decode(fetch, FETCH, fv),
+            partial(ours_decode, fetch, FETCH, fv),
+            partial(kio_decode, fetch, FETCH, fv),
         ),
         (
             f"Fetch v{fv} response (50 partitions x 64 KiB): encode body",
             "frames",
             len(fetch),
-            ours_encode(fetch, FETCH, fv),
-            kio_encode(fetch, FETCH, fv),
+            partial(ours_encode, fetch, FETCH, fv),
+            partial(kio_encode, fetch, FETCH, fv),
         ),
     ]
     # Both sides must agree on what the header says.
@@ -381,15 +415,19 @@ def main() -> None:
     print(f"Machine: {machine()}")
     if args.no_gc:
         gc.disable()
+    if args.freeze:
+        gc.collect()
+        gc.freeze()
+    collector = "disabled" if args.no_gc else "enabled" + (", set-up frozen" if args.freeze else "")
     print(
-        f"Best of {repeat} repeats (median in brackets); "
-        f"cyclic GC {'disabled' if args.no_gc else 'enabled'}.\n"
+        f"Best of {repeat} repeats (median in brackets), ours and kio interleaved; "
+        f"cyclic GC {collector}; {'CPU time' if args.cpu_time else 'wall-clock time'}.\n"
     )
     print("| Case | Frame | Ours | kio | Ours/s | kio/s | Speed-up (kio time / ours) |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     rows = []
-    for name, unit, size, ours_fn, kio_fn in cases:
-        row = Row(name, measure(ours_fn, repeat), measure(kio_fn, repeat), unit, size)
+    for name, unit, size, make_ours, make_kio in cases:
+        row = Row(name, *measure_pair(make_ours(), make_kio(), repeat, clock), unit, size)
         rows.append(row)
         print(
             f"| {name} | {size:,} B "
@@ -412,7 +450,8 @@ def main() -> None:
         )
 
     if args.profile:
-        for name, _, _, ours_fn, _ in cases:
+        for name, _, _, make_ours, _ in cases:
+            ours_fn = make_ours()
             print(f"\n== cProfile, ours: {name} ==")
             profiler = cProfile.Profile()
             deadline = time.perf_counter() + 1.0

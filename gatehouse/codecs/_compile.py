@@ -542,46 +542,56 @@ class _Compiler:
         s = self.src
         v = self.version
         tagged = [(i, f) for i, f in enumerate(struct.fields) if f.tagged_in(v)]
-        nt, ul, lt, tag, sz, te = (f"{name}{depth}" for name in ("nt", "ul", "lt", "tag", "sz", "te"))
-        self.read_uvarint(nt)
-        s(f"if {nt}:")
+        nt = f"nt{depth}"
+        s("if not buf[pos]: pos += 1")  # no tagged fields: the usual case
+        s("else:")
         with s.indent():
-            s(f"{ul} = []")
-            s(f"{lt} = -1")
-            s(f"for _ in range({nt}):")
+            self.read_uvarint(nt)
+            s(f"if {nt}:")
             with s.indent():
-                self.read_uvarint(tag)
-                # Tags are written sorted and unique (RawTaggedFieldWriter): anything else
-                # could not be written back, so it is refused here rather than on encode.
-                s(f"if {tag} <= {lt}: raise _tag_order({tag}, {lt}, pos)")
-                s(f"{lt} = {tag}")
-                self.read_uvarint(sz)
-                s(f"{te} = pos + {sz}")
-                s(f"if {te} > end: raise _short('tagged field', pos)")
-                first = True
-                for idx, f in tagged:
-                    s(f"{'if' if first else 'elif'} {tag} == {f.tag}:")
-                    first = False
+                self.read_tags(tagged, value, unk, depth, path)
+
+    def read_tags(self, tagged: list[tuple[int, FieldSpec]], value: list[str], unk: str,
+                  depth: int, path: tuple[str, ...]) -> None:
+        """The ``nt{depth}`` tagged fields of a struct: known ones decoded, others kept."""
+        s = self.src
+        nt, ul, lt, tag, sz, te = (f"{name}{depth}" for name in ("nt", "ul", "lt", "tag", "sz", "te"))
+        s(f"{ul} = []")
+        s(f"{lt} = -1")
+        s(f"for _ in range({nt}):")
+        with s.indent():
+            self.read_uvarint(tag)
+            # Tags are written sorted and unique (RawTaggedFieldWriter): anything else
+            # could not be written back, so it is refused here rather than on encode.
+            s(f"if {tag} <= {lt}: raise _tag_order({tag}, {lt}, pos)")
+            s(f"{lt} = {tag}")
+            self.read_uvarint(sz)
+            s(f"{te} = pos + {sz}")
+            s(f"if {te} > end: raise _short('tagged field', pos)")
+            first = True
+            for idx, f in tagged:
+                s(f"{'if' if first else 'elif'} {tag} == {f.tag}:")
+                first = False
+                with s.indent():
+                    # Decode the value from exactly its own bytes; errors inside get
+                    # their offsets rebased onto the enclosing buffer.
+                    ob, oe, op = f"ob{depth}", f"oe{depth}", f"op{depth}"
+                    s(f"f = {(*path, f.name)!r}")
+                    s(f"{ob}, {oe}, {op} = buf, end, pos")
+                    s(f"buf, end, pos = buf[pos:{te}], {sz}, 0")
+                    s("try:")
                     with s.indent():
-                        # Decode the value from exactly its own bytes; errors inside get
-                        # their offsets rebased onto the enclosing buffer.
-                        ob, oe, op = f"ob{depth}", f"oe{depth}", f"op{depth}"
-                        s(f"f = {(*path, f.name)!r}")
-                        s(f"{ob}, {oe}, {op} = buf, end, pos")
-                        s(f"buf, end, pos = buf[pos:{te}], {sz}, 0")
-                        s("try:")
-                        with s.indent():
-                            self.read_field(value[idx], f, True, depth, path)
-                        s("except Exception as exc:")
-                        s(f"    raise _rebase(exc, {op}, pos) from None")
-                        s(f"if pos != {sz}: raise RemoteProtocolError("
-                          f"f'tagged field size {{{sz}}} but its value took {{pos}} bytes', offset={op})")
-                        s(f"buf, end, pos = {ob}, {oe}, {te}")
-                        s(f"f = {(*path, '_tagged_fields')!r}")
-                s(f"{'if' if first else 'elif'} True:" if first else "else:")
-                s(f"    {ul}.append(({tag}, bytes(buf[pos:{te}])))")
-                s(f"    pos = {te}")
-            s(f"{unk} = tuple({ul})")
+                        self.read_field(value[idx], f, True, depth, path)
+                    s("except Exception as exc:")
+                    s(f"    raise _rebase(exc, {op}, pos) from None")
+                    s(f"if pos != {sz}: raise RemoteProtocolError("
+                      f"f'tagged field size {{{sz}}} but its value took {{pos}} bytes', offset={op})")
+                    s(f"buf, end, pos = {ob}, {oe}, {te}")
+                    s(f"f = {(*path, '_tagged_fields')!r}")
+            s(f"{'if' if first else 'elif'} True:" if first else "else:")
+            s(f"    {ul}.append(({tag}, bytes(buf[pos:{te}])))")
+            s(f"    pos = {te}")
+        s(f"{unk} = tuple({ul})")
 
     def gen_flat_decoder(self, struct: StructSpec) -> None:
         """``b_<name>(buf, pos, n)``: ``n`` elements of a flat struct in one go, or None.
