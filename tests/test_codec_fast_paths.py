@@ -132,13 +132,16 @@ def test_fast_paths_give_the_records_and_errors_of_the_plain_decoder(
                 assert _outcome(fast, mutated) == _outcome(plain, mutated)
 
 
+def _struct_of(struct: StructSpec, field: str) -> StructSpec:
+    sub = next(f for f in struct.fields if f.name == field).struct
+    assert sub is not None
+    return sub
+
+
 def _metadata_response(isr: list[int], version: int) -> bytes:
     """A Metadata response with one topic whose partitions have these ISR sizes."""
-    spec = codecs.APIS[3].response
-    partition_spec = next(f for f in spec.root.fields if f.name == "Topics").struct
-    assert partition_spec is not None
-    present = {f.attr for f in next(f for f in partition_spec.fields if f.name == "Partitions")
-               .struct.fields if version in f.versions}  # type: ignore[union-attr]
+    partition = _struct_of(_struct_of(codecs.APIS[3].response.root, "Topics"), "Partitions")
+    present = {f.attr for f in partition.fields if version in f.versions}
     partitions = [
         {k: v for k, v in {"error_code": 0, "partition_index": p, "leader_id": 1, "leader_epoch": 5,
                            "replica_nodes": [1, 2, 3], "isr_nodes": list(range(1, n + 1)),

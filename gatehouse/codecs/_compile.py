@@ -6,8 +6,15 @@ type dispatch resolved at compile time, then ``exec`` it once and cache the resu
 Runs of fixed-size fields become a single ``struct.unpack_from``.  That is what makes a
 pure-Python codec fast: the per-frame work is straight-line code over a memoryview.
 
-Generated decoders track the index of the field being read (one local store) so that
-an error names the field path and byte offset without slowing the happy path.
+Decoders go further: the elements of struct arrays are decoded inline, in the array's
+loop; arrays of flat structs (numbers and number arrays: Metadata's partitions) whose
+elements share a layout are read by one ``Struct.iter_unpack`` (``_flat``); fixed
+fields around an array that is usually empty are read by one unpack.  Each of these
+falls back to the plain field-by-field code when the bytes are anything else, and the
+tests compare them with it (``fast_paths=False``).
+
+Generated decoders keep the path of the field being read in a local (one store per
+field) so that an error names the field path and byte offset.
 """
 
 from __future__ import annotations
@@ -268,7 +275,7 @@ class _Compiler:
     # to _INLINE_DEPTH levels), which saves a call, a result tuple and the set-up of a
     # frame per element.  Locals of an inlined struct carry its depth (v1_3, u1...).
     # ``f`` holds the spec names from the function's struct down to the field being
-    # read, so an error names its path without any work on the happy path.
+    # read (a constant tuple: one store per field), which an error reports as its path.
 
     def read_uvarint(self, target: str, inline: int = 1) -> None:
         """An unsigned varint into ``target``; its first ``inline`` bytes are read here."""
@@ -352,7 +359,7 @@ class _Compiler:
             s(f"elif {n} > end - pos: raise _short('array of ' + str({n}), pos)")
             s(f"elif not {n}: {target} = ()")  # common (aborted transactions, offline replicas)
             if f.struct is not None and f.struct.name in self.flat:
-                # Several elements of one layout: built at C speed (see flat_decoder).
+                # Several elements of one layout: built at C speed (see gen_flat_decoder).
                 bt = s.tmp("bt")
                 s(f"elif {n} > 2 and ({bt} := b_{f.struct.name}(buf, pos, {n})) is not None:")
                 s(f"    {target}, pos = {bt}")

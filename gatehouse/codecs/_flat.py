@@ -3,11 +3,11 @@
 A struct is *flat* in a version when each of its fields is a fixed-size number (not a
 UUID) or an array of numbers (fields absent from the version, or tagged, take their
 defaults): Metadata's partitions (error code, index, leader, epoch, replicas, ISR,
-offline replicas) are the case that matters.  The elements of such an array that all have the same array lengths
-and no tagged fields have the same size, so one ``Struct.iter_unpack`` over the array
-reads them all, an ``itemgetter`` cuts each row into the record's fields (array fields
-are slices of the row) and ``map(tuple.__new__, ...)`` makes the records, without a
-Python-level step per element.  The compiled ``b_<struct>`` functions (see
+offline replicas) are the case that matters.  The elements of such an array that all
+have the same array lengths and no tagged fields have the same size, so one
+``Struct.iter_unpack`` over the array reads them all, an ``itemgetter`` cuts each row
+into the record's fields (array fields are slices of the row) and
+``map(tuple.__new__, ...)`` makes the records, without a Python-level step per element.  The compiled ``b_<struct>`` functions (see
 ``_compile.gen_flat_decoder``) use this module's shapes; whether an array qualifies is
 decided from its bytes, and when it does not, the element-by-element decoder runs.
 """
@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import operator
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
+
+from gatehouse.codecs.schema import FieldSpec
 
 # Distinct layouts per struct and version (a real cluster has a few: replication
 # factors, shrunk ISRs).  Past that, arrays of new layouts are read element by element:
 # frames made to have a new layout in every array cannot make us build Structs forever.
 MAX_SHAPES: Final = 256
 
+# The number types of the tables: struct format code, size in bytes.
 NUMBERS: Final = {
     "bool": ("?", 1),
     "int8": ("b", 1),
@@ -54,7 +57,8 @@ class FlatLayout:
     tagged: bool  # flexible version: each element ends with its tagged-field count
 
 
-def flat_layout(fields: Any, version: int, compact: Callable[[Any], bool], flexible: bool) -> FlatLayout | None:
+def flat_layout(fields: Iterable[FieldSpec], version: int, compact: Callable[[FieldSpec], bool],
+                flexible: bool) -> FlatLayout | None:
     """The layout of a struct's fields in ``version`` if they are flat, else None.
 
     ``compact(field)`` says whether an array field has a compact (varint) length.
