@@ -30,7 +30,8 @@ advertise_host: kafka.example.com
 brokers:
   start_port: 20000
   ports: {7: 30007}
-limits: {max_frame_bytes: 1048576, idle_timeout: 60, connect_timeout: 2.5}
+limits: {max_frame_bytes: 1048576, idle_timeout: 60, connect_timeout: 2.5,
+         max_buffered_request_bytes: 33554432, max_buffered_response_bytes: 67108864}
 tls:
   downstream: {cert: c.pem, key: k.pem}
   upstream: {verify: false, server_hostname: kafka.internal}
@@ -42,6 +43,8 @@ log: {level: debug, json: true}
     assert config.brokers.port_for(7) == 30007
     assert config.brokers.port_for(3) == 20003
     assert config.limits.idle_timeout == 60.0
+    assert config.limits.max_buffered_request_bytes == 32 * 1024 * 1024
+    assert config.limits.max_buffered_response_bytes == 64 * 1024 * 1024
     assert config.tls_downstream is not None and config.tls_downstream.cert == tmp_path / "c.pem"
     assert config.tls_upstream is not None and not config.tls_upstream.verify
     assert config.log_level == "DEBUG" and config.log_json
@@ -57,6 +60,8 @@ log: {level: debug, json: true}
         ("listen: 127.0.0.1:9192\nupstream:\n  - x:1\n  - nonsense\n", 4, "'host:port'"),
         ("listen: 127.0.0.1:9192\nupstream: [x:1]\nlimits: {max_connections: yes}\n", 3,
          "not a boolean"),
+        ("listen: 127.0.0.1:9192\nupstream: [x:1]\nlimits:\n  max_buffered_request_bytes: 0\n",
+         4, "must be positive"),
         ("listen: [unclosed\n", 2, "not valid YAML"),
         ("listen: 1.2.3.4:5\nlisten: 1.2.3.4:6\nupstream: [x:1]\n", 2, "duplicate key"),
         ("listen: 1.2.3.4:5\nupstream: [x:1]\ntls:\n  downstream: {cert: nope.pem, key: k}\n",
