@@ -1,12 +1,13 @@
 """What the observation log costs: direct vs Gatehouse vs Gatehouse with capture, one run.
 
-    python bench/capture.py [--records 200000] [--rounds 2]
+    python bench/capture.py [--records 200000] [--rounds 2] [--formats jsonl parquet]
 
 Same Kafka broker, same load (Kafka's ProducerPerformance / ConsumerPerformance, acks=all,
-1 KiB and 100 KiB records), the two proxies as their own `gatehouse run` processes, the
-runs alternating so drift hits all three alike.  Prints MB/s and ratios against direct,
-the capture-on/capture-off ratio (the goal: capture costs <= 10%), added request
-latency, and what the capture wrote or dropped (from its /metrics counters).
+1 KiB and 100 KiB records), the proxies as their own `gatehouse run` processes (one
+without capture, one per capture format), the runs alternating so drift hits all alike.
+Prints MB/s and ratios against direct, each capture-on/capture-off ratio (the goal:
+capture costs <= 10%), added request latency, each proxy's CPU, and what the captures
+wrote or dropped (from their /metrics counters).
 """
 
 from __future__ import annotations
@@ -38,50 +39,76 @@ def scrape(port: int, name: str) -> dict[str, float]:
     return out
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process so far (/proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--gzip", action="store_true", help="gzip the capture files")
+    parser.add_argument("--gzip", action="store_true", help="gzip the jsonl capture files")
+    parser.add_argument("--formats", nargs="+", choices=("jsonl", "parquet"),
+                        default=["jsonl"], help="capture.format: one proxy each, same run")
     args = parser.parse_args()
     os.environ.setdefault("GATEHOUSE_KAFKA_VERSION", "4.4.0")
-    captures = Path(tempfile.mkdtemp(prefix="gatehouse-bench-capture-"))
-    off_metrics, on_metrics = free_port(), free_port()
+    work = Path(tempfile.mkdtemp(prefix="gatehouse-bench-capture-"))
+    off_metrics = free_port()
+    procs = []
     with KafkaCluster(1) as kafka:
         plain, plain_addr = start_gatehouse(
             kafka.bootstrap, f"metrics: {{listen: 127.0.0.1:{off_metrics}}}\n")
-        captured, captured_addr = start_gatehouse(
-            kafka.bootstrap, f"metrics: {{listen: 127.0.0.1:{on_metrics}}}\n"
-            f"capture: {{dir: {captures}, gzip: {str(args.gzip).lower()}}}\n")
-        targets = {"direct": kafka.bootstrap, "gatehouse": plain_addr,
-                   "capture": captured_addr}
+        procs.append(plain)
+        targets = {"direct": kafka.bootstrap, "gatehouse": plain_addr}
+        capturing: dict[str, tuple[int, Path]] = {}  # target -> metrics port, directory
+        for capture_format in args.formats:
+            name, port = f"capture-{capture_format}", free_port()
+            gzip = args.gzip and capture_format == "jsonl"
+            captured, targets[name] = start_gatehouse(
+                kafka.bootstrap, f"metrics: {{listen: 127.0.0.1:{port}}}\n"
+                f"capture: {{dir: {work / name}, gzip: {str(gzip).lower()}, "
+                f"format: {capture_format}}}\n")
+            procs.append(captured)
+            capturing[name] = (port, work / name)
+        pids = dict(zip(["gatehouse", *capturing], [p.pid for p in procs], strict=True))
         try:
             results = compare_throughput(kafka, targets, records=args.records,
                                          rounds=args.rounds, sizes=(1024, 100 * 1024))
             lat = {name: latencies(addr) for name, addr in targets.items()}
-            written = scrape(on_metrics, "gatehouse_capture_records_total")
-            written_bytes = scrape(on_metrics, "gatehouse_capture_bytes_written_total")
+            cpu = {name: cpu_seconds(pid) for name, pid in pids.items()}
+            written = {name: scrape(port, "gatehouse_capture_records_total")
+                       for name, (port, _) in capturing.items()}
+            written_bytes = {name: scrape(port, "gatehouse_capture_bytes_written_total")
+                             for name, (port, _) in capturing.items()}
         finally:
-            for proc in (plain, captured):
+            for proc in procs:
                 proc.terminate()
                 proc.wait(30)
-            on_disk = sum(p.stat().st_size for p in captures.iterdir())
-            shutil.rmtree(captures, ignore_errors=True)
+            on_disk = {name: sum(p.stat().st_size for p in directory.iterdir())
+                       for name, (_, directory) in capturing.items()}
+            shutil.rmtree(work, ignore_errors=True)
     print_ratios(results)
-    print(f"{'metric':<22}{'capture/gatehouse':>20}")
+    print(f"{'metric':<22}" + "".join(f"{name + '/gatehouse':>26}" for name in capturing))
     for metric in results["direct"]:
-        on = statistics.median(results["capture"][metric])
         off = statistics.median(results["gatehouse"][metric])
-        print(f"{metric:<22}{on / off:>20.3f}")
+        print(f"{metric:<22}" + "".join(
+            f"{statistics.median(results[name][metric]) / off:>26.3f}" for name in capturing))
     for q in (50, 99):
         direct = pct(lat["direct"], q)
         added = {n: f"{1000 * (pct(v, q) - direct):.3f}" for n, v in lat.items()
                  if n != "direct"}
         print(f"added latency p{q} (ms): {added} (direct p{q} {1000 * direct:.3f})")
-    outcomes = {re.sub(r'[{}"]|outcome=', "", k): v for k, v in written.items()}
-    print("capture records: " + ", ".join(f"{k}={v:,.0f}" for k, v in outcomes.items()))
-    print(f"capture bytes: {written_bytes.get('', 0) / 1e6:,.1f} MB JSON, "
-          f"{on_disk / 1e6:,.1f} MB on disk{' (gzip)' if args.gzip else ''}")
+    print("proxy CPU seconds (whole run, same traffic): " + ", ".join(
+        f"{name}={seconds:.1f}" for name, seconds in cpu.items()))
+    for name in capturing:
+        outcomes = {re.sub(r'[{}"]|outcome=', "", k): v for k, v in written[name].items()}
+        encoded = "JSON" if name.endswith("jsonl") else "Parquet row groups"
+        print(f"{name}: records " + ", ".join(f"{k}={v:,.0f}" for k, v in outcomes.items())
+              + f"; {written_bytes[name].get('', 0) / 1e6:,.1f} MB {encoded}, "
+              f"{on_disk[name] / 1e6:,.1f} MB on disk"
+              + (" (gzip)" if args.gzip and name.endswith("jsonl") else ""))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     capture:
       dir: /var/lib/gatehouse/capture    # required
+      format: jsonl                      # or parquet (needs pyarrow: the parquet extra)
       gzip: false
       rotate_bytes: 67108864             # a new file after this many bytes ...
       rotate_seconds: 300                # ... or this many seconds, whichever first
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from gatehouse.capture.kafka_sink import KafkaSinkSettings
 
 MIB = 1024 * 1024
+FORMATS = ("jsonl", "parquet")
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class CaptureSettings:
     sample: dict[int, float] = field(default_factory=dict)  # api key -> share recorded
     sample_default: float = 1.0
     kafka: KafkaSinkSettings | None = None  # records also produced to a topic
+    format: str = "jsonl"  # FORMATS
 
     def sample_rate(self, api_key: int) -> float:
         return self.sample.get(api_key, self.sample_default)
@@ -53,12 +56,30 @@ def _rate(value: Any, reader: Reader, line: int | None, what: str) -> float:
     return float(value)
 
 
+def _format(reader: Reader, gzip: bool) -> str:
+    value: str = reader.take("format", str, "jsonl")
+    if value not in FORMATS:
+        raise reader.error("format", f"capture.format must be one of {', '.join(FORMATS)}, "
+                           f"not {value!r}")
+    if value == "parquet":
+        if gzip:
+            raise reader.error("gzip", "capture.gzip is for jsonl files; parquet files are "
+                               "compressed column by column (zstd)")
+        try:
+            import pyarrow.parquet  # noqa: F401
+        except ImportError:
+            raise reader.error("format", "capture.format parquet needs pyarrow, which is not "
+                               "installed: pip install 'kafka-gatehouse[parquet]'") from None
+    return value
+
+
 def parse_capture(reader: Reader, base: Path) -> CaptureSettings:
     """``reader``: the ``capture`` mapping; raises ConfigError with file:line."""
     directory = Path(reader.require("dir", str))
     if not directory.is_absolute():
         directory = base / directory
     gzip = reader.take("gzip", bool, False)
+    capture_format = _format(reader, gzip)
 
     def positive(key: str, default: float, integer: bool = True) -> Any:
         value = reader.take(key, (int,) if integer else (int, float), default)
@@ -95,4 +116,4 @@ def parse_capture(reader: Reader, base: Path) -> CaptureSettings:
     return CaptureSettings(dir=directory, gzip=gzip, rotate_bytes=rotate_bytes,
                            rotate_seconds=rotate_seconds, max_total_bytes=max_total,
                            queue=queue, instance=instance, sample=sample,
-                           sample_default=sample_default, kafka=kafka)
+                           sample_default=sample_default, kafka=kafka, format=capture_format)

@@ -24,6 +24,7 @@ from gatehouse.rules import ClientFacts, RuleSet
 from gatehouse.rules.model import software_versions
 
 MAX_LISTED = 50  # client ids / addresses listed per census row
+OBJECT_AGGREGATE_GROUPS = 200_000  # percentile summaries held per task before sorting
 PERCENTILE_ACCURACY = 1000  # percentile_approx: rank error about 1/1000 of the rows
 # What the report reads of each record (the JSON reader skips the rest unparsed).
 READ_FIELDS = frozenset({
@@ -72,6 +73,14 @@ def spark_session(options: ReportOptions) -> Any:
                .config("spark.executor.memory", options.executor_memory)
                .config("spark.sql.shuffle.partitions", str(options.shuffle_partitions))
                .config("spark.sql.session.timeZone", "UTC")
+               # Tasks of at most ~1M Parquet records (or 50k JSON lines): bounded memory
+               # for the percentile summaries below, and work for every core.
+               .config("spark.sql.files.maxPartitionBytes", str(32 * 1024 * 1024))
+               # traffic/ has one percentile summary per minute, topic and API: Spark's
+               # default (128 groups a task) falls back to sorting every row, which was
+               # 60% of the CPU of the whole report.  Rows per task bound the memory.
+               .config("spark.sql.objectHashAggregate.sortBased.fallbackThreshold",
+                       str(OBJECT_AGGREGATE_GROUPS))
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.pyspark.python", sys.executable)
@@ -97,32 +106,49 @@ def _package_zip() -> str:
     return str(target)
 
 
+# Capture files by format (``capture.format``): JSON Lines, gzipped or not, and Parquet.
+JSON_GLOB = "*.{jsonl,jsonl.gz}"
+PARQUET_GLOB = "*.parquet"
+
+
 def read_captures(spark: Any, options: ReportOptions) -> Any:
+    """The capture records of the period, both formats in one DataFrame (the columns the
+    report uses).  JSON Lines are parsed once and cached (``persist``) when there are any:
+    the report makes three passes, and parsing is most of a pass.  Parquet files are read
+    again by each pass instead, only the columns it needs (cheaper than a cache)."""
+    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    reader = (spark.read.schema(spark_ddl(READ_FIELDS, READ_TOPIC_FIELDS))
-              .option("mode", "PERMISSIVE")
-              .option("recursiveFileLookup", "true")
-              .option("pathGlobFilter", "*.{jsonl,jsonl.gz}"))
+    ddl = spark_ddl(READ_FIELDS, READ_TOPIC_FIELDS)
+
+    def reader(glob: str) -> Any:
+        return (spark.read.schema(ddl).option("recursiveFileLookup", "true")
+                .option("pathGlobFilter", glob))
+
     try:
-        df = reader.json(options.captures)
+        json_df = reader(JSON_GLOB).option("mode", "PERMISSIVE").json(options.captures)
+        parquet_df = reader(PARQUET_GLOB).parquet(options.captures)
     except Exception as exc:  # AnalysisException: path does not exist
         raise PipelineError(f"cannot read captures from {options.captures}: "
                             f"{str(exc).splitlines()[0]}") from None
+    has_json, has_parquet = bool(json_df.inputFiles()), bool(parquet_df.inputFiles())
+    if has_json and has_parquet:
+        df = json_df.unionByName(parquet_df)
+    else:
+        df = json_df if has_json else parquet_df
     df = df.where(F.col("time").isNotNull() & F.col("api").isNotNull())
     if options.since is not None:
         df = df.where(F.col("time") >= options.since)
     if options.until is not None:
         df = df.where(F.col("time") < options.until)
     weight = F.lit(1.0) / F.when(F.col("sample") > 0, F.col("sample")).otherwise(F.lit(1.0))
-    host = F.regexp_extract("client", r"^\[?(.*?)\]?:\d+$", 1)
-    return df.select(
-        "time", "client", "listener", "client_id", "software_name", "software_version",
-        "api", "api_key", "api_version", "latency_ms", "error_count", "topics",
-        F.concat_ws("/", "proxy", "run", "conn").alias("connection"),
-        weight.alias("weight"), host.alias("client_host"),
-        F.timestamp_seconds("time").alias("ts"),
-    )
+    df = df.select(
+        "time", "proxy", "run", "conn", "client", "listener", "client_id", "software_name",
+        "software_version", "api", "api_key", "api_version", "latency_ms", "error_count",
+        "topics", weight.alias("weight"))
+    if has_json:
+        df = df.persist(StorageLevel.MEMORY_AND_DISK)
+    return df
 
 
 def _weighted_count(F: Any, condition: Any = None) -> Any:
@@ -130,26 +156,45 @@ def _weighted_count(F: Any, condition: Any = None) -> Any:
     return F.round(F.coalesce(F.sum(value), F.lit(0.0))).cast("long")
 
 
-def facts_table(df: Any) -> Any:
+def _client_host(F: Any) -> Any:
+    return F.regexp_extract("client", r"^\[?(.*?)\]?:\d+$", 1)
+
+
+def _rewrites_topics(rules: RuleSet | None) -> bool:
+    """Whether a proposed rule maps topic names (only then do the facts need them)."""
+    return rules is not None and any(rule.topic_map is not None for rule in rules.rules)
+
+
+def facts_table(df: Any, with_topics: bool = True) -> Any:
     """The log by everything the census and rule decisions look at: one pass over the
-    records, down to a few rows per connection, API version and topic set (materialized:
-    both the census and the impact read it)."""
+    records, down to a few rows per connection, API version and topic list (materialized:
+    the summary, the census and the impact read it).  Only plain columns are grouped on;
+    what is derived from them (address host, connection name, sorted topic names) is
+    computed once per group afterwards, not once per record.  Without ``with_topics`` the
+    topic names are left out (empty): about a third of the pass, needed only by rules
+    that rename topics."""
     from pyspark.sql import functions as F
 
-    topic_names = F.array_sort(F.array_distinct(F.filter(
-        F.transform("topics", lambda t: t["name"]), lambda n: n.isNotNull())))
-    return (df.select("software_name", "software_version", "client_id", "client",
-                      "client_host", "listener", "connection", "api", "api_key",
-                      "api_version", "time", "weight", topic_names.alias("topic_names"))
-            .groupBy("software_name", "software_version", "client_id", "client",
-                     "client_host", "listener", "connection", "api", "api_key",
-                     "api_version", "topic_names")
-            .agg(F.sum("weight").alias("requests"), F.min("time").alias("first_seen"),
-                 F.max("time").alias("last_seen"))
-            .localCheckpoint(eager=True))
+    keys = ("software_name", "software_version", "client_id", "client", "listener", "proxy",
+            "run", "conn", "api", "api_key", "api_version")
+    topic_list = (F.col("topics.name") if with_topics
+                  else F.array().cast("array<string>")).alias("topic_list")
+    grouped = (df.select(*keys, "time", "weight", topic_list)
+               .groupBy(*keys, "topic_list")
+               .agg(F.sum("weight").alias("requests"), F.count(F.lit(1)).alias("records"),
+                    F.min("time").alias("first_seen"), F.max("time").alias("last_seen")))
+    topic_names = F.array_sort(F.array_distinct(F.filter("topic_list", lambda n: n.isNotNull())))
+    return (grouped.select(
+        "software_name", "software_version", "client_id", "client",
+        _client_host(F).alias("client_host"), "listener",
+        F.concat_ws("/", "proxy", "run", "conn").alias("connection"), "api", "api_key",
+        "api_version", topic_names.alias("topic_names"), "requests", "records",
+        "first_seen", "last_seen")
+        .localCheckpoint(eager=True))
 
 
 def census_table(facts: Any, libraries: dict[tuple[str, str], dict[str, str]]) -> Any:
+    """One row per client software name and version (one partition, sorted: small)."""
     from pyspark.sql import functions as F
 
     fine = facts.select(
@@ -157,52 +202,75 @@ def census_table(facts: Any, libraries: dict[tuple[str, str], dict[str, str]]) -
         F.coalesce("software_version", F.lit("")).alias("software_version"),
         "client_id", "client_host", "connection", "api", "api_version", "requests",
         "first_seen", "last_seen")
-    apis = (fine.groupBy("software_name", "software_version", "api", "api_version")
-            .agg(F.round(F.sum("requests")).cast("long").alias("requests"))
-            .groupBy("software_name", "software_version")
-            .agg(F.sort_array(F.collect_list(F.struct("api", "api_version", "requests")))
-                 .alias("apis")))
-    main = fine.groupBy("software_name", "software_version").agg(
+    # Two aggregations (by API version, then by software): sets are merged, not recounted.
+    per_api = fine.groupBy("software_name", "software_version", "api", "api_version").agg(
+        F.sum("requests").alias("requests"), F.collect_set("connection").alias("connections"),
+        F.collect_set("client_id").alias("client_ids"),
+        F.collect_set("client_host").alias("addresses"),
+        F.min("first_seen").alias("first_seen"), F.max("last_seen").alias("last_seen"))
+
+    def merged(column: str) -> Any:
+        return F.array_distinct(F.flatten(F.collect_list(column)))
+
+    main = per_api.groupBy("software_name", "software_version").agg(
         F.round(F.sum("requests")).cast("long").alias("requests"),
-        F.countDistinct("connection").alias("connections"),
-        F.slice(F.sort_array(F.collect_set("client_id")), 1, MAX_LISTED).alias("client_ids"),
-        F.slice(F.sort_array(F.collect_set("client_host")), 1, MAX_LISTED).alias("addresses"),
+        F.size(merged("connections")).cast("long").alias("connections"),
+        F.slice(F.sort_array(merged("client_ids")), 1, MAX_LISTED).alias("client_ids"),
+        F.slice(F.sort_array(merged("addresses")), 1, MAX_LISTED).alias("addresses"),
         F.timestamp_seconds(F.min("first_seen")).alias("first_seen"),
         F.timestamp_seconds(F.max("last_seen")).alias("last_seen"),
-    )
+        F.sort_array(F.collect_list(F.struct(
+            "api", "api_version", F.round("requests").cast("long").alias("requests"))))
+        .alias("apis"))
     spark = facts.sparkSession
     lib_rows = [(n, v, libs) for (n, v), libs in libraries.items()]
     lib_df = spark.createDataFrame(
         lib_rows, "software_name STRING, software_version STRING, "
                   "libraries MAP<STRING, STRING>")
-    return (main.join(apis, ["software_name", "software_version"])
-            .join(F.broadcast(lib_df), ["software_name", "software_version"], "left")
-            .orderBy(F.desc("requests"), "software_name", "software_version"))
+    return (main.join(F.broadcast(lib_df), ["software_name", "software_version"], "left")
+            .coalesce(1)
+            .sortWithinPartitions(F.desc("requests"), "software_name", "software_version"))
 
 
-def library_versions(facts: Any) -> dict[tuple[str, str], dict[str, str]]:
-    """name/version -> the libraries in it (librdkafka inside confluent-kafka-python, ...),
-    by the rules' own parser of KIP-511 versions (few distinct pairs: done on the driver)."""
+@dataclass
+class FactsSummary:
+    records: int
+    first: Any  # datetime of the first record
+    last: Any
+    # name/version -> the libraries in it (librdkafka inside confluent-kafka-python, ...)
+    libraries: dict[tuple[str, str], dict[str, str]]
+
+
+def summarize(facts: Any) -> FactsSummary:
+    """Record count, period and the libraries in each client software (by the rules' own
+    parser of KIP-511 versions), in one small query: few software name/version pairs."""
     from pyspark.sql import functions as F
 
-    pairs = (facts.select(F.coalesce("software_name", F.lit("(not reported)")).alias("n"),
-                          F.coalesce("software_version", F.lit("")).alias("v"))
-             .distinct().collect())
-    out = {}
+    pairs = (facts.groupBy(F.coalesce("software_name", F.lit("(not reported)")).alias("n"),
+                           F.coalesce("software_version", F.lit("")).alias("v"))
+             .agg(F.sum("records").alias("records"),
+                  F.timestamp_seconds(F.min("first_seen")).alias("first"),
+                  F.timestamp_seconds(F.max("last_seen")).alias("last"))
+             .collect())
+    libraries = {}
     for row in pairs:
         facts_of = ClientFacts(software_name=row.n, software_version=row.v)
-        out[(row.n, row.v)] = {name: ".".join(map(str, version))
-                               for name, version in software_versions(facts_of).items()}
-    return out
+        libraries[(row.n, row.v)] = {name: ".".join(map(str, version))
+                                     for name, version in software_versions(facts_of).items()}
+    return FactsSummary(records=sum(row.records for row in pairs),
+                        first=min((row.first for row in pairs), default=None),
+                        last=max((row.last for row in pairs), default=None),
+                        libraries=libraries)
 
 
 def traffic_table(df: Any) -> Any:
+    """traffic/: one row per minute, topic and API."""
     from pyspark.sql import functions as F
 
-    exploded = df.select("ts", "api", "latency_ms", "error_count", "weight",
+    exploded = df.select(F.date_trunc("minute", F.timestamp_seconds("time")).alias("minute"),
+                         "api", "latency_ms", "error_count", "weight",
                          F.explode_outer("topics").alias("t"))
-    return (exploded.groupBy(F.date_trunc("minute", "ts").alias("minute"),
-                             F.coalesce("t.name", "t.id").alias("topic"), "api")
+    return (exploded.groupBy("minute", F.coalesce("t.name", "t.id").alias("topic"), "api")
             .agg(_weighted_count(F).alias("requests"),
                  F.round(F.coalesce(F.sum(F.col("t.records") * F.col("weight")), F.lit(0.0)))
                  .cast("long").alias("records"),
@@ -223,7 +291,9 @@ def _percentiles(F: Any) -> Any:
 
 
 def latency_table(df: Any) -> Any:
-    """p50/p99 per API over the whole period (the report's latency chart)."""
+    """p50/p99 per API over the whole period (the report's latency chart).  Its own pass
+    over two columns: measured cheaper than a grouping set beside traffic/ (which would
+    double the rows of that aggregation to count each request once)."""
     from pyspark.sql import functions as F
 
     return (df.where(F.col("latency_ms").isNotNull()).groupBy("api")
@@ -243,8 +313,7 @@ def impact_table(facts: Any, ruleset: RuleSet) -> Any:
                    F.max("last_seen").alias("last_seen")))
     decided = facts.sparkSession.createDataFrame(
         groups.rdd.mapPartitions(evaluate_partition(ruleset)), IMPACT_DDL)
-    host = F.regexp_extract("client", r"^\[?(.*?)\]?:\d+$", 1)
-    return (decided.withColumn("client_host", host)
+    return (decided.withColumn("client_host", _client_host(F))
             .groupBy("rule_index", "rule", "effect", "action", "mode", "software_name",
                      "software_version", "client_id", "client_host", "api", "api_version")
             .agg(F.round(F.sum("requests")).cast("long").alias("requests"),
@@ -254,8 +323,9 @@ def impact_table(facts: Any, ruleset: RuleSet) -> Any:
                  .alias("topics"),
                  F.timestamp_seconds(F.min("first_seen")).alias("first_seen"),
                  F.timestamp_seconds(F.max("last_seen")).alias("last_seen"))
-            .orderBy("rule_index", "effect", F.desc("requests"), "software_name",
-                     "client_id", "api", "api_version"))
+            .coalesce(1)  # small: one sorted file
+            .sortWithinPartitions("rule_index", "effect", F.desc("requests"), "software_name",
+                                  "client_id", "api", "api_version"))
 
 
 @dataclass
@@ -275,50 +345,56 @@ class ReportData:
 
 def run_report(options: ReportOptions) -> ReportData:
     """Writes census/, traffic/, impact/ (with rules) and report.html under ``out``."""
-    from pyspark import StorageLevel
-    from pyspark.sql import functions as F
-
     spark = spark_session(options)
     try:
-        df = read_captures(spark, options).persist(StorageLevel.MEMORY_AND_DISK)
-        summary = df.agg(F.count(F.lit(1)).alias("n"), F.min("ts").alias("first"),
-                         F.max("ts").alias("last")).collect()[0]
-        if summary.n == 0:
+        data = report(spark, options)
+    finally:
+        spark.stop()
+    return data
+
+
+def report(spark: Any, options: ReportOptions) -> ReportData:
+    """``run_report`` in a running Spark session.  Passes over the records: the facts
+    (materialized: the summary, census and impact read them), traffic/, and two columns
+    for the latency per API; the page reads the small results."""
+    from pyspark.sql import functions as F
+
+    df = read_captures(spark, options)
+    try:
+        facts = facts_table(df, with_topics=_rewrites_topics(options.rules))
+        summary = summarize(facts)
+        if not summary.records:
             raise PipelineError(f"no capture records in {options.captures} for that period")
         out = options.out
         out.mkdir(parents=True, exist_ok=True)
-        facts = facts_table(df)
-        census = census_table(facts, library_versions(facts))
-        census.coalesce(1).write.mode("overwrite").parquet(str(out / "census"))
-        traffic = traffic_table(df)
-        traffic.write.mode("overwrite").parquet(str(out / "traffic"))
+        census = census_table(facts, summary.libraries)
+        census.write.mode("overwrite").parquet(str(out / "census"))
         impact_rows = None
         if options.rules is not None:
             impact = impact_table(facts, options.rules)
-            impact.coalesce(1).write.mode("overwrite").parquet(str(out / "impact"))
+            impact.write.mode("overwrite").parquet(str(out / "impact"))
             impact_rows = spark.read.parquet(str(out / "impact")).orderBy(
                 "rule_index", "effect", F.desc("requests")).collect()
-        traffic_saved = spark.read.parquet(str(out / "traffic"))
-        per_minute = (traffic_saved.groupBy("minute", "api")
-                      .agg(F.sum("records").alias("records"), F.sum("bytes").alias("bytes"),
-                           F.sum("requests").alias("requests"))
-                      .orderBy("minute").collect())
-        topics = (traffic_saved.where(F.col("topic").isNotNull()
-                                      & F.col("api").isin("Produce", "Fetch"))
-                  .groupBy("topic", "api").agg(F.sum("records").alias("records"),
-                                               F.sum("bytes").alias("bytes"))
-                  .orderBy(F.desc("records")).limit(40).collect())
-        data = ReportData(
-            records=summary.n, first=summary.first, last=summary.last,
-            census=spark.read.parquet(str(out / "census")).orderBy(F.desc("requests"))
-            .collect(),
-            per_minute=per_minute, latency=latency_table(df).limit(20).collect(),
-            topics=topics, impact=impact_rows, rules=options.rules,
-        )
-        df.unpersist()
+        traffic_table(df).write.mode("overwrite").parquet(str(out / "traffic"))
+        latency = latency_table(df).limit(20).collect()
     finally:
-        spark.stop()
+        df.unpersist()
+    traffic = spark.read.parquet(str(out / "traffic"))
+    per_minute = (traffic.groupBy("minute", "api")
+                  .agg(F.sum("records").alias("records"), F.sum("bytes").alias("bytes"),
+                       F.sum("requests").alias("requests"))
+                  .orderBy("minute").collect())
+    topics = (traffic.where(F.col("topic").isNotNull() & F.col("api").isin("Produce", "Fetch"))
+              .groupBy("topic", "api").agg(F.sum("records").alias("records"),
+                                           F.sum("bytes").alias("bytes"))
+              .orderBy(F.desc("records")).limit(40).collect())
+    data = ReportData(
+        records=summary.records, first=summary.first, last=summary.last,
+        census=spark.read.parquet(str(out / "census")).orderBy(F.desc("requests")).collect(),
+        per_minute=per_minute, latency=latency, topics=topics, impact=impact_rows,
+        rules=options.rules,
+    )
     from gatehouse.pipeline.html import render_report
 
-    (options.out / "report.html").write_text(render_report(data), encoding="utf-8")
+    (out / "report.html").write_text(render_report(data), encoding="utf-8")
     return data

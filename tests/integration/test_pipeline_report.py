@@ -9,13 +9,11 @@ proposed ``min_api_version`` rule refuses exactly the clients that used older ve
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
-import signal
+import re
 import subprocess
 import sys
-import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,16 +24,15 @@ import pytest
 
 from gatehouse.capture.observer import CaptureObserver
 from gatehouse.capture.settings import CaptureSettings
-from scripts.fetch_kafka import java_binary
+from gatehouse.capture.writer import CaptureWriter
 from tests.support.clients import consume, produce, unique
 from tests.support.kafka import KafkaCluster
-from tests.support.ports import free_port
 from tests.support.proxythread import ProxyThread
+from tests.support.spark import SPARK_ENV, SparkStandalone
 from tests.test_capture import read_records
 
 GATEHOUSE = [sys.executable, "-m", "gatehouse.cli"]
 FROM_LIBRDKAFKA, FROM_KAFKA_PYTHON = 120, 45
-SPARK_ENV = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYTHONUNBUFFERED": "1"}
 
 
 @dataclass
@@ -150,14 +147,63 @@ def test_report_on_a_spark_standalone_cluster_matches_local(captured: Captured,
         assert table(tmp_path / "cluster", name) == table(captured.local_out, name), name
 
 
+def write_as_parquet(records: list[dict[str, Any]], directory: Path) -> None:
+    """``records`` as the proxy's writer writes them with ``capture.format: parquet``."""
+    writer = CaptureWriter(CaptureSettings(dir=directory, instance="e2e-parquet",
+                                           format="parquet", queue=len(records) + 1))
+    assert all(writer.offer(record) for record in records)
+    assert writer.close(30)
+    assert [p.suffix for p in directory.iterdir()] == [".parquet"]
+
+
+def test_parquet_captures_give_the_same_tables(captured: Captured, tmp_path: Path) -> None:
+    """The proxy's records written as Parquet, then half as Parquet and half as JSON Lines
+    side by side: the report reads both formats into the same tables."""
+    if not (captured.local_out / "census").exists():
+        run_report(captured, captured.local_out, "local[2]")
+    records = read_records(captured.captures)
+    assert {"Produce", "Fetch", "Metadata"} <= {r["api"] for r in records}
+    write_as_parquet(records, tmp_path / "parquet")
+    half = len(records) // 2
+    mixed = tmp_path / "mixed"
+    write_as_parquet(records[:half], mixed / "older")
+    (mixed / "gatehouse-e2e-newer.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in records[half:]))
+    for name, captures in (("parquet", tmp_path / "parquet"), ("mixed", mixed)):
+        out = tmp_path / f"out-{name}"
+        result = run_report(dataclasses.replace(captured, captures=captures), out, "local[2]")
+        assert f"{len(records)} exchanges" in result.stdout, name
+        for table_name in ("census", "traffic", "impact"):
+            assert table(out, table_name) == table(captured.local_out, table_name), (
+                name, table_name)
+        assert verdicts(out) == verdicts(captured.local_out), name
+
+
+def verdicts(out: Path) -> list[str]:
+    """The page's per-rule sentences ("Rule X would refuse N requests from ...")."""
+    page = (out / "report.html").read_text()
+    found = re.findall(r"<p class=verdict>.*?</p>", page)
+    assert found
+    return found
+
+
 def test_report_of_an_empty_period_says_so(captured: Captured, tmp_path: Path) -> None:
     result = subprocess.run([*GATEHOUSE, "report", "--captures", str(captured.captures),
                              "--out", str(tmp_path / "out"), "--master", "local[1]",
-                             "--driver-memory", "512m", "--until", "2001-01-01T00:00"],
+                             "--driver-memory", "512m", "--until", "2001-01-01T00:00",
+                             "--conf", "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1"],
                             capture_output=True, text=True, timeout=300, env=SPARK_ENV)
     assert result.returncode == 1
     assert "error: no capture records in" in result.stderr
     assert not (tmp_path / "out" / "report.html").exists()
+
+
+def test_a_spark_setting_that_is_not_key_value_says_so(tmp_path: Path) -> None:
+    result = subprocess.run([*GATEHOUSE, "report", "--captures", str(tmp_path), "--out",
+                             str(tmp_path / "out"), "--conf", "spark.executor.cores"],
+                            capture_output=True, text=True, timeout=120, env=SPARK_ENV)
+    assert result.returncode == 1
+    assert result.stderr.strip() == "error: --conf 'spark.executor.cores' is not KEY=VALUE"
 
 
 def test_report_without_java_says_so_in_one_line(captured: Captured, tmp_path: Path) -> None:
@@ -169,64 +215,3 @@ def test_report_without_java_says_so_in_one_line(captured: Captured, tmp_path: P
     assert result.returncode == 1
     assert result.stderr.strip().count("\n") == 0
     assert result.stderr.startswith("error: Spark needs Java")
-
-
-class SparkStandalone:
-    """A Spark master and one worker on 127.0.0.1, from pyspark's own jars."""
-
-    def __init__(self, work: Path) -> None:
-        import pyspark
-
-        self.home = Path(pyspark.__file__).parent
-        self.work = work
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def scala_version(self) -> str:
-        (jar,) = (self.home / "jars").glob("scala-library-*.jar")
-        return ".".join(jar.stem.removeprefix("scala-library-").split(".")[:2])
-
-    def _start(self, main: str, *args: str) -> None:
-        log = open(self.work / f"{main.rsplit('.', 1)[-1]}.log", "wb")  # noqa: SIM115
-        self.procs.append(subprocess.Popen(
-            [java_binary(), "-Xmx256m", "-cp", f"{self.home / 'jars'}/*", main, *args],
-            # SPARK_SCALA_VERSION: what the launcher would read from a build tree when the
-            # worker builds its executors' command (pip installs have no build tree).
-            env={**SPARK_ENV, "SPARK_HOME": str(self.home),
-                 "SPARK_SCALA_VERSION": self.scala_version()},
-            stdout=log,
-            stderr=subprocess.STDOUT, start_new_session=True))
-
-    def __enter__(self) -> str:
-        port, ui, worker_ui = free_port(), free_port(), free_port()
-        master = f"spark://127.0.0.1:{port}"
-        self._start("org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                    "--port", str(port), "--webui-port", str(ui))
-        self._start("org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-                    "--cores", "2", "--memory", "1g", "--webui-port", str(worker_ui),
-                    "--work-dir", str(self.work / "worker"), master)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            for proc in self.procs:
-                assert proc.poll() is None, (self.work / "Master.log").read_text()[-2000:]
-            try:
-                state = json.load(urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/",
-                                                         timeout=2))
-                if state.get("aliveworkers", 0) >= 1:
-                    return master
-            except OSError:
-                pass
-            time.sleep(0.5)
-        raise AssertionError("the Spark worker did not register with the master")
-
-    def __exit__(self, *exc: object) -> None:
-        for proc in reversed(self.procs):
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                continue
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-
