@@ -1,4 +1,4 @@
-"""The observation log: one JSON Lines record per request/response exchange.
+"""The observation log: one record per request/response exchange (JSON Lines or Parquet).
 
     from gatehouse.capture.observer import CaptureObserver
     capture = CaptureObserver(settings, registry=metrics.registry)  # settings: parse_capture

@@ -55,7 +55,6 @@ import ssl
 import struct
 import threading
 import time
-from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,7 +62,7 @@ from typing import TYPE_CHECKING, Any
 
 import gatehouse
 from gatehouse import codecs
-from gatehouse.capture.writer import CaptureStats
+from gatehouse.capture.writer import RecordInbox
 from gatehouse.codecs import ProtocolError, Response, records
 from gatehouse.codecs._error_codes import ERROR_NAMES
 from gatehouse.configfile import Reader, line_of
@@ -83,7 +82,6 @@ COMPRESSIONS = ("gzip", "none")
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 IDLE_WAIT = 0.05  # seconds the thread sleeps when the deque is empty
-DROP_LOG_EVERY = 10.0  # seconds between "queue full" log lines
 OUTAGE_LOG_EVERY = 60.0  # seconds between "still failing" log lines
 METADATA_MAX_AGE = 300.0  # seconds: partition counts and leaders re-read at least this often
 BACKOFF_FIRST, BACKOFF_MAX = 0.1, 2.0  # seconds between tries of one batch, doubling
@@ -501,7 +499,7 @@ class _PartitionBatch:
     batch: bytes
 
 
-class KafkaSink:
+class KafkaSink(RecordInbox):
     """Records in (``offer``, never blocks), a topic out (on the ``gatehouse-capture-kafka``
     thread).  ``statistics()`` counts like the file writer's: ``written`` (acknowledged
     by the cluster), ``dropped`` (the queue was full), ``write_errors`` (lost after the
@@ -524,14 +522,8 @@ class KafkaSink:
             log_event(logger, logging.WARNING, "capture kafka: SASL PLAIN without "
                       "tls.upstream sends the password in clear text")
         self._connect_timeout = connect_timeout or settings.timeout
-        self._queue: deque[dict[str, Any]] = deque()
-        self._capacity = settings.queue
-        self._wake_at = max(1, min(1000, settings.queue // 4))
-        self._wake = threading.Event()
-        self._stopping = False
-        self._stats = CaptureStats()
-        self._dropped_logged = 0
-        self._drop_log_at = 0.0
+        self._open_inbox(settings.queue, max(1, min(1000, settings.queue // 4)),
+                         "capture kafka: queue full, records dropped")
         self._conns: dict[int, BrokerConnection] = {}  # node id -> connection
         self._brokers: dict[int, tuple[str, int]] = {}  # node id -> advertised address
         self._layout: _TopicLayout | None = None
@@ -542,33 +534,6 @@ class KafkaSink:
         self._thread = threading.Thread(target=self._run, name="gatehouse-capture-kafka",
                                         daemon=True)
         self._thread.start()
-
-    # -- the proxy's side (trio thread) -----------------------------------------------
-
-    def offer(self, record: dict[str, Any]) -> bool:
-        """Queue ``record`` for the topic; False (and counted) if the queue is full."""
-        stats = self._stats
-        stats.offered += 1
-        queue = self._queue
-        if len(queue) >= self._capacity or self._stopping:
-            stats.dropped += 1
-            now = time.monotonic()
-            if now >= self._drop_log_at:
-                self._drop_log_at = now + DROP_LOG_EVERY
-                log_event(logger, logging.WARNING, "capture kafka: queue full, records dropped",
-                          dropped=stats.dropped - self._dropped_logged,
-                          dropped_total=stats.dropped, queue=self._capacity)
-                self._dropped_logged = stats.dropped
-            return False
-        queue.append(record)
-        if len(queue) >= self._wake_at:
-            self._wake.set()
-        return True
-
-    def statistics(self) -> CaptureStats:
-        stats = self._stats
-        stats.queue_depth = len(self._queue)
-        return stats
 
     @property
     def up(self) -> bool:

@@ -377,8 +377,9 @@ class CaptureCollector:
         family.add_metric(["write_error"], stats.write_errors)
         family.add_metric(["sampled_out"], stats.sampled_out)
         yield family
-        yield CounterMetricFamily("gatehouse_capture_bytes_written", "Bytes of JSON Lines "
-                                  "written (before gzip)", value=stats.bytes_written)
+        yield CounterMetricFamily("gatehouse_capture_bytes_written", "Bytes of capture "
+                                  "files written (JSON Lines before gzip; Parquet as "
+                                  "written)", value=stats.bytes_written)
         yield CounterMetricFamily("gatehouse_capture_files_deleted", "Capture files deleted "
                                   "to keep to the disk budget", value=stats.files_deleted)
         yield GaugeMetricFamily("gatehouse_capture_queue_depth", "Records waiting for the "

@@ -151,40 +151,24 @@ class CaptureStats:
     queue_depth: int = 0
 
 
-class CaptureWriter:
-    """Records in (``offer``, never blocks), files out (on the ``gatehouse-capture`` thread)."""
+class RecordInbox:
+    """The proxy's side of a sink: ``offer`` appends to a bounded deque and returns at once;
+    a full deque drops the record, counts it and says so (at most every DROP_LOG_EVERY s).
+    The sink's own thread waits on ``_wake`` and drains ``_queue``."""
 
-    def __init__(self, settings: CaptureSettings, *, opener: Opener = _open_file) -> None:
-        self.settings = settings
-        self.opener = opener
-        self.prefix = "gatehouse-" + _UNSAFE.sub("_", settings.instance) + "-"
-        self.suffix = SUFFIXES[settings.format] + (".gz" if settings.gzip else "")
-        # Parquet only (pyarrow is imported only then): rows wait here for a row group.
-        self._parquet = (ParquetEncoder(settings.rotate_bytes)
-                         if settings.format == "parquet" else None)
+    def _open_inbox(self, capacity: int, wake_at: int, full_message: str) -> None:
         self._queue: deque[dict[str, Any]] = deque()
-        self._capacity = settings.queue
-        self._wake_at = max(1, min(BATCH, settings.queue // 4))
+        self._capacity = capacity
+        self._wake_at = wake_at
+        self._full_message = full_message
         self._wake = threading.Event()
         self._stopping = False
         self._stats = CaptureStats()
         self._dropped_logged = 0
         self._drop_log_at = 0.0
-        self._seq = 0
-        self._raw: IO[bytes] | None = None
-        self._out: IO[bytes] | gzip.GzipFile | None = None
-        self._path: Path | None = None
-        self._opened_at = 0.0
-        self._closed_bytes: list[tuple[Path, int]] = []  # this instance's files, oldest first
-        settings.dir.mkdir(parents=True, exist_ok=True)
-        self._recover()
-        self._thread = threading.Thread(target=self._run, name="gatehouse-capture", daemon=True)
-        self._thread.start()
-
-    # -- the proxy's side (trio thread) -----------------------------------------------
 
     def offer(self, record: dict[str, Any]) -> bool:
-        """Queue ``record`` for writing; False (and counted) if the queue is full."""
+        """Queue ``record``; False (and counted) if the queue is full."""
         stats = self._stats
         stats.offered += 1
         queue = self._queue
@@ -193,7 +177,7 @@ class CaptureWriter:
             now = time.monotonic()
             if now >= self._drop_log_at:
                 self._drop_log_at = now + DROP_LOG_EVERY
-                log_event(logger, logging.WARNING, "capture queue full: records dropped",
+                log_event(logger, logging.WARNING, self._full_message,
                           dropped=stats.dropped - self._dropped_logged,
                           dropped_total=stats.dropped, queue=self._capacity)
                 self._dropped_logged = stats.dropped
@@ -207,6 +191,31 @@ class CaptureWriter:
         stats = self._stats
         stats.queue_depth = len(self._queue)
         return stats
+
+
+class CaptureWriter(RecordInbox):
+    """Records in (``offer``, never blocks), files out (on the ``gatehouse-capture`` thread)."""
+
+    def __init__(self, settings: CaptureSettings, *, opener: Opener = _open_file) -> None:
+        self.settings = settings
+        self.opener = opener
+        self.prefix = "gatehouse-" + _UNSAFE.sub("_", settings.instance) + "-"
+        self.suffix = SUFFIXES[settings.format] + (".gz" if settings.gzip else "")
+        # Parquet only (pyarrow is imported only then): rows wait here for a row group.
+        self._parquet = (ParquetEncoder(settings.rotate_bytes)
+                         if settings.format == "parquet" else None)
+        self._open_inbox(settings.queue, max(1, min(BATCH, settings.queue // 4)),
+                         "capture queue full: records dropped")
+        self._seq = 0
+        self._raw: IO[bytes] | None = None
+        self._out: IO[bytes] | gzip.GzipFile | None = None
+        self._path: Path | None = None
+        self._opened_at = 0.0
+        self._closed_bytes: list[tuple[Path, int]] = []  # this instance's files, oldest first
+        settings.dir.mkdir(parents=True, exist_ok=True)
+        self._recover()
+        self._thread = threading.Thread(target=self._run, name="gatehouse-capture", daemon=True)
+        self._thread.start()
 
     def close(self, timeout: float | None = 30.0) -> bool:
         """Write what is queued, close the file; False if the disk did not let us in time."""

@@ -174,15 +174,20 @@ def main(argv: Iterable[str] | None = None) -> int:
         origin = f"Apache Kafka {release} message specs"
     if not sources:
         parser.error("no message specs found")
-    text = render(sources, release, origin)
-    if args.check:
-        current = args.output.read_text("utf-8") if args.output.exists() else ""
+    return write_or_check(args.output, render(sources, release, origin), args.check,
+                          f"{len(sources)} specs, Kafka {release}")
+
+
+def write_or_check(output: Path, text: str, check: bool, what: str) -> int:
+    """Write a generated table, or with ``check`` exit 1 when the committed one differs."""
+    if check:
+        current = output.read_text("utf-8") if output.exists() else ""
         if current != text:
-            print(f"{args.output} is stale: regenerate it with this generator", file=sys.stderr)
+            print(f"{output} is stale: regenerate it with this generator", file=sys.stderr)
             return 1
         return 0
-    args.output.write_text(text, "utf-8")
-    print(f"wrote {args.output} ({len(sources)} specs, Kafka {release})")
+    output.write_text(text, "utf-8")
+    print(f"wrote {output} ({what})")
     return 0
 
 

@@ -13,12 +13,11 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from gatehouse.codecs.generate import release_from_jar
+from gatehouse.codecs.generate import release_from_jar, write_or_check
 
 DEFAULT_OUTPUT = Path(__file__).with_name("_error_codes.py")
 _LISTER = """\
@@ -72,16 +71,10 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="exit 1 if OUTPUT differs from what would be written")
     args = parser.parse_args(None if argv is None else list(argv))
-    text = render(read_errors(args.kafka_clients_jar), release_from_jar(args.kafka_clients_jar))
-    if args.check:
-        current = args.output.read_text("utf-8") if args.output.exists() else ""
-        if current != text:
-            print(f"{args.output} is stale: regenerate it with this generator", file=sys.stderr)
-            return 1
-        return 0
-    args.output.write_text(text, "utf-8")
-    print(f"wrote {args.output}")
-    return 0
+    release = release_from_jar(args.kafka_clients_jar)
+    codes = read_errors(args.kafka_clients_jar)
+    return write_or_check(args.output, render(codes, release), args.check,
+                          f"{len(codes)} error codes, Kafka {release}")
 
 
 if __name__ == "__main__":
