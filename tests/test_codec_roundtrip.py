@@ -320,3 +320,39 @@ def test_splice_keeps_large_untouched_spans_in_place() -> None:
     assert spliced == bytes(codecs.response_from_dict(plain, api_key=1, api_version=17).encode())
     back = codecs.decode_response(spliced, 1, 17)
     assert [bytes(p.records) for p in back.body.responses[0].partitions] == records
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("partition_index", 2**31), ("error_code", -2**15 - 1), ("high_watermark", 2**63),
+    ("log_start_offset", "0"),
+])
+def test_a_refused_number_in_a_packed_run_is_named(field: str, value: Any) -> None:
+    # Fetch's PartitionData starts with five numbers written by one pack; the error
+    # still names the field whose value was refused, not the run's first.
+    spec = codecs.api(1).response
+    partition = spec.structs["PartitionData"].cls(**{field: value})
+    topic = spec.structs["FetchableTopicResponse"].cls(partitions=(partition,))
+    body = spec.root.cls(responses=(topic,))
+    with pytest.raises(codecs.LocalProtocolError) as info:
+        codecs.Response.build(1, 18, 7, body).encode()
+    name = "".join(part.title() for part in field.split("_"))
+    assert name in str(info.value)
+
+
+def test_tagged_fields_equal_to_their_defaults_but_not_the_same_objects_encode_alike() -> None:
+    spec = codecs.api(1).response
+    structs = spec.structs
+    default = structs["PartitionData"].cls()
+    fresh = default.replace(diverging_epoch=structs["EpochEndOffset"].cls(epoch=-1, end_offset=-1),
+                            records=b"")
+    assert fresh.diverging_epoch == default.diverging_epoch
+    assert fresh.diverging_epoch is not default.diverging_epoch
+    moved = fresh.replace(diverging_epoch=structs["EpochEndOffset"].cls(epoch=3, end_offset=9))
+
+    def frame(partition: Any) -> bytes:
+        topic = structs["FetchableTopicResponse"].cls(partitions=(partition,))
+        return bytes(codecs.Response.build(1, 18, 7, spec.root.cls(responses=(topic,))).encode())
+
+    assert frame(fresh) == frame(default.replace(records=b""))
+    again = codecs.decode_response(frame(moved), 1, 18).body.responses[0].partitions[0]
+    assert (again.diverging_epoch.epoch, again.diverging_epoch.end_offset) == (3, 9)

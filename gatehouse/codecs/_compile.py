@@ -80,7 +80,7 @@ _INLINE_DEPTH: Final = 3
 # Module-level names the generated functions use most, bound as default arguments so a
 # use is a local load rather than a global lookup (the codec's inner loops).
 _LOCALS: Final = ("K=K, _tnew=_tnew, _uv=_uv, _i16=_i16, _i32=_i32, _p16=_p16, _p32=_p32, "
-                  "_uvb=_uvb, _Out=_Out")
+                  "_uvb=_uvb, _pb2=_pb2, _pb3=_pb3, _Out=_Out")
 
 
 @functools.cache
@@ -421,11 +421,10 @@ class _Compiler:
         fields = struct.fields
         value = [f"v{depth}_{idx}" for idx in range(len(fields))]
         unk = f"u{depth}"
-        # Values of fields absent from this version: their defaults.
-        for idx, f in enumerate(fields):
-            if v not in f.versions or f.tagged_in(v):
-                s(f"{value[idx]} = {self.const(f.default)}")
-        s(f"{unk} = ()")
+        # Fields absent from this version, and tagged fields not sent (the usual case):
+        # their defaults go straight into the record.
+        defaults = {idx: self.const(f.default) for idx, f in enumerate(fields)
+                    if v not in f.versions or f.tagged_in(v)}
         regular = [(i, f) for i, f in enumerate(fields) if v in f.versions and not f.tagged_in(v)]
         k = 0
         while k < len(regular):
@@ -449,14 +448,28 @@ class _Compiler:
                 continue
             self.read_field(value[idx], f, self.flexible_for(f), depth, path)
             k += 1
-        if self.flexible:
-            s(f"f = {(*path, '_tagged_fields')!r}")
-            if spans is not None:
-                spans.append("st")
-                s("st = pos")
+        cls = self.const(struct.cls)
+        plain = "".join(f"{defaults.get(idx, name)}, " for idx, name in enumerate(value))
+        if not self.flexible:
+            s(f"{target} = _tnew({cls}, ({plain}(),))")
+            return
+        s(f"f = {(*path, '_tagged_fields')!r}")
+        if spans is not None:
+            spans.append("st")
+            s("st = pos")
+        s("if not buf[pos]:")  # no tagged fields: the usual case
+        s("    pos += 1")
+        s(f"    {target} = _tnew({cls}, ({plain}(),))")
+        s("else:")
+        with s.indent():
+            for idx, f in enumerate(fields):
+                if f.tagged_in(v):
+                    s(f"{value[idx]} = {defaults[idx]}")
+            s(f"{unk} = ()")
             self.read_tagged(struct, value, unk, depth, path)
-        values = "".join(f"{name}, " for name in value)
-        s(f"{target} = _tnew({self.const(struct.cls)}, ({values}{unk},))")
+            tagged = "".join(f"{name if idx not in defaults or fields[idx].tagged_in(v) else defaults[idx]}, "
+                             for idx, name in enumerate(value))
+            s(f"{target} = _tnew({cls}, ({tagged}{unk},))")
 
     def read_fixed_run(self, run: list[tuple[int, FieldSpec]], value: list[str],
                        spans: list[str] | None) -> None:
@@ -550,13 +563,11 @@ class _Compiler:
         v = self.version
         tagged = [(i, f) for i, f in enumerate(struct.fields) if f.tagged_in(v)]
         nt = f"nt{depth}"
-        s("if not buf[pos]: pos += 1")  # no tagged fields: the usual case
-        s("else:")
+        # buf[pos] is not 0 (decode_struct took that case): a count of tagged fields.
+        self.read_uvarint(nt)
+        s(f"if {nt}:")
         with s.indent():
-            self.read_uvarint(nt)
-            s(f"if {nt}:")
-            with s.indent():
-                self.read_tags(tagged, value, unk, depth, path)
+            self.read_tags(tagged, value, unk, depth, path)
 
     def read_tags(self, tagged: list[tuple[int, FieldSpec]], value: list[str], unk: str,
                   depth: int, path: tuple[str, ...]) -> None:
@@ -663,18 +674,27 @@ class _Compiler:
 
     # -- encoding ------------------------------------------------------------------
 
-    def write_uvarint(self, out: str, value: str) -> None:
+    def write_uvarint(self, out: str, value: str, inline: int = 1) -> None:
+        """An unsigned varint; values of up to ``inline`` bytes are written here."""
         s = self.src
         s(f"if {value} < 128: {out}.append({value})")
+        if inline >= 2:
+            s(f"elif {value} < 16384: {out} += _pb2({value} & 127 | 128, {value} >> 7)")
+        if inline >= 3:  # record sets of 16 KiB..2 MiB
+            s(f"elif {value} < 2097152: "
+              f"{out} += _pb3({value} & 127 | 128, {value} >> 7 & 127 | 128, {value} >> 14)")
         s(f"else: {out} += _uvb({value})")
 
-    def write_length(self, out: str, value: str, flexible: bool, wide: bool) -> None:
+    def write_length(self, out: str, value: str, flexible: bool, wide: bool, inline: int = 2) -> None:
         """Write a length; ``value`` may be the expression -1 for null."""
         s = self.src
         if flexible:
+            if value == "-1":
+                s(f"{out}.append(0)")
+                return
             t = s.tmp("c")
             s(f"{t} = {value} + 1")
-            self.write_uvarint(out, t)
+            self.write_uvarint(out, t, inline)
         elif wide:
             s(f"{out} += _p32({value})")
         else:
@@ -701,7 +721,8 @@ class _Compiler:
                 s(f"{b} = {value}.encode()")
             else:
                 b = value
-            self.write_length(out, f"len({b})", flexible, wide=type_name != "string")
+            self.write_length(out, f"len({b})", flexible, wide=type_name != "string",
+                              inline=2 if type_name == "string" else 3)
             if type_name == "records":
                 # Large record sets are referenced, not copied: joined once at the end.
                 s(f"if len({b}) >= {_HOLE_MIN} and type({out}) is _Out: "
@@ -765,10 +786,18 @@ class _Compiler:
                         s(f"f = {idx}")
                         s(f"if v{idx} != {self.const(f.default)}: raise _not_in_version({f.name!r}, {v})")
                 regular = [(i, f) for i, f in enumerate(fields) if v in f.versions and not f.tagged_in(v)]
-                for j, (idx, f) in enumerate(regular):
+                j = 0
+                while j < len(regular):
+                    idx, f = regular[j]
                     s(f"f = {idx}")
+                    run = [] if splice else _number_run(regular, j)
+                    if len(run) > 1:
+                        self.write_number_run(run)
+                        j += len(run)
+                        continue
+                    j += 1
                     if splice:
-                        s(f"if v{idx} is o[{idx}]: _copy(out, fv, sp[{j}], sp[{j + 1}])")
+                        s(f"if v{idx} is o[{idx}]: _copy(out, fv, sp[{j - 1}], sp[{j}])")
                         s("else:")
                         with s.indent():
                             self.write_field("out", f"v{idx}", f, self.flexible_for(f))
@@ -790,12 +819,34 @@ class _Compiler:
             s("except Exception as exc:")
             s(f"    raise _fail_encode(exc, {struct.name!r}, {self.const(tuple(names))}[f]) from None")
 
+    def write_number_run(self, run: list[tuple[int, FieldSpec]]) -> None:
+        """Consecutive number fields: one pack (``f`` names the first).  A value the
+        pack refuses is found again field by field, so the error names its field."""
+        s = self.src
+        fmt = ">" + "".join(NUMBERS[g.type][0] for _, g in run)
+        values = ", ".join(f"v{i}" for i, _ in run)
+        singles = tuple(struct_cls(">" + NUMBERS[g.type][0]).pack for _, g in run)
+        s("try:")
+        s(f"    out += {self.const(struct_cls(fmt).pack)}({values})")
+        s("except Exception:")
+        s(f"    f = _refused({self.const(singles)}, ({values},), {self.const(tuple(i for i, _ in run))})")
+        s("    raise")
+
     def write_tagged(self, tagged: list[tuple[int, FieldSpec]]) -> None:
         s = self.src
         if not tagged:
             s("if not unk: out.append(0)")
             s("else: _write_tags(out, list(unk))")
             return
+        # Nearly always: no tagged field set (the decoder leaves the defaults' own objects).
+        same = " and ".join(f"v{idx} is {self.const(f.default)}" for idx, f in tagged)
+        s(f"if not unk and {same}: out.append(0)")
+        s("else:")
+        with s.indent():
+            self.write_tags_slow(tagged)
+
+    def write_tags_slow(self, tagged: list[tuple[int, FieldSpec]]) -> None:
+        s = self.src
         s("tg = list(unk)")
         for idx, f in tagged:
             s(f"if v{idx} != {self.const(f.default)}:")
@@ -829,6 +880,8 @@ class _Compiler:
             "_p32": struct_cls(">i").pack,
             "_uv": read_uvarint,
             "_uvb": uvarint_bytes,
+            "_pb2": struct_cls(">BB").pack,
+            "_pb3": struct_cls(">BBB").pack,
             "_uuid": _uuid_from_bytes,
             "_tnew": tuple.__new__,
             "_repeat": itertools.repeat,
@@ -844,6 +897,7 @@ class _Compiler:
             "_not_in_version": _not_in_version,
             "_encode_null": _encode_null,
             "_write_tags": _write_tags,
+            "_refused": _refused,
             "RemoteProtocolError": RemoteProtocolError,
             "LocalProtocolError": LocalProtocolError,
         }
@@ -863,6 +917,27 @@ class _Compiler:
             encode_spliced=namespace[f"es_{_ROOT}"],
             functions=namespace,
         )
+
+
+def _number_run(regular: list[tuple[int, FieldSpec]], k: int) -> list[tuple[int, FieldSpec]]:
+    """The number fields from ``regular[k]`` on (none if that one is not)."""
+    run = []
+    for idx, f in regular[k:]:
+        if f.is_array or f.struct is not None or f.type not in NUMBERS:
+            break
+        run.append((idx, f))
+    return run
+
+
+def _refused(packs: tuple[Callable[[Any], bytes], ...], values: tuple[Any, ...],
+             fields: tuple[int, ...]) -> int:
+    """The index of the first field of a run whose value its own pack refuses."""
+    for pack, value, field in zip(packs, values, fields, strict=True):
+        try:
+            pack(value)
+        except Exception:
+            return field
+    return fields[0]
 
 
 def _fixed_run(regular: list[tuple[int, FieldSpec]], k: int) -> list[tuple[int, FieldSpec]]:
