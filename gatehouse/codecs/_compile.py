@@ -24,7 +24,7 @@ import itertools
 import operator
 import struct
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -790,7 +790,7 @@ class _Compiler:
                 while j < len(regular):
                     idx, f = regular[j]
                     s(f"f = {idx}")
-                    run = [] if splice else _number_run(regular, j)
+                    run = [] if splice else _fixed_run(regular, j, NUMBERS)
                     if len(run) > 1:
                         self.write_number_run(run)
                         j += len(run)
@@ -919,16 +919,6 @@ class _Compiler:
         )
 
 
-def _number_run(regular: list[tuple[int, FieldSpec]], k: int) -> list[tuple[int, FieldSpec]]:
-    """The number fields from ``regular[k]`` on (none if that one is not)."""
-    run = []
-    for idx, f in regular[k:]:
-        if f.is_array or f.struct is not None or f.type not in NUMBERS:
-            break
-        run.append((idx, f))
-    return run
-
-
 def _refused(packs: tuple[Callable[[Any], bytes], ...], values: tuple[Any, ...],
              fields: tuple[int, ...]) -> int:
     """The index of the first field of a run whose value its own pack refuses."""
@@ -940,11 +930,13 @@ def _refused(packs: tuple[Callable[[Any], bytes], ...], values: tuple[Any, ...],
     return fields[0]
 
 
-def _fixed_run(regular: list[tuple[int, FieldSpec]], k: int) -> list[tuple[int, FieldSpec]]:
-    """The fixed-size fields from ``regular[k]`` on (none if that one is not)."""
+def _fixed_run(regular: list[tuple[int, FieldSpec]], k: int,
+               types: Mapping[str, Any] = _FIXED) -> list[tuple[int, FieldSpec]]:
+    """The fields of ``types`` (fixed-size ones by default) from ``regular[k]`` on
+    (none if that one is not)."""
     run = []
     for idx, f in regular[k:]:
-        if f.is_array or f.struct is not None or f.type not in _FIXED:
+        if f.is_array or f.struct is not None or f.type not in types:
             break
         run.append((idx, f))
     return run
