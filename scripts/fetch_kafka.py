@@ -215,6 +215,8 @@ KROXYLICIOUS_VERSION = "0.12.0"  # the newest kroxylicious-runtime on Maven Cent
 def ensure_kroxylicious(version: str = KROXYLICIOUS_VERSION, *, log: bool = False) -> Path:
     """The libs directory of the Kroxylicious proxy runtime (a peer in bench/peers.py)."""
     deps = [("io.kroxylicious", "kroxylicious-runtime", version),
+            # the filter of its "filter-comparable" run in bench/peers.py
+            ("io.kroxylicious", "kroxylicious-multitenant", version),
             ("org.apache.logging.log4j", "log4j-slf4j2-impl", "2.24.3"),
             ("org.apache.logging.log4j", "log4j-core", "2.24.3")]
     return ensure_maven_libs(cache_root() / "kroxylicious" / version,
