@@ -24,7 +24,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.proxy import compare_throughput, latencies, pct, print_ratios, start_gatehouse
+from bench.proxy import (
+    compare_throughput,
+    cpu_seconds,
+    latencies,
+    pct,
+    print_ratios,
+    start_gatehouse,
+)
 from gatehouse.embedded import free_port
 from tests.support.kafka import KafkaCluster
 
@@ -37,12 +44,6 @@ def scrape(port: int, name: str) -> dict[str, float]:
         if match:
             out[match.group(1) or ""] = float(match.group(2))
     return out
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process so far (/proc/<pid>/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> None:

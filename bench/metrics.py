@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.proxy import compare_throughput, print_ratios, start_gatehouse
+from bench.proxy import compare_throughput, cpu_seconds, print_ratios, start_gatehouse
 from gatehouse.embedded import free_port
 from tests.support.kafka import KafkaCluster
 
@@ -46,12 +46,6 @@ class Scraper(threading.Thread):
             self.durations.append(time.perf_counter() - t0)
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (/proc/<pid>/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--records", type=int, default=100_000)
@@ -67,10 +61,12 @@ def main() -> None:
         scraper = Scraper(f"http://127.0.0.1:{metrics_port}/metrics", args.scrape_every)
         scraper.start()
         try:
+            per_mb: dict[str, dict[str, list[float]]] = {}
             results = compare_throughput(
                 kafka, {"direct": kafka.bootstrap, "no-metrics": plain_addr,
                         "metrics": metered_addr},
-                records=args.records, rounds=args.rounds, sizes=SIZES)
+                records=args.records, rounds=args.rounds, sizes=SIZES,
+                pids={"no-metrics": plain.pid, "metrics": metered.pid}, cpu=per_mb)
             # Both proxies carried the same records: their CPU time is the cost, and it
             # is less disturbed by other load on the machine than throughput is.
             cpu = {"no-metrics": cpu_seconds(plain.pid), "metrics": cpu_seconds(metered.pid)}
@@ -91,6 +87,13 @@ def main() -> None:
                                               results["no-metrics"][metric], strict=True))
         print(f"paired metrics/no-metrics per round, {metric}: median "
               f"{statistics.median(paired):.3f} (min {paired[0]:.3f}, max {paired[-1]:.3f})")
+    # Where the proxy is the bottleneck, throughput goes as 1 / (CPU per MB): the ratio of
+    # the two proxies' CPU per MB of the same runs bounds what metrics cost there.
+    for metric in results["direct"]:
+        plain_ms = 1000 * statistics.median(per_mb["no-metrics"][metric])
+        metered_ms = 1000 * statistics.median(per_mb["metrics"][metric])
+        print(f"proxy CPU per MB, {metric.removesuffix(' MB/s')}: no-metrics {plain_ms:.2f} ms, "
+              f"metrics {metered_ms:.2f} ms, metrics/no-metrics {metered_ms / plain_ms:.3f}")
     print(f"proxy CPU seconds for the whole run: no-metrics {cpu['no-metrics']:.1f}, "
           f"metrics {cpu['metrics']:.1f}, metrics/no-metrics "
           f"{cpu['metrics'] / cpu['no-metrics']:.3f}")

@@ -22,7 +22,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -104,12 +105,16 @@ def compare_throughput(kafka: KafkaCluster, targets: dict[str, str], *, records:
                        rounds: int, sizes: tuple[int, ...] = (1024,),
                        topic_for: Callable[[str, int, int], str] | None = None,
                        broker_topic: Callable[[str], str] = lambda t: t,
+                       pids: Mapping[str, int] | None = None,
+                       cpu: dict[str, dict[str, list[float]]] | None = None,
                        ) -> dict[str, dict[str, list[float]]]:
     """Produce (acks=all) then consume through each target, alternating targets each round
     so drift hits them alike; MB/s lists per target and metric.
 
     ``topic_for(name, size, round)`` is the topic the client uses and ``broker_topic`` maps
-    it to the name to create on the broker (they differ behind a rename rule).
+    it to the name to create on the broker (they differ behind a rename rule).  With
+    ``pids`` (a proxy process per target name), ``cpu`` gets that process's CPU seconds
+    per MB of each run, per target and metric.
     """
     topic_for = topic_for or (lambda name, size, r: f"bench-{size}-{name}-{r}")
     results: dict[str, dict[str, list[float]]] = {name: {} for name in targets}
@@ -120,11 +125,21 @@ def compare_throughput(kafka: KafkaCluster, targets: dict[str, str], *, records:
                 topic = topic_for(name, size, r)
                 kafka.create_topic(broker_topic(topic), partitions=3)
                 label = f"{size // 1024} KiB"
-                results[name].setdefault(f"produce {label} MB/s", []).append(
-                    produce_rate(kafka, addr, topic, n, size))
-                results[name].setdefault(f"consume {label} MB/s", []).append(
-                    consume_rate(kafka, addr, topic, n))
+                for metric, run in ((f"produce {label} MB/s", partial(produce_rate, size=size)),
+                                    (f"consume {label} MB/s", consume_rate)):
+                    pid = (pids or {}).get(name)
+                    before = cpu_seconds(pid) if pid else 0.0
+                    results[name].setdefault(metric, []).append(run(kafka, addr, topic, n))
+                    if pid and cpu is not None:
+                        cpu.setdefault(name, {}).setdefault(metric, []).append(
+                            (cpu_seconds(pid) - before) / (n * size / 1e6))
     return results
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (/proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def print_ratios(results: dict[str, dict[str, list[float]]], baseline: str = "direct") -> None:

@@ -97,3 +97,20 @@ def test_truncated_or_padded_frames_fall_back(version: int) -> None:
     answer = bytes(build_message(0, version, "response", resp).encode())
     assert produce.response_codes(answer, version) == {}
     assert produce.response_codes(answer[:-1], version) is None
+
+
+@SETTINGS
+@given(data=RECORDS, mangle=st.integers(0, 80), to=st.integers(0, 255))
+def test_records_and_bytes_count_what_summarize_counts(data: bytes | None, mangle: int,
+                                                       to: int) -> None:
+    # The Fetch counters' reader: the same counts as the full batch-header walk, and the
+    # same refusals (a byte changed anywhere in the first headers included).
+    if data and mangle < len(data):
+        data = data[:mangle] + bytes([to]) + data[mangle + 1:]
+    try:
+        summary = records.summarize(data)
+    except ProtocolError:
+        with pytest.raises(ProtocolError):
+            produce.records_and_bytes(data)
+        return
+    assert produce.records_and_bytes(data) == (summary.records, summary.bytes)

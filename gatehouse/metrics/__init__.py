@@ -26,7 +26,7 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
-from gatehouse.codecs import APIS, ProtocolError, Request, Response, records
+from gatehouse.codecs import APIS, ProtocolError, Request, Response
 from gatehouse.codecs._error_codes import ERROR_NAMES
 from gatehouse.logs import log_event
 from gatehouse.metrics import produce
@@ -309,9 +309,9 @@ class ProxyMetrics(Observer):
             name = self._topic_name(topic, "name")
             records_total = bytes_total = 0
             for partition in topic.partition_data:
-                summary = records.summarize(partition.records)
-                records_total += summary.records
-                bytes_total += summary.bytes
+                counted_records, counted_bytes = produce.records_and_bytes(partition.records)
+                records_total += counted_records
+                bytes_total += counted_bytes
             if records_total <= 0:  # nothing (or a nonsense count from a bad header)
                 continue
             counted, sized = self._topic(name, "produce")
@@ -370,9 +370,9 @@ class ProxyMetrics(Observer):
                 for topic in resp.body.responses:
                     records_total = bytes_total = 0
                     for partition in topic.partitions:
-                        summary = records.summarize(partition.records)
-                        records_total += summary.records
-                        bytes_total += summary.bytes
+                        counted_records, counted_bytes = produce.records_and_bytes(partition.records)
+                        records_total += counted_records
+                        bytes_total += counted_bytes
                     if records_total > 0:
                         counted, sized = self._topic(self._topic_name(topic, "topic"),
                                                      "fetch")

@@ -16,12 +16,13 @@ import struct
 from typing import Final
 
 from gatehouse.codecs.primitives import Buffer
-from gatehouse.codecs.records import BATCH_OVERHEAD, LOG_OVERHEAD
+from gatehouse.codecs.records import BATCH_OVERHEAD, LOG_OVERHEAD, summarize
 
 _I16: Final = struct.Struct(">h")
 _I32: Final = struct.Struct(">i")
 _MAGIC_AT: Final = 16  # in a batch: base offset (8), length (4), leader epoch (4)
 _COUNT_AT: Final = 57  # a v2 batch's record count
+_V2_HEAD: Final = struct.Struct(">8xi4xb40xi")  # length (8), magic (16), count (57)
 _LEGACY_MIN_LENGTH: Final = (14, 22)  # magic 0 / 1: crc, magic, attributes (, timestamp)
 FLEXIBLE_SINCE: Final = 9
 TOPIC_IDS_SINCE: Final = 13
@@ -87,6 +88,20 @@ def count_records(view: memoryview, start: int, end: int) -> tuple[int, int]:
     as ``gatehouse.codecs.records.summarize`` counts them."""
     pos = start
     count = 0
+    # v2 batches (all a modern client sends): length, magic and count in one unpack.
+    while end - pos >= BATCH_OVERHEAD:
+        length, magic, records = _V2_HEAD.unpack_from(view, pos)
+        if magic != 2:
+            break
+        size = LOG_OVERHEAD + length
+        if pos + size > end:
+            if length < 0:
+                raise _Unexpected
+            return count, pos - start
+        if size < BATCH_OVERHEAD:
+            raise _Unexpected
+        count += records
+        pos += size
     while end - pos >= LOG_OVERHEAD + 5:
         (length,) = _I32.unpack_from(view, pos + 8)
         size = LOG_OVERHEAD + length
@@ -109,6 +124,20 @@ def count_records(view: memoryview, start: int, end: int) -> tuple[int, int]:
     return count, pos - start
 
 
+def records_and_bytes(records: Buffer | None) -> tuple[int, int]:
+    """(records, bytes of complete batches) of a records field; anything ``count_records``
+    does not take is left to ``records.summarize``, which counts it or says what is wrong
+    (``ProtocolError``)."""
+    if records is None:
+        return 0, 0
+    view = memoryview(records)
+    try:
+        return count_records(view, 0, len(view))
+    except _Unexpected:
+        summary = summarize(view)
+        return summary.records, summary.bytes
+
+
 def _body_start(view: memoryview, flexible: bool) -> int:
     """Where a request body starts: after api key, version, correlation id, client id
     (a nullable int16 string in every header version) and, in v2 headers, tags."""
@@ -123,6 +152,9 @@ def request_topics(frame: Buffer, version: int) -> TopicCounts | None:
         return None
     view = memoryview(frame)
     flexible = version >= FLEXIBLE_SINCE
+    ids = version >= TOPIC_IDS_SINCE
+    # One-byte varints and empty tag sections (nearly all of them) are read inline: this
+    # runs for every Produce request.
     try:
         pos = _body_start(view, flexible)
         pos = _skip_string(view, pos, flexible)  # TransactionalId
@@ -131,12 +163,16 @@ def request_topics(frame: Buffer, version: int) -> TopicCounts | None:
         out: TopicCounts = []
         for _ in range(topics):
             key: str | bytes
-            if version >= TOPIC_IDS_SINCE:
+            if ids:
                 key = bytes(view[pos:pos + 16])
                 pos += 16
             else:
                 if flexible:
-                    n, pos = _uvarint(view, pos)
+                    n = view[pos]
+                    if n < 0x80:
+                        pos += 1
+                    else:
+                        n, pos = _uvarint(view, pos)
                     n -= 1
                 else:
                     (n,) = _I16.unpack_from(view, pos)
@@ -145,15 +181,25 @@ def request_topics(frame: Buffer, version: int) -> TopicCounts | None:
                     raise _Unexpected
                 key = str(view[pos:pos + n], "utf-8")
                 pos += n
-            partitions, pos = _array(view, pos, flexible)
+            if flexible and view[pos] < 0x80:
+                partitions = view[pos] - 1
+                pos += 1
+                if partitions < 0:
+                    raise _Unexpected
+            else:
+                partitions, pos = _array(view, pos, flexible)
             records = size = 0
             for _ in range(partitions):
                 pos += 4  # Index
                 if flexible:
-                    n, pos = _uvarint(view, pos)
+                    n = view[pos]
+                    if n < 0x80:
+                        pos += 1
+                    else:
+                        n, pos = _uvarint(view, pos)
                     n -= 1
                 else:
-                    (n,) = _I32.unpack_from(view, pos + 0)
+                    (n,) = _I32.unpack_from(view, pos)
                     pos += 4
                 if n > 0:
                     if pos + n > len(view):
@@ -163,9 +209,15 @@ def request_topics(frame: Buffer, version: int) -> TopicCounts | None:
                     size += b
                     pos += n
                 if flexible:
-                    pos = _skip_tags(view, pos)
+                    if view[pos]:
+                        pos = _skip_tags(view, pos)
+                    else:
+                        pos += 1
             if flexible:
-                pos = _skip_tags(view, pos)
+                if view[pos]:
+                    pos = _skip_tags(view, pos)
+                else:
+                    pos += 1
             out.append((key, records, size))
         if flexible:
             pos = _skip_tags(view, pos)
@@ -197,7 +249,9 @@ def response_codes(frame: Buffer, version: int) -> dict[int, int] | None:
                 (code,) = _I16.unpack_from(view, pos + 4)
                 codes[code] = codes.get(code, 0) + 1
                 pos += fixed
-                if version >= 8:
+                if flexible and view[pos] == 1 and view[pos + 1] == 0:
+                    pos += 2  # no RecordErrors, a null ErrorMessage: the usual case
+                elif version >= 8:
                     errors, pos = _array(view, pos, flexible)  # RecordErrors
                     for _ in range(errors):
                         pos = _skip_string(view, pos + 4, flexible)
@@ -205,9 +259,15 @@ def response_codes(frame: Buffer, version: int) -> dict[int, int] | None:
                             pos = _skip_tags(view, pos)
                     pos = _skip_string(view, pos, flexible)  # ErrorMessage
                 if flexible:
-                    pos = _skip_tags(view, pos)
+                    if view[pos]:
+                        pos = _skip_tags(view, pos)
+                    else:
+                        pos += 1
             if flexible:
-                pos = _skip_tags(view, pos)
+                if view[pos]:
+                    pos = _skip_tags(view, pos)
+                else:
+                    pos += 1
         pos += 4  # ThrottleTimeMs
         if flexible:
             pos = _skip_tags(view, pos)
