@@ -12,8 +12,10 @@ Workloads: Kafka's ProducerPerformance with 1 KiB and 100 KiB records (acks=all)
 ConsumerPerformance, and a librdkafka producer. Reported per target: throughput ratio to
 direct, added p50/p99 of a request-response loop, CPU seconds per GB moved and millicores
 per MB/s of produce traffic (the proxy process only, from /proc), and peak RSS.
-Targets run in turn inside each round so drift hits all alike; a peer that fails under a
-workload is reported as such and left out of that workload from then on.
+Targets run in turn inside each round so drift hits all alike, each round starting with
+the next target; a ratio is the median over rounds of the target's rate over direct's in
+the same round, printed with the rounds' range. A peer that fails under a workload is
+reported as such and left out of that workload from then on.
 """
 
 from __future__ import annotations
@@ -173,7 +175,7 @@ class Target:
     produce_mb: float = 0.0  # MB of produce traffic moved while measuring CPU
     moved_mb: float = 0.0
     produce_cpu: float = 0.0
-    results: dict[str, list[float]] = field(default_factory=dict)
+    results: dict[str, dict[int, float]] = field(default_factory=dict)  # MB/s by round
     broken: dict[str, str] = field(default_factory=dict)
 
     def cpu(self) -> float:
@@ -191,7 +193,7 @@ class Target:
 
 
 def run_workload(target: Target, metric: str, fn: Callable[[], float], megabytes: float,
-                 produce: bool) -> None:
+                 produce: bool, round_: int) -> None:
     if metric in target.broken:
         return
     before = target.cpu()
@@ -201,7 +203,7 @@ def run_workload(target: Target, metric: str, fn: Callable[[], float], megabytes
         target.broken[metric] = str(exc).splitlines()[0][:160]
         return
     used = target.cpu() - before
-    target.results.setdefault(metric, []).append(mbs)
+    target.results.setdefault(metric, {})[round_] = mbs
     target.cpu_seconds += used
     target.moved_mb += megabytes
     if produce:
@@ -237,7 +239,9 @@ def main() -> None:
                 targets.append(Target(name, addr, proc,
                                       TENANT_PREFIX if name.endswith("+tenant") else ""))
             for r in range(args.rounds):
-                for t in targets:
+                # Each round starts with another target, so that what a position in the
+                # order costs (the broker's state after the previous target) moves round.
+                for t in targets[r % len(targets):] + targets[:r % len(targets)]:
                     safe = t.name.replace("+", "-")  # topic names: [a-zA-Z0-9._-]
                     small_topic, big_topic, rd_topic = (f"peers-{kind}-{safe}-{r}"
                                                         for kind in ("1k", "100k", "rd"))
@@ -245,15 +249,15 @@ def main() -> None:
                         kafka.create_topic(t.topic_prefix + topic, partitions=3)
                     small_mb, big_mb = args.records * 1024 / 1e6, big * 102400 / 1e6
                     run_workload(t, "produce 1 KiB", lambda t=t, tp=small_topic: produce_rate(
-                        kafka, t.address, tp, args.records, 1024, timeout=120), small_mb, True)
+                        kafka, t.address, tp, args.records, 1024, timeout=120), small_mb, True, r)
                     run_workload(t, "consume 1 KiB", lambda t=t, tp=small_topic: consume_rate(
-                        kafka, t.address, tp, args.records), small_mb, False)
+                        kafka, t.address, tp, args.records), small_mb, False, r)
                     run_workload(t, "produce 100 KiB", lambda t=t, tp=big_topic: produce_rate(
-                        kafka, t.address, tp, big, 102400, timeout=120), big_mb, True)
+                        kafka, t.address, tp, big, 102400, timeout=120), big_mb, True, r)
                     run_workload(t, "librdkafka produce 1 KiB",
                                  lambda t=t, tp=rd_topic: librdkafka_rate(t.address, tp,
                                                                           args.records // 2),
-                                 args.records // 2 * 1024 / 1e6, True)
+                                 args.records // 2 * 1024 / 1e6, True, r)
             lat: dict[str, list[float]] = {}
             for t in targets:
                 try:
@@ -295,20 +299,24 @@ def report(targets: list[Target], lat: dict[str, list[float]], rss: dict[str, fl
            png: Path) -> None:
     direct = targets[0]
     metrics = list(direct.results)
-    print(f"{'target':<22}" + "".join(f"{m:>26}" for m in metrics)
+    # A target's ratio: the median over rounds of its MB/s over direct's in the same round
+    # (paired: drift between rounds cancels), with the rounds' range.
+    print(f"{'target':<22}" + "".join(f"{m:>36}" for m in metrics)
           + f"{'p50 +ms':>9}{'p99 +ms':>9}{'CPU s/GB':>10}{'mcore/MBps':>11}{'RSS MiB':>9}")
     ratios: dict[str, list[float]] = {}
     for t in targets:
         cells = []
         for m in metrics:
             if m in t.broken or not t.results.get(m):
-                cells.append(f"{'failed':>26}")
+                cells.append(f"{'failed':>36}")
                 ratios.setdefault(t.name, []).append(0.0)
                 continue
-            ours = statistics.median(t.results[m])
-            ratio = ours / statistics.median(direct.results[m])
+            ours = statistics.median(t.results[m].values())
+            paired = [mbs / direct.results[m][r] for r, mbs in t.results[m].items()
+                      if r in direct.results[m]]
+            ratio = statistics.median(paired)
             ratios.setdefault(t.name, []).append(ratio)
-            cells.append(f"{ours:>14.1f} MB/s {ratio:>5.2f}x")
+            cells.append(f"{ours:>10.1f} MB/s {ratio:>5.2f}x ({min(paired):.2f}-{max(paired):.2f})")
         nan = float("nan")
         p50 = 1000 * (pct(lat[t.name], 50) - pct(lat["direct"], 50)) if t.name in lat else nan
         p99 = 1000 * (pct(lat[t.name], 99) - pct(lat["direct"], 99)) if t.name in lat else nan
