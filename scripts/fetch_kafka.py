@@ -51,6 +51,7 @@ LOG4J2_CONFIG = Path(__file__).resolve().with_name("kafka-log4j2.properties")
 
 MAVEN_ATTEMPTS = 3
 _MARKER = ".complete"
+_POM = "pom.xml"  # the dependency list the cached libs were fetched from
 
 
 class FetchError(RuntimeError):
@@ -177,8 +178,11 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _is_complete(home: Path) -> bool:
-    return (home / _MARKER).is_file() and (home / "libs").is_dir()
+def _is_complete(home: Path, pom: str) -> bool:
+    """A finished fetch of exactly ``pom``: a cache made from another dependency list
+    (an older version of this script) is fetched again, not used without its new jars."""
+    return ((home / _MARKER).is_file() and (home / "libs").is_dir()
+            and (home / _POM).is_file() and (home / _POM).read_text() == pom)
 
 
 def ensure_kafka(version: str | None = None, *, log: bool = False) -> Path:
@@ -231,11 +235,12 @@ def ensure_maven_libs(home: Path, pom: str, expected_jar: str, what: str, *,
     (retried with back-off), cached, and safe against concurrent fetches.
     ``expected_jar`` (a glob pattern) must be among them."""
     libs = home / "libs"
-    if _is_complete(home):
+    if _is_complete(home, pom):
         return libs
     with _locked(home / ".lock"):
-        if _is_complete(home):  # another process finished while we waited
+        if _is_complete(home, pom):  # another process finished while we waited
             return libs
+        (home / _MARKER).unlink(missing_ok=True)  # a stale cache: complete only once refetched
         tmp = Path(tempfile.mkdtemp(prefix=".fetch-", dir=home))
         try:
             (tmp / "pom.xml").write_text(pom)
@@ -260,6 +265,7 @@ def ensure_maven_libs(home: Path, pom: str, expected_jar: str, what: str, *,
                 shutil.rmtree(libs)
             os.rename(out, libs)
             jars = sorted(p.name for p in libs.glob("*.jar"))
+            (home / _POM).write_text(pom)
             (home / _MARKER).write_text("".join(f"{name}\n" for name in jars))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

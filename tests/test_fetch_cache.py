@@ -1,0 +1,50 @@
+"""The Maven cache of scripts/fetch_kafka.py: fetched once per dependency list."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from scripts import fetch_kafka
+
+
+def _pom(*artifacts: str) -> str:
+    return "".join(f"<artifactId>{a}</artifactId>\n" for a in artifacts)
+
+
+def test_a_cache_is_reused_for_its_pom_and_refetched_for_another(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    runs: list[list[str]] = []
+
+    def fake_maven(workdir: Path, out_dir: Path, attempt: int) -> None:
+        # What Maven's copy-dependencies does: one jar per artifact of the pom.
+        artifacts = re.findall(r"<artifactId>(.*?)</artifactId>", (workdir / "pom.xml").read_text())
+        runs.append(artifacts)
+        out_dir.mkdir(parents=True)
+        for artifact in artifacts:
+            (out_dir / f"{artifact}-1.0.jar").write_bytes(b"PK")
+
+    monkeypatch.setattr(fetch_kafka, "_run_maven", fake_maven)
+    home = tmp_path / "peer"
+    first = fetch_kafka.ensure_maven_libs(home, _pom("runtime"), "runtime-*.jar", "peer")
+    again = fetch_kafka.ensure_maven_libs(home, _pom("runtime"), "runtime-*.jar", "peer")
+    assert first == again and runs == [["runtime"]]
+
+    # A new dependency (a filter) in the list: the old cache lacks its jar, so it is fetched.
+    libs = fetch_kafka.ensure_maven_libs(home, _pom("runtime", "filter"), "runtime-*.jar", "peer")
+    assert runs == [["runtime"], ["runtime", "filter"]]
+    assert sorted(p.name for p in libs.iterdir()) == ["filter-1.0.jar", "runtime-1.0.jar"]
+
+
+def test_a_cache_from_before_the_pom_was_kept_is_refetched(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "peer"
+    (home / "libs").mkdir(parents=True)
+    (home / "libs" / "runtime-0.9.jar").write_bytes(b"PK")
+    (home / ".complete").write_text("runtime-0.9.jar\n")  # marker, but no pom.xml
+    monkeypatch.setattr(fetch_kafka, "_run_maven", lambda workdir, out_dir, attempt: (
+        out_dir.mkdir(parents=True), (out_dir / "runtime-1.0.jar").write_bytes(b"PK")))
+    libs = fetch_kafka.ensure_maven_libs(home, _pom("runtime"), "runtime-*.jar", "peer")
+    assert [p.name for p in libs.iterdir()] == ["runtime-1.0.jar"]
