@@ -10,7 +10,8 @@ and a log4j2 binding into::
     ${GATEHOUSE_CACHE:-~/.cache/gatehouse}/kafka/<version>/libs
 
 The directory is filled atomically (download into a temporary directory, rename, then write
-``.complete``); when ``.complete`` exists nothing is fetched.  Maven's own local repository
+``.complete``, beside a copy of the ``pom.xml`` it came from); when ``.complete`` exists
+and the dependency list is the same, nothing is fetched.  Maven's own local repository
 (``~/.m2``) caches the jars as well.  The libs path is printed on stdout.
 
 Kafka Streams (for the streams-group test) goes to ``<cache>/kafka-streams/<version>/libs``
