@@ -307,11 +307,7 @@ class ProxyMetrics(Observer):
     def _count_produce(self, req: Request, conn: ConnectionInfo) -> None:
         for topic in req.body.topic_data:
             name = self._topic_name(topic, "name")
-            records_total = bytes_total = 0
-            for partition in topic.partition_data:
-                counted_records, counted_bytes = produce.records_and_bytes(partition.records)
-                records_total += counted_records
-                bytes_total += counted_bytes
+            records_total, bytes_total = produce.partitions_total(topic.partition_data)
             if records_total <= 0:  # nothing (or a nonsense count from a bad header)
                 continue
             counted, sized = self._topic(name, "produce")
@@ -368,11 +364,7 @@ class ProxyMetrics(Observer):
                 self.groups.response(conn.id, pending.correlation_id, resp)
             if key == FETCH:
                 for topic in resp.body.responses:
-                    records_total = bytes_total = 0
-                    for partition in topic.partitions:
-                        counted_records, counted_bytes = produce.records_and_bytes(partition.records)
-                        records_total += counted_records
-                        bytes_total += counted_bytes
+                    records_total, bytes_total = produce.partitions_total(topic.partitions)
                     if records_total > 0:
                         counted, sized = self._topic(self._topic_name(topic, "topic"),
                                                      "fetch")

@@ -13,7 +13,8 @@ ProduceResponse.json.  tests/test_metrics_produce.py holds them to the full deco
 from __future__ import annotations
 
 import struct
-from typing import Final
+from collections.abc import Iterable
+from typing import Any, Final
 
 from gatehouse.codecs.primitives import Buffer
 from gatehouse.codecs.records import BATCH_OVERHEAD, LOG_OVERHEAD, summarize
@@ -136,6 +137,16 @@ def records_and_bytes(records: Buffer | None) -> tuple[int, int]:
     except _Unexpected:
         summary = summarize(view)
         return summary.records, summary.bytes
+
+
+def partitions_total(partitions: Iterable[Any]) -> tuple[int, int]:
+    """(records, bytes) over the ``records`` fields of a topic's decoded partitions."""
+    records_total = bytes_total = 0
+    for partition in partitions:
+        counted, size = records_and_bytes(partition.records)
+        records_total += counted
+        bytes_total += size
+    return records_total, bytes_total
 
 
 def _body_start(view: memoryview, flexible: bool) -> int:
