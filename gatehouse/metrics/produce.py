@@ -220,15 +220,9 @@ def request_topics(frame: Buffer, version: int) -> TopicCounts | None:
                     size += b
                     pos += n
                 if flexible:
-                    if view[pos]:
-                        pos = _skip_tags(view, pos)
-                    else:
-                        pos += 1
+                    pos = _skip_tags(view, pos) if view[pos] else pos + 1
             if flexible:
-                if view[pos]:
-                    pos = _skip_tags(view, pos)
-                else:
-                    pos += 1
+                pos = _skip_tags(view, pos) if view[pos] else pos + 1
             out.append((key, records, size))
         if flexible:
             pos = _skip_tags(view, pos)
@@ -270,15 +264,9 @@ def response_codes(frame: Buffer, version: int) -> dict[int, int] | None:
                             pos = _skip_tags(view, pos)
                     pos = _skip_string(view, pos, flexible)  # ErrorMessage
                 if flexible:
-                    if view[pos]:
-                        pos = _skip_tags(view, pos)
-                    else:
-                        pos += 1
+                    pos = _skip_tags(view, pos) if view[pos] else pos + 1
             if flexible:
-                if view[pos]:
-                    pos = _skip_tags(view, pos)
-                else:
-                    pos += 1
+                pos = _skip_tags(view, pos) if view[pos] else pos + 1
         pos += 4  # ThrottleTimeMs
         if flexible:
             pos = _skip_tags(view, pos)
