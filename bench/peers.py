@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.proxy import (
     consume_rate,
+    cpu_seconds,
     latencies,
     pct,
     produce_rate,
@@ -47,7 +48,6 @@ from scripts.fetch_kafka import ensure_kroxylicious, java_binary
 from tests.support.kafka import KafkaCluster
 
 HERE = Path(__file__).resolve().parent
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 FULL_INSPECTION = """rules:
   - name: modern-clients
     min_api_version: {Metadata: 4, Fetch: 4}
@@ -179,10 +179,7 @@ class Target:
     broken: dict[str, str] = field(default_factory=dict)
 
     def cpu(self) -> float:
-        if self.proc is None:
-            return 0.0
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+        return 0.0 if self.proc is None else cpu_seconds(self.proc.pid)
 
     def peak_rss_mib(self) -> float:
         if self.proc is None:
