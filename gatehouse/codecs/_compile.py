@@ -423,8 +423,8 @@ class _Compiler:
         unk = f"u{depth}"
         # Fields absent from this version, and tagged fields not sent (the usual case):
         # their defaults go straight into the record.
-        defaults = {idx: self.const(f.default) for idx, f in enumerate(fields)
-                    if v not in f.versions or f.tagged_in(v)}
+        absent = {idx: self.const(f.default) for idx, f in enumerate(fields) if v not in f.versions}
+        unsent = {idx: self.const(f.default) for idx, f in enumerate(fields) if f.tagged_in(v)}
         regular = [(i, f) for i, f in enumerate(fields) if v in f.versions and not f.tagged_in(v)]
         k = 0
         while k < len(regular):
@@ -449,7 +449,7 @@ class _Compiler:
             self.read_field(value[idx], f, self.flexible_for(f), depth, path)
             k += 1
         cls = self.const(struct.cls)
-        plain = "".join(f"{defaults.get(idx, name)}, " for idx, name in enumerate(value))
+        plain = "".join(f"{absent.get(idx, unsent.get(idx, name))}, " for idx, name in enumerate(value))
         if not self.flexible:
             s(f"{target} = _tnew({cls}, ({plain}(),))")
             return
@@ -462,13 +462,11 @@ class _Compiler:
         s(f"    {target} = _tnew({cls}, ({plain}(),))")
         s("else:")
         with s.indent():
-            for idx, f in enumerate(fields):
-                if f.tagged_in(v):
-                    s(f"{value[idx]} = {defaults[idx]}")
+            for idx, default in unsent.items():
+                s(f"{value[idx]} = {default}")
             s(f"{unk} = ()")
             self.read_tagged(struct, value, unk, depth, path)
-            tagged = "".join(f"{name if idx not in defaults or fields[idx].tagged_in(v) else defaults[idx]}, "
-                             for idx, name in enumerate(value))
+            tagged = "".join(f"{absent.get(idx, name)}, " for idx, name in enumerate(value))
             s(f"{target} = _tnew({cls}, ({tagged}{unk},))")
 
     def read_fixed_run(self, run: list[tuple[int, FieldSpec]], value: list[str],
