@@ -14,6 +14,7 @@ message compiled with ``fast_paths=False``.
 from __future__ import annotations
 
 import random
+import re
 import struct
 from typing import Any
 
@@ -21,7 +22,7 @@ import pytest
 
 from gatehouse import codecs
 from gatehouse.codecs import _flat
-from gatehouse.codecs._compile import MessageCodec, _Compiler, message_codec
+from gatehouse.codecs._compile import MessageCodec, _Compiler, generated_source, message_codec
 from gatehouse.codecs.schema import MessageSpec, StructSpec
 from tests.codec_strategies import ALL_CASES, case_id, message_spec, random_scalar, random_struct
 
@@ -212,3 +213,56 @@ def test_layouts_past_the_cache_limit_are_read_element_by_element(
         assert body == resp.body and [len(p.isr_nodes) for p in body.topics[0].partitions] == [isr] * 5
         first = frame.index(b"\x06\x00\x00", resp._body_offset)  # 5 partitions, the first's error code
         assert (bulk(memoryview(frame), first + 1, 5) is None) == (isr == 1)
+
+
+def _fetch_response(version: int, records: list[bytes | None], aborted: list[Any] | None) -> bytes:
+    """A Fetch response with one partition per entry of ``records``; every partition has
+    the ``aborted`` transactions (None: null, [] : empty)."""
+    topic: dict[str, Any] = {"topic_id": "00000000-0000-0000-0000-00000000abcd"} if version >= 13 \
+        else {"topic": "t"}
+    topic["partitions"] = [
+        {"partition_index": p, "error_code": 0, "high_watermark": 10, "last_stable_offset": 10,
+         "log_start_offset": 0, "aborted_transactions": aborted, "preferred_read_replica": -1,
+         "records": r}
+        for p, r in enumerate(records)
+    ]
+    resp = codecs.response_from_dict({"header": {"correlation_id": 1},
+                                      "body": {"responses": [topic]}}, api_key=1, api_version=version)
+    return bytes(resp.encode())
+
+
+# Record set sizes at every varint length boundary: 1, 2, 3 and 4 bytes (the last read by
+# the general varint reader), and null.
+_RECORD_SIZES: list[int | None] = [None, 0, 1, 126, 127, 16382, 16383, 2_097_150, 2_097_151]
+
+
+@pytest.mark.parametrize("version", [12, 16, 18])
+@pytest.mark.parametrize("aborted", [[], None, [{"producer_id": 7, "first_offset": 3}]],
+                         ids=["empty", "null", "one"])
+def test_fetch_records_lengths_read_ahead_by_the_speculative_unpack(
+        version: int, aborted: list[Any] | None) -> None:
+    """Fetch's partitions read the records' length with the fixed fields before it (while
+    the aborted transactions are empty or null); every length size, the other branches and
+    every cut through the lengths decode as the plain decoder does."""
+    fast = message_codec(codecs.APIS[1].response, version)
+    plain = _Compiler(codecs.APIS[1].response, version, fast_paths=False).compile()
+    source = generated_source(codecs.APIS[1].response, version)
+    assert re.search(r"c\d+, c\d+_1, c\d+_2, = ", source)  # the read-ahead is there
+    records = [None if n is None else bytes(range(256)) * (n // 256) + bytes(n % 256)
+               for n in _RECORD_SIZES]
+    frame = _fetch_response(version, records, aborted)
+    body = codecs.decode_response(frame, 1, version)._body_offset
+    view = memoryview(frame)[body:]
+    decoded, end, _ = fast.decode(view)
+    assert end == len(view)
+    got = [None if p.records is None else len(p.records) for p in decoded.responses[0].partitions]
+    assert got == _RECORD_SIZES
+    assert _outcome(fast, frame[body:]) == _outcome(plain, frame[body:])
+    # Cuts anywhere in the first partitions (fixed fields, aborted array, records length),
+    # where the read-ahead reaches past the end of the frame.
+    for cut in range(1, 200):
+        assert _outcome(fast, frame[body:body + cut]) == _outcome(plain, frame[body:body + cut])
+    # The last partition (2 MiB of records) cut in its length and just after it.
+    last = frame.rindex(b"\x80\x80\x80\x01") - body  # its length: 2_097_152 (size + 1)
+    for cut in range(last - 40, last + 6):
+        assert _outcome(fast, frame[body:body + cut]) == _outcome(plain, frame[body:body + cut])

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
+import re
 import struct
 import uuid
 from collections.abc import Callable, Mapping
@@ -294,6 +295,30 @@ class _Compiler:
                 s("    pos += 3")
         s(f"else: {target}, pos = _uv(buf, pos)")
 
+    def read_prefetched_uvarint(self, target: str, first: str, inline: int) -> None:
+        """A varint whose first bytes a speculative unpack may have read into the locals
+        ``first``, ``first_1``, ``first_2`` (``first`` is -1 where it did not)."""
+        s = self.src
+        b = [first, f"{first}_1", f"{first}_2"]
+        s(f"if {first} < 0:")
+        with s.indent():
+            self.read_uvarint(target, inline)
+        s(f"elif {first} < 128:")
+        s(f"    {target} = {first}")
+        s("    pos += 1")
+        s(f"elif {b[1]} < 128:")
+        s(f"    {target} = ({first} & 127) | ({b[1]} << 7)")
+        s("    pos += 2")
+        s(f"elif {b[2]} < 128:")
+        s(f"    {target} = ({first} & 127) | (({b[1]} & 127) << 7) | ({b[2]} << 14)")
+        s("    pos += 3")
+        s(f"else: {target}, pos = _uv(buf, pos)")
+
+    def _compact_sized(self, f: FieldSpec) -> bool:
+        """A string, bytes or records field with a varint length (not an array)."""
+        return (not f.is_array and f.struct is None and f.type in ("string", "bytes", "records")
+                and self.flexible_for(f))
+
     def read_length(self, target: str, flexible: bool, wide: bool, inline: int = 2) -> None:
         """A length prefix into ``target``; -1 means null."""
         if flexible:
@@ -306,7 +331,8 @@ class _Compiler:
             self.src(f"{target} = _i16(buf, pos)[0]")
             self.src("pos += 2")
 
-    def read_scalar(self, target: str, type_name: str, flexible: bool, nullable: bool, label: str) -> None:
+    def read_scalar(self, target: str, type_name: str, flexible: bool, nullable: bool, label: str,
+                    prefetched: str | None = None) -> None:
         """One non-struct value (primitive or string/bytes/records) into ``target``."""
         s = self.src
         if type_name in _FIXED:
@@ -319,7 +345,13 @@ class _Compiler:
         if type_name not in ("string", "bytes", "records"):
             raise AssertionError(type_name)
         n = s.tmp("n")
-        self.read_length(n, flexible, wide=type_name != "string", inline=2 if type_name == "string" else 3)
+        inline = 2 if type_name == "string" else 3
+        if prefetched is not None:
+            assert flexible
+            self.read_prefetched_uvarint(n, prefetched, inline)
+            s(f"{n} -= 1")
+        else:
+            self.read_length(n, flexible, wide=type_name != "string", inline=inline)
         s(f"if {n} < 0:")
         with s.indent():
             if nullable:
@@ -340,8 +372,11 @@ class _Compiler:
                 s(f"{target} = buf[pos:{e}]")
             s(f"pos = {e}")
 
-    def read_field(self, target: str, f: FieldSpec, flexible: bool, depth: int, path: tuple[str, ...]) -> None:
-        """The value of field ``f`` into ``target``; ``f`` (the local) already names it."""
+    def read_field(self, target: str, f: FieldSpec, flexible: bool, depth: int,
+                   path: tuple[str, ...], prefetched: str | None = None) -> None:
+        """The value of field ``f`` into ``target``; ``f`` (the local) already names it.
+
+        ``prefetched``: see ``speculate_empty_array`` (strings, bytes and records only)."""
         s = self.src
         nullable = f.nullable_in(self.version)
         if f.is_array:
@@ -405,7 +440,7 @@ class _Compiler:
             else:
                 s(f"{target}, pos = d_{f.struct.name}(buf, pos)")
         else:
-            self.read_scalar(target, f.type, flexible, nullable, f.name)
+            self.read_scalar(target, f.type, flexible, nullable, f.name, prefetched)
 
     def decode_struct(
         self, struct: StructSpec, target: str, depth: int, path: tuple[str, ...],
@@ -427,6 +462,7 @@ class _Compiler:
         unsent = {idx: self.const(f.default) for idx, f in enumerate(fields) if f.tagged_in(v)}
         regular = [(i, f) for i, f in enumerate(fields) if v in f.versions and not f.tagged_in(v)]
         k = 0
+        prefetched: str | None = None  # the next field's length bytes, read by a speculation
         while k < len(regular):
             idx, f = regular[k]
             s(f"f = {(*path, f.name)!r}")
@@ -436,8 +472,11 @@ class _Compiler:
                     and regular[after][1].is_array):
                 run2 = _fixed_run(regular, after + 1)
                 if run2:
-                    self.speculate_empty_array(run, regular[after], run2, value, depth, path)
                     k = after + 1 + len(run2)
+                    following = regular[k][1] if k < len(regular) else None
+                    prefetched = self.speculate_empty_array(
+                        run, regular[after], run2, value, depth, path,
+                        prefetch=following is not None and self._compact_sized(following))
                     continue
             if spans is not None:
                 spans.append(f"s{idx}")
@@ -446,7 +485,8 @@ class _Compiler:
                 self.read_fixed_run(run, value, spans)
                 k = after
                 continue
-            self.read_field(value[idx], f, self.flexible_for(f), depth, path)
+            self.read_field(value[idx], f, self.flexible_for(f), depth, path, prefetched)
+            prefetched = None
             k += 1
         cls = self.const(struct.cls)
         plain = "".join(f"{absent.get(idx, unsent.get(idx, name))}, " for idx, name in enumerate(value))
@@ -490,7 +530,8 @@ class _Compiler:
     def speculate_empty_array(
         self, run: list[tuple[int, FieldSpec]], array: tuple[int, FieldSpec],
         run2: list[tuple[int, FieldSpec]], value: list[str], depth: int, path: tuple[str, ...],
-    ) -> None:
+        prefetch: bool = False,
+    ) -> str | None:
         """Fixed fields, an array, fixed fields: one unpack if the array is empty or null.
 
         Fetch's partitions (offsets, then aborted transactions, then the preferred read
@@ -498,6 +539,12 @@ class _Compiler:
         array's length and the fields after it too; for any other length they are read
         again after the array (the first fields are kept).  With too few bytes left, all
         are read field by field, so that errors still name the field they are in.
+
+        With ``prefetch`` (the next field is a string, bytes or records with a varint
+        length: Fetch's records), the unpack also reads the three bytes after ``run2``
+        into locals, and the name of the first is returned: the length of that field is
+        then read from locals, not from three one-byte subscripts of the buffer.  They
+        are only valid when the array was empty; the first is -1 otherwise.
         """
         s = self.src
         self.speculated += 1
@@ -510,7 +557,11 @@ class _Compiler:
         size1 = sum(_FIXED[g.type][1] for _, g in run)
         length = s.tmp("n")
         targets = ", ".join(length if i < 0 else value[i] for i, _ in both)
-        s(f"if pos + {size} <= end:")
+        ahead = s.tmp("c") if prefetch else None
+        if ahead is not None:
+            fmt += "BBB"
+            targets += f", {ahead}, {ahead}_1, {ahead}_2"
+        s(f"if pos + {size + (3 if ahead else 0)} <= end:")
         with s.indent():
             s(f"{targets}, = {self.const(struct_cls(fmt).unpack_from)}(buf, pos)")
             s(f"pos += {size1}")
@@ -521,26 +572,32 @@ class _Compiler:
         with s.indent():
             self.read_fixed_run(run, value, None)
             s(f"{length} = None")
+            if ahead is not None:
+                s(f"{ahead} = -1")
+        cases = [(empty, "()")]
         if f.nullable_in(self.version):
-            s(f"if {length} == {empty} or {length} == {null}:")
-            s(f"    {value[idx]} = () if {length} == {empty} else None")
-        else:
-            s(f"if {length} == {empty}:")
-            s(f"    {value[idx]} = ()")
-        with s.indent():
-            s(f"pos += {size - size1}")
-            for i, g in run2:
-                if g.type == "uuid":
-                    s(f"{value[i]} = _uuid({value[i]})")
+            cases.append((null, "None"))
+        for case, (count, empty_value) in enumerate(cases):
+            s(f"{'elif' if case else 'if'} {length} == {count}:")
+            with s.indent():
+                s(f"{value[idx]} = {empty_value}")
+                s(f"pos += {size - size1}")
+                for i, g in run2:
+                    if g.type == "uuid":
+                        s(f"{value[i]} = _uuid({value[i]})")
         s("else:")
         with s.indent():
             s(f"f = {(*path, f.name)!r}")
             self.read_field(value[idx], f, compact, depth, path)
             s(f"f = {(*path, run2[0][1].name)!r}")
             self.read_fixed_run(run2, value, None)
+            if ahead is not None:
+                s(f"{ahead} = -1")
+        return ahead
 
     def gen_decoder(self, struct: StructSpec, is_root: bool) -> None:
         s = self.src
+        start = len(s.lines)
         s(f"def d_{struct.name}(buf, pos, {_LOCALS}):")
         with s.indent():
             s("end = len(buf)")
@@ -555,6 +612,7 @@ class _Compiler:
                 s(f"return r, pos, ({', '.join([*spans, 'pos'])},)")
             else:
                 s("return r, pos")
+        _bind_consts(s.lines, start)
 
     def read_tagged(self, struct: StructSpec, value: list[str], unk: str, depth: int, path: tuple[str, ...]) -> None:
         s = self.src
@@ -915,6 +973,28 @@ class _Compiler:
             encode_spliced=namespace[f"es_{_ROOT}"],
             functions=namespace,
         )
+
+
+_CONST_REF: Final = re.compile(r"\bK\[(\d+)\]")
+
+
+def _bind_consts(lines: list[str], start: int) -> None:
+    """Bind the constants the function at ``lines[start]`` uses as default arguments:
+    ``K[12]`` becomes the local ``k12``, one load instead of three (a load, a constant, a
+    subscript) in the loops that build records and unpack numbers."""
+    used: dict[str, None] = {}  # in order of first use
+
+    def local(match: re.Match[str]) -> str:
+        name = f"k{match.group(1)}"
+        used[name] = None
+        return name
+
+    for i in range(start + 1, len(lines)):
+        lines[i] = _CONST_REF.sub(local, lines[i])
+    if used:
+        head = lines[start]
+        assert head.endswith("):")
+        lines[start] = head[:-2] + "".join(f", {name}=K[{name[1:]}]" for name in used) + "):"
 
 
 def _refused(packs: tuple[Callable[[Any], bytes], ...], values: tuple[Any, ...],

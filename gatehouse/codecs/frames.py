@@ -9,9 +9,9 @@ is still the very object that was decoded is copied from the original bytes.
 from __future__ import annotations
 
 import struct
-from typing import Any, Final, NamedTuple
+from typing import Any, ClassVar, Final, NamedTuple
 
-from gatehouse.codecs._compile import message_codec, new_output
+from gatehouse.codecs._compile import MessageCodec, message_codec, new_output
 from gatehouse.codecs.errors import (
     LocalProtocolError,
     ProtocolError,
@@ -36,6 +36,13 @@ _REQUEST_HEADER_VERSION: Final[dict[int, int]] = {
 # from its specs, but the header layout is still what such a frame has on the wire.
 CONTROLLED_SHUTDOWN_KEY: Final = 7
 _REQUEST_HEADER_VERSION[CONTROLLED_SHUTDOWN_KEY << 16] = 0
+# api_key -> (lo, hi) of the versions whose responses have header v1 (tagged fields):
+# the flexible range, open-ended, so versions newer than the tables still have a known
+# header.  ApiVersions responses always use header v0 (KIP-511).
+_RESPONSE_HEADER_V1: Final[dict[int, tuple[int, int]]] = {
+    a.key: (a.response.flexible.lo, a.response.flexible.hi)
+    for a in APIS.values() if a.key != API_VERSIONS_KEY
+}
 # Exceptions that values of the wrong type or range raise while a header is packed.
 _BAD_VALUE: Final = (struct.error, TypeError, ValueError, AttributeError, OverflowError)
 
@@ -153,6 +160,9 @@ class _Message:
     api_key: int
     api_version: int
 
+    # (api key, version) -> codec, one table per message kind (requests, responses).
+    _codecs: ClassVar[dict[tuple[int, int], MessageCodec]]
+
     def _message_spec(self) -> MessageSpec:
         raise NotImplementedError
 
@@ -192,10 +202,17 @@ class _Message:
         """The bytes this message was decoded from (None if built in code)."""
         return self._frame
 
+    def _codec(self) -> MessageCodec:
+        """The compiled codec of this message's body (key and version checked once)."""
+        key = (self.api_key, self.api_version)
+        codec = self._codecs.get(key)
+        if codec is None:
+            codec = self._codecs[key] = message_codec(self._message_spec(), key[1])
+        return codec
+
     def _decode_body(self) -> Any:
         assert self._frame is not None
-        spec = self._message_spec()
-        codec = message_codec(spec, self.api_version)
+        codec = self._codec()
         view = _readonly(self._frame)[self._body_offset :]
         try:
             body, end, spans = codec.decode(view)
@@ -236,8 +253,7 @@ class _Message:
         else:
             self._encode_header(out)
         body = self.body
-        spec = self._message_spec()
-        codec = message_codec(spec, self.api_version)
+        codec = self._codec()
         try:
             if view is not None and self._spans is not None:
                 codec.encode_spliced(out, body, self._orig_body, view[self._body_offset :], self._spans)
@@ -280,6 +296,7 @@ class Request(_Message):
 
     __slots__ = ()
     header: RequestHeader
+    _codecs = {}
 
     @property
     def api_key(self) -> int:  # type: ignore[override]
@@ -375,6 +392,7 @@ class Response(_Message):
     header: ResponseHeader
     _api_key: int
     _api_version: int
+    _codecs = {}
 
     @property
     def api_key(self) -> int:  # type: ignore[override]
@@ -542,21 +560,19 @@ def decode_response(frame: Buffer, api_key: int, api_version: int) -> Response:
             f"response frame of {len(frame)} bytes is shorter than a response header", offset=0
         )
     (correlation_id,) = _I32.unpack_from(frame, 0)
-    spec = APIS.get(api_key)
     pos = 4
     tags: tuple[tuple[int, bytes], ...] = ()
-    # Versions newer than the tables: flexible ranges are open-ended ("9+"), so the header
-    # layout is still known even though the body is not.
-    if spec is not None and api_version >= 0 and spec.response_header_version(api_version) == 1:
+    flexible = _RESPONSE_HEADER_V1.get(api_key)
+    if flexible is not None and flexible[0] <= api_version <= flexible[1]:
         if pos < len(frame) and frame[pos] == 0:
             pos += 1
         else:
             try:
                 tags, pos = _read_header_tags(memoryview(frame), pos)
             except ProtocolError as exc:
-                raise exc.at_api(api_key, api_version, spec.name) from None
+                raise exc.at_api(api_key, api_version, APIS[api_key].name) from None
     resp = object.__new__(Response)
-    resp.header = resp._orig_header = ResponseHeader(correlation_id, tags)
+    resp.header = resp._orig_header = _tuple_new(ResponseHeader, (correlation_id, tags))
     resp._api_key = api_key
     resp._api_version = api_version
     resp._frame = frame
