@@ -321,3 +321,35 @@ def test_leftovers_of_dead_writers_are_recovered_live_ones_left(tmp_path: Path) 
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == sorted([live.name, f"{prefix[1:]}-{dead.pid}-000001.jsonl",
                             f"{prefix[1:]}-{dead.pid}-000002.jsonl.gz.truncated"])
+
+
+@pytest.mark.parametrize("version", [3, 9, 12, 13])
+def test_produce_topics_read_from_the_bytes_match_the_decoded_body(
+        tmp_path: Path, conn: ConnectionInfo, version: int) -> None:
+    """Produce requests are logged from their bytes (no body decode): the same topics,
+    partitions, record counts and bytes as from the decoded body; topic ids (v13) named
+    from a Metadata response seen before."""
+    orders_id = "6f1c2f57-1e1c-4c7a-9d0c-3a2b1c0d9e8f"
+    batch = batch_v2(record_v2(0, 0, b"k", b"v") + record_v2(1, 0, None, b"w"), 2)
+    topic = {"topic_id": orders_id} if version >= 13 else {"name": "orders"}
+    produce = request(0, version, 21, acks=-1, timeout_ms=1000, topic_data=[
+        {**topic, "partition_data": [{"index": 3, "records": batch},
+                                     {"index": 5, "records": batch + batch}]}])
+    logged = []
+    for decode_first in (False, True):
+        capture = CaptureObserver(CaptureSettings(dir=tmp_path / str(decode_first)))
+        capture.request(conn, wire(request(3, 12, 20, topics=None)), 10)
+        capture.response(conn, Pending(20, 3, 12, 0.0), 0, 0.001, response_frame(
+            3, 12, 20, topics=[{"name": "orders", "topic_id": orders_id, "partitions": []}]))
+        req = wire(produce)
+        if decode_first:
+            assert req.body is not None  # as when a rule has read it
+        capture.request(conn, req, len(bytes(req.encode())))
+        assert req.body_decoded == decode_first  # the log did not decode it
+        capture.response(conn, Pending(21, 0, version, 0.0), 0, 0.001, None)
+        assert capture.close(10)
+        logged.append(next(r for r in read_records(tmp_path / str(decode_first))
+                           if r["correlation_id"] == 21)["topics"])
+    assert logged[0] == logged[1] == [{
+        "name": "orders", "broker": "orders", "id": orders_id if version >= 13 else None,
+        "partitions": [3, 5], "records": 6, "bytes": 3 * len(batch)}]

@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gatehouse import codecs
-from gatehouse.codecs import ProtocolError, records
-from gatehouse.metrics import error_codes, produce
+from gatehouse.codecs import ProtocolError, produce, records
+from gatehouse.metrics import error_codes
 from tests.codec_strategies import build_message, header_tags, message_body
 
 VERSIONS = list(codecs.api(0).request.valid)
@@ -43,13 +43,14 @@ RECORDS = st.one_of(
 )
 
 
-def expected_topics(req: codecs.Request) -> list[tuple[Any, int, int]] | None:
+def expected_topics(req: codecs.Request) -> list[tuple[Any, list[int], int, int]] | None:
     out = []
     try:
         for topic in req.body.topic_data:
             key = topic.topic_id.bytes if req.api_version >= 13 else topic.name
             summaries = [records.summarize(p.records) for p in topic.partition_data]
-            out.append((key, sum(s.records for s in summaries), sum(s.bytes for s in summaries)))
+            out.append((key, [p.index for p in topic.partition_data],
+                        sum(s.records for s in summaries), sum(s.bytes for s in summaries)))
     except ProtocolError:
         return None  # the full decoder refuses: the fast path must give up too
     return out
@@ -103,14 +104,15 @@ def test_truncated_or_padded_frames_fall_back(version: int) -> None:
 @given(data=RECORDS, mangle=st.integers(0, 80), to=st.integers(0, 255))
 def test_records_and_bytes_count_what_summarize_counts(data: bytes | None, mangle: int,
                                                        to: int) -> None:
-    # The Fetch counters' reader: the same counts as the full batch-header walk, and the
-    # same refusals (a byte changed anywhere in the first headers included).
+    # The reader of the Fetch counters and of the capture: the same counts as the full
+    # batch-header walk, and the same refusals (a byte changed anywhere in the first
+    # headers included).
     if data and mangle < len(data):
         data = data[:mangle] + bytes([to]) + data[mangle + 1:]
     try:
         summary = records.summarize(data)
     except ProtocolError:
         with pytest.raises(ProtocolError):
-            produce.records_and_bytes(data)
+            records.records_and_bytes(data)
         return
-    assert produce.records_and_bytes(data) == (summary.records, summary.bytes)
+    assert records.records_and_bytes(data) == (summary.records, summary.bytes)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from gatehouse.capture.schema import SCHEMA_VERSION
 from gatehouse.capture.settings import CaptureSettings
 from gatehouse.capture.writer import CaptureStats, CaptureWriter
-from gatehouse.codecs import APIS, ProtocolError, Request, Response, records
+from gatehouse.codecs import APIS, ProtocolError, Request, Response, produce, records
 from gatehouse.codecs.peek import produce_acks
 from gatehouse.codecs.schema import FieldSpec, StructSpec
 from gatehouse.codecs.walk import rewrite
@@ -151,7 +151,17 @@ class CaptureObserver(Observer):
             "sample": rate,
         }
         no_response = False
-        if req.known:
+        counted = (produce.request_topics(req.frame, req.api_version)
+                   if key == PRODUCE and req.known and not req.body_decoded
+                   and req.frame is not None else None)
+        if counted is not None:  # read from the bytes: no decode of every record set
+            record["topics"] = [
+                self._topic_entry(topic if isinstance(topic, str) else None,
+                                  None if isinstance(topic, str) else uuid.UUID(bytes=topic),
+                                  indexes, records_total, bytes_total)
+                for topic, indexes, records_total, bytes_total in counted]
+            no_response = produce_acks(req) == 0
+        elif req.known:
             try:
                 body = req.body
                 if key != FETCH:  # Fetch: the response says what moved
@@ -238,15 +248,20 @@ class CaptureObserver(Observer):
                        partitions: list[tuple[int, Any]]) -> dict[str, Any]:
         """A topic of a Produce request or Fetch response, with record counts and bytes
         from its batch headers (no decompression)."""
-        entry = self._entry(name, topic_id)
         total_records = total_bytes = 0
         for _, data in partitions:
-            summary = records.summarize(data)
-            total_records += summary.records
-            total_bytes += summary.bytes
-        entry["partitions"] = [index for index, _ in partitions]
-        entry["records"] = total_records
-        entry["bytes"] = total_bytes
+            counted, size = records.records_and_bytes(data)
+            total_records += counted
+            total_bytes += size
+        return self._topic_entry(name, topic_id, [index for index, _ in partitions],
+                                 total_records, total_bytes)
+
+    def _topic_entry(self, name: str | None, topic_id: Any, partitions: list[int],
+                     records_total: int, bytes_total: int) -> dict[str, Any]:
+        entry = self._entry(name, topic_id)
+        entry["partitions"] = partitions
+        entry["records"] = records_total
+        entry["bytes"] = bytes_total
         return entry
 
     def _entry(self, name: str | None, topic_id: Any) -> dict[str, Any]:

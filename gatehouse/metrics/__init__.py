@@ -26,10 +26,9 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
-from gatehouse.codecs import APIS, ProtocolError, Request, Response
+from gatehouse.codecs import APIS, ProtocolError, Request, Response, produce
 from gatehouse.codecs._error_codes import ERROR_NAMES
 from gatehouse.logs import log_event
-from gatehouse.metrics import produce
 from gatehouse.metrics.groups import GROUP_APIS, GROUP_RESPONSES, GroupCensus
 from gatehouse.proxy.config import Address
 from gatehouse.proxy.hooks import ConnectionInfo, Observer, Pending, decoded_response
@@ -296,7 +295,7 @@ class ProxyMetrics(Observer):
 
     def _count_topics(self, topics: produce.TopicCounts) -> None:
         names = self.topic_names
-        for key, records_total, bytes_total in topics:
+        for key, _, records_total, bytes_total in topics:
             if records_total <= 0:
                 continue
             name = key if isinstance(key, str) else names.get(key, "unknown")

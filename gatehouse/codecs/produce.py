@@ -1,8 +1,9 @@
-"""Produce requests and responses read straight from their bytes: the metrics' hot path.
+"""Produce requests and responses read straight from their bytes: the hot path of the
+metrics and of the observation log.
 
 Every Produce request carries records and every response carries error codes.  Decoding
 either into objects costs more than the proxy's own work per request, and the counters
-need only per topic (records, bytes) and per code counts.  These readers walk the frame
+and the log need only per topic (partitions, records, bytes) and per code counts.  These readers walk the frame
 for exactly that, check that they consumed it exactly, and return None on anything
 unexpected: the caller then falls back to the full decoder, which reports the error.
 
@@ -17,24 +18,21 @@ from collections.abc import Iterable
 from typing import Any, Final
 
 from gatehouse.codecs.primitives import Buffer
-from gatehouse.codecs.records import BATCH_OVERHEAD, LOG_OVERHEAD, summarize
+from gatehouse.codecs.records import Uncounted, count_records, records_and_bytes
 
 _I16: Final = struct.Struct(">h")
 _I32: Final = struct.Struct(">i")
-_MAGIC_AT: Final = 16  # in a batch: base offset (8), length (4), leader epoch (4)
-_COUNT_AT: Final = 57  # a v2 batch's record count
-_V2_HEAD: Final = struct.Struct(">8xi4xb40xi")  # length (8), magic (16), count (57)
-_LEGACY_MIN_LENGTH: Final = (14, 22)  # magic 0 / 1: crc, magic, attributes (, timestamp)
 FLEXIBLE_SINCE: Final = 9
 TOPIC_IDS_SINCE: Final = 13
 FIRST_VERSION: Final = 3
 
 
-class _Unexpected(Exception):
-    """Anything the fast path does not handle: the full decoder takes over."""
+# Anything the fast path does not handle: the full decoder takes over.
+_Unexpected = Uncounted
 
 
-TopicCounts = list[tuple[str | bytes, int, int]]  # (name, or topic id bytes; records; bytes)
+# Per topic: name, or topic id bytes; partition indexes; records; bytes.
+TopicCounts = list[tuple[str | bytes, list[int], int, int]]
 
 
 def _uvarint(view: memoryview, pos: int) -> tuple[int, int]:
@@ -84,61 +82,6 @@ def _skip_string(view: memoryview, pos: int, flexible: bool) -> int:
     return pos + 2 + max(length, 0)
 
 
-def count_records(view: memoryview, start: int, end: int) -> tuple[int, int]:
-    """(records, bytes of complete batches) in ``view[start:end]``, from batch headers,
-    as ``gatehouse.codecs.records.summarize`` counts them."""
-    pos = start
-    count = 0
-    # v2 batches (all a modern client sends): length, magic and count in one unpack.
-    while end - pos >= BATCH_OVERHEAD:
-        length, magic, records = _V2_HEAD.unpack_from(view, pos)
-        if magic != 2:
-            break
-        size = LOG_OVERHEAD + length
-        if pos + size > end:
-            if length < 0:
-                raise _Unexpected
-            return count, pos - start
-        if size < BATCH_OVERHEAD:
-            raise _Unexpected
-        count += records
-        pos += size
-    while end - pos >= LOG_OVERHEAD + 5:
-        (length,) = _I32.unpack_from(view, pos + 8)
-        size = LOG_OVERHEAD + length
-        if length < 0:
-            raise _Unexpected
-        if pos + size > end:
-            break
-        magic = view[pos + _MAGIC_AT]
-        if magic == 2:
-            if size < BATCH_OVERHEAD:
-                raise _Unexpected
-            count += _I32.unpack_from(view, pos + _COUNT_AT)[0]
-        elif magic == 0 or magic == 1:
-            if length < _LEGACY_MIN_LENGTH[magic]:
-                raise _Unexpected
-            count += 1
-        else:
-            raise _Unexpected
-        pos += size
-    return count, pos - start
-
-
-def records_and_bytes(records: Buffer | None) -> tuple[int, int]:
-    """(records, bytes of complete batches) of a records field; anything ``count_records``
-    does not take is left to ``records.summarize``, which counts it or says what is wrong
-    (``ProtocolError``)."""
-    if records is None:
-        return 0, 0
-    view = memoryview(records)
-    try:
-        return count_records(view, 0, len(view))
-    except _Unexpected:
-        summary = summarize(view)
-        return summary.records, summary.bytes
-
-
 def partitions_total(partitions: Iterable[Any]) -> tuple[int, int]:
     """(records, bytes) over the ``records`` fields of a topic's decoded partitions."""
     records_total = bytes_total = 0
@@ -158,7 +101,8 @@ def _body_start(view: memoryview, flexible: bool) -> int:
 
 
 def request_topics(frame: Buffer, version: int) -> TopicCounts | None:
-    """Per topic: (name, or the 16 topic id bytes from v13; records; record bytes)."""
+    """Per topic: (name, or the 16 topic id bytes from v13; partition indexes; records;
+    record bytes)."""
     if version < FIRST_VERSION:
         return None
     view = memoryview(frame)
@@ -200,8 +144,10 @@ def request_topics(frame: Buffer, version: int) -> TopicCounts | None:
             else:
                 partitions, pos = _array(view, pos, flexible)
             records = size = 0
+            indexes = []
             for _ in range(partitions):
-                pos += 4  # Index
+                indexes.append(_I32.unpack_from(view, pos)[0])
+                pos += 4
                 if flexible:
                     n = view[pos]
                     if n < 0x80:
@@ -223,7 +169,7 @@ def request_topics(frame: Buffer, version: int) -> TopicCounts | None:
                     pos = _skip_tags(view, pos) if view[pos] else pos + 1
             if flexible:
                 pos = _skip_tags(view, pos) if view[pos] else pos + 1
-            out.append((key, records, size))
+            out.append((key, indexes, records, size))
         if flexible:
             pos = _skip_tags(view, pos)
         if pos != len(view):
