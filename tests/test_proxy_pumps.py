@@ -13,7 +13,12 @@ import trio
 import trio.testing
 
 from gatehouse import codecs
-from gatehouse.proxy.addresses import BrokerAddress, address_apis, carries_addresses
+from gatehouse.proxy.addresses import (
+    BrokerAddress,
+    address_apis,
+    address_tags,
+    carries_addresses,
+)
 from gatehouse.proxy.config import Limits
 from gatehouse.proxy.connection import ConnectionContext, ProxyConnection
 from gatehouse.proxy.hooks import ConnectionInfo, Forward, Observer, Pending, Policy, Respond
@@ -201,6 +206,49 @@ async def test_produce_v10_node_endpoints_rewritten() -> None:
         await h.client.send(request(0, 11, 1, acks=-1, timeout_ms=100, topic_data=[]).encode())
         body = codecs.decode_response(await h.client.receive(), 0, 11).body
         assert [(e.host, e.port) for e in body.node_endpoints] == [("proxy.example", 19002)]
+
+
+def test_address_tags_only_where_top_level_tags_alone_carry_addresses() -> None:
+    assert address_tags(0, 10) == address_tags(1, 16) == frozenset({0})  # NodeEndpoints
+    assert address_tags(3, 12) is None  # Metadata's brokers are not tagged
+    assert address_tags(10, 3) is None  # FindCoordinator v0-3: the root itself
+
+
+class ScanRecorder(Observer):
+    def __init__(self) -> None:
+        self.seen: list[tuple[Any, Any]] = []
+
+    def response(self, conn: ConnectionInfo, pending: Pending, size: int, elapsed: float,
+                 frame: Any = None) -> None:
+        self.seen.append((pending.decoded, pending.produce_scan))
+
+
+@pytest.mark.parametrize("version", [10, 12, 13])
+async def test_produce_responses_without_node_endpoints_are_read_not_decoded(
+        version: int) -> None:
+    """Produce v10+ responses are scanned for their top-level tags: without NodeEndpoints
+    the very bytes go through undecoded and the observers get the scan's error codes;
+    with them it is decoded and rewritten (test_produce_v10_node_endpoints_rewritten)."""
+    topic = ({"topic_id": "00000000-0000-0000-0000-0000000000aa"} if version >= 13
+             else {"name": "t"})
+
+    def handler(req: codecs.Request) -> Any:
+        if req.api_key != 0:
+            return echo_handler(req)
+        body = response_body(0, version, responses=[{**topic, "partition_responses": [
+            {"index": 0, "error_code": 0}, {"index": 1, "error_code": 6}]}])
+        return bytes(codecs.Response.build(0, version, req.correlation_id, body).encode())
+
+    recorder = ScanRecorder()
+    async with proxied(handler, observer=recorder) as h:
+        await h.client.send(request(0, version, 1, acks=-1, timeout_ms=100,
+                                    topic_data=[]).encode())
+        answer = await h.client.receive()
+        assert answer is not None
+        assert codecs.decode_response(answer, 0, version).body.responses[0] \
+            .partition_responses[1].error_code == 6
+    [(decoded, scan)] = recorder.seen
+    assert decoded is None and scan == ({0: 1, 6: 1}, ())
 
 
 async def test_api_versions_capped_and_features_kept() -> None:

@@ -189,7 +189,16 @@ class CaptureObserver(Observer):
         record["latency_ms"] = round(elapsed * 1000.0, 3)
         record["outcome"] = "refused" if pending.local is not None else "answered"
         key = pending.api_key
-        if frame is not None and key in APIS:
+        scan = None
+        if key == PRODUCE and pending.decoded is None and frame is not None:
+            scan = pending.produce_scan or produce.response_scan(frame, pending.api_version)
+        if scan is not None:  # read from the bytes (the proxy did not decode it)
+            codes = scan[0]
+            errors = [code for code in codes if code]
+            if errors:
+                record["errors"] = sorted(errors)
+                record["error_count"] = sum(codes[code] for code in errors)
+        elif frame is not None and key in APIS:
             try:
                 resp = decoded_response(pending, frame)
                 if resp.known:

@@ -61,6 +61,20 @@ def _skip_tags(view: memoryview, pos: int) -> int:
     return pos
 
 
+def _read_tag_numbers(view: memoryview, pos: int) -> tuple[tuple[int, ...], int]:
+    """Skips a tag section; the numbers of its fields."""
+    count, pos = _uvarint(view, pos)
+    tags = []
+    for _ in range(count):
+        tag, pos = _uvarint(view, pos)
+        size, pos = _uvarint(view, pos)
+        tags.append(tag)
+        pos += size
+    if pos > len(view):
+        raise _Unexpected
+    return tuple(tags), pos
+
+
 def _array(view: memoryview, pos: int, flexible: bool) -> tuple[int, int]:
     if flexible:
         n, pos = _uvarint(view, pos)
@@ -181,6 +195,18 @@ def request_topics(frame: Buffer, version: int) -> TopicCounts | None:
 
 def response_codes(frame: Buffer, version: int) -> dict[int, int] | None:
     """How often each error code appears (Produce has them per partition only)."""
+    scan = response_scan(frame, version)
+    return None if scan is None else scan[0]
+
+
+# Error code -> how often; the numbers of the top-level tagged fields (v9+: NodeEndpoints
+# is tag 0, and only a broker that moved leaders sends it).
+ResponseScan = tuple[dict[int, int], tuple[int, ...]]
+
+
+def response_scan(frame: Buffer, version: int) -> ResponseScan | None:
+    """The error codes of a Produce response and the tags of its top-level tagged fields,
+    read from its bytes (``frame`` from the correlation id on)."""
     if version < FIRST_VERSION:
         return None
     view = memoryview(frame)
@@ -214,10 +240,14 @@ def response_codes(frame: Buffer, version: int) -> dict[int, int] | None:
             if flexible:
                 pos = _skip_tags(view, pos) if view[pos] else pos + 1
         pos += 4  # ThrottleTimeMs
+        tags: tuple[int, ...] = ()
         if flexible:
-            pos = _skip_tags(view, pos)
+            if view[pos]:
+                tags, pos = _read_tag_numbers(view, pos)
+            else:
+                pos += 1
         if pos != len(view):
             raise _Unexpected
-        return codes
+        return codes, tags
     except (_Unexpected, struct.error, IndexError):
         return None

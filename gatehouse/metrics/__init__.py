@@ -17,7 +17,6 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
-    Histogram,
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -30,6 +29,7 @@ from gatehouse.codecs import APIS, ProtocolError, Request, Response, produce
 from gatehouse.codecs._error_codes import ERROR_NAMES
 from gatehouse.logs import log_event
 from gatehouse.metrics.groups import GROUP_APIS, GROUP_RESPONSES, GroupCensus
+from gatehouse.metrics.tally import CounterFamily, HistogramFamily
 from gatehouse.proxy.config import Address
 from gatehouse.proxy.hooks import ConnectionInfo, Observer, Pending, decoded_response
 
@@ -141,25 +141,28 @@ class ProxyMetrics(Observer):
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
         GCCollector(registry=r)
-        self.requests = Counter("gatehouse_requests", "Requests from clients",
-                                ["api", "version", "client_software", "listener"], registry=r)
-        self.responses = Counter("gatehouse_responses", "Error codes in responses (every "
-                                 "level)", ["api", "error"], registry=r)
-        self.duration = Histogram("gatehouse_request_duration_seconds",
-                                  "Forwarded request to its response", ["api", "kind"],
-                                  buckets=LATENCY_BUCKETS, registry=r)
-        self.bytes = Counter("gatehouse_bytes", "Bytes through the proxy", ["direction"],
-                             registry=r)
+        # Updated for every request and response: lock-free families (see tally.py).
+        self.requests = CounterFamily("gatehouse_requests", "Requests from clients",
+                                      ["api", "version", "client_software", "listener"])
+        self.responses = CounterFamily("gatehouse_responses", "Error codes in responses "
+                                       "(every level)", ["api", "error"])
+        self.duration = HistogramFamily("gatehouse_request_duration_seconds",
+                                        "Forwarded request to its response", ["api", "kind"],
+                                        buckets=LATENCY_BUCKETS)
+        self.bytes = CounterFamily("gatehouse_bytes", "Bytes through the proxy", ["direction"])
         self.open_connections = {"client": 0, "broker": 0}
         r.register(_ConnectionsGauge(self.open_connections))
         self.connections_total = Counter("gatehouse_connections", "Connections by outcome",
                                          ["side", "outcome"], registry=r)
         self.clients = Gauge("gatehouse_clients", "Live connections per client software "
                              "(KIP-511)", ["software_name", "software_version"], registry=r)
-        self.topic_records = Counter("gatehouse_topic_records", "Records by client-side topic",
-                                     ["topic", "direction"], registry=r)
-        self.topic_bytes = Counter("gatehouse_topic_bytes", "Record bytes by client-side "
-                                   "topic", ["topic", "direction"], registry=r)
+        self.topic_records = CounterFamily("gatehouse_topic_records", "Records by client-side "
+                                           "topic", ["topic", "direction"])
+        self.topic_bytes = CounterFamily("gatehouse_topic_bytes", "Record bytes by client-side "
+                                         "topic", ["topic", "direction"])
+        for family in (self.requests, self.responses, self.duration, self.bytes,
+                       self.topic_records, self.topic_bytes):
+            r.register(family)
         self.decisions = Counter("gatehouse_rule_decisions", "Rule decisions",
                                  ["rule", "action"], registry=r)
         self.reloads = Counter("gatehouse_rules_reloads", "Rules reloads", ["outcome"],
@@ -339,7 +342,9 @@ class ProxyMetrics(Observer):
         if frame is None or key not in APIS:
             return
         if key == PRODUCE and pending.decoded is None:
-            counts = produce.response_codes(frame, pending.api_version)
+            scan = pending.produce_scan  # the proxy's, if it read the response so
+            counts = (scan[0] if scan is not None
+                      else produce.response_codes(frame, pending.api_version))
             if counts is not None:
                 for code, n in counts.items():
                     self._response_counter(key, code).inc(n)

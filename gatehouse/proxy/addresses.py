@@ -54,6 +54,25 @@ def carries_addresses(api_key: int, version: int) -> bool:
     return _struct_has_address(APIS[api_key].response.root, version)
 
 
+@cache
+def address_tags(api_key: int, version: int) -> frozenset[int] | None:
+    """The tags of the top-level tagged fields that can hold broker addresses, when only
+    such fields can (Produce v10+ and Fetch v16+: NodeEndpoints, tag 0): a response
+    without them needs no rewrite, which its tag section shows.  None when untagged
+    fields can hold them too (Metadata, FindCoordinator...)."""
+    root = APIS[api_key].response.root
+    if _is_address_struct(root):
+        return None
+    tags = set()
+    for f in root.fields:
+        if f.struct is None or not f.present_in(version) or not _struct_has_address(f.struct, version):
+            continue
+        if not f.tagged_in(version) or f.tag is None:
+            return None
+        tags.add(f.tag)
+    return frozenset(tags)
+
+
 def _struct_has_address(struct: StructSpec, version: int) -> bool:
     present = [f for f in struct.fields if f.present_in(version)]
     if _is_address_struct(struct) and any(_is_host_field(f) for f in present):

@@ -30,6 +30,7 @@ from gatehouse.codecs import (
     UnknownApi,
     decode_request,
     decode_response,
+    produce,
 )
 from gatehouse.codecs.peek import produce_acks
 from gatehouse.codecs.primitives import Buffer
@@ -37,6 +38,7 @@ from gatehouse.codecs.reader import FrameReader
 from gatehouse.proxy.addresses import (
     AddressMapper,
     BrokerAddress,
+    address_tags,
     carries_addresses,
     rewrite_addresses,
 )
@@ -408,6 +410,15 @@ class ProxyConnection:
             )
         key = pending.api_key
         rewrite = carries_addresses(key, pending.api_version)
+        if rewrite and key == PRODUCE and not pending.wants_response:
+            # Produce v10+ may name new leaders in a top-level tagged field (KIP-951,
+            # NodeEndpoints); its bytes say whether it is there, so most responses are
+            # not decoded.  The scan's error codes go to the observers.
+            scan = produce.response_scan(frame, pending.api_version)
+            tags = address_tags(key, pending.api_version)
+            if scan is not None and tags is not None and tags.isdisjoint(scan[1]):
+                pending.produce_scan = scan
+                rewrite = False
         if not (rewrite or key == API_VERSIONS or pending.wants_response):
             return frame  # nothing to look at: the original bytes go through
         try:

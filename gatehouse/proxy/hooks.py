@@ -64,6 +64,9 @@ class Pending:
     context: Any = None  # whatever the policy needs back with the response
     policy: Any = None  # the policy that decided: in-flight requests finish under it
     decoded: Response | None = None  # the response as sent, if the proxy decoded it
+    # A Produce response the proxy read from its bytes instead (codecs.produce): error
+    # codes and top-level tags.
+    produce_scan: Any = None
 
 
 def decoded_response(pending: Pending, frame: Any) -> Response:
