@@ -36,6 +36,8 @@ def batch(count: int, magic: int = 2, payload: int = 8) -> bytes:
 RECORDS = st.one_of(
     st.none(),
     st.binary(max_size=40),
+    # One v2 batch whose length takes 2, 3 or 4 varint bytes (flexible versions).
+    st.builds(batch, st.integers(0, 500), st.just(2), st.sampled_from([100, 16_400, 2_097_200])),
     st.lists(st.builds(batch, st.integers(0, 500), st.sampled_from([0, 1, 2]),
                        st.integers(0, 30)), max_size=3).map(b"".join),
     st.tuples(st.builds(batch, st.integers(1, 9)), st.binary(min_size=1, max_size=70)).map(
@@ -116,3 +118,17 @@ def test_records_and_bytes_count_what_summarize_counts(data: bytes | None, mangl
             records.records_and_bytes(data)
         return
     assert records.records_and_bytes(data) == (summary.records, summary.bytes)
+
+
+@pytest.mark.parametrize("version", [10, 12, 13])
+def test_response_scan_names_the_top_level_tags(version: int) -> None:
+    """NodeEndpoints (tag 0, KIP-951) is what the proxy must rewrite: the scan says when
+    a Produce response carries it."""
+    spec = codecs.api(0).response
+    plain = spec.root.cls(responses=(), throttle_time_ms=0)
+    frame = bytes(build_message(0, version, "response", plain).encode())
+    assert produce.response_scan(frame, version) == ({}, ())
+    node = spec.root.field("NodeEndpoints").struct.cls(node_id=2, host="k2", port=9092, rack=None)
+    moved = plain.replace(node_endpoints=(node,))
+    frame = bytes(build_message(0, version, "response", moved).encode())
+    assert produce.response_scan(frame, version) == ({}, (0,))

@@ -18,10 +18,18 @@ from collections.abc import Iterable
 from typing import Any, Final
 
 from gatehouse.codecs.primitives import Buffer
-from gatehouse.codecs.records import Uncounted, count_records, records_and_bytes
+from gatehouse.codecs.records import (
+    BATCH_OVERHEAD,
+    LOG_OVERHEAD,
+    V2_HEAD,
+    Uncounted,
+    count_records,
+    records_and_bytes,
+)
 
 _I16: Final = struct.Struct(">h")
 _I32: Final = struct.Struct(">i")
+_INDEX_AND_VARINT: Final = struct.Struct(">iBBB")
 FLEXIBLE_SINCE: Final = 9
 TOPIC_IDS_SINCE: Final = 13
 FIRST_VERSION: Final = 3
@@ -110,8 +118,10 @@ def _body_start(view: memoryview, flexible: bool) -> int:
     """Where a request body starts: after api key, version, correlation id, client id
     (a nullable int16 string in every header version) and, in v2 headers, tags."""
     (n,) = _I16.unpack_from(view, 8)
-    pos = 10 + max(n, 0)
-    return _skip_tags(view, pos) if flexible else pos
+    pos: int = 10 + max(n, 0)
+    if not flexible:
+        return pos
+    return _skip_tags(view, pos) if view[pos] else pos + 1
 
 
 def request_topics(frame: Buffer, version: int) -> TopicCounts | None:
@@ -126,9 +136,15 @@ def request_topics(frame: Buffer, version: int) -> TopicCounts | None:
     # runs for every Produce request.
     try:
         pos = _body_start(view, flexible)
-        pos = _skip_string(view, pos, flexible)  # TransactionalId
+        if flexible and view[pos] == 0:
+            pos += 1  # a null TransactionalId (no transactions): the usual case
+        else:
+            pos = _skip_string(view, pos, flexible)
         pos += 6  # Acks, TimeoutMs
-        topics, pos = _array(view, pos, flexible)
+        if flexible and (topics := view[pos] - 1) >= 0 and topics < 0x7F:
+            pos += 1
+        else:
+            topics, pos = _array(view, pos, flexible)
         out: TopicCounts = []
         for _ in range(topics):
             key: str | bytes
@@ -160,21 +176,39 @@ def request_topics(frame: Buffer, version: int) -> TopicCounts | None:
             records = size = 0
             indexes = []
             for _ in range(partitions):
-                indexes.append(_I32.unpack_from(view, pos)[0])
-                pos += 4
                 if flexible:
-                    n = view[pos]
+                    # The index and the first three bytes of the records' length at once
+                    # (a partition is followed by at least three tag counts).
+                    index, n, b1, b2 = _INDEX_AND_VARINT.unpack_from(view, pos)
+                    indexes.append(index)
                     if n < 0x80:
-                        pos += 1
+                        pos += 5
+                    elif b1 < 0x80:
+                        n = (n & 0x7F) | (b1 << 7)
+                        pos += 6
+                    elif b2 < 0x80:
+                        n = (n & 0x7F) | ((b1 & 0x7F) << 7) | (b2 << 14)
+                        pos += 7
                     else:
-                        n, pos = _uvarint(view, pos)
+                        n, pos = _uvarint(view, pos + 4)
                     n -= 1
                 else:
+                    indexes.append(_I32.unpack_from(view, pos)[0])
+                    pos += 4
                     (n,) = _I32.unpack_from(view, pos)
                     pos += 4
                 if n > 0:
                     if pos + n > len(view):
                         raise _Unexpected
+                    if n >= BATCH_OVERHEAD:  # one whole v2 batch: what clients send
+                        length, magic, c = V2_HEAD.unpack_from(view, pos)
+                        if magic == 2 and length + LOG_OVERHEAD == n:
+                            records += c
+                            size += n
+                            pos += n
+                            if flexible:
+                                pos = _skip_tags(view, pos) if view[pos] else pos + 1
+                            continue
                     c, b = count_records(view, pos, pos + n)
                     records += c
                     size += b
