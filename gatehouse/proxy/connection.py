@@ -45,6 +45,7 @@ from gatehouse.proxy.addresses import (
 from gatehouse.proxy.apiversions import API_VERSIONS, adjust_api_versions
 from gatehouse.proxy.budget import ByteBudget
 from gatehouse.proxy.config import Limits
+from gatehouse.proxy.fastio import FastStream
 from gatehouse.proxy.hooks import Close, ConnectionInfo, Forward, Observer, Pending, Policy, Respond
 
 logger = logging.getLogger("gatehouse.proxy")
@@ -115,6 +116,10 @@ class ProxyConnection:
     ) -> None:
         self.client = client
         self.upstream = upstream
+        # What the pumps read and write through (see fastio): the streams themselves
+        # are still what gets closed.
+        self.client_io = FastStream(client)
+        self.upstream_io = FastStream(upstream)
         self.conn = conn
         self.ctx = ctx
         self.limits = ctx.limits
@@ -230,7 +235,7 @@ class ProxyConnection:
         # Only the wait for bytes is cancelled by a drain: a request being handled is
         # forwarded whole, with its Pending entry, or not at all.
         with self.receive_scope:
-            data = await self.client.receive_some(_RECEIVE_SIZE)
+            data = await self.client_io.receive_some(_RECEIVE_SIZE)
         if self.receive_scope.cancelled_caught:
             self._record_close("proxy shutting down", logging.INFO)
             return None
@@ -259,7 +264,7 @@ class ProxyConnection:
     async def upstream_writer(self) -> None:
         # Never cancelled by a drain: requests already accepted go up.
         async for wire, ticket in self.requests_receive:
-            await self.upstream.send_all(wire)
+            await self.upstream_io.send_all(wire)
             if ticket:
                 self.request_bytes.give(ticket)
 
@@ -350,7 +355,7 @@ class ProxyConnection:
     # -- upstream -> client ----------------------------------------------------------
 
     async def _receive_from_upstream(self) -> bytes | bytearray:
-        data = await self.upstream.receive_some(_RECEIVE_SIZE)
+        data = await self.upstream_io.receive_some(_RECEIVE_SIZE)
         self._touch()
         return data
 
@@ -445,7 +450,7 @@ class ProxyConnection:
             self._malformed("response", exc)
 
     async def _send_client(self, wire: Any) -> None:
-        await self.client.send_all(wire)
+        await self.client_io.send_all(wire)
         self.conn.bytes_to_client += len(wire)
         self._touch()
 

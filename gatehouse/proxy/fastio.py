@@ -1,0 +1,92 @@
+"""Socket I/O for the pumps with fewer trips through trio's scheduler.
+
+trio's ``SocketStream`` yields to the scheduler after every send and receive, even one
+that completes at once: every await may switch tasks.  A request and its response make
+four such calls in the pumps, and each round through the scheduler costs more than the
+system call itself.  ``FastStream`` calls the socket directly while the kernel can take
+or give bytes, waits (``wait_readable``/``wait_writable``) only when it would block, and
+keeps trio's rules otherwise:
+
+- cancellation: every call first checks for it (``checkpoint_if_cancelled``), so timeouts,
+  drains and shutdowns still stop a pump that always finds its socket ready;
+- fairness: after ``_YIELD_EVERY`` calls without waiting it yields anyway, so one busy
+  connection cannot keep the others from running;
+- errors: as ``SocketStream``'s (``ClosedResourceError`` once the stream is closed,
+  ``BrokenResourceError`` for a failed send or receive).
+
+Anything but a plain TCP ``SocketStream`` (TLS, the tests' memory streams) goes through
+its own methods unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Final
+
+import trio
+
+_YIELD_EVERY: Final = 16  # calls that did not wait, then one yield
+
+
+class FastStream:
+    """``receive_some`` and ``send_all`` of a ``trio.abc.Stream``, direct on TCP sockets.
+
+    One task receives and one task sends at a time (the pumps' own discipline; trio's
+    stream would raise ``BusyResourceError`` otherwise, this one does not check)."""
+
+    __slots__ = ("_ready_calls", "socket", "stream")
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        # The trio socket, whose fileno() turns -1 when the stream is closed: checked
+        # before every call, so a closed (and maybe reused) descriptor is never touched.
+        self.socket: Any = stream.socket if type(stream) is trio.SocketStream else None
+        self._ready_calls = 0
+
+    async def receive_some(self, max_bytes: int) -> bytes | bytearray:
+        sock = self.socket
+        if sock is None:
+            return await self.stream.receive_some(max_bytes)
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while True:
+            fd = sock.fileno()
+            if fd == -1:
+                raise trio.ClosedResourceError("the stream was closed")
+            try:
+                data = os.read(fd, max_bytes)
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(sock)
+                self._ready_calls = 0
+                continue
+            except OSError as exc:
+                raise trio.BrokenResourceError(exc) from exc
+            await self._fair()
+            return data
+
+    async def send_all(self, data: Any) -> None:
+        sock = self.socket
+        if sock is None:
+            await self.stream.send_all(data)
+            return
+        await trio.lowlevel.checkpoint_if_cancelled()
+        with memoryview(data) as view:
+            sent = 0
+            total = len(view)
+            while sent < total:
+                fd = sock.fileno()
+                if fd == -1:
+                    raise trio.ClosedResourceError("the stream was closed")
+                try:
+                    sent += os.write(fd, view[sent:])
+                except BlockingIOError:
+                    await trio.lowlevel.wait_writable(sock)
+                    self._ready_calls = 0
+                except OSError as exc:
+                    raise trio.BrokenResourceError(exc) from exc
+        await self._fair()
+
+    async def _fair(self) -> None:
+        self._ready_calls += 1
+        if self._ready_calls >= _YIELD_EVERY:
+            self._ready_calls = 0
+            await trio.lowlevel.checkpoint()

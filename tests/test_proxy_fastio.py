@@ -1,0 +1,130 @@
+"""FastStream over real TCP sockets: the bytes, the waits, the errors, cancellation and
+fairness of trio's SocketStream, with fewer trips through the scheduler."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import trio
+import trio.testing
+
+from gatehouse.proxy.fastio import _YIELD_EVERY, FastStream
+
+
+async def tcp_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
+    listener = trio.socket.socket()
+    await listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    client = trio.socket.socket()
+    await client.connect(listener.getsockname())
+    server, _ = await listener.accept()
+    listener.close()
+    return trio.SocketStream(client), trio.SocketStream(server)
+
+
+async def test_bytes_arrive_whole_past_the_socket_buffers() -> None:
+    """8 MiB in one send_all: far more than the kernel buffers hold, so the sender
+    waits for the reader (wait_writable) and every byte arrives in order."""
+    a, b = await tcp_pair()
+    sender, receiver = FastStream(a), FastStream(b)
+    assert sender.socket is not None  # the direct path, not the stream's own
+    payload = bytes(range(256)) * (32 * 1024)
+    got = bytearray()
+
+    async def read_all() -> None:
+        while len(got) < len(payload):
+            chunk = await receiver.receive_some(65536)
+            assert chunk
+            got.extend(chunk)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read_all)
+        await sender.send_all(payload)
+    assert got == payload
+    await a.aclose()
+    assert await receiver.receive_some(10) == b""  # EOF, as SocketStream says it
+    await b.aclose()
+
+
+async def test_closed_and_broken_streams_raise_trio_errors() -> None:
+    a, b = await tcp_pair()
+    fast_a = FastStream(a)
+    await a.aclose()
+    with pytest.raises(trio.ClosedResourceError):
+        await fast_a.receive_some(10)
+    with pytest.raises(trio.ClosedResourceError):
+        await fast_a.send_all(b"x")
+    # A peer that resets: the next send fails as SocketStream's would.
+    c, d = await tcp_pair()
+    d.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    await d.aclose()  # RST
+    fast_c = FastStream(c)
+    with pytest.raises(trio.BrokenResourceError):
+        for _ in range(100):  # the first write may still be accepted locally
+            await fast_c.send_all(b"x" * 65536)
+            await trio.sleep(0.01)
+    await c.aclose()
+    await b.aclose()
+
+
+async def test_a_waiting_receive_is_woken_by_close() -> None:
+    a, b = await tcp_pair()
+    fast_b = FastStream(b)
+    raised: list[BaseException] = []
+
+    async def receive() -> None:
+        try:
+            await fast_b.receive_some(10)
+        except trio.ClosedResourceError as exc:
+            raised.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(receive)
+        await trio.testing.wait_all_tasks_blocked()
+        await b.aclose()
+    assert len(raised) == 1
+    await a.aclose()
+
+
+async def test_cancellation_is_seen_even_when_bytes_are_ready() -> None:
+    a, b = await tcp_pair()
+    await a.send_all(b"ready")
+    fast_b = FastStream(b)
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await fast_b.receive_some(10)
+    assert scope.cancelled_caught  # the bytes wait for the next receive
+    assert await fast_b.receive_some(10) == b"ready"
+    await a.aclose()
+    await b.aclose()
+
+
+async def test_a_ready_stream_still_lets_other_tasks_run() -> None:
+    """Sends that never wait yield every few calls: another task runs meanwhile."""
+    a, b = await tcp_pair()
+    fast_a = FastStream(a)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ticker)  # runs only when this task yields
+        for _ in range(_YIELD_EVERY * 4):
+            await fast_a.send_all(b"x")  # 1 byte: the kernel always takes it at once
+        assert 3 <= ticks <= 5  # a yield every _YIELD_EVERY sends, not one per send
+        nursery.cancel_scope.cancel()
+    await a.aclose()
+    await b.aclose()
+
+
+async def test_other_streams_use_their_own_methods() -> None:
+    left, right = trio.testing.memory_stream_pair()
+    fast_left, fast_right = FastStream(left), FastStream(right)
+    assert fast_left.socket is None
+    await fast_left.send_all(b"hello")
+    assert await fast_right.receive_some(10) == b"hello"
