@@ -263,7 +263,11 @@ class ProxyConnection:
 
     async def upstream_writer(self) -> None:
         # Never cancelled by a drain: requests already accepted go up.
-        async for wire, ticket in self.requests_receive:
+        while True:
+            try:
+                wire, ticket = await _get(self.requests_receive)
+            except trio.EndOfChannel:
+                return
             await self.upstream_io.send_all(wire)
             if ticket:
                 self.request_bytes.give(ticket)
@@ -348,9 +352,9 @@ class ProxyConnection:
             self.in_flight += 1
             # Queued before the bytes go up, so the writer is ready for the answer; a
             # full queue stops this reader: backpressure on a client that floods us.
-            await self.pending_send.send(pending)
+            await _put(self.pending_send, pending)
         ticket, self.request_ticket = self.request_ticket, 0
-        await self.requests_send.send((wire, ticket))
+        await _put(self.requests_send, (wire, ticket))
 
     # -- upstream -> client ----------------------------------------------------------
 
@@ -363,7 +367,7 @@ class ProxyConnection:
         try:
             async for frame_and_ticket in self._wire_frames(self._receive_from_upstream,
                                                             "response", self.response_bytes):
-                await self.frames_send.send(frame_and_ticket)
+                await _put(self.frames_send, frame_and_ticket)
         finally:
             self.frames_send.close()
         self.upstream_closed = True
@@ -371,13 +375,17 @@ class ProxyConnection:
             raise _Close(f"broker {self.conn.upstream} closed the connection")
 
     async def response_writer(self) -> None:
-        async for pending in self.pending_receive:
+        while True:
+            try:
+                pending = await _get(self.pending_receive)
+            except trio.EndOfChannel:
+                return
             if pending.local is not None:
                 await self._send_client(_sized(pending.local))
                 self._answered(pending, pending.local)
                 continue
             try:
-                wire, ticket = await self.frames_receive.receive()
+                wire, ticket = await _get(self.frames_receive)
             except trio.EndOfChannel:
                 raise _Close(
                     f"broker {self.conn.upstream} closed the connection with "
@@ -453,6 +461,24 @@ class ProxyConnection:
         await self.client_io.send_all(wire)
         self.conn.bytes_to_client += len(wire)
         self._touch()
+
+
+async def _put(channel: trio.MemorySendChannel[Any], item: Any) -> None:
+    """``channel.send(item)``, without a trip through the scheduler when the channel
+    takes it at once (room, or a receiver waiting); a full channel still makes the
+    sender wait (backpressure)."""
+    try:
+        channel.send_nowait(item)
+    except trio.WouldBlock:
+        await channel.send(item)
+
+
+async def _get(channel: trio.MemoryReceiveChannel[Any]) -> Any:
+    """``channel.receive()``, at once when an item is there."""
+    try:
+        return channel.receive_nowait()
+    except trio.WouldBlock:
+        return await channel.receive()
 
 
 class _Share:
