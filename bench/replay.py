@@ -45,6 +45,7 @@ import math
 import os
 import platform
 import re
+import select
 import socket
 import statistics
 import struct
@@ -411,9 +412,11 @@ def roundtrip(sock: socket.socket, wire: bytearray, api_key: int, version: int,
     return resp
 
 
-def handshake(sock: socket.socket, client_id: str, versions: Mapping[int, int]) -> None:
+def handshake(sock: socket.socket, client_id: str, versions: Mapping[int, int],
+              topic_id: uuid.UUID | None = TOPIC_ID) -> None:
     """ApiVersions (the needed versions must be offered) and Metadata ("bench" with its
-    topic id: through the proxy, this is how its metrics learn the id's name)."""
+    topic id: through the proxy, this is how its metrics learn the id's name; a real
+    broker's topic has an id of its own: ``topic_id=None``)."""
     api_versions = request_wire(API_VERSIONS, API_VERSIONS_VERSION, client_id, {
         "client_software_name": "gatehouse-bench-replay", "client_software_version": "1"})
     body = roundtrip(sock, api_versions, API_VERSIONS, API_VERSIONS_VERSION, 1).body
@@ -427,8 +430,8 @@ def handshake(sock: socket.socket, client_id: str, versions: Mapping[int, int]) 
         "topics": [{"name": TOPIC, "topic_id": uuid.UUID(int=0)}],
         "allow_auto_topic_creation": False, "include_topic_authorized_operations": False})
     topics = roundtrip(sock, metadata, METADATA, METADATA_VERSION, 2).body.topics
-    if [(t.name, t.topic_id, t.error_code, len(t.partitions)) for t in topics] != [
-            (TOPIC, TOPIC_ID, 0, PARTITIONS)]:
+    if [(t.name, topic_id or t.topic_id, t.error_code, len(t.partitions)) for t in topics] != [
+            (TOPIC, topic_id or topics[0].topic_id, 0, PARTITIONS)]:
         raise ReplayError(f"unexpected Metadata answer: {topics!r}")
 
 
@@ -482,8 +485,79 @@ def pipeline(sock: socket.socket, wire: bytearray, minimum: int, seconds: float,
         received += 1
 
 
+def paced(sock: socket.socket, wire: bytearray, rate: float, seconds: float,
+          first_id: int, answer_size: int) -> list[float]:
+    """Copies of the request sent on a fixed schedule (``rate`` per second, at most
+    MAX_IN_FLIGHT unanswered) for ``seconds``; the latency of each, send to answer, in
+    seconds.  A send that falls behind the schedule goes at once (no catching up in bursts
+    beyond the in-flight limit)."""
+    head = bytearray(_SIZE_AND_ID.size)
+    head_view = memoryview(head)
+    sink = memoryview(bytearray(1024 * 1024))
+    sent_at: deque[tuple[int, float]] = deque()
+    latencies: list[float] = []
+    interval = 1.0 / rate
+    start = time.perf_counter()
+    next_send = start
+    until = start + seconds
+    next_id = first_id
+    while True:
+        now = time.perf_counter()
+        if now >= next_send and now < until and len(sent_at) < MAX_IN_FLIGHT:
+            _I32.pack_into(wire, 8, next_id)
+            sock.sendall(wire)
+            sent_at.append((next_id, time.perf_counter()))
+            next_id += 1
+            next_send += interval
+            continue
+        if not sent_at:
+            if now >= until:
+                return latencies
+            time.sleep(max(0.0, next_send - now))
+            continue
+        wait = next_send - now if now < until else None
+        if wait is not None and wait > 0:
+            readable, _, _ = select.select([sock], [], [], wait)
+            if not readable:
+                continue
+        elif wait is not None:
+            continue
+        recv_exactly(sock, head_view)
+        arrived = time.perf_counter()
+        size, correlation_id = _SIZE_AND_ID.unpack(head)
+        expected, sent = sent_at.popleft()
+        if correlation_id != expected:
+            raise ReplayError(f"answer to correlation id {correlation_id}, expected {expected}")
+        if size != answer_size:
+            raise ReplayError(f"answer of {size} bytes, expected {answer_size}")
+        discard(sock, sink, size - 4)
+        latencies.append(arrived - sent)
+
+
+def run_paced_client(address: str, workload: Workload, rate: float, seconds: float,
+                     produce_version: int, topic_id: uuid.UUID | None) -> dict[str, Any]:
+    """``rate`` requests per second for ``seconds``: their latencies (ms percentiles)."""
+    client_id = CLIENT_ID_PREFIX + workload.name
+    wire = request_wire(workload.api_key, produce_version, client_id,
+                        produce_request_plain(workload))
+    with connect(address) as sock:
+        handshake(sock, client_id, {workload.api_key: produce_version,
+                                    METADATA: METADATA_VERSION}, topic_id)
+        probe = roundtrip(sock, wire, workload.api_key, produce_version, 3)
+        check_probe(probe, workload)
+        lat = sorted(paced(sock, wire, rate, seconds, 4, len(probe.frame or b"")))
+
+    def pct(q: float) -> float:
+        return 1000 * lat[min(len(lat) - 1, int(q * len(lat)))]
+
+    return {"workload": workload.name, "target": address, "requests": len(lat),
+            "mb_per_s": len(lat) * workload.payload_per_request / MB / seconds,
+            "p50_ms": pct(0.50), "p99_ms": pct(0.99), "p999_ms": pct(0.999)}
+
+
 def run_client(address: str, workload: Workload, megabytes: float, min_seconds: float,
-               produce_version: int, fetch_version: int) -> dict[str, Any]:
+               produce_version: int, fetch_version: int,
+               topic_id: uuid.UUID | None = TOPIC_ID) -> dict[str, Any]:
     """Moves ``megabytes`` of record values, for ``min_seconds`` at least; the result as a
     dict (printed as JSON)."""
     version = produce_version if workload.api_key == PRODUCE else fetch_version
@@ -493,7 +567,8 @@ def run_client(address: str, workload: Workload, megabytes: float, min_seconds: 
     wire = request_wire(workload.api_key, version, client_id, plain)
     minimum = max(1, math.ceil(megabytes * MB / workload.payload_per_request))
     with connect(address) as sock:
-        handshake(sock, client_id, {workload.api_key: version, METADATA: METADATA_VERSION})
+        handshake(sock, client_id, {workload.api_key: version, METADATA: METADATA_VERSION},
+                  topic_id)
         probe = roundtrip(sock, wire, workload.api_key, version, 3)  # also a warm-up
         check_probe(probe, workload)
         answer_size = len(probe.frame or b"")

@@ -45,7 +45,6 @@ import base64
 import contextlib
 import hashlib
 import hmac
-import json
 import logging
 import os
 import re
@@ -62,6 +61,7 @@ from typing import TYPE_CHECKING, Any
 
 import gatehouse
 from gatehouse import codecs
+from gatehouse.capture.schema import encode_json
 from gatehouse.capture.writer import RecordInbox
 from gatehouse.codecs import ProtocolError, Response, records
 from gatehouse.codecs._error_codes import ERROR_NAMES
@@ -605,12 +605,12 @@ class KafkaSink(RecordInbox):
         if not self._stopping and len(queue) < self._wake_at and self.settings.linger_seconds:
             self._wake.wait(self.settings.linger_seconds)  # let the batch fill a little
             self._wake.clear()
-        dumps, limit, by_client = json.dumps, self.settings.batch_bytes, self.settings.key
+        limit, by_client = self.settings.batch_bytes, self.settings.key
         out: list[tuple[int, bytes, bytes]] = []
         size = 0
         while queue and size < limit:
             record = queue.popleft()
-            value = dumps(record, separators=(",", ":")).encode()
+            value = encode_json(record).encode()
             size += len(value)
             if by_client == "client_id":
                 key = str(record.get("client_id") or "").encode()

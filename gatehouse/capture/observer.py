@@ -151,9 +151,8 @@ class CaptureObserver(Observer):
             "sample": rate,
         }
         no_response = False
-        counted = (produce.request_topics(req.frame, req.api_version)
-                   if key == PRODUCE and req.known and not req.body_decoded
-                   and req.frame is not None else None)
+        counted = (produce.request_topics_of(req)
+                   if key == PRODUCE and req.known and not req.body_decoded else None)
         if counted is not None:  # read from the bytes: no decode of every record set
             record["topics"] = [
                 self._topic_entry(topic if isinstance(topic, str) else None,

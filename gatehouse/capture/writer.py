@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import json
 import logging
 import os
 import re
@@ -32,7 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from gatehouse.capture.schema import FIELDS, RULE_FIELDS, SCHEMA_VERSION, TOPIC_FIELDS
+from gatehouse.capture.schema import (
+    FIELDS,
+    RULE_FIELDS,
+    SCHEMA_VERSION,
+    TOPIC_FIELDS,
+    encode_json,
+)
 from gatehouse.capture.settings import CaptureSettings
 from gatehouse.logs import log_event
 
@@ -286,8 +291,7 @@ class CaptureWriter(RecordInbox):
         self._abandon_file()
 
     def _write(self, batch: list[dict[str, Any]]) -> None:
-        dumps = json.dumps
-        data = ("\n".join([dumps(r, separators=(",", ":")) for r in batch]) + "\n").encode()
+        data = ("\n".join([encode_json(r) for r in batch]) + "\n").encode()
         try:
             if self._out is None or self._expired():
                 self._rotate()

@@ -145,8 +145,8 @@ class _Message:
     """What requests and responses share: lazy body, splicing encoder."""
 
     __slots__ = (
-        "_body", "_body_offset", "_frame", "_orig_body", "_orig_header", "_spans", "_trailing",
-        "header",
+        "_body", "_body_offset", "_frame", "_orig_body", "_orig_header", "_read", "_spans",
+        "_trailing", "header",
     )
 
     header: Any
@@ -155,6 +155,7 @@ class _Message:
     _body: Any
     _orig_header: Any
     _orig_body: Any
+    _read: dict[str, Any]  # read_once: set on first use
     _spans: tuple[int, ...] | None
 
     api_key: int
@@ -264,6 +265,18 @@ class _Message:
         if view is not None:
             out += self.trailing
         return out.finish()
+
+    def read_once(self, name: str, read: Any) -> Any:
+        """``read(self)``, remembered under ``name`` for this message: what a fast reader
+        took from the frame (codecs.produce), for every observer that asks."""
+        try:
+            found = self._read
+        except AttributeError:
+            found = self._read = {}
+        if name in found:
+            return found[name]
+        value = found[name] = read(self)
+        return value
 
     @property
     def trailing(self) -> bytes:

@@ -124,6 +124,16 @@ def _body_start(view: memoryview, flexible: bool) -> int:
     return _skip_tags(view, pos) if view[pos] else pos + 1
 
 
+def request_topics_of(req: Any) -> TopicCounts | None:
+    """``request_topics`` of a decoded Produce request's frame, read once for all who ask
+    (the metrics and the observation log)."""
+    return req.read_once("produce.request_topics", _request_topics_of)  # type: ignore[no-any-return]
+
+
+def _request_topics_of(req: Any) -> TopicCounts | None:
+    return None if req.frame is None else request_topics(req.frame, req.api_version)
+
+
 def request_topics(frame: Buffer, version: int) -> TopicCounts | None:
     """Per topic: (name, or the 16 topic id bytes from v13; partition indexes; records;
     record bytes)."""

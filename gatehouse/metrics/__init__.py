@@ -163,8 +163,9 @@ class ProxyMetrics(Observer):
         for family in (self.requests, self.responses, self.duration, self.bytes,
                        self.topic_records, self.topic_bytes):
             r.register(family)
-        self.decisions = Counter("gatehouse_rule_decisions", "Rule decisions",
-                                 ["rule", "action"], registry=r)
+        self.decisions = CounterFamily("gatehouse_rule_decisions", "Rule decisions",
+                                       ["rule", "action"])
+        r.register(self.decisions)
         self.reloads = Counter("gatehouse_rules_reloads", "Rules reloads", ["outcome"],
                                registry=r)
         self.last_reload_ok = Gauge("gatehouse_rules_last_reload_success", "1 unless the "
@@ -285,8 +286,7 @@ class ProxyMetrics(Observer):
         self._bytes_up.inc(size + 4)
         try:  # a malformed body is the pumps' to report, not ours
             if key == PRODUCE:
-                topics = (None if req.body_decoded or req.frame is None
-                          else produce.request_topics(req.frame, req.api_version))
+                topics = None if req.body_decoded else produce.request_topics_of(req)
                 if topics is not None:
                     self._count_topics(topics)
                 elif req.known:

@@ -11,6 +11,11 @@ request) waits in line behind earlier forwarded ones.  Produce with acks=0 gets 
 entry.  Both channels are bounded, so a slow client stops the upstream reads and a
 flood of requests stops the client reads: memory stays flat.  The upstream writer is its
 own task so that reading the next request overlaps sending the last one.
+
+Sockets are read and written through ``fastio.FastStream`` and items go through the
+channels with ``_put``/``_get``: while bytes and items are there, the pumps run on
+without a trip through trio's scheduler per call (cancellation is still checked, and a
+full channel or socket still makes them wait).
 """
 
 from __future__ import annotations

@@ -32,9 +32,16 @@ PRODUCE = 0
 
 def facts_of(conn: ConnectionInfo, req: Request | None = None) -> ClientFacts:
     client_id = req.header.client_id if req is not None else conn.client_id
-    return ClientFacts(client_id=client_id, software_name=conn.software_name,
-                       software_version=conn.software_version, address=conn.client,
-                       listener=conn.listener)
+    # The same facts, request after request, on a connection: built once while they hold.
+    facts = conn.state.get("facts")
+    if (facts is None or facts.client_id != client_id
+            or facts.software_name != conn.software_name
+            or facts.software_version != conn.software_version):
+        facts = conn.state["facts"] = ClientFacts(
+            client_id=client_id, software_name=conn.software_name,
+            software_version=conn.software_version, address=conn.client,
+            listener=conn.listener)
+    return facts
 
 
 class RulesPolicy(Policy):

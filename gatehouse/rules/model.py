@@ -8,10 +8,12 @@ they would have done.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Literal
 
 from gatehouse.codecs import APIS, Request
@@ -127,14 +129,20 @@ def parse_version(text: str | None) -> tuple[int, ...] | None:
     return tuple(int(p) for p in parts[:4]) if parts else None
 
 
-def software_versions(facts: ClientFacts) -> dict[str, tuple[int, ...]]:
+def software_versions(facts: ClientFacts) -> Mapping[str, tuple[int, ...]]:
     """name -> version for the client's software, including librdkafka inside wrappers.
 
     confluent-kafka-python reports ``2.6.0-rdkafka-2.6.0``; other librdkafka wrappers
-    do the same, so ``librdkafka`` rules apply to all of them.
+    do the same, so ``librdkafka`` rules apply to all of them.  Read-only, and shared:
+    parsed once per name and version (rules ask on every request).
     """
+    return _software_versions(facts.software_name, facts.software_version)
+
+
+@functools.lru_cache(maxsize=4096)
+def _software_versions(name: str | None, version: str | None
+                       ) -> Mapping[str, tuple[int, ...]]:
     out: dict[str, tuple[int, ...]] = {}
-    name, version = facts.software_name, facts.software_version
     if name:
         parsed = parse_version((version or "").split("-rdkafka-")[0])
         if parsed is not None:
@@ -143,7 +151,7 @@ def software_versions(facts: ClientFacts) -> dict[str, tuple[int, ...]]:
         parsed = parse_version(version.split("rdkafka-", 1)[1])
         if parsed is not None:
             out["librdkafka"] = parsed
-    return out
+    return MappingProxyType(out)
 
 
 @dataclass(frozen=True)
@@ -189,7 +197,7 @@ class RuleSet:
                     found.append(Refusal(rule.name, "min_client_software", UNSUPPORTED_VERSION,
                                          refusal_text))
             for r in found:
-                outcomes.append(Outcome(rule.name, r.action, "refuse", rule.mode))
+                outcomes.append(_outcome(rule.name, r.action, "refuse", rule.mode))
             if rule.mode == "enforce":
                 if found and refusal is None:
                     refusal = found[0]
@@ -197,9 +205,11 @@ class RuleSet:
                 would.extend(found)
             if rule.topic_map is not None:
                 (maps if rule.mode == "enforce" else observed).append(rule.topic_map)
-                outcomes.append(Outcome(rule.name, "topics", "rewrite", rule.mode))
+                outcomes.append(_outcome(rule.name, "topics", "rewrite", rule.mode))
             if not found and rule.topic_map is None:
-                outcomes.append(Outcome(rule.name, "match", "pass", rule.mode))
+                outcomes.append(_outcome(rule.name, "match", "pass", rule.mode))
+        if refusal is None and not would and not maps and not observed:
+            return _passed(tuple(outcomes))  # nearly every request: one shared answer
         return Evaluation(
             refusal=refusal,
             would_refuse=tuple(would),
@@ -229,6 +239,18 @@ class RuleSet:
     @property
     def has_topic_maps(self) -> bool:
         return any(r.topic_map is not None for r in self.rules)
+
+
+@functools.lru_cache(maxsize=4096)
+def _outcome(rule: str, action: str, effect: Literal["refuse", "rewrite", "pass"],
+             mode: Mode) -> Outcome:
+    """Outcomes are immutable: one object per rule and effect, not one per request."""
+    return Outcome(rule, action, effect, mode)
+
+
+@functools.lru_cache(maxsize=4096)
+def _passed(outcomes: tuple[Outcome, ...]) -> Evaluation:
+    return Evaluation(outcomes=outcomes)
 
 
 def _software_refusal(rule: Rule, facts: ClientFacts) -> str | None:
