@@ -515,13 +515,11 @@ def paced(sock: socket.socket, wire: bytearray, rate: float, seconds: float,
                 return latencies
             time.sleep(max(0.0, next_send - now))
             continue
-        wait = next_send - now if now < until else None
-        if wait is not None and wait > 0:
-            readable, _, _ = select.select([sock], [], [], wait)
+        if now < until and len(sent_at) < MAX_IN_FLIGHT:
+            # A send is possible: wait for an answer only until it is due.
+            readable, _, _ = select.select([sock], [], [], max(0.0, next_send - now))
             if not readable:
                 continue
-        elif wait is not None:
-            continue
         recv_exactly(sock, head_view)
         arrived = time.perf_counter()
         size, correlation_id = _SIZE_AND_ID.unpack(head)
