@@ -523,9 +523,13 @@ class _Compiler:
                 s(f"s{i} = pos + {offset}")
         s(f"{', '.join(value[i] for i, _ in run)}, = {self.const(struct_cls(fmt).unpack_from)}(buf, pos)")
         s(f"pos += {size}")
+        self.convert_uuids(run, value)
+
+    def convert_uuids(self, run: list[tuple[int, FieldSpec]], value: list[str]) -> None:
+        """The unpacked 16 bytes of each UUID field of ``run`` become a ``uuid.UUID``."""
         for i, g in run:
             if g.type == "uuid":
-                s(f"{value[i]} = _uuid({value[i]})")
+                self.src(f"{value[i]} = _uuid({value[i]})")
 
     def speculate_empty_array(
         self, run: list[tuple[int, FieldSpec]], array: tuple[int, FieldSpec],
@@ -565,9 +569,7 @@ class _Compiler:
         with s.indent():
             s(f"{targets}, = {self.const(struct_cls(fmt).unpack_from)}(buf, pos)")
             s(f"pos += {size1}")
-            for i, g in run:
-                if g.type == "uuid":
-                    s(f"{value[i]} = _uuid({value[i]})")
+            self.convert_uuids(run, value)
         s("else:")
         with s.indent():
             self.read_fixed_run(run, value, None)
@@ -582,9 +584,7 @@ class _Compiler:
             with s.indent():
                 s(f"{value[idx]} = {empty_value}")
                 s(f"pos += {size - size1}")
-                for i, g in run2:
-                    if g.type == "uuid":
-                        s(f"{value[i]} = _uuid({value[i]})")
+                self.convert_uuids(run2, value)
         s("else:")
         with s.indent():
             s(f"f = {(*path, f.name)!r}")
