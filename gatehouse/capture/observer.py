@@ -15,18 +15,24 @@ import random
 import secrets
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from gatehouse.capture.schema import SCHEMA_VERSION
 from gatehouse.capture.settings import CaptureSettings
 from gatehouse.capture.writer import CaptureStats, CaptureWriter
-from gatehouse.codecs import APIS, ProtocolError, Request, Response, produce, records
+from gatehouse.codecs import APIS, ProtocolError, Request, Response, produce
 from gatehouse.codecs.peek import produce_acks
 from gatehouse.codecs.schema import FieldSpec, StructSpec
 from gatehouse.codecs.walk import rewrite
 from gatehouse.metrics import error_codes
-from gatehouse.proxy.hooks import ConnectionInfo, Observer, Pending, decoded_response
+from gatehouse.proxy.hooks import (
+    ConnectionInfo,
+    Observer,
+    Pending,
+    decoded_response,
+    scanned_produce_response,
+)
 from gatehouse.rules import Chain, Outcome, RuleSet, TopicMap
 
 if TYPE_CHECKING:
@@ -190,7 +196,7 @@ class CaptureObserver(Observer):
         key = pending.api_key
         scan = None
         if key == PRODUCE and pending.decoded is None and frame is not None:
-            scan = pending.produce_scan or produce.response_scan(frame, pending.api_version)
+            scan = scanned_produce_response(pending, frame)
         if scan is not None:  # read from the bytes (the proxy did not decode it)
             codes = scan[0]
             errors = [code for code in codes if code]
@@ -244,7 +250,8 @@ class CaptureObserver(Observer):
         if req.api_key == PRODUCE:
             return [self._records_entry(getattr(topic, "name", None),
                                         getattr(topic, "topic_id", None),
-                                        [(p.index, p.records) for p in topic.partition_data])
+                                        [p.index for p in topic.partition_data],
+                                        topic.partition_data)
                     for topic in body.topic_data]
         for name, topic_id, partitions in _walk_topics(req.api.request, req.api_version, body):
             entry = self._entry(name, topic_id)
@@ -252,17 +259,11 @@ class CaptureObserver(Observer):
             topics.append(entry)
         return topics
 
-    def _records_entry(self, name: str | None, topic_id: Any,
-                       partitions: list[tuple[int, Any]]) -> dict[str, Any]:
-        """A topic of a Produce request or Fetch response, with record counts and bytes
-        from its batch headers (no decompression)."""
-        total_records = total_bytes = 0
-        for _, data in partitions:
-            counted, size = records.records_and_bytes(data)
-            total_records += counted
-            total_bytes += size
-        return self._topic_entry(name, topic_id, [index for index, _ in partitions],
-                                 total_records, total_bytes)
+    def _records_entry(self, name: str | None, topic_id: Any, indexes: list[int],
+                       partitions: Iterable[Any]) -> dict[str, Any]:
+        """A topic of a decoded Produce request or Fetch response, with record counts and
+        bytes from its batch headers (no decompression)."""
+        return self._topic_entry(name, topic_id, indexes, *produce.partitions_total(partitions))
 
     def _topic_entry(self, name: str | None, topic_id: Any, partitions: list[int],
                      records_total: int, bytes_total: int) -> dict[str, Any]:
@@ -310,7 +311,8 @@ class CaptureObserver(Observer):
             record["topics"] = [
                 self._records_entry(getattr(topic, "topic", None),
                                     getattr(topic, "topic_id", None),
-                                    [(p.partition_index, p.records) for p in topic.partitions])
+                                    [p.partition_index for p in topic.partitions],
+                                    topic.partitions)
                 for topic in body.responses]
         elif key == METADATA:
             self._learn_topic_ids(body)

@@ -61,12 +61,7 @@ def _uvarint(view: memoryview, pos: int) -> tuple[int, int]:
 
 
 def _skip_tags(view: memoryview, pos: int) -> int:
-    count, pos = _uvarint(view, pos)
-    for _ in range(count):
-        _, pos = _uvarint(view, pos)
-        size, pos = _uvarint(view, pos)
-        pos += size
-    return pos
+    return _read_tag_numbers(view, pos)[1]
 
 
 def _read_tag_numbers(view: memoryview, pos: int) -> tuple[tuple[int, ...], int]:
@@ -210,16 +205,12 @@ def request_topics(frame: Buffer, version: int) -> TopicCounts | None:
                 if n > 0:
                     if pos + n > len(view):
                         raise _Unexpected
-                    if n >= BATCH_OVERHEAD:  # one whole v2 batch: what clients send
-                        length, magic, c = V2_HEAD.unpack_from(view, pos)
-                        if magic == 2 and length + LOG_OVERHEAD == n:
-                            records += c
-                            size += n
-                            pos += n
-                            if flexible:
-                                pos = _skip_tags(view, pos) if view[pos] else pos + 1
-                            continue
-                    c, b = count_records(view, pos, pos + n)
+                    length, magic, c = (V2_HEAD.unpack_from(view, pos)
+                                        if n >= BATCH_OVERHEAD else (0, 0, 0))
+                    if magic == 2 and length + LOG_OVERHEAD == n:
+                        b = n  # one whole v2 batch, what clients send: its header says all
+                    else:
+                        c, b = count_records(view, pos, pos + n)
                     records += c
                     size += b
                     pos += n
@@ -235,12 +226,6 @@ def request_topics(frame: Buffer, version: int) -> TopicCounts | None:
         return out
     except (_Unexpected, struct.error, IndexError, UnicodeDecodeError):
         return None
-
-
-def response_codes(frame: Buffer, version: int) -> dict[int, int] | None:
-    """How often each error code appears (Produce has them per partition only)."""
-    scan = response_scan(frame, version)
-    return None if scan is None else scan[0]
 
 
 # Error code -> how often; the numbers of the top-level tagged fields (v9+: NodeEndpoints

@@ -31,7 +31,13 @@ from gatehouse.logs import log_event
 from gatehouse.metrics.groups import GROUP_APIS, GROUP_RESPONSES, GroupCensus
 from gatehouse.metrics.tally import CounterFamily, HistogramFamily
 from gatehouse.proxy.config import Address
-from gatehouse.proxy.hooks import ConnectionInfo, Observer, Pending, decoded_response
+from gatehouse.proxy.hooks import (
+    ConnectionInfo,
+    Observer,
+    Pending,
+    decoded_response,
+    scanned_produce_response,
+)
 
 logger = logging.getLogger("gatehouse.metrics")
 
@@ -160,12 +166,11 @@ class ProxyMetrics(Observer):
                                            "topic", ["topic", "direction"])
         self.topic_bytes = CounterFamily("gatehouse_topic_bytes", "Record bytes by client-side "
                                          "topic", ["topic", "direction"])
-        for family in (self.requests, self.responses, self.duration, self.bytes,
-                       self.topic_records, self.topic_bytes):
-            r.register(family)
         self.decisions = CounterFamily("gatehouse_rule_decisions", "Rule decisions",
                                        ["rule", "action"])
-        r.register(self.decisions)
+        for family in (self.requests, self.responses, self.duration, self.bytes,
+                       self.topic_records, self.topic_bytes, self.decisions):
+            r.register(family)
         self.reloads = Counter("gatehouse_rules_reloads", "Rules reloads", ["outcome"],
                                registry=r)
         self.last_reload_ok = Gauge("gatehouse_rules_last_reload_success", "1 unless the "
@@ -342,10 +347,9 @@ class ProxyMetrics(Observer):
         if frame is None or key not in APIS:
             return
         if key == PRODUCE and pending.decoded is None:
-            scan = pending.produce_scan  # the proxy's, if it read the response so
-            counts = (scan[0] if scan is not None
-                      else produce.response_codes(frame, pending.api_version))
-            if counts is not None:
+            scan = scanned_produce_response(pending, frame)
+            if scan is not None:
+                counts = scan[0]
                 for code, n in counts.items():
                     self._response_counter(key, code).inc(n)
                 if not counts:

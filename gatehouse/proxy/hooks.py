@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from gatehouse.codecs import Request, Response, decode_response
+from gatehouse.codecs import Request, Response, decode_response, produce
 from gatehouse.proxy.apiversions import RangeAdjuster
 
 
@@ -77,6 +77,16 @@ def decoded_response(pending: Pending, frame: Any) -> Response:
     if resp is None:
         resp = pending.decoded = decode_response(frame, pending.api_key, pending.api_version)
     return resp
+
+
+def scanned_produce_response(pending: Pending, frame: Any) -> Any:
+    """A Produce response's error codes and top-level tags read from its bytes
+    (``codecs.produce.response_scan``), once for every observer: the proxy's own scan if
+    it made one.  None when the bytes are not what the reader expects."""
+    scan = pending.produce_scan
+    if scan is None:
+        scan = pending.produce_scan = produce.response_scan(frame, pending.api_version)
+    return scan
 
 
 @dataclass(frozen=True, slots=True)
