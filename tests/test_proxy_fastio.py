@@ -100,6 +100,48 @@ async def test_cancellation_is_seen_even_when_bytes_are_ready() -> None:
     await b.aclose()
 
 
+async def test_waiting_is_true_only_while_a_receive_waits_for_bytes() -> None:
+    a, b = await tcp_pair()
+    fast_b = FastStream(b)
+    got: list[bytes | bytearray] = []
+
+    async def receive() -> None:
+        got.append(await fast_b.receive_some(10))
+
+    assert not fast_b.waiting
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(receive)
+        await trio.testing.wait_all_tasks_blocked()
+        assert fast_b.waiting  # blocked on the empty socket
+        await a.send_all(b"hi")
+    assert got == [b"hi"] and not fast_b.waiting
+    await a.aclose()
+    await b.aclose()
+
+
+async def test_bytes_received_are_not_lost_to_a_cancel_at_the_fairness_yield() -> None:
+    """Every _YIELD_EVERY-th ready receive yields with the bytes in hand: a cancel
+    arriving then is left for the next call, the bytes are returned."""
+    a, b = await tcp_pair()
+    fast_b = FastStream(b)
+    fast_b._ready_calls = _YIELD_EVERY - 1  # the next ready receive yields
+    await a.send_all(b"kept")
+    with trio.CancelScope() as scope:
+
+        async def cancel_soon() -> None:
+            scope.cancel()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(cancel_soon)  # runs during the receive's yield
+            data = await fast_b.receive_some(10)
+            assert data == b"kept"
+            await trio.lowlevel.checkpoint()  # the cancel is seen here, not before
+            pytest.fail("the cancel was lost")
+    assert scope.cancelled_caught
+    await a.aclose()
+    await b.aclose()
+
+
 async def test_a_ready_stream_still_lets_other_tasks_run() -> None:
     """Sends that never wait yield every few calls: another task runs meanwhile."""
     a, b = await tcp_pair()

@@ -60,10 +60,12 @@ async def proxied(
     lockstep: bool = False,
     observer: Observer | None = None,
     draining: trio.Event | None = None,
+    upstream: Callable[[trio.abc.Stream], trio.abc.Stream] = lambda stream: stream,
 ) -> AsyncIterator[Harness]:
     pair = trio.testing.lockstep_stream_pair if lockstep else trio.testing.memory_stream_pair
     client_side, proxy_client_side = pair()
     proxy_upstream_side, broker_side = pair()
+    proxy_upstream_side = upstream(proxy_upstream_side)
     seen: list[BrokerAddress] = []
 
     async def brokers_seen(addresses: Any) -> None:
@@ -220,7 +222,7 @@ class ScanRecorder(Observer):
 
     def response(self, conn: ConnectionInfo, pending: Pending, size: int, elapsed: float,
                  frame: Any = None) -> None:
-        self.seen.append((pending.decoded, pending.produce_scan))
+        self.seen.append((pending.decoded, pending.scan))
 
 
 @pytest.mark.parametrize("version", [10, 12, 13])
@@ -453,6 +455,84 @@ async def test_draining_finishes_in_flight_then_closes() -> None:
         assert struct.unpack_from(">i", await h.client.receive())[0] == 42
         await h.done.wait()
         assert h.pumps.close_reason == "proxy shutting down"
+
+
+class GatedStream(trio.abc.Stream):
+    """An upstream whose sends wait for ``open``: a broker slow to take a request."""
+
+    def __init__(self, inner: trio.abc.Stream) -> None:
+        self.inner = inner
+        self.sending = trio.Event()
+        self.open = trio.Event()
+
+    async def send_all(self, data: Any) -> None:
+        self.sending.set()
+        await self.open.wait()
+        await self.inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await self.inner.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_draining_while_a_request_goes_up_sends_it_whole_and_answers_it() -> None:
+    draining = trio.Event()
+    gated: list[GatedStream] = []
+
+    def gate(stream: trio.abc.Stream) -> trio.abc.Stream:
+        gated.append(GatedStream(stream))
+        return gated[0]
+
+    async with proxied(echo_handler, draining=draining, upstream=gate) as h:
+        await h.client.send(request(3, 12, 42).encode())
+        await gated[0].sending.wait()  # the client reader is in the middle of sending it
+        draining.set()
+        await trio.testing.wait_all_tasks_blocked()
+        gated[0].open.set()
+        assert struct.unpack_from(">i", await h.client.receive())[0] == 42
+        await h.done.wait()
+        assert h.pumps.close_reason == "proxy shutting down"
+        assert len(h.broker.received) == 1
+
+
+async def test_local_answers_between_forwarded_ones_keep_their_places() -> None:
+    held: list[codecs.Request] = []
+
+    async with proxied(lambda req: held.append(req), policy=RefuseMetadata()) as h:
+        for correlation_id, key in enumerate((10, 3, 10, 3, 3), start=1):
+            if key == 10:
+                await h.client.send(request(10, 2, correlation_id, key="g").encode())
+            else:  # answered by the proxy
+                await h.client.send(request(3, 12, correlation_id).encode())
+        while len(held) < 2:
+            await trio.testing.wait_all_tasks_blocked()
+        await trio.testing.wait_all_tasks_blocked()
+        assert h.pumps.in_flight == 2 and len(h.pumps.line) == 5  # nothing answered yet
+        for req in held:
+            await h.broker.frames.send(codecs.Response.build(
+                10, 2, req.correlation_id, req.api.response.root.default).encode())
+        ids = [struct.unpack_from(">i", await h.client.receive())[0] for _ in range(5)]
+        assert ids == [1, 2, 3, 4, 5]
+        assert not h.pumps.line and h.conn.refused == 3
+        # Nothing owed now: a refusal is answered at once, by the client reader.
+        await h.client.send(request(3, 12, 6).encode())
+        assert struct.unpack_from(">i", await h.client.receive())[0] == 6
+
+
+async def test_broker_answer_to_no_request_closes_the_connection() -> None:
+    async with proxied(echo_handler) as h:
+        await h.client.send(request(3, 12, 1).encode())
+        assert await h.client.receive() is not None
+        await h.broker.frames.send(codecs.Response.build(
+            3, 12, 7, codecs.api(3).response.root.default).encode())
+        await h.done.wait()
+        assert h.pumps.close_reason == "broker broker:9092 sent a response to no request"
+        assert await h.client.receive() is None
 
 
 def test_frame_bytes_helper() -> None:

@@ -31,7 +31,7 @@ from gatehouse.proxy.hooks import (
     Observer,
     Pending,
     decoded_response,
-    scanned_produce_response,
+    scanned_response,
 )
 from gatehouse.rules import Chain, Outcome, RuleSet, TopicMap
 
@@ -196,7 +196,7 @@ class CaptureObserver(Observer):
         key = pending.api_key
         scan = None
         if key == PRODUCE and pending.decoded is None and frame is not None:
-            scan = scanned_produce_response(pending, frame)
+            scan = scanned_response(pending, frame)
         if scan is not None:  # read from the bytes (the proxy did not decode it)
             codes = scan[0]
             errors = [code for code in codes if code]

@@ -17,86 +17,31 @@ import struct
 from collections.abc import Iterable
 from typing import Any, Final
 
+from gatehouse.codecs._scan import I16 as _I16
+from gatehouse.codecs._scan import I32 as _I32
+from gatehouse.codecs._scan import Unexpected as _Unexpected
+from gatehouse.codecs._scan import array as _array
+from gatehouse.codecs._scan import read_tag_numbers as _read_tag_numbers
+from gatehouse.codecs._scan import skip_string as _skip_string
+from gatehouse.codecs._scan import skip_tags as _skip_tags
+from gatehouse.codecs._scan import uvarint as _uvarint
 from gatehouse.codecs.primitives import Buffer
 from gatehouse.codecs.records import (
     BATCH_OVERHEAD,
     LOG_OVERHEAD,
     V2_HEAD,
-    Uncounted,
     count_records,
     records_and_bytes,
 )
 
-_I16: Final = struct.Struct(">h")
-_I32: Final = struct.Struct(">i")
 _INDEX_AND_VARINT: Final = struct.Struct(">iBBB")
 FLEXIBLE_SINCE: Final = 9
 TOPIC_IDS_SINCE: Final = 13
 FIRST_VERSION: Final = 3
 
 
-# Anything the fast path does not handle: the full decoder takes over.
-_Unexpected = Uncounted
-
-
 # Per topic: name, or topic id bytes; partition indexes; records; bytes.
 TopicCounts = list[tuple[str | bytes, list[int], int, int]]
-
-
-def _uvarint(view: memoryview, pos: int) -> tuple[int, int]:
-    b = view[pos]
-    if b < 0x80:
-        return b, pos + 1
-    value = b & 0x7F
-    shift = 7
-    while True:
-        pos += 1
-        b = view[pos]
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, pos + 1
-        shift += 7
-        if shift > 28:
-            raise _Unexpected
-
-
-def _skip_tags(view: memoryview, pos: int) -> int:
-    return _read_tag_numbers(view, pos)[1]
-
-
-def _read_tag_numbers(view: memoryview, pos: int) -> tuple[tuple[int, ...], int]:
-    """Skips a tag section; the numbers of its fields."""
-    count, pos = _uvarint(view, pos)
-    tags = []
-    for _ in range(count):
-        tag, pos = _uvarint(view, pos)
-        size, pos = _uvarint(view, pos)
-        tags.append(tag)
-        pos += size
-    if pos > len(view):
-        raise _Unexpected
-    return tuple(tags), pos
-
-
-def _array(view: memoryview, pos: int, flexible: bool) -> tuple[int, int]:
-    if flexible:
-        n, pos = _uvarint(view, pos)
-        n -= 1
-    else:
-        (n,) = _I32.unpack_from(view, pos)
-        pos += 4
-    if n < 0:
-        raise _Unexpected  # null arrays: not in Produce
-    return n, pos
-
-
-def _skip_string(view: memoryview, pos: int, flexible: bool) -> int:
-    """Skips a (nullable) string."""
-    if flexible:
-        n, pos = _uvarint(view, pos)
-        return pos + max(n - 1, 0)
-    length: int = _I16.unpack_from(view, pos)[0]
-    return pos + 2 + max(length, 0)
 
 
 def partitions_total(partitions: Iterable[Any]) -> tuple[int, int]:

@@ -32,11 +32,12 @@ from gatehouse.metrics.groups import GROUP_APIS, GROUP_RESPONSES, GroupCensus
 from gatehouse.metrics.tally import CounterFamily, HistogramFamily
 from gatehouse.proxy.config import Address
 from gatehouse.proxy.hooks import (
+    SCANNED_RESPONSES,
     ConnectionInfo,
     Observer,
     Pending,
     decoded_response,
-    scanned_produce_response,
+    scanned_response,
 )
 
 logger = logging.getLogger("gatehouse.metrics")
@@ -346,14 +347,22 @@ class ProxyMetrics(Observer):
             histogram.observe(elapsed)
         if frame is None or key not in APIS:
             return
-        if key == PRODUCE and pending.decoded is None:
-            scan = scanned_produce_response(pending, frame)
-            if scan is not None:
+        if key in SCANNED_RESPONSES and pending.decoded is None:
+            scan = scanned_response(pending, frame)
+            if scan is not None:  # read from the bytes: no decode
                 counts = scan[0]
                 for code, n in counts.items():
                     self._response_counter(key, code).inc(n)
                 if not counts:
                     self._response_counter(key, 0).inc()
+                if key == FETCH:
+                    for topic, records_total, bytes_total in scan[2]:
+                        if records_total > 0:
+                            name = (topic or "unknown" if isinstance(topic, str)
+                                    else self.topic_names.get(topic, "unknown"))
+                            counted, sized = self._topic(name, "fetch")
+                            counted.inc(records_total)
+                            sized.inc(bytes_total)
                 return
         try:
             resp = decoded_response(pending, frame)  # once for every observer

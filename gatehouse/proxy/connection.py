@@ -1,21 +1,27 @@
-"""One client connection: three tasks in a nursery, backpressure through awaited sends.
+"""One client connection: two pumps in a nursery, backpressure through awaited sends.
 
-    client ──► client_reader ──(pending, bounded channel)──► response_writer ──► client
-                    │                                              ▲
-                    └─► upstream_writer ─► upstream ─► upstream_reader ┘ (unbuffered channels)
+    client ──► client_reader ──────────────────────────────────► upstream
+                    │ (the line: Pending entries in request order, bounded)
+                    ▼
+    client ◄── upstream_reader ◄─────────────────────────────── upstream
 
 Kafka answers requests in order on a connection, so the order of ``Pending`` entries in
-the channel *is* the order of answers: an upstream answer is matched to the oldest
+the line *is* the order of answers: an upstream answer is matched to the oldest
 entry (and its correlation id checked), and an answer the proxy makes itself (a refused
 request) waits in line behind earlier forwarded ones.  Produce with acks=0 gets no
-entry.  Both channels are bounded, so a slow client stops the upstream reads and a
-flood of requests stops the client reads: memory stays flat.  The upstream writer is its
-own task so that reading the next request overlaps sending the last one.
+entry.  Each pump writes what it read, itself: the client reader sends a request up
+before it reads the next one, and the upstream reader sends an answer (and the proxy's
+own answers queued behind it) to the client before it reads the next one.  A hand-off to
+a writer task would put a trip through trio's scheduler on the path of every request and
+every answer; this way a request and its answer cost two (one wake-up per socket), and a
+slow socket at either end stops the pump that feeds it: the slow client stops the
+upstream reads, a flood of requests stops at the line's bound, memory stays flat.
+The client reader writes to the client only when no answer is owed (a refusal with
+nothing in flight), so the two pumps never write to the client at once.
 
-Sockets are read and written through ``fastio.FastStream`` and items go through the
-channels with ``_put``/``_get``: while bytes and items are there, the pumps run on
-without a trip through trio's scheduler per call (cancellation is still checked, and a
-full channel or socket still makes them wait).
+Sockets are read and written through ``fastio.FastStream``: while bytes are there, the
+pumps run on without a trip through trio's scheduler per call (cancellation is still
+checked, and a full socket still makes them wait).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import logging
 import math
 import struct
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +42,6 @@ from gatehouse.codecs import (
     UnknownApi,
     decode_request,
     decode_response,
-    produce,
 )
 from gatehouse.codecs.peek import produce_acks
 from gatehouse.codecs.primitives import Buffer
@@ -51,7 +57,17 @@ from gatehouse.proxy.apiversions import API_VERSIONS, adjust_api_versions
 from gatehouse.proxy.budget import ByteBudget
 from gatehouse.proxy.config import Limits
 from gatehouse.proxy.fastio import FastStream
-from gatehouse.proxy.hooks import Close, ConnectionInfo, Forward, Observer, Pending, Policy, Respond
+from gatehouse.proxy.hooks import (
+    SCANNED_RESPONSES,
+    Close,
+    ConnectionInfo,
+    Forward,
+    Observer,
+    Pending,
+    Policy,
+    Respond,
+    top_level_tags,
+)
 
 logger = logging.getLogger("gatehouse.proxy")
 
@@ -128,23 +144,23 @@ class ProxyConnection:
         self.conn = conn
         self.ctx = ctx
         self.limits = ctx.limits
-        self.pending_send, self.pending_receive = trio.open_memory_channel[Pending](
-            ctx.limits.max_in_flight
-        )
-        # (frame, bytes of a budget it holds): the holder gives them back once it is sent
-        self.frames_send, self.frames_receive = trio.open_memory_channel[tuple[bytes, int]](0)
-        self.requests_send, self.requests_receive = trio.open_memory_channel[tuple[Any, int]](0)
+        # The answers owed, in request order; an entry leaves once its answer is sent.
+        self.line: deque[Pending] = deque()
+        self.room = trio.lowlevel.ParkingLot()  # the client reader, while the line is full
         self.request_bytes = _Share(ctx.request_budget)
         self.response_bytes = _Share(ctx.response_budget)
-        self.request_ticket = 0  # budget bytes of the request being handled
-        self.in_flight = 0
-        self.upstream_closed = False
+        self.in_flight = 0  # forwarded requests not yet answered
+        self.answered = trio.lowlevel.ParkingLot()  # unparked when the line empties
+        self.client_done = False  # no more requests will come
         self.close_reason = "client closed"
         self.close_level = logging.INFO
         self.sasl_raw_rounds: int | None = 0  # >0: that many raw tokens; None: until Kafka
         self.idle = trio.CancelScope()
         self.last_active = 0.0  # trio clock: the last whole request or byte from the broker
-        self.receive_scope = trio.CancelScope()  # a fresh one per receive
+        # Around the client reader: a drain cancels it only while the reader waits for
+        # bytes (see _watch_drain); stop_reading stops it at its next receive otherwise.
+        self.receive_scope = trio.CancelScope()
+        self.stop_reading = False
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -154,12 +170,13 @@ class ProxyConnection:
             with self.idle:
                 async with trio.open_nursery() as nursery:
                     self.nursery = nursery
-                    nursery.start_soon(self._guard, self.client_reader)
                     nursery.start_soon(self._guard, self.upstream_reader)
-                    nursery.start_soon(self._guard, self.upstream_writer)
                     nursery.start_soon(self._watch_drain)
                     nursery.start_soon(self._watch_idle)
-                    await self._guard(self.response_writer)
+                    await self._guard(self.client_reader)
+                    # No more requests: the connection ends once every answer owed is sent.
+                    while self.line:
+                        await self.answered.park()
                     nursery.cancel_scope.cancel()
             if self.idle.cancelled_caught:
                 self.close_reason = "idle timeout"
@@ -200,8 +217,12 @@ class ProxyConnection:
 
     async def _watch_drain(self) -> None:
         await self.ctx.draining.wait()
-        # Stop taking new requests; the writer finishes the ones already in flight.
-        self.receive_scope.cancel()
+        # Stop taking new requests; the upstream reader answers the ones in flight.  Only
+        # the wait for bytes is cancelled: a request being handled is forwarded whole,
+        # with its Pending entry, or not at all.
+        self.stop_reading = True
+        if self.client_io.waiting:
+            self.receive_scope.cancel()
 
     # -- client -> upstream ----------------------------------------------------------
 
@@ -237,45 +258,28 @@ class ProxyConnection:
                 reserved = await share.take(expected + 4)
 
     async def _receive_from_client(self) -> bytes | bytearray | None:
-        # Only the wait for bytes is cancelled by a drain: a request being handled is
-        # forwarded whole, with its Pending entry, or not at all.
-        with self.receive_scope:
-            data = await self.client_io.receive_some(_RECEIVE_SIZE)
-        if self.receive_scope.cancelled_caught:
+        if self.stop_reading:
             self._record_close("proxy shutting down", logging.INFO)
             return None
-        self.receive_scope = trio.CancelScope()
-        if self.ctx.draining.is_set():
-            self.receive_scope.cancel()
+        data = await self.client_io.receive_some(_RECEIVE_SIZE)
         self.conn.bytes_from_client += len(data)
         return data
 
     async def client_reader(self) -> None:
         try:
-            async for wire, reserved in self._wire_frames(self._receive_from_client,
-                                                          "request", self.request_bytes):
-                # Only whole requests are activity: a client trickling the bytes of a
-                # frame that never completes (slowloris) still meets the idle timeout.
-                self._touch()
-                self.request_ticket = reserved
-                await self.handle_request_frame(wire)
-                if self.request_ticket:  # not forwarded (answered here): done with it
-                    self.request_bytes.give(self.request_ticket)
-                    self.request_ticket = 0
+            with self.receive_scope:
+                async for wire, reserved in self._wire_frames(self._receive_from_client,
+                                                              "request", self.request_bytes):
+                    # Only whole requests are activity: a client trickling the bytes of a
+                    # frame that never completes (slowloris) still meets the idle timeout.
+                    self._touch()
+                    await self.handle_request_frame(wire)
+                    if reserved:  # forwarded or answered here: done with its bytes
+                        self.request_bytes.give(reserved)
+            if self.receive_scope.cancelled_caught:
+                self._record_close("proxy shutting down", logging.INFO)
         finally:
-            self.pending_send.close()
-            self.requests_send.close()
-
-    async def upstream_writer(self) -> None:
-        # Never cancelled by a drain: requests already accepted go up.
-        while True:
-            try:
-                wire, ticket = await _get(self.requests_receive)
-            except trio.EndOfChannel:
-                return
-            await self.upstream_io.send_all(wire)
-            if ticket:
-                self.request_bytes.give(ticket)
+            self.client_done = True
 
     def _malformed(self, direction: str, exc: ProtocolError) -> None:
         self.ctx.observer.malformed(self.conn, direction, str(exc))
@@ -340,11 +344,12 @@ class ProxyConnection:
         elif isinstance(decision, Respond):
             conn.refused += 1
             if expects_response:
-                local = decision.response.encode()
-                await self.pending_send.send(
-                    Pending(header.correlation_id, header.api_key, header.api_version, now,
-                            local=bytes(local), policy=policy)
-                )
+                pending = Pending(header.correlation_id, header.api_key, header.api_version,
+                                  now, local=bytes(decision.response.encode()), policy=policy)
+                if self.line:  # behind answers still owed: sent after them
+                    await self._queue(pending)
+                else:  # nothing owed: the upstream reader is not writing to the client
+                    await self._send_local(pending)
             else:
                 # acks=0 Produce has no response to carry a refusal: close instead.
                 raise _Close("refused a Produce request with acks=0 (no response possible)")
@@ -354,12 +359,13 @@ class ProxyConnection:
 
     async def _forward(self, wire: Any, pending: Pending | None) -> None:
         if pending is not None:
+            # Queued before the bytes go up, so the entry is there when the answer comes.
+            await self._queue(pending)
             self.in_flight += 1
-            # Queued before the bytes go up, so the writer is ready for the answer; a
-            # full queue stops this reader: backpressure on a client that floods us.
-            await _put(self.pending_send, pending)
-        ticket, self.request_ticket = self.request_ticket, 0
-        await _put(self.requests_send, (wire, ticket))
+        # Sent by this task: a hand-off to a writer task would put a trip through the
+        # scheduler on every request's path.  Outside the drain's scope: a request
+        # already accepted goes up whole.
+        await self.upstream_io.send_all(wire)
 
     # -- upstream -> client ----------------------------------------------------------
 
@@ -368,35 +374,28 @@ class ProxyConnection:
         self._touch()
         return data
 
-    async def upstream_reader(self) -> None:
-        try:
-            async for frame_and_ticket in self._wire_frames(self._receive_from_upstream,
-                                                            "response", self.response_bytes):
-                await _put(self.frames_send, frame_and_ticket)
-        finally:
-            self.frames_send.close()
-        self.upstream_closed = True
-        if self.in_flight == 0:
-            raise _Close(f"broker {self.conn.upstream} closed the connection")
+    async def _queue(self, pending: Pending) -> None:
+        # A full line stops this reader: backpressure on a client that floods us.
+        while len(self.line) >= self.limits.max_in_flight:
+            await self.room.park()
+        self.line.append(pending)
 
-    async def response_writer(self) -> None:
-        while True:
-            try:
-                pending = await _get(self.pending_receive)
-            except trio.EndOfChannel:
-                return
-            if pending.local is not None:
-                await self._send_client(_sized(pending.local))
-                self._answered(pending, pending.local)
-                continue
-            try:
-                wire, ticket = await _get(self.frames_receive)
-            except trio.EndOfChannel:
-                raise _Close(
-                    f"broker {self.conn.upstream} closed the connection with "
-                    f"{self.in_flight} request(s) in flight",
-                    logging.WARNING,
-                ) from None
+    def _answered_first(self) -> None:
+        """The oldest entry's answer is sent: it leaves the line."""
+        self.line.popleft()
+        if self.room:
+            self.room.unpark()
+        if not self.line and self.client_done:
+            self.answered.unpark_all()
+
+    async def upstream_reader(self) -> None:
+        line = self.line
+        async for wire, ticket in self._wire_frames(self._receive_from_upstream,
+                                                    "response", self.response_bytes):
+            if not line:
+                raise _Close(f"broker {self.conn.upstream} sent a response to no request",
+                             logging.WARNING)
+            pending = line[0]  # forwarded: the proxy's own answers never wait at the head
             self.in_flight -= 1
             if pending.raw:
                 await self._send_client(wire)
@@ -407,8 +406,22 @@ class ProxyConnection:
                 self._answered(pending, out)
             if ticket:
                 self.response_bytes.give(ticket)
-            if self.upstream_closed and self.in_flight == 0:
-                raise _Close(f"broker {self.conn.upstream} closed the connection")
+            self._answered_first()
+            # The proxy's own answers in line behind this one go now: no broker answer
+            # will come for them.
+            while line and line[0].local is not None:
+                await self._send_local(line[0])
+                self._answered_first()
+        if self.in_flight:
+            raise _Close(f"broker {self.conn.upstream} closed the connection with "
+                         f"{self.in_flight} request(s) in flight", logging.WARNING)
+        raise _Close(f"broker {self.conn.upstream} closed the connection")
+
+    async def _send_local(self, pending: Pending) -> None:
+        """An answer the proxy made (a refusal), to the client."""
+        assert pending.local is not None
+        await self._send_client(_sized(pending.local))
+        self._answered(pending, pending.local)
 
     def _answered(self, pending: Pending, frame: Any) -> None:
         self.conn.responses += 1
@@ -428,14 +441,13 @@ class ProxyConnection:
             )
         key = pending.api_key
         rewrite = carries_addresses(key, pending.api_version)
-        if rewrite and key == PRODUCE and not pending.wants_response:
-            # Produce v10+ may name new leaders in a top-level tagged field (KIP-951,
-            # NodeEndpoints); its bytes say whether it is there, so most responses are
-            # not decoded.  The scan's error codes go to the observers.
-            scan = produce.response_scan(frame, pending.api_version)
+        if rewrite and key in SCANNED_RESPONSES and not pending.wants_response:
+            # Produce v10+ and Fetch v16+ may name new leaders in a top-level tagged field
+            # (KIP-951, NodeEndpoints); their bytes say whether it is there, so most of
+            # them are not decoded.
+            present = top_level_tags(pending, frame)
             tags = address_tags(key, pending.api_version)
-            if scan is not None and tags is not None and tags.isdisjoint(scan[1]):
-                pending.produce_scan = scan
+            if present is not None and tags is not None and tags.isdisjoint(present):
                 rewrite = False
         if not (rewrite or key == API_VERSIONS or pending.wants_response):
             return frame  # nothing to look at: the original bytes go through
@@ -466,24 +478,6 @@ class ProxyConnection:
         await self.client_io.send_all(wire)
         self.conn.bytes_to_client += len(wire)
         self._touch()
-
-
-async def _put(channel: trio.MemorySendChannel[Any], item: Any) -> None:
-    """``channel.send(item)``, without a trip through the scheduler when the channel
-    takes it at once (room, or a receiver waiting); a full channel still makes the
-    sender wait (backpressure)."""
-    try:
-        channel.send_nowait(item)
-    except trio.WouldBlock:
-        await channel.send(item)
-
-
-async def _get(channel: trio.MemoryReceiveChannel[Any]) -> Any:
-    """``channel.receive()``, at once when an item is there."""
-    try:
-        return channel.receive_nowait()
-    except trio.WouldBlock:
-        return await channel.receive()
 
 
 class _Share:

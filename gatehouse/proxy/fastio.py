@@ -7,8 +7,10 @@ system call itself.  ``FastStream`` calls the socket directly while the kernel c
 or give bytes, waits (``wait_readable``/``wait_writable``) only when it would block, and
 keeps trio's rules otherwise:
 
-- cancellation: every call first checks for it (``checkpoint_if_cancelled``), so timeouts,
-  drains and shutdowns still stop a pump that always finds its socket ready;
+- cancellation: every call first checks for it (``checkpoint_if_cancelled``), so timeouts
+  and shutdowns still stop a pump that always finds its socket ready; a receive that got
+  bytes is not cancelled after it (they would be lost), and ``waiting`` says when a
+  receive is waiting for bytes, the one moment cancelling it loses nothing;
 - fairness: after ``_YIELD_EVERY`` calls without waiting it yields anyway, so one busy
   connection cannot keep the others from running;
 - errors: as ``SocketStream``'s (``ClosedResourceError`` once the stream is closed,
@@ -34,7 +36,7 @@ class FastStream:
     One task receives and one task sends at a time (the pumps' own discipline; trio's
     stream would raise ``BusyResourceError`` otherwise, this one does not check)."""
 
-    __slots__ = ("_ready_calls", "socket", "stream")
+    __slots__ = ("_ready_calls", "socket", "stream", "waiting")
 
     def __init__(self, stream: trio.abc.Stream) -> None:
         self.stream = stream
@@ -42,11 +44,18 @@ class FastStream:
         # before every call, so a closed (and maybe reused) descriptor is never touched.
         self.socket: Any = stream.socket if type(stream) is trio.SocketStream else None
         self._ready_calls = 0
+        # True only while receive_some waits for bytes: cancelling it then loses none
+        # (the connection's drain cancels a client's receive only then).
+        self.waiting = False
 
     async def receive_some(self, max_bytes: int) -> bytes | bytearray:
         sock = self.socket
         if sock is None:
-            return await self.stream.receive_some(max_bytes)
+            self.waiting = True  # trio's streams lose nothing to a cancelled receive
+            try:
+                return await self.stream.receive_some(max_bytes)
+            finally:
+                self.waiting = False
         await trio.lowlevel.checkpoint_if_cancelled()
         while True:
             fd = sock.fileno()
@@ -55,12 +64,21 @@ class FastStream:
             try:
                 data = os.read(fd, max_bytes)
             except BlockingIOError:
-                await trio.lowlevel.wait_readable(sock)
+                self.waiting = True
+                try:
+                    await trio.lowlevel.wait_readable(sock)
+                finally:
+                    self.waiting = False
                 self._ready_calls = 0
                 continue
             except OSError as exc:
                 raise trio.BrokenResourceError(exc) from exc
-            await self._fair()
+            self._ready_calls += 1
+            if self._ready_calls >= _YIELD_EVERY:
+                self._ready_calls = 0
+                # Bytes in hand: a cancellation now would lose them (trio's own receive
+                # does the same).
+                await trio.lowlevel.cancel_shielded_checkpoint()
             return data
 
     async def send_all(self, data: Any) -> None:

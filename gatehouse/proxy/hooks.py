@@ -7,10 +7,11 @@ count or enqueue.  The proxy wires them; ``gatehouse.rules`` never imports trio.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gatehouse.codecs import Request, Response, decode_response, produce
+from gatehouse.codecs import Request, Response, decode_response, fetch, produce
 from gatehouse.proxy.apiversions import RangeAdjuster
 
 
@@ -64,9 +65,8 @@ class Pending:
     context: Any = None  # whatever the policy needs back with the response
     policy: Any = None  # the policy that decided: in-flight requests finish under it
     decoded: Response | None = None  # the response as sent, if the proxy decoded it
-    # A Produce response the proxy read from its bytes instead (codecs.produce): error
-    # codes and top-level tags.
-    produce_scan: Any = None
+    # A Produce or Fetch response read from its bytes instead (``scanned_response``).
+    scan: Any = None
 
 
 def decoded_response(pending: Pending, frame: Any) -> Response:
@@ -79,13 +79,38 @@ def decoded_response(pending: Pending, frame: Any) -> Response:
     return resp
 
 
-def scanned_produce_response(pending: Pending, frame: Any) -> Any:
-    """A Produce response's error codes and top-level tags read from its bytes
-    (``codecs.produce.response_scan``), once for every observer: the proxy's own scan if
-    it made one.  None when the bytes are not what the reader expects."""
-    scan = pending.produce_scan
+# The responses read from their bytes: error codes, top-level tags (and for Fetch the
+# topics' records and bytes), without a decode.
+_RESPONSE_SCANS: dict[int, Callable[[Any, int], Any]] = {
+    0: produce.response_scan,
+    1: fetch.response_scan,
+}
+
+
+SCANNED_RESPONSES = frozenset(_RESPONSE_SCANS)
+
+
+def top_level_tags(pending: Pending, frame: Any) -> tuple[int, ...] | None:
+    """The numbers of a Produce or Fetch response's top-level tagged fields, from its
+    bytes; None for other APIs and unexpected bytes.  A Produce response's whole scan is
+    kept for the observers; a Fetch response's records are not counted here (the plain
+    proxy needs none: the metrics count them if they are on)."""
+    if pending.api_key == 1:
+        return fetch.top_level_tags(frame, pending.api_version)
+    scan = scanned_response(pending, frame)
+    return None if scan is None else scan[1]
+
+
+def scanned_response(pending: Pending, frame: Any) -> Any:
+    """A Produce or Fetch response read from its bytes (``codecs.produce.response_scan``,
+    ``codecs.fetch.response_scan``: error codes and top-level tags first), once for the
+    proxy and every observer.  None for other APIs and when the bytes are not what the
+    reader expects (the decoder then takes over)."""
+    scan = pending.scan
     if scan is None:
-        scan = pending.produce_scan = produce.response_scan(frame, pending.api_version)
+        reader = _RESPONSE_SCANS.get(pending.api_key)
+        if reader is not None:
+            scan = pending.scan = reader(frame, pending.api_version)
     return scan
 
 

@@ -1,0 +1,114 @@
+"""Fetch responses read straight from their bytes: what the proxy, the metrics and the
+observation log need of most of them, without decoding them.
+
+A Fetch response is the biggest frame a proxy moves and the most frequent with Produce.
+The proxy must know whether it names new leaders (KIP-951: the top-level NodeEndpoints
+tag of v16+, rewritten to the proxy's addresses), and the metrics need each partition's
+error code and each topic's records and bytes (from batch headers).  ``response_scan``
+walks the frame for exactly that, checks that it consumed it exactly, and returns None
+on anything unexpected: the caller then falls back to the full decoder, which reports
+the error.
+
+Layouts: Kafka's FetchResponse.json, flexible versions (v12+); older versions are left to
+the decoder.  tests/test_fetch_scan.py holds the scan to the full decoder.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Final
+
+from gatehouse.codecs._scan import I16, Unexpected, read_tag_numbers, skip_tags, uvarint
+from gatehouse.codecs.primitives import Buffer
+from gatehouse.codecs.records import BATCH_OVERHEAD, LOG_OVERHEAD, V2_HEAD, count_records
+
+FIRST_VERSION: Final = 12  # the first flexible version
+TOPIC_IDS_SINCE: Final = 13
+# PartitionIndex, ErrorCode, HighWatermark, LastStableOffset, LogStartOffset
+_PARTITION_FIXED: Final = 4 + 2 + 8 + 8 + 8
+_ABORTED_TRANSACTION: Final = 8 + 8  # ProducerId, FirstOffset (then its tag section)
+
+# Per topic: its name (v12), or its 16 topic id bytes (v13+); records; record bytes.
+TopicRecords = list[tuple[str | bytes, int, int]]
+# Error codes -> how often (the top-level one and every partition's); the numbers of the
+# top-level tagged fields (NodeEndpoints is tag 0); the topics' records.
+ResponseScan = tuple[dict[int, int], tuple[int, ...], TopicRecords]
+
+
+def top_level_tags(frame: Buffer, version: int) -> tuple[int, ...] | None:
+    """The numbers of a Fetch response's top-level tagged fields, from its bytes: all the
+    proxy needs to know of most Fetch responses (records are skipped, not counted)."""
+    scan = response_scan(frame, version, count=False)
+    return None if scan is None else scan[1]
+
+
+def response_scan(frame: Buffer, version: int, count: bool = True) -> ResponseScan | None:
+    """What a Fetch response says, from its bytes (``frame`` from the correlation id on);
+    ``count=False``: records and bytes are left at 0 (the batch headers are not read)."""
+    if version < FIRST_VERSION:
+        return None
+    view = memoryview(frame)
+    ids = version >= TOPIC_IDS_SINCE
+    try:
+        pos = skip_tags(view, 4) if view[4] else 5  # CorrelationId, header tags
+        (top_code,) = I16.unpack_from(view, pos + 4)  # after ThrottleTimeMs
+        codes = {top_code: 1}
+        pos += 4 + 2 + 4  # ThrottleTimeMs, ErrorCode, SessionId
+        n_topics, pos = uvarint(view, pos)
+        if n_topics < 1:
+            raise Unexpected  # a null array: not in a broker's answer
+        topics: TopicRecords = []
+        for _ in range(n_topics - 1):
+            key: str | bytes
+            if ids:
+                key = bytes(view[pos:pos + 16])
+                pos += 16
+            else:
+                n, pos = uvarint(view, pos)
+                if n < 1:
+                    raise Unexpected  # a null topic name: not in a broker's answer
+                key = str(view[pos:pos + n - 1], "utf-8")
+                pos += n - 1
+            records = size = 0
+            n_partitions, pos = uvarint(view, pos)
+            if n_partitions < 1:
+                raise Unexpected
+            for _ in range(n_partitions - 1):
+                (code,) = I16.unpack_from(view, pos + 4)
+                codes[code] = codes.get(code, 0) + 1
+                pos += _PARTITION_FIXED
+                n, pos = uvarint(view, pos)  # AbortedTransactions, nullable
+                for _ in range(n - 1):
+                    pos += _ABORTED_TRANSACTION
+                    pos = skip_tags(view, pos) if view[pos] else pos + 1
+                pos += 4  # PreferredReadReplica (v11+)
+                n, pos = uvarint(view, pos)  # Records, nullable
+                n -= 1
+                if n > 0:
+                    end = pos + n
+                    if end > len(view):
+                        raise Unexpected
+                    if count:
+                        length, magic, batch_records = (V2_HEAD.unpack_from(view, pos)
+                                                        if n >= BATCH_OVERHEAD else (0, 0, 0))
+                        if magic == 2 and length + LOG_OVERHEAD == n:
+                            records += batch_records  # one whole v2 batch: its header says all
+                            size += n
+                        else:
+                            batch_records, counted = count_records(view, pos, end)
+                            records += batch_records
+                            size += counted
+                    pos = end
+                pos = skip_tags(view, pos) if view[pos] else pos + 1  # DivergingEpoch...
+            pos = skip_tags(view, pos) if view[pos] else pos + 1
+            topics.append((key, records, size))
+        tags: tuple[int, ...] = ()
+        if view[pos]:
+            tags, pos = read_tag_numbers(view, pos)
+        else:
+            pos += 1
+        if pos != len(view):
+            raise Unexpected
+        return codes, tags, topics
+    except (Unexpected, struct.error, IndexError, UnicodeDecodeError):
+        return None

@@ -1,0 +1,89 @@
+"""codecs.fetch.response_scan against the full decoder: the same error codes, the same
+records and bytes per topic, the same top-level tags, on random Fetch responses of every
+flexible version; None (the decoder takes over) for anything else."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gatehouse import codecs
+from gatehouse.codecs import ProtocolError, fetch, records
+from gatehouse.metrics import error_codes
+from tests.codec_strategies import build_message, header_tags, message_body
+from tests.test_metrics_produce import RECORDS, SETTINGS, batch
+
+VERSIONS = [v for v in codecs.api(1).response.valid if v >= fetch.FIRST_VERSION]
+
+
+def expected(resp: codecs.Response) -> Any:
+    """What the scan must say, from the decoded response; None where the decoder (or the
+    batch-header walk) refuses: the scan must give up too."""
+    topics = []
+    try:
+        for topic in resp.body.responses:
+            key = topic.topic_id.bytes if resp.api_version >= 13 else topic.topic
+            summaries = [records.summarize(p.records) for p in topic.partitions]
+            topics.append((key, sum(s.records for s in summaries),
+                           sum(s.bytes for s in summaries)))
+    except ProtocolError:
+        return None
+    tags = (0,) if resp.api_version >= 16 and resp.body.node_endpoints else ()
+    return dict(Counter(error_codes(resp))), tags, topics
+
+
+def frame_of(version: int, body: Any, tags: Any = ()) -> bytes:
+    return bytes(build_message(1, version, "response", body, tags=tags).encode())
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@SETTINGS
+@given(data=st.data())
+def test_response_scan_matches_the_decoder(version: int, data: st.DataObject) -> None:
+    body = data.draw(message_body(codecs.api(1).response, version))
+    topics = []
+    for topic in body.responses:
+        parts = tuple(p.replace(records=data.draw(RECORDS)) for p in topic.partitions)
+        topics.append(topic.replace(partitions=parts))
+    body = body.replace(responses=tuple(topics))
+    frame = frame_of(version, body, data.draw(header_tags(True)))
+    resp = codecs.decode_response(frame, 1, version)
+    want = expected(resp)
+    scan = fetch.response_scan(frame, version)
+    if want is None:
+        assert scan is None
+    else:
+        assert scan is not None
+        # Unknown top-level tags (the strategy adds some) are named too: compare tag 0.
+        assert (scan[0], 0 in scan[1], scan[2]) == (want[0], bool(want[1]), want[2])
+        assert fetch.top_level_tags(frame, version) == scan[1]
+
+
+def test_what_a_broker_sends_is_read_and_anything_else_falls_back() -> None:
+    spec = codecs.api(1).response
+    partition = spec.root.field("Responses").struct.field("Partitions").struct.cls(
+        partition_index=0, error_code=0, high_watermark=10, last_stable_offset=10,
+        log_start_offset=0, aborted_transactions=None, preferred_read_replica=-1,
+        records=batch(7) + batch(3))
+    topic = spec.root.field("Responses").struct.cls(
+        topic="orders", partitions=(partition, partition.replace(partition_index=1,
+                                                                error_code=6, records=None)))
+    body = spec.root.cls(throttle_time_ms=0, error_code=0, session_id=5, responses=(topic,))
+    frame = frame_of(12, body)
+    size = len(batch(7) + batch(3))
+    assert fetch.response_scan(frame, 12) == ({0: 2, 6: 1}, (), [("orders", 10, size)])
+    for bad in (frame[:-1], frame + b"\x00"):
+        assert fetch.response_scan(bad, 12) is None
+    assert fetch.response_scan(frame, 11) is None  # not flexible: the decoder's
+    # v16+: NodeEndpoints (KIP-951), the tag the proxy must rewrite, is named.
+    node = spec.root.field("NodeEndpoints").struct.cls(node_id=2, host="k2", port=9092,
+                                                       rack=None)
+    topic_id = topic.replace(topic_id=codecs.schema.uuid.UUID(int=7))
+    moved = body.replace(responses=(topic_id,), node_endpoints=(node,))
+    scan = fetch.response_scan(frame_of(16, moved), 16)
+    assert scan is not None and scan[1] == (0,)
+    assert scan[2] == [(codecs.schema.uuid.UUID(int=7).bytes, 10, size)]
