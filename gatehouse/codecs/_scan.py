@@ -51,6 +51,19 @@ def read_tag_numbers(view: memoryview, pos: int) -> tuple[tuple[int, ...], int]:
     return tuple(tags), pos
 
 
+def last_tags(view: memoryview, pos: int) -> tuple[int, ...]:
+    """The numbers of a message's top-level tagged fields, whose section must end the
+    frame at ``pos``."""
+    tags: tuple[int, ...] = ()
+    if view[pos]:
+        tags, pos = read_tag_numbers(view, pos)
+    else:
+        pos += 1
+    if pos != len(view):
+        raise Unexpected
+    return tags
+
+
 def array(view: memoryview, pos: int, flexible: bool) -> tuple[int, int]:
     if flexible:
         n, pos = uvarint(view, pos)

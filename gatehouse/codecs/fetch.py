@@ -18,7 +18,7 @@ from __future__ import annotations
 import struct
 from typing import Final
 
-from gatehouse.codecs._scan import I16, Unexpected, read_tag_numbers, skip_tags, uvarint
+from gatehouse.codecs._scan import I16, Unexpected, last_tags, skip_tags, uvarint
 from gatehouse.codecs.primitives import Buffer
 from gatehouse.codecs.records import BATCH_OVERHEAD, LOG_OVERHEAD, V2_HEAD, count_records
 
@@ -102,13 +102,6 @@ def response_scan(frame: Buffer, version: int, count: bool = True) -> ResponseSc
                 pos = skip_tags(view, pos) if view[pos] else pos + 1  # DivergingEpoch...
             pos = skip_tags(view, pos) if view[pos] else pos + 1
             topics.append((key, records, size))
-        tags: tuple[int, ...] = ()
-        if view[pos]:
-            tags, pos = read_tag_numbers(view, pos)
-        else:
-            pos += 1
-        if pos != len(view):
-            raise Unexpected
-        return codes, tags, topics
+        return codes, last_tags(view, pos), topics
     except (Unexpected, struct.error, IndexError, UnicodeDecodeError):
         return None

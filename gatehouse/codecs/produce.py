@@ -21,7 +21,7 @@ from gatehouse.codecs._scan import I16 as _I16
 from gatehouse.codecs._scan import I32 as _I32
 from gatehouse.codecs._scan import Unexpected as _Unexpected
 from gatehouse.codecs._scan import array as _array
-from gatehouse.codecs._scan import read_tag_numbers as _read_tag_numbers
+from gatehouse.codecs._scan import last_tags
 from gatehouse.codecs._scan import skip_string as _skip_string
 from gatehouse.codecs._scan import skip_tags as _skip_tags
 from gatehouse.codecs._scan import uvarint as _uvarint
@@ -214,14 +214,10 @@ def response_scan(frame: Buffer, version: int) -> ResponseScan | None:
             if flexible:
                 pos = _skip_tags(view, pos) if view[pos] else pos + 1
         pos += 4  # ThrottleTimeMs
-        tags: tuple[int, ...] = ()
         if flexible:
-            if view[pos]:
-                tags, pos = _read_tag_numbers(view, pos)
-            else:
-                pos += 1
+            return codes, last_tags(view, pos)
         if pos != len(view):
             raise _Unexpected
-        return codes, tags
+        return codes, ()
     except (_Unexpected, struct.error, IndexError):
         return None
