@@ -44,7 +44,8 @@ class Recorder(Observer):
     def request(self, conn: ConnectionInfo, req: codecs.Request, size: int) -> None:
         self.requests.append((req.api_key, req.api_version))
 
-    def response(self, conn: ConnectionInfo, pending: Pending, size: int, elapsed: float) -> None:
+    def response(self, conn: ConnectionInfo, pending: Pending, size: int, elapsed: float,
+                 frame: Any = None) -> None:
         self.responses.append(pending.correlation_id)
 
     def malformed(self, conn: ConnectionInfo, direction: str, error: str) -> None:
@@ -537,3 +538,26 @@ async def test_broker_answer_to_no_request_closes_the_connection() -> None:
 
 def test_frame_bytes_helper() -> None:
     assert frame_bytes(b"ab") == b"\x00\x00\x00\x02ab"
+
+
+def test_a_failing_observer_is_logged_and_the_others_still_see_everything(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from gatehouse.proxy.hooks import Observers
+
+    class Broken(Observer):
+        def request(self, conn: ConnectionInfo, req: codecs.Request, size: int) -> None:
+            raise RuntimeError("observer bug")
+
+        def response(self, conn: ConnectionInfo, pending: Pending, size: int, elapsed: float,
+                     frame: Any = None) -> None:
+            raise RuntimeError("observer bug")
+
+    recorder = Recorder()
+    fan_out = Observers([Broken()])
+    fan_out.add(recorder)
+    conn = ConnectionInfo(id=1, client="127.0.0.1:5555", listener="bootstrap")
+    fan_out.request(conn, request(3, 12, 7), 10)
+    fan_out.response(conn, Pending(7, 3, 12, 0.0), 10, 0.001)
+    assert recorder.requests == [(3, 12)] and recorder.responses == [7]
+    failures = [r.getMessage() for r in caplog.records if r.name == "gatehouse.proxy"]
+    assert failures == ["observer Broken failed in request", "observer Broken failed in response"]

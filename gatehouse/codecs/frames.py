@@ -269,11 +269,10 @@ class _Message:
     def read_once(self, name: str, read: Any) -> Any:
         """``read(self)``, remembered under ``name`` for this message: what a fast reader
         took from the frame (codecs.produce), for every observer that asks."""
-        try:
-            found = self._read
-        except AttributeError:
+        found: dict[str, Any] | None = getattr(self, "_read", None)  # no exception: cheap
+        if found is None:
             found = self._read = {}
-        if name in found:
+        elif name in found:
             return found[name]
         value = found[name] = read(self)
         return value

@@ -18,9 +18,14 @@ _INT16 = struct.Struct(">h")
 
 
 def produce_acks(req: Request) -> int:
-    """The ``Acks`` of a Produce request, read from its bytes (or its decoded body)."""
+    """The ``Acks`` of a Produce request, read from its bytes (or its decoded body), once
+    for all who ask (the pumps, the policy, the observation log)."""
     if req.api_key != PRODUCE:
         raise ValueError("not a Produce request")
+    return req.read_once("peek.produce_acks", _produce_acks)  # type: ignore[no-any-return]
+
+
+def _produce_acks(req: Request) -> int:
     if req.body_decoded or req.frame is None:
         return int(req.body.acks)
     frame = req.frame

@@ -176,21 +176,24 @@ class Observers(Observer):
     """Fan-out to several observers; one failing observer is logged, never fatal."""
 
     def __init__(self, observers: list[Observer] | None = None) -> None:
-        self.observers = list(observers or [])
+        self.observers: list[Observer] = []
+        # The per-request hooks, bound once: called for every request and response.
+        self._requests: list[Any] = []
+        self._responses: list[Any] = []
+        for observer in observers or []:
+            self.add(observer)
 
     def add(self, observer: Observer) -> None:
         self.observers.append(observer)
+        self._requests.append(observer.request)
+        self._responses.append(observer.response)
 
     def _each(self, method: str, *args: Any) -> None:
         for observer in self.observers:
             try:
                 getattr(observer, method)(*args)
             except Exception:  # an observer bug must not break traffic
-                import logging
-
-                logging.getLogger("gatehouse.proxy").exception(
-                    "observer %s failed in %s", type(observer).__name__, method
-                )
+                _observer_failed(observer, method)
 
     def connection_opened(self, conn: ConnectionInfo) -> None:
         self._each("connection_opened", conn)
@@ -199,14 +202,30 @@ class Observers(Observer):
         self._each("connection_closed", conn, reason)
 
     def request(self, conn: ConnectionInfo, req: Request, size: int) -> None:
-        self._each("request", conn, req, size)
+        for hook in self._requests:
+            try:
+                hook(conn, req, size)
+            except Exception:
+                _observer_failed(hook.__self__, "request")
 
     def response(self, conn: ConnectionInfo, pending: Pending, size: int, elapsed: float,
                  frame: Any = None) -> None:
-        self._each("response", conn, pending, size, elapsed, frame)
+        for hook in self._responses:
+            try:
+                hook(conn, pending, size, elapsed, frame)
+            except Exception:
+                _observer_failed(hook.__self__, "response")
 
     def upstream_failure(self, target: str, error: str) -> None:
         self._each("upstream_failure", target, error)
 
     def malformed(self, conn: ConnectionInfo, direction: str, error: str) -> None:
         self._each("malformed", conn, direction, error)
+
+
+def _observer_failed(observer: Any, method: str) -> None:
+    import logging
+
+    logging.getLogger("gatehouse.proxy").exception(
+        "observer %s failed in %s", type(observer).__name__, method
+    )
