@@ -20,7 +20,7 @@ from typing import Final
 
 from gatehouse.codecs._scan import I16, Unexpected, last_tags, skip_tags, uvarint
 from gatehouse.codecs.primitives import Buffer
-from gatehouse.codecs.records import BATCH_OVERHEAD, LOG_OVERHEAD, V2_HEAD, count_records
+from gatehouse.codecs.records import count_records
 
 FIRST_VERSION: Final = 12  # the first flexible version
 TOPIC_IDS_SINCE: Final = 13
@@ -89,15 +89,9 @@ def response_scan(frame: Buffer, version: int, count: bool = True) -> ResponseSc
                     if end > len(view):
                         raise Unexpected
                     if count:
-                        length, magic, batch_records = (V2_HEAD.unpack_from(view, pos)
-                                                        if n >= BATCH_OVERHEAD else (0, 0, 0))
-                        if magic == 2 and length + LOG_OVERHEAD == n:
-                            records += batch_records  # one whole v2 batch: its header says all
-                            size += n
-                        else:
-                            batch_records, counted = count_records(view, pos, end)
-                            records += batch_records
-                            size += counted
+                        batch_records, counted = count_records(view, pos, end)
+                        records += batch_records
+                        size += counted
                     pos = end
                 pos = skip_tags(view, pos) if view[pos] else pos + 1  # DivergingEpoch...
             pos = skip_tags(view, pos) if view[pos] else pos + 1

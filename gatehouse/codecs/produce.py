@@ -26,13 +26,7 @@ from gatehouse.codecs._scan import skip_string as _skip_string
 from gatehouse.codecs._scan import skip_tags as _skip_tags
 from gatehouse.codecs._scan import uvarint as _uvarint
 from gatehouse.codecs.primitives import Buffer
-from gatehouse.codecs.records import (
-    BATCH_OVERHEAD,
-    LOG_OVERHEAD,
-    V2_HEAD,
-    count_records,
-    records_and_bytes,
-)
+from gatehouse.codecs.records import count_records, records_and_bytes
 
 _INDEX_AND_VARINT: Final = struct.Struct(">iBBB")
 FLEXIBLE_SINCE: Final = 9
@@ -150,12 +144,7 @@ def request_topics(frame: Buffer, version: int) -> TopicCounts | None:
                 if n > 0:
                     if pos + n > len(view):
                         raise _Unexpected
-                    length, magic, c = (V2_HEAD.unpack_from(view, pos)
-                                        if n >= BATCH_OVERHEAD else (0, 0, 0))
-                    if magic == 2 and length + LOG_OVERHEAD == n:
-                        b = n  # one whole v2 batch, what clients send: its header says all
-                    else:
-                        c, b = count_records(view, pos, pos + n)
+                    c, b = count_records(view, pos, pos + n)
                     records += c
                     size += b
                     pos += n

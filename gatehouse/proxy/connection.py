@@ -149,7 +149,6 @@ class ProxyConnection:
         self.room = trio.lowlevel.ParkingLot()  # the client reader, while the line is full
         self.request_bytes = _Share(ctx.request_budget)
         self.response_bytes = _Share(ctx.response_budget)
-        self.in_flight = 0  # forwarded requests not yet answered
         self.answered = trio.lowlevel.ParkingLot()  # unparked when the line empties
         self.client_done = False  # no more requests will come
         self.close_reason = "client closed"
@@ -161,6 +160,11 @@ class ProxyConnection:
         # bytes (see _watch_drain); stop_reading stops it at its next receive otherwise.
         self.receive_scope = trio.CancelScope()
         self.stop_reading = False
+
+    @property
+    def in_flight(self) -> int:
+        """Forwarded requests not yet answered (the rest of the line: the proxy's own)."""
+        return sum(1 for pending in self.line if pending.local is None)
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -361,7 +365,6 @@ class ProxyConnection:
         if pending is not None:
             # Queued before the bytes go up, so the entry is there when the answer comes.
             await self._queue(pending)
-            self.in_flight += 1
         # Sent by this task: a hand-off to a writer task would put a trip through the
         # scheduler on every request's path.  Outside the drain's scope: a request
         # already accepted goes up whole.
@@ -396,7 +399,6 @@ class ProxyConnection:
                 raise _Close(f"broker {self.conn.upstream} sent a response to no request",
                              logging.WARNING)
             pending = line[0]  # forwarded: the proxy's own answers never wait at the head
-            self.in_flight -= 1
             if pending.raw:
                 await self._send_client(wire)
             else:
@@ -412,9 +414,9 @@ class ProxyConnection:
             while line and line[0].local is not None:
                 await self._send_local(line[0])
                 self._answered_first()
-        if self.in_flight:
+        if in_flight := self.in_flight:
             raise _Close(f"broker {self.conn.upstream} closed the connection with "
-                         f"{self.in_flight} request(s) in flight", logging.WARNING)
+                         f"{in_flight} request(s) in flight", logging.WARNING)
         raise _Close(f"broker {self.conn.upstream} closed the connection")
 
     async def _send_local(self, pending: Pending) -> None:

@@ -81,9 +81,10 @@ def decoded_response(pending: Pending, frame: Any) -> Response:
 
 # The responses read from their bytes: error codes, top-level tags (and for Fetch the
 # topics' records and bytes), without a decode.
+PRODUCE, FETCH = 0, 1
 _RESPONSE_SCANS: dict[int, Callable[[Any, int], Any]] = {
-    0: produce.response_scan,
-    1: fetch.response_scan,
+    PRODUCE: produce.response_scan,
+    FETCH: fetch.response_scan,
 }
 
 
@@ -95,7 +96,7 @@ def top_level_tags(pending: Pending, frame: Any) -> tuple[int, ...] | None:
     bytes; None for other APIs and unexpected bytes.  A Produce response's whole scan is
     kept for the observers; a Fetch response's records are not counted here (the plain
     proxy needs none: the metrics count them if they are on)."""
-    if pending.api_key == 1:
+    if pending.api_key == FETCH:
         return fetch.top_level_tags(frame, pending.api_version)
     scan = scanned_response(pending, frame)
     return None if scan is None else scan[1]
