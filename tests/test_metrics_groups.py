@@ -340,3 +340,32 @@ def test_a_share_heartbeat_does_not_inherit_a_consumer_assignor() -> None:
     assert groups(metrics, "share", "uniform") == 0
     assert groups(metrics, "share", "default") == 1
     assert groups(metrics, "consumer", "uniform") == 0
+
+
+def test_a_topic_without_a_name_is_unknown_in_produce_as_in_fetch() -> None:
+    """A nameless topic (empty name, no id known) is one label, "unknown", both ways."""
+    metrics = ProxyMetrics()
+    wire = Wire(metrics, 1)
+    batch = one_record_batch()
+    wire.exchange(0, 9, {"transactional_id": None, "acks": 1, "timeout_ms": 1000,
+                         "topic_data": [{"name": "", "partition_data": [
+                             {"index": 0, "records": batch}]}]},
+                  {"responses": [{"name": "", "partition_responses": [
+                      {"index": 0, "error_code": 0, "base_offset": 0, "log_append_time_ms": -1,
+                       "log_start_offset": 0, "record_errors": [], "error_message": None}]}],
+                   "throttle_time_ms": 0})
+    wire.exchange(1, 12, {"replica_id": -1, "max_wait_ms": 500, "min_bytes": 1,
+                          "max_bytes": 1 << 20, "isolation_level": 0, "session_id": 0,
+                          "session_epoch": -1, "topics": [], "forgotten_topics_data": [],
+                          "rack_id": ""},
+                  {"throttle_time_ms": 0, "error_code": 0, "session_id": 0, "responses": [
+                      {"topic": "", "partitions": [
+                          {"partition_index": 0, "error_code": 0, "high_watermark": 1,
+                           "last_stable_offset": 1, "log_start_offset": 0,
+                           "aborted_transactions": None, "preferred_read_replica": -1,
+                           "records": batch}]}]})
+    for direction in ("produce", "fetch"):
+        assert metrics.registry.get_sample_value(
+            "gatehouse_topic_records_total", {"topic": "unknown", "direction": direction}) == 1
+        assert metrics.registry.get_sample_value(
+            "gatehouse_topic_records_total", {"topic": "", "direction": direction}) is None

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
 from gatehouse import codecs
 from gatehouse.configfile import ConfigError, load_yaml_text
@@ -436,3 +437,51 @@ def test_bad_reload_keeps_old_rules(tmp_path: Path) -> None:
     path.write_text("rules:\n  - name: only\n    deny_apis: [Metadata]\n")
     assert reloader.reload()
     assert [r.name for r in policy.ruleset.rules] == ["only"]
+
+
+# One rule per thing a rule can look at (and two that look at no fact of the client).
+FACT_RULES = {
+    "client_id": "- name: by-id\n  match: {client_id: '^legacy-'}\n  deny_apis: [Metadata]\n",
+    "software_name": "- name: by-name\n  match: {client_software_name: '^kafka-python$'}\n"
+                     "  min_api_version: {Produce: 9}\n",
+    "software_version": "- name: by-version\n  match: {client_software_version: '^1\\.'}\n"
+                        "  deny_apis: [Produce]\n",
+    "software": "- name: by-software\n  min_client_software: {librdkafka: 2.0.0}\n"
+                "  unknown_software: refuse\n",
+    "address": "- name: by-source\n  match: {source: 10.1.0.0/16}\n  deny_apis: [Fetch]\n",
+    "listener": "- name: by-listener\n  match: {listener: broker-1}\n  deny_apis: [Metadata]\n",
+    "none": "- name: everyone\n  min_api_version: {Fetch: 4}\n  mode: observe\n",
+    "prefix": "- name: tenant\n  topic_prefix: t.\n",
+}
+FACT_VALUES = {
+    "client_id": [None, "legacy-1", "app"],
+    "software_name": [None, "kafka-python", "confluent-kafka-python", "apache-kafka-java"],
+    "software_version": [None, "1.4.7", "2.6.0-rdkafka-2.6.0", "1.9.2-rdkafka-1.9.2"],
+    "address": [None, "10.1.2.3:5000", "10.1.2.3:6000", "192.168.0.1:5000", "[::1]:9"],
+    "listener": [None, "bootstrap", "broker-1"],
+}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sets(st.sampled_from(sorted(FACT_RULES)), min_size=1),
+       st.fixed_dictionaries({k: st.sampled_from(v) for k, v in FACT_VALUES.items()}),
+       st.fixed_dictionaries({k: st.sampled_from(v) for k, v in FACT_VALUES.items()}),
+       st.sampled_from([(0, 3), (0, 9), (1, 4), (1, 12), (3, 1), (3, 12), (18, 3)]))
+def test_facts_read_names_every_fact_a_decision_depends_on(
+        chosen: set[str], one: dict[str, Any], other: dict[str, Any],
+        api: tuple[int, int]) -> None:
+    """The report decides once per distinct combination of ``facts_read()``: two clients
+    that agree on those fields must get the same evaluation, whatever else differs."""
+    ruleset = rules("".join(FACT_RULES[name] for name in sorted(chosen)))
+    read = ruleset.facts_read()
+    # The other client takes the first client's values for every field the rules read.
+    other = {k: one[k] if k in read else v for k, v in other.items()}
+    request = req(*api)
+    assert (ruleset.evaluate(ClientFacts(**one), request)
+            == ruleset.evaluate(ClientFacts(**other), request))
+
+
+def test_facts_read_of_version_rules_is_empty() -> None:
+    assert rules("- name: v\n  min_api_version: {Produce: 9}\n").facts_read() == frozenset()
+    assert rules(FACT_RULES["software"] + FACT_RULES["address"]).facts_read() == {
+        "software_name", "software_version", "address"}

@@ -303,11 +303,10 @@ class ProxyMetrics(Observer):
             pass
 
     def _count_topics(self, topics: produce.TopicCounts) -> None:
-        names = self.topic_names
         for key, _, records_total, bytes_total in topics:
             if records_total <= 0:
                 continue
-            name = key if isinstance(key, str) else names.get(key, "unknown")
+            name = self._scanned_topic_name(key)
             counted, sized = self._topic(name, "produce")
             counted.inc(records_total)
             sized.inc(bytes_total)
@@ -358,8 +357,7 @@ class ProxyMetrics(Observer):
                 if key == FETCH:
                     for topic, records_total, bytes_total in scan[2]:
                         if records_total > 0:
-                            name = (topic or "unknown" if isinstance(topic, str)
-                                    else self.topic_names.get(topic, "unknown"))
+                            name = self._scanned_topic_name(topic)
                             counted, sized = self._topic(name, "fetch")
                             counted.inc(records_total)
                             sized.inc(bytes_total)
@@ -397,6 +395,12 @@ class ProxyMetrics(Observer):
             counter = self._response_counters[(key, code)] = self.responses.labels(
                 api=_api_name(key), error=ERROR_NAMES.get(code, str(code)))
         return counter
+
+    def _scanned_topic_name(self, key: str | bytes) -> str:
+        """A topic as the byte readers give it: its name, or its id's 16 bytes."""
+        if isinstance(key, str):
+            return key or "unknown"
+        return self.topic_names.get(key, "unknown")
 
     def _topic_name(self, topic: Any, attr: str) -> str:
         name = getattr(topic, attr, None)

@@ -1,43 +1,55 @@
 """What proposed rules would do to the exchanges in a log: the proxy's own decision code.
 
-Spark groups the log by everything a decision can depend on (client facts, API key and
-version, the topics named) and this module runs ``RuleSet.evaluate`` — the function the
-proxy runs on every request — once per group, inside Spark's Python workers
-(``mapPartitions``: no pandas needed).  Nothing
-of the rules is re-expressed in SQL, so the answer cannot drift from what the proxy does.
+A decision reads the client's facts (only those the rules look at: ``RuleSet.facts_read``),
+the API key and version, and the topics named.  Spark reduces the log to the distinct
+combinations of those columns and this module runs ``RuleSet.evaluate`` — the function the
+proxy runs on every request — once per combination, inside Spark's Python workers
+(``mapPartitions``: no pandas needed); the decisions are joined back to the log's groups.
+Nothing of the rules is re-expressed in SQL, so the answer cannot drift from what the
+proxy does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from gatehouse.codecs import Request
 from gatehouse.rules import ClientFacts, RuleSet, TopicMap
 
-# The columns the grouped log hands to ``evaluate_groups`` (see job.impact_table).
-FACT_COLUMNS = ("client_id", "software_name", "software_version", "client", "listener",
-                "api", "api_key", "api_version", "topic_names")
-IMPACT_FIELDS: tuple[tuple[str, str], ...] = (
+# ClientFacts field -> the facts table's column that holds it (see job.facts_table).
+FACT_COLUMN = {"client_id": "client_id", "software_name": "software_name",
+               "software_version": "software_version", "address": "client",
+               "listener": "listener"}
+# What ``decide`` says of one combination, beside the combination's own columns.
+DECISION_FIELDS: tuple[tuple[str, str], ...] = (
     ("rule", "string"), ("rule_index", "int"), ("action", "string"), ("effect", "string"),
-    ("mode", "string"), ("reason", "string"), ("client_id", "string"),
-    ("software_name", "string"), ("software_version", "string"), ("client", "string"),
-    ("listener", "string"), ("api", "string"), ("api_version", "int"),
-    ("topics", "array<string>"), ("requests", "double"), ("first_seen", "double"),
-    ("last_seen", "double"),
+    ("mode", "string"), ("reason", "string"), ("topics", "array<string>"),
 )
-_SQL = {"string": "STRING", "int": "INT", "double": "DOUBLE", "array<string>": "ARRAY<STRING>"}
-IMPACT_DDL = ", ".join(f"{name} {_SQL[kind]}" for name, kind in IMPACT_FIELDS)
 
 
-def decide(ruleset: RuleSet, row: dict[str, Any]) -> list[dict[str, Any]]:
-    """The refusals and rewrites ``ruleset`` makes for one group of identical requests."""
-    facts = ClientFacts(client_id=row["client_id"], software_name=row["software_name"],
-                        software_version=row["software_version"], address=row["client"],
-                        listener=row["listener"])
+def rewrites_topics(ruleset: RuleSet | None) -> bool:
+    """Whether a rule maps topic names (only then do decisions read the topics named)."""
+    return ruleset is not None and any(rule.topic_map is not None for rule in ruleset.rules)
+
+
+def decision_columns(ruleset: RuleSet) -> tuple[str, ...]:
+    """The facts table's columns that decisions under ``ruleset`` depend on."""
+    read = ruleset.facts_read()
+    columns = [column for fact, column in FACT_COLUMN.items() if fact in read]
+    columns += ["api_key", "api_version"]
+    if rewrites_topics(ruleset):
+        columns.append("topic_names")
+    return tuple(columns)
+
+
+def decide(ruleset: RuleSet, row: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    """The refusals and rewrites ``ruleset`` makes for requests with these columns (a
+    column the rules do not read may be absent), as ``DECISION_FIELDS`` tuples."""
+    facts = ClientFacts(**{fact: row.get(column) for fact, column in FACT_COLUMN.items()})
     # Decisions read the header (API key and version) and the connection's facts; the
     # request body is not recorded, so it is not rebuilt.
-    req = Request.build(row["api_key"], row["api_version"], 0, row["client_id"], None)
+    req = Request.build(row["api_key"], row["api_version"], 0, row.get("client_id"), None)
     evaluation = ruleset.evaluate(facts, req)
     reasons = {(r.rule, r.action): r.message
                for r in (evaluation.refusal, *evaluation.would_refuse) if r is not None}
@@ -51,7 +63,7 @@ def decide(ruleset: RuleSet, row: dict[str, Any]) -> list[dict[str, Any]]:
             topic_map = maps.get(outcome.rule)
             if topic_map is None:
                 continue
-            for name in row["topic_names"] or ():
+            for name in row.get("topic_names") or ():
                 broker = topic_map.to_broker(name)
                 if broker != name:
                     topics.append(f"{name} -> {broker}")
@@ -59,25 +71,19 @@ def decide(ruleset: RuleSet, row: dict[str, Any]) -> list[dict[str, Any]]:
                 continue  # the rule matches but this request names no topic it changes
         elif outcome.effect != "refuse":
             continue
-        out.append({
-            "rule": outcome.rule, "rule_index": index.get(outcome.rule, -1),
-            "action": outcome.action, "effect": outcome.effect, "mode": outcome.mode,
-            "reason": reasons.get((outcome.rule, outcome.action)),
-            **{k: row[k] for k in ("client_id", "software_name", "software_version", "client",
-                                   "listener", "api", "api_version")},
-            "topics": topics, "requests": row["requests"], "first_seen": row["first_seen"],
-            "last_seen": row["last_seen"],
-        })
+        out.append((outcome.rule, index.get(outcome.rule, -1), outcome.action, outcome.effect,
+                    outcome.mode, reasons.get((outcome.rule, outcome.action)), topics))
     return out
 
 
-def evaluate_partition(ruleset: RuleSet) -> Any:
-    """A ``mapPartitions`` function: fact groups (Rows) in, impact rows (tuples) out."""
-    names = [name for name, _ in IMPACT_FIELDS]
+def evaluate_partition(ruleset: RuleSet, columns: tuple[str, ...]) -> Any:
+    """A ``mapPartitions`` function: distinct rows of ``columns`` in, those columns followed
+    by each decision's ``DECISION_FIELDS`` out."""
 
     def run(rows: Iterable[Any]) -> Iterator[tuple[Any, ...]]:
         for row in rows:
-            for decided in decide(ruleset, row.asDict()):
-                yield tuple(decided[name] for name in names)
+            values = tuple(row[column] for column in columns)
+            for decided in decide(ruleset, dict(zip(columns, values, strict=True))):
+                yield values + decided
 
     return run

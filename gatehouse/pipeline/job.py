@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gatehouse.capture.schema import spark_ddl
+from gatehouse.pipeline.impact import rewrites_topics
 from gatehouse.rules import ClientFacts, RuleSet
 from gatehouse.rules.model import software_versions
 
@@ -32,6 +33,10 @@ READ_FIELDS = frozenset({
     "software_version", "api", "api_key", "api_version", "latency_ms", "error_count",
     "topics", "sample"})
 READ_TOPIC_FIELDS = frozenset({"name", "id", "records", "bytes"})
+# The throughput collector for the driver and the executors (a ``--conf`` of the same key
+# replaces it): the report is a batch job, and G1's concurrent threads and write barriers
+# cost it 20% of its time on a 2-core machine (bench/RESULTS.md, issue 6).
+JVM_OPTIONS = "-XX:+UseParallelGC"
 
 
 class PipelineError(Exception):
@@ -81,6 +86,8 @@ def spark_session(options: ReportOptions) -> Any:
                # 60% of the CPU of the whole report.  Rows per task bound the memory.
                .config("spark.sql.objectHashAggregate.sortBased.fallbackThreshold",
                        str(OBJECT_AGGREGATE_GROUPS))
+               .config("spark.driver.extraJavaOptions", JVM_OPTIONS)
+               .config("spark.executor.extraJavaOptions", JVM_OPTIONS)
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.pyspark.python", sys.executable)
@@ -160,30 +167,28 @@ def _client_host(F: Any) -> Any:
     return F.regexp_extract("client", r"^\[?(.*?)\]?:\d+$", 1)
 
 
-def _rewrites_topics(rules: RuleSet | None) -> bool:
-    """Whether a proposed rule maps topic names (only then do the facts need them)."""
-    return rules is not None and any(rule.topic_map is not None for rule in rules.rules)
-
-
 def facts_table(df: Any, with_topics: bool = True) -> Any:
     """The log by everything the census and rule decisions look at: one pass over the
     records, down to a few rows per connection, API version and topic list (materialized:
     the summary, the census and the impact read it).  Only plain columns are grouped on;
     what is derived from them (address host, connection name, sorted topic names) is
     computed once per group afterwards, not once per record.  Without ``with_topics`` the
-    topic names are left out (empty): about a third of the pass, needed only by rules
-    that rename topics."""
+    topic names are left out (an empty list): grouping on them is ~40% of the pass, and
+    only rules that rename topics read them."""
     from pyspark.sql import functions as F
 
-    keys = ("software_name", "software_version", "client_id", "client", "listener", "proxy",
-            "run", "conn", "api", "api_key", "api_version")
-    topic_list = (F.col("topics.name") if with_topics
-                  else F.array().cast("array<string>")).alias("topic_list")
-    grouped = (df.select(*keys, "time", "weight", topic_list)
-               .groupBy(*keys, "topic_list")
+    keys = ["software_name", "software_version", "client_id", "client", "listener", "proxy",
+            "run", "conn", "api", "api_key", "api_version"]
+    if with_topics:
+        df = df.select(*keys, "time", "weight", F.col("topics.name").alias("topic_list"))
+        keys.append("topic_list")
+        names = F.filter("topic_list", lambda n: n.isNotNull())
+        topic_names = F.array_sort(F.array_distinct(names))
+    else:
+        topic_names = F.array().cast("array<string>")
+    grouped = (df.groupBy(*keys)
                .agg(F.sum("weight").alias("requests"), F.count(F.lit(1)).alias("records"),
                     F.min("time").alias("first_seen"), F.max("time").alias("last_seen")))
-    topic_names = F.array_sort(F.array_distinct(F.filter("topic_list", lambda n: n.isNotNull())))
     return (grouped.select(
         "software_name", "software_version", "client_id", "client",
         _client_host(F).alias("client_host"), "listener",
@@ -291,33 +296,74 @@ def _percentiles(F: Any) -> Any:
 
 
 def latency_table(df: Any) -> Any:
-    """p50/p99 per API over the whole period (the report's latency chart).  Its own pass
-    over two columns: measured cheaper than a grouping set beside traffic/ (which would
-    double the rows of that aggregation to count each request once)."""
+    """p50/p99 per API over the whole period (the report's latency chart), from one
+    histogram per API (``_latency_bucket``): a compiled sum per API and bucket, where
+    percentile_approx fed every record to one of a few summaries (4 s of 50 at 10M)."""
     from pyspark.sql import functions as F
 
-    return (df.where(F.col("latency_ms").isNotNull()).groupBy("api")
-            .agg(_weighted_count(F).alias("requests"), _percentiles(F).alias("latency"))
-            .select("api", "requests", F.col("latency")[0].alias("p50"),
-                    F.col("latency")[1].alias("p99"))
+    per_bucket = (df.where(F.col("latency_ms").isNotNull())
+                  .groupBy("api", _latency_bucket(F, "latency_ms").alias("b"))
+                  .agg(F.sum("weight").alias("w")))
+    histogram = F.array_sort(F.collect_list(F.struct("b", "w")))
+    return (per_bucket.groupBy("api")
+            .agg(F.round(F.sum("w")).cast("long").alias("requests"),
+                 histogram.alias("histogram"))
+            .select("api", "requests", _histogram_percentile(F, "histogram", 0.5).alias("p50"),
+                    _histogram_percentile(F, "histogram", 0.99).alias("p99"))
             .orderBy(F.desc("requests")))
 
 
+# Log-scale buckets 2% wide, as DDSketch: a percentile read from them is within 1% of
+# the true value, in the tail as in the middle.
+LATENCY_GROWTH = 1.02
+LATENCY_FLOOR_MS = 0.001  # smaller latencies (and 0) count in the bucket of 1 us
+
+
+def _latency_bucket(F: Any, column: str) -> Any:
+    value = F.greatest(F.col(column), F.lit(LATENCY_FLOOR_MS))
+    return F.floor(F.log(LATENCY_GROWTH, value)).cast("int")
+
+
+def _histogram_percentile(F: Any, histogram: str, share: float) -> Any:
+    """The ``share`` percentile of a sorted array of (bucket b, weight w): the first bucket
+    where the running weight reaches that share of the total, valued at its middle."""
+    total = F.aggregate(histogram, F.lit(0.0), lambda acc, x: acc + x["w"])
+    # The target rides in the accumulator: computed once, not once per element.
+    start = F.struct(F.lit(0.0).alias("seen"), F.lit(None).cast("int").alias("b"),
+                     (total * share).alias("target"))
+    found = F.aggregate(histogram, start, lambda acc, x: F.when(
+        acc["seen"] >= acc["target"], acc).otherwise(F.struct(
+            (acc["seen"] + x["w"]).alias("seen"), x["b"].alias("b"),
+            acc["target"].alias("target"))))
+    # Bucket b holds [g^b, g^(b+1)); 2 g^(b+1) / (1 + g) is off by at most (g-1)/(g+1).
+    middle = F.pow(F.lit(LATENCY_GROWTH), found["b"] + 1) * (2 / (1 + LATENCY_GROWTH))
+    return F.round(middle, 6)  # no float noise in the page; far below 1%
+
+
 def impact_table(facts: Any, ruleset: RuleSet) -> Any:
+    """impact/: what ``ruleset`` refuses or rewrites, per rule, client and API version.
+    Decided once per distinct combination of the columns decisions read (often a few
+    hundred rows for millions of requests), then joined back to the facts."""
+    from functools import reduce
+
     from pyspark.sql import functions as F
 
-    from gatehouse.pipeline.impact import FACT_COLUMNS, IMPACT_DDL, evaluate_partition
+    from gatehouse.pipeline.impact import DECISION_FIELDS, decision_columns, evaluate_partition
 
-    groups = (facts.groupBy(*FACT_COLUMNS)
-              .agg(F.sum("requests").alias("requests"), F.min("first_seen").alias("first_seen"),
-                   F.max("last_seen").alias("last_seen")))
-    decided = facts.sparkSession.createDataFrame(
-        groups.rdd.mapPartitions(evaluate_partition(ruleset)), IMPACT_DDL)
-    return (decided.withColumn("client_host", _client_host(F))
+    keys = decision_columns(ruleset)
+    spark = facts.sparkSession
+    ddl = ", ".join([f"key_{c} {facts.schema[c].dataType.simpleString()}" for c in keys]
+                    + [f"{name} {kind}" for name, kind in DECISION_FIELDS])
+    combinations = facts.select(*keys).distinct()
+    decided = spark.createDataFrame(
+        combinations.rdd.mapPartitions(evaluate_partition(ruleset, keys)), ddl)
+    # Null-safe: a client without a client id or software name is a combination too.
+    same = reduce(lambda a, b: a & b, [facts[c].eqNullSafe(decided[f"key_{c}"]) for c in keys])
+    return (facts.join(F.broadcast(decided), same)
             .groupBy("rule_index", "rule", "effect", "action", "mode", "software_name",
                      "software_version", "client_id", "client_host", "api", "api_version")
             .agg(F.round(F.sum("requests")).cast("long").alias("requests"),
-                 F.countDistinct("client").alias("connections"),
+                 F.countDistinct("connection").alias("connections"),
                  F.first("reason", ignorenulls=True).alias("reason"),
                  F.array_sort(F.array_distinct(F.flatten(F.collect_list("topics"))))
                  .alias("topics"),
@@ -361,7 +407,7 @@ def report(spark: Any, options: ReportOptions) -> ReportData:
 
     df = read_captures(spark, options)
     try:
-        facts = facts_table(df, with_topics=_rewrites_topics(options.rules))
+        facts = facts_table(df, with_topics=rewrites_topics(options.rules))
         summary = summarize(facts)
         if not summary.records:
             raise PipelineError(f"no capture records in {options.captures} for that period")

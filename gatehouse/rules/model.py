@@ -162,6 +162,27 @@ class RuleSet:
     def __bool__(self) -> bool:
         return bool(self.rules)
 
+    def facts_read(self) -> frozenset[str]:
+        """The ``ClientFacts`` fields that ``evaluate`` reads under these rules: facts that
+        differ only in the other fields get the same evaluation (so the report decides once
+        per distinct combination of these, not once per connection)."""
+        read: set[str] = set()
+        for rule in self.rules:
+            match = rule.match
+            if match.client_id is not None:
+                read.add("client_id")
+            if match.software_name is not None:
+                read.add("software_name")
+            if match.software_version is not None:
+                read.add("software_version")
+            if rule.min_client_software:
+                read.update(("software_name", "software_version"))
+            if match.sources:
+                read.add("address")
+            if match.listeners:
+                read.add("listener")
+        return frozenset(read)
+
     def matching(self, facts: ClientFacts) -> list[Rule]:
         return [r for r in self.rules if r.match.matches(facts)]
 
