@@ -353,3 +353,45 @@ def test_produce_topics_read_from_the_bytes_match_the_decoded_body(
     assert logged[0] == logged[1] == [{
         "name": "orders", "broker": "orders", "id": orders_id if version >= 13 else None,
         "partitions": [3, 5], "records": 6, "bytes": 3 * len(batch)}]
+
+
+@pytest.mark.parametrize("version", [12, 13, 17])
+def test_fetch_topics_read_from_the_bytes_match_the_decoded_response(
+        tmp_path: Path, conn: ConnectionInfo, version: int) -> None:
+    """Fetch responses are logged from their bytes (no decode): the same topics,
+    partitions, record counts, bytes and error codes as from the decoded response."""
+    orders_id = "6f1c2f57-1e1c-4c7a-9d0c-3a2b1c0d9e8f"
+    batch = batch_v2(record_v2(0, 0, b"k", b"v") + record_v2(1, 0, None, b"w"), 2)
+    topic = {"topic_id": orders_id} if version >= 13 else {"topic": "orders"}
+
+    def partition(index: int, code: int, records: bytes | None) -> dict[str, Any]:
+        return {"partition_index": index, "error_code": code, "high_watermark": 9,
+                "last_stable_offset": 9, "log_start_offset": 0, "aborted_transactions": [],
+                "preferred_read_replica": -1, "records": records}
+
+    frame = response_frame(1, version, 21, throttle_time_ms=0, error_code=0, session_id=0,
+                           responses=[{**topic, "partitions": [
+                               partition(3, 0, batch), partition(5, 0, batch + batch),
+                               partition(7, 1, None)]}])
+    fetch = request(1, version, 21, max_wait_ms=500, min_bytes=1, max_bytes=1 << 20,
+                    isolation_level=0, session_id=0, session_epoch=-1, topics=[],
+                    forgotten_topics_data=[], rack_id="")
+    logged = []
+    for decode_first in (False, True):
+        capture = CaptureObserver(CaptureSettings(dir=tmp_path / str(decode_first)))
+        capture.request(conn, wire(request(3, 12, 20, topics=None)), 10)
+        capture.response(conn, Pending(20, 3, 12, 0.0), 0, 0.001, response_frame(
+            3, 12, 20, topics=[{"name": "orders", "topic_id": orders_id, "partitions": []}]))
+        capture.request(conn, wire(fetch), 50)
+        pending = Pending(21, 1, version, 0.0)
+        if decode_first:  # as when the proxy decoded it (a rewrite or a rule)
+            pending.decoded = codecs.decode_response(frame, 1, version)
+        capture.response(conn, pending, len(frame), 0.001, frame)
+        assert (pending.scan is None) == decode_first  # the scanned path was taken
+        assert capture.close(10)
+        logged.append({k: v for k, v in next(
+            r for r in read_records(tmp_path / str(decode_first)) if r["correlation_id"] == 21
+        ).items() if k in ("topics", "errors", "error_count")})
+    assert logged[0] == logged[1] == {"errors": [1], "error_count": 1, "topics": [{
+        "name": "orders", "broker": "orders", "id": orders_id if version >= 13 else None,
+        "partitions": [3, 5, 7], "records": 6, "bytes": 3 * len(batch)}]}

@@ -28,8 +28,8 @@ def expected(resp: codecs.Response) -> Any:
         for topic in resp.body.responses:
             key = topic.topic_id.bytes if resp.api_version >= 13 else topic.topic
             summaries = [records.summarize(p.records) for p in topic.partitions]
-            topics.append((key, sum(s.records for s in summaries),
-                           sum(s.bytes for s in summaries)))
+            topics.append((key, [p.partition_index for p in topic.partitions],
+                           sum(s.records for s in summaries), sum(s.bytes for s in summaries)))
     except ProtocolError:
         return None
     tags = (0,) if resp.api_version >= 16 and resp.body.node_endpoints else ()
@@ -75,7 +75,7 @@ def test_what_a_broker_sends_is_read_and_anything_else_falls_back() -> None:
     body = spec.root.cls(throttle_time_ms=0, error_code=0, session_id=5, responses=(topic,))
     frame = frame_of(12, body)
     size = len(batch(7) + batch(3))
-    assert fetch.response_scan(frame, 12) == ({0: 2, 6: 1}, (), [("orders", 10, size)])
+    assert fetch.response_scan(frame, 12) == ({0: 2, 6: 1}, (), [("orders", [0, 1], 10, size)])
     for bad in (frame[:-1], frame + b"\x00"):
         assert fetch.response_scan(bad, 12) is None
     assert fetch.response_scan(frame, 11) is None  # not flexible: the decoder's
@@ -86,4 +86,6 @@ def test_what_a_broker_sends_is_read_and_anything_else_falls_back() -> None:
     moved = body.replace(responses=(topic_id,), node_endpoints=(node,))
     scan = fetch.response_scan(frame_of(16, moved), 16)
     assert scan is not None and scan[1] == (0,)
-    assert scan[2] == [(codecs.schema.uuid.UUID(int=7).bytes, 10, size)]
+    assert scan[2] == [(codecs.schema.uuid.UUID(int=7).bytes, [0, 1], 10, size)]
+    # Without counting (the plain proxy: tags only), no batch header and no index is read.
+    assert fetch.response_scan(frame, 12, count=False) == ({0: 2, 6: 1}, (), [("orders", [], 0, 0)])

@@ -27,6 +27,7 @@ from gatehouse.codecs.schema import FieldSpec, StructSpec
 from gatehouse.codecs.walk import rewrite
 from gatehouse.metrics import error_codes
 from gatehouse.proxy.hooks import (
+    SCANNED_RESPONSES,
     ConnectionInfo,
     Observer,
     Pending,
@@ -160,11 +161,7 @@ class CaptureObserver(Observer):
         counted = (produce.request_topics_of(req)
                    if key == PRODUCE and req.known and not req.body_decoded else None)
         if counted is not None:  # read from the bytes: no decode of every record set
-            record["topics"] = [
-                self._topic_entry(topic if isinstance(topic, str) else None,
-                                  None if isinstance(topic, str) else uuid.UUID(bytes=topic),
-                                  indexes, records_total, bytes_total)
-                for topic, indexes, records_total, bytes_total in counted]
+            record["topics"] = self._counted_topics(counted)
             no_response = produce_acks(req) == 0
         elif req.known:
             try:
@@ -195,7 +192,7 @@ class CaptureObserver(Observer):
         record["outcome"] = "refused" if pending.local is not None else "answered"
         key = pending.api_key
         scan = None
-        if key == PRODUCE and pending.decoded is None and frame is not None:
+        if key in SCANNED_RESPONSES and pending.decoded is None and frame is not None:
             scan = scanned_response(pending, frame)
         if scan is not None:  # read from the bytes (the proxy did not decode it)
             codes = scan[0]
@@ -203,6 +200,8 @@ class CaptureObserver(Observer):
             if errors:
                 record["errors"] = sorted(errors)
                 record["error_count"] = sum(codes[code] for code in errors)
+            if key == FETCH:
+                record["topics"] = self._counted_topics(scan[2])
         elif frame is not None and key in APIS:
             try:
                 resp = decoded_response(pending, frame)
@@ -258,6 +257,13 @@ class CaptureObserver(Observer):
             entry["partitions"] = partitions
             topics.append(entry)
         return topics
+
+    def _counted_topics(self, counted: produce.TopicCounts) -> list[dict[str, Any]]:
+        """The topics of a Produce request or Fetch response read from its bytes."""
+        return [self._topic_entry(topic if isinstance(topic, str) else None,
+                                  None if isinstance(topic, str) else uuid.UUID(bytes=topic),
+                                  indexes, records_total, bytes_total)
+                for topic, indexes, records_total, bytes_total in counted]
 
     def _records_entry(self, name: str | None, topic_id: Any, indexes: list[int],
                        partitions: Iterable[Any]) -> dict[str, Any]:

@@ -13,6 +13,10 @@ from gatehouse.codecs.records import Uncounted
 I16: Final = struct.Struct(">h")
 I32: Final = struct.Struct(">i")
 
+# What the Produce request and Fetch response readers say of each topic: its name (or
+# its 16 topic id bytes), its partitions' indexes, its records and record bytes.
+TopicCounts = list[tuple[str | bytes, list[int], int, int]]
+
 Unexpected = Uncounted  # one class: a records field the counter does not take is one too
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import struct
 from typing import Final
 
-from gatehouse.codecs._scan import I16, Unexpected, last_tags, skip_tags, uvarint
+from gatehouse.codecs._scan import TopicCounts, Unexpected, last_tags, skip_tags, uvarint
 from gatehouse.codecs.primitives import Buffer
 from gatehouse.codecs.records import count_records
 
@@ -27,12 +27,12 @@ TOPIC_IDS_SINCE: Final = 13
 # PartitionIndex, ErrorCode, HighWatermark, LastStableOffset, LogStartOffset
 _PARTITION_FIXED: Final = 4 + 2 + 8 + 8 + 8
 _ABORTED_TRANSACTION: Final = 8 + 8  # ProducerId, FirstOffset (then its tag section)
+_INDEX_CODE: Final = struct.Struct(">ih")  # PartitionIndex, ErrorCode
 
-# Per topic: its name (v12), or its 16 topic id bytes (v13+); records; record bytes.
-TopicRecords = list[tuple[str | bytes, int, int]]
 # Error codes -> how often (the top-level one and every partition's); the numbers of the
-# top-level tagged fields (NodeEndpoints is tag 0); the topics' records.
-ResponseScan = tuple[dict[int, int], tuple[int, ...], TopicRecords]
+# top-level tagged fields (NodeEndpoints is tag 0); per topic (its name at v12, its id
+# from v13) what moved.
+ResponseScan = tuple[dict[int, int], tuple[int, ...], TopicCounts]
 
 
 def top_level_tags(frame: Buffer, version: int) -> tuple[int, ...] | None:
@@ -44,20 +44,21 @@ def top_level_tags(frame: Buffer, version: int) -> tuple[int, ...] | None:
 
 def response_scan(frame: Buffer, version: int, count: bool = True) -> ResponseScan | None:
     """What a Fetch response says, from its bytes (``frame`` from the correlation id on);
-    ``count=False``: records and bytes are left at 0 (the batch headers are not read)."""
+    ``count=False``: records and bytes are left at 0 and the partition lists empty (the
+    batch headers are not read)."""
     if version < FIRST_VERSION:
         return None
     view = memoryview(frame)
     ids = version >= TOPIC_IDS_SINCE
     try:
         pos = skip_tags(view, 4) if view[4] else 5  # CorrelationId, header tags
-        (top_code,) = I16.unpack_from(view, pos + 4)  # after ThrottleTimeMs
+        (_, top_code) = _INDEX_CODE.unpack_from(view, pos)  # ThrottleTimeMs, ErrorCode
         codes = {top_code: 1}
         pos += 4 + 2 + 4  # ThrottleTimeMs, ErrorCode, SessionId
         n_topics, pos = uvarint(view, pos)
         if n_topics < 1:
             raise Unexpected  # a null array: not in a broker's answer
-        topics: TopicRecords = []
+        topics: TopicCounts = []
         for _ in range(n_topics - 1):
             key: str | bytes
             if ids:
@@ -70,12 +71,15 @@ def response_scan(frame: Buffer, version: int, count: bool = True) -> ResponseSc
                 key = str(view[pos:pos + n - 1], "utf-8")
                 pos += n - 1
             records = size = 0
+            indexes: list[int] = []
             n_partitions, pos = uvarint(view, pos)
             if n_partitions < 1:
                 raise Unexpected
             for _ in range(n_partitions - 1):
-                (code,) = I16.unpack_from(view, pos + 4)
+                index, code = _INDEX_CODE.unpack_from(view, pos)
                 codes[code] = codes.get(code, 0) + 1
+                if count:
+                    indexes.append(index)
                 pos += _PARTITION_FIXED
                 n, pos = uvarint(view, pos)  # AbortedTransactions, nullable
                 for _ in range(n - 1):
@@ -95,7 +99,7 @@ def response_scan(frame: Buffer, version: int, count: bool = True) -> ResponseSc
                     pos = end
                 pos = skip_tags(view, pos) if view[pos] else pos + 1  # DivergingEpoch...
             pos = skip_tags(view, pos) if view[pos] else pos + 1
-            topics.append((key, records, size))
+            topics.append((key, indexes, records, size))
         return codes, last_tags(view, pos), topics
     except (Unexpected, struct.error, IndexError, UnicodeDecodeError):
         return None

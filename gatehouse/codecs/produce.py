@@ -19,6 +19,7 @@ from typing import Any, Final
 
 from gatehouse.codecs._scan import I16 as _I16
 from gatehouse.codecs._scan import I32 as _I32
+from gatehouse.codecs._scan import TopicCounts as TopicCounts  # re-exported
 from gatehouse.codecs._scan import Unexpected as _Unexpected
 from gatehouse.codecs._scan import array as _array
 from gatehouse.codecs._scan import last_tags
@@ -33,9 +34,6 @@ FLEXIBLE_SINCE: Final = 9
 TOPIC_IDS_SINCE: Final = 13
 FIRST_VERSION: Final = 3
 
-
-# Per topic: name, or topic id bytes; partition indexes; records; bytes.
-TopicCounts = list[tuple[str | bytes, list[int], int, int]]
 
 
 def partitions_total(partitions: Iterable[Any]) -> tuple[int, int]:

@@ -355,7 +355,7 @@ class ProxyMetrics(Observer):
                 if not counts:
                     self._response_counter(key, 0).inc()
                 if key == FETCH:
-                    for topic, records_total, bytes_total in scan[2]:
+                    for topic, _, records_total, bytes_total in scan[2]:
                         if records_total > 0:
                             name = self._scanned_topic_name(topic)
                             counted, sized = self._topic(name, "fetch")
