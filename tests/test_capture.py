@@ -323,6 +323,16 @@ def test_leftovers_of_dead_writers_are_recovered_live_ones_left(tmp_path: Path) 
                             f"{prefix[1:]}-{dead.pid}-000002.jsonl.gz.truncated"])
 
 
+def capture_knowing(directory: Path, conn: ConnectionInfo, name: str,
+                    topic_id: str) -> CaptureObserver:
+    """A capture that has seen a Metadata response naming ``topic_id``."""
+    capture = CaptureObserver(CaptureSettings(dir=directory))
+    capture.request(conn, wire(request(3, 12, 20, topics=None)), 10)
+    capture.response(conn, Pending(20, 3, 12, 0.0), 0, 0.001, response_frame(
+        3, 12, 20, topics=[{"name": name, "topic_id": topic_id, "partitions": []}]))
+    return capture
+
+
 @pytest.mark.parametrize("version", [3, 9, 12, 13])
 def test_produce_topics_read_from_the_bytes_match_the_decoded_body(
         tmp_path: Path, conn: ConnectionInfo, version: int) -> None:
@@ -337,10 +347,7 @@ def test_produce_topics_read_from_the_bytes_match_the_decoded_body(
                                      {"index": 5, "records": batch + batch}]}])
     logged = []
     for decode_first in (False, True):
-        capture = CaptureObserver(CaptureSettings(dir=tmp_path / str(decode_first)))
-        capture.request(conn, wire(request(3, 12, 20, topics=None)), 10)
-        capture.response(conn, Pending(20, 3, 12, 0.0), 0, 0.001, response_frame(
-            3, 12, 20, topics=[{"name": "orders", "topic_id": orders_id, "partitions": []}]))
+        capture = capture_knowing(tmp_path / str(decode_first), conn, "orders", orders_id)
         req = wire(produce)
         if decode_first:
             assert req.body is not None  # as when a rule has read it
@@ -378,10 +385,7 @@ def test_fetch_topics_read_from_the_bytes_match_the_decoded_response(
                     forgotten_topics_data=[], rack_id="")
     logged = []
     for decode_first in (False, True):
-        capture = CaptureObserver(CaptureSettings(dir=tmp_path / str(decode_first)))
-        capture.request(conn, wire(request(3, 12, 20, topics=None)), 10)
-        capture.response(conn, Pending(20, 3, 12, 0.0), 0, 0.001, response_frame(
-            3, 12, 20, topics=[{"name": "orders", "topic_id": orders_id, "partitions": []}]))
+        capture = capture_knowing(tmp_path / str(decode_first), conn, "orders", orders_id)
         capture.request(conn, wire(fetch), 50)
         pending = Pending(21, 1, version, 0.0)
         if decode_first:  # as when the proxy decoded it (a rewrite or a rule)

@@ -35,7 +35,6 @@ TOPIC_IDS_SINCE: Final = 13
 FIRST_VERSION: Final = 3
 
 
-
 def partitions_total(partitions: Iterable[Any]) -> tuple[int, int]:
     """(records, bytes) over the ``records`` fields of a topic's decoded partitions."""
     records_total = bytes_total = 0
