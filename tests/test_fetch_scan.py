@@ -89,3 +89,30 @@ def test_what_a_broker_sends_is_read_and_anything_else_falls_back() -> None:
     assert scan[2] == [(codecs.schema.uuid.UUID(int=7).bytes, [0, 1], 10, size)]
     # Without counting (the plain proxy: tags only), no batch header and no index is read.
     assert fetch.response_scan(frame, 12, count=False) == ({0: 2, 6: 1}, (), [("orders", [], 0, 0)])
+
+
+def test_the_proxy_scans_a_fetch_answer_once_for_itself_and_its_observers() -> None:
+    """With an observer that reads what moved (metrics, capture), the proxy's look at the
+    top-level tags is the whole scan, kept for the observers; without, records are not
+    counted and nothing is kept."""
+    from gatehouse.capture.observer import CaptureObserver
+    from gatehouse.metrics import ProxyMetrics
+    from gatehouse.proxy.hooks import Observer, Observers, Pending, top_level_tags
+
+    assert not Observers([Observer()]).reads_scans
+    assert Observers([Observer(), ProxyMetrics()]).reads_scans
+    assert CaptureObserver.reads_scans
+    spec = codecs.api(1).response
+    partition = spec.root.field("Responses").struct.field("Partitions").struct.cls(
+        partition_index=4, error_code=0, high_watermark=10, last_stable_offset=10,
+        log_start_offset=0, aborted_transactions=None, preferred_read_replica=-1,
+        records=batch(7))
+    topic = spec.root.field("Responses").struct.cls(topic_id=codecs.schema.uuid.UUID(int=9),
+                                                    partitions=(partition,))
+    frame = frame_of(17, spec.root.cls(throttle_time_ms=0, error_code=0, session_id=0,
+                                       responses=(topic,)))
+    plain, observed = Pending(1, 1, 17, 0.0), Pending(1, 1, 17, 0.0)
+    assert top_level_tags(plain, frame) == top_level_tags(observed, frame, whole=True) == ()
+    assert plain.scan is None
+    assert observed.scan == ({0: 2}, (), [(codecs.schema.uuid.UUID(int=9).bytes, [4], 7,
+                                           len(batch(7)))])

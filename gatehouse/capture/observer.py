@@ -56,6 +56,8 @@ class CaptureObserver(Observer):
     """Builds exchange records and hands them to a ``CaptureWriter`` (and to a
     ``KafkaSink`` when ``capture.kafka`` is configured: see ``kafka_sink.sink_for``)."""
 
+    reads_scans = True  # a Fetch response's topics, partitions, records and bytes
+
     def __init__(self, settings: CaptureSettings, writer: CaptureWriter | None = None,
                  registry: Any = None, kafka: KafkaSink | None = None) -> None:
         self.settings = settings

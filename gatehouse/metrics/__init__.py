@@ -140,6 +140,8 @@ def _api_name(key: int) -> str:
 
 
 class ProxyMetrics(Observer):
+    reads_scans = True  # Fetch records and bytes per topic, every response's codes
+
     def __init__(self, label_cap: int = 500, registry: CollectorRegistry | None = None) -> None:
         # auto_describe off: the connections gauge and the connections_total counter share
         # a base name, which the text format allows but the registry's check does not.

@@ -447,7 +447,7 @@ class ProxyConnection:
             # Produce v10+ and Fetch v16+ may name new leaders in a top-level tagged field
             # (KIP-951, NodeEndpoints); their bytes say whether it is there, so most of
             # them are not decoded.
-            present = top_level_tags(pending, frame)
+            present = top_level_tags(pending, frame, self.ctx.observer.reads_scans)
             tags = address_tags(key, pending.api_version)
             if present is not None and tags is not None and tags.isdisjoint(present):
                 rewrite = False

@@ -91,12 +91,13 @@ _RESPONSE_SCANS: dict[int, Callable[[Any, int], Any]] = {
 SCANNED_RESPONSES = frozenset(_RESPONSE_SCANS)
 
 
-def top_level_tags(pending: Pending, frame: Any) -> tuple[int, ...] | None:
+def top_level_tags(pending: Pending, frame: Any, whole: bool = False
+                   ) -> tuple[int, ...] | None:
     """The numbers of a Produce or Fetch response's top-level tagged fields, from its
     bytes; None for other APIs and unexpected bytes.  A Produce response's whole scan is
-    kept for the observers; a Fetch response's records are not counted here (the plain
-    proxy needs none: the metrics count them if they are on)."""
-    if pending.api_key == FETCH:
+    kept for the observers; a Fetch response's records are counted only when ``whole``
+    (an observer will read them: one walk for both), not for the plain proxy."""
+    if pending.api_key == FETCH and not whole:
         return fetch.top_level_tags(frame, pending.api_version)
     scan = scanned_response(pending, frame)
     return None if scan is None else scan[1]
@@ -151,6 +152,10 @@ class Policy:
 class Observer:
     """Hooks for metrics, capture and the demo's summary; every method defaults to nothing."""
 
+    # Whether ``response`` reads what moved in Produce and Fetch responses (their whole
+    # ``scanned_response``): the proxy then scans them once for itself and the observer.
+    reads_scans = False
+
     def connection_opened(self, conn: ConnectionInfo) -> None:
         pass
 
@@ -188,6 +193,7 @@ class Observers(Observer):
         self.observers.append(observer)
         self._requests.append(observer.request)
         self._responses.append(observer.response)
+        self.reads_scans = self.reads_scans or observer.reads_scans
 
     def _each(self, method: str, *args: Any) -> None:
         for observer in self.observers:
