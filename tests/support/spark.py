@@ -72,7 +72,9 @@ class SparkStandalone:
                                                          timeout=2))
                 if state.get("aliveworkers", 0) >= self.workers:
                     return master
-            except OSError:
+            except (OSError, ValueError):
+                # ValueError: an HTML page, not JSON; the master's UI answers "/json/" with
+                # its main page until the JSON handler is attached: not ready yet either.
                 pass
             time.sleep(0.5)
         self.__exit__()
