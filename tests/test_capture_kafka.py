@@ -242,8 +242,10 @@ def test_not_leader_refreshes_metadata_and_retries_in_order(
     assert sorted((v["conn"], v["correlation_id"]) for batches in broker.batches.values()
                   for _, v in decoded(batches)) == sorted((r["conn"], r["correlation_id"])
                                                           for r in sent)
-    # A leader moving and coming back within the retries is no outage.
-    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    # A leader moving and coming back within the retries is no outage.  (Gatehouse's own
+    # loggers: a kafka-python client of another test may still be logging in this process.)
+    assert not [r for r in caplog.records
+                if r.levelno >= logging.WARNING and r.name.startswith("gatehouse")]
 
 
 def test_refused_records_are_counted_not_retried() -> None:
