@@ -12,10 +12,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gatehouse import codecs
-from gatehouse.codecs import ProtocolError, fetch, records
+from gatehouse.codecs import ProtocolError, fetch
 from gatehouse.metrics import error_codes
 from tests.codec_strategies import build_message, header_tags, message_body
-from tests.test_metrics_produce import RECORDS, SETTINGS, batch
+from tests.test_metrics_produce import RECORDS, SETTINGS, batch, topic_counts
 
 VERSIONS = [v for v in codecs.api(1).response.valid if v >= fetch.FIRST_VERSION]
 
@@ -27,9 +27,8 @@ def expected(resp: codecs.Response) -> Any:
     try:
         for topic in resp.body.responses:
             key = topic.topic_id.bytes if resp.api_version >= 13 else topic.topic
-            summaries = [records.summarize(p.records) for p in topic.partitions]
-            topics.append((key, [p.partition_index for p in topic.partitions],
-                           sum(s.records for s in summaries), sum(s.bytes for s in summaries)))
+            topics.append(topic_counts(key, [p.partition_index for p in topic.partitions],
+                                       [p.records for p in topic.partitions]))
     except ProtocolError:
         return None
     tags = (0,) if resp.api_version >= 16 and resp.body.node_endpoints else ()

@@ -45,14 +45,21 @@ RECORDS = st.one_of(
 )
 
 
+def topic_counts(key: Any, indexes: list[int], record_sets: list[Any]
+                 ) -> tuple[Any, list[int], int, int]:
+    """What a byte reader must say of one topic (``codecs.produce.TopicCounts``), from its
+    decoded partitions' indexes and records fields, by the batch-header summaries."""
+    summaries = [records.summarize(data) for data in record_sets]
+    return key, indexes, sum(s.records for s in summaries), sum(s.bytes for s in summaries)
+
+
 def expected_topics(req: codecs.Request) -> list[tuple[Any, list[int], int, int]] | None:
     out = []
     try:
         for topic in req.body.topic_data:
             key = topic.topic_id.bytes if req.api_version >= 13 else topic.name
-            summaries = [records.summarize(p.records) for p in topic.partition_data]
-            out.append((key, [p.index for p in topic.partition_data],
-                        sum(s.records for s in summaries), sum(s.bytes for s in summaries)))
+            out.append(topic_counts(key, [p.index for p in topic.partition_data],
+                                    [p.records for p in topic.partition_data]))
     except ProtocolError:
         return None  # the full decoder refuses: the fast path must give up too
     return out
