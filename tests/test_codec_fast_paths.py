@@ -87,6 +87,8 @@ def _flat_run(struct: StructSpec, version: int, flexible: bool, rng: random.Rand
 
 def _typed(value: Any) -> Any:
     """``value`` with the type of every part spelled out (True is not 1, 1.0 is not 1)."""
+    if isinstance(value, codecs.FlatRecords):  # an array, built when read
+        return ("tuple", tuple(_typed(v) for v in value.records()))
     if isinstance(value, tuple):
         return (type(value).__name__, tuple(_typed(v) for v in value))
     if isinstance(value, memoryview):

@@ -10,10 +10,14 @@ The façade::
     codecs.request_from_dict(plain); codecs.response_from_dict(plain, api_key=, api_version=)
 
 Headers are decoded eagerly, bodies on first access (``req.body``), and an unchanged
-message encodes as its original bytes.  Every error is a ``ProtocolError``.
+message encodes as its original bytes.  Arrays are tuples, except arrays of three or
+more number-only structs of one layout (Metadata's partitions): those are checked at
+decode and kept as ``FlatRecords``, a read-only sequence equal to the tuple of its
+records, built when first read.  Every error is a ``ProtocolError``.
 """
 
 from gatehouse.codecs import consumer, records
+from gatehouse.codecs._flat import FlatRecords
 from gatehouse.codecs.errors import (
     FrameTooLarge,
     LocalProtocolError,
@@ -57,6 +61,7 @@ __all__ = [
     "MESSAGES",
     "ApiSpec",
     "FieldSpec",
+    "FlatRecords",
     "FrameReader",
     "FrameTooLarge",
     "LocalProtocolError",

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from gatehouse.codecs._flat import NUMBERS, FlatLayout, flat_layout, flat_shape
+from gatehouse.codecs._flat import NUMBERS, FlatLayout, FlatRecords, flat_layout, flat_shape
 from gatehouse.codecs.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from gatehouse.codecs.primitives import read_uvarint, uvarint_bytes
 from gatehouse.codecs.schema import ZERO_UUID, FieldSpec, MessageSpec, StructSpec
@@ -241,9 +241,17 @@ class _Compiler:
         self.const_ids: dict[int, int] = {}
         self.structs: dict[str, StructSpec] = {}
         self.flat: dict[str, FlatLayout] = {}  # structs decoded in bulk in arrays
+        self.flat_kinds: dict[str, tuple[Any, FlatLayout]] = {}
         self.src = _Src()
 
     # -- helpers -------------------------------------------------------------------
+
+    def flat_kind(self, struct: StructSpec) -> str:
+        """The constant ``(record class, layout)`` that marks this struct's FlatRecords."""
+        kind = self.flat_kinds.get(struct.name)
+        if kind is None:
+            kind = self.flat_kinds[struct.name] = (struct.cls, self.flat[struct.name])
+        return self.const(kind)
 
     def const(self, value: Any) -> str:
         key = id(value)
@@ -680,7 +688,7 @@ class _Compiler:
         """
         s = self.src
         layout = self.flat[struct.name]
-        s(f"def b_{struct.name}(buf, pos, n, K=K, _tnew=_tnew, _repeat=_repeat, _flat_shape=_flat_shape):")
+        s(f"def b_{struct.name}(buf, pos, n, K=K, _lazy=_lazy, _flat_shape=_flat_shape):")
         with s.indent():
             s("try:")
             with s.indent():
@@ -723,10 +731,8 @@ class _Compiler:
             s("if e > len(buf): return None")
             s("for offset, byte in checks:")
             s("    if buf[pos + offset:e:size] != byte * n: return None")
-            s("rows = unpack(buf[pos:e])")
-            if any(item.kind == "default" for item in layout.items):
-                s("if consts: rows = map(_add, rows, _repeat(consts, n))")
-            s(f"return tuple(map(_tnew, _repeat({self.const(struct.cls)}, n), map(pick, rows))), e")
+            # Checked: the records are built when first read (see _flat.FlatRecords).
+            s(f"return _lazy(buf[pos:e], n, shape, {self.flat_kind(struct)}), e")
 
     # -- encoding ------------------------------------------------------------------
 
@@ -800,7 +806,14 @@ class _Compiler:
             s("else:")
             with s.indent():
                 self.write_length(out, f"len({value})", flexible, wide=True)
-                if f.struct is not None:
+                if f.struct is not None and f.struct.name in self.flat:
+                    # Undecoded elements of this struct and version: their bytes as they came.
+                    kind = self.flat_kind(f.struct)
+                    s(f"if type({value}) is _lazy and {value}.kind is {kind}: {out} += {value}.raw")
+                    s("else:")
+                    s(f"    for x in {value}:")
+                    s(f"        e_{f.struct.name}({out}, x)")
+                elif f.struct is not None:
                     s(f"for x in {value}:")
                     s(f"    e_{f.struct.name}({out}, x)")
                 elif f.type in _INTS:
@@ -943,6 +956,7 @@ class _Compiler:
             "_repeat": itertools.repeat,
             "_add": operator.add,
             "_flat_shape": flat_shape,
+            "_lazy": FlatRecords,
             "_short": _short,
             "_null": _null,
             "_bad_length": _bad_length,

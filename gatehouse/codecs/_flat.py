@@ -14,11 +14,12 @@ decided from its bytes, and when it does not, the element-by-element decoder run
 
 from __future__ import annotations
 
+import itertools
 import operator
 import struct
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, overload
 
 from gatehouse.codecs.schema import FieldSpec
 
@@ -144,3 +145,111 @@ def flat_shape(layout: FlatLayout, counts: tuple[int, ...],
     shape: Shape = (unpack.iter_unpack, offset, tuple(checks), operator.itemgetter(*picks), consts)
     cache[counts] = shape
     return shape
+
+
+class FlatRecords(Sequence[Any]):
+    """An array of flat-struct records kept as its bytes until an element is read.
+
+    What a decoded array of three or more flat elements of one layout is (Metadata's
+    partitions): the decoder has already checked every byte of it (the layout of every
+    element, see ``flat_shape``), so building the records later cannot fail and gives
+    what an eager decode would.  It is a read-only sequence equal to the tuple of its
+    records (and hashes like it); ``column`` reads one field of every element without
+    making records, and an encoder of the same struct and version writes ``raw`` back
+    as it is.  ``records()`` is that tuple.
+    """
+
+    __slots__ = ("_items", "_n", "_shape", "kind", "raw")
+
+    def __init__(self, raw: Any, n: int, shape: Shape, kind: tuple[Any, FlatLayout]) -> None:
+        self.raw = raw  # the elements' bytes (a read-only view of the frame)
+        self._n = n
+        self._shape = shape
+        self.kind = kind  # (record class, layout): the same object for one struct and version
+        self._items: tuple[Any, ...] | None = None
+
+    def _rows(self) -> Iterator[tuple[Any, ...]]:
+        unpack, _, _, pick, consts = self._shape
+        rows: Iterator[tuple[Any, ...]] = unpack(self.raw)
+        if consts:
+            rows = map(operator.add, rows, itertools.repeat(consts, self._n))
+        return map(pick, rows)
+
+    def records(self) -> tuple[Any, ...]:
+        """The records (built on the first call)."""
+        items = self._items
+        if items is None:
+            cls = self.kind[0]
+            items = self._items = tuple(map(tuple.__new__, itertools.repeat(cls, self._n), self._rows()))
+        return items
+
+    def column(self, name: str) -> list[Any]:
+        """Field ``name`` of every element, in order, without building the records."""
+        index = self.kind[0]._fields.index(name)
+        return list(map(operator.itemgetter(index), self._rows()))
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, index: int) -> Any: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Any, ...]: ...
+    def __getitem__(self, index: int | slice) -> Any:
+        return self.records()[index]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.records())
+
+    def __reversed__(self) -> Iterator[Any]:
+        return iter(self.records()[::-1])
+
+    def __contains__(self, value: object) -> bool:
+        return value in self.records()
+
+    def _other(self, other: object) -> tuple[Any, ...] | None:
+        if isinstance(other, FlatRecords):
+            return other.records()
+        return other if isinstance(other, tuple) else None
+
+    def __eq__(self, other: object) -> bool:
+        items = self._other(other)
+        return NotImplemented if items is None else self.records() == items
+
+    def __ne__(self, other: object) -> bool:
+        items = self._other(other)
+        return NotImplemented if items is None else self.records() != items
+
+    def __lt__(self, other: object) -> bool:
+        items = self._other(other)
+        return NotImplemented if items is None else self.records() < items
+
+    def __le__(self, other: object) -> bool:
+        items = self._other(other)
+        return NotImplemented if items is None else self.records() <= items
+
+    def __gt__(self, other: object) -> bool:
+        items = self._other(other)
+        return NotImplemented if items is None else self.records() > items
+
+    def __ge__(self, other: object) -> bool:
+        items = self._other(other)
+        return NotImplemented if items is None else self.records() >= items
+
+    def __hash__(self) -> int:
+        return hash(self.records())
+
+    def __add__(self, other: object) -> tuple[Any, ...]:
+        items = self._other(other)
+        return NotImplemented if items is None else self.records() + items
+
+    def __radd__(self, other: object) -> tuple[Any, ...]:
+        items = self._other(other)
+        return NotImplemented if items is None else items + self.records()
+
+    def __repr__(self) -> str:
+        return repr(self.records())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Copies and pickles are plain tuples (the view of the frame does not pickle).
+        return (tuple, (self.records(),))

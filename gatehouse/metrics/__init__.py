@@ -25,7 +25,7 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
-from gatehouse.codecs import APIS, ProtocolError, Request, Response, produce
+from gatehouse.codecs import APIS, FlatRecords, ProtocolError, Request, Response, produce
 from gatehouse.codecs._error_codes import ERROR_NAMES
 from gatehouse.logs import log_event
 from gatehouse.metrics.groups import GROUP_APIS, GROUP_RESPONSES, GroupCensus
@@ -82,6 +82,12 @@ def _error_predicate(f: Any) -> bool:
 
 
 Extractor = Callable[[Any, list[int]], None]
+
+
+def _error_fields(struct: Any, version: int) -> tuple[str, ...]:
+    return tuple(f.attr for f in struct.fields if _error_predicate(f) and version in f.versions)
+
+
 _EXTRACTORS: dict[tuple[int, int], Extractor | None] = {}
 
 
@@ -90,14 +96,13 @@ def _build_extractor(struct: Any, version: int) -> Extractor | None:
 
     Built once per API version from the tables: the hot path is then attribute reads
     and loops, no per-field predicate calls."""
-    codes = tuple(f.attr for f in struct.fields
-                  if _error_predicate(f) and version in f.versions)
+    codes = _error_fields(struct, version)
     subs = []
     for f in struct.fields:
         if f.struct is not None and version in f.versions:
             sub = _build_extractor(f.struct, version)
             if sub is not None:
-                subs.append((f.attr, f.is_array, sub))
+                subs.append((f.attr, f.is_array, sub, _error_fields(f.struct, version)))
     if not codes and not subs:
         return None
     nested = tuple(subs)
@@ -107,11 +112,17 @@ def _build_extractor(struct: Any, version: int) -> Extractor | None:
             value = getattr(record, attr)
             if value is not None:
                 out.append(value)
-        for attr, is_array, sub in nested:
+        for attr, is_array, sub, sub_codes in nested:
             value = getattr(record, attr)
             if value is None:
                 continue
             if is_array:
+                if type(value) is FlatRecords:
+                    # Number-only elements (Metadata's partitions): their error codes
+                    # are read from the bytes, no records built.
+                    for code_attr in sub_codes:
+                        out.extend(value.column(code_attr))
+                    continue
                 for item in value:
                     sub(item, out)
             else:
