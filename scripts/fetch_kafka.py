@@ -100,8 +100,8 @@ def _log4j_for(version: str) -> tuple[str, str]:
 
 
 def _tools_version_spec(version: str) -> str:
-    # kafka-tools is not on Maven Central for every release (4.4.0's is missing, while
-    # kafka_2.13 and kafka-clients 4.4.0 are there).  A range picks the requested version
+    # kafka-tools is not on Maven Central for every release (4.4.0's was missing for a
+    # while, when kafka_2.13 and kafka-clients 4.4.0 were there).  A range picks the requested version
     # when it exists, else the newest earlier release of the same major version; the
     # broker and clients jars stay at ``version`` because direct dependencies win.
     major = version.split(".")[0]
@@ -112,10 +112,14 @@ def _tools_version_spec(version: str) -> str:
 
 def pom_xml(version: str) -> str:
     log4j_version, binding = _log4j_for(version)
-    deps = [
+    deps: list[Dependency] = [
         ("org.apache.kafka", f"kafka_{SCALA_BINARY_VERSION}", version),
         ("org.apache.kafka", "kafka-clients", version),
-        ("org.apache.kafka", "kafka-tools", _tools_version_spec(version)),
+        # connect-runtime serves only ConnectPluginPath, which no test runs, and brings
+        # Jetty, whose exact versions the registry does not always serve (4.4.0's
+        # jetty-ee10-servlets 12.0.39 was refused on 2026-11-24)
+        ("org.apache.kafka", "kafka-tools", _tools_version_spec(version),
+         (("org.apache.kafka", "connect-runtime"),)),
         ("org.apache.logging.log4j", "log4j-api", log4j_version),
         ("org.apache.logging.log4j", "log4j-core", log4j_version),
         ("org.apache.logging.log4j", binding, log4j_version),
@@ -123,12 +127,24 @@ def pom_xml(version: str) -> str:
     return _pom("kafka-libs", version, deps)
 
 
-def _pom(artifact: str, version: str, deps: list[tuple[str, str, str]]) -> str:
-    lines = "\n".join(
-        f"    <dependency><groupId>{g}</groupId><artifactId>{a}</artifactId>"
-        f"<version>{v}</version></dependency>"
-        for g, a, v in deps
-    )
+# (groupId, artifactId, version[, ((groupId, artifactId) to exclude, ...)])
+Dependency = tuple[str, str, str] | tuple[str, str, str, tuple[tuple[str, str], ...]]
+
+
+def _dependency_xml(dep: Dependency) -> str:
+    g, a, v = dep[:3]
+    excluded = dep[3] if len(dep) == 4 else ()
+    exclusions = "".join(
+        f"<exclusion><groupId>{eg}</groupId><artifactId>{ea}</artifactId></exclusion>"
+        for eg, ea in excluded)
+    if exclusions:
+        exclusions = f"<exclusions>{exclusions}</exclusions>"
+    return (f"    <dependency><groupId>{g}</groupId><artifactId>{a}</artifactId>"
+            f"<version>{v}</version>{exclusions}</dependency>")
+
+
+def _pom(artifact: str, version: str, deps: list[Dependency]) -> str:
+    lines = "\n".join(map(_dependency_xml, deps))
     return f"""<?xml version="1.0" encoding="UTF-8"?>
 <project xmlns="http://maven.apache.org/POM/4.0.0">
   <modelVersion>4.0.0</modelVersion>
@@ -204,7 +220,7 @@ def ensure_kafka_streams(version: str | None = None, *, log: bool = False) -> Pa
     versions must not meet on one classpath)."""
     version = kafka_version(version)
     log4j_version, binding = _log4j_for(version)
-    deps = [("org.apache.kafka", "kafka-streams", _tools_version_spec(version)),
+    deps: list[Dependency] = [("org.apache.kafka", "kafka-streams", _tools_version_spec(version)),
             ("org.apache.logging.log4j", "log4j-api", log4j_version),
             ("org.apache.logging.log4j", "log4j-core", log4j_version),
             ("org.apache.logging.log4j", binding, log4j_version)]
@@ -219,7 +235,7 @@ KROXYLICIOUS_VERSION = "0.12.0"  # the newest kroxylicious-runtime on Maven Cent
 
 def ensure_kroxylicious(version: str = KROXYLICIOUS_VERSION, *, log: bool = False) -> Path:
     """The libs directory of the Kroxylicious proxy runtime (a peer in bench/peers.py)."""
-    deps = [("io.kroxylicious", "kroxylicious-runtime", version),
+    deps: list[Dependency] = [("io.kroxylicious", "kroxylicious-runtime", version),
             # the filter of its "filter-comparable" run in bench/peers.py
             ("io.kroxylicious", "kroxylicious-multitenant", version),
             ("org.apache.logging.log4j", "log4j-slf4j2-impl", "2.24.3"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 
@@ -48,3 +49,17 @@ def test_a_cache_from_before_the_pom_was_kept_is_refetched(
         out_dir.mkdir(parents=True), (out_dir / "runtime-1.0.jar").write_bytes(b"PK")))
     libs = fetch_kafka.ensure_maven_libs(home, _pom("runtime"), "runtime-*.jar", "peer")
     assert [p.name for p in libs.iterdir()] == ["runtime-1.0.jar"]
+
+
+def test_the_kafka_pom_leaves_out_connect_runtime_and_its_jetty() -> None:
+    # connect-runtime's Jetty closure is not always served by the registry; nothing the
+    # tests run needs it, and the fetch of the brokers must not depend on it.
+    ns = {"m": "http://maven.apache.org/POM/4.0.0"}
+    root = ElementTree.fromstring(fetch_kafka.pom_xml("4.4.0"))
+    deps = {d.findtext("m:artifactId", namespaces=ns): d
+            for d in root.iterfind("m:dependencies/m:dependency", ns)}
+    assert {"kafka_2.13", "kafka-clients", "kafka-tools"} <= deps.keys()
+    excluded = {(e.findtext("m:groupId", namespaces=ns), e.findtext("m:artifactId", namespaces=ns))
+                for e in deps["kafka-tools"].iterfind("m:exclusions/m:exclusion", ns)}
+    assert excluded == {("org.apache.kafka", "connect-runtime")}
+    assert deps["kafka_2.13"].find("m:exclusions", ns) is None
