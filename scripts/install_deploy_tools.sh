@@ -42,6 +42,13 @@ retry() {
 }
 
 mkdir -p "$TOOLS/bin" "$TOOLS/node"
+# npm reads its global config (where a machine sets its CA file, say) from
+# $prefix/etc/npmrc; --prefix below would move that, so the machine's is named here.
+NPM_GLOBALCONFIG=$(npm config get globalconfig 2>/dev/null || true)
+npm_tools() {
+    npm --prefix "$TOOLS/node" ${NPM_GLOBALCONFIG:+--globalconfig "$NPM_GLOBALCONFIG"} \
+        --no-audit --no-fund --loglevel=error "$@"
+}
 GO=$(command -v go || echo /usr/local/go/bin/go)
 
 # kustomize: one static binary, built once (about a minute on 2 cores), then cached.
@@ -60,7 +67,7 @@ fi
 # The prometheus-operator CRD models (ajv validators generated from the CRDs' schemas).
 MODELS="$TOOLS/node/node_modules/@kubernetes-models/prometheus-operator/package.json"
 if ! grep -q "\"version\": \"$PROMETHEUS_OPERATOR_MODELS_VERSION\"" "$MODELS" 2>/dev/null; then
-    retry npm install --prefix "$TOOLS/node" --no-audit --no-fund --loglevel=error \
+    retry npm_tools install \
         "@kubernetes-models/prometheus-operator@$PROMETHEUS_OPERATOR_MODELS_VERSION"
 fi
 
@@ -70,7 +77,7 @@ has_version() {
 }
 if ! has_version @grafana/schema "$GRAFANA_SCHEMA_VERSION" \
         || ! has_version typescript "$TYPESCRIPT_VERSION"; then
-    retry npm install --prefix "$TOOLS/node" --no-audit --no-fund --loglevel=error \
+    retry npm_tools install \
         "@grafana/schema@$GRAFANA_SCHEMA_VERSION" "typescript@$TYPESCRIPT_VERSION"
 fi
 PROM_TYPES="$TOOLS/node/grafana-prometheus"  # beside node_modules: its types import @grafana/schema
