@@ -8,6 +8,7 @@ from __future__ import annotations
 import struct
 from typing import Final
 
+from gatehouse.codecs.primitives import uvarint_bytes
 from gatehouse.codecs.records import Uncounted
 
 I16: Final = struct.Struct(">h")
@@ -53,6 +54,56 @@ def read_tag_numbers(view: memoryview, pos: int) -> tuple[tuple[int, ...], int]:
     if pos > len(view):
         raise Unexpected
     return tuple(tags), pos
+
+
+def tag_fields(view: memoryview, pos: int) -> list[tuple[int, bytes]]:
+    """The (tag, value bytes) of the tag section at ``pos``, which must end the frame."""
+    count, pos = uvarint(view, pos)
+    fields = []
+    for _ in range(count):
+        tag, pos = uvarint(view, pos)
+        size, pos = uvarint(view, pos)
+        if pos + size > len(view):
+            raise Unexpected
+        fields.append((tag, bytes(view[pos:pos + size])))
+        pos += size
+    if pos != len(view):
+        raise Unexpected
+    return fields
+
+
+def _tag_section(fields: list[tuple[int, bytes]]) -> bytes:
+    parts = [uvarint_bytes(len(fields))]
+    for tag, value in fields:
+        parts += (uvarint_bytes(tag), uvarint_bytes(len(value)), value)
+    return b"".join(parts)
+
+
+def fit_tag_section(fields: list[tuple[int, bytes]], size: int, unknown_from: int) -> bytes | None:
+    """A tag section of exactly ``size`` bytes holding ``fields`` (ascending tags), made
+    up to that size with one or two tagged fields of zeros after them, numbered from
+    ``unknown_from`` (a tag the message does not define: readers skip tags they do not
+    know, KIP-482); None when ``fields`` alone take more room, or one byte less (no field
+    is one byte long).
+
+    A proxy that has sent a frame's size prefix before the frame's end arrived uses it
+    to change a tagged field at the end (NodeEndpoints) without changing the size.
+    """
+    exact = _tag_section(fields)
+    if len(exact) == size:
+        return exact
+    first = max(unknown_from, fields[-1][0] + 1 if fields else 0)
+    # One filler, then two (the second empty): some sizes need the second's byte or two
+    # because a varint's length jumps.
+    for extra in ((), ((first + 1, b""),)):
+        for overhead in range(2, 12):
+            fill = size - len(exact) - overhead - sum(len(_tag_section([f])) - 1 for f in extra)
+            if fill < 0:
+                break
+            made = _tag_section([*fields, (first, bytes(fill)), *extra])
+            if len(made) == size:
+                return made
+    return None
 
 
 def last_tags(view: memoryview, pos: int) -> tuple[int, ...]:

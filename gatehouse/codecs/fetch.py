@@ -18,7 +18,15 @@ from __future__ import annotations
 import struct
 from typing import Final
 
-from gatehouse.codecs._scan import TopicCounts, Unexpected, last_tags, skip_tags, uvarint
+from gatehouse.codecs._scan import (
+    TopicCounts,
+    Unexpected,
+    fit_tag_section,
+    last_tags,
+    skip_tags,
+    tag_fields,
+    uvarint,
+)
 from gatehouse.codecs.primitives import Buffer
 from gatehouse.codecs.records import count_records
 
@@ -28,6 +36,8 @@ TOPIC_IDS_SINCE: Final = 13
 _PARTITION_FIXED: Final = 4 + 2 + 8 + 8 + 8
 _ABORTED_TRANSACTION: Final = 8 + 8  # ProducerId, FirstOffset (then its tag section)
 _INDEX_CODE: Final = struct.Struct(">ih")  # PartitionIndex, ErrorCode
+
+__all__ = ["fit_tag_section", "response_scan", "top_level_tag_fields", "top_level_tags"]
 
 # Error codes -> how often (the top-level one and every partition's); the numbers of the
 # top-level tagged fields (NodeEndpoints is tag 0); per topic (its name at v12, its id
@@ -49,57 +59,76 @@ def response_scan(frame: Buffer, version: int, count: bool = True) -> ResponseSc
     if version < FIRST_VERSION:
         return None
     view = memoryview(frame)
-    ids = version >= TOPIC_IDS_SINCE
     try:
-        pos = skip_tags(view, 4) if view[4] else 5  # CorrelationId, header tags
-        (_, top_code) = _INDEX_CODE.unpack_from(view, pos)  # ThrottleTimeMs, ErrorCode
-        codes = {top_code: 1}
-        pos += 4 + 2 + 4  # ThrottleTimeMs, ErrorCode, SessionId
-        n_topics, pos = uvarint(view, pos)
-        if n_topics < 1:
-            raise Unexpected  # a null array: not in a broker's answer
-        topics: TopicCounts = []
-        for _ in range(n_topics - 1):
-            key: str | bytes
-            if ids:
-                key = bytes(view[pos:pos + 16])
-                pos += 16
-            else:
-                n, pos = uvarint(view, pos)
-                if n < 1:
-                    raise Unexpected  # a null topic name: not in a broker's answer
-                key = str(view[pos:pos + n - 1], "utf-8")
-                pos += n - 1
-            records = size = 0
-            indexes: list[int] = []
-            n_partitions, pos = uvarint(view, pos)
-            if n_partitions < 1:
-                raise Unexpected
-            for _ in range(n_partitions - 1):
-                index, code = _INDEX_CODE.unpack_from(view, pos)
-                codes[code] = codes.get(code, 0) + 1
-                if count:
-                    indexes.append(index)
-                pos += _PARTITION_FIXED
-                n, pos = uvarint(view, pos)  # AbortedTransactions, nullable
-                for _ in range(n - 1):
-                    pos += _ABORTED_TRANSACTION
-                    pos = skip_tags(view, pos) if view[pos] else pos + 1
-                pos += 4  # PreferredReadReplica (v11+)
-                n, pos = uvarint(view, pos)  # Records, nullable
-                n -= 1
-                if n > 0:
-                    end = pos + n
-                    if end > len(view):
-                        raise Unexpected
-                    if count:
-                        batch_records, counted = count_records(view, pos, end)
-                        records += batch_records
-                        size += counted
-                    pos = end
-                pos = skip_tags(view, pos) if view[pos] else pos + 1  # DivergingEpoch...
-            pos = skip_tags(view, pos) if view[pos] else pos + 1
-            topics.append((key, indexes, records, size))
+        codes, pos, topics = _walk(view, version, count)
         return codes, last_tags(view, pos), topics
     except (Unexpected, struct.error, IndexError, UnicodeDecodeError):
         return None
+
+
+def top_level_tag_fields(frame: Buffer, version: int) -> tuple[int, list[tuple[int, bytes]]] | None:
+    """Where a Fetch response's top-level tag section starts in ``frame`` (from the
+    correlation id on), and its (tag, value bytes); None as ``response_scan``."""
+    if version < FIRST_VERSION:
+        return None
+    view = memoryview(frame)
+    try:
+        _, pos, _ = _walk(view, version, False)
+        return pos, tag_fields(view, pos)
+    except (Unexpected, struct.error, IndexError, UnicodeDecodeError):
+        return None
+
+
+def _walk(view: memoryview, version: int, count: bool) -> tuple[dict[int, int], int, TopicCounts]:
+    """The error codes, the offset of the top-level tag section, the topics' counts."""
+    ids = version >= TOPIC_IDS_SINCE
+    pos = skip_tags(view, 4) if view[4] else 5  # CorrelationId, header tags
+    (_, top_code) = _INDEX_CODE.unpack_from(view, pos)  # ThrottleTimeMs, ErrorCode
+    codes = {top_code: 1}
+    pos += 4 + 2 + 4  # ThrottleTimeMs, ErrorCode, SessionId
+    n_topics, pos = uvarint(view, pos)
+    if n_topics < 1:
+        raise Unexpected  # a null array: not in a broker's answer
+    topics: TopicCounts = []
+    for _ in range(n_topics - 1):
+        key: str | bytes
+        if ids:
+            key = bytes(view[pos:pos + 16])
+            pos += 16
+        else:
+            n, pos = uvarint(view, pos)
+            if n < 1:
+                raise Unexpected  # a null topic name: not in a broker's answer
+            key = str(view[pos:pos + n - 1], "utf-8")
+            pos += n - 1
+        records = size = 0
+        indexes: list[int] = []
+        n_partitions, pos = uvarint(view, pos)
+        if n_partitions < 1:
+            raise Unexpected
+        for _ in range(n_partitions - 1):
+            index, code = _INDEX_CODE.unpack_from(view, pos)
+            codes[code] = codes.get(code, 0) + 1
+            if count:
+                indexes.append(index)
+            pos += _PARTITION_FIXED
+            n, pos = uvarint(view, pos)  # AbortedTransactions, nullable
+            for _ in range(n - 1):
+                pos += _ABORTED_TRANSACTION
+                pos = skip_tags(view, pos) if view[pos] else pos + 1
+            pos += 4  # PreferredReadReplica (v11+)
+            n, pos = uvarint(view, pos)  # Records, nullable
+            n -= 1
+            if n > 0:
+                end = pos + n
+                if end > len(view):
+                    raise Unexpected
+                if count:
+                    batch_records, counted = count_records(view, pos, end)
+                    records += batch_records
+                    size += counted
+                pos = end
+            pos = skip_tags(view, pos) if view[pos] else pos + 1  # DivergingEpoch...
+        pos = skip_tags(view, pos) if view[pos] else pos + 1
+        topics.append((key, indexes, records, size))
+    return codes, pos, topics

@@ -103,6 +103,20 @@ class FrameReader:
         self._flush_small()
         return self._take(4 + size)
 
+    def take_partial(self) -> bytes:
+        """The bytes received so far of a frame not yet complete, size prefix included,
+        for a caller that forwards a large frame as it arrives: the rest of that frame
+        is then the caller's to read, and the reader starts afresh after it.
+
+        Raises ``ValueError`` unless a frame's size is known and the frame incomplete.
+        """
+        size = self._expected
+        if size is None or self._buffered >= 4 + size:
+            raise ValueError("no incomplete frame of a known size")
+        self._expected = None
+        self._flush_small()
+        return self._take(self._buffered)
+
     def _peek(self, n: int) -> bytes:
         first, offset = self._chunks[0], self._offset
         if len(first) - offset >= n:

@@ -40,8 +40,10 @@ import trio
 from gatehouse.codecs import (
     ProtocolError,
     UnknownApi,
+    api,
     decode_request,
     decode_response,
+    fetch,
 )
 from gatehouse.codecs.peek import produce_acks
 from gatehouse.codecs.primitives import Buffer
@@ -58,6 +60,7 @@ from gatehouse.proxy.budget import ByteBudget
 from gatehouse.proxy.config import Limits
 from gatehouse.proxy.fastio import FastStream
 from gatehouse.proxy.hooks import (
+    FETCH,
     SCANNED_RESPONSES,
     Close,
     ConnectionInfo,
@@ -84,6 +87,13 @@ SASL_RAW_ROUNDS: dict[str, int | None] = {
     "OAUTHBEARER": 1,
 }
 _RECEIVE_SIZE = 256 * 1024
+# An answer at least this big that has not all arrived goes on to the client as its
+# bytes come (cut-through): a consumer waits for one Fetch answer per broker at a time,
+# so holding a 3 MB answer until its last byte adds its whole transfer to every fetch.
+_STREAM_MIN = _RECEIVE_SIZE
+# The end of a streamed Fetch v16+ answer waits for the rest: its top-level tags may
+# name new leaders (KIP-951 NodeEndpoints), rewritten in a section of the same size.
+_TAIL_HOLD = 64 * 1024
 _STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 
@@ -230,11 +240,16 @@ class ProxyConnection:
 
     # -- client -> upstream ----------------------------------------------------------
 
-    async def _wire_frames(self, receive: Callable[[], Awaitable[bytes | bytearray | None]],
-                           direction: str, share: _Share) -> AsyncIterator[tuple[bytes, int]]:
+    async def _wire_frames(
+        self, receive: Callable[[], Awaitable[bytes | bytearray | None]], direction: str,
+        share: _Share,
+        stream: Callable[[FrameReader, int], Awaitable[Buffer | None]] | None = None,
+    ) -> AsyncIterator[tuple[bytes, int]]:
         """Whole frames (size prefix included) as they arrive, each with the budget bytes
         it holds; ``receive`` returns b"" at EOF (a partial frame is malformed) and None
-        to stop quietly (a drain)."""
+        to stop quietly (a drain).  ``stream(reader, size)`` may take a frame that has
+        begun to arrive and deal with it whole, returning the bytes read past its end
+        (None: it did not)."""
         reader = FrameReader(self.limits.max_frame_bytes)
         reserved = 0  # budget bytes held for the frame being assembled
         while True:
@@ -249,17 +264,25 @@ class ProxyConnection:
                 return
             reader.feed(data)
             while True:
-                try:
-                    wire = reader.next_wire_frame()
-                except ProtocolError as exc:
-                    self._malformed(direction, exc)
-                if wire is None:
+                while True:
+                    try:
+                        wire = reader.next_wire_frame()
+                    except ProtocolError as exc:
+                        self._malformed(direction, exc)
+                    if wire is None:
+                        break
+                    yield wire, reserved
+                    reserved = 0
+                if (expected := reader.expected_size) is None:
                     break
-                yield wire, reserved
+                if not reserved:
+                    # Reserve the rest of a partly read frame before reading more of it.
+                    reserved = await share.take(expected + 4)
+                if stream is None or (after := await stream(reader, expected)) is None:
+                    break
+                share.give(reserved)
                 reserved = 0
-            if not reserved and (expected := reader.expected_size) is not None:
-                # Reserve the rest of a partly read frame before reading more of it.
-                reserved = await share.take(expected + 4)
+                reader.feed(after)  # the next frames' first bytes
 
     async def _receive_from_client(self) -> bytes | bytearray | None:
         if self.stop_reading:
@@ -394,7 +417,8 @@ class ProxyConnection:
     async def upstream_reader(self) -> None:
         line = self.line
         async for wire, ticket in self._wire_frames(self._receive_from_upstream,
-                                                    "response", self.response_bytes):
+                                                    "response", self.response_bytes,
+                                                    self._stream_response):
             if not line:
                 raise _Close(f"broker {self.conn.upstream} sent a response to no request",
                              logging.WARNING)
@@ -408,16 +432,105 @@ class ProxyConnection:
                 self._answered(pending, out)
             if ticket:
                 self.response_bytes.give(ticket)
-            self._answered_first()
-            # The proxy's own answers in line behind this one go now: no broker answer
-            # will come for them.
-            while line and line[0].local is not None:
-                await self._send_local(line[0])
-                self._answered_first()
+            await self._answer_sent()
         if in_flight := self.in_flight:
             raise _Close(f"broker {self.conn.upstream} closed the connection with "
                          f"{in_flight} request(s) in flight", logging.WARNING)
         raise _Close(f"broker {self.conn.upstream} closed the connection")
+
+    async def _answer_sent(self) -> None:
+        """The oldest entry's answer is sent; the proxy's own answers in line behind it
+        go now: no broker answer will come for them."""
+        line = self.line
+        self._answered_first()
+        while line and line[0].local is not None:
+            await self._send_local(line[0])
+            self._answered_first()
+
+    async def _stream_response(self, reader: FrameReader, size: int) -> Buffer | None:
+        """A large answer that has begun to arrive, sent on to the client as its bytes
+        come (all but a Fetch v16+ answer's last ``_TAIL_HOLD`` bytes, which wait for
+        its end: see ``_streamed_tail``); the bytes read past its end, or None when it
+        is not one to stream (small, or its body may change before the end)."""
+        line = self.line
+        if size < _STREAM_MIN or not line or reader.buffered < 8:
+            return None
+        pending = line[0]
+        hold = _held_tail(pending)
+        if hold is None:
+            return None
+        head = reader.take_partial()
+        (correlation_id,) = _SIZE.unpack_from(head, 4)
+        if correlation_id != pending.correlation_id:
+            raise _out_of_step(correlation_id, pending)
+        total = 4 + size
+        limit = total - hold  # bytes that go on as they come
+        parts: list[Buffer] = [head]  # the whole answer, for its tail and the observers
+        got = len(head)
+        await self._send_client(head[:limit] if got > limit else head)
+        sent = min(got, limit)
+        after: Buffer = b""
+        while got < total:
+            data = await self._receive_from_upstream()
+            if not data:
+                raise _Close(f"broker {self.conn.upstream} closed the connection in the "
+                             f"middle of an answer", logging.WARNING)
+            if len(data) > total - got:
+                after = data[total - got:]
+                data = data[:total - got]
+            start = got
+            parts.append(data)
+            got += len(data)
+            if sent < limit:
+                upto = min(got, limit)
+                await self._send_client(data if upto == got and sent == start
+                                        else memoryview(data)[sent - start:upto - start])
+                sent = upto
+        frame = memoryview(b"".join(parts))[4:]
+        out = frame
+        if sent < total:
+            out = await self._streamed_tail(frame, pending, sent - 4)
+            await self._send_client(out[sent - 4:])
+        self._answered(pending, out)
+        await self._answer_sent()
+        return after
+
+    async def _streamed_tail(self, frame: memoryview, pending: Pending, sent: int) -> Any:
+        """A streamed Fetch v16+ answer as the client gets it, whose first ``sent`` bytes
+        (after the size prefix) are already on their way: ``frame`` itself unless its
+        top-level tags name leaders.  Those are rewritten to the proxy's addresses in a
+        tag section of the same size (the size prefix has gone), made up with an unknown
+        tag; when the rewritten leaders do not fit, they are left out and the client
+        finds the leaders through a Metadata request (rewritten as ever)."""
+        key, version = pending.api_key, pending.api_version
+        present = top_level_tags(pending, frame, self.ctx.observer.reads_scans)
+        tags = address_tags(key, version)
+        if present is not None and tags is not None and tags.isdisjoint(present):
+            return frame
+        try:
+            resp = decode_response(frame, key, version)
+        except ProtocolError as exc:
+            self._malformed("response", exc)
+        _, seen = rewrite_addresses(resp, _keep)
+        if seen:
+            await self.ctx.brokers_seen(seen)
+            resp, _ = rewrite_addresses(resp, self.ctx.address_mapper)
+        old = fetch.top_level_tag_fields(frame, version)
+        new = fetch.top_level_tag_fields(rewritten := resp.encode(), version)
+        if old is None or new is None or old[0] < sent or new[0] != old[0]:
+            raise _Close(f"broker {self.conn.upstream} sent a Fetch answer whose leaders "
+                         f"could not be rewritten after its first bytes had gone on",
+                         logging.WARNING)
+        at, fields = new
+        free = _first_unknown_tag(key)
+        section = fetch.fit_tag_section(fields, len(frame) - at, free)
+        if section is None and tags is not None:
+            section = fetch.fit_tag_section([f for f in fields if f[0] not in tags],
+                                            len(frame) - at, free)
+        if section is None:
+            raise _Close(f"broker {self.conn.upstream} sent a Fetch answer whose tags "
+                         f"could not be rewritten in place", logging.WARNING)
+        return memoryview(b"".join((memoryview(rewritten)[:at], section)))
 
     async def _send_local(self, pending: Pending) -> None:
         """An answer the proxy made (a refusal), to the client."""
@@ -436,11 +549,7 @@ class ProxyConnection:
             self._malformed("response", ProtocolError(f"response of {len(frame)} bytes"))
         (correlation_id,) = _SIZE.unpack_from(frame, 0)
         if correlation_id != pending.correlation_id:
-            raise _Close(
-                f"broker answered correlation id {correlation_id}, expected "
-                f"{pending.correlation_id}: the connection is out of step",
-                logging.WARNING,
-            )
+            raise _out_of_step(correlation_id, pending)
         key = pending.api_key
         rewrite = carries_addresses(key, pending.api_version)
         if rewrite and key in SCANNED_RESPONSES and not pending.wants_response:
@@ -500,6 +609,30 @@ class _Share:
     def give(self, size: int) -> None:
         self.held -= size
         self.budget.give(size)
+
+
+def _out_of_step(correlation_id: int, pending: Pending) -> _Close:
+    return _Close(f"broker answered correlation id {correlation_id}, expected "
+                  f"{pending.correlation_id}: the connection is out of step", logging.WARNING)
+
+
+def _held_tail(pending: Pending) -> int | None:
+    """How many bytes at the end of a large answer to ``pending`` wait for its last byte
+    (see ``ProxyConnection._stream_response``); None: the answer is not streamed, for
+    its body may change (a rewrite or a policy) or it is not a Kafka answer."""
+    if pending.raw or pending.wants_response or pending.api_key == API_VERSIONS:
+        return None
+    if not carries_addresses(pending.api_key, pending.api_version):
+        return 0
+    if pending.api_key == FETCH and address_tags(pending.api_key, pending.api_version):
+        return _TAIL_HOLD
+    return None
+
+
+def _first_unknown_tag(api_key: int) -> int:
+    """A top-level tag number the API's responses do not define (in any version)."""
+    tags = [f.tag for f in api(api_key).response.root.fields if f.tag is not None]
+    return max(tags, default=-1) + 1
 
 
 def _sized(frame: Buffer) -> bytes:
