@@ -50,6 +50,7 @@ soak: install-dev kafka
 	GATEHOUSE_SOAK=1 $(BIN)/pytest -q tests/reliability
 
 bench: install-dev kafka
+	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python bench/codecs.py
 
 clean:
