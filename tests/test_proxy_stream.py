@@ -5,6 +5,7 @@ the same size, since its size prefix has already gone."""
 from __future__ import annotations
 
 import itertools
+import struct
 import uuid
 from typing import Any
 
@@ -87,6 +88,35 @@ async def test_answers_behind_a_streamed_one_follow_it_in_order() -> None:
             await h.broker.frames.send_raw(wires[start:end])
         with trio.fail_after(5):
             assert await receive_bytes(h, len(wires)) == wires
+
+
+async def test_a_broker_gone_in_the_middle_of_a_streamed_answer_closes_the_client() -> None:
+    async with proxied(no_answer) as h:
+        await send_fetch(h, 1)
+        wire = fetch_answer(1)
+        await h.broker.frames.send_raw(wire[:300_000])
+        with trio.fail_after(5):
+            assert await receive_bytes(h, 300_000) == wire[:300_000]
+        await h.broker.frames.stream.aclose()
+        with trio.fail_after(5):
+            await h.done.wait()
+        assert "closed the connection in the middle of an answer" in h.pumps.close_reason
+        assert await h.client.stream.receive_some(1) == b""  # the client sees the close
+
+
+async def test_a_fetch_answer_newer_than_the_codec_streams_through_untouched() -> None:
+    version = max(codecs.APIS[1].versions) + 1
+    async with proxied(no_answer) as h:
+        # Request header v2 of a version the codec does not know: forwarded as it is.
+        header = struct.pack(">hhih", 1, version, 1, 4) + b"test" + b"\x00"
+        await h.client.send(header)
+        wire = fetch_answer(1, partition_error=6, node_endpoints=[
+            {"node_id": 2, "host": "k2", "port": 9092, "rack": None}])  # v17 bytes
+        await h.broker.frames.send_raw(wire[:300_000])
+        await h.broker.frames.send_raw(wire[300_000:])
+        with trio.fail_after(5):
+            assert await receive_bytes(h, len(wire)) == wire
+        assert h.pumps.close_reason == "client closed"  # still open, nothing refused
 
 
 LONG_HOST = "broker-2.kafka.internal.example.com"  # longer than the proxy's address

@@ -32,6 +32,7 @@ from typing import Any, Final
 from gatehouse.codecs._flat import NUMBERS, FlatLayout, FlatRecords, flat_layout, flat_shape
 from gatehouse.codecs.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from gatehouse.codecs.primitives import read_uvarint, uvarint_bytes
+from gatehouse.codecs.primitives import write_tag_section as _write_tags
 from gatehouse.codecs.schema import ZERO_UUID, FieldSpec, MessageSpec, StructSpec
 
 _FIXED: Final = {**NUMBERS, "uuid": ("16s", 16)}
@@ -175,10 +176,6 @@ def _not_in_version(name: str, version: int) -> LocalProtocolError:
 
 def _encode_null(name: str, version: int) -> LocalProtocolError:
     return LocalProtocolError(f"field {name} is null but not nullable in version {version}")
-
-
-def _first(item: tuple[int, Any]) -> int:
-    return item[0]
 
 
 class _Src:
@@ -1051,19 +1048,6 @@ def struct_cls(fmt: str) -> struct.Struct:
 
 
 _STRUCTS: dict[str, struct.Struct] = {}
-
-
-def _write_tags(out: bytearray, tags: list[tuple[int, Any]]) -> None:
-    tags.sort(key=_first)
-    out += uvarint_bytes(len(tags))
-    last = -1
-    for tag, payload in tags:
-        if tag == last:
-            raise LocalProtocolError(f"tagged field {tag} appears twice")
-        last = tag
-        out += uvarint_bytes(tag)
-        out += uvarint_bytes(len(payload))
-        out += payload
 
 
 _CODECS: dict[tuple[str, int], MessageCodec] = {}

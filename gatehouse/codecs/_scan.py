@@ -8,7 +8,7 @@ from __future__ import annotations
 import struct
 from typing import Final
 
-from gatehouse.codecs.primitives import uvarint_bytes
+from gatehouse.codecs.primitives import write_tag_section
 from gatehouse.codecs.records import Uncounted
 
 I16: Final = struct.Struct(">h")
@@ -72,11 +72,10 @@ def tag_fields(view: memoryview, pos: int) -> list[tuple[int, bytes]]:
     return fields
 
 
-def _tag_section(fields: list[tuple[int, bytes]]) -> bytes:
-    parts = [uvarint_bytes(len(fields))]
-    for tag, value in fields:
-        parts += (uvarint_bytes(tag), uvarint_bytes(len(value)), value)
-    return b"".join(parts)
+def _tag_section(fields: list[tuple[int, bytes]]) -> bytearray:
+    out = bytearray()
+    write_tag_section(out, list(fields))
+    return out
 
 
 def fit_tag_section(fields: list[tuple[int, bytes]], size: int, unknown_from: int) -> bytes | None:
@@ -91,7 +90,7 @@ def fit_tag_section(fields: list[tuple[int, bytes]], size: int, unknown_from: in
     """
     exact = _tag_section(fields)
     if len(exact) == size:
-        return exact
+        return bytes(exact)
     first = max(unknown_from, fields[-1][0] + 1 if fields else 0)
     # One filler, then two (the second empty): some sizes need the second's byte or two
     # because a varint's length jumps.
@@ -102,7 +101,7 @@ def fit_tag_section(fields: list[tuple[int, bytes]], size: int, unknown_from: in
                 break
             made = _tag_section([*fields, (first, bytes(fill)), *extra])
             if len(made) == size:
-                return made
+                return bytes(made)
     return None
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Final, TypeAlias
+from operator import itemgetter
+from typing import Any, Final, TypeAlias
 
-from gatehouse.codecs.errors import RemoteProtocolError
+from gatehouse.codecs.errors import LocalProtocolError, RemoteProtocolError
 
 MAX_UVARINT32: Final = 0xFFFFFFFF
 
@@ -71,3 +72,20 @@ def uvarint_bytes(value: int) -> bytes:
 def varint_bytes(value: int) -> bytes:
     """Zig-zag encode (64-bit) and write as an unsigned varint."""
     return uvarint_bytes((value << 1) ^ (value >> 63))
+
+
+_TAG = itemgetter(0)
+
+
+def write_tag_section(out: bytearray, tags: list[tuple[int, Any]]) -> None:
+    """A tag section (KIP-482) of (tag, value bytes) fields: ``tags`` is sorted in place."""
+    tags.sort(key=_TAG)
+    out += uvarint_bytes(len(tags))
+    last = -1
+    for tag, payload in tags:
+        if tag == last:
+            raise LocalProtocolError(f"tagged field {tag} appears twice")
+        last = tag
+        out += uvarint_bytes(tag)
+        out += uvarint_bytes(len(payload))
+        out += payload

@@ -39,6 +39,7 @@ import trio
 
 from gatehouse.codecs import (
     ProtocolError,
+    Response,
     UnknownApi,
     api,
     decode_request,
@@ -503,18 +504,16 @@ class ProxyConnection:
         tag; when the rewritten leaders do not fit, they are left out and the client
         finds the leaders through a Metadata request (rewritten as ever)."""
         key, version = pending.api_key, pending.api_version
-        present = top_level_tags(pending, frame, self.ctx.observer.reads_scans)
-        tags = address_tags(key, version)
-        if present is not None and tags is not None and tags.isdisjoint(present):
+        if self._names_no_brokers(pending, frame):
             return frame
         try:
             resp = decode_response(frame, key, version)
+            if not resp.known:  # a version newer than the codec: untouched, as ever
+                return frame
+            resp = await self._with_proxy_addresses(resp)
         except ProtocolError as exc:
             self._malformed("response", exc)
-        _, seen = rewrite_addresses(resp, _keep)
-        if seen:
-            await self.ctx.brokers_seen(seen)
-            resp, _ = rewrite_addresses(resp, self.ctx.address_mapper)
+        tags = address_tags(key, version)
         old = fetch.top_level_tag_fields(frame, version)
         new = fetch.top_level_tag_fields(rewritten := resp.encode(), version)
         if old is None or new is None or old[0] < sent or new[0] != old[0]:
@@ -531,6 +530,24 @@ class ProxyConnection:
             raise _Close(f"broker {self.conn.upstream} sent a Fetch answer whose tags "
                          f"could not be rewritten in place", logging.WARNING)
         return memoryview(b"".join((memoryview(rewritten)[:at], section)))
+
+    def _names_no_brokers(self, pending: Pending, frame: Any) -> bool:
+        """Whether a Produce v10+ or Fetch v16+ answer's bytes show that it names no new
+        leaders (KIP-951 NodeEndpoints, a top-level tagged field): most of them are then
+        not decoded.  The walk is kept for the observers that read it."""
+        present = top_level_tags(pending, frame, self.ctx.observer.reads_scans)
+        tags = address_tags(pending.api_key, pending.api_version)
+        return present is not None and tags is not None and tags.isdisjoint(present)
+
+    async def _with_proxy_addresses(self, resp: Response) -> Response:
+        """``resp`` with the proxy's address for every broker it names: first the brokers
+        are learnt (their listeners must be open before the client reads their
+        addresses), then rewritten with their ports."""
+        _, seen = rewrite_addresses(resp, _keep)
+        if seen:
+            await self.ctx.brokers_seen(seen)
+            resp, _ = rewrite_addresses(resp, self.ctx.address_mapper)
+        return resp
 
     async def _send_local(self, pending: Pending) -> None:
         """An answer the proxy made (a refusal), to the client."""
@@ -553,13 +570,7 @@ class ProxyConnection:
         key = pending.api_key
         rewrite = carries_addresses(key, pending.api_version)
         if rewrite and key in SCANNED_RESPONSES and not pending.wants_response:
-            # Produce v10+ and Fetch v16+ may name new leaders in a top-level tagged field
-            # (KIP-951, NodeEndpoints); their bytes say whether it is there, so most of
-            # them are not decoded.
-            present = top_level_tags(pending, frame, self.ctx.observer.reads_scans)
-            tags = address_tags(key, pending.api_version)
-            if present is not None and tags is not None and tags.isdisjoint(present):
-                rewrite = False
+            rewrite = not self._names_no_brokers(pending, frame)
         if not (rewrite or key == API_VERSIONS or pending.wants_response):
             return frame  # nothing to look at: the original bytes go through
         try:
@@ -570,12 +581,7 @@ class ProxyConnection:
             if key == API_VERSIONS:
                 resp = adjust_api_versions(resp, *policy.api_version_adjusters(self.conn))
             if rewrite:
-                # First learn the brokers (their listeners must be open before the client
-                # reads their addresses), then rewrite with their ports.
-                _, seen = rewrite_addresses(resp, _keep)
-                if seen:
-                    await self.ctx.brokers_seen(seen)
-                    resp, _ = rewrite_addresses(resp, self.ctx.address_mapper)
+                resp = await self._with_proxy_addresses(resp)
             if pending.wants_response:
                 resp = policy.on_response(self.conn, pending, resp)
             pending.decoded = resp  # observers need not decode it again
