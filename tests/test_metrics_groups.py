@@ -369,3 +369,37 @@ def test_a_topic_without_a_name_is_unknown_in_produce_as_in_fetch() -> None:
             "gatehouse_topic_records_total", {"topic": "unknown", "direction": direction}) == 1
         assert metrics.registry.get_sample_value(
             "gatehouse_topic_records_total", {"topic": "", "direction": direction}) is None
+
+
+def test_produce_by_topic_id_is_unknown_until_metadata_names_it() -> None:
+    """The per-topic counters a Produce v13 request finds by id are not remembered
+    while the id has no name: once Metadata names it, its records count under the name."""
+    metrics = ProxyMetrics()
+    wire = Wire(metrics, 1)
+    topic_id = uuid.uuid4()
+
+    def produce() -> None:
+        wire.exchange(0, 13, {"transactional_id": None, "acks": -1, "timeout_ms": 1000,
+                              "topic_data": [{"topic_id": topic_id, "partition_data": [
+                                  {"index": 0, "records": one_record_batch()}]}]},
+                      {"responses": [{"topic_id": topic_id, "partition_responses": [
+                          {"index": 0, "error_code": 0, "base_offset": 0}]}]})
+
+    def records(topic: str) -> float:
+        value = metrics.registry.get_sample_value(
+            "gatehouse_topic_records_total", {"topic": topic, "direction": "produce"})
+        return value or 0.0
+
+    produce()
+    produce()
+    assert records("unknown") == 2
+    wire.exchange(3, 12, {"topics": None, "allow_auto_topic_creation": False,
+                          "include_topic_authorized_operations": False},
+                  {"brokers": [], "cluster_id": None, "controller_id": 1, "topics": [
+                      {"error_code": 0, "name": "orders", "topic_id": topic_id,
+                       "is_internal": False, "partitions": [],
+                       "topic_authorized_operations": 0}]})
+    produce()
+    produce()
+    assert records("orders") == 2
+    assert records("unknown") == 2

@@ -251,7 +251,7 @@ async def test_produce_responses_without_node_endpoints_are_read_not_decoded(
         assert codecs.decode_response(answer, 0, version).body.responses[0] \
             .partition_responses[1].error_code == 6
     [(decoded, scan)] = recorder.seen
-    assert decoded is None and scan == ({0: 1, 6: 1}, ())
+    assert decoded is None and scan == ({0: 1, 6: 1}, (), False)
 
 
 async def test_api_versions_capped_and_features_kept() -> None:

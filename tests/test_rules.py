@@ -485,3 +485,53 @@ def test_facts_read_of_version_rules_is_empty() -> None:
     assert rules("- name: v\n  min_api_version: {Produce: 9}\n").facts_read() == frozenset()
     assert rules(FACT_RULES["software"] + FACT_RULES["address"]).facts_read() == {
         "software_name", "software_version", "address"}
+
+
+def test_topic_ids_need_no_mapping_so_nothing_is_decoded_in_their_versions() -> None:
+    """Produce v13 and Fetch v13+ name topics by id: under a tenant prefix their requests
+    go up undecoded, Fetch answers are not asked for (so they stream), and a Produce v13
+    answer is decoded only when it holds error text, whose broker names are mapped."""
+    import uuid
+
+    from gatehouse.proxy.hooks import Forward, Pending
+
+    policy = RulesPolicy(rules('- name: tenant\n  topic_prefix: {broker: "t-"}\n'))
+    conn = ConnectionInfo(id=1, client="127.0.0.1:1", listener="bootstrap")
+    topic_id = uuid.uuid4()
+    fetch = req(1, 17, max_wait_ms=1, min_bytes=1, max_bytes=1, topics=[
+        {"topic_id": topic_id, "partitions": [{"partition": 0, "fetch_offset": 0}]}])
+    decision = policy.on_request(conn, fetch)
+    assert isinstance(decision, Forward) and decision.request is fetch
+    assert not fetch.body_decoded and not decision.wants_response
+    named = req(1, 12, max_wait_ms=1, min_bytes=1, max_bytes=1, topics=[
+        {"topic": "orders", "partitions": [{"partition": 0, "fetch_offset": 0}]}])
+    decision = policy.on_request(conn, named)
+    assert isinstance(decision, Forward) and decision.wants_response
+    assert decision.request.body.topics[0].topic == "t-orders"
+
+    produce = req(0, 13, acks=-1, timeout_ms=1000, topic_data=[
+        {"topic_id": topic_id, "partition_data": [{"index": 0, "records": None}]}])
+    decision = policy.on_request(conn, produce)
+    assert isinstance(decision, Forward) and decision.request is produce
+    assert not produce.body_decoded and decision.wants_response  # error text may come
+
+    def answer(error_message: str | None) -> codecs.Response:
+        partition = {"index": 0, "error_code": 3 if error_message else 0, "base_offset": 0,
+                     "error_message": error_message}
+        body = {"responses": [{"topic_id": topic_id, "partition_responses": [partition]}]}
+        frame = bytes(codecs.response_from_dict(
+            {"header": {"correlation_id": 1}, "body": body}, api_key=0, api_version=13
+        ).encode())
+        return codecs.decode_response(memoryview(frame), 0, 13)
+
+    def pending() -> Pending:
+        return Pending(1, 0, 13, 0.0, wants_response=True, context=decision.context,
+                       policy=policy)
+
+    quiet = answer(None)
+    assert policy.on_response(conn, pending(), quiet) is quiet
+    assert not quiet.body_decoded
+    loud = answer("This server does not host t-orders-0")
+    mapped = policy.on_response(conn, pending(), loud)
+    message = mapped.body.responses[0].partition_responses[0].error_message
+    assert message == "This server does not host orders-0"

@@ -155,7 +155,7 @@ class _Message:
     _body: Any
     _orig_header: Any
     _orig_body: Any
-    _read: dict[str, Any]  # read_once: set on first use
+    _read: dict[str, Any] | None  # read_once: set on first use
     _spans: tuple[int, ...] | None
 
     api_key: int
@@ -269,7 +269,8 @@ class _Message:
     def read_once(self, name: str, read: Any) -> Any:
         """``read(self)``, remembered under ``name`` for this message: what a fast reader
         took from the frame (codecs.produce), for every observer that asks."""
-        found: dict[str, Any] | None = getattr(self, "_read", None)  # no exception: cheap
+        # Set to None by the decoders (an unset slot would raise inside getattr: slow).
+        found: dict[str, Any] | None = getattr(self, "_read", None)
         if found is None:
             found = self._read = {}
         elif name in found:
@@ -554,7 +555,7 @@ def decode_request(frame: Buffer) -> Request:
     req._frame = frame
     req._body_offset = pos
     req._body = req._orig_body = _UNSET
-    req._spans = None
+    req._spans = req._read = None
     return req
 
 
@@ -590,7 +591,7 @@ def decode_response(frame: Buffer, api_key: int, api_version: int) -> Response:
     resp._frame = frame
     resp._body_offset = pos
     resp._body = resp._orig_body = _UNSET
-    resp._spans = None
+    resp._spans = resp._read = None
     if api_key == API_VERSIONS_KEY and api_version != 0:
         _settle_api_versions_format(resp)
     return resp

@@ -18,7 +18,6 @@ from collections.abc import Iterable
 from typing import Any, Final
 
 from gatehouse.codecs._scan import I16 as _I16
-from gatehouse.codecs._scan import I32 as _I32
 from gatehouse.codecs._scan import TopicCounts as TopicCounts  # re-exported
 from gatehouse.codecs._scan import Unexpected as _Unexpected
 from gatehouse.codecs._scan import array as _array
@@ -27,9 +26,22 @@ from gatehouse.codecs._scan import skip_string as _skip_string
 from gatehouse.codecs._scan import skip_tags as _skip_tags
 from gatehouse.codecs._scan import uvarint as _uvarint
 from gatehouse.codecs.primitives import Buffer
-from gatehouse.codecs.records import count_records, records_and_bytes
+from gatehouse.codecs.records import (
+    BATCH_OVERHEAD,
+    LOG_OVERHEAD,
+    count_records,
+    records_and_bytes,
+)
+from gatehouse.codecs.records import (
+    V2_HEAD as _V2_HEAD,
+)
 
 _INDEX_AND_VARINT: Final = struct.Struct(">iBBB")
+_INDEX_AND_LENGTH: Final = struct.Struct(">ii")
+# A partition of a non-flexible version with the length, magic and record count of its
+# first batch (where a partition is one batch, all of it), in one unpack.
+_READ_KEY: Final = "produce.request_topics"  # in Message.read_once's memory
+_PLAIN_PARTITION: Final = struct.Struct(">ii8xi4xb40xi")
 FLEXIBLE_SINCE: Final = 9
 TOPIC_IDS_SINCE: Final = 13
 FIRST_VERSION: Final = 3
@@ -45,24 +57,19 @@ def partitions_total(partitions: Iterable[Any]) -> tuple[int, int]:
     return records_total, bytes_total
 
 
-def _body_start(view: memoryview, flexible: bool) -> int:
-    """Where a request body starts: after api key, version, correlation id, client id
-    (a nullable int16 string in every header version) and, in v2 headers, tags."""
-    (n,) = _I16.unpack_from(view, 8)
-    pos: int = 10 + max(n, 0)
-    if not flexible:
-        return pos
-    return _skip_tags(view, pos) if view[pos] else pos + 1
-
-
 def request_topics_of(req: Any) -> TopicCounts | None:
     """``request_topics`` of a decoded Produce request's frame, read once for all who ask
     (the metrics and the observation log)."""
-    return req.read_once("produce.request_topics", _request_topics_of)  # type: ignore[no-any-return]
-
-
-def _request_topics_of(req: Any) -> TopicCounts | None:
-    return None if req.frame is None else request_topics(req.frame, req.api_version)
+    # Message.read_once, inlined: this runs for every Produce request.
+    found: dict[str, Any] | None = getattr(req, "_read", None)
+    if found is None:
+        found = req._read = {}
+    elif _READ_KEY in found:
+        return found[_READ_KEY]  # type: ignore[no-any-return]
+    frame = req.frame
+    topics = found[_READ_KEY] = (None if frame is None
+                                 else request_topics(frame, req.api_version))
+    return topics
 
 
 def request_topics(frame: Buffer, version: int) -> TopicCounts | None:
@@ -70,22 +77,29 @@ def request_topics(frame: Buffer, version: int) -> TopicCounts | None:
     record bytes)."""
     if version < FIRST_VERSION:
         return None
-    view = memoryview(frame)
+    view = frame if type(frame) is memoryview else memoryview(frame)
     flexible = version >= FLEXIBLE_SINCE
     ids = version >= TOPIC_IDS_SINCE
-    # One-byte varints and empty tag sections (nearly all of them) are read inline: this
-    # runs for every Produce request.
+    # This runs for every Produce request the metrics or the log see: one-byte varints,
+    # empty tag sections and one batch per partition (nearly all of them) are read inline,
+    # and a partition's index, records length and first batch header in one or two unpacks.
     try:
-        pos = _body_start(view, flexible)
-        if flexible and view[pos] == 0:
-            pos += 1  # a null TransactionalId (no transactions): the usual case
+        # The header's client id (a nullable int16 string in every header version).
+        (n,) = _I16.unpack_from(view, 8)
+        pos = 10 + max(n, 0)
+        if not flexible:
+            pos = _skip_string(view, pos, flexible)  # TransactionalId
+        elif view[pos] == 0 and view[pos + 1] == 0:
+            pos += 2  # no header tags, a null TransactionalId: the usual case
         else:
+            pos = _skip_tags(view, pos) if view[pos] else pos + 1
             pos = _skip_string(view, pos, flexible)
         pos += 6  # Acks, TimeoutMs
         if flexible and (topics := view[pos] - 1) >= 0 and topics < 0x7F:
             pos += 1
         else:
             topics, pos = _array(view, pos, flexible)
+        end = len(view)
         out: TopicCounts = []
         for _ in range(topics):
             key: str | bytes
@@ -103,7 +117,7 @@ def request_topics(frame: Buffer, version: int) -> TopicCounts | None:
                 else:
                     (n,) = _I16.unpack_from(view, pos)
                     pos += 2
-                if n < 0 or pos + n > len(view):
+                if n < 0 or pos + n > end:
                     raise _Unexpected
                 key = str(view[pos:pos + n], "utf-8")
                 pos += n
@@ -121,7 +135,6 @@ def request_topics(frame: Buffer, version: int) -> TopicCounts | None:
                     # The index and the first three bytes of the records' length at once
                     # (a partition is followed by at least three tag counts).
                     index, n, b1, b2 = _INDEX_AND_VARINT.unpack_from(view, pos)
-                    indexes.append(index)
                     if n < 0x80:
                         pos += 5
                     elif b1 < 0x80:
@@ -133,26 +146,38 @@ def request_topics(frame: Buffer, version: int) -> TopicCounts | None:
                     else:
                         n, pos = _uvarint(view, pos + 4)
                     n -= 1
-                else:
-                    indexes.append(_I32.unpack_from(view, pos)[0])
-                    pos += 4
-                    (n,) = _I32.unpack_from(view, pos)
-                    pos += 4
+                    unread = True  # the first batch's header
+                elif pos + _PLAIN_PARTITION.size <= end:
+                    index, n, length, magic, counted = _PLAIN_PARTITION.unpack_from(view, pos)
+                    pos += 8
+                    unread = False
+                else:  # too short for a batch: no records, or bytes the counter reports
+                    index, n = _INDEX_AND_LENGTH.unpack_from(view, pos)
+                    pos += 8
+                    unread = True
                 if n > 0:
-                    if pos + n > len(view):
+                    if pos + n > end:
                         raise _Unexpected
-                    c, b = count_records(view, pos, pos + n)
-                    records += c
-                    size += b
+                    if n >= BATCH_OVERHEAD:
+                        if unread:
+                            length, magic, counted = _V2_HEAD.unpack_from(view, pos)
+                        sized = n
+                        if magic != 2 or length + LOG_OVERHEAD != n:  # not one v2 batch
+                            counted, sized = count_records(view, pos, pos + n)
+                    else:
+                        counted, sized = count_records(view, pos, pos + n)
+                    records += counted
+                    size += sized
                     pos += n
                 if flexible:
                     pos = _skip_tags(view, pos) if view[pos] else pos + 1
+                indexes.append(index)
             if flexible:
                 pos = _skip_tags(view, pos) if view[pos] else pos + 1
             out.append((key, indexes, records, size))
         if flexible:
-            pos = _skip_tags(view, pos)
-        if pos != len(view):
+            pos = _skip_tags(view, pos) if view[pos] else pos + 1
+        if pos != end:
             raise _Unexpected
         return out
     except (_Unexpected, struct.error, IndexError, UnicodeDecodeError):
@@ -160,13 +185,15 @@ def request_topics(frame: Buffer, version: int) -> TopicCounts | None:
 
 
 # Error code -> how often; the numbers of the top-level tagged fields (v9+: NodeEndpoints
-# is tag 0, and only a broker that moved leaders sends it).
-ResponseScan = tuple[dict[int, int], tuple[int, ...]]
+# is tag 0, and only a broker that moved leaders sends it); whether any partition has
+# an error message or record errors (text a topic rename may have to rewrite).
+ResponseScan = tuple[dict[int, int], tuple[int, ...], bool]
 
 
 def response_scan(frame: Buffer, version: int) -> ResponseScan | None:
-    """The error codes of a Produce response and the tags of its top-level tagged fields,
-    read from its bytes (``frame`` from the correlation id on)."""
+    """The error codes of a Produce response, the tags of its top-level tagged fields and
+    whether it holds error text, read from its bytes (``frame`` from the correlation id
+    on)."""
     if version < FIRST_VERSION:
         return None
     view = memoryview(frame)
@@ -175,6 +202,7 @@ def response_scan(frame: Buffer, version: int) -> ResponseScan | None:
         pos = _skip_tags(view, 4) if flexible else 4  # CorrelationId (, tags)
         topics, pos = _array(view, pos, flexible)
         codes: dict[int, int] = {}
+        messages = False
         fixed = 4 + 2 + 8 + 8 + (8 if version >= 5 else 0)  # Index .. LogStartOffset
         for _ in range(topics):
             if version >= TOPIC_IDS_SINCE:
@@ -194,6 +222,8 @@ def response_scan(frame: Buffer, version: int) -> ResponseScan | None:
                         pos = _skip_string(view, pos + 4, flexible)
                         if flexible:
                             pos = _skip_tags(view, pos)
+                    null = view[pos] == 0 if flexible else _I16.unpack_from(view, pos)[0] < 0
+                    messages = messages or errors > 0 or not null
                     pos = _skip_string(view, pos, flexible)  # ErrorMessage
                 if flexible:
                     pos = _skip_tags(view, pos) if view[pos] else pos + 1
@@ -201,9 +231,9 @@ def response_scan(frame: Buffer, version: int) -> ResponseScan | None:
                 pos = _skip_tags(view, pos) if view[pos] else pos + 1
         pos += 4  # ThrottleTimeMs
         if flexible:
-            return codes, last_tags(view, pos)
+            return codes, last_tags(view, pos), messages
         if pos != len(view):
             raise _Unexpected
-        return codes, ()
+        return codes, (), messages
     except (_Unexpected, struct.error, IndexError):
         return None

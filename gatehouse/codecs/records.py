@@ -40,7 +40,7 @@ _LEGACY_MIN_SIZE: Final = (14, 22)
 _COUNT: Final = struct.Struct(">i")
 _MAGIC_AT: Final = 16
 _COUNT_AT: Final = 57  # a v2 batch's record count
-_V2_HEAD: Final = struct.Struct(">8xi4xb40xi")  # length (8), magic (16), count (57)
+V2_HEAD: Final = struct.Struct(">8xi4xb40xi")  # length (8), magic (16), count (57)
 _CRC_DATA_FROM: Final = 21  # CRC-32C covers attributes onwards
 
 COMPRESSION_NAMES: Final = ("none", "gzip", "snappy", "lz4", "zstd")
@@ -301,7 +301,7 @@ def count_records(view: memoryview, start: int, end: int) -> tuple[int, int]:
     count = 0
     # v2 batches (all a modern client sends): length, magic and count in one unpack.
     while end - pos >= BATCH_OVERHEAD:
-        length, magic, records = _V2_HEAD.unpack_from(view, pos)
+        length, magic, records = V2_HEAD.unpack_from(view, pos)
         if magic != 2:
             break
         size = LOG_OVERHEAD + length

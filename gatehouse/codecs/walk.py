@@ -46,6 +46,41 @@ def reaches(message: MessageSpec, predicate: FieldPredicate) -> bool:
     return id(message.root) in _reaching(message.root, predicate)
 
 
+# Per struct (by id) where a version's matches live: the struct fields to descend into
+# (attribute, struct, is an array) and whether the struct itself holds a match.
+Plan = dict[int, tuple[tuple[tuple[str, StructSpec, bool], ...], bool]]
+
+
+@cache
+def _plan(root: StructSpec, predicate: FieldPredicate, version: int) -> Plan:
+    """The structs of ``version`` under ``root`` with a matching field of ``version`` in
+    their subtree, worked out once per message version: a rewrite then visits only them
+    and asks the predicate nothing."""
+    plan: Plan = {}
+    seen: set[int] = set()
+
+    def live(struct: StructSpec) -> bool:
+        key = id(struct)
+        if key in seen:
+            return key in plan
+        seen.add(key)
+        here = any(predicate(f) and version in f.versions for f in struct.fields)
+        children = tuple((f.attr, f.struct, f.is_array) for f in struct.fields
+                         if f.struct is not None and version in f.versions and live(f.struct))
+        if here or children:
+            plan[key] = (children, here)
+            return True
+        return False
+
+    live(root)
+    return plan
+
+
+def reaches_in(message: MessageSpec, predicate: FieldPredicate, version: int) -> bool:
+    """Whether ``version`` of ``message`` has a field matching ``predicate``."""
+    return id(message.root) in _plan(message.root, predicate, version)
+
+
 def rewrite(
     message: MessageSpec,
     version: int,
@@ -59,34 +94,32 @@ def rewrite(
     visited bottom-up (children first) and only where ``predicate`` says a matching
     field lives below; everything else is returned as the same object.
     """
-    live = _reaching(message.root, predicate)
-    if id(message.root) not in live:
+    plan = _plan(message.root, predicate, version)
+    if id(message.root) not in plan:
         return body
 
     def walk(struct: StructSpec, record: Any) -> Any:
         if record is None:
             return None
+        children, here = plan[id(struct)]
         changes: dict[str, Any] | None = None
-        for f in struct.fields:
-            sub = f.struct
-            if sub is None or id(sub) not in live or version not in f.versions:
-                continue
-            value = getattr(record, f.attr)
+        for attr, sub, is_array in children:
+            value = getattr(record, attr)
             if value is None:
                 continue
-            if f.is_array:
+            if is_array:
                 items = [walk(sub, item) for item in value]
                 if any(new is not old for new, old in zip(items, value, strict=True)):
                     changes = changes or {}
-                    changes[f.attr] = tuple(items)
+                    changes[attr] = tuple(items)
             else:
                 new = walk(sub, value)
                 if new is not value:
                     changes = changes or {}
-                    changes[f.attr] = new
+                    changes[attr] = new
         if changes:
             record = record.replace(**changes)
-        if any(predicate(f) and version in f.versions for f in struct.fields):
+        if here:
             record = visit(struct, record)
         return record
 

@@ -29,7 +29,7 @@ from gatehouse.codecs import APIS, FlatRecords, ProtocolError, Request, Response
 from gatehouse.codecs._error_codes import ERROR_NAMES
 from gatehouse.logs import log_event
 from gatehouse.metrics.groups import GROUP_APIS, GROUP_RESPONSES, GroupCensus
-from gatehouse.metrics.tally import CounterFamily, HistogramFamily
+from gatehouse.metrics.tally import CounterFamily, HistogramFamily, Tally
 from gatehouse.proxy.config import Address
 from gatehouse.proxy.hooks import (
     SCANNED_RESPONSES,
@@ -47,7 +47,7 @@ LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0
 # Requests the broker may hold on purpose (long polls): labelled so they don't drown
 # the latency of everything else.
 LONG_POLL_APIS = frozenset({1, 11, 68, 76, 78, 88})  # Fetch, JoinGroup, group heartbeats, ShareFetch
-PRODUCE, FETCH, METADATA = 0, 1, 3
+PRODUCE, FETCH, METADATA, API_VERSIONS = 0, 1, 3, 18
 # Topic name -> its counters, including names folded into "other": past this many, a
 # folded name is looked up (and counted as a fold) again each time.
 MAX_CACHED_TOPICS = 100_000
@@ -217,12 +217,18 @@ class ProxyMetrics(Observer):
         # responses this proxy has seen (bounded; "unknown" until then).
         self.topic_names: dict[bytes, str] = {}  # topic id (16 bytes) -> name
         self._software_of: dict[int, tuple[str, str]] = {}
+        # Per live connection: (api key << 16 | version) -> its requests counter.
+        self._conn_requests: dict[int, dict[int, Tally]] = {}
+        # Produce request topics as the byte reader names them (a name, or the 16 bytes
+        # of a topic id while its name is known) -> the records and bytes counters.
+        self._produced: dict[str | bytes, tuple[Tally, Tally]] = {}
+        self._fetched: dict[str | bytes, tuple[Tally, Tally]] = {}  # the same, of Fetch answers
         # Label children resolved once: labels() costs more than the increment itself.
         self._bytes_in, self._bytes_up, self._bytes_down, self._bytes_out = (
             self.bytes.labels(direction=d) for d in (
                 "client_to_proxy", "proxy_to_broker", "broker_to_proxy", "proxy_to_client"))
         self._request_counters: dict[tuple[int, int, str | None, str | None, str], Any] = {}
-        self._response_counters: dict[tuple[int, int], Any] = {}
+        self._response_counters: dict[int, Tally] = {}  # api key << 16 | error code
         self._durations: dict[int, Any] = {}
         self._decision_counters: dict[tuple[str, str, str], Any] = {}
         self._topic_counters: dict[tuple[str, str], tuple[Any, Any]] = {}
@@ -278,36 +284,42 @@ class ProxyMetrics(Observer):
             self.open_connections[side] -= 1
             self.connections_total.labels(side=side, outcome=outcome).inc()
         self.groups.connection_closed(conn.id)
+        self._conn_requests.pop(conn.id, None)
         software = self._software_of.pop(conn.id, None)
         if software is not None:
             self.clients.labels(*software).dec()
         self._bytes_in.inc(conn.bytes_from_client)
 
     def request(self, conn: ConnectionInfo, req: Request, size: int) -> None:
+        # The hot path (every request): counters found through small per-connection and
+        # per-topic dicts with int and str keys, numbers added without method calls.
         key = req.api_key
-        if key == 18 and conn.software_name and conn.id not in self._software_of:
-            software = (self.software_label(conn.software_name),
-                        self.software_label(conn.software_version or ""))
-            self._software_of[conn.id] = software
-            self.clients.labels(*software).inc()
-        cache_key = (key, req.api_version, conn.software_name, conn.software_version,
-                     conn.listener)
-        counter = self._request_counters.get(cache_key)
+        self._bytes_up.value += size + 4
+        counters = self._conn_requests.get(conn.id)
+        if counters is None or key == API_VERSIONS:  # the client software may change
+            counters = self._conn_requests[conn.id] = {}
+            if key == API_VERSIONS and conn.software_name and conn.id not in self._software_of:
+                software = (self.software_label(conn.software_name),
+                            self.software_label(conn.software_version or ""))
+                self._software_of[conn.id] = software
+                self.clients.labels(*software).inc()
+        slot = (key << 16) | req.api_version
+        counter = counters.get(slot)
         if counter is None:
-            software_text = (f"{conn.software_name}/{conn.software_version}"
-                             if conn.software_name else "unknown")
-            counter = self.requests.labels(
-                api=_api_name(key), version=str(req.api_version),
-                client_software=self.software_label(software_text), listener=conn.listener)
-            if len(self._request_counters) < 100_000:  # bounded, like the labels
-                self._request_counters[cache_key] = counter
-        counter.inc()
-        self._bytes_up.inc(size + 4)
+            counter = counters[slot] = self._request_counter(conn, key, req.api_version)
+        counter.value += 1
         try:  # a malformed body is the pumps' to report, not ours
             if key == PRODUCE:
                 topics = None if req.body_decoded else produce.request_topics_of(req)
                 if topics is not None:
-                    self._count_topics(topics)
+                    produced = self._produced
+                    for topic, _, records_total, bytes_total in topics:
+                        if records_total > 0:
+                            found = produced.get(topic)
+                            if found is None:
+                                found = self._scanned_topic(produced, topic, "produce")
+                            found[0].value += records_total
+                            found[1].value += bytes_total
                 elif req.known:
                     self._count_produce(req, conn)
             elif key in GROUP_APIS and req.known:
@@ -315,14 +327,18 @@ class ProxyMetrics(Observer):
         except ProtocolError:
             pass
 
-    def _count_topics(self, topics: produce.TopicCounts) -> None:
-        for key, _, records_total, bytes_total in topics:
-            if records_total <= 0:
-                continue
-            name = self._scanned_topic_name(key)
-            counted, sized = self._topic(name, "produce")
-            counted.inc(records_total)
-            sized.inc(bytes_total)
+    def _request_counter(self, conn: ConnectionInfo, key: int, version: int) -> Any:
+        cache_key = (key, version, conn.software_name, conn.software_version, conn.listener)
+        counter = self._request_counters.get(cache_key)
+        if counter is None:
+            software_text = (f"{conn.software_name}/{conn.software_version}"
+                             if conn.software_name else "unknown")
+            counter = self.requests.labels(
+                api=_api_name(key), version=str(version),
+                client_software=self.software_label(software_text), listener=conn.listener)
+            if len(self._request_counters) < 100_000:  # bounded, like the labels
+                self._request_counters[cache_key] = counter
+        return counter
 
     def _count_produce(self, req: Request, conn: ConnectionInfo) -> None:
         for topic in req.body.topic_data:
@@ -333,6 +349,16 @@ class ProxyMetrics(Observer):
             counted, sized = self._topic(name, "produce")
             counted.inc(records_total)
             sized.inc(bytes_total)
+
+    def _scanned_topic(self, cache: dict[str | bytes, tuple[Tally, Tally]], topic: str | bytes,
+                       direction: str) -> tuple[Tally, Tally]:
+        """The counters of a topic as a byte reader names it, remembered in ``cache``
+        once its name is known (an id not yet named counts as "unknown" until it is)."""
+        name = self._scanned_topic_name(topic)
+        found = self._topic(name, direction)
+        if len(cache) < MAX_CACHED_TOPICS and (name != "unknown" or isinstance(topic, str)):
+            cache[topic] = found
+        return found
 
     def _topic(self, name: str, direction: str) -> tuple[Any, Any]:
         """The records and bytes counters of a topic (its label capped)."""
@@ -348,9 +374,9 @@ class ProxyMetrics(Observer):
     def response(self, conn: ConnectionInfo, pending: Pending, size: int, elapsed: float,
                  frame: Any = None) -> None:
         key = pending.api_key
-        self._bytes_out.inc(size + 4)
-        self._bytes_down.inc(size + 4)
-        if pending.local is None:
+        self._bytes_out.value += size + 4
+        if pending.local is None:  # not the proxy's own answer
+            self._bytes_down.value += size + 4
             histogram = self._durations.get(key)
             if histogram is None:
                 kind = "long_poll" if key in LONG_POLL_APIS else "request"
@@ -363,17 +389,24 @@ class ProxyMetrics(Observer):
             scan = scanned_response(pending, frame)
             if scan is not None:  # read from the bytes: no decode
                 counts = scan[0]
-                for code, n in counts.items():
-                    self._response_counter(key, code).inc(n)
-                if not counts:
-                    self._response_counter(key, 0).inc()
+                if counts:
+                    responses = self._response_counters
+                    for code, n in counts.items():
+                        counter = responses.get((key << 16) | (code & 0xFFFF))
+                        if counter is None:
+                            counter = self._response_counter(key, code)
+                        counter.value += n
+                else:
+                    self._response_counter(key, 0).value += 1
                 if key == FETCH:
+                    fetched = self._fetched
                     for topic, _, records_total, bytes_total in scan[2]:
                         if records_total > 0:
-                            name = self._scanned_topic_name(topic)
-                            counted, sized = self._topic(name, "fetch")
-                            counted.inc(records_total)
-                            sized.inc(bytes_total)
+                            found = fetched.get(topic)
+                            if found is None:
+                                found = self._scanned_topic(fetched, topic, "fetch")
+                            found[0].value += records_total
+                            found[1].value += bytes_total
                 return
         try:
             resp = decoded_response(pending, frame)  # once for every observer
@@ -402,10 +435,11 @@ class ProxyMetrics(Observer):
             pass
 
     def _response_counter(self, key: int, code: int) -> Any:
-        counter = self._response_counters.get((key, code))
+        slot = (key << 16) | (code & 0xFFFF)
+        counter = self._response_counters.get(slot)
         if counter is None:
             # Error codes are int16: at most 65,536 per API, and brokers use a few dozen.
-            counter = self._response_counters[(key, code)] = self.responses.labels(
+            counter = self._response_counters[slot] = self.responses.labels(
                 api=_api_name(key), error=ERROR_NAMES.get(code, str(code)))
         return counter
 

@@ -11,7 +11,16 @@ from gatehouse.codecs import Request, Response
 from gatehouse.configfile import ConfigError, load_yaml_file
 from gatehouse.logs import log_event
 from gatehouse.proxy.apiversions import RangeAdjuster
-from gatehouse.proxy.hooks import Close, ConnectionInfo, Decision, Forward, Pending, Policy, Respond
+from gatehouse.proxy.hooks import (
+    Close,
+    ConnectionInfo,
+    Decision,
+    Forward,
+    Pending,
+    Policy,
+    Respond,
+    scanned_response,
+)
 from gatehouse.rules import (
     ClientFacts,
     Outcome,
@@ -24,7 +33,7 @@ from gatehouse.rules import (
     parse_rules,
 )
 from gatehouse.rules.errors import INVALID_REQUEST
-from gatehouse.rules.topics import carries_topics, regex_subscription
+from gatehouse.rules.topics import carries_topics, has_error_text, names_topics, regex_subscription
 
 logger = logging.getLogger("gatehouse.rules")
 PRODUCE = 0
@@ -95,14 +104,24 @@ class RulesPolicy(Policy):
             self._log_refusal(conn, req, "topic-map", message, observe=False)
             return Respond(error_response(req, INVALID_REQUEST, message))
         mapped = map_request(req, topic_map, conn.state, self.stats)
-        wants = carries_topics(req.api.response) or req.api_key in (11, 14, 15)
+        # The answer is decoded only if this version of it names topics or may quote
+        # them in error text: not Fetch v13+ (ids only; its large answers stream on).
+        response, version = req.api.response, req.api_version
+        wants = (names_topics(response, version) or req.api_key in (11, 14, 15)
+                 or (carries_topics(response) and has_error_text(response, version)))
         return Forward(mapped, wants_response=wants, context=topic_map)
 
     def on_response(self, conn: ConnectionInfo, pending: Pending, resp: Response) -> Response:
         topic_map = pending.context
-        if isinstance(topic_map, TopicMap):
-            return map_response(resp, topic_map, conn.state, self.stats)
-        return resp
+        if not isinstance(topic_map, TopicMap):
+            return resp
+        if pending.api_key == PRODUCE and not names_topics(resp.api.response, resp.api_version):
+            # Produce v13 names topics by id: only error text could need mapping, and the
+            # proxy's reading of the bytes says whether there is any.
+            scan = scanned_response(pending, resp.frame)
+            if scan is not None and not scan[2]:
+                return resp
+        return map_response(resp, topic_map, conn.state, self.stats)
 
     def api_version_adjusters(self, conn: ConnectionInfo) -> tuple[RangeAdjuster, ...]:
         ruleset = self.ruleset

@@ -25,7 +25,7 @@ from typing import Any
 
 from gatehouse.codecs import FieldSpec, MessageSpec, Request, Response, StructSpec, consumer
 from gatehouse.codecs.errors import ProtocolError
-from gatehouse.codecs.walk import rewrite
+from gatehouse.codecs.walk import reaches, reaches_in, rewrite
 
 TOPIC_RESOURCE = 2
 JOIN_GROUP, SYNC_GROUP, DESCRIBE_GROUPS = 11, 14, 15
@@ -151,14 +151,33 @@ def _response_predicate(f: FieldSpec) -> bool:
             or (f.is_array and _has_direct_topic(f.struct)))
 
 
+def _message_predicate(f: FieldSpec) -> bool:
+    return f.attr == "error_message" and f.type == "string"
+
+
+# Messages whose consumer-protocol bytes hold topic names.
+_GROUP_MESSAGES = frozenset({"JoinGroupRequest", "JoinGroupResponse", "SyncGroupRequest",
+                             "SyncGroupResponse", "DescribeGroupsResponse"})
+
+
 @cache
 def carries_topics(message: MessageSpec) -> bool:
     """Whether any version of ``message`` has a topic name (or topic resource) in it."""
-    from gatehouse.codecs.walk import reaches
+    return reaches(message, _request_predicate) or message.name in _GROUP_MESSAGES
 
-    return reaches(message, _request_predicate) or message.name in (
-        "JoinGroupRequest", "JoinGroupResponse", "SyncGroupRequest", "SyncGroupResponse",
-        "DescribeGroupsResponse")
+
+@cache
+def names_topics(message: MessageSpec, version: int) -> bool:
+    """Whether ``version`` of ``message`` has a topic name (or topic resource) in it:
+    Produce v13 and Fetch v13+ name topics by id only, and need no mapping."""
+    return reaches_in(message, _request_predicate, version) or message.name in _GROUP_MESSAGES
+
+
+@cache
+def has_error_text(message: MessageSpec, version: int) -> bool:
+    """Whether ``version`` of ``message`` has error messages, which may quote broker-side
+    topic names (mapped back on the way to the client)."""
+    return reaches_in(message, _message_predicate, version)
 
 
 _HIDDEN = object()
@@ -171,36 +190,62 @@ def _resource_type(record: Any) -> int | None:
     return value
 
 
+# What ``visit`` does with a field (see ``_visit_plan``).
+_NAME, _NAMES, _MESSAGE, _ENTRIES = range(4)
+
+
+@cache
+def _visit_plan(struct: StructSpec, to_client: bool
+                ) -> tuple[tuple[str, int, bool, bool], ...]:
+    """A struct's fields that a mapper looks at, in order, worked out once per struct:
+    (attribute, what it holds, whether a hidden name hides the whole entry, whether it
+    is a resource name: a topic's only when the entry's resource type says so)."""
+    plan = []
+    for f in struct.fields:
+        if _is_topic_field(f) or _is_resource_field(f):
+            plan.append((f.attr, _NAMES if f.is_array else _NAME,
+                         bool(f.map_key) or _has_key_role(f), not _is_topic_field(f)))
+        elif to_client and f.attr == "error_message" and f.type == "string":
+            plan.append((f.attr, _MESSAGE, False, False))
+        elif f.is_array and f.struct is not None:
+            plan.append((f.attr, _ENTRIES, False, False))
+    return tuple(plan)
+
+
 def _struct_mapper(fn: Callable[[str], str | None], to_client: bool,
                    mapping: TopicMap) -> Callable[[StructSpec, Any], Any]:
     def visit(struct: StructSpec, record: Any) -> Any:
         changes: dict[str, Any] = {}
-        is_topic_resource = _resource_type(record) == TOPIC_RESOURCE
-        for f in struct.fields:
-            value = getattr(record, f.attr, None)
+        is_topic_resource: bool | None = None
+        for attr, kind, hides_entry, resource in _visit_plan(struct, to_client):
+            value = getattr(record, attr, None)
             if value is None:
                 continue
-            if _is_topic_field(f) or (is_topic_resource and _is_resource_field(f)):
-                if f.is_array:
-                    mapped = [fn(v) if v is not None else None for v in value]
-                    kept = tuple(m for m, v in zip(mapped, value, strict=True)
-                                 if m is not None or v is None)
-                    if kept != tuple(value):
-                        changes[f.attr] = kept
-                else:
-                    new = fn(value)
-                    if new is None:
-                        if not f.map_key and not _has_key_role(f):
-                            continue
-                        return _HIDDEN
-                    if new != value:
-                        changes[f.attr] = new
-            elif to_client and f.attr == "error_message" and f.type == "string":
+            if resource:
+                if is_topic_resource is None:
+                    is_topic_resource = _resource_type(record) == TOPIC_RESOURCE
+                if not is_topic_resource:
+                    continue
+            if kind == _NAME:
+                new = fn(value)
+                if new is None:
+                    if not hides_entry:
+                        continue
+                    return _HIDDEN
+                if new != value:
+                    changes[attr] = new
+            elif kind == _NAMES:
+                mapped = [fn(v) if v is not None else None for v in value]
+                kept = tuple(m for m, v in zip(mapped, value, strict=True)
+                             if m is not None or v is None)
+                if kept != tuple(value):
+                    changes[attr] = kept
+            elif kind == _MESSAGE:
                 text = mapping.message_to_client(value)
                 if text != value:
-                    changes[f.attr] = text
-            elif f.is_array and f.struct is not None and any(v is _HIDDEN for v in value):
-                changes[f.attr] = tuple(v for v in value if v is not _HIDDEN)
+                    changes[attr] = text
+            elif any(v is _HIDDEN for v in value):  # _ENTRIES
+                changes[attr] = tuple(v for v in value if v is not _HIDDEN)
         return record.replace(**changes) if changes else record
 
     return visit
@@ -227,8 +272,8 @@ def map_request(req: Request, mapping: TopicMap, state: dict[str, Any],
                 stats: RewriteStats) -> Request:
     """``req`` with client names turned into broker names (same object if none)."""
     api = req.api
-    if not carries_topics(api.request) and req.api_key not in (JOIN_GROUP, SYNC_GROUP):
-        return req
+    if not names_topics(api.request, req.api_version):
+        return req  # not even decoded
     body = req.body
     new = rewrite(api.request, req.api_version, body, _request_predicate,
                   _struct_mapper(mapping.to_broker, False, mapping))
