@@ -535,3 +535,72 @@ def test_topic_ids_need_no_mapping_so_nothing_is_decoded_in_their_versions() -> 
     mapped = policy.on_response(conn, pending(), loud)
     message = mapped.body.responses[0].partition_responses[0].error_message
     assert message == "This server does not host orders-0"
+
+
+PRODUCE_NAMED_VERSIONS = [v for k, v in ALL_VERSIONS if k == 0 and 3 <= v <= 12]
+
+
+@pytest.mark.parametrize("version", PRODUCE_NAMED_VERSIONS)
+@pytest.mark.parametrize("hide_others", [False, True])
+def test_produce_names_changed_in_the_bytes_as_the_decoder_would(version: int,
+                                                                 hide_others: bool) -> None:
+    """Produce requests and answers are renamed in their bytes (records copied, not
+    decoded): the same messages as the full decode-rewrite-encode, whatever the body."""
+    api = codecs.api(0)
+    mapping = Prefix("tenant.", hide_others=hide_others)
+
+    @settings(max_examples=25, deadline=None, database=None, phases=FAST,
+              suppress_health_check=list(HealthCheck))
+    @given(request=message_body(api.request, version),
+           answer=message_body(api.response, version))
+    def check(request: Any, answer: Any) -> None:
+        wire = bytes(codecs.Request.build(0, version, 1, "c", request).encode())
+        fast = map_request(codecs.decode_request(wire), mapping, {}, RewriteStats())
+        slow = map_request(codecs.Request.build(0, version, 1, "c", request), mapping, {},
+                           RewriteStats())
+        assert bytes(fast.encode()) == bytes(slow.encode())
+        broker_side = map_response(codecs.Response.build(0, version, 1, answer),
+                                   _ToBroker(mapping), {}, RewriteStats())
+        frame = bytes(broker_side.encode())
+        fast_answer = map_response(codecs.decode_response(frame, 0, version), mapping, {},
+                                   RewriteStats())
+        slow_answer = map_response(broker_side, mapping, {}, RewriteStats())
+        assert bytes(fast_answer.encode()) == bytes(slow_answer.encode())
+
+    check()
+
+
+def test_produce_renamed_in_the_bytes_keeps_the_records_and_skips_the_decoder() -> None:
+    records = b"\x00" * 8 + struct.pack(">i", 49) + b"\x00\x02" + b"\x07" * 47
+    wire = bytes(req(0, 9, acks=-1, timeout_ms=1000, topic_data=[
+        {"name": "orders", "partition_data": [{"index": 0, "records": records}]},
+        {"name": "audit", "partition_data": [{"index": 1, "records": None}]}]).encode())
+    request = codecs.decode_request(wire)
+    mapped = map_request(request, Rename({"orders": "prod.orders"}), {}, RewriteStats())
+    assert not request.body_decoded  # renamed in the bytes
+    assert [t.name for t in mapped.body.topic_data] == ["prod.orders", "audit"]
+    assert mapped.body.topic_data[0].partition_data[0].records == records
+    same = map_request(codecs.decode_request(wire), Rename({"x": "y"}), {}, RewriteStats())
+    assert bytes(same.encode()) == wire[4:] or bytes(same.encode()) == wire
+
+
+def test_remembered_evaluations_follow_reloads_and_the_client_id() -> None:
+    """The policy remembers a connection's evaluations per API version: a reload or a
+    new client id on the connection is evaluated afresh."""
+    from gatehouse.proxy.hooks import Forward
+
+    policy = RulesPolicy(rules('- name: r\n  match: {client_id: "^legacy"}\n'
+                               '  min_api_version: {Fetch: 6}\n'))
+    conn = ConnectionInfo(id=1, client="127.0.0.1:1", listener="bootstrap")
+
+    def fetch(client_id: str) -> codecs.Request:
+        return req(1, 5, client_id=client_id, max_wait_ms=1, min_bytes=1, max_bytes=1,
+                   topics=[])
+
+    assert isinstance(policy.on_request(conn, fetch("legacy-1")), Respond)
+    assert isinstance(policy.on_request(conn, fetch("legacy-1")), Respond)
+    assert isinstance(policy.on_request(conn, fetch("modern-1")), Forward)
+    assert isinstance(policy.on_request(conn, fetch("legacy-1")), Respond)
+    policy.ruleset = rules('- name: r\n  match: {client_id: "^legacy"}\n'
+                           '  min_api_version: {Fetch: 4}\n')
+    assert isinstance(policy.on_request(conn, fetch("legacy-1")), Forward)

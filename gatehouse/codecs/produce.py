@@ -14,7 +14,7 @@ ProduceResponse.json.  tests/test_metrics_produce.py holds them to the full deco
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 from gatehouse.codecs._scan import I16 as _I16
@@ -25,7 +25,7 @@ from gatehouse.codecs._scan import last_tags
 from gatehouse.codecs._scan import skip_string as _skip_string
 from gatehouse.codecs._scan import skip_tags as _skip_tags
 from gatehouse.codecs._scan import uvarint as _uvarint
-from gatehouse.codecs.primitives import Buffer
+from gatehouse.codecs.primitives import Buffer, uvarint_bytes
 from gatehouse.codecs.records import (
     BATCH_OVERHEAD,
     LOG_OVERHEAD,
@@ -72,9 +72,11 @@ def request_topics_of(req: Any) -> TopicCounts | None:
     return topics
 
 
-def request_topics(frame: Buffer, version: int) -> TopicCounts | None:
+def request_topics(frame: Buffer, version: int, spans: list[tuple[int, int]] | None = None,
+                   count: bool = True) -> TopicCounts | None:
     """Per topic: (name, or the 16 topic id bytes from v13; partition indexes; records;
-    record bytes)."""
+    record bytes).  ``spans`` gets where each name is, its length prefix included;
+    without ``count`` the records are skipped, not counted (0 records, 0 bytes)."""
     if version < FIRST_VERSION:
         return None
     view = frame if type(frame) is memoryview else memoryview(frame)
@@ -107,6 +109,7 @@ def request_topics(frame: Buffer, version: int) -> TopicCounts | None:
                 key = bytes(view[pos:pos + 16])
                 pos += 16
             else:
+                start = pos
                 if flexible:
                     n = view[pos]
                     if n < 0x80:
@@ -121,6 +124,8 @@ def request_topics(frame: Buffer, version: int) -> TopicCounts | None:
                     raise _Unexpected
                 key = str(view[pos:pos + n], "utf-8")
                 pos += n
+                if spans is not None:
+                    spans.append((start, pos))
             if flexible and view[pos] < 0x80:
                 partitions = view[pos] - 1
                 pos += 1
@@ -158,16 +163,17 @@ def request_topics(frame: Buffer, version: int) -> TopicCounts | None:
                 if n > 0:
                     if pos + n > end:
                         raise _Unexpected
-                    if n >= BATCH_OVERHEAD:
-                        if unread:
-                            length, magic, counted = _V2_HEAD.unpack_from(view, pos)
-                        sized = n
-                        if magic != 2 or length + LOG_OVERHEAD != n:  # not one v2 batch
+                    if count:
+                        if n >= BATCH_OVERHEAD:
+                            if unread:
+                                length, magic, counted = _V2_HEAD.unpack_from(view, pos)
+                            sized = n
+                            if magic != 2 or length + LOG_OVERHEAD != n:  # not one v2 batch
+                                counted, sized = count_records(view, pos, pos + n)
+                        else:
                             counted, sized = count_records(view, pos, pos + n)
-                    else:
-                        counted, sized = count_records(view, pos, pos + n)
-                    records += counted
-                    size += sized
+                        records += counted
+                        size += sized
                     pos += n
                 if flexible:
                     pos = _skip_tags(view, pos) if view[pos] else pos + 1
@@ -190,10 +196,11 @@ def request_topics(frame: Buffer, version: int) -> TopicCounts | None:
 ResponseScan = tuple[dict[int, int], tuple[int, ...], bool]
 
 
-def response_scan(frame: Buffer, version: int) -> ResponseScan | None:
+def response_scan(frame: Buffer, version: int,
+                  names: list[tuple[int, int, str]] | None = None) -> ResponseScan | None:
     """The error codes of a Produce response, the tags of its top-level tagged fields and
     whether it holds error text, read from its bytes (``frame`` from the correlation id
-    on)."""
+    on).  ``names`` gets each topic name before v13 and where it is (length included)."""
     if version < FIRST_VERSION:
         return None
     view = memoryview(frame)
@@ -207,8 +214,13 @@ def response_scan(frame: Buffer, version: int) -> ResponseScan | None:
         for _ in range(topics):
             if version >= TOPIC_IDS_SINCE:
                 pos += 16
-            else:
+            elif names is None:
                 pos = _skip_string(view, pos, flexible)
+            else:
+                start = pos
+                pos = _skip_string(view, pos, flexible)
+                head = 2 if not flexible else _uvarint(view, start)[1] - start
+                names.append((start, pos, str(view[start + head:pos], "utf-8")))
             partitions, pos = _array(view, pos, flexible)
             for _ in range(partitions):
                 (code,) = _I16.unpack_from(view, pos + 4)
@@ -235,5 +247,65 @@ def response_scan(frame: Buffer, version: int) -> ResponseScan | None:
         if pos != len(view):
             raise _Unexpected
         return codes, (), messages
-    except (_Unexpected, struct.error, IndexError):
+    except (_Unexpected, struct.error, IndexError, UnicodeDecodeError):
         return None
+
+
+# -- topic names changed in the bytes (topic renames and prefixes) ------------------------
+
+
+def rename_request_topics(frame: Buffer, version: int,
+                          rename: Callable[[str], str]) -> Buffer | None:
+    """A Produce request frame with every topic name ``rename``d: the records and the
+    rest are copied as they are, nothing decoded.  ``frame`` itself when no name changes;
+    None when the bytes are not what the reader expects (the caller decodes instead)."""
+    spans: list[tuple[int, int]] = []
+    topics = (request_topics(frame, version, spans, count=False)
+              if version < TOPIC_IDS_SINCE else None)
+    if topics is None:
+        return None
+    changes = []
+    for (start, end), (name, *_) in zip(spans, topics, strict=True):
+        new = rename(str(name))
+        if new != name:
+            changes.append((start, end, new))
+    return _spliced(frame, changes, version >= FLEXIBLE_SINCE)
+
+
+def rename_response_topics(frame: Buffer, version: int,
+                           rename: Callable[[str], str | None]) -> Buffer | None:
+    """A Produce response frame (from the correlation id on) with every topic name
+    ``rename``d in its bytes; ``frame`` itself when no name changes.  None when that
+    cannot be done in the bytes: names by id (v13), error text to map as well, a name
+    ``rename`` hides (None), or bytes the reader does not expect."""
+    if version >= TOPIC_IDS_SINCE:
+        return None
+    names: list[tuple[int, int, str]] = []
+    scan = response_scan(frame, version, names)
+    if scan is None or scan[2]:
+        return None
+    changes = []
+    for start, end, name in names:
+        new = rename(name)
+        if new is None:
+            return None
+        if new != name:
+            changes.append((start, end, new))
+    return _spliced(frame, changes, version >= FLEXIBLE_SINCE)
+
+
+def _spliced(frame: Buffer, changes: list[tuple[int, int, str]], flexible: bool) -> Buffer:
+    """``frame`` with the strings at each (start, end) replaced by new ones (one copy)."""
+    if not changes:
+        return frame
+    view = memoryview(frame)
+    parts: list[Buffer] = []
+    last = 0
+    for start, end, text in changes:
+        data = text.encode()
+        parts.append(view[last:start])
+        parts.append(uvarint_bytes(len(data) + 1) if flexible else _I16.pack(len(data)))
+        parts.append(data)
+        last = end
+    parts.append(view[last:])
+    return b"".join(parts)

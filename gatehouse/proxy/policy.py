@@ -23,6 +23,7 @@ from gatehouse.proxy.hooks import (
 )
 from gatehouse.rules import (
     ClientFacts,
+    Evaluation,
     Outcome,
     RewriteStats,
     RuleSet,
@@ -53,6 +54,27 @@ def facts_of(conn: ConnectionInfo, req: Request | None = None) -> ClientFacts:
     return facts
 
 
+_MAX_EVALUATIONS = 1024  # per connection: API versions a client uses (a few dozen)
+
+
+def _evaluated(ruleset: RuleSet, facts: ClientFacts, req: Request,
+               state: dict[str, Any]) -> Evaluation:
+    """``ruleset.evaluate``, remembered per connection: the evaluation depends only on
+    the rules, the client's facts and the API key and version, and a client sends the
+    same few of those again and again."""
+    memo = state.get("evaluations")
+    if memo is None or memo[0] is not ruleset or memo[1] is not facts:
+        memo = state["evaluations"] = (ruleset, facts, {})
+    known: dict[int, Evaluation] = memo[2]
+    slot = (req.api_key << 16) | (req.api_version & 0xFFFF)
+    evaluation = known.get(slot)
+    if evaluation is None:
+        if len(known) >= _MAX_EVALUATIONS:
+            known.clear()
+        evaluation = known[slot] = ruleset.evaluate(facts, req)
+    return evaluation
+
+
 class RulesPolicy(Policy):
     """Applies a RuleSet; ``ruleset`` can be swapped at any time (hot reload)."""
 
@@ -71,7 +93,7 @@ class RulesPolicy(Policy):
         ruleset = self.ruleset  # one snapshot for the whole request
         if not ruleset:
             return Forward(req)
-        evaluation = ruleset.evaluate(facts_of(conn, req), req)
+        evaluation = _evaluated(ruleset, facts_of(conn, req), req, conn.state)
         self._emit(evaluation.outcomes)
         for refusal in evaluation.would_refuse:
             self._log_refusal(conn, req, refusal.rule, refusal.message, observe=True)

@@ -23,12 +23,22 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from gatehouse.codecs import FieldSpec, MessageSpec, Request, Response, StructSpec, consumer
+from gatehouse.codecs import (
+    FieldSpec,
+    MessageSpec,
+    Request,
+    Response,
+    StructSpec,
+    consumer,
+    decode_request,
+    decode_response,
+    produce,
+)
 from gatehouse.codecs.errors import ProtocolError
 from gatehouse.codecs.walk import reaches, reaches_in, rewrite
 
 TOPIC_RESOURCE = 2
-JOIN_GROUP, SYNC_GROUP, DESCRIBE_GROUPS = 11, 14, 15
+PRODUCE, JOIN_GROUP, SYNC_GROUP, DESCRIBE_GROUPS = 0, 11, 14, 15
 CONSUMER = consumer.CONSUMER_PROTOCOL_TYPE
 
 
@@ -274,6 +284,11 @@ def map_request(req: Request, mapping: TopicMap, state: dict[str, Any],
     api = req.api
     if not names_topics(api.request, req.api_version):
         return req  # not even decoded
+    if req.api_key == PRODUCE and not req.body_decoded and req.frame is not None:
+        # The names changed in the bytes: the records are copied, not decoded and encoded.
+        frame = produce.rename_request_topics(req.frame, req.api_version, mapping.to_broker)
+        if frame is not None:
+            return req if frame is req.frame else decode_request(frame)
     body = req.body
     new = rewrite(api.request, req.api_version, body, _request_predicate,
                   _struct_mapper(mapping.to_broker, False, mapping))
@@ -300,6 +315,11 @@ def map_response(resp: Response, mapping: TopicMap, state: dict[str, Any],
                  stats: RewriteStats) -> Response:
     """``resp`` with broker names turned into client names; hidden names removed."""
     api = resp.api
+    if resp.api_key == PRODUCE and not resp.body_decoded and resp.frame is not None:
+        frame = produce.rename_response_topics(resp.frame, resp.api_version, mapping.to_client)
+        if frame is not None:
+            return (resp if frame is resp.frame
+                    else decode_response(frame, PRODUCE, resp.api_version))
     body = resp.body
     visit = _struct_mapper(mapping.to_client, True, mapping)
     new = rewrite(api.response, resp.api_version, body, _response_predicate, visit)
