@@ -170,3 +170,45 @@ async def test_other_streams_use_their_own_methods() -> None:
     assert fast_left.socket is None
     await fast_left.send_all(b"hello")
     assert await fast_right.receive_some(10) == b"hello"
+
+
+@pytest.mark.parametrize("direct", [True, False])
+async def test_receive_into_fills_the_callers_buffer_past_the_socket_buffers(
+        direct: bool) -> None:
+    """8 MiB received straight into one buffer, never past the end of the view given,
+    then EOF as 0 and a closed stream as trio's error; the same over a stream that is
+    not a plain socket (a memory stream: copied in)."""
+    payload = bytes(range(256)) * (32 * 1024)
+    if direct:
+        a, b = await tcp_pair()
+        sender: trio.abc.Stream = a
+        receiver = FastStream(b)
+        assert receiver.socket is not None
+    else:
+        sender_stream, receiving = trio.testing.memory_stream_pair()
+        sender, receiver = sender_stream, FastStream(receiving)
+        assert receiver.socket is None
+    whole = bytearray(len(payload) + 3)
+    view = memoryview(whole)
+    got = 0
+
+    async def read_all() -> None:
+        nonlocal got
+        while got < len(payload):
+            n = await receiver.receive_into(view[got:len(payload)])
+            assert 0 < n <= len(payload) - got
+            got += n
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read_all)
+        await sender.send_all(payload + b"end")  # the tail stays for the next read
+    assert whole[:len(payload)] == payload and whole[len(payload):] == b"\x00" * 3
+    rest = bytearray(10)
+    n = await receiver.receive_into(memoryview(rest))
+    assert rest[:n] == b"end"[:n] and n >= 1
+    await sender.aclose()
+    while (n := await receiver.receive_into(memoryview(rest))) != 0:
+        pass  # what remained of "end", then EOF
+    await receiver.stream.aclose()
+    with pytest.raises(trio.ClosedResourceError):
+        await receiver.receive_into(memoryview(rest))

@@ -451,8 +451,9 @@ class ProxyConnection:
     async def _stream_response(self, reader: FrameReader, size: int) -> Buffer | None:
         """A large answer that has begun to arrive, sent on to the client as its bytes
         come (all but a Fetch v16+ answer's last ``_TAIL_HOLD`` bytes, which wait for
-        its end: see ``_streamed_tail``); the bytes read past its end, or None when it
-        is not one to stream (small, or its body may change before the end)."""
+        its end: see ``_streamed_tail``); b"" once it is sent (nothing is read past its
+        end), or None when it is not one to stream (small, or its body may change before
+        the end)."""
         line = self.line
         if size < _STREAM_MIN or not line or reader.buffered < 8:
             return None
@@ -466,35 +467,34 @@ class ProxyConnection:
             raise _out_of_step(correlation_id, pending)
         total = 4 + size
         limit = total - hold  # bytes that go on as they come
-        parts: list[Buffer] = [head]  # the whole answer, for its tail and the observers
+        # The whole answer, for its tail and the observers: received straight into one
+        # buffer of its size (no chunks to join), and never past its end.
+        whole = bytearray(total)
+        view = memoryview(whole)
         got = len(head)
+        view[:got] = head
         await self._send_client(head[:limit] if got > limit else head)
         sent = min(got, limit)
-        after: Buffer = b""
+        receive_into = self.upstream_io.receive_into
         while got < total:
-            data = await self._receive_from_upstream()
-            if not data:
+            n = await receive_into(view[got:])
+            if not n:
                 raise _Close(f"broker {self.conn.upstream} closed the connection in the "
                              f"middle of an answer", logging.WARNING)
-            if len(data) > total - got:
-                after = data[total - got:]
-                data = data[:total - got]
-            start = got
-            parts.append(data)
-            got += len(data)
+            got += n
+            self._touch()
             if sent < limit:
                 upto = min(got, limit)
-                await self._send_client(data if upto == got and sent == start
-                                        else memoryview(data)[sent - start:upto - start])
+                await self._send_client(view[sent:upto])
                 sent = upto
-        frame = memoryview(b"".join(parts))[4:]
+        frame = view.toreadonly()[4:]
         out = frame
         if sent < total:
             out = await self._streamed_tail(frame, pending, sent - 4)
             await self._send_client(out[sent - 4:])
         self._answered(pending, out)
         await self._answer_sent()
-        return after
+        return b""
 
     async def _streamed_tail(self, frame: memoryview, pending: Pending, sent: int) -> Any:
         """A streamed Fetch v16+ answer as the client gets it, whose first ``sent`` bytes

@@ -81,6 +81,38 @@ class FastStream:
                 await trio.lowlevel.cancel_shielded_checkpoint()
             return data
 
+    async def receive_into(self, view: memoryview) -> int:
+        """Like ``receive_some(len(view))``, into ``view``: the bytes land where the
+        caller wants them (a large frame's own buffer), not in a new object to be joined
+        later.  Returns how many came; 0 at EOF."""
+        sock = self.socket
+        if sock is None:
+            data = await self.receive_some(len(view))
+            view[:len(data)] = data
+            return len(data)
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while True:
+            fd = sock.fileno()
+            if fd == -1:
+                raise trio.ClosedResourceError("the stream was closed")
+            try:
+                n = os.readv(fd, (view,))
+            except BlockingIOError:
+                self.waiting = True
+                try:
+                    await trio.lowlevel.wait_readable(sock)
+                finally:
+                    self.waiting = False
+                self._ready_calls = 0
+                continue
+            except OSError as exc:
+                raise trio.BrokenResourceError(exc) from exc
+            self._ready_calls += 1
+            if self._ready_calls >= _YIELD_EVERY:
+                self._ready_calls = 0
+                await trio.lowlevel.cancel_shielded_checkpoint()
+            return n
+
     async def send_all(self, data: Any) -> None:
         sock = self.socket
         if sock is None:
