@@ -62,3 +62,32 @@ def test_topics_past_the_cap_fold_into_other_and_are_counted() -> None:
     # Two distinct names were folded (d twice: counted once).
     assert metrics.registry.get_sample_value("gatehouse_label_values_folded_total",
                                              {"label": "topic"}) == 2
+
+
+def test_made_up_api_keys_and_versions_fold_into_other() -> None:
+    """Requests pass through whatever their key and version; the labels of keys and
+    versions no broker speaks are bounded, and one connection's keys stay apart."""
+    import struct
+
+    metrics = ProxyMetrics()
+    conn = ConnectionInfo(id=1, client="127.0.0.1:1", listener="bootstrap")
+    metrics.connection_opened(conn)
+
+    def send(key: int, version: int) -> None:
+        frame = struct.pack(">hhih", key, version, 7, 1) + b"c\x00"  # (empty header tags)
+        metrics.request(conn, codecs.decode_request(frame), len(frame))
+
+    for key, version in [(0, -1), (1, -1), (0, 3), (0, 500), (0, 501), (300, 1),
+                         (-5, 1), (200, 3), (200, 900)]:
+        send(key, version)
+
+    def count(api: str, version: str) -> float:
+        return metrics.registry.get_sample_value("gatehouse_requests_total", {
+            "api": api, "version": version, "client_software": "unknown",
+            "listener": "bootstrap"}) or 0.0
+
+    assert count("Produce", "other") == 3  # -1, 500 and 501
+    assert count("Fetch", "other") == 1
+    assert count("Produce", "3") == 1
+    assert count("other", "other") == 2  # keys 300 and -5
+    assert count("api-200", "3") == 1 and count("api-200", "other") == 1

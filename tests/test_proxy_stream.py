@@ -187,3 +187,56 @@ def test_a_tag_section_is_made_exactly_the_size_asked(
     assert tags == sorted(set(tags))
     assert all(not any(value) for _, value in parsed[len(fields):])
     assert all(tag >= unknown_from for tag, _ in parsed[len(fields):])
+
+
+class Keeper(Recorder):
+    """An observer that keeps every answer it is shown (as the capture may)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept: list[Any] = []
+
+    def response(self, conn: Any, pending: Any, size: int, elapsed: float,
+                 frame: Any = None) -> None:
+        super().response(conn, pending, size, elapsed, frame)
+        self.kept.append(frame)
+
+
+async def test_streamed_answers_reuse_their_buffer_unless_someone_kept_the_answer() -> None:
+    """A streamed answer is received into a pooled buffer; the next one reuses it, but
+    never while an observer still holds a view of the last: what it kept stays intact."""
+    wires = [fetch_answer(1), fetch_answer(2, partition_error=6)]
+    for observer in (None, Keeper()):
+        async with proxied(no_answer, observer=observer) as h:
+            pool = h.pumps.ctx.answer_buffers
+            for correlation_id, wire in enumerate(wires, 1):
+                await send_fetch(h, correlation_id)
+                await h.broker.frames.send_raw(wire[:300_000])
+                await h.broker.frames.send_raw(wire[300_000:])
+                with trio.fail_after(5):
+                    assert await receive_bytes(h, len(wire)) == wire
+                if observer is None:
+                    assert pool.kept >= len(wire)  # back in the pool for the next one
+                else:
+                    assert pool.kept == 0  # still in the observer's hands
+            if isinstance(observer, Keeper):
+                assert [bytes(f) for f in observer.kept] == [w[4:] for w in wires]
+
+
+def test_a_buffer_pool_keeps_only_unviewed_buffers_within_its_limit() -> None:
+    from gatehouse.proxy.budget import BufferPool
+
+    pool = BufferPool(limit=1000)
+    first = pool.take(600)
+    assert len(first) == 600
+    view = memoryview(first)[10:20]
+    pool.give(first)  # a view is alive: not kept
+    assert pool.kept == 0
+    view.release()
+    pool.give(first)
+    assert pool.kept == 600 and len(first) == 600
+    assert pool.take(500) is first and pool.kept == 0  # a larger one serves
+    pool.give(first)
+    pool.give(bytearray(500))  # past the limit: dropped
+    assert pool.kept == 600
+    assert pool.take(700) is not first and pool.kept == 600

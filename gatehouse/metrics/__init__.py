@@ -150,6 +150,22 @@ def _api_name(key: int) -> str:
     return spec.name if spec is not None else f"api-{key}"
 
 
+# Requests pass through whatever their key and version: labels for what no broker speaks
+# fold, or a client making up keys and versions would make up series without end.
+MAX_API_KEY_LABEL = 256
+VERSIONS_PAST_THE_CODEC = 16  # newer versions than the tables know still get their own
+
+
+def request_labels(key: int, version: int) -> tuple[str, str]:
+    """The ``api`` and ``version`` labels of a request: ``other`` for API keys outside
+    0..255 and for versions below 0 or far past what the codec knows."""
+    spec = APIS.get(key)
+    if spec is None and not 0 <= key < MAX_API_KEY_LABEL:
+        return "other", "other"
+    newest = (spec.versions.hi if spec is not None else 0) + VERSIONS_PAST_THE_CODEC
+    return _api_name(key), str(version) if 0 <= version <= newest else "other"
+
+
 class ProxyMetrics(Observer):
     reads_scans = True  # Fetch records and bytes per topic, every response's codes
 
@@ -303,9 +319,11 @@ class ProxyMetrics(Observer):
                             self.software_label(conn.software_version or ""))
                 self._software_of[conn.id] = software
                 self.clients.labels(*software).inc()
-        slot = (key << 16) | req.api_version
+        slot = (key << 16) | (req.api_version & 0xFFFF)
         counter = counters.get(slot)
         if counter is None:
+            if len(counters) >= 1024:  # bounded: a client uses a few dozen versions
+                counters.clear()
             counter = counters[slot] = self._request_counter(conn, key, req.api_version)
         counter.value += 1
         try:  # a malformed body is the pumps' to report, not ours
@@ -333,8 +351,9 @@ class ProxyMetrics(Observer):
         if counter is None:
             software_text = (f"{conn.software_name}/{conn.software_version}"
                              if conn.software_name else "unknown")
+            api, version_label = request_labels(key, version)
             counter = self.requests.labels(
-                api=_api_name(key), version=str(version),
+                api=api, version=version_label,
                 client_software=self.software_label(software_text), listener=conn.listener)
             if len(self._request_counters) < 100_000:  # bounded, like the labels
                 self._request_counters[cache_key] = counter

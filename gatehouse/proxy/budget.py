@@ -62,3 +62,37 @@ class ByteBudget:
             size, event = waiters.popleft()
             self.held += size
             event.set()
+
+
+class BufferPool:
+    """Buffers for large answers (``ProxyConnection._stream_response``), kept for the next
+    one: a new bytearray is zero-filled, and often faulted in page by page, for every
+    3 MB Fetch answer otherwise.  A buffer comes back only when nothing holds a view of
+    it any more (an observer that kept an answer keeps its buffer), and the pool keeps at
+    most ``limit`` bytes."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.kept = 0
+        self._free: list[bytearray] = []
+
+    def take(self, size: int) -> bytearray:
+        """A buffer of at least ``size`` bytes (its old contents are not cleared)."""
+        free = self._free
+        for i, buf in enumerate(free):
+            if len(buf) >= size:
+                del free[i]
+                self.kept -= len(buf)
+                return buf
+        return bytearray(size)
+
+    def give(self, buf: bytearray) -> None:
+        if not buf or self.kept + len(buf) > self.limit:
+            return
+        try:
+            del buf[-1]  # a bytearray with views on it cannot change size
+        except BufferError:
+            return
+        buf.append(0)  # back to its size (within its allocation: no copy)
+        self._free.append(buf)
+        self.kept += len(buf)

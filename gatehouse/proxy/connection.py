@@ -57,7 +57,7 @@ from gatehouse.proxy.addresses import (
     rewrite_addresses,
 )
 from gatehouse.proxy.apiversions import API_VERSIONS, adjust_api_versions
-from gatehouse.proxy.budget import ByteBudget
+from gatehouse.proxy.budget import BufferPool, ByteBudget
 from gatehouse.proxy.config import Limits
 from gatehouse.proxy.fastio import FastStream
 from gatehouse.proxy.hooks import (
@@ -95,6 +95,7 @@ _STREAM_MIN = _RECEIVE_SIZE
 # The end of a streamed Fetch v16+ answer waits for the rest: its top-level tags may
 # name new leaders (KIP-951 NodeEndpoints), rewritten in a section of the same size.
 _TAIL_HOLD = 64 * 1024
+_KEPT_ANSWER_BYTES = 32 * 1024 * 1024
 _STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 
@@ -110,10 +111,14 @@ class ConnectionContext:
     get_policy: Callable[[], Policy]
     request_budget: ByteBudget = field(init=False)
     response_budget: ByteBudget = field(init=False)
+    answer_buffers: BufferPool = field(init=False)
 
     def __post_init__(self) -> None:
         self.request_budget = ByteBudget(self.limits.max_buffered_request_bytes)
         self.response_budget = ByteBudget(self.limits.max_buffered_response_bytes)
+        # Kept between answers; within the response budget, at most 32 MiB.
+        self.answer_buffers = BufferPool(min(self.limits.max_buffered_response_bytes,
+                                             _KEPT_ANSWER_BYTES))
 
 
 class _Close(Exception):
@@ -469,8 +474,8 @@ class ProxyConnection:
         limit = total - hold  # bytes that go on as they come
         # The whole answer, for its tail and the observers: received straight into one
         # buffer of its size (no chunks to join), and never past its end.
-        whole = bytearray(total)
-        view = memoryview(whole)
+        whole = self.ctx.answer_buffers.take(total)
+        view = memoryview(whole)[:total]
         got = len(head)
         view[:got] = head
         await self._send_client(head[:limit] if got > limit else head)
@@ -493,6 +498,8 @@ class ProxyConnection:
             out = await self._streamed_tail(frame, pending, sent - 4)
             await self._send_client(out[sent - 4:])
         self._answered(pending, out)
+        del frame, out, view  # the buffer goes back once no one else holds a view of it
+        self.ctx.answer_buffers.give(whole)
         await self._answer_sent()
         return b""
 
