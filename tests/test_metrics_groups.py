@@ -195,15 +195,20 @@ def test_fetch_by_topic_id_is_unknown_until_metadata_names_it() -> None:
 
     fetch()
     assert records("unknown") == 1
-    wire.exchange(3, 12, {"topics": None, "allow_auto_topic_creation": False,
-                          "include_topic_authorized_operations": False},
-                  {"brokers": [], "cluster_id": None, "controller_id": 1, "topics": [
-                      {"error_code": 0, "name": "orders", "topic_id": topic_id,
-                       "is_internal": False, "partitions": [],
-                       "topic_authorized_operations": 0}]})
+    name_topic(wire, topic_id, "orders")
     fetch()
     assert records("orders") == 1
     assert records("unknown") == 1
+
+
+def name_topic(wire: Wire, topic_id: uuid.UUID, name: str) -> None:
+    """A Metadata exchange that tells the proxy the name of a topic id."""
+    wire.exchange(3, 12, {"topics": None, "allow_auto_topic_creation": False,
+                          "include_topic_authorized_operations": False},
+                  {"brokers": [], "cluster_id": None, "controller_id": 1, "topics": [
+                      {"error_code": 0, "name": name, "topic_id": topic_id,
+                       "is_internal": False, "partitions": [],
+                       "topic_authorized_operations": 0}]})
 
 
 def one_record_batch() -> bytes:
@@ -393,12 +398,7 @@ def test_produce_by_topic_id_is_unknown_until_metadata_names_it() -> None:
     produce()
     produce()
     assert records("unknown") == 2
-    wire.exchange(3, 12, {"topics": None, "allow_auto_topic_creation": False,
-                          "include_topic_authorized_operations": False},
-                  {"brokers": [], "cluster_id": None, "controller_id": 1, "topics": [
-                      {"error_code": 0, "name": "orders", "topic_id": topic_id,
-                       "is_internal": False, "partitions": [],
-                       "topic_authorized_operations": 0}]})
+    name_topic(wire, topic_id, "orders")
     produce()
     produce()
     assert records("orders") == 2

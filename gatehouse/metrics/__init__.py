@@ -330,14 +330,7 @@ class ProxyMetrics(Observer):
             if key == PRODUCE:
                 topics = None if req.body_decoded else produce.request_topics_of(req)
                 if topics is not None:
-                    produced = self._produced
-                    for topic, _, records_total, bytes_total in topics:
-                        if records_total > 0:
-                            found = produced.get(topic)
-                            if found is None:
-                                found = self._scanned_topic(produced, topic, "produce")
-                            found[0].value += records_total
-                            found[1].value += bytes_total
+                    self._count_scanned(topics, self._produced, "produce")
                 elif req.known:
                     self._count_produce(req, conn)
             elif key in GROUP_APIS and req.known:
@@ -369,15 +362,23 @@ class ProxyMetrics(Observer):
             counted.inc(records_total)
             sized.inc(bytes_total)
 
-    def _scanned_topic(self, cache: dict[str | bytes, tuple[Tally, Tally]], topic: str | bytes,
-                       direction: str) -> tuple[Tally, Tally]:
-        """The counters of a topic as a byte reader names it, remembered in ``cache``
-        once its name is known (an id not yet named counts as "unknown" until it is)."""
-        name = self._scanned_topic_name(topic)
-        found = self._topic(name, direction)
-        if len(cache) < MAX_CACHED_TOPICS and (name != "unknown" or isinstance(topic, str)):
-            cache[topic] = found
-        return found
+    def _count_scanned(self, topics: produce.TopicCounts,
+                       cache: dict[str | bytes, tuple[Tally, Tally]], direction: str) -> None:
+        """Records and bytes per topic as a byte reader gives them (Produce requests,
+        Fetch answers); each topic's counters remembered in ``cache`` once its name is
+        known (an id not yet named counts as "unknown" until it is)."""
+        for topic, _, records_total, bytes_total in topics:
+            if records_total <= 0:  # nothing (or a nonsense count from a bad header)
+                continue
+            found = cache.get(topic)
+            if found is None:
+                name = self._scanned_topic_name(topic)
+                found = self._topic(name, direction)
+                if len(cache) < MAX_CACHED_TOPICS and (name != "unknown"
+                                                       or isinstance(topic, str)):
+                    cache[topic] = found
+            found[0].value += records_total
+            found[1].value += bytes_total
 
     def _topic(self, name: str, direction: str) -> tuple[Any, Any]:
         """The records and bytes counters of a topic (its label capped)."""
@@ -418,14 +419,7 @@ class ProxyMetrics(Observer):
                 else:
                     self._response_counter(key, 0).value += 1
                 if key == FETCH:
-                    fetched = self._fetched
-                    for topic, _, records_total, bytes_total in scan[2]:
-                        if records_total > 0:
-                            found = fetched.get(topic)
-                            if found is None:
-                                found = self._scanned_topic(fetched, topic, "fetch")
-                            found[0].value += records_total
-                            found[1].value += bytes_total
+                    self._count_scanned(scan[2], self._fetched, "fetch")
                 return
         try:
             resp = decoded_response(pending, frame)  # once for every observer

@@ -23,6 +23,7 @@ its own methods unchanged.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any, Final
 
 import trio
@@ -49,20 +50,34 @@ class FastStream:
         self.waiting = False
 
     async def receive_some(self, max_bytes: int) -> bytes | bytearray:
-        sock = self.socket
-        if sock is None:
+        if self.socket is None:
             self.waiting = True  # trio's streams lose nothing to a cancelled receive
             try:
                 return await self.stream.receive_some(max_bytes)
             finally:
                 self.waiting = False
+        return await self._read(os.read, max_bytes)  # type: ignore[no-any-return]
+
+    async def receive_into(self, view: memoryview) -> int:
+        """Like ``receive_some(len(view))``, into ``view``: the bytes land where the
+        caller wants them (a large frame's own buffer), not in a new object to be joined
+        later.  Returns how many came; 0 at EOF."""
+        if self.socket is None:
+            data = await self.receive_some(len(view))
+            view[:len(data)] = data
+            return len(data)
+        return await self._read(os.readv, (view,))  # type: ignore[no-any-return]
+
+    async def _read(self, read: Callable[[int, Any], Any], arg: Any) -> Any:
+        """``read(fd, arg)`` once the socket has bytes (or EOF): ``os.read`` or ``os.readv``."""
+        sock = self.socket
         await trio.lowlevel.checkpoint_if_cancelled()
         while True:
             fd = sock.fileno()
             if fd == -1:
                 raise trio.ClosedResourceError("the stream was closed")
             try:
-                data = os.read(fd, max_bytes)
+                got = read(fd, arg)
             except BlockingIOError:
                 self.waiting = True
                 try:
@@ -79,39 +94,7 @@ class FastStream:
                 # Bytes in hand: a cancellation now would lose them (trio's own receive
                 # does the same).
                 await trio.lowlevel.cancel_shielded_checkpoint()
-            return data
-
-    async def receive_into(self, view: memoryview) -> int:
-        """Like ``receive_some(len(view))``, into ``view``: the bytes land where the
-        caller wants them (a large frame's own buffer), not in a new object to be joined
-        later.  Returns how many came; 0 at EOF."""
-        sock = self.socket
-        if sock is None:
-            data = await self.receive_some(len(view))
-            view[:len(data)] = data
-            return len(data)
-        await trio.lowlevel.checkpoint_if_cancelled()
-        while True:
-            fd = sock.fileno()
-            if fd == -1:
-                raise trio.ClosedResourceError("the stream was closed")
-            try:
-                n = os.readv(fd, (view,))
-            except BlockingIOError:
-                self.waiting = True
-                try:
-                    await trio.lowlevel.wait_readable(sock)
-                finally:
-                    self.waiting = False
-                self._ready_calls = 0
-                continue
-            except OSError as exc:
-                raise trio.BrokenResourceError(exc) from exc
-            self._ready_calls += 1
-            if self._ready_calls >= _YIELD_EVERY:
-                self._ready_calls = 0
-                await trio.lowlevel.cancel_shielded_checkpoint()
-            return n
+            return got
 
     async def send_all(self, data: Any) -> None:
         sock = self.socket
