@@ -29,18 +29,16 @@ from gatehouse.codecs.primitives import Buffer, uvarint_bytes
 from gatehouse.codecs.records import (
     BATCH_OVERHEAD,
     LOG_OVERHEAD,
+    V2_HEAD,
     count_records,
     records_and_bytes,
-)
-from gatehouse.codecs.records import (
-    V2_HEAD as _V2_HEAD,
 )
 
 _INDEX_AND_VARINT: Final = struct.Struct(">iBBB")
 _INDEX_AND_LENGTH: Final = struct.Struct(">ii")
+_READ_KEY: Final = "produce.request_topics"  # in Message.read_once's memory
 # A partition of a non-flexible version with the length, magic and record count of its
 # first batch (where a partition is one batch, all of it), in one unpack.
-_READ_KEY: Final = "produce.request_topics"  # in Message.read_once's memory
 _PLAIN_PARTITION: Final = struct.Struct(">ii8xi4xb40xi")
 FLEXIBLE_SINCE: Final = 9
 TOPIC_IDS_SINCE: Final = 13
@@ -166,7 +164,7 @@ def request_topics(frame: Buffer, version: int, spans: list[tuple[int, int]] | N
                     if count:
                         if n >= BATCH_OVERHEAD:
                             if unread:
-                                length, magic, counted = _V2_HEAD.unpack_from(view, pos)
+                                length, magic, counted = V2_HEAD.unpack_from(view, pos)
                             sized = n
                             if magic != 2 or length + LOG_OVERHEAD != n:  # not one v2 batch
                                 counted, sized = count_records(view, pos, pos + n)
