@@ -12,7 +12,7 @@ from typing import Any
 
 from gatehouse import codecs
 from gatehouse.metrics import ProxyMetrics
-from gatehouse.proxy.hooks import ConnectionInfo, Pending
+from gatehouse.proxy.hooks import ConnectionInfo, Pending, scanned_response
 
 _correlation = itertools.count(1)
 
@@ -403,3 +403,22 @@ def test_produce_by_topic_id_is_unknown_until_metadata_names_it() -> None:
     produce()
     assert records("orders") == 2
     assert records("unknown") == 2
+
+
+def test_api_versions_error_codes_are_read_from_the_bytes() -> None:
+    """An ApiVersions answer's one error code sits right after its correlation id: it is
+    counted from there (the ~90 entries are not decoded), in the v0 layout as well."""
+    metrics = ProxyMetrics()
+    wire = Wire(metrics, 1)
+    entries = [{"api_key": 18, "min_version": 0, "max_version": 4}]
+    wire.exchange(18, 3, {"client_software_name": "x", "client_software_version": "1"},
+                  {"error_code": 0, "api_keys": entries})
+    wire.exchange(18, 0, {}, {"error_code": 35, "api_keys": entries})
+    for error in ("NONE", "UNSUPPORTED_VERSION"):
+        assert metrics.registry.get_sample_value(
+            "gatehouse_responses_total", {"api": "ApiVersions", "error": error}) == 1
+    frame = codecs.response_from_dict({"header": {"correlation_id": 5}, "body": {
+        "error_code": 35, "api_keys": entries}}, api_key=18, api_version=3).encode()
+    pending = Pending(5, 18, 3, 0.0)
+    assert scanned_response(pending, bytes(frame)) == ({35: 1}, ())
+    assert scanned_response(Pending(5, 18, 3, 0.0), b"\x00\x00\x00\x05\x00") is None

@@ -281,6 +281,50 @@ async def test_api_versions_capped_and_features_kept() -> None:
         assert h.conn.software_version == "2.6.0"
 
 
+async def test_a_capped_api_versions_answer_is_reused_until_the_rules_change() -> None:
+    """Every connection starts with ApiVersions and the broker answers the same: the
+    capped answer is made once per answer and adjusters, then reused (with each
+    request's correlation id); new rules make a new one."""
+    from gatehouse.configfile import load_yaml_text
+    from gatehouse.proxy.policy import RulesPolicy
+    from gatehouse.rules import parse_rules
+
+    top = codecs.api(3).versions.hi
+
+    def handler(req: codecs.Request) -> Any:
+        return response_body(18, req.api_version, api_keys=[
+            {"api_key": 1, "min_version": 0, "max_version": 17},
+            {"api_key": 3, "min_version": 0, "max_version": top + 5}])
+
+    def rules(minimum: int) -> Any:
+        text = f"- name: r\n  min_api_version: {{Metadata: {minimum}}}\n"
+        return parse_rules(load_yaml_text(text, "rules.yaml"), "rules.yaml")
+
+    policy = RulesPolicy(rules(4))
+    calls: list[int] = []
+    version_ranges = type(policy.ruleset).version_ranges
+
+    def counted(self: Any, facts: Any, api_key: int, lo: int, hi: int) -> Any:
+        calls.append(api_key)
+        return version_ranges(self, facts, api_key, lo, hi)
+
+    async def ranges(correlation_id: int) -> dict[int, tuple[int, int]]:
+        await h.client.send(request(18, 4, correlation_id).encode())
+        resp = codecs.decode_response(await h.client.receive(), 18, 4)
+        assert resp.header.correlation_id == correlation_id
+        return {k.api_key: (k.min_version, k.max_version) for k in resp.body.api_keys}
+
+    import unittest.mock
+    with unittest.mock.patch.object(type(policy.ruleset), "version_ranges", counted):
+        async with proxied(handler, policy=policy) as h:
+            for correlation_id in (1, 2, 3):
+                assert await ranges(correlation_id) == {1: (0, 17), 3: (4, top)}
+            assert calls == [1, 3]  # capped once, reused twice
+            policy.ruleset = rules(6)
+            assert await ranges(4) == {1: (0, 17), 3: (6, top)}
+            assert calls == [1, 3, 1, 3]
+
+
 async def test_api_versions_unsupported_version_answered_in_v0_format() -> None:
     # A broker that does not know ApiVersions v4 answers error 35 in the v0 layout.
     v0_body = response_body(18, 0, error_code=35, api_keys=[

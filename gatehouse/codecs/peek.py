@@ -11,7 +11,7 @@ import struct
 
 from gatehouse.codecs.errors import RemoteProtocolError
 from gatehouse.codecs.frames import Request
-from gatehouse.codecs.primitives import read_uvarint
+from gatehouse.codecs.primitives import Buffer, read_uvarint
 
 PRODUCE = 0
 _INT16 = struct.Struct(">h")
@@ -50,3 +50,13 @@ def _produce_acks(req: Request) -> int:
             offset=pos,
         ) from None
     return int(acks)
+
+
+def api_versions_scan(frame: Buffer, version: int) -> tuple[dict[int, int], tuple[int, ...]] | None:
+    """The error code of an ApiVersions response (``frame`` from the correlation id on),
+    as ``produce.response_scan`` gives codes: its only one, right after the correlation
+    id in every version (the header is v0 even for flexible versions, KIP-511), so the
+    ~90 entries need no decode.  None for a frame too short to hold it."""
+    if len(frame) < 6:
+        return None
+    return {_INT16.unpack_from(frame, 4)[0]: 1}, ()

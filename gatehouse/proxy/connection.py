@@ -96,6 +96,7 @@ _STREAM_MIN = _RECEIVE_SIZE
 # name new leaders (KIP-951 NodeEndpoints), rewritten in a section of the same size.
 _TAIL_HOLD = 64 * 1024
 _KEPT_ANSWER_BYTES = 32 * 1024 * 1024
+_KEPT_API_VERSIONS_ANSWERS = 256
 _STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 
@@ -112,6 +113,7 @@ class ConnectionContext:
     request_budget: ByteBudget = field(init=False)
     response_budget: ByteBudget = field(init=False)
     answer_buffers: BufferPool = field(init=False)
+    api_versions_answers: dict[tuple[Any, ...], bytes] = field(init=False)
 
     def __post_init__(self) -> None:
         self.request_budget = ByteBudget(self.limits.max_buffered_request_bytes)
@@ -119,6 +121,15 @@ class ConnectionContext:
         # Kept between answers; within the response budget, at most 32 MiB.
         self.answer_buffers = BufferPool(min(self.limits.max_buffered_response_bytes,
                                              _KEPT_ANSWER_BYTES))
+        # (version, broker's answer after the correlation id, adjusters) -> the capped
+        # answer's bytes after the correlation id (see handle_response_frame).
+        self.api_versions_answers: dict[tuple[Any, ...], bytes] = {}
+
+    def remember_api_versions(self, key: tuple[Any, ...], body: bytes) -> None:
+        answers = self.api_versions_answers
+        if len(answers) >= _KEPT_API_VERSIONS_ANSWERS:
+            answers.clear()  # bounded: brokers x versions x client kinds is small
+        answers[key] = body
 
 
 class _Close(Exception):
@@ -580,19 +591,32 @@ class ProxyConnection:
             rewrite = not self._names_no_brokers(pending, frame)
         if not (rewrite or key == API_VERSIONS or pending.wants_response):
             return frame  # nothing to look at: the original bytes go through
+        policy: Policy = pending.policy or self.ctx.get_policy()
+        capped: tuple[Any, ...] | None = None
+        if key == API_VERSIONS and not (rewrite or pending.wants_response):
+            # Every connection starts with ApiVersions, and a broker gives the same
+            # answer each time: capped once per answer and per adjusters, then reused.
+            capped = (pending.api_version, bytes(frame[4:]),
+                      policy.api_version_adjusters(self.conn))
+            body = self.ctx.api_versions_answers.get(capped)
+            if body is not None:
+                return b"".join((frame[:4], body))
         try:
             resp = decode_response(frame, key, pending.api_version)
             if not resp.known:
                 return frame
-            policy: Policy = pending.policy or self.ctx.get_policy()
             if key == API_VERSIONS:
-                resp = adjust_api_versions(resp, *policy.api_version_adjusters(self.conn))
+                adjusters = capped[2] if capped else policy.api_version_adjusters(self.conn)
+                resp = adjust_api_versions(resp, *adjusters)
             if rewrite:
                 resp = await self._with_proxy_addresses(resp)
             if pending.wants_response:
                 resp = policy.on_response(self.conn, pending, resp)
             pending.decoded = resp  # observers need not decode it again
-            return resp.encode()
+            out = resp.encode()
+            if capped is not None:
+                self.ctx.remember_api_versions(capped, bytes(out[4:]))
+            return out
         except UnknownApi:
             return frame
         except ProtocolError as exc:

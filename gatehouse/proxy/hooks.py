@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gatehouse.codecs import Request, Response, decode_response, fetch, produce
+from gatehouse.codecs import Request, Response, decode_response, fetch, peek, produce
 from gatehouse.proxy.apiversions import RangeAdjuster
 
 
@@ -80,11 +80,12 @@ def decoded_response(pending: Pending, frame: Any) -> Response:
 
 
 # The responses read from their bytes: error codes, top-level tags (and for Fetch the
-# topics' records and bytes), without a decode.
-PRODUCE, FETCH = 0, 1
+# topics' records and bytes), without a decode; ApiVersions for its one error code.
+PRODUCE, FETCH, API_VERSIONS = 0, 1, 18
 _RESPONSE_SCANS: dict[int, Callable[[Any, int], Any]] = {
     PRODUCE: produce.response_scan,
     FETCH: fetch.response_scan,
+    API_VERSIONS: peek.api_versions_scan,
 }
 
 

@@ -83,6 +83,9 @@ class RulesPolicy(Policy):
         self.stats = RewriteStats()
         self.outcome_listeners: list[Callable[[Outcome], None]] = []
         self.refusal_listeners: list[Callable[[ConnectionInfo, Request, str, str], None]] = []
+        # The rules and, per client facts, their ApiVersions adjusters.
+        self._adjusters: tuple[RuleSet | None, dict[ClientFacts, tuple[RangeAdjuster, ...]]] = (
+            None, {})
 
     def _emit(self, outcomes: tuple[Outcome, ...]) -> None:
         for listener in self.outcome_listeners:
@@ -146,15 +149,25 @@ class RulesPolicy(Policy):
         return map_response(resp, topic_map, conn.state, self.stats)
 
     def api_version_adjusters(self, conn: ConnectionInfo) -> tuple[RangeAdjuster, ...]:
+        """The same tuple for the same rules and client facts: the proxy reuses a capped
+        ApiVersions answer per adjusters (by identity)."""
         ruleset = self.ruleset
         if not ruleset:
             return ()
         facts = facts_of(conn)
+        rules, known = self._adjusters
+        if rules is not ruleset:
+            known = {}
+            self._adjusters = (ruleset, known)
+        found = known.get(facts)
+        if found is None:
+            def adjust(api_key: int, lo: int, hi: int) -> tuple[int, int] | None:
+                return ruleset.version_ranges(facts, api_key, lo, hi)
 
-        def adjust(api_key: int, lo: int, hi: int) -> tuple[int, int] | None:
-            return ruleset.version_ranges(facts, api_key, lo, hi)
-
-        return (adjust,)
+            if len(known) >= _MAX_EVALUATIONS:
+                known.clear()
+            found = known[facts] = (adjust,)
+        return found
 
     def _log_refusal(self, conn: ConnectionInfo, req: Request, rule: str, message: str,
                      observe: bool) -> None:
