@@ -325,6 +325,32 @@ async def test_a_capped_api_versions_answer_is_reused_until_the_rules_change() -
             assert calls == [1, 3, 1, 3]
 
 
+async def test_api_versions_adjusters_that_cannot_be_a_key_still_apply() -> None:
+    """A policy whose adjusters cannot be part of a key (unhashable): every answer is
+    capped afresh, none is kept."""
+
+    class Ceiling:
+        __hash__ = None  # type: ignore[assignment]
+
+        def __call__(self, api_key: int, lo: int, hi: int) -> tuple[int, int] | None:
+            return lo, min(hi, 5)
+
+    class Capping(Policy):
+        def api_version_adjusters(self, conn: ConnectionInfo) -> tuple[Any, ...]:
+            return (Ceiling(),)
+
+    def handler(req: codecs.Request) -> Any:
+        return response_body(18, req.api_version, api_keys=[
+            {"api_key": 3, "min_version": 0, "max_version": 12}])
+
+    async with proxied(handler, policy=Capping()) as h:
+        for correlation_id in (1, 2):
+            await h.client.send(request(18, 4, correlation_id).encode())
+            body = codecs.decode_response(await h.client.receive(), 18, 4).body
+            assert [(k.api_key, k.max_version) for k in body.api_keys] == [(3, 5)]
+        assert h.pumps.ctx.api_versions_answers == {}
+
+
 async def test_api_versions_unsupported_version_answered_in_v0_format() -> None:
     # A broker that does not know ApiVersions v4 answers error 35 in the v0 layout.
     v0_body = response_body(18, 0, error_code=35, api_keys=[

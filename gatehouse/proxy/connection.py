@@ -592,21 +592,25 @@ class ProxyConnection:
         if not (rewrite or key == API_VERSIONS or pending.wants_response):
             return frame  # nothing to look at: the original bytes go through
         policy: Policy = pending.policy or self.ctx.get_policy()
-        capped: tuple[Any, ...] | None = None
-        if key == API_VERSIONS and not (rewrite or pending.wants_response):
-            # Every connection starts with ApiVersions, and a broker gives the same
-            # answer each time: capped once per answer and per adjusters, then reused.
-            capped = (pending.api_version, bytes(frame[4:]),
-                      policy.api_version_adjusters(self.conn))
-            body = self.ctx.api_versions_answers.get(capped)
-            if body is not None:
-                return b"".join((frame[:4], body))
+        adjusters: tuple[Any, ...] = ()
+        kept: tuple[Any, ...] | None = None  # the key of a capped ApiVersions answer
+        if key == API_VERSIONS:
+            adjusters = policy.api_version_adjusters(self.conn)
+            if not (rewrite or pending.wants_response):
+                # Every connection starts with ApiVersions, and a broker gives the same
+                # answer each time: capped once per answer and adjusters, then reused.
+                kept = (pending.api_version, bytes(frame[4:]), adjusters)
+                try:
+                    body = self.ctx.api_versions_answers.get(kept)
+                except TypeError:  # adjusters that cannot be part of a key: not kept
+                    body = kept = None
+                if body is not None:
+                    return b"".join((frame[:4], body))
         try:
             resp = decode_response(frame, key, pending.api_version)
             if not resp.known:
                 return frame
             if key == API_VERSIONS:
-                adjusters = capped[2] if capped else policy.api_version_adjusters(self.conn)
                 resp = adjust_api_versions(resp, *adjusters)
             if rewrite:
                 resp = await self._with_proxy_addresses(resp)
@@ -614,8 +618,8 @@ class ProxyConnection:
                 resp = policy.on_response(self.conn, pending, resp)
             pending.decoded = resp  # observers need not decode it again
             out = resp.encode()
-            if capped is not None:
-                self.ctx.remember_api_versions(capped, bytes(out[4:]))
+            if kept is not None:
+                self.ctx.remember_api_versions(kept, bytes(out[4:]))
             return out
         except UnknownApi:
             return frame
