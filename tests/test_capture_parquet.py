@@ -179,6 +179,33 @@ def test_big_row_groups_when_the_files_are_big(tmp_path: Path) -> None:
         ROW_GROUP_ROWS, 10]
 
 
+@pytest.mark.parametrize("sizes", [[ROW_GROUP_ROWS - 500, 510],
+                                   [3 * ROW_GROUP_ROWS + 7], [ROW_GROUP_ROWS, 10]])
+def test_row_groups_are_whole_however_the_batches_fall(tmp_path: Path,
+                                                       sizes: list[int]) -> None:
+    """The writer thread takes records in batches of any size: rows past a whole row
+    group wait for the next one instead of making it bigger (or the next one tiny)."""
+    import io
+
+    from gatehouse.capture.writer import ParquetEncoder
+
+    encoder = ParquetEncoder(max_pending_bytes=1 << 40)
+    out = io.BytesIO()
+    encoder.open(out)
+    start = 0
+    for size in sizes:
+        if encoder.add(encoder.encode(records(size, start))):
+            encoder.flush()
+        start += size
+    encoder.flush(final=True)
+    encoder.close()
+    meta = pq.ParquetFile(io.BytesIO(out.getvalue())).metadata
+    groups = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    assert groups == [ROW_GROUP_ROWS] * (start // ROW_GROUP_ROWS) + [start % ROW_GROUP_ROWS]
+    table = pq.read_table(io.BytesIO(out.getvalue()))
+    assert table.column("conn").to_pylist() == list(range(start))  # in order, no gaps
+
+
 def test_idle_parquet_files_close_on_time_without_empty_ones(tmp_path: Path) -> None:
     writer = CaptureWriter(CaptureSettings(dir=tmp_path, format="parquet",
                                            rotate_seconds=0.2))

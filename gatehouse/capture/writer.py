@@ -120,15 +120,27 @@ class ParquetEncoder:
         return (self.pending_rows >= ROW_GROUP_ROWS
                 or self._pending_bytes >= self.max_pending_bytes)
 
-    def flush(self) -> int:
-        """Write the pending rows as one row group; returns how many (OSError: still
-        pending, for ``discard`` to count)."""
+    def flush(self, final: bool = False) -> int:
+        """Write the pending rows in row groups of ``ROW_GROUP_ROWS`` (the last one may
+        be smaller), keeping the rows past the last whole group pending for the next
+        (``final``: write them all); returns how many were written (OSError: still
+        pending, for ``discard`` to count).  The writer thread takes records in batches
+        of any size, so the pending rows may pass the mark by part of a batch."""
         rows = self.pending_rows
-        if rows:
-            table = self._pa.Table.from_batches(self.pending, schema=self.schema)
-            self._file.write_table(table, row_group_size=rows)
-        self.pending, self.pending_rows, self._pending_bytes = [], 0, 0
-        return rows
+        if not rows:
+            return 0
+        table = self._pa.Table.from_batches(self.pending, schema=self.schema)
+        rest = None
+        if rows > ROW_GROUP_ROWS and rows % ROW_GROUP_ROWS and not final:
+            whole = rows - rows % ROW_GROUP_ROWS
+            table, rest = table.slice(0, whole), table.slice(whole)
+        self._file.write_table(table, row_group_size=ROW_GROUP_ROWS)
+        if rest is None:
+            self.pending, self.pending_rows, self._pending_bytes = [], 0, 0
+        else:
+            self.pending, self.pending_rows = rest.to_batches(), rest.num_rows
+            self._pending_bytes = rest.nbytes
+        return int(table.num_rows)
 
     def close(self) -> None:
         """The footer: the file is readable from here on."""
@@ -278,9 +290,9 @@ class CaptureWriter(RecordInbox):
             self._close_file()  # the next batch opens the next file
         self._enforce_budget()
 
-    def _flush_row_group(self, encoder: ParquetEncoder) -> None:
+    def _flush_row_group(self, encoder: ParquetEncoder, final: bool = False) -> None:
         before = self._size()
-        self._stats.written += encoder.flush()
+        self._stats.written += encoder.flush(final)
         self._stats.bytes_written += self._size() - before
 
     def _parquet_failed(self, encoder: ParquetEncoder, exc: OSError, unheld: int = 0) -> None:
@@ -337,7 +349,7 @@ class CaptureWriter(RecordInbox):
         encoder = self._parquet
         if encoder is not None and self._raw is not None:
             try:
-                self._flush_row_group(encoder)
+                self._flush_row_group(encoder, final=True)
                 encoder.close()
             except OSError as exc:
                 self._parquet_failed(encoder, exc)
