@@ -18,7 +18,7 @@ from gatehouse.codecs.errors import (
     RemoteProtocolError,
     UnknownApi,
 )
-from gatehouse.codecs.primitives import Buffer, read_uvarint, uvarint_bytes
+from gatehouse.codecs.primitives import Buffer, read_uvarint, write_tag_section
 from gatehouse.codecs.schema import API_VERSIONS_KEY, APIS, ApiSpec, MessageSpec
 
 _HEAD: Final = struct.Struct(">hhih")  # api key, version, correlation id, client id length
@@ -130,15 +130,7 @@ def _read_header_tag_section(view: memoryview, pos: int) -> tuple[tuple[tuple[in
 
 
 def _write_header_tags(out: bytearray, tags: tuple[tuple[int, bytes], ...]) -> None:
-    out += uvarint_bytes(len(tags))
-    last = -1
-    for tag, payload in sorted(tags):
-        if tag == last:
-            raise LocalProtocolError(f"header tagged field {tag} appears twice")
-        last = tag
-        out += uvarint_bytes(tag)
-        out += uvarint_bytes(len(payload))
-        out += payload
+    write_tag_section(out, list(tags), "header tagged field")
 
 
 class _Message:

@@ -77,14 +77,16 @@ def varint_bytes(value: int) -> bytes:
 _TAG = itemgetter(0)
 
 
-def write_tag_section(out: bytearray, tags: list[tuple[int, Any]]) -> None:
-    """A tag section (KIP-482) of (tag, value bytes) fields: ``tags`` is sorted in place."""
+def write_tag_section(out: bytearray, tags: list[tuple[int, Any]],
+                      what: str = "tagged field") -> None:
+    """A tag section (KIP-482) of (tag, value bytes) fields: ``tags`` is sorted in place;
+    ``what`` names a field that appears twice in the error."""
     tags.sort(key=_TAG)
     out += uvarint_bytes(len(tags))
     last = -1
     for tag, payload in tags:
         if tag == last:
-            raise LocalProtocolError(f"tagged field {tag} appears twice")
+            raise LocalProtocolError(f"{what} {tag} appears twice")
         last = tag
         out += uvarint_bytes(tag)
         out += uvarint_bytes(len(payload))
