@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gatehouse import codecs
-from gatehouse.codecs.reader import FrameReader
+from gatehouse.codecs.reader import VIEW_SIZE, FrameReader
 
 
 def prefixed(frame: bytes) -> bytes:
@@ -246,3 +246,36 @@ def test_a_trickled_frame_costs_its_size_in_memory() -> None:
     assert peak < 3 * len(frame), f"{peak} bytes held for a {len(frame)}-byte frame"
     reader.feed(frame[len(frame) - 2:])  # the frame has an even length
     assert reader.next_wire_frame() == frame
+
+
+def test_wire_views_of_big_frames_share_their_chunk_and_small_ones_are_copied() -> None:
+    small, big = prefixed(b"s" * 10), prefixed(b"b" * VIEW_SIZE)
+    chunk = small + big + big[:100]
+    reader = FrameReader()
+    reader.feed(chunk)
+    first = reader.next_wire_view()
+    assert type(first) is bytes and first == small  # small: a copy, the chunk may go
+    second = reader.next_wire_view()
+    assert isinstance(second, memoryview) and second.obj is chunk  # no copy
+    assert second.readonly and second == big
+    assert reader.next_wire_view() is None
+    reader.feed(big[100:])
+    third = reader.next_wire_view()  # spread over two chunks: joined
+    assert type(third) is bytes and third == big
+    assert reader.buffered == 0
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.lists(st.integers(1, 3 * VIEW_SIZE), max_size=20))
+def test_wire_views_from_random_chunks(sizes: list[int]) -> None:
+    frames = [b"x" * n for n in (5, VIEW_SIZE, VIEW_SIZE - 1, 2 * VIEW_SIZE, 0, 300)]
+    stream = b"".join(prefixed(f) for f in frames)
+    reader = FrameReader()
+    pos, got = 0, []
+    for size in [*sizes, len(stream)]:
+        reader.feed(stream[pos:pos + size])
+        pos += size
+        while (wire := reader.next_wire_view()) is not None:
+            got.append(bytes(wire))
+    assert got == [prefixed(f) for f in frames]
+    reader.check_eof()

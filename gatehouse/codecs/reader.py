@@ -18,6 +18,9 @@ from gatehouse.codecs.primitives import Buffer
 DEFAULT_MAX_FRAME_SIZE: Final = 100 * 1024 * 1024
 _SIZE: Final = struct.Struct(">i")
 _SMALL_CHUNK: Final = 4096
+# Frames this big come as views of their chunk from ``next_wire_view``: copying them costs
+# more than keeping the chunk (at most _RECEIVE_SIZE-ish bytes) alive a little longer.
+VIEW_SIZE: Final = 16 * 1024
 
 
 class FrameReader:
@@ -86,6 +89,16 @@ class FrameReader:
 
         Raises ``FrameTooLarge`` for a size above ``max_frame_size`` or below zero.
         """
+        return self._next_wire(False)  # type: ignore[return-value]
+
+    def next_wire_view(self) -> Buffer | None:
+        """``next_wire_frame``, but a frame of ``VIEW_SIZE`` bytes or more that arrived
+        inside one received chunk comes as a read-only view of that chunk instead of a
+        copy of its bytes (it keeps the chunk alive as long as it lives): for a proxy
+        that forwards each frame and lets it go."""
+        return self._next_wire(True)
+
+    def _next_wire(self, view: bool) -> Buffer | None:
         size = self._expected
         if size is None:
             if self._buffered < 4:
@@ -101,7 +114,7 @@ class FrameReader:
             return None
         self._expected = None
         self._flush_small()
-        return self._take(4 + size)
+        return self._take(4 + size, view and size >= VIEW_SIZE)
 
     def take_partial(self) -> bytes:
         """The bytes received so far of a frame not yet complete, size prefix included,
@@ -115,7 +128,7 @@ class FrameReader:
             raise ValueError("no incomplete frame of a known size")
         self._expected = None
         self._flush_small()
-        return self._take(self._buffered)
+        return self._take(self._buffered)  # type: ignore[return-value]
 
     def _peek(self, n: int) -> bytes:
         first, offset = self._chunks[0], self._offset
@@ -123,19 +136,25 @@ class FrameReader:
             return first[offset : offset + n]
         return b"".join(self._chunks)[offset : offset + n]  # only n < 4 bytes per chunk
 
-    def _take(self, n: int) -> bytes:
+    def _take(self, n: int, view: bool = False) -> Buffer:
+        """The next ``n`` bytes: a copy, or with ``view`` a view where they lie in one
+        chunk.  Bytes spread over several chunks are joined: copied once."""
         chunks = self._chunks
         self._buffered -= n
         first, offset = chunks[0], self._offset
         left = len(first) - offset
         if left > n:
             self._offset = offset + n
+            if view:
+                return memoryview(first)[offset : offset + n]
             return first[offset : offset + n]
         if left == n:
             chunks.popleft()
             self._offset = 0
-            return first if offset == 0 else first[offset:]
-        parts = [first[offset:] if offset else first]
+            if offset == 0:
+                return first
+            return memoryview(first)[offset:] if view else first[offset:]
+        parts: list[Buffer] = [memoryview(first)[offset:] if offset else first]
         chunks.popleft()
         need = n - left
         while need:
@@ -144,7 +163,7 @@ class FrameReader:
                 parts.append(chunks.popleft())
                 need -= len(chunk)
             else:
-                parts.append(chunk[:need])
+                parts.append(memoryview(chunk)[:need])  # joined below: not copied twice
                 self._offset = need
                 break
         else:

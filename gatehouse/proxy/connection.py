@@ -261,7 +261,7 @@ class ProxyConnection:
         self, receive: Callable[[], Awaitable[bytes | bytearray | None]], direction: str,
         share: _Share,
         stream: Callable[[FrameReader, int], Awaitable[Buffer | None]] | None = None,
-    ) -> AsyncIterator[tuple[bytes, int]]:
+    ) -> AsyncIterator[tuple[Buffer, int]]:
         """Whole frames (size prefix included) as they arrive, each with the budget bytes
         it holds; ``receive`` returns b"" at EOF (a partial frame is malformed) and None
         to stop quietly (a drain).  ``stream(reader, size)`` may take a frame that has
@@ -283,7 +283,7 @@ class ProxyConnection:
             while True:
                 while True:
                     try:
-                        wire = reader.next_wire_frame()
+                        wire = reader.next_wire_view()
                     except ProtocolError as exc:
                         self._malformed(direction, exc)
                     if wire is None:
@@ -330,7 +330,7 @@ class ProxyConnection:
         who = "client" if direction == "request" else "broker"
         raise _Close(f"malformed {direction} from {who}: {exc}", logging.WARNING)
 
-    async def handle_request_frame(self, wire: bytes) -> None:
+    async def handle_request_frame(self, wire: Buffer) -> None:
         """One request as received: ``wire`` is the frame with its size prefix."""
         conn = self.conn
         frame = memoryview(wire)[4:]  # read-only view: decoding copies nothing
