@@ -40,6 +40,9 @@ _READ_KEY: Final = "produce.request_topics"  # in Message.read_once's memory
 # A partition of a non-flexible version with the length, magic and record count of its
 # first batch (where a partition is one batch, all of it), in one unpack.
 _PLAIN_PARTITION: Final = struct.Struct(">ii8xi4xb40xi")
+# A partition of a flexible version whose records' length is a three-byte varint, with
+# its first batch's length, magic and record count, in one unpack.
+_FLEXIBLE_PARTITION: Final = struct.Struct(">iBBB8xi4xb40xi")
 FLEXIBLE_SINCE: Final = 9
 TOPIC_IDS_SINCE: Final = 13
 FIRST_VERSION: Final = 3
@@ -134,7 +137,27 @@ def request_topics(frame: Buffer, version: int, spans: list[tuple[int, int]] | N
             records = size = 0
             indexes = []
             for _ in range(partitions):
-                if flexible:
+                if flexible and pos + _FLEXIBLE_PARTITION.size <= end:
+                    # The index, the records' length and the first batch's header at once,
+                    # where the length is a three-byte varint (a batch of 16 KiB-2 MiB:
+                    # what producers send); other lengths are read again below.
+                    (index, n, b1, b2, length, magic,
+                     counted) = _FLEXIBLE_PARTITION.unpack_from(view, pos)
+                    if n >= 0x80 and b1 >= 0x80 and b2 < 0x80:
+                        n = (n & 0x7F) | ((b1 & 0x7F) << 7) | (b2 << 14)
+                        pos += 7
+                        unread = False
+                    else:
+                        if n < 0x80:
+                            pos += 5
+                        elif b1 < 0x80:
+                            n = (n & 0x7F) | (b1 << 7)
+                            pos += 6
+                        else:
+                            n, pos = _uvarint(view, pos + 4)
+                        unread = True
+                    n -= 1
+                elif flexible:
                     # The index and the first three bytes of the records' length at once
                     # (a partition is followed by at least three tag counts).
                     index, n, b1, b2 = _INDEX_AND_VARINT.unpack_from(view, pos)
