@@ -555,9 +555,11 @@ def run_paced_client(address: str, workload: Workload, rate: float, seconds: flo
 
 def run_client(address: str, workload: Workload, megabytes: float, min_seconds: float,
                produce_version: int, fetch_version: int,
-               topic_id: uuid.UUID | None = TOPIC_ID) -> dict[str, Any]:
+               topic_id: uuid.UUID | None = TOPIC_ID,
+               start_at: float | None = None) -> dict[str, Any]:
     """Moves ``megabytes`` of record values, for ``min_seconds`` at least; the result as a
-    dict (printed as JSON)."""
+    dict (printed as JSON).  With ``start_at`` (a ``time.time()``), the timed load begins
+    then, after the handshake: clients started together load their targets together."""
     version = produce_version if workload.api_key == PRODUCE else fetch_version
     client_id = CLIENT_ID_PREFIX + workload.name
     plain = (produce_request_plain(workload) if workload.api_key == PRODUCE
@@ -570,6 +572,8 @@ def run_client(address: str, workload: Workload, megabytes: float, min_seconds: 
         probe = roundtrip(sock, wire, workload.api_key, version, 3)  # also a warm-up
         check_probe(probe, workload)
         answer_size = len(probe.frame or b"")
+        if start_at is not None:
+            time.sleep(max(0.0, start_at - time.time()))
         started = time.perf_counter()
         count = pipeline(sock, wire, minimum, min_seconds, 4, answer_size)
         seconds = time.perf_counter() - started
@@ -629,17 +633,38 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(15)
 
 
+def start_load(address: str, workload: Workload, args: argparse.Namespace,
+               megabytes: float | None = None, start_at: float | None = None,
+               ) -> subprocess.Popen[str]:
+    """One client process against ``address`` (``finish_load`` gives its result)."""
+    command = [sys.executable, str(SCRIPT), "--client", address, workload.name,
+               "--megabytes", str(args.megabytes if megabytes is None else megabytes),
+               "--min-seconds", str(args.min_seconds),
+               "--produce-version", str(args.produce_version),
+               "--fetch-version", str(args.fetch_version)]
+    if start_at is not None:
+        command += ["--start-at", repr(start_at)]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, stdin=subprocess.DEVNULL)
+
+
+def finish_load(proc: subprocess.Popen[str], workload: Workload, address: str
+                ) -> dict[str, Any]:
+    """The JSON result of a client process started by ``start_load``."""
+    try:
+        stdout, stderr = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise ReplayError(f"client {workload.name} -> {address} did not finish") from None
+    if proc.returncode != 0:
+        raise ReplayError(f"client {workload.name} -> {address} failed:\n{stderr}")
+    return dict(json.loads(stdout.strip().splitlines()[-1]))
+
+
 def load(address: str, workload: Workload, args: argparse.Namespace) -> dict[str, Any]:
     """One client process against ``address``; its JSON result."""
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--client", address, workload.name,
-         "--megabytes", str(args.megabytes), "--min-seconds", str(args.min_seconds),
-         "--produce-version", str(args.produce_version),
-         "--fetch-version", str(args.fetch_version)],
-        capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
-    if result.returncode != 0:
-        raise ReplayError(f"client {workload.name} -> {address} failed:\n{result.stderr}")
-    return dict(json.loads(result.stdout.strip().splitlines()[-1]))
+    return finish_load(start_load(address, workload, args), workload, address)
 
 
 _SAMPLE: Final = re.compile(r"^gatehouse_topic_records_total\{([^}]*)\} (\S+)$", re.MULTILINE)
@@ -695,6 +720,66 @@ def run_workload(targets: Sequence[Target], workload: Workload, args: argparse.N
                   f"{run.mb_per_s:8.1f} MB/s in {run.seconds:.1f} s{cpu}{counted}", flush=True)
             runs.append(run)
     return runs
+
+
+# Time for both clients of a side-by-side round to start and shake hands before the load.
+SIDE_BY_SIDE_LEAD: Final = 2.0
+
+
+def run_side_by_side(pair: Sequence[Target], workload: Workload, args: argparse.Namespace
+                     ) -> list[Run]:
+    """Both proxies of ``pair`` loaded at once, each by its own client, for
+    ``--min-seconds`` from one start time: they share the proxies' CPU, so each moves
+    what its CPU per MB allows under the very same conditions (the machine's drift, which
+    swings sequential runs by +-25% here, hits both alike at every moment)."""
+    runs = []
+    for round_ in range(args.rounds):
+        order = rotated(pair, round_)  # which client starts first alternates
+        cpu_before = {t.name: cpu_seconds(t.pid) for t in order if t.pid}
+        start_at = time.time() + SIDE_BY_SIDE_LEAD
+        procs = [(t, start_load(t.address, workload, args, 0.001, start_at)) for t in order]
+        results = {t.name: finish_load(proc, workload, t.address) for t, proc in procs}
+        line = []
+        for target in pair:
+            result = results[target.name]
+            megabytes = result["payload_bytes"] / MB
+            cpu = cpu_seconds(target.pid) - cpu_before[target.name] if target.pid else None
+            run = Run(target.name, round_, result["mb_per_s"], result["seconds"],
+                      None if cpu is None else 1000 * cpu / megabytes,
+                      None if cpu is None else cpu / result["seconds"], result["records"],
+                      None, None)
+            runs.append(run)
+            line.append(f"{target.name} {run.mb_per_s:7.1f} MB/s in {run.seconds:.1f} s"
+                        + ("" if run.cpu_ms_per_mb is None else
+                           f" ({run.cpu_ms_per_mb:.2f} CPU ms/MB, busy {run.busy:.0%})"))
+        print(f"  round {round_ + 1} {workload.name:<13} side by side: " + "; ".join(line),
+              flush=True)
+    return runs
+
+
+def report_side_by_side(workload: Workload, runs: Sequence[Run]) -> float:
+    """The side-by-side table of a workload; returns the median metered/plain MB/s."""
+    names = ("plain", "metered")
+    mbs = {n: [r.mb_per_s for r in runs if r.target == n] for n in names}
+    busy = [sum(r.busy or 0.0 for r in runs if r.round == n)
+            for n in sorted({r.round for r in runs})]
+    ratios = {
+        "metered/plain MB/s": paired(runs, "metered", "plain", lambda r: r.mb_per_s),
+        "metered/plain proxy CPU per MB": paired(runs, "metered", "plain",
+                                                 lambda r: r.cpu_ms_per_mb),
+    }
+    print(f"\n### {workload.name}, side by side (both proxies loaded at once, sharing "
+          f"their CPU)\n")
+    table(["", "plain", "metered"], [
+        ["MB/s, median", *(f"{statistics.median(mbs[n]):.1f}" for n in names)],
+        ["MB/s, min-max", *(spread(mbs[n], ".1f") for n in names)],
+    ])
+    print()
+    table(["paired per round", "median", "min-max"],
+          [[k, f"{statistics.median(v):.3f}", spread(v)] for k, v in ratios.items()])
+    print(f"\nthe two proxies' CPU busy together, median {statistics.median(busy):.0%} "
+          f"(near 100%: the shared CPU was the bottleneck, as the measure needs)")
+    return statistics.median(ratios["metered/plain MB/s"])
 
 
 # -- report -------------------------------------------------------------------------------
@@ -836,6 +921,12 @@ def benchmark(args: argparse.Namespace) -> None:
             goals.append(goal_line(name, report_workload(workload, version, runs)))
             print(flush=True)
             metered_scrapes += sum(r.scrapes or 0 for r in runs)
+            if args.side_by_side:
+                pair = targets[1:]  # plain, metered
+                together = run_side_by_side(pair, workload, args)
+                goals.append(goal_line(f"{name} (side by side)",
+                                       report_side_by_side(workload, together)))
+                print(flush=True)
     if scraper.durations:
         print(f"scrapes of the metered proxy: {len(scraper.durations)}, {metered_scrapes} of "
               f"them during its runs; median {1000 * statistics.median(scraper.durations):.1f}"
@@ -866,7 +957,12 @@ def main() -> None:
                         help="17 as Kafka 4.0 clients; topic ids from 13")
     parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
                         help="a CPU of its own for the proxies (default: on with 2+ CPUs)")
+    parser.add_argument("--side-by-side", action=argparse.BooleanOptionalAction,
+                        default=True,
+                        help="also load the plain and the metered proxy at once, sharing "
+                             "their CPU, --rounds times per workload")
     parser.add_argument("--serve-broker", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    parser.add_argument("--start-at", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--client", nargs=2, metavar=("ADDR", "WORKLOAD"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -876,7 +972,7 @@ def main() -> None:
         address, name = args.client
         print(json.dumps(run_client(address, WORKLOADS[name], args.megabytes,
                                     args.min_seconds, args.produce_version,
-                                    args.fetch_version)))
+                                    args.fetch_version, start_at=args.start_at)))
     else:
         benchmark(args)
 
