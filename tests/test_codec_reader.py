@@ -8,6 +8,7 @@ announced payload; and ``check_eof`` complains about a frame cut off by the end 
 
 from __future__ import annotations
 
+import itertools
 import random
 import struct
 
@@ -279,3 +280,18 @@ def test_wire_views_from_random_chunks(sizes: list[int]) -> None:
             got.append(bytes(wire))
     assert got == [prefixed(f) for f in frames]
     reader.check_eof()
+
+
+def test_peek_partial_leaves_the_bytes_for_take_partial() -> None:
+    reader = FrameReader()
+    frame = struct.pack(">i", 100_000) + bytes(range(256)) * 40
+    with pytest.raises(ValueError):
+        reader.peek_partial(10)  # no frame begun
+    cuts = [0, 3, 3000, 6000, 9000, len(frame)]  # chunks small and large
+    for start, end in itertools.pairwise(cuts):
+        reader.feed(frame[start:end])
+    assert reader.next_wire_frame() is None and reader.expected_size == 100_000
+    assert reader.peek_partial(7000) == frame[:7000]  # across chunks
+    assert reader.peek_partial(1 << 20) == frame  # no more than there is
+    assert reader.take_partial() == frame
+    assert reader.buffered == 0

@@ -1,6 +1,7 @@
 """Large answers go on to the client as their bytes arrive (cut-through), and a streamed
 Fetch v16+ answer's leaders (KIP-951 NodeEndpoints) are rewritten in a tag section of
-the same size, since its size prefix has already gone."""
+the same size, since its size prefix has already gone.  Large Produce requests go up
+to the broker the same way when no rule reads or changes them."""
 
 from __future__ import annotations
 
@@ -208,7 +209,7 @@ async def test_streamed_answers_reuse_their_buffer_unless_someone_kept_the_answe
     wires = [fetch_answer(1), fetch_answer(2, partition_error=6)]
     for observer in (None, Keeper()):
         async with proxied(no_answer, observer=observer) as h:
-            pool = h.pumps.ctx.answer_buffers
+            pool = h.pumps.ctx.frame_buffers
             for correlation_id, wire in enumerate(wires, 1):
                 await send_fetch(h, correlation_id)
                 await h.broker.frames.send_raw(wire[:300_000])
@@ -240,3 +241,158 @@ def test_a_buffer_pool_keeps_only_unviewed_buffers_within_its_limit() -> None:
     pool.give(bytearray(500))  # past the limit: dropped
     assert pool.kept == 600
     assert pool.take(700) is not first and pool.kept == 600
+
+
+class CountingStream(trio.abc.Stream):
+    """The proxy's side of its upstream connection, counting what the proxy sends."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self.sent = 0
+        self.waiters: list[tuple[int, trio.Event]] = []
+
+    async def send_all(self, data: Any) -> None:
+        await self.stream.send_all(data)
+        self.sent += len(data)
+        for n, event in self.waiters:
+            if self.sent >= n:
+                event.set()
+
+    async def sent_at_least(self, n: int) -> None:
+        event = trio.Event()
+        self.waiters.append((n, event))
+        if self.sent >= n:
+            event.set()
+        await event.wait()
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.stream.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        return await self.stream.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+def produce_wire(correlation_id: int, *, acks: int = -1, topic: str = "orders") -> bytes:
+    return frame_bytes(request(0, 9, correlation_id, transactional_id=None, acks=acks,
+                               timeout_ms=1000, topic_data=[{"name": topic, "partition_data": [
+                                   {"index": 0, "records": RECORDS}]}]).encode())
+
+
+def produce_answer(req: codecs.Request) -> Any:
+    if req.api_key != 0:
+        return req.api.response.root.default
+    if req.body.acks == 0:
+        return None
+    return response_body(0, req.api_version, responses=[
+        {"name": t.name, "partition_responses": [{"index": 0, "error_code": 0, "base_offset": 0}]}
+        for t in req.body.topic_data], throttle_time_ms=0)
+
+
+async def stream_up(h: Harness, upstream: CountingStream, wire: bytes) -> None:
+    """Sends ``wire`` in two halves and checks the first is at the broker before the
+    second leaves the client (store-and-forward would wait for it: the test times out)."""
+    half, before, whole = len(wire) // 2, upstream.sent, len(h.broker.received)
+    await h.client.send_raw(wire[:half])
+    with trio.fail_after(5):
+        await upstream.sent_at_least(before + half)
+    assert len(h.broker.received) == whole  # not whole there yet
+    await h.client.send_raw(wire[half:])
+
+
+async def test_a_large_produce_request_reaches_the_broker_before_its_last_byte_leaves_the_client(
+) -> None:
+    recorder = Recorder()
+    counted: list[CountingStream] = []
+
+    def counting(stream: trio.abc.Stream) -> trio.abc.Stream:
+        counted.append(CountingStream(stream))
+        return counted[-1]
+
+    async with proxied(produce_answer, observer=recorder, upstream=counting) as h:
+        wire = produce_wire(5)
+        await stream_up(h, counted[0], wire)
+        with trio.fail_after(5):
+            answer = await h.client.receive()
+        assert answer is not None and struct.unpack_from(">i", answer)[0] == 5
+        assert h.broker.received == [wire[4:]]  # the very bytes the client sent
+        assert recorder.requests == [(0, 9)] and recorder.responses == [5]
+        assert h.conn.requests == 1 and h.conn.bytes_from_client == len(wire)
+        assert h.pumps.ctx.request_budget.held == 0
+        assert h.pumps.ctx.frame_buffers.kept >= len(wire)  # back in the pool
+
+        # An acks=0 request streams too, with no answer owed.
+        quiet = produce_wire(6, acks=0)
+        await stream_up(h, counted[0], quiet)
+        await h.client.send(request(3, 12, 7, topics=[]).encode())
+        with trio.fail_after(5):
+            answer = await h.client.receive()
+        assert answer is not None and struct.unpack_from(">i", answer)[0] == 7
+        assert h.broker.received[1] == quiet[4:]
+
+
+async def test_a_large_produce_request_a_rule_renames_is_renamed_whole() -> None:
+    from gatehouse.configfile import load_yaml_text
+    from gatehouse.proxy.policy import RulesPolicy
+    from gatehouse.rules import parse_rules
+
+    policy = RulesPolicy(parse_rules(load_yaml_text(
+        "- name: alias\n  rename_topics: {orders: prod.orders}\n", "rules.yaml"), "rules.yaml"))
+    async with proxied(produce_answer, policy=policy) as h:
+        wire = produce_wire(5)
+        half = len(wire) // 2
+        await h.client.send_raw(wire[:half])
+        await h.client.send_raw(wire[half:])
+        with trio.fail_after(5):
+            answer = await h.client.receive()
+        assert answer is not None
+        assert [t.name for t in codecs.decode_request(h.broker.received[0]).body.topic_data] == [
+            "prod.orders"]
+        resp = codecs.decode_response(answer, api_key=0, api_version=9)
+        assert [t.name for t in resp.body.responses] == ["orders"]  # named back for the client
+
+
+async def test_a_client_gone_in_the_middle_of_a_streamed_request_closes_the_connection() -> None:
+    counted: list[CountingStream] = []
+
+    def counting(stream: trio.abc.Stream) -> trio.abc.Stream:
+        counted.append(CountingStream(stream))
+        return counted[-1]
+
+    async with proxied(produce_answer, upstream=counting) as h:
+        wire = produce_wire(5)
+        await h.client.send_raw(wire[:300_000])
+        with trio.fail_after(5):
+            await counted[0].sent_at_least(200_000)
+        await h.client.stream.aclose()
+        with trio.fail_after(5):
+            await h.done.wait()
+        assert "client closed the connection in the middle of a" in h.pumps.close_reason
+        assert h.broker.received == []  # the broker never saw it whole: its connection closes
+
+
+async def test_a_drain_lets_a_streamed_request_finish_and_be_answered() -> None:
+    draining = trio.Event()
+    counted: list[CountingStream] = []
+
+    def counting(stream: trio.abc.Stream) -> trio.abc.Stream:
+        counted.append(CountingStream(stream))
+        return counted[-1]
+
+    async with proxied(produce_answer, draining=draining, upstream=counting) as h:
+        wire = produce_wire(5)
+        half = len(wire) // 2
+        await h.client.send_raw(wire[:half])
+        with trio.fail_after(5):
+            await counted[0].sent_at_least(half - 1024)
+        draining.set()
+        await trio.testing.wait_all_tasks_blocked()
+        await h.client.send_raw(wire[half:])
+        with trio.fail_after(5):
+            answer = await h.client.receive()
+            await h.done.wait()
+        assert answer is not None and struct.unpack_from(">i", answer)[0] == 5
+        assert h.broker.received == [wire[4:]]
+        assert h.pumps.close_reason == "proxy shutting down"

@@ -8,6 +8,7 @@ buffered: a peer cannot make us allocate what it merely announces.
 
 from __future__ import annotations
 
+import itertools
 import struct
 from collections import deque
 from typing import Final
@@ -130,11 +131,26 @@ class FrameReader:
         self._flush_small()
         return self._take(self._buffered)  # type: ignore[return-value]
 
+    def peek_partial(self, n: int) -> bytes:
+        """Up to ``n`` of the bytes received so far of a frame not yet complete, size
+        prefix included, left in place: enough to read its header before deciding
+        whether to ``take_partial`` it."""
+        if self._expected is None:
+            raise ValueError("no incomplete frame of a known size")
+        self._flush_small()
+        return self._peek(min(n, self._buffered))
+
     def _peek(self, n: int) -> bytes:
         first, offset = self._chunks[0], self._offset
         if len(first) - offset >= n:
             return first[offset : offset + n]
-        return b"".join(self._chunks)[offset : offset + n]  # only n < 4 bytes per chunk
+        parts, need = [first[offset:]], n - (len(first) - offset)
+        for chunk in itertools.islice(self._chunks, 1, None):  # no more than n bytes
+            parts.append(chunk[:need])
+            need -= len(parts[-1])
+            if not need:
+                break
+        return b"".join(parts)
 
     def _take(self, n: int, view: bool = False) -> Buffer:
         """The next ``n`` bytes: a copy, or with ``view`` a view where they lie in one

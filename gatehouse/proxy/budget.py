@@ -65,11 +65,11 @@ class ByteBudget:
 
 
 class BufferPool:
-    """Buffers for large answers (``ProxyConnection._stream_response``), kept for the next
-    one: a new bytearray is zero-filled, and often faulted in page by page, for every
-    3 MB Fetch answer otherwise.  A buffer comes back only when nothing holds a view of
-    it any more (an observer that kept an answer keeps its buffer), and the pool keeps at
-    most ``limit`` bytes."""
+    """Buffers for large frames streamed through (``ProxyConnection._stream_response``
+    and ``_stream_request``), kept for the next one: a new bytearray is zero-filled, and
+    often faulted in page by page, for every 3 MB Fetch answer otherwise.  A buffer comes
+    back only when nothing holds a view of it any more (an observer that kept a frame
+    keeps its buffer), and the pool keeps at most ``limit`` bytes."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit

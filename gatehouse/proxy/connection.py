@@ -95,7 +95,13 @@ _STREAM_MIN = _RECEIVE_SIZE
 # The end of a streamed Fetch v16+ answer waits for the rest: its top-level tags may
 # name new leaders (KIP-951 NodeEndpoints), rewritten in a section of the same size.
 _TAIL_HOLD = 64 * 1024
-_KEPT_ANSWER_BYTES = 32 * 1024 * 1024
+# A Produce request at least this big that has not all arrived goes upstream as its bytes
+# come, when no rule reads or changes its body: a producer of large records would wait
+# at the proxy for the last byte of every request otherwise (its observers still see it
+# whole, before its last bytes go up).
+_STREAM_REQUEST_MIN = 64 * 1024
+_REQUEST_HEAD = 1024  # read for the header and acks of a request that may stream
+_KEPT_FRAME_BYTES = 32 * 1024 * 1024
 _KEPT_API_VERSIONS_ANSWERS = 256
 _STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
@@ -112,15 +118,15 @@ class ConnectionContext:
     get_policy: Callable[[], Policy]
     request_budget: ByteBudget = field(init=False)
     response_budget: ByteBudget = field(init=False)
-    answer_buffers: BufferPool = field(init=False)
+    frame_buffers: BufferPool = field(init=False)
     api_versions_answers: dict[tuple[Any, ...], bytes] = field(init=False)
 
     def __post_init__(self) -> None:
         self.request_budget = ByteBudget(self.limits.max_buffered_request_bytes)
         self.response_budget = ByteBudget(self.limits.max_buffered_response_bytes)
-        # Kept between answers; within the response budget, at most 32 MiB.
-        self.answer_buffers = BufferPool(min(self.limits.max_buffered_response_bytes,
-                                             _KEPT_ANSWER_BYTES))
+        # Kept between large frames; within the response budget, at most 32 MiB.
+        self.frame_buffers = BufferPool(min(self.limits.max_buffered_response_bytes,
+                                            _KEPT_FRAME_BYTES))
         # (version, broker's answer after the correlation id, adjusters) -> the capped
         # answer's bytes after the correlation id (see handle_response_frame).
         self.api_versions_answers: dict[tuple[Any, ...], bytes] = {}
@@ -187,6 +193,7 @@ class ProxyConnection:
         # bytes (see _watch_drain); stop_reading stops it at its next receive otherwise.
         self.receive_scope = trio.CancelScope()
         self.stop_reading = False
+        self.mid_request = False  # part of a request has gone upstream (streamed)
 
     @property
     def in_flight(self) -> int:
@@ -252,7 +259,7 @@ class ProxyConnection:
         # the wait for bytes is cancelled: a request being handled is forwarded whole,
         # with its Pending entry, or not at all.
         self.stop_reading = True
-        if self.client_io.waiting:
+        if self.client_io.waiting and not self.mid_request:
             self.receive_scope.cancel()
 
     # -- client -> upstream ----------------------------------------------------------
@@ -313,7 +320,8 @@ class ProxyConnection:
         try:
             with self.receive_scope:
                 async for wire, reserved in self._wire_frames(self._receive_from_client,
-                                                              "request", self.request_bytes):
+                                                              "request", self.request_bytes,
+                                                              self._stream_request):
                     # Only whole requests are activity: a client trickling the bytes of a
                     # frame that never completes (slowloris) still meets the idle timeout.
                     self._touch()
@@ -347,9 +355,7 @@ class ProxyConnection:
         except ProtocolError as exc:
             self._malformed("request", exc)
         header = req.header
-        conn.requests += 1
-        if header.client_id is not None:
-            conn.client_id = header.client_id
+        self._count_request(header)
         try:
             if header.api_key == API_VERSIONS and header.api_version >= 3 and req.known:
                 body = req.body
@@ -400,6 +406,67 @@ class ProxyConnection:
         elif isinstance(decision, Close):
             conn.refused += 1
             raise _Close(decision.reason, logging.INFO)
+
+    def _count_request(self, header: Any) -> None:
+        conn = self.conn
+        conn.requests += 1
+        if header.client_id is not None:
+            conn.client_id = header.client_id
+
+    async def _stream_request(self, reader: FrameReader, size: int) -> Buffer | None:
+        """A large Produce request that has begun to arrive, sent upstream as its bytes
+        come when the policy admits it unread (``Policy.admits_unread``): b"" once it is
+        sent (nothing is read past its end), None when it is not one to stream.  Its
+        observers see it whole before its last bytes go up, so before any answer."""
+        if size < _STREAM_REQUEST_MIN or self.sasl_raw_rounds != 0:
+            return None
+        try:
+            req = decode_request(memoryview(reader.peek_partial(_REQUEST_HEAD))[4:])
+            if req.api_key != PRODUCE or not req.known:
+                return None
+            acks = produce_acks(req)
+        except ProtocolError:
+            return None  # received whole then, and reported as any other request
+        policy = self.ctx.get_policy()
+        if not policy.admits_unread(self.conn, req):
+            return None
+        header = req.header
+        self._count_request(header)
+        pending = None
+        if acks != 0:
+            pending = Pending(header.correlation_id, PRODUCE, header.api_version,
+                              trio.current_time(), policy=policy)
+            await self._queue(pending)  # before its bytes go up, as in _forward
+        total = 4 + size
+        whole = self.ctx.frame_buffers.take(total)
+        view = memoryview(whole)[:total]
+        head = reader.take_partial()
+        got = sent = len(head)
+        view[:got] = head
+        self.mid_request = True  # a drain lets it finish: it goes up whole
+        await self.upstream_io.send_all(head)
+        receive_into = self.client_io.receive_into
+        while True:
+            n = await receive_into(view[got:])
+            if not n:
+                raise _Close(f"client closed the connection in the middle of a {size}-byte "
+                             f"request", logging.WARNING)
+            got += n
+            self.conn.bytes_from_client += n
+            if got == total:
+                break
+            await self.upstream_io.send_all(view[sent:got])
+            sent = got
+        self._touch()
+        frame = view.toreadonly()[4:]
+        self.ctx.observer.request(self.conn, decode_request(frame), size)
+        if pending is not None:
+            pending.started = trio.current_time()  # its answer's time runs from here
+        await self.upstream_io.send_all(view[sent:])
+        self.mid_request = False
+        del frame, view  # the buffer goes back once no one else holds a view of it
+        self.ctx.frame_buffers.give(whole)
+        return b""
 
     async def _forward(self, wire: Any, pending: Pending | None) -> None:
         if pending is not None:
@@ -485,7 +552,7 @@ class ProxyConnection:
         limit = total - hold  # bytes that go on as they come
         # The whole answer, for its tail and the observers: received straight into one
         # buffer of its size (no chunks to join), and never past its end.
-        whole = self.ctx.answer_buffers.take(total)
+        whole = self.ctx.frame_buffers.take(total)
         view = memoryview(whole)[:total]
         got = len(head)
         view[:got] = head
@@ -510,7 +577,7 @@ class ProxyConnection:
             await self._send_client(out[sent - 4:])
         self._answered(pending, out)
         del frame, out, view  # the buffer goes back once no one else holds a view of it
-        self.ctx.answer_buffers.give(whole)
+        self.ctx.frame_buffers.give(whole)
         await self._answer_sent()
         return b""
 

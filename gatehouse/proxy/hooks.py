@@ -143,6 +143,12 @@ class Policy:
     def on_request(self, conn: ConnectionInfo, req: Request) -> Decision:
         return Forward(req)
 
+    def admits_unread(self, conn: ConnectionInfo, req: Request) -> bool:
+        """Whether ``on_request`` would forward ``req`` untouched whatever its body holds;
+        if so, the request counts as decided (as ``on_request`` would count it) and its
+        body may go upstream before all of it has arrived.  ``req`` has its header only."""
+        return True
+
     def on_response(self, conn: ConnectionInfo, pending: Pending, resp: Response) -> Response:
         return resp
 

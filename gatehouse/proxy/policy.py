@@ -136,6 +136,19 @@ class RulesPolicy(Policy):
                  or (carries_topics(response) and has_error_text(response, version)))
         return Forward(mapped, wants_response=wants, context=topic_map)
 
+    def admits_unread(self, conn: ConnectionInfo, req: Request) -> bool:
+        ruleset = self.ruleset
+        if not ruleset:
+            return True
+        # The evaluation reads the header only; a rule that refuses, would refuse or
+        # maps topics wants the whole request (on_request).
+        evaluation = _evaluated(ruleset, facts_of(conn, req), req, conn.state)
+        if (evaluation.refusal is not None or evaluation.would_refuse
+                or evaluation.topic_map is not None or evaluation.observed_map is not None):
+            return False
+        self._emit(evaluation.outcomes)
+        return True
+
     def on_response(self, conn: ConnectionInfo, pending: Pending, resp: Response) -> Response:
         topic_map = pending.context
         if not isinstance(topic_map, TopicMap):
