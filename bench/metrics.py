@@ -3,15 +3,23 @@ per-error, per-topic counters from record batch headers, latency histograms, gro
 scraped every few seconds, same broker, same run.
 
     python bench/metrics.py [--records 100000] [--rounds 3] [--scrape-every 5]
+                            [--side-by-side-records 1000000]
 
 Load comes from Kafka's ProducerPerformance / ConsumerPerformance (bench/proxy.py's
 helpers).  Goal (issue #5): metrics cost <= 5% throughput versus no metrics.
+
+Runs alternate direct / no metrics / metrics, and their throughput drifts by more than
+5% from run to run on a shared 2-core machine.  So the producers also run side by side:
+one through each proxy at the same time, on the same broker, each printing its rate
+every second; the seconds both ran (after the first two) are paired, and their median
+ratio is the cost, measured in the same moments.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import sys
 import threading
@@ -21,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.proxy import compare_throughput, cpu_seconds, print_ratios, start_gatehouse
+from bench.proxy import PERF, compare_throughput, cpu_seconds, print_ratios, start_gatehouse
 from gatehouse.embedded import free_port
 from tests.support.kafka import KafkaCluster
 
@@ -46,36 +54,58 @@ class Scraper(threading.Thread):
             self.durations.append(time.perf_counter() - t0)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--records", type=int, default=100_000)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--scrape-every", type=float, default=5.0)
-    args = parser.parse_args()
-    os.environ.setdefault("GATEHOUSE_KAFKA_VERSION", "4.4.0")
-    metrics_port = free_port()
-    with KafkaCluster(1) as kafka:
-        plain, plain_addr = start_gatehouse(kafka.bootstrap)
-        metered, metered_addr = start_gatehouse(
-            kafka.bootstrap, f"metrics: {{listen: 127.0.0.1:{metrics_port}}}\n")
-        scraper = Scraper(f"http://127.0.0.1:{metrics_port}/metrics", args.scrape_every)
-        scraper.start()
-        try:
-            per_mb: dict[str, dict[str, list[float]]] = {}
-            results = compare_throughput(
-                kafka, {"direct": kafka.bootstrap, "no-metrics": plain_addr,
-                        "metrics": metered_addr},
-                records=args.records, rounds=args.rounds, sizes=SIZES,
-                pids={"no-metrics": plain.pid, "metrics": metered.pid}, cpu=per_mb)
-            # Both proxies carried the same records: their CPU time is the cost, and it
-            # is less disturbed by other load on the machine than throughput is.
-            cpu = {"no-metrics": cpu_seconds(plain.pid), "metrics": cpu_seconds(metered.pid)}
-        finally:
-            scraper.stop.set()
-            scraper.join(60)
-            for proc in (plain, metered):
-                proc.terminate()
-                proc.wait(15)
+_WINDOW = re.compile(r"^\d+ records sent, [\d.]+ records/sec \(([\d.]+) MB/sec\)")
+
+
+def produce_windows(kafka: KafkaCluster, bootstrap: str, topic: str, records: int,
+                    size: int, out: list[float]) -> None:
+    """ProducerPerformance as bench/proxy.py runs it, its MB/s of every second into ``out``."""
+    result = kafka.run_java_tool(PERF, "--topic", topic, "--num-records", str(records),
+                                 "--record-size", str(size), "--throughput", "-1",
+                                 "--reporting-interval", "1000",
+                                 "--producer-props", f"bootstrap.servers={bootstrap}",
+                                 "acks=all", "linger.ms=5", "delivery.timeout.ms=60000",
+                                 timeout=900)
+    lines = (result.stdout or "").strip().splitlines()
+    out.extend(float(m.group(1)) for line in lines[:-1] if (m := _WINDOW.match(line)))
+    if result.returncode != 0 or not out:
+        raise RuntimeError(f"ProducerPerformance failed: {result.stderr[-1500:]}")
+
+
+def side_by_side(kafka: KafkaCluster, targets: dict[str, str], *, records: int, size: int,
+                 rounds: int) -> tuple[list[float], list[float], dict[str, float]]:
+    """Producers through the two targets at once, ``rounds`` times.  Of the seconds both
+    ran (the first two, start-up, and the last of the shorter run, a part-second, left
+    out): the ``metrics``/``no-metrics`` ratio of each round's MB (its sums), the ratio
+    of each second, and each target's median MB/s."""
+    per_round: list[float] = []
+    per_second: list[float] = []
+    rates: dict[str, list[float]] = {name: [] for name in targets}
+    for r in range(rounds):
+        windows: dict[str, list[float]] = {name: [] for name in targets}
+        threads = []
+        for name, addr in targets.items():
+            topic = f"side-{size}-{name}-{r}"
+            kafka.create_topic(topic, partitions=3)
+            threads.append(threading.Thread(target=produce_windows, args=(
+                kafka, addr, topic, records, size, windows[name])))
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        both = range(2, min(len(w) for w in windows.values()) - 1)
+        if not both:
+            raise RuntimeError("the producers ran side by side for under 4 s: more records")
+        metered, plain = windows["metrics"], windows["no-metrics"]
+        per_round.append(sum(metered[i] for i in both) / sum(plain[i] for i in both))
+        per_second.extend(metered[i] / plain[i] for i in both)
+        for name in targets:
+            rates[name].extend(windows[name][i] for i in both)
+    return per_round, per_second, {name: statistics.median(v) for name, v in rates.items()}
+
+
+def print_alternating(results: dict[str, dict[str, list[float]]],
+                      per_mb: dict[str, dict[str, list[float]]], cpu: dict[str, float]) -> None:
     print_ratios(results)
     print("metrics/no-metrics: " + ", ".join(
         f"{metric} {statistics.median(results['metrics'][metric]) / statistics.median(results['no-metrics'][metric]):.3f}"
@@ -97,6 +127,64 @@ def main() -> None:
     print(f"proxy CPU seconds for the whole run: no-metrics {cpu['no-metrics']:.1f}, "
           f"metrics {cpu['metrics']:.1f}, metrics/no-metrics "
           f"{cpu['metrics'] / cpu['no-metrics']:.3f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--scrape-every", type=float, default=5.0)
+    parser.add_argument("--no-alternating", action="store_true",
+                        help="only the side-by-side producers")
+    parser.add_argument("--side-by-side-records", type=int, default=1_000_000,
+                        help="1 KiB records per producer side by side (0: none); a 50th "
+                             "as many of 100 KiB")
+    args = parser.parse_args()
+    os.environ.setdefault("GATEHOUSE_KAFKA_VERSION", "4.4.0")
+    metrics_port = free_port()
+    with KafkaCluster(1) as kafka:
+        plain, plain_addr = start_gatehouse(kafka.bootstrap)
+        metered, metered_addr = start_gatehouse(
+            kafka.bootstrap, f"metrics: {{listen: 127.0.0.1:{metrics_port}}}\n")
+        scraper = Scraper(f"http://127.0.0.1:{metrics_port}/metrics", args.scrape_every)
+        scraper.start()
+        try:
+            per_mb: dict[str, dict[str, list[float]]] = {}
+            results: dict[str, dict[str, list[float]]] = {}
+            if not args.no_alternating:
+                results = compare_throughput(
+                    kafka, {"direct": kafka.bootstrap, "no-metrics": plain_addr,
+                            "metrics": metered_addr},
+                    records=args.records, rounds=args.rounds, sizes=SIZES,
+                    pids={"no-metrics": plain.pid, "metrics": metered.pid}, cpu=per_mb)
+            # Both proxies carried the same records: their CPU time is the cost, and it
+            # is less disturbed by other load on the machine than throughput is.
+            cpu = {"no-metrics": cpu_seconds(plain.pid), "metrics": cpu_seconds(metered.pid)}
+            at_once: dict[int, tuple[list[float], list[float], dict[str, float]]] = {}
+            if args.side_by_side_records:
+                for size in SIZES:
+                    n = args.side_by_side_records // (1 if size <= 1024 else 50)
+                    at_once[size] = side_by_side(
+                        kafka, {"no-metrics": plain_addr, "metrics": metered_addr},
+                        records=n, size=size, rounds=args.rounds)
+        finally:
+            scraper.stop.set()
+            scraper.join(60)
+            for proc in (plain, metered):
+                proc.terminate()
+                proc.wait(15)
+    if results:
+        print_alternating(results, per_mb, cpu)
+    for size, (per_round, per_second, rates) in at_once.items():
+        per_second.sort()
+        print(f"side by side, produce {size // 1024} KiB: metrics/no-metrics MB of the "
+              f"seconds both ran, per round {', '.join(f'{r:.3f}' for r in per_round)} "
+              f"(median {statistics.median(per_round):.3f}); per second median "
+              f"{statistics.median(per_second):.3f} (quartiles "
+              f"{per_second[len(per_second) // 4]:.3f}-"
+              f"{per_second[3 * len(per_second) // 4]:.3f}, {len(per_second)} s); "
+              f"median MB/s no-metrics {rates['no-metrics']:.1f}, metrics "
+              f"{rates['metrics']:.1f}")
     if scraper.durations:
         print(f"scrapes: {len(scraper.durations)}, median "
               f"{1000 * statistics.median(scraper.durations):.1f} ms, max "
