@@ -215,19 +215,25 @@ def test_wire_frames_keep_the_prefix_and_a_whole_chunk_is_not_copied() -> None:
     assert reader.buffered == 0
 
 
+def wires_in_chunks(stream: bytes, sizes: list[int], view: bool) -> list[bytes]:
+    """The frames of ``stream`` fed in pieces of ``sizes`` (then the rest), by
+    ``next_wire_view`` or ``next_wire_frame``; the reader's count checked at each step."""
+    reader = FrameReader()
+    pos, got = 0, []
+    for size in [*sizes, len(stream)]:
+        reader.feed(stream[pos:pos + size])
+        pos += size
+        while (wire := reader.next_wire_view() if view else reader.next_wire_frame()) is not None:
+            got.append(bytes(wire))
+        assert reader.buffered == min(pos, len(stream)) - sum(map(len, got))
+    reader.check_eof()
+    return got
+
+
 @settings(max_examples=200, deadline=None, database=None)
 @given(st.lists(st.integers(1, 2000), max_size=40))
 def test_wire_frames_from_random_chunks(sizes: list[int]) -> None:
-    reader = FrameReader()
-    pos, got = 0, []
-    for size in [*sizes, len(STREAM)]:
-        reader.feed(STREAM[pos:pos + size])
-        pos += size
-        while (wire := reader.next_wire_frame()) is not None:
-            got.append(wire)
-        assert reader.buffered == min(pos, len(STREAM)) - sum(map(len, got))
-    assert got == [prefixed(f) for f in FRAMES]
-    reader.check_eof()
+    assert wires_in_chunks(STREAM, sizes, view=False) == [prefixed(f) for f in FRAMES]
 
 
 def test_a_trickled_frame_costs_its_size_in_memory() -> None:
@@ -271,15 +277,7 @@ def test_wire_views_of_big_frames_share_their_chunk_and_small_ones_are_copied() 
 def test_wire_views_from_random_chunks(sizes: list[int]) -> None:
     frames = [b"x" * n for n in (5, VIEW_SIZE, VIEW_SIZE - 1, 2 * VIEW_SIZE, 0, 300)]
     stream = b"".join(prefixed(f) for f in frames)
-    reader = FrameReader()
-    pos, got = 0, []
-    for size in [*sizes, len(stream)]:
-        reader.feed(stream[pos:pos + size])
-        pos += size
-        while (wire := reader.next_wire_view()) is not None:
-            got.append(bytes(wire))
-    assert got == [prefixed(f) for f in frames]
-    reader.check_eof()
+    assert wires_in_chunks(stream, sizes, view=True) == [prefixed(f) for f in frames]
 
 
 def test_peek_partial_leaves_the_bytes_for_take_partial() -> None:
