@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from gatehouse import codecs
 from gatehouse.codecs import fetch
 from gatehouse.codecs._scan import tag_fields
+from gatehouse.proxy.hooks import Forward, Policy
 from tests.support.fakebroker import frame_bytes, request, response_body
 from tests.test_proxy_pumps import Harness, Recorder, proxied
 
@@ -275,6 +276,16 @@ class CountingStream(trio.abc.Stream):
         await self.stream.aclose()
 
 
+class Counting:
+    """``proxied(upstream=...)``: wraps the proxy's upstream side in a CountingStream."""
+
+    stream: CountingStream
+
+    def __call__(self, stream: trio.abc.Stream) -> trio.abc.Stream:
+        self.stream = CountingStream(stream)
+        return self.stream
+
+
 def produce_wire(correlation_id: int, *, acks: int = -1, topic: str = "orders") -> bytes:
     return frame_bytes(request(0, 9, correlation_id, transactional_id=None, acks=acks,
                                timeout_ms=1000, topic_data=[{"name": topic, "partition_data": [
@@ -305,15 +316,10 @@ async def stream_up(h: Harness, upstream: CountingStream, wire: bytes) -> None:
 async def test_a_large_produce_request_reaches_the_broker_before_its_last_byte_leaves_the_client(
 ) -> None:
     recorder = Recorder()
-    counted: list[CountingStream] = []
-
-    def counting(stream: trio.abc.Stream) -> trio.abc.Stream:
-        counted.append(CountingStream(stream))
-        return counted[-1]
-
-    async with proxied(produce_answer, observer=recorder, upstream=counting) as h:
+    counted = Counting()
+    async with proxied(produce_answer, observer=recorder, upstream=counted) as h:
         wire = produce_wire(5)
-        await stream_up(h, counted[0], wire)
+        await stream_up(h, counted.stream, wire)
         with trio.fail_after(5):
             answer = await h.client.receive()
         assert answer is not None and struct.unpack_from(">i", answer)[0] == 5
@@ -325,7 +331,7 @@ async def test_a_large_produce_request_reaches_the_broker_before_its_last_byte_l
 
         # An acks=0 request streams too, with no answer owed.
         quiet = produce_wire(6, acks=0)
-        await stream_up(h, counted[0], quiet)
+        await stream_up(h, counted.stream, quiet)
         await h.client.send(request(3, 12, 7, topics=[]).encode())
         with trio.fail_after(5):
             answer = await h.client.receive()
@@ -355,17 +361,12 @@ async def test_a_large_produce_request_a_rule_renames_is_renamed_whole() -> None
 
 
 async def test_a_client_gone_in_the_middle_of_a_streamed_request_closes_the_connection() -> None:
-    counted: list[CountingStream] = []
-
-    def counting(stream: trio.abc.Stream) -> trio.abc.Stream:
-        counted.append(CountingStream(stream))
-        return counted[-1]
-
-    async with proxied(produce_answer, upstream=counting) as h:
+    counted = Counting()
+    async with proxied(produce_answer, upstream=counted) as h:
         wire = produce_wire(5)
         await h.client.send_raw(wire[:300_000])
         with trio.fail_after(5):
-            await counted[0].sent_at_least(200_000)
+            await counted.stream.sent_at_least(200_000)
         await h.client.stream.aclose()
         with trio.fail_after(5):
             await h.done.wait()
@@ -375,18 +376,13 @@ async def test_a_client_gone_in_the_middle_of_a_streamed_request_closes_the_conn
 
 async def test_a_drain_lets_a_streamed_request_finish_and_be_answered() -> None:
     draining = trio.Event()
-    counted: list[CountingStream] = []
-
-    def counting(stream: trio.abc.Stream) -> trio.abc.Stream:
-        counted.append(CountingStream(stream))
-        return counted[-1]
-
-    async with proxied(produce_answer, draining=draining, upstream=counting) as h:
+    counted = Counting()
+    async with proxied(produce_answer, draining=draining, upstream=counted) as h:
         wire = produce_wire(5)
         half = len(wire) // 2
         await h.client.send_raw(wire[:half])
         with trio.fail_after(5):
-            await counted[0].sent_at_least(half - 1024)
+            await counted.stream.sent_at_least(half - 1024)
         draining.set()
         await trio.testing.wait_all_tasks_blocked()
         await h.client.send_raw(wire[half:])
@@ -396,3 +392,33 @@ async def test_a_drain_lets_a_streamed_request_finish_and_be_answered() -> None:
         assert answer is not None and struct.unpack_from(">i", answer)[0] == 5
         assert h.broker.received == [wire[4:]]
         assert h.pumps.close_reason == "proxy shutting down"
+
+
+class DropEmptyTopics(Policy):
+    """Decides by the body: a Produce request naming no topic is answered here."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def on_request(self, conn: Any, req: codecs.Request) -> Any:
+        if req.api_key == 0:
+            self.seen.append(len(req.body.topic_data))  # the whole body, decoded
+        return Forward(req)
+
+
+async def test_a_policy_that_reads_bodies_gets_large_requests_whole() -> None:
+    """A Policy subclass with its own on_request and no admits_unread is never bypassed:
+    its large Produce requests are received whole, then decided."""
+    policy = DropEmptyTopics()
+    counted = Counting()
+    async with proxied(produce_answer, policy=policy, upstream=counted) as h:
+        wire = produce_wire(5)
+        half = len(wire) // 2
+        await h.client.send_raw(wire[:half])
+        await trio.testing.wait_all_tasks_blocked()
+        assert counted.stream.sent == 0  # held: the policy has not seen it yet
+        await h.client.send_raw(wire[half:])
+        with trio.fail_after(5):
+            answer = await h.client.receive()
+        assert answer is not None and policy.seen == [1]
+        assert h.broker.received == [wire[4:]]

@@ -194,6 +194,9 @@ class ProxyConnection:
         self.receive_scope = trio.CancelScope()
         self.stop_reading = False
         self.mid_request = False  # part of a request has gone upstream (streamed)
+        # The request being received was found not to stream: not asked again at every
+        # receive of its bytes.
+        self.store_and_forward = False
 
     @property
     def in_flight(self) -> int:
@@ -325,6 +328,7 @@ class ProxyConnection:
                     # Only whole requests are activity: a client trickling the bytes of a
                     # frame that never completes (slowloris) still meets the idle timeout.
                     self._touch()
+                    self.store_and_forward = False
                     await self.handle_request_frame(wire)
                     if reserved:  # forwarded or answered here: done with its bytes
                         self.request_bytes.give(reserved)
@@ -418,17 +422,23 @@ class ProxyConnection:
         come when the policy admits it unread (``Policy.admits_unread``): b"" once it is
         sent (nothing is read past its end), None when it is not one to stream.  Its
         observers see it whole before its last bytes go up, so before any answer."""
-        if size < _STREAM_REQUEST_MIN or self.sasl_raw_rounds != 0:
+        if size < _STREAM_REQUEST_MIN or self.sasl_raw_rounds != 0 or self.store_and_forward:
             return None
+        head = reader.peek_partial(_REQUEST_HEAD)
         try:
-            req = decode_request(memoryview(reader.peek_partial(_REQUEST_HEAD))[4:])
+            req = decode_request(memoryview(head)[4:])
             if req.api_key != PRODUCE or not req.known:
+                self.store_and_forward = True
                 return None
             acks = produce_acks(req)
         except ProtocolError:
-            return None  # received whole then, and reported as any other request
+            # Received whole then (and reported as any other request), unless its
+            # header has not all arrived yet.
+            self.store_and_forward = len(head) >= _REQUEST_HEAD
+            return None
         policy = self.ctx.get_policy()
         if not policy.admits_unread(self.conn, req):
+            self.store_and_forward = True
             return None
         header = req.header
         self._count_request(header)
@@ -440,7 +450,7 @@ class ProxyConnection:
         total = 4 + size
         whole = self.ctx.frame_buffers.take(total)
         view = memoryview(whole)[:total]
-        head = reader.take_partial()
+        head = reader.take_partial()  # the bytes peeked and any that came with them
         got = sent = len(head)
         view[:got] = head
         self.mid_request = True  # a drain lets it finish: it goes up whole

@@ -146,8 +146,11 @@ class Policy:
     def admits_unread(self, conn: ConnectionInfo, req: Request) -> bool:
         """Whether ``on_request`` would forward ``req`` untouched whatever its body holds;
         if so, the request counts as decided (as ``on_request`` would count it) and its
-        body may go upstream before all of it has arrived.  ``req`` has its header only."""
-        return True
+        body may go upstream before all of it has arrived.  ``req`` has its header only.
+
+        Here: only where ``on_request`` is this class's own (forward everything), so a
+        policy that decides by the body is never bypassed unless it says so."""
+        return type(self).on_request is Policy.on_request
 
     def on_response(self, conn: ConnectionInfo, pending: Pending, resp: Response) -> Response:
         return resp
