@@ -374,6 +374,24 @@ async def test_a_client_gone_in_the_middle_of_a_streamed_request_closes_the_conn
         assert h.broker.received == []  # the broker never saw it whole: its connection closes
 
 
+async def test_a_broker_gone_in_the_middle_of_a_streamed_request_closes_the_client() -> None:
+    counted = Counting()
+    async with proxied(produce_answer, upstream=counted) as h:
+        wire = produce_wire(5)
+        half = len(wire) // 2
+        await h.client.send_raw(wire[:half])
+        with trio.fail_after(5):
+            await counted.stream.sent_at_least(half)
+        await h.broker.frames.stream.aclose()
+        await h.client.send_raw(wire[half:])
+        with trio.fail_after(5):
+            await h.done.wait()
+        assert h.pumps.close_reason == ("broker broker:9092 closed the connection with 1 "
+                                        "request(s) in flight")
+        assert await h.client.receive() is None  # the client sees the close, no answer
+        assert h.pumps.ctx.request_budget.held == 0
+
+
 async def test_a_drain_lets_a_streamed_request_finish_and_be_answered() -> None:
     draining = trio.Event()
     counted = Counting()

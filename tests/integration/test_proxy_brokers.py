@@ -213,6 +213,48 @@ def test_megabyte_fetch_answers_reach_every_client_intact(kafka: KafkaCluster) -
                             direction="fetch") >= 3 * count
 
 
+def test_large_produce_requests_go_up_as_they_arrive_and_land_intact(
+        kafka: KafkaCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Records of 300 KiB make Produce requests bigger than one of the proxy's reads, so
+    it sends each up as its bytes arrive (ProxyConnection._stream_request); the broker
+    stores every record byte for byte and the metrics still count them all."""
+    from kafka import KafkaProducer
+
+    from gatehouse.proxy.connection import ProxyConnection
+
+    streamed: list[int] = []
+    original = ProxyConnection._stream_request
+
+    async def spy(self: ProxyConnection, reader: Any, size: int) -> Any:
+        out = await original(self, reader, size)
+        if out is not None:
+            streamed.append(size)
+        return out
+
+    monkeypatch.setattr(ProxyConnection, "_stream_request", spy)
+    count = 12
+    values = [f"{i:03d}-".encode() + bytes((i * 7 + j) % 253 for j in range(300 * 1024))
+              for i in range(count)]
+    with ProxyThread(kafka.bootstrap) as proxy:
+        topic = unique("bigp")
+        kafka.create_topic(topic, partitions=1)
+        producer = ck.Producer({"bootstrap.servers": proxy.bootstrap, "acks": "all",
+                                "linger.ms": 20, "log_level": 3})
+        for value in values[: count // 2]:
+            producer.produce(topic, value=value)
+        assert producer.flush(30) == 0  # librdkafka
+        java_style = KafkaProducer(bootstrap_servers=proxy.bootstrap, acks="all",
+                                   max_request_size=2 << 20)
+        for value in values[count // 2:]:
+            java_style.send(topic, value)
+        java_style.flush(30)
+        java_style.close()  # kafka-python
+        assert proxy.sample("gatehouse_topic_records_total", topic=topic,
+                            direction="produce") == count
+    assert streamed and min(streamed) > 256 * 1024
+    assert consume({"bootstrap.servers": kafka.bootstrap}, topic, count) == values
+
+
 def test_sasl_scram_passes_through(kafka_scram: KafkaCluster) -> None:
     with ProxyThread(kafka_scram.sasl_bootstrap) as proxy:
         topic = unique("sasl")
