@@ -448,35 +448,53 @@ class ProxyConnection:
                               trio.current_time(), policy=policy)
             await self._queue(pending)  # before its bytes go up, as in _forward
         total = 4 + size
-        whole = self.ctx.frame_buffers.take(total)
-        view = memoryview(whole)[:total]
-        head = reader.take_partial()  # the bytes peeked and any that came with them
-        got = sent = len(head)
-        view[:got] = head
+        limit = total - 1  # the last byte waits for the observers
         self.mid_request = True  # a drain lets it finish: it goes up whole
-        await self.upstream_io.send_all(head)
-        receive_into = self.client_io.receive_into
-        while True:
-            n = await receive_into(view[got:])
-            if not n:
-                raise _Close(f"client closed the connection in the middle of a {size}-byte "
-                             f"request", logging.WARNING)
-            got += n
-            self.conn.bytes_from_client += n
-            if got == total:
-                break
-            await self.upstream_io.send_all(view[sent:got])
-            sent = got
+        whole, view = await self._relay_large(
+            reader.take_partial(), total, limit, self.client_io.receive_into,
+            self.upstream_io.send_all, self._received_from_client,
+            f"client closed the connection in the middle of a {size}-byte request")
         self._touch()
         frame = view.toreadonly()[4:]
         self.ctx.observer.request(self.conn, decode_request(frame), size)
         if pending is not None:
             pending.started = trio.current_time()  # its answer's time runs from here
-        await self.upstream_io.send_all(view[sent:])
+        await self.upstream_io.send_all(view[limit:])
         self.mid_request = False
         del frame, view  # the buffer goes back once no one else holds a view of it
         self.ctx.frame_buffers.give(whole)
         return b""
+
+    def _received_from_client(self, n: int) -> None:
+        self.conn.bytes_from_client += n
+
+    async def _relay_large(
+        self, head: Buffer, total: int, limit: int,
+        receive_into: Callable[[memoryview], Awaitable[int]],
+        send: Callable[[Any], Awaitable[None]], received: Callable[[int], None], gone: str,
+    ) -> tuple[bytearray, memoryview]:
+        """A frame of ``total`` bytes whose first bytes, ``head``, are in hand: the rest
+        received straight into a pooled buffer (never past the frame's end), its first
+        ``limit`` bytes sent on with ``send`` as they come.  Returns the buffer and the
+        frame's view in it: the caller sends the rest and gives the buffer back.
+        ``received(n)`` hears of each piece; the other end closing raises ``gone``."""
+        whole = self.ctx.frame_buffers.take(total)
+        view = memoryview(whole)[:total]
+        got = len(head)
+        view[:got] = head
+        await send(head[:limit] if got > limit else head)
+        sent = min(got, limit)
+        while got < total:
+            n = await receive_into(view[got:])
+            if not n:
+                raise _Close(gone, logging.WARNING)
+            got += n
+            received(n)
+            if sent < limit:
+                upto = min(got, limit)
+                await send(view[sent:upto])
+                sent = upto
+        return whole, view
 
     async def _forward(self, wire: Any, pending: Pending | None) -> None:
         if pending is not None:
@@ -488,6 +506,9 @@ class ProxyConnection:
         await self.upstream_io.send_all(wire)
 
     # -- upstream -> client ----------------------------------------------------------
+
+    def _received_from_upstream(self, n: int) -> None:
+        self._touch()  # every byte from the broker is activity
 
     async def _receive_from_upstream(self) -> bytes | bytearray:
         data = await self.upstream_io.receive_some(_RECEIVE_SIZE)
@@ -560,31 +581,16 @@ class ProxyConnection:
             raise _out_of_step(correlation_id, pending)
         total = 4 + size
         limit = total - hold  # bytes that go on as they come
-        # The whole answer, for its tail and the observers: received straight into one
-        # buffer of its size (no chunks to join), and never past its end.
-        whole = self.ctx.frame_buffers.take(total)
-        view = memoryview(whole)[:total]
-        got = len(head)
-        view[:got] = head
-        await self._send_client(head[:limit] if got > limit else head)
-        sent = min(got, limit)
-        receive_into = self.upstream_io.receive_into
-        while got < total:
-            n = await receive_into(view[got:])
-            if not n:
-                raise _Close(f"broker {self.conn.upstream} closed the connection in the "
-                             f"middle of an answer", logging.WARNING)
-            got += n
-            self._touch()
-            if sent < limit:
-                upto = min(got, limit)
-                await self._send_client(view[sent:upto])
-                sent = upto
+        # The whole answer, for its tail and the observers (no chunks to join).
+        whole, view = await self._relay_large(
+            head, total, limit, self.upstream_io.receive_into, self._send_client,
+            self._received_from_upstream,
+            f"broker {self.conn.upstream} closed the connection in the middle of an answer")
         frame = view.toreadonly()[4:]
         out = frame
-        if sent < total:
-            out = await self._streamed_tail(frame, pending, sent - 4)
-            await self._send_client(out[sent - 4:])
+        if limit < total:
+            out = await self._streamed_tail(frame, pending, limit - 4)
+            await self._send_client(out[limit - 4:])
         self._answered(pending, out)
         del frame, out, view  # the buffer goes back once no one else holds a view of it
         self.ctx.frame_buffers.give(whole)
