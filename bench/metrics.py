@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import statistics
 import sys
 import threading
@@ -29,7 +28,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.proxy import PERF, compare_throughput, cpu_seconds, print_ratios, start_gatehouse
+from bench.proxy import (
+    compare_throughput,
+    cpu_seconds,
+    print_ratios,
+    produce_rate,
+    start_gatehouse,
+)
 from gatehouse.embedded import free_port
 from tests.support.kafka import KafkaCluster
 
@@ -54,24 +59,6 @@ class Scraper(threading.Thread):
             self.durations.append(time.perf_counter() - t0)
 
 
-_WINDOW = re.compile(r"^\d+ records sent, [\d.]+ records/sec \(([\d.]+) MB/sec\)")
-
-
-def produce_windows(kafka: KafkaCluster, bootstrap: str, topic: str, records: int,
-                    size: int, out: list[float]) -> None:
-    """ProducerPerformance as bench/proxy.py runs it, its MB/s of every second into ``out``."""
-    result = kafka.run_java_tool(PERF, "--topic", topic, "--num-records", str(records),
-                                 "--record-size", str(size), "--throughput", "-1",
-                                 "--reporting-interval", "1000",
-                                 "--producer-props", f"bootstrap.servers={bootstrap}",
-                                 "acks=all", "linger.ms=5", "delivery.timeout.ms=60000",
-                                 timeout=900)
-    lines = (result.stdout or "").strip().splitlines()
-    out.extend(float(m.group(1)) for line in lines[:-1] if (m := _WINDOW.match(line)))
-    if result.returncode != 0 or not out:
-        raise RuntimeError(f"ProducerPerformance failed: {result.stderr[-1500:]}")
-
-
 def side_by_side(kafka: KafkaCluster, targets: dict[str, str], *, records: int, size: int,
                  rounds: int) -> tuple[list[float], list[float], dict[str, float]]:
     """Producers through the two targets at once, ``rounds`` times.  Of the seconds both
@@ -87,8 +74,9 @@ def side_by_side(kafka: KafkaCluster, targets: dict[str, str], *, records: int, 
         for name, addr in targets.items():
             topic = f"side-{size}-{name}-{r}"
             kafka.create_topic(topic, partitions=3)
-            threads.append(threading.Thread(target=produce_windows, args=(
-                kafka, addr, topic, records, size, windows[name])))
+            threads.append(threading.Thread(target=produce_rate, args=(
+                kafka, addr, topic, records, size), kwargs={"timeout": 900,
+                                                            "windows": windows[name]}))
         for thread in threads:
             thread.start()
         for thread in threads:

@@ -60,17 +60,29 @@ def start_tansu_proxy(upstream: str) -> tuple[subprocess.Popen[bytes], str]:
     return proc, f"127.0.0.1:{port}"
 
 
+# A ProducerPerformance progress line, and the summary line (the last) alike.
+PRODUCED = re.compile(r"(\d+) records sent, ([\d.]+) records/sec \(([\d.]+) MB/sec\)")
+
+
 def produce_rate(kafka: KafkaCluster, bootstrap: str, topic: str, records: int,
-                 size: int, timeout: float = 600) -> float:
+                 size: int, timeout: float = 600, windows: list[float] | None = None
+                 ) -> float:
+    """ProducerPerformance's MB/s; with ``windows``, the MB/s of each second of the run
+    are added to it too."""
+    interval = () if windows is None else ("--reporting-interval", "1000")
     result = kafka.run_java_tool(PERF, "--topic", topic, "--num-records", str(records),
                                  "--record-size", str(size), "--throughput", "-1",
+                                 *interval,
                                  "--producer-props", f"bootstrap.servers={bootstrap}",
                                  "acks=all", "linger.ms=5", "delivery.timeout.ms=60000",
                                  timeout=timeout)
-    match = re.search(r"(\d+) records sent, ([\d.]+) records/sec \(([\d.]+) MB/sec\)",
-                      result.stdout.strip().splitlines()[-1] if result.stdout else "")
+    lines = result.stdout.strip().splitlines() if result.stdout else []
+    match = PRODUCED.search(lines[-1] if lines else "")
     if result.returncode != 0 or match is None:
         raise RuntimeError(f"ProducerPerformance failed: {result.stderr[-1500:]}")
+    if windows is not None:
+        windows.extend(float(m.group(3)) for line in lines[:-1]
+                       if (m := PRODUCED.match(line)))
     return float(match.group(3))
 
 
