@@ -11,12 +11,14 @@ import uuid
 from typing import Any
 
 import trio
+import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
 from gatehouse import codecs
 from gatehouse.codecs import fetch
 from gatehouse.codecs._scan import tag_fields
+from gatehouse.proxy.config import Limits
 from gatehouse.proxy.hooks import Forward, Policy
 from tests.support.fakebroker import frame_bytes, request, response_body
 from tests.test_proxy_pumps import Harness, Recorder, proxied
@@ -390,6 +392,42 @@ async def test_a_broker_gone_in_the_middle_of_a_streamed_request_closes_the_clie
                                         "request(s) in flight")
         assert await h.client.receive() is None  # the client sees the close, no answer
         assert h.pumps.ctx.request_budget.held == 0
+
+
+async def test_a_client_stalled_in_the_middle_of_a_streamed_request_meets_the_idle_timeout(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """Its bytes went up as they came, but only a whole request is activity (slowloris):
+    the connection, and the broker's side of it, close at the idle timeout."""
+    counted = Counting()
+    async with proxied(produce_answer, upstream=counted, limits=Limits(idle_timeout=30)) as h:
+        wire = produce_wire(5)
+        await h.client.send_raw(wire[:300_000])
+        await counted.stream.sent_at_least(300_000 - 1024)
+        await h.done.wait()
+        assert h.pumps.close_reason == "idle timeout"
+        assert 30 <= trio.current_time() <= 31
+        assert h.broker.received == []  # never whole at the broker
+        assert h.pumps.ctx.request_budget.held == 0
+
+
+async def test_a_broker_stalled_in_the_middle_of_a_streamed_answer_meets_the_idle_timeout(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """Every piece of an answer is activity, so a broker trickling one keeps the connection;
+    one that stops in the middle meets the idle timeout and the client sees the close."""
+    async with proxied(no_answer, limits=Limits(idle_timeout=30)) as h:
+        await send_fetch(h, 1)
+        wire = fetch_answer(1)
+        pieces = [wire[i:i + 100_000] for i in range(0, 500_000, 100_000)]
+        for piece in pieces:  # one piece every 20 s: never 30 s without a byte
+            await h.broker.frames.send_raw(piece)
+            await trio.sleep(20)
+        assert await receive_bytes(h, 500_000) == wire[:500_000]
+        assert not h.done.is_set()
+        last = trio.current_time() - 20
+        await h.done.wait()
+        assert h.pumps.close_reason == "idle timeout"
+        assert last + 30 <= trio.current_time() <= last + 31
+        assert await h.client.stream.receive_some(1) == b""
 
 
 async def test_a_drain_lets_a_streamed_request_finish_and_be_answered() -> None:
