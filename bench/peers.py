@@ -40,6 +40,7 @@ from bench.proxy import (
     latencies,
     pct,
     produce_rate,
+    rotated,
     start_gatehouse,
     start_tansu_proxy,
 )
@@ -236,9 +237,7 @@ def main() -> None:
                 targets.append(Target(name, addr, proc,
                                       TENANT_PREFIX if name.endswith("+tenant") else ""))
             for r in range(args.rounds):
-                # Each round starts with another target, so that what a position in the
-                # order costs (the broker's state after the previous target) moves round.
-                for t in targets[r % len(targets):] + targets[:r % len(targets)]:
+                for t in rotated(targets, r):
                     safe = t.name.replace("+", "-")  # topic names: [a-zA-Z0-9._-]
                     small_topic, big_topic, rd_topic = (f"peers-{kind}-{safe}-{r}"
                                                         for kind in ("1k", "100k", "rd"))
