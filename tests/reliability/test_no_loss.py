@@ -227,16 +227,24 @@ class Faults:
             self.proxies[-1].stop()
 
 
+def open_faults(cluster: KafkaCluster, killswitch: KillSwitch, topic_prefix: str
+                ) -> tuple[Faults, str]:
+    """A topic of three partitions, three replicas, two of them in sync for an ack, and
+    a proxy in front of the cluster to meet the faults."""
+    topic = unique(topic_prefix)
+    cluster.create_topic(topic, partitions=3, replication=3,
+                         config={"min.insync.replicas": "2"})
+    faults = Faults(cluster, killswitch)
+    faults.start_proxy()
+    return faults, topic
+
+
 @pytest.mark.timeout(scaled(600, 3600))
 def test_verifiable_producer_and_consumer_through_faults(kafka_cluster: KafkaCluster,
                                                          tmp_path: Path) -> None:
     cluster = kafka_cluster
-    topic = unique("verifiable")
-    cluster.create_topic(topic, partitions=3, replication=3,
-                         config={"min.insync.replicas": "2"})
     killswitch = KillSwitch()
-    faults = Faults(cluster, killswitch)
-    faults.start_proxy()
+    faults, topic = open_faults(cluster, killswitch, "verifiable")
     bootstrap = faults.bootstrap
     rounds = scaled(1, 4)
     throughput = 300
@@ -438,13 +446,8 @@ def test_large_records_cut_through_faults_without_loss(
 
     monkeypatch.setattr(ProxyConnection, "_stream_request", counting("_stream_request", "requests"))
     monkeypatch.setattr(ProxyConnection, "_stream_response", counting("_stream_response", "answers"))
-    cluster = kafka_cluster
-    topic = unique("large")
-    cluster.create_topic(topic, partitions=3, replication=3,
-                         config={"min.insync.replicas": "2"})
     killswitch = StreamingKillSwitch()
-    faults = Faults(cluster, killswitch)
-    faults.start_proxy()
+    faults, topic = open_faults(kafka_cluster, killswitch, "large")
     records = None
     try:
         records = LargeRecords(faults.bootstrap, topic, per_second=8).start()
