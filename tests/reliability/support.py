@@ -108,6 +108,16 @@ class LogTap(logging.Handler):
         return [r for r in self.snapshot() if r.levelno >= min_level
                 and (getattr(r, FIELDS_ATTR, None) or {}).get("client") == client]
 
+    def about_latest(self, client: str, min_level: int = logging.INFO) -> list[logging.LogRecord]:
+        """Like ``about``, for the newest connection from ``client`` only: over a long run
+        the kernel hands an ephemeral port out again, so an address can name an earlier,
+        long-closed connection too (the proxy numbers its connections in order)."""
+        every = self.about(client, logging.DEBUG)
+        if not every:
+            return []
+        newest = max(fields(r)["conn"] for r in every)
+        return [r for r in every if r.levelno >= min_level and fields(r)["conn"] == newest]
+
     def text(self) -> str:
         """Every record as the proxy would print it, in text and in JSON."""
         text, jsonl = TextFormatter(), JsonFormatter()

@@ -73,9 +73,10 @@ def assert_logged_once(setup: Setup, client: str, reason_has: str = "") -> str:
 
 def logged_once(tap: LogTap, proxy: ProxyRunner, client: str, reason_has: str = "") -> str:
     """The attacker's connection is logged exactly once (at INFO or above): its close line."""
-    wait_until(lambda: any(r.getMessage() == "connection closed" for r in tap.about(client)),
+    wait_until(lambda: any(r.getMessage() == "connection closed"
+                           for r in tap.about_latest(client)),
                10, f"the close line of {client}")
-    lines = tap.about(client)
+    lines = tap.about_latest(client)
     assert len(lines) == 1, [(r.getMessage(), fields(r)) for r in lines]
     reason = str(fields(lines[0])["reason"])
     assert reason_has in reason, reason
