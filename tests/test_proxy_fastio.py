@@ -4,12 +4,13 @@ fairness of trio's SocketStream, with fewer trips through the scheduler."""
 from __future__ import annotations
 
 import socket
+import struct
 
 import pytest
 import trio
 import trio.testing
 
-from gatehouse.proxy.fastio import _YIELD_EVERY, FastStream
+from gatehouse.proxy.fastio import _GATHER_MIN, _YIELD_EVERY, FastStream
 
 
 async def tcp_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
@@ -212,3 +213,38 @@ async def test_receive_into_fills_the_callers_buffer_past_the_socket_buffers(
     await receiver.stream.aclose()
     with pytest.raises(trio.ClosedResourceError):
         await receiver.receive_into(memoryview(rest))
+
+
+@pytest.mark.parametrize("size", [0, 100, _GATHER_MIN, 8 * 1024 * 1024 + 7])
+@pytest.mark.parametrize("direct", [True, False])
+async def test_send_frame_sends_the_size_prefix_and_the_frame(direct: bool, size: int) -> None:
+    """A frame with its size prefix, byte for byte; 8 MiB is far past the socket
+    buffers, so the gathered write is cut short many times and resumed where it stopped,
+    in the prefix or in the frame."""
+    frame = bytearray((i * 7 + 3) % 251 for i in range(size))
+    if direct:
+        a, b = await tcp_pair()
+        a.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        sending: trio.abc.Stream = a
+        receiver: trio.abc.Stream = b
+    else:
+        sending, receiver = trio.testing.memory_stream_pair()
+    sender = FastStream(sending)
+    assert (sender.socket is not None) is direct
+    got = bytearray()
+
+    async def read_all() -> None:
+        while len(got) < 4 + size:
+            chunk = await receiver.receive_some(3 if len(got) < 8 else 65536)
+            assert chunk
+            got.extend(chunk)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read_all)
+        await sender.send_frame(memoryview(frame))
+    assert got == struct.pack(">i", size) + frame
+    frame.append(0)  # the frame is no longer exported: it can be resized
+    await sending.aclose()
+    with pytest.raises(trio.ClosedResourceError):
+        await sender.send_frame(bytes(_GATHER_MIN))
+    await receiver.aclose()

@@ -393,8 +393,8 @@ class ProxyConnection:
             if header.api_key == SASL_HANDSHAKE and header.api_version == 0:
                 mechanism = str(decision.request.body.mechanism).upper()
                 self.sasl_raw_rounds = SASL_RAW_ROUNDS.get(mechanism)
-            await self._forward(wire if out is frame else _sized(out),
-                                pending if expects_response else None)
+            await self._forward(wire if out is frame else out,
+                                pending if expects_response else None, prefixed=out is frame)
         elif isinstance(decision, Respond):
             conn.refused += 1
             if expects_response:
@@ -496,14 +496,20 @@ class ProxyConnection:
                 sent = upto
         return whole, view
 
-    async def _forward(self, wire: Any, pending: Pending | None) -> None:
+    async def _forward(self, wire: Any, pending: Pending | None, *, prefixed: bool = True
+                       ) -> None:
+        """A request up to the broker: ``wire`` as it came (with its size prefix), or a
+        changed frame without one (``prefixed=False``)."""
         if pending is not None:
             # Queued before the bytes go up, so the entry is there when the answer comes.
             await self._queue(pending)
         # Sent by this task: a hand-off to a writer task would put a trip through the
         # scheduler on every request's path.  Outside the drain's scope: a request
         # already accepted goes up whole.
-        await self.upstream_io.send_all(wire)
+        if prefixed:
+            await self.upstream_io.send_all(wire)
+        else:
+            await self.upstream_io.send_frame(wire)
 
     # -- upstream -> client ----------------------------------------------------------
 
@@ -543,7 +549,10 @@ class ProxyConnection:
             else:
                 frame = memoryview(wire)[4:]
                 out = await self.handle_response_frame(frame, pending)
-                await self._send_client(wire if out is frame else _sized(out))
+                if out is frame:
+                    await self._send_client(wire)
+                else:
+                    await self._send_client_frame(out)
                 self._answered(pending, out)
             if ticket:
                 self.response_bytes.give(ticket)
@@ -653,7 +662,7 @@ class ProxyConnection:
     async def _send_local(self, pending: Pending) -> None:
         """An answer the proxy made (a refusal), to the client."""
         assert pending.local is not None
-        await self._send_client(_sized(pending.local))
+        await self._send_client_frame(pending.local)
         self._answered(pending, pending.local)
 
     def _answered(self, pending: Pending, frame: Any) -> None:
@@ -714,6 +723,12 @@ class ProxyConnection:
         self.conn.bytes_to_client += len(wire)
         self._touch()
 
+    async def _send_client_frame(self, frame: Any) -> None:
+        """A changed (or the proxy's own) answer, which has no size prefix yet."""
+        await self.client_io.send_frame(frame)
+        self.conn.bytes_to_client += 4 + len(frame)
+        self._touch()
+
 
 class _Share:
     """A connection's share of a budget all connections use: what it holds goes back
@@ -757,11 +772,6 @@ def _first_unknown_tag(api_key: int) -> int:
     """A top-level tag number the API's responses do not define (in any version)."""
     tags = [f.tag for f in api(api_key).response.root.fields if f.tag is not None]
     return max(tags, default=-1) + 1
-
-
-def _sized(frame: Buffer) -> bytes:
-    """A frame with its size prefix, ready to send (one copy: only for changed frames)."""
-    return b"".join((_SIZE.pack(len(frame)), frame))
 
 
 def _keep(real: BrokerAddress) -> None:

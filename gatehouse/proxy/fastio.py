@@ -23,12 +23,17 @@ its own methods unchanged.
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import Callable
 from typing import Any, Final
 
 import trio
 
 _YIELD_EVERY: Final = 16  # calls that did not wait, then one yield
+# A frame this large goes out with its size prefix in one writev from where it lies; a
+# smaller one is joined to it (a copy cheaper than the call's set-up).
+_GATHER_MIN: Final = 16 * 1024
+_SIZE: Final = struct.Struct(">i")
 
 
 class FastStream:
@@ -116,6 +121,34 @@ class FastStream:
                     self._ready_calls = 0
                 except OSError as exc:
                     raise trio.BrokenResourceError(exc) from exc
+        await self._fair()
+
+    async def send_frame(self, frame: Any) -> None:
+        """``frame`` after its 4-byte size prefix, as ``send_all`` would send the two
+        joined, without the copy that joins a large one (a changed request or answer)."""
+        prefix = _SIZE.pack(len(frame))
+        sock = self.socket
+        if sock is None or len(frame) < _GATHER_MIN:
+            await self.send_all(b"".join((prefix, frame)))
+            return
+        await trio.lowlevel.checkpoint_if_cancelled()
+        parts: list[Any] = [prefix, memoryview(frame)]
+        while parts:
+            fd = sock.fileno()
+            if fd == -1:
+                raise trio.ClosedResourceError("the stream was closed")
+            try:
+                sent = os.writev(fd, parts)
+            except BlockingIOError:
+                await trio.lowlevel.wait_writable(sock)
+                self._ready_calls = 0
+                continue
+            except OSError as exc:
+                raise trio.BrokenResourceError(exc) from exc
+            while parts and sent >= len(parts[0]):
+                sent -= len(parts.pop(0))
+            if sent:
+                parts[0] = memoryview(parts[0])[sent:]
         await self._fair()
 
     async def _fair(self) -> None:
