@@ -349,17 +349,27 @@ async def test_a_large_produce_request_a_rule_renames_is_renamed_whole() -> None
     policy = RulesPolicy(parse_rules(load_yaml_text(
         "- name: alias\n  rename_topics: {orders: prod.orders}\n", "rules.yaml"), "rules.yaml"))
     async with proxied(produce_answer, policy=policy) as h:
-        wire = produce_wire(5)
-        half = len(wire) // 2
-        await h.client.send_raw(wire[:half])
-        await h.client.send_raw(wire[half:])
-        with trio.fail_after(5):
-            answer = await h.client.receive()
-        assert answer is not None
-        assert [t.name for t in codecs.decode_request(h.broker.received[0]).body.topic_data] == [
-            "prod.orders"]
-        resp = codecs.decode_response(answer, api_key=0, api_version=9)
-        assert [t.name for t in resp.body.responses] == ["orders"]  # named back for the client
+        pool = h.pumps.ctx.frame_buffers
+        sent = 0
+        for correlation_id in (5, 6):
+            wire = produce_wire(correlation_id)
+            half = len(wire) // 2
+            await h.client.send_raw(wire[:half])
+            await h.client.send_raw(wire[half:])
+            sent += len(wire)
+            with trio.fail_after(5):
+                answer = await h.client.receive()
+            assert answer is not None
+            up = codecs.decode_request(h.broker.received[-1])
+            assert up.header.correlation_id == correlation_id
+            assert [t.name for t in up.body.topic_data] == ["prod.orders"]
+            assert bytes(up.body.topic_data[0].partition_data[0].records) == RECORDS
+            resp = codecs.decode_response(answer, api_key=0, api_version=9)
+            assert [t.name for t in resp.body.responses] == ["orders"]  # named back
+            # Received into a pooled buffer (not gathered from chunks), given back after.
+            assert pool.kept >= len(wire)
+        assert h.conn.requests == 2 and h.conn.bytes_from_client == sent
+        assert h.pumps.ctx.request_budget.held == 0
 
 
 async def test_a_client_gone_in_the_middle_of_a_streamed_request_closes_the_connection() -> None:

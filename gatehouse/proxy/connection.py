@@ -419,9 +419,10 @@ class ProxyConnection:
 
     async def _stream_request(self, reader: FrameReader, size: int) -> Buffer | None:
         """A large Produce request that has begun to arrive, sent upstream as its bytes
-        come when the policy admits it unread (``Policy.admits_unread``): b"" once it is
-        sent (nothing is read past its end), None when it is not one to stream.  Its
-        observers see it whole before its last bytes go up, so before any answer."""
+        come when the policy admits it unread (``Policy.admits_unread``), else received
+        whole and then handled: b"" once it is sent (nothing is read past its end), None
+        when it is not one to stream.  Its observers see it whole before its last bytes
+        go up, so before any answer."""
         if size < _STREAM_REQUEST_MIN or self.sasl_raw_rounds != 0 or self.store_and_forward:
             return None
         head = reader.peek_partial(_REQUEST_HEAD)
@@ -438,8 +439,7 @@ class ProxyConnection:
             return None
         policy = self.ctx.get_policy()
         if not policy.admits_unread(self.conn, req):
-            self.store_and_forward = True
-            return None
+            return await self._receive_whole_request(reader, size)
         header = req.header
         self._count_request(header)
         pending = None
@@ -462,6 +462,21 @@ class ProxyConnection:
         await self.upstream_io.send_all(view[limit:])
         self.mid_request = False
         del frame, view  # the buffer goes back once no one else holds a view of it
+        self.ctx.frame_buffers.give(whole)
+        return b""
+
+    async def _receive_whole_request(self, reader: FrameReader, size: int) -> Buffer:
+        """A large request that must be read before it goes up (a rule maps its topics,
+        say), received straight into a pooled buffer rather than gathered from chunks
+        into a new one (whose pages would be faulted in afresh for every request), then
+        handled as any other; b"" (nothing is read past its end)."""
+        whole, view = await self._relay_large(
+            reader.take_partial(), 4 + size, 0, self.client_io.receive_into, _send_nothing,
+            self._received_from_client,
+            f"client closed the connection in the middle of a {size}-byte request")
+        self._touch()  # a whole request, as in client_reader
+        await self.handle_request_frame(view.toreadonly())
+        del view  # the buffer goes back once no one else holds a view of it
         self.ctx.frame_buffers.give(whole)
         return b""
 
@@ -772,6 +787,10 @@ def _first_unknown_tag(api_key: int) -> int:
     """A top-level tag number the API's responses do not define (in any version)."""
     tags = [f.tag for f in api(api_key).response.root.fields if f.tag is not None]
     return max(tags, default=-1) + 1
+
+
+async def _send_nothing(data: Any) -> None:
+    return None
 
 
 def _keep(real: BrokerAddress) -> None:
