@@ -106,22 +106,8 @@ class FastStream:
         if sock is None:
             await self.stream.send_all(data)
             return
-        await trio.lowlevel.checkpoint_if_cancelled()
         with memoryview(data) as view:
-            sent = 0
-            total = len(view)
-            while sent < total:
-                fd = sock.fileno()
-                if fd == -1:
-                    raise trio.ClosedResourceError("the stream was closed")
-                try:
-                    sent += os.write(fd, view[sent:])
-                except BlockingIOError:
-                    await trio.lowlevel.wait_writable(sock)
-                    self._ready_calls = 0
-                except OSError as exc:
-                    raise trio.BrokenResourceError(exc) from exc
-        await self._fair()
+            await self._write_all(sock, [view])
 
     async def send_frame(self, frame: Any) -> None:
         """``frame`` after its 4-byte size prefix, as ``send_all`` would send the two
@@ -131,24 +117,32 @@ class FastStream:
         if sock is None or len(frame) < _GATHER_MIN:
             await self.send_all(b"".join((prefix, frame)))
             return
+        await self._write_all(sock, [prefix, memoryview(frame)])
+
+    async def _write_all(self, sock: Any, parts: list[Any]) -> None:
+        """Every byte of ``parts`` (buffers, in order) to ``sock``: one write, or one
+        gathered writev for several, each time the kernel takes bytes; a wait when it
+        would block.  ``parts`` is used up."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        parts: list[Any] = [prefix, memoryview(frame)]
-        while parts:
+        sent = 0
+        while True:
+            while parts and sent >= len(parts[0]):
+                sent -= len(parts.pop(0))
+            if not parts:
+                break
+            if sent:
+                parts[0] = parts[0][sent:]
             fd = sock.fileno()
             if fd == -1:
                 raise trio.ClosedResourceError("the stream was closed")
             try:
-                sent = os.writev(fd, parts)
+                sent = os.write(fd, parts[0]) if len(parts) == 1 else os.writev(fd, parts)
             except BlockingIOError:
+                sent = 0
                 await trio.lowlevel.wait_writable(sock)
                 self._ready_calls = 0
-                continue
             except OSError as exc:
                 raise trio.BrokenResourceError(exc) from exc
-            while parts and sent >= len(parts[0]):
-                sent -= len(parts.pop(0))
-            if sent:
-                parts[0] = memoryview(parts[0])[sent:]
         await self._fair()
 
     async def _fair(self) -> None:
