@@ -304,6 +304,16 @@ def produce_answer(req: codecs.Request) -> Any:
         for t in req.body.topic_data], throttle_time_ms=0)
 
 
+def rename_orders() -> Policy:
+    """The rules of a proxy that renames the topic "orders" to "prod.orders"."""
+    from gatehouse.configfile import load_yaml_text
+    from gatehouse.proxy.policy import RulesPolicy
+    from gatehouse.rules import parse_rules
+
+    return RulesPolicy(parse_rules(load_yaml_text(
+        "- name: alias\n  rename_topics: {orders: prod.orders}\n", "rules.yaml"), "rules.yaml"))
+
+
 async def stream_up(h: Harness, upstream: CountingStream, wire: bytes) -> None:
     """Sends ``wire`` in two halves and checks the first is at the broker before the
     second leaves the client (store-and-forward would wait for it: the test times out)."""
@@ -342,12 +352,7 @@ async def test_a_large_produce_request_reaches_the_broker_before_its_last_byte_l
 
 
 async def test_a_large_produce_request_a_rule_renames_is_renamed_whole() -> None:
-    from gatehouse.configfile import load_yaml_text
-    from gatehouse.proxy.policy import RulesPolicy
-    from gatehouse.rules import parse_rules
-
-    policy = RulesPolicy(parse_rules(load_yaml_text(
-        "- name: alias\n  rename_topics: {orders: prod.orders}\n", "rules.yaml"), "rules.yaml"))
+    policy = rename_orders()
     async with proxied(produce_answer, policy=policy) as h:
         pool = h.pumps.ctx.frame_buffers
         sent = 0
@@ -384,6 +389,26 @@ async def test_a_client_gone_in_the_middle_of_a_streamed_request_closes_the_conn
             await h.done.wait()
         assert "client closed the connection in the middle of a" in h.pumps.close_reason
         assert h.broker.received == []  # the broker never saw it whole: its connection closes
+
+
+async def test_a_client_gone_in_the_middle_of_a_request_to_rename_closes_the_connection(
+) -> None:
+    """A large request received whole before it goes up (a rule renames its topic): the
+    client leaving half-way closes its connection with a reason that says so, and not
+    one byte of it reaches the broker."""
+    policy = rename_orders()
+    counted = Counting()
+    async with proxied(produce_answer, policy=policy, upstream=counted) as h:
+        wire = produce_wire(5)
+        await h.client.send_raw(wire[:300_000])
+        await trio.testing.wait_all_tasks_blocked()
+        await h.client.stream.aclose()
+        with trio.fail_after(5):
+            await h.done.wait()
+        assert (f"client closed the connection in the middle of a {len(wire) - 4}-byte request"
+                in h.pumps.close_reason)
+        assert counted.stream.sent == 0 and h.broker.received == []
+        assert h.pumps.ctx.request_budget.held == 0
 
 
 async def test_a_broker_gone_in_the_middle_of_a_streamed_request_closes_the_client() -> None:
