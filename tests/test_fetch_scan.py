@@ -8,7 +8,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gatehouse import codecs
@@ -115,3 +115,111 @@ def test_the_proxy_scans_a_fetch_answer_once_for_itself_and_its_observers() -> N
     assert plain.scan is None
     assert observed.scan == ({0: 2}, (), [(codecs.schema.uuid.UUID(int=9).bytes, [4], 7,
                                            len(batch(7)))])
+
+
+WALK_SETTINGS = settings(SETTINGS, max_examples=40)
+
+
+def walk_in_pieces(frame: bytes, version: int, data: st.DataObject
+                   ) -> tuple[fetch.AnswerWalk, list[tuple[int, int]]]:
+    """``frame`` fed to an AnswerWalk in random pieces, records skipped or fed at random,
+    as a proxy would (splicing some, reading others); the walk and the skipped spans."""
+    walk = fetch.AnswerWalk(version, len(frame))
+    pos = 0
+    skipped = []
+    while walk.tags_at is None:
+        if walk.opaque and data.draw(st.booleans()):
+            n = data.draw(st.integers(1, walk.opaque))
+            skipped.append((pos, pos + n))
+            walk.skip(n)
+            pos += n
+            continue
+        piece = frame[pos:pos + data.draw(st.integers(1, 300))]
+        assert piece, "the frame ended before its top-level tags"
+        taken = walk.feed(piece)
+        pos += taken
+        assert taken == len(piece) or walk.tags_at == pos
+    return walk, skipped
+
+
+def record_spans(frame: bytes, resp: codecs.Response) -> list[tuple[int, int]]:
+    """Where each partition's records lie in ``frame`` (found in order)."""
+    spans, at = [], 0
+    for topic in resp.body.responses:
+        for p in topic.partitions:
+            if p.records:
+                start = frame.index(bytes(p.records), at)
+                spans.append((start, start + len(p.records)))
+                at = start + len(p.records)
+    return spans
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@WALK_SETTINGS
+@given(data=st.data())
+def test_a_walk_fed_in_pieces_finds_the_tags_and_skips_only_records(
+        version: int, data: st.DataObject) -> None:
+    body = data.draw(message_body(codecs.api(1).response, version))
+    topics = []
+    for topic in body.responses:
+        parts = tuple(p.replace(records=data.draw(st.one_of(st.none(), st.binary(max_size=600))))
+                      for p in topic.partitions)
+        topics.append(topic.replace(partitions=parts))
+    frame = frame_of(version, body.replace(responses=tuple(topics)),
+                     data.draw(header_tags(True)))
+    walk, skipped = walk_in_pieces(frame, version, data)
+    found = fetch.top_level_tag_fields(frame, version)
+    assert found is not None and walk.tags_at == found[0]
+    spans = record_spans(frame, codecs.decode_response(frame, 1, version))
+    for start, end in skipped:  # every skipped byte is a record's
+        assert any(s <= start and end <= e for s, e in spans), (start, end, spans)
+    # The head is the answer up to its topics: with no topics and the same tags it is
+    # an answer the decoder reads (what the proxy decodes to rewrite leaders).
+    assert frame.startswith(walk.head)
+    alone = codecs.decode_response(walk.head + b"\x01" + frame[walk.tags_at:], 1, version)
+    assert alone.body.responses == ()
+    assert alone.body.throttle_time_ms == body.throttle_time_ms
+
+
+@pytest.mark.parametrize("version", [12, 17])
+@WALK_SETTINGS
+@given(data=st.data())
+def test_a_walk_of_bytes_that_are_no_fetch_answer_says_so(version: int, data: st.DataObject) -> None:
+    """Garbage, a cut answer or a size that lies: Unexpected, or a walk that never
+    reaches the tags within the bytes it was given; never another error."""
+    frame = data.draw(st.binary(max_size=400))
+    size = data.draw(st.integers(len(frame), len(frame) + 50))
+    walk = fetch.AnswerWalk(version, size)
+    pos = 0
+    try:
+        while pos < len(frame) and walk.tags_at is None:
+            if walk.opaque:
+                n = min(walk.opaque, len(frame) - pos)
+                walk.skip(n)
+                pos += n
+                continue
+            pos += walk.feed(frame[pos:pos + data.draw(st.integers(1, 50))])
+    except fetch.Unexpected:
+        return
+    assert walk.tags_at is None or walk.tags_at <= size
+
+
+def test_a_walk_refuses_records_or_parts_past_the_frames_end() -> None:
+    spec = codecs.api(1).response
+    partition = spec.root.field("Responses").struct.field("Partitions").struct.cls(
+        partition_index=0, error_code=0, high_watermark=10, last_stable_offset=10,
+        log_start_offset=0, aborted_transactions=None, preferred_read_replica=-1,
+        records=batch(7))
+    topic = spec.root.field("Responses").struct.cls(topic_id=codecs.schema.uuid.UUID(int=7),
+                                                    partitions=(partition,))
+    frame = frame_of(17, spec.root.cls(throttle_time_ms=0, error_code=0, session_id=0,
+                                       responses=(topic,)))
+    whole = fetch.AnswerWalk(17, len(frame))
+    assert whole.feed(frame) == len(frame) - 1 and whole.tags_at == len(frame) - 1
+    short = fetch.AnswerWalk(17, len(frame) - len(batch(7)))  # records past the end
+    with pytest.raises(fetch.Unexpected):
+        short.feed(frame)
+    with pytest.raises(ValueError):
+        fetch.AnswerWalk(11, len(frame))  # not flexible: not walked
+    with pytest.raises(ValueError):
+        fetch.AnswerWalk(17, len(frame)).skip(1)  # no records to skip yet

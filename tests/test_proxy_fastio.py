@@ -3,6 +3,8 @@ fairness of trio's SocketStream, with fewer trips through the scheduler."""
 
 from __future__ import annotations
 
+import fcntl
+import os
 import socket
 import struct
 
@@ -10,18 +12,8 @@ import pytest
 import trio
 import trio.testing
 
-from gatehouse.proxy.fastio import _GATHER_MIN, _YIELD_EVERY, FastStream
-
-
-async def tcp_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
-    listener = trio.socket.socket()
-    await listener.bind(("127.0.0.1", 0))
-    listener.listen(1)
-    client = trio.socket.socket()
-    await client.connect(listener.getsockname())
-    server, _ = await listener.accept()
-    listener.close()
-    return trio.SocketStream(client), trio.SocketStream(server)
+from gatehouse.proxy.fastio import _GATHER_MIN, _YIELD_EVERY, FastStream, PipePool
+from tests.support.fakebroker import tcp_pair
 
 
 async def test_bytes_arrive_whole_past_the_socket_buffers() -> None:
@@ -248,3 +240,61 @@ async def test_send_frame_sends_the_size_prefix_and_the_frame(direct: bool, size
     with pytest.raises(trio.ClosedResourceError):
         await sender.send_frame(bytes(_GATHER_MIN))
     await receiver.aclose()
+
+
+async def test_splice_moves_exactly_n_bytes_socket_to_socket_at_the_readers_pace() -> None:
+    """2 MiB through a 64 KiB pipe (several times the sockets' buffers): the sender's
+    splice waits for the slow reader (wait_writable) and for the source (wait_readable);
+    exactly n bytes move, the byte after them stays in the source for the next reader,
+    and the pipe is left empty, so the pool keeps it."""
+    src_far, src = await tcp_pair()
+    dst, dst_far = await tcp_pair()
+    dst.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    pool = PipePool()
+    pipe = pool.take()
+    fcntl.fcntl(pipe.write_fd, 1031, 65536)  # F_SETPIPE_SZ: a pipe smaller than the move
+    pipe.size = 65536
+    payload = bytes(range(256)) * (8 * 1024)
+    got = bytearray()
+    heard: list[int] = []
+
+    async def feed() -> None:
+        await src_far.send_all(payload + b"!")
+
+    async def read_slowly() -> None:
+        while len(got) < len(payload):
+            got.extend(await dst_far.receive_some(100_000))
+            await trio.sleep(0)
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(feed)
+            nursery.start_soon(read_slowly)
+            moved = await FastStream(src).splice_to(FastStream(dst), len(payload), pipe,
+                                                    heard.append)
+    assert moved == len(payload) and bytes(got) == payload
+    assert sum(heard) == len(payload)
+    assert await src.receive_some(10) == b"!"  # nothing read past the n bytes
+    assert pipe.held == 0
+    pool.give(pipe)
+    assert pool.take() is pipe  # an empty pipe is kept for the next splice
+    pool.close()
+
+
+async def test_splice_stops_short_at_eof_and_a_pipe_left_holding_bytes_is_closed() -> None:
+    src_far, src = await tcp_pair()
+    dst, dst_far = await tcp_pair()
+    pool = PipePool()
+    pipe = pool.take()
+    await src_far.send_all(b"x" * 1000)
+    await src_far.aclose()
+    with trio.fail_after(5):
+        moved = await FastStream(src).splice_to(FastStream(dst), 5000, pipe, lambda n: None)
+    assert moved == 1000  # EOF: what came went on, and the caller hears it was short
+    assert await dst_far.receive_some(5000) == b"x" * 1000
+    # A splice cancelled with bytes still in its pipe: the pipe is not reused.
+    pipe.held = 1
+    pool.give(pipe)
+    with pytest.raises(OSError):
+        os.fstat(pipe.read_fd)
+    pool.close()

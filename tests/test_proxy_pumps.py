@@ -22,7 +22,14 @@ from gatehouse.proxy.addresses import (
 from gatehouse.proxy.config import Limits
 from gatehouse.proxy.connection import ConnectionContext, ProxyConnection
 from gatehouse.proxy.hooks import ConnectionInfo, Forward, Observer, Pending, Policy, Respond
-from tests.support.fakebroker import FakeBroker, FrameStream, frame_bytes, request, response_body
+from tests.support.fakebroker import (
+    FakeBroker,
+    FrameStream,
+    frame_bytes,
+    request,
+    response_body,
+    tcp_pair,
+)
 
 
 @dataclass
@@ -39,6 +46,7 @@ class Recorder(Observer):
     def __init__(self) -> None:
         self.requests: list[tuple[int, int]] = []
         self.responses: list[int] = []
+        self.sizes: list[int] = []
         self.malformed_errors: list[str] = []
 
     def request(self, conn: ConnectionInfo, req: codecs.Request, size: int) -> None:
@@ -47,6 +55,7 @@ class Recorder(Observer):
     def response(self, conn: ConnectionInfo, pending: Pending, size: int, elapsed: float,
                  frame: Any = None) -> None:
         self.responses.append(pending.correlation_id)
+        self.sizes.append(size)
 
     def malformed(self, conn: ConnectionInfo, direction: str, error: str) -> None:
         self.malformed_errors.append(f"{direction}: {error}")
@@ -62,10 +71,22 @@ async def proxied(
     observer: Observer | None = None,
     draining: trio.Event | None = None,
     upstream: Callable[[trio.abc.Stream], trio.abc.Stream] = lambda stream: stream,
+    tcp: bool = False,
 ) -> AsyncIterator[Harness]:
-    pair = trio.testing.lockstep_stream_pair if lockstep else trio.testing.memory_stream_pair
-    client_side, proxy_client_side = pair()
-    proxy_upstream_side, broker_side = pair()
+    """The pumps of one connection between a test's client and a fake broker, over
+    memory streams (lock-step ones with ``lockstep``) or, with ``tcp``, real loopback
+    sockets (the proxy's direct socket paths: FastStream's, splice)."""
+    client_side: trio.abc.Stream
+    proxy_client_side: trio.abc.Stream
+    proxy_upstream_side: trio.abc.Stream
+    broker_side: trio.abc.Stream
+    if tcp:
+        client_side, proxy_client_side = await tcp_pair()
+        proxy_upstream_side, broker_side = await tcp_pair()
+    else:
+        pair = trio.testing.lockstep_stream_pair if lockstep else trio.testing.memory_stream_pair
+        client_side, proxy_client_side = pair()
+        proxy_upstream_side, broker_side = pair()
     proxy_upstream_side = upstream(proxy_upstream_side)
     seen: list[BrokerAddress] = []
 

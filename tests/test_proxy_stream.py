@@ -10,6 +10,7 @@ import struct
 import uuid
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 from hypothesis import given
@@ -19,11 +20,15 @@ from gatehouse import codecs
 from gatehouse.codecs import fetch
 from gatehouse.codecs._scan import tag_fields
 from gatehouse.proxy.config import Limits
-from gatehouse.proxy.hooks import Forward, Policy
+from gatehouse.proxy.connection import _RECEIVE_SIZE, _SPLICE_READ
+from gatehouse.proxy.hooks import Forward, Observers, Policy
 from tests.support.fakebroker import frame_bytes, request, response_body
 from tests.test_proxy_pumps import Harness, Recorder, proxied
 
 FETCH_VERSION = 17
+# Over memory streams the pumps read every byte; over real sockets a plain proxy moves a
+# large answer's records socket to socket (splice): the same tests hold for both.
+TRANSPORTS = pytest.mark.parametrize("tcp", [False, True], ids=["memory", "tcp"])
 RECORDS = bytes(range(256)) * 4096  # 1 MiB: several receives through the proxy
 
 
@@ -32,20 +37,21 @@ def no_answer(req: codecs.Request) -> Any:
 
 
 def fetch_answer(correlation_id: int, *, node_endpoints: list[dict[str, Any]] | None = None,
-                 partition_error: int = 0) -> bytes:
+                 partition_error: int = 0, records: bytes = RECORDS,
+                 version: int = FETCH_VERSION) -> bytes:
     partitions = [
         {"partition_index": 0, "error_code": 0, "high_watermark": 10, "last_stable_offset": 10,
          "log_start_offset": 0, "aborted_transactions": [], "preferred_read_replica": -1,
-         "records": RECORDS},
+         "records": records},
         {"partition_index": 1, "error_code": partition_error, "high_watermark": -1,
          "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None,
          "preferred_read_replica": -1, "records": None,
          **({"current_leader": {"leader_id": 2, "leader_epoch": 7}} if partition_error else {})},
     ]
-    body = response_body(1, FETCH_VERSION, throttle_time_ms=0, error_code=0, session_id=0,
+    body = response_body(1, version, throttle_time_ms=0, error_code=0, session_id=0,
                          responses=[{"topic_id": str(uuid.UUID(int=7)), "partitions": partitions}],
                          node_endpoints=node_endpoints or [])
-    return frame_bytes(codecs.Response.build(1, FETCH_VERSION, correlation_id, body).encode())
+    return frame_bytes(codecs.Response.build(1, version, correlation_id, body).encode())
 
 
 async def send_fetch(h: Harness, correlation_id: int) -> None:
@@ -60,9 +66,24 @@ async def receive_bytes(h: Harness, n: int) -> bytes:
     return bytes(got)
 
 
-async def test_a_large_answer_reaches_the_client_before_its_last_byte_leaves_the_broker() -> None:
+@TRANSPORTS
+async def relay(h: Harness, *pieces: bytes) -> bytes:
+    """The broker sends ``pieces`` while the client reads (real sockets hold only so
+    much unread); what the client got."""
+    async with trio.open_nursery() as nursery:
+
+        async def send() -> None:
+            for piece in pieces:
+                await h.broker.frames.send_raw(piece)
+
+        nursery.start_soon(send)
+        return await receive_bytes(h, sum(map(len, pieces)))
+
+
+@TRANSPORTS
+async def test_a_large_answer_reaches_the_client_before_its_last_byte_leaves_the_broker(tcp: bool) -> None:
     recorder = Recorder()
-    async with proxied(no_answer, observer=recorder) as h:
+    async with proxied(no_answer, observer=recorder, tcp=tcp) as h:
         await send_fetch(h, 1)
         wire = fetch_answer(1)
         half = len(wire) // 2
@@ -76,11 +97,52 @@ async def test_a_large_answer_reaches_the_client_before_its_last_byte_leaves_the
             rest = await receive_bytes(h, len(wire) - half)
         assert first + rest == wire  # the very bytes the broker sent
         assert recorder.responses == [1]  # the observers still see the answer
+        assert recorder.sizes == [len(wire) - 4]
         assert h.pumps.ctx.response_budget.held == 0  # its budget bytes are back
+        assert h.pumps.conn.bytes_to_client == len(wire)
+        assert_spliced(h, tcp)
 
 
-async def test_answers_behind_a_streamed_one_follow_it_in_order() -> None:
-    async with proxied(no_answer) as h:
+@TRANSPORTS
+async def test_a_mid_sized_answer_is_spliced_and_one_the_walk_cannot_read_is_not(
+        tcp: bool) -> None:
+    """Over sockets an answer of 100 KiB is spliced too (its first 16 KiB read, the rest
+    socket to socket); a Fetch answer newer than the codec is never spliced (the walk
+    does not know its layout) nor streamed at 30 KiB: it goes through whole and
+    untouched, the broker's leaders with it."""
+    records = RECORDS[:100 * 1024]
+    async with proxied(no_answer, tcp=tcp) as h:
+        await send_fetch(h, 1)
+        wire = fetch_answer(1, records=records, version=16)
+        with trio.fail_after(5):
+            assert await relay(h, wire[:5000], wire[5000:]) == wire
+        pipes = h.pumps.ctx.pipes
+        assert pipes is not None
+        assert (pipes.spliced >= len(records) - _SPLICE_READ) == tcp
+        spliced = pipes.spliced
+        version = max(codecs.APIS[1].versions) + 1
+        await h.client.send(struct.pack(">hhih", 1, version, 2, 4) + b"test" + b"\x00")
+        # Smaller than the tail a streamed Fetch answer holds back: not streamed at all.
+        newer = fetch_answer(2, records=records[:30 * 1024], partition_error=6, node_endpoints=[
+            {"node_id": 2, "host": "k2", "port": 9092, "rack": None}])
+        with trio.fail_after(5):
+            assert await relay(h, newer[:5000], newer[5000:]) == newer
+        assert pipes.spliced == spliced
+        assert h.pumps.close_reason == "client closed"
+
+
+def assert_spliced(h: Harness, tcp: bool) -> None:
+    """Over real sockets the records went socket to socket (all but what the first read
+    brought in, at most _RECEIVE_SIZE bytes); over memory streams, through the pumps."""
+    pipes = h.pumps.ctx.pipes
+    assert pipes is not None
+    assert (pipes.spliced >= len(RECORDS) - _RECEIVE_SIZE) == tcp
+    assert pipes.spliced <= len(RECORDS)
+
+
+@TRANSPORTS
+async def test_answers_behind_a_streamed_one_follow_it_in_order(tcp: bool) -> None:
+    async with proxied(no_answer, tcp=tcp) as h:
         for correlation_id in (1, 2, 3):
             await send_fetch(h, correlation_id)
         big, small = fetch_answer(1), frame_bytes(codecs.Response.build(
@@ -88,14 +150,20 @@ async def test_answers_behind_a_streamed_one_follow_it_in_order() -> None:
         wires = big + small + fetch_answer(3)
         # Pieces that end inside frames and hold the end of one and the start of the next.
         cuts = [0, 100, len(big) - 5, len(big) + 3, len(big) + len(small) + 10, len(wires)]
-        for start, end in itertools.pairwise(cuts):
-            await h.broker.frames.send_raw(wires[start:end])
+
+        async def send_pieces() -> None:  # while the client reads: sockets fill up
+            for start, end in itertools.pairwise(cuts):
+                await h.broker.frames.send_raw(wires[start:end])
+
         with trio.fail_after(5):
-            assert await receive_bytes(h, len(wires)) == wires
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(send_pieces)
+                assert await receive_bytes(h, len(wires)) == wires
 
 
-async def test_a_broker_gone_in_the_middle_of_a_streamed_answer_closes_the_client() -> None:
-    async with proxied(no_answer) as h:
+@TRANSPORTS
+async def test_a_broker_gone_in_the_middle_of_a_streamed_answer_closes_the_client(tcp: bool) -> None:
+    async with proxied(no_answer, tcp=tcp) as h:
         await send_fetch(h, 1)
         wire = fetch_answer(1)
         await h.broker.frames.send_raw(wire[:300_000])
@@ -108,33 +176,31 @@ async def test_a_broker_gone_in_the_middle_of_a_streamed_answer_closes_the_clien
         assert await h.client.stream.receive_some(1) == b""  # the client sees the close
 
 
-async def test_a_fetch_answer_newer_than_the_codec_streams_through_untouched() -> None:
+@TRANSPORTS
+async def test_a_fetch_answer_newer_than_the_codec_streams_through_untouched(tcp: bool) -> None:
     version = max(codecs.APIS[1].versions) + 1
-    async with proxied(no_answer) as h:
+    async with proxied(no_answer, tcp=tcp) as h:
         # Request header v2 of a version the codec does not know: forwarded as it is.
         header = struct.pack(">hhih", 1, version, 1, 4) + b"test" + b"\x00"
         await h.client.send(header)
         wire = fetch_answer(1, partition_error=6, node_endpoints=[
             {"node_id": 2, "host": "k2", "port": 9092, "rack": None}])  # v17 bytes
-        await h.broker.frames.send_raw(wire[:300_000])
-        await h.broker.frames.send_raw(wire[300_000:])
         with trio.fail_after(5):
-            assert await receive_bytes(h, len(wire)) == wire
+            assert await relay(h, wire[:300_000], wire[300_000:]) == wire
         assert h.pumps.close_reason == "client closed"  # still open, nothing refused
 
 
 LONG_HOST = "broker-2.kafka.internal.example.com"  # longer than the proxy's address
 
 
-async def test_a_streamed_fetch_answers_leaders_are_rewritten_in_a_section_of_the_same_size() -> None:
-    async with proxied(no_answer) as h:
+@TRANSPORTS
+async def test_a_streamed_fetch_answers_leaders_are_rewritten_in_a_section_of_the_same_size(tcp: bool) -> None:
+    async with proxied(no_answer, tcp=tcp) as h:
         await send_fetch(h, 1)
         wire = fetch_answer(1, partition_error=6, node_endpoints=[
             {"node_id": 2, "host": LONG_HOST, "port": 9092, "rack": "r1"}])
-        await h.broker.frames.send_raw(wire[:300_000])
-        await h.broker.frames.send_raw(wire[300_000:])
         with trio.fail_after(5):
-            got = await receive_bytes(h, len(wire))
+            got = await relay(h, wire[:300_000], wire[300_000:])
         assert got[:4] == wire[:4]  # the size that went first holds
         body = codecs.decode_response(got[4:], 1, FETCH_VERSION).body
         assert [(e.node_id, e.host, e.port, e.rack) for e in body.node_endpoints] == [
@@ -145,22 +211,23 @@ async def test_a_streamed_fetch_answers_leaders_are_rewritten_in_a_section_of_th
         at, fields = fetch.top_level_tag_fields(got[4:], FETCH_VERSION) or (0, [])
         assert [tag for tag, _ in fields] == [0, 1] and set(fields[1][1]) <= {0}
         assert got[4:4 + at] == wire[4:4 + at]  # and nothing before the tags changed
+        assert_spliced(h, tcp)
 
 
-async def test_leaders_that_do_not_fit_are_left_out_and_the_answer_keeps_its_size() -> None:
-    async with proxied(no_answer) as h:
+@TRANSPORTS
+async def test_leaders_that_do_not_fit_are_left_out_and_the_answer_keeps_its_size(tcp: bool) -> None:
+    async with proxied(no_answer, tcp=tcp) as h:
         await send_fetch(h, 1)
         wire = fetch_answer(1, partition_error=6, node_endpoints=[
             {"node_id": 2, "host": "k2", "port": 9092, "rack": None}])
-        await h.broker.frames.send_raw(wire[:300_000])
-        await h.broker.frames.send_raw(wire[300_000:])
         with trio.fail_after(5):
-            got = await receive_bytes(h, len(wire))
+            got = await relay(h, wire[:300_000], wire[300_000:])
         body = codecs.decode_response(got[4:], 1, FETCH_VERSION).body
         # Never the broker's own address: the client asks for Metadata (rewritten) instead.
         assert body.node_endpoints == ()
         assert body.responses[0].partitions[1].current_leader.leader_id == 2
         assert body.responses[0].partitions[0].records == RECORDS
+        assert_spliced(h, tcp)
 
 
 def section_size(fields: list[tuple[int, bytes]]) -> int:
@@ -349,6 +416,58 @@ async def test_a_large_produce_request_reaches_the_broker_before_its_last_byte_l
             answer = await h.client.receive()
         assert answer is not None and struct.unpack_from(">i", answer)[0] == 7
         assert h.broker.received[1] == quiet[4:]
+
+
+async def send_pieces(h: Harness, *pieces: bytes) -> None:
+    for piece in pieces:
+        await h.client.send_raw(piece)
+
+
+@pytest.mark.parametrize("reader", [None, "metrics", "rename"])
+async def test_over_sockets_a_large_request_no_one_reads_goes_up_spliced(
+        reader: str | None) -> None:
+    """Over real sockets, a large Produce request no rule or observer reads goes up with
+    its records socket to socket; the observers hear of it (its header) first.  One that
+    an observer (the metrics) or a rule (a rename) reads goes through the proxy."""
+    from gatehouse.metrics import ProxyMetrics
+
+    recorder = Recorder()
+    observer = Observers([recorder] + ([ProxyMetrics()] if reader == "metrics" else []))
+    policy = rename_orders() if reader == "rename" else None
+    async with proxied(produce_answer, observer=observer, policy=policy, tcp=True) as h:
+        wire = produce_wire(5)
+        with trio.fail_after(5):
+            async with trio.open_nursery() as nursery:  # while the broker reads
+                nursery.start_soon(send_pieces, h, wire[:1000], wire[1000:])
+                answer = await h.client.receive()
+        assert answer is not None and struct.unpack_from(">i", answer)[0] == 5
+        up = h.broker.received
+        assert len(up) == 1 and bytes(codecs.decode_request(up[0]).body.topic_data[0]
+                                      .partition_data[0].records) == RECORDS
+        if reader != "rename":
+            assert up == [wire[4:]]  # the very bytes the client sent
+        assert recorder.requests == [(0, 9)] and recorder.responses == [5]
+        assert h.conn.requests == 1 and h.conn.bytes_from_client == len(wire)
+        assert h.pumps.ctx.request_budget.held == 0
+        pipes = h.pumps.ctx.pipes
+        assert pipes is not None
+        if reader is None:
+            assert pipes.spliced >= len(RECORDS) - _RECEIVE_SIZE
+        else:
+            assert pipes.spliced == 0
+
+
+async def test_over_sockets_a_client_gone_in_the_middle_of_a_spliced_request_closes_it(
+) -> None:
+    async with proxied(produce_answer, tcp=True) as h:
+        wire = produce_wire(5)
+        await h.client.send_raw(wire[:300_000])
+        await h.client.stream.aclose()
+        with trio.fail_after(5):
+            await h.done.wait()
+        assert h.pumps.close_reason == (f"client closed the connection in the middle of a "
+                                        f"{len(wire) - 4}-byte request")
+        assert h.broker.received == []  # never whole at the broker
 
 
 async def test_a_large_produce_request_a_rule_renames_is_renamed_whole() -> None:

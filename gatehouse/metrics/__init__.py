@@ -168,6 +168,7 @@ def request_labels(key: int, version: int) -> tuple[str, str]:
 
 class ProxyMetrics(Observer):
     reads_scans = True  # Fetch records and bytes per topic, every response's codes
+    reads_request_bodies = True  # a Produce request's topics and records
 
     def __init__(self, label_cap: int = 500, registry: CollectorRegistry | None = None) -> None:
         # auto_describe off: the connections gauge and the connections_total counter share

@@ -39,6 +39,7 @@ import trio
 
 from gatehouse.codecs import (
     ProtocolError,
+    Request,
     Response,
     UnknownApi,
     api,
@@ -59,7 +60,7 @@ from gatehouse.proxy.addresses import (
 from gatehouse.proxy.apiversions import API_VERSIONS, adjust_api_versions
 from gatehouse.proxy.budget import BufferPool, ByteBudget
 from gatehouse.proxy.config import Limits
-from gatehouse.proxy.fastio import FastStream
+from gatehouse.proxy.fastio import FastStream, PipePool
 from gatehouse.proxy.hooks import (
     FETCH,
     SCANNED_RESPONSES,
@@ -101,8 +102,15 @@ _TAIL_HOLD = 64 * 1024
 # whole, before its last bytes go up).
 _STREAM_REQUEST_MIN = 64 * 1024
 _REQUEST_HEAD = 1024  # read for the header and acks of a request that may stream
+# Where answers' records go socket to socket (splice), the first read of an answer and the
+# reads of its structure (partition headers, tags) take at most this much, and an answer
+# this big that has not all arrived is spliced: the rest never enters the proxy.
+_SPLICE_READ = 16 * 1024
 _KEPT_FRAME_BYTES = 32 * 1024 * 1024
 _KEPT_API_VERSIONS_ANSWERS = 256
+# Fetch answers whose layout the walk of a spliced answer knows: the flexible versions
+# of the tables (a newer one goes through the proxy's buffers, untouched).
+_WALKED_FETCH_VERSIONS = range(fetch.FIRST_VERSION, api(FETCH).versions.hi + 1)
 _STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 
@@ -120,6 +128,9 @@ class ConnectionContext:
     response_budget: ByteBudget = field(init=False)
     frame_buffers: BufferPool = field(init=False)
     api_versions_answers: dict[tuple[Any, ...], bytes] = field(init=False)
+    # For answers whose records go socket to socket (splice(2)); None where the system
+    # has no splice.
+    pipes: PipePool | None = field(init=False)
 
     def __post_init__(self) -> None:
         self.request_budget = ByteBudget(self.limits.max_buffered_request_bytes)
@@ -130,6 +141,7 @@ class ConnectionContext:
         # (version, broker's answer after the correlation id, adjusters) -> the capped
         # answer's bytes after the correlation id (see handle_response_frame).
         self.api_versions_answers: dict[tuple[Any, ...], bytes] = {}
+        self.pipes = PipePool() if PipePool.supported() else None
 
     def remember_api_versions(self, key: tuple[Any, ...], body: bytes) -> None:
         answers = self.api_versions_answers
@@ -197,6 +209,13 @@ class ProxyConnection:
         # The request being received was found not to stream: not asked again at every
         # receive of its bytes.
         self.store_and_forward = False
+        # Whether large answers' records may go socket to socket (see _splices): no
+        # observer reads them and both ends are plain TCP.
+        self.splicing = (ctx.pipes is not None and not ctx.observer.reads_scans
+                         and self.client_io.socket is not None
+                         and self.upstream_io.socket is not None)
+        self.answer_read = _SPLICE_READ if self.splicing else _RECEIVE_SIZE
+        self.stream_min = _SPLICE_READ if self.splicing else _STREAM_MIN
 
     @property
     def in_flight(self) -> int:
@@ -448,8 +467,11 @@ class ProxyConnection:
                               trio.current_time(), policy=policy)
             await self._queue(pending)  # before its bytes go up, as in _forward
         total = 4 + size
-        limit = total - 1  # the last byte waits for the observers
         self.mid_request = True  # a drain lets it finish: it goes up whole
+        if self.splicing and not self.ctx.observer.reads_request_bodies:
+            await self._splice_request(reader.take_partial(), total, req, pending)
+            return b""
+        limit = total - 1  # the last byte waits for the observers
         whole, view = await self._relay_large(
             reader.take_partial(), total, limit, self.client_io.receive_into,
             self.upstream_io.send_all, self._received_from_client,
@@ -464,6 +486,31 @@ class ProxyConnection:
         del frame, view  # the buffer goes back once no one else holds a view of it
         self.ctx.frame_buffers.give(whole)
         return b""
+
+    async def _splice_request(self, head: Buffer, total: int, req: Request,
+                              pending: Pending | None) -> None:
+        """A large Produce request admitted unread, whose first bytes are ``head``, up to
+        the broker with the rest moved socket to socket: no observer reads its body, so
+        they hear of it (``req``: its header) before its bytes go up."""
+        self.ctx.observer.request(self.conn, req, total - 4)
+        if pending is not None:
+            pending.started = trio.current_time()
+        pipes = self.ctx.pipes
+        assert pipes is not None
+        pipe = pipes.take()
+        try:
+            await self.upstream_io.send_all(head)
+            n = total - len(head)
+            moved = await self.client_io.splice_to(self.upstream_io, n, pipe,
+                                                   self._received_from_client)
+            pipes.spliced += moved
+            if moved < n:
+                raise _Close(f"client closed the connection in the middle of a "
+                             f"{total - 4}-byte request", logging.WARNING)
+        finally:
+            pipes.give(pipe)
+        self._touch()
+        self.mid_request = False
 
     async def _receive_whole_request(self, reader: FrameReader, size: int) -> Buffer:
         """A large request that must be read before it goes up (a rule maps its topics,
@@ -532,7 +579,7 @@ class ProxyConnection:
         self._touch()  # every byte from the broker is activity
 
     async def _receive_from_upstream(self) -> bytes | bytearray:
-        data = await self.upstream_io.receive_some(_RECEIVE_SIZE)
+        data = await self.upstream_io.receive_some(self.answer_read)
         self._touch()
         return data
 
@@ -593,17 +640,26 @@ class ProxyConnection:
         end), or None when it is not one to stream (small, or its body may change before
         the end)."""
         line = self.line
-        if size < _STREAM_MIN or not line or reader.buffered < 8:
+        if size < self.stream_min or not line or reader.buffered < 8:
             return None
         pending = line[0]
         hold = _held_tail(pending)
         if hold is None:
+            return None
+        splice = self._splices(pending, hold)
+        if not splice and size < _STREAM_MIN:
             return None
         head = reader.take_partial()
         (correlation_id,) = _SIZE.unpack_from(head, 4)
         if correlation_id != pending.correlation_id:
             raise _out_of_step(correlation_id, pending)
         total = 4 + size
+        if splice:
+            walk = None if not hold else fetch.AnswerWalk(pending.api_version, size)
+            await self._splice_response(head, total, pending, walk)
+            self._answered(pending, None, size)
+            await self._answer_sent()
+            return b""
         limit = total - hold  # bytes that go on as they come
         # The whole answer, for its tail and the observers (no chunks to join).
         whole, view = await self._relay_large(
@@ -620,6 +676,120 @@ class ProxyConnection:
         self.ctx.frame_buffers.give(whole)
         await self._answer_sent()
         return b""
+
+    def _splices(self, pending: Pending, hold: int) -> bool:
+        """Whether a streamed answer's bytes may go socket to socket: the connection
+        splices, and the proxy can find the answer's tag section without its records
+        (a Fetch answer's) or need not look (no addresses in it)."""
+        return self.splicing and (not hold or (pending.api_key == FETCH
+                                               and pending.api_version in _WALKED_FETCH_VERSIONS))
+
+    async def _splice_response(self, head: Buffer, total: int, pending: Pending,
+                               walk: fetch.AnswerWalk | None) -> None:
+        """A large answer of ``total`` bytes, whose first ones are ``head``, sent on with
+        its records moved socket to socket (never read into the proxy).  With ``walk``
+        (a Fetch answer that may name leaders), the structure around the records is
+        read to find the top-level tag section, which waits for the answer's end and is
+        rewritten in place if it names brokers (see ``_tail_with_proxy_addresses``)."""
+        pipes = self.ctx.pipes
+        assert pipes is not None
+        gone = f"broker {self.conn.upstream} closed the connection in the middle of an answer"
+        pipe = pipes.take()
+        try:
+            got = len(head)
+            out = memoryview(head)  # in hand, not yet sent (the size prefix included)
+            fresh = out[4:]  # of which the walk has not seen these
+            tail: bytearray | None = None
+            while True:
+                if walk is not None:
+                    try:
+                        taken = walk.feed(fresh)
+                    except fetch.Unexpected:
+                        raise self._bad_answer() from None
+                    if walk.tags_at is not None:  # the rest of the answer is the tail
+                        tail = bytearray(fresh[taken:])
+                        out = out[:len(out) - (len(fresh) - taken)]
+                if out:
+                    await self._send_client(out)
+                left = total - got
+                if tail is not None or not left:
+                    break
+                if walk is None or walk.opaque:
+                    n = left if walk is None else min(walk.opaque, left)
+                    moved = await self.upstream_io.splice_to(
+                        self.client_io, n, pipe, self._received_from_upstream)
+                    got += moved
+                    self.conn.bytes_to_client += moved
+                    pipes.spliced += moved
+                    self._touch()
+                    if moved < n:
+                        raise _Close(gone, logging.WARNING)
+                    if walk is not None:
+                        walk.skip(n)
+                    out = fresh = memoryview(b"")
+                    continue
+                data = await self.upstream_io.receive_some(min(left, _SPLICE_READ))
+                if not data:
+                    raise _Close(gone, logging.WARNING)
+                got += len(data)
+                self._touch()
+                out = fresh = memoryview(data)
+            if walk is None:
+                return
+            if tail is None:
+                raise self._bad_answer()  # ended before its tag section
+            while got < total:
+                data = await self.upstream_io.receive_some(total - got)
+                if not data:
+                    raise _Close(gone, logging.WARNING)
+                got += len(data)
+                self._touch()
+                tail += data
+            await self._send_client(await self._tail_with_proxy_addresses(pending, walk.head, tail))
+        finally:
+            pipes.give(pipe)
+
+    def _bad_answer(self) -> _Close:
+        return _Close(f"broker {self.conn.upstream} sent an answer that is not a Fetch "
+                      f"response after its first bytes had gone on", logging.WARNING)
+
+    async def _tail_with_proxy_addresses(self, pending: Pending, head: bytes,
+                                         tail: bytearray) -> Any:
+        """A spliced Fetch answer's top-level tag section (``tail``, which ends the
+        answer; ``head``: the answer up to its topics) as the client gets it: the same
+        bytes unless it names leaders, which are then rewritten in a section of the
+        same size, read from an answer made of the head, no topics and the tail."""
+        key, version = pending.api_key, pending.api_version
+        try:
+            present = tuple(tag for tag, _ in fetch.tag_fields(memoryview(tail), 0))
+        except (fetch.Unexpected, IndexError):
+            raise self._bad_answer() from None
+        tags = address_tags(key, version)
+        if tags is not None and tags.isdisjoint(present):
+            return tail
+        try:
+            resp = decode_response(b"".join((head, b"\x01", tail)), key, version)
+            resp = await self._with_proxy_addresses(resp)
+        except ProtocolError:
+            raise self._bad_answer() from None
+        new = fetch.top_level_tag_fields(resp.encode(), version)
+        if new is None:
+            raise self._bad_answer()
+        return self._fitted_tags(key, version, new[1], len(tail))
+
+    def _fitted_tags(self, key: int, version: int, fields: list[tuple[int, bytes]],
+                     size: int) -> bytes:
+        """A tag section of ``size`` bytes with ``fields``, or without the leaders when
+        they do not fit (the client then finds them through Metadata)."""
+        free = _first_unknown_tag(key)
+        section = fetch.fit_tag_section(fields, size, free)
+        tags = address_tags(key, version)
+        if section is None and tags is not None:
+            section = fetch.fit_tag_section([f for f in fields if f[0] not in tags], size, free)
+        if section is None:
+            raise _Close(f"broker {self.conn.upstream} sent a Fetch answer whose tags "
+                         f"could not be rewritten in place", logging.WARNING)
+        return section
 
     async def _streamed_tail(self, frame: memoryview, pending: Pending, sent: int) -> Any:
         """A streamed Fetch v16+ answer as the client gets it, whose first ``sent`` bytes
@@ -638,7 +808,6 @@ class ProxyConnection:
             resp = await self._with_proxy_addresses(resp)
         except ProtocolError as exc:
             self._malformed("response", exc)
-        tags = address_tags(key, version)
         old = fetch.top_level_tag_fields(frame, version)
         new = fetch.top_level_tag_fields(rewritten := resp.encode(), version)
         if old is None or new is None or old[0] < sent or new[0] != old[0]:
@@ -646,14 +815,7 @@ class ProxyConnection:
                          f"could not be rewritten after its first bytes had gone on",
                          logging.WARNING)
         at, fields = new
-        free = _first_unknown_tag(key)
-        section = fetch.fit_tag_section(fields, len(frame) - at, free)
-        if section is None and tags is not None:
-            section = fetch.fit_tag_section([f for f in fields if f[0] not in tags],
-                                            len(frame) - at, free)
-        if section is None:
-            raise _Close(f"broker {self.conn.upstream} sent a Fetch answer whose tags "
-                         f"could not be rewritten in place", logging.WARNING)
+        section = self._fitted_tags(key, version, fields, len(frame) - at)
         return memoryview(b"".join((memoryview(rewritten)[:at], section)))
 
     def _names_no_brokers(self, pending: Pending, frame: Any) -> bool:
@@ -680,9 +842,11 @@ class ProxyConnection:
         await self._send_client_frame(pending.local)
         self._answered(pending, pending.local)
 
-    def _answered(self, pending: Pending, frame: Any) -> None:
+    def _answered(self, pending: Pending, frame: Any, size: int | None = None) -> None:
+        """The answer to ``pending`` is sent: ``frame`` (None when its bytes went by
+        unread: ``size`` says how many there were)."""
         self.conn.responses += 1
-        self.ctx.observer.response(self.conn, pending, len(frame),
+        self.ctx.observer.response(self.conn, pending, len(frame) if size is None else size,
                                    trio.current_time() - pending.started, frame)
 
     async def handle_response_frame(self, frame: memoryview, pending: Pending) -> Any:

@@ -18,10 +18,16 @@ keeps trio's rules otherwise:
 
 Anything but a plain TCP ``SocketStream`` (TLS, the tests' memory streams) goes through
 its own methods unchanged.
+
+``splice_to`` moves bytes from one socket to another through a pipe (Linux splice(2)):
+they never enter user space, so a large answer's records cost the proxy neither the
+copy in nor the copy out.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import struct
 from collections.abc import Callable
@@ -34,6 +40,11 @@ _YIELD_EVERY: Final = 16  # calls that did not wait, then one yield
 # smaller one is joined to it (a copy cheaper than the call's set-up).
 _GATHER_MIN: Final = 16 * 1024
 _SIZE: Final = struct.Struct(">i")
+_SPLICE: Final = getattr(os, "splice", None)  # Linux, Python 3.10+
+_SPLICE_FLAGS: Final = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_NONBLOCK", 0)
+_PIPE_SIZE: Final = 1024 * 1024  # asked for; the kernel may give less (pipe-max-size)
+_F_SETPIPE_SZ: Final = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+_F_GETPIPE_SZ: Final = getattr(fcntl, "F_GETPIPE_SZ", 1032)
 
 
 class FastStream:
@@ -145,8 +156,104 @@ class FastStream:
                 raise trio.BrokenResourceError(exc) from exc
         await self._fair()
 
+    async def splice_to(self, dst: FastStream, n: int, pipe: Pipe,
+                        moved: Callable[[int], None]) -> int:
+        """Up to ``n`` bytes from this stream's socket to ``dst``'s through ``pipe``,
+        never in user space; returns how many went: fewer only when this socket reached
+        EOF.  ``moved(k)`` hears of each ``k`` bytes received.  Waits for whichever side
+        holds things up: a slow ``dst`` stops the reads (the pipe is the only buffer)."""
+        assert _SPLICE is not None and self.socket is not None and dst.socket is not None
+        src, out = self.socket, dst.socket
+        await trio.lowlevel.checkpoint_if_cancelled()
+        left = n
+        while left or pipe.held:
+            progressed = False
+            if left and pipe.held < pipe.size:
+                try:
+                    got = _SPLICE(_fd(src), pipe.write_fd, min(left, pipe.size - pipe.held),
+                                  flags=_SPLICE_FLAGS)
+                except BlockingIOError:
+                    got = -1
+                except OSError as exc:
+                    raise trio.BrokenResourceError(exc) from exc
+                if got == 0:  # EOF: what is in the pipe goes on, then the caller hears
+                    n -= left
+                    left = 0
+                elif got > 0:
+                    left -= got
+                    pipe.held += got
+                    moved(got)
+                    progressed = True
+            if pipe.held:
+                try:
+                    put = _SPLICE(pipe.read_fd, _fd(out), pipe.held, flags=_SPLICE_FLAGS)
+                except BlockingIOError:
+                    put = 0
+                except OSError as exc:
+                    raise trio.BrokenResourceError(exc) from exc
+                pipe.held -= put
+                progressed = progressed or put > 0
+            if progressed:
+                await self._fair()
+            elif pipe.held:
+                await trio.lowlevel.wait_writable(out)
+            elif left:
+                await trio.lowlevel.wait_readable(src)
+        return n
+
     async def _fair(self) -> None:
         self._ready_calls += 1
         if self._ready_calls >= _YIELD_EVERY:
             self._ready_calls = 0
             await trio.lowlevel.checkpoint()
+
+
+def _fd(sock: Any) -> int:
+    fd: int = sock.fileno()
+    if fd == -1:
+        raise trio.ClosedResourceError("the stream was closed")
+    return fd
+
+
+class Pipe:
+    """A non-blocking pipe for ``FastStream.splice_to``; ``held``: bytes in it now."""
+
+    __slots__ = ("held", "read_fd", "size", "write_fd")
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        with contextlib.suppress(OSError):  # above pipe-max-size: the default will do
+            fcntl.fcntl(self.write_fd, _F_SETPIPE_SZ, _PIPE_SIZE)
+        self.size: int = fcntl.fcntl(self.write_fd, _F_GETPIPE_SZ)
+        self.held = 0
+
+    def close(self) -> None:
+        os.close(self.read_fd)
+        os.close(self.write_fd)
+
+
+class PipePool:
+    """Pipes kept between splices (two descriptors each, at most ``keep`` idle ones);
+    a pipe that still holds bytes (a splice cut short) is closed, never reused."""
+
+    def __init__(self, keep: int = 8) -> None:
+        self.keep = keep
+        self._idle: list[Pipe] = []
+        self.spliced = 0  # bytes moved through the pool's pipes (for tests and stats)
+
+    @staticmethod
+    def supported() -> bool:
+        return _SPLICE is not None
+
+    def take(self) -> Pipe:
+        return self._idle.pop() if self._idle else Pipe()
+
+    def give(self, pipe: Pipe) -> None:
+        if pipe.held or len(self._idle) >= self.keep:
+            pipe.close()
+        else:
+            self._idle.append(pipe)
+
+    def close(self) -> None:
+        while self._idle:
+            self._idle.pop().close()

@@ -165,6 +165,10 @@ class Observer:
     # Whether ``response`` reads what moved in Produce and Fetch responses (their whole
     # ``scanned_response``): the proxy then scans them once for itself and the observer.
     reads_scans = False
+    # Whether ``request`` reads request bodies (a large Produce request's topics and
+    # records): if none does, such a request's body may go upstream unread (splice)
+    # and ``request`` gets it with its header only.
+    reads_request_bodies = False
 
     def connection_opened(self, conn: ConnectionInfo) -> None:
         pass
@@ -204,6 +208,7 @@ class Observers(Observer):
         self._requests.append(observer.request)
         self._responses.append(observer.response)
         self.reads_scans = self.reads_scans or observer.reads_scans
+        self.reads_request_bodies = self.reads_request_bodies or observer.reads_request_bodies
 
     def _each(self, method: str, *args: Any) -> None:
         for observer in self.observers:

@@ -310,6 +310,8 @@ class Proxy:
                     await _aclose(ln)
             for ln in listeners:
                 await _aclose(ln)
+        if self.ctx.pipes is not None:
+            self.ctx.pipes.close()
         self.stopped.set()
 
     def shutdown(self) -> None:

@@ -101,3 +101,15 @@ class FakeBroker:
                 continue
             resp = Response.build(req.api_key, req.api_version, req.correlation_id, answer)
             await self.frames.send(resp.encode())
+
+
+async def tcp_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
+    """Two ends of a real loopback TCP connection."""
+    listener = trio.socket.socket()
+    await listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    client = trio.socket.socket()
+    await client.connect(listener.getsockname())
+    server, _ = await listener.accept()
+    listener.close()
+    return trio.SocketStream(client), trio.SocketStream(server)
