@@ -90,6 +90,19 @@ def test_what_a_broker_sends_is_read_and_anything_else_falls_back() -> None:
     assert fetch.response_scan(frame, 12, count=False) == ({0: 2, 6: 1}, (), [("orders", [], 0, 0)])
 
 
+def one_partition_answer(index: int, topic_id: int) -> bytes:
+    """A Fetch v17 answer: one topic, one partition holding a batch of 7 records."""
+    spec = codecs.api(1).response
+    partition = spec.root.field("Responses").struct.field("Partitions").struct.cls(
+        partition_index=index, error_code=0, high_watermark=10, last_stable_offset=10,
+        log_start_offset=0, aborted_transactions=None, preferred_read_replica=-1,
+        records=batch(7))
+    topic = spec.root.field("Responses").struct.cls(
+        topic_id=codecs.schema.uuid.UUID(int=topic_id), partitions=(partition,))
+    return frame_of(17, spec.root.cls(throttle_time_ms=0, error_code=0, session_id=0,
+                                      responses=(topic,)))
+
+
 def test_the_proxy_scans_a_fetch_answer_once_for_itself_and_its_observers() -> None:
     """With an observer that reads what moved (metrics, capture), the proxy's look at the
     top-level tags is the whole scan, kept for the observers; without, records are not
@@ -101,15 +114,11 @@ def test_the_proxy_scans_a_fetch_answer_once_for_itself_and_its_observers() -> N
     assert not Observers([Observer()]).reads_scans
     assert Observers([Observer(), ProxyMetrics()]).reads_scans
     assert CaptureObserver.reads_scans
-    spec = codecs.api(1).response
-    partition = spec.root.field("Responses").struct.field("Partitions").struct.cls(
-        partition_index=4, error_code=0, high_watermark=10, last_stable_offset=10,
-        log_start_offset=0, aborted_transactions=None, preferred_read_replica=-1,
-        records=batch(7))
-    topic = spec.root.field("Responses").struct.cls(topic_id=codecs.schema.uuid.UUID(int=9),
-                                                    partitions=(partition,))
-    frame = frame_of(17, spec.root.cls(throttle_time_ms=0, error_code=0, session_id=0,
-                                       responses=(topic,)))
+    # The same observers read Produce request bodies: large ones are then not spliced.
+    assert not Observers([Observer()]).reads_request_bodies
+    assert Observers([Observer(), ProxyMetrics()]).reads_request_bodies
+    assert CaptureObserver.reads_request_bodies
+    frame = one_partition_answer(4, 9)
     plain, observed = Pending(1, 1, 17, 0.0), Pending(1, 1, 17, 0.0)
     assert top_level_tags(plain, frame) == top_level_tags(observed, frame, whole=True) == ()
     assert plain.scan is None
@@ -205,15 +214,7 @@ def test_a_walk_of_bytes_that_are_no_fetch_answer_says_so(version: int, data: st
 
 
 def test_a_walk_refuses_records_or_parts_past_the_frames_end() -> None:
-    spec = codecs.api(1).response
-    partition = spec.root.field("Responses").struct.field("Partitions").struct.cls(
-        partition_index=0, error_code=0, high_watermark=10, last_stable_offset=10,
-        log_start_offset=0, aborted_transactions=None, preferred_read_replica=-1,
-        records=batch(7))
-    topic = spec.root.field("Responses").struct.cls(topic_id=codecs.schema.uuid.UUID(int=7),
-                                                    partitions=(partition,))
-    frame = frame_of(17, spec.root.cls(throttle_time_ms=0, error_code=0, session_id=0,
-                                       responses=(topic,)))
+    frame = one_partition_answer(0, 7)
     whole = fetch.AnswerWalk(17, len(frame))
     assert whole.feed(frame) == len(frame) - 1 and whole.tags_at == len(frame) - 1
     short = fetch.AnswerWalk(17, len(frame) - len(batch(7)))  # records past the end
