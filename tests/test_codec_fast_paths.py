@@ -183,8 +183,14 @@ def test_metadata_partitions_of_one_layout_are_read_in_bulk(
     assert results == [None]
 
 
-def test_bulk_reader_refuses_what_it_cannot_prove() -> None:
-    codec = message_codec(codecs.APIS[3].response, 13)
+@pytest.mark.parametrize("probed", [True, False], ids=["one-unpack", "strided"])
+def test_bulk_reader_refuses_what_it_cannot_prove(probed: bool,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same proofs whether the length bytes of all elements are read with one Struct
+    (arrays up to MAX_PROBE_ELEMENTS) or compared in strided slices (longer ones)."""
+    if not probed:
+        monkeypatch.setattr(_flat, "MAX_PROBE_ELEMENTS", 2)
+    codec = _Compiler(codecs.APIS[3].response, 13).compile()  # shapes and probes of its own
     bulk = codec.functions["b_MetadataResponsePartition"]
     element = struct.pack(">hiii", 0, 1, 2, 3) + b"\x02\x00\x00\x00\x01" * 2 + b"\x01" + b"\x00"
     assert bulk(memoryview(element * 4), 0, 4) is not None
@@ -193,6 +199,12 @@ def test_bulk_reader_refuses_what_it_cannot_prove() -> None:
     assert bulk(memoryview(element * 3 + tagged), 0, 4) is None
     null = element[:14] + b"\x00" + element[19:]  # null replicas (not nullable: an error)
     assert bulk(memoryview(null * 4), 0, 4) is None
+    # The third element of the same size, in another layout: two replicas, an empty ISR.
+    shifted = element[:14] + b"\x03" + b"\x00\x00\x00\x01" * 2 + b"\x01" + b"\x01" + b"\x00"
+    assert len(shifted) == len(element)
+    assert bulk(memoryview(element * 2 + shifted + element), 0, 4) is None
+    checks = bulk(memoryview(element * 4), 0, 4)[0]._shape[2]
+    assert (4 in checks) == probed  # the probe made for 4 elements is kept
     with pytest.raises(codecs.RemoteProtocolError) as info:
         codec.decode(memoryview(b"\x00" * 4 + b"\x01" + b"\x00" + b"\x00" * 4
                                 + b"\x02" + b"\x00\x00\x02t" + bytes(16) + b"\x00"

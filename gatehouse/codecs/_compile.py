@@ -29,7 +29,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from gatehouse.codecs._flat import NUMBERS, FlatLayout, FlatRecords, flat_layout, flat_shape
+from gatehouse.codecs._flat import (
+    NUMBERS,
+    FlatLayout,
+    FlatRecords,
+    flat_layout,
+    flat_probe,
+    flat_shape,
+)
 from gatehouse.codecs.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from gatehouse.codecs.primitives import read_uvarint, uvarint_bytes
 from gatehouse.codecs.primitives import write_tag_section as _write_tags
@@ -679,13 +686,14 @@ class _Compiler:
         the first (same array lengths, no tagged fields) is a run of ``n`` equal-sized
         records: one ``Struct.iter_unpack`` reads them and ``map`` builds the records,
         all in C.  The first element's array lengths are read here; the rest are checked
-        by comparing the length bytes at their offsets in every element (a strided slice
-        each).  Anything else (null arrays, long varints, tags, a short buffer) returns
+        by reading the length bytes of every element with one Struct made for that
+        count (``_flat.flat_probe``; a strided slice per checked byte for long arrays).  Anything else (null arrays, long varints, tags, a short buffer) returns
         None and the caller decodes element by element.
         """
         s = self.src
         layout = self.flat[struct.name]
-        s(f"def b_{struct.name}(buf, pos, n, K=K, _lazy=_lazy, _flat_shape=_flat_shape):")
+        s(f"def b_{struct.name}(buf, pos, n, K=K, _lazy=_lazy, _flat_shape=_flat_shape, "
+          "_flat_probe=_flat_probe):")
         with s.indent():
             s("try:")
             with s.indent():
@@ -726,8 +734,12 @@ class _Compiler:
             s("unpack, size, checks, pick, consts = shape")
             s("e = pos + n * size")
             s("if e > len(buf): return None")
-            s("for offset, byte in checks:")
-            s("    if buf[pos + offset:e:size] != byte * n: return None")
+            s("probe = checks.get(n) or _flat_probe(checks, n)")
+            s("if probe is not None:")
+            s("    if probe[0](buf, pos) != probe[1]: return None")
+            s("else:")
+            s("    for offset, byte in checks.wanted:")
+            s("        if buf[pos + offset:e:size] != byte * n: return None")
             # Checked: the records are built when first read (see _flat.FlatRecords).
             s(f"return _lazy(buf[pos:e], n, shape, {self.flat_kind(struct)}), e")
 
@@ -953,6 +965,7 @@ class _Compiler:
             "_repeat": itertools.repeat,
             "_add": operator.add,
             "_flat_shape": flat_shape,
+            "_flat_probe": flat_probe,
             "_lazy": FlatRecords,
             "_short": _short,
             "_null": _null,
