@@ -129,22 +129,23 @@ def test_the_proxy_scans_a_fetch_answer_once_for_itself_and_its_observers() -> N
 WALK_SETTINGS = settings(SETTINGS, max_examples=40)
 
 
-def walk_in_pieces(frame: bytes, version: int, data: st.DataObject
+def walk_in_pieces(frame: bytes, version: int, data: st.DataObject, size: int | None = None
                    ) -> tuple[fetch.AnswerWalk, list[tuple[int, int]]]:
-    """``frame`` fed to an AnswerWalk in random pieces, records skipped or fed at random,
-    as a proxy would (splicing some, reading others); the walk and the skipped spans."""
-    walk = fetch.AnswerWalk(version, len(frame))
+    """``frame`` (of an answer of ``size`` bytes, its length by default) fed to an
+    AnswerWalk in random pieces, records skipped or fed at random, as a proxy would
+    (splicing some, reading others), until the walk reaches the top-level tags or the
+    bytes end; the walk and the skipped spans."""
+    walk = fetch.AnswerWalk(version, len(frame) if size is None else size)
     pos = 0
     skipped = []
-    while walk.tags_at is None:
+    while walk.tags_at is None and pos < len(frame):
         if walk.opaque and data.draw(st.booleans()):
-            n = data.draw(st.integers(1, walk.opaque))
+            n = data.draw(st.integers(1, min(walk.opaque, len(frame) - pos)))
             skipped.append((pos, pos + n))
             walk.skip(n)
             pos += n
             continue
         piece = frame[pos:pos + data.draw(st.integers(1, 300))]
-        assert piece, "the frame ended before its top-level tags"
         taken = walk.feed(piece)
         pos += taken
         assert taken == len(piece) or walk.tags_at == pos
@@ -178,7 +179,7 @@ def test_a_walk_fed_in_pieces_finds_the_tags_and_skips_only_records(
                      data.draw(header_tags(True)))
     walk, skipped = walk_in_pieces(frame, version, data)
     found = fetch.top_level_tag_fields(frame, version)
-    assert found is not None and walk.tags_at == found[0]
+    assert found is not None and walk.tags_at == found[0]  # reached before the bytes end
     spans = record_spans(frame, codecs.decode_response(frame, 1, version))
     for start, end in skipped:  # every skipped byte is a record's
         assert any(s <= start and end <= e for s, e in spans), (start, end, spans)
@@ -198,16 +199,8 @@ def test_a_walk_of_bytes_that_are_no_fetch_answer_says_so(version: int, data: st
     reaches the tags within the bytes it was given; never another error."""
     frame = data.draw(st.binary(max_size=400))
     size = data.draw(st.integers(len(frame), len(frame) + 50))
-    walk = fetch.AnswerWalk(version, size)
-    pos = 0
     try:
-        while pos < len(frame) and walk.tags_at is None:
-            if walk.opaque:
-                n = min(walk.opaque, len(frame) - pos)
-                walk.skip(n)
-                pos += n
-                continue
-            pos += walk.feed(frame[pos:pos + data.draw(st.integers(1, 50))])
+        walk, _ = walk_in_pieces(frame, version, data, size)
     except fetch.Unexpected:
         return
     assert walk.tags_at is None or walk.tags_at <= size

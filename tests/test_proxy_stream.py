@@ -131,6 +131,34 @@ async def test_a_mid_sized_answer_is_spliced_and_one_the_walk_cannot_read_is_not
         assert h.pumps.close_reason == "client closed"
 
 
+async def test_with_no_pipe_to_be_had_large_frames_go_through_the_buffers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Out of descriptors for a pipe (EMFILE), a spliceable answer and request go through
+    the proxy's buffers instead: whole, the same bytes, nothing spliced, the connection
+    kept."""
+    import os
+
+    def no_pipe(flags: int) -> tuple[int, int]:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(os, "pipe2", no_pipe)
+    async with proxied(produce_answer, tcp=True) as h:
+        wire = produce_wire(5)
+        with trio.fail_after(5):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(send_pieces, h, wire[:1000], wire[1000:])
+                answer = await h.client.receive()
+        assert answer is not None and h.broker.received == [wire[4:]]
+        h.broker.handler = no_answer
+        await send_fetch(h, 6)
+        big = fetch_answer(6)
+        with trio.fail_after(5):
+            assert await relay(h, big[:300_000], big[300_000:]) == big
+        pipes = h.pumps.ctx.pipes
+        assert pipes is not None and pipes.spliced == 0
+        assert h.pumps.close_reason == "client closed"
+
+
 def assert_spliced(h: Harness, tcp: bool) -> None:
     """Over real sockets the records went socket to socket (all but what the first read
     brought in, at most _RECEIVE_SIZE bytes); over memory streams, through the pumps."""

@@ -60,7 +60,7 @@ from gatehouse.proxy.addresses import (
 from gatehouse.proxy.apiversions import API_VERSIONS, adjust_api_versions
 from gatehouse.proxy.budget import BufferPool, ByteBudget
 from gatehouse.proxy.config import Limits
-from gatehouse.proxy.fastio import FastStream, PipePool
+from gatehouse.proxy.fastio import FastStream, Pipe, PipePool
 from gatehouse.proxy.hooks import (
     FETCH,
     SCANNED_RESPONSES,
@@ -468,8 +468,10 @@ class ProxyConnection:
             await self._queue(pending)  # before its bytes go up, as in _forward
         total = 4 + size
         self.mid_request = True  # a drain lets it finish: it goes up whole
-        if self.splicing and not self.ctx.observer.reads_request_bodies:
-            await self._splice_request(reader.take_partial(), total, req, pending)
+        pipe = (self._take_pipe() if self.splicing
+                and not self.ctx.observer.reads_request_bodies else None)
+        if pipe is not None:
+            await self._splice_request(reader.take_partial(), total, req, pending, pipe)
             return b""
         limit = total - 1  # the last byte waits for the observers
         whole, view = await self._relay_large(
@@ -488,16 +490,15 @@ class ProxyConnection:
         return b""
 
     async def _splice_request(self, head: Buffer, total: int, req: Request,
-                              pending: Pending | None) -> None:
+                              pending: Pending | None, pipe: Pipe) -> None:
         """A large Produce request admitted unread, whose first bytes are ``head``, up to
-        the broker with the rest moved socket to socket: no observer reads its body, so
-        they hear of it (``req``: its header) before its bytes go up."""
+        the broker with the rest moved socket to socket through ``pipe``: no observer
+        reads its body, so they hear of it (``req``: its header) before its bytes go up."""
         self.ctx.observer.request(self.conn, req, total - 4)
         if pending is not None:
             pending.started = trio.current_time()
         pipes = self.ctx.pipes
         assert pipes is not None
-        pipe = pipes.take()
         try:
             await self.upstream_io.send_all(head)
             n = total - len(head)
@@ -646,17 +647,17 @@ class ProxyConnection:
         hold = _held_tail(pending)
         if hold is None:
             return None
-        splice = self._splices(pending, hold)
-        if not splice and size < _STREAM_MIN:
+        pipe = self._take_pipe() if self._splices(pending, hold) else None
+        if pipe is None and size < _STREAM_MIN:
             return None
         head = reader.take_partial()
         (correlation_id,) = _SIZE.unpack_from(head, 4)
         if correlation_id != pending.correlation_id:
             raise _out_of_step(correlation_id, pending)
         total = 4 + size
-        if splice:
+        if pipe is not None:
             walk = None if not hold else fetch.AnswerWalk(pending.api_version, size)
-            await self._splice_response(head, total, pending, walk)
+            await self._splice_response(head, total, pending, walk, pipe)
             self._answered(pending, None, size)
             await self._answer_sent()
             return b""
@@ -677,6 +678,12 @@ class ProxyConnection:
         await self._answer_sent()
         return b""
 
+    def _take_pipe(self) -> Pipe | None:
+        """A pipe to splice through; None when there is none (the bytes then go through
+        the proxy's buffers)."""
+        pipes = self.ctx.pipes
+        return None if pipes is None else pipes.take()
+
     def _splices(self, pending: Pending, hold: int) -> bool:
         """Whether a streamed answer's bytes may go socket to socket: the connection
         splices, and the proxy can find the answer's tag section without its records
@@ -685,7 +692,7 @@ class ProxyConnection:
                                                and pending.api_version in _WALKED_FETCH_VERSIONS))
 
     async def _splice_response(self, head: Buffer, total: int, pending: Pending,
-                               walk: fetch.AnswerWalk | None) -> None:
+                               walk: fetch.AnswerWalk | None, pipe: Pipe) -> None:
         """A large answer of ``total`` bytes, whose first ones are ``head``, sent on with
         its records moved socket to socket (never read into the proxy).  With ``walk``
         (a Fetch answer that may name leaders), the structure around the records is
@@ -694,7 +701,6 @@ class ProxyConnection:
         pipes = self.ctx.pipes
         assert pipes is not None
         gone = f"broker {self.conn.upstream} closed the connection in the middle of an answer"
-        pipe = pipes.take()
         try:
             got = len(head)
             out = memoryview(head)  # in hand, not yet sent (the size prefix included)

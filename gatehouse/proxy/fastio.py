@@ -245,8 +245,15 @@ class PipePool:
     def supported() -> bool:
         return _SPLICE is not None
 
-    def take(self) -> Pipe:
-        return self._idle.pop() if self._idle else Pipe()
+    def take(self) -> Pipe | None:
+        """An idle pipe or a new one; None when none can be made (out of descriptors):
+        the caller's bytes then go through its buffers instead."""
+        if self._idle:
+            return self._idle.pop()
+        try:
+            return Pipe()
+        except OSError:
+            return None
 
     def give(self, pipe: Pipe) -> None:
         if pipe.held or len(self._idle) >= self.keep:
