@@ -734,26 +734,29 @@ class ProxyConnection:
                         walk.skip(n)
                     out = fresh = memoryview(b"")
                     continue
-                data = await self.upstream_io.receive_some(min(left, _SPLICE_READ))
-                if not data:
-                    raise _Close(gone, logging.WARNING)
+                data = await self._answer_bytes(min(left, _SPLICE_READ), gone)
                 got += len(data)
-                self._touch()
                 out = fresh = memoryview(data)
             if walk is None:
                 return
             if tail is None:
                 raise self._bad_answer()  # ended before its tag section
             while got < total:
-                data = await self.upstream_io.receive_some(total - got)
-                if not data:
-                    raise _Close(gone, logging.WARNING)
+                data = await self._answer_bytes(total - got, gone)
                 got += len(data)
-                self._touch()
                 tail += data
             await self._send_client(await self._tail_with_proxy_addresses(pending, walk.head, tail))
         finally:
             pipes.give(pipe)
+
+    async def _answer_bytes(self, max_bytes: int, gone: str) -> bytes | bytearray:
+        """The next bytes of an answer being spliced (at most ``max_bytes``); the broker
+        closing first raises ``gone``."""
+        data = await self.upstream_io.receive_some(max_bytes)
+        if not data:
+            raise _Close(gone, logging.WARNING)
+        self._touch()
+        return data
 
     def _bad_answer(self) -> _Close:
         return _Close(f"broker {self.conn.upstream} sent an answer that is not a Fetch "
