@@ -5,7 +5,9 @@ to the broker the same way when no rule reads or changes them."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import logging
 import struct
 import uuid
 from typing import Any
@@ -157,6 +159,33 @@ async def test_with_no_pipe_to_be_had_large_frames_go_through_the_buffers(
         pipes = h.pumps.ctx.pipes
         assert pipes is not None and pipes.spliced == 0
         assert h.pumps.close_reason == "client closed"
+
+
+async def test_a_spliced_answer_that_is_no_fetch_answer_closes_the_connection() -> None:
+    """A broker whose large Fetch answer turns out malformed after its first bytes went
+    on (here: the answer ends inside its records, with a size that says so): the
+    connection closes with a line naming the broker, and the client sees the close."""
+    async with proxied(no_answer, tcp=True) as h:
+        await send_fetch(h, 1)
+        wire = fetch_answer(1)
+        cut = wire[4:len(wire) - 100_000]  # records of 1 MiB in an answer too short for them
+        bad = struct.pack(">i", len(cut)) + cut
+        # The proxy may close the broker's connection before all of it is sent.
+        with contextlib.suppress(trio.BrokenResourceError):
+            await h.broker.frames.send_raw(bad)
+        with trio.fail_after(5):
+            await h.done.wait()
+        assert "broker broker:9092 sent an answer that is not a Fetch response" in (
+            h.pumps.close_reason)
+        assert h.pumps.close_level == logging.WARNING
+        got = bytearray()
+        with trio.fail_after(5):
+            try:  # EOF, or a reset: the proxy closed with the client's request unread
+                while chunk := await h.client.stream.receive_some(1 << 20):
+                    got += chunk
+            except trio.BrokenResourceError:
+                pass
+        assert len(got) < len(bad)  # never a whole answer
 
 
 def assert_spliced(h: Harness, tcp: bool) -> None:
