@@ -255,6 +255,46 @@ def test_large_produce_requests_go_up_as_they_arrive_and_land_intact(
     assert consume({"bootstrap.servers": kafka.bootstrap}, topic, count) == values
 
 
+def test_plain_proxy_splices_large_frames_and_every_record_arrives_intact(
+        kafka: KafkaCluster) -> None:
+    """With nothing reading their bytes (no metrics, no observation log), large Produce
+    requests and Fetch answers go socket to socket through pipes (splice(2)): the pool
+    counts the bytes it moved, and every record still lands and comes back byte for byte
+    for librdkafka and kafka-python."""
+    from kafka import KafkaConsumer
+
+    count = 2000
+    values = [f"{i:05d}-".encode() + bytes((i * 3 + j) % 241 for j in range(1024))
+              for i in range(count)]
+    with ProxyThread(kafka.bootstrap, metrics=False) as proxy:
+        pipes = proxy.proxy.ctx.pipes
+        assert pipes is not None and pipes.spliced == 0
+        topic = unique("spliced")
+        kafka.create_topic(topic, partitions=1)
+        # A long linger: requests of hundreds of KiB, past the size that is streamed.
+        producer = ck.Producer({"bootstrap.servers": proxy.bootstrap, "acks": "all",
+                                "linger.ms": 200, "log_level": 3})
+        for value in values:
+            producer.produce(topic, value=value)
+        assert producer.flush(30) == 0
+        after_produce = pipes.spliced
+        assert after_produce > 0  # request bodies went up through a pipe
+
+        assert consume({"bootstrap.servers": proxy.bootstrap}, topic, count) == values
+        after_librdkafka = pipes.spliced
+        assert after_librdkafka - after_produce >= count * 1024 // 2  # answers' records
+
+        consumer = KafkaConsumer(topic, bootstrap_servers=proxy.bootstrap,
+                                 auto_offset_reset="earliest", consumer_timeout_ms=15000,
+                                 group_id=unique("g"))
+        got = [m.value for m, _ in zip(consumer, range(count), strict=False)]
+        consumer.close()
+        assert got == values
+        assert pipes.spliced - after_librdkafka >= count * 1024 // 2
+    # What went up through the proxy is what the broker stored, read directly.
+    assert consume({"bootstrap.servers": kafka.bootstrap}, topic, count) == values
+
+
 def test_sasl_scram_passes_through(kafka_scram: KafkaCluster) -> None:
     with ProxyThread(kafka_scram.sasl_bootstrap) as proxy:
         topic = unique("sasl")

@@ -26,10 +26,12 @@ class ProxyThread:
 
     def __init__(self, upstream: str | None = None, *, extra_config: str = "",
                  rules_yaml: str | None = None, policy: Policy | None = None,
-                 observers: Sequence[Observer] = (), config_text: str | None = None) -> None:
+                 observers: Sequence[Observer] = (), config_text: str | None = None,
+                 metrics: bool = True) -> None:
         """``config_text``, when given, is the whole config (fixed ports, say, so that a
         restarted proxy comes back where its clients left it); else one is made for
-        ``upstream`` with OS-chosen ports, plus ``extra_config``."""
+        ``upstream`` with OS-chosen ports, plus ``extra_config``.  ``metrics=False``: no
+        metrics observer (the plain proxy, which moves large frames socket to socket)."""
         if config_text is None:
             config_text = (f"listen: 127.0.0.1:0\nupstream: [{upstream}]\n"
                            "brokers: {start_port: 0}\n" + extra_config)
@@ -41,7 +43,8 @@ class ProxyThread:
         self.metrics = ProxyMetrics()
         if isinstance(self.policy, RulesPolicy):
             self.metrics.attach(self.policy, None)
-        self.proxy = Proxy(self.config, self.policy, [self.metrics, *observers])
+        self.proxy = Proxy(self.config, self.policy,
+                           [self.metrics, *observers] if metrics else list(observers))
         self._thread: threading.Thread | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._started = threading.Event()
