@@ -68,7 +68,6 @@ async def receive_bytes(h: Harness, n: int) -> bytes:
     return bytes(got)
 
 
-@TRANSPORTS
 async def relay(h: Harness, *pieces: bytes) -> bytes:
     """The broker sends ``pieces`` while the client reads (real sockets hold only so
     much unread); what the client got."""
