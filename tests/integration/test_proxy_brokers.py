@@ -173,10 +173,29 @@ def test_java_perf_tool_through_proxy(kafka: KafkaCluster) -> None:
                             direction="produce") == 2000
 
 
+def produce_all(bootstrap: str, topic: str, values: list[bytes], linger_ms: int) -> None:
+    """Every value produced (librdkafka, acks=all) and acknowledged, in order."""
+    producer = ck.Producer({"bootstrap.servers": bootstrap, "acks": "all",
+                            "linger.ms": linger_ms, "log_level": 3})
+    for value in values:
+        producer.produce(topic, value=value)
+    assert producer.flush(30) == 0
+
+
+def kafka_python_values(bootstrap: str, topic: str, count: int) -> list[bytes]:
+    """The first ``count`` values of ``topic``, read by kafka-python in a new group."""
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                             consumer_timeout_ms=15000, group_id=unique("g"))
+    got = [m.value for m, _ in zip(consumer, range(count), strict=False)]
+    consumer.close()
+    return got
+
+
 def test_megabyte_fetch_answers_reach_every_client_intact(kafka: KafkaCluster) -> None:
     """3 MB in one partition: each Fetch answer is about the 1 MiB a partition may send,
     so the proxy sends it on as it arrives (see ProxyConnection._stream_response)."""
-    from kafka import KafkaConsumer
 
     count = 3000
     values = [f"{i:05d}-".encode() + bytes((i + j) % 251 for j in range(1024))
@@ -184,21 +203,11 @@ def test_megabyte_fetch_answers_reach_every_client_intact(kafka: KafkaCluster) -
     with ProxyThread(kafka.bootstrap) as proxy:
         topic = unique("big")
         kafka.create_topic(topic, partitions=1)
-        producer = ck.Producer({"bootstrap.servers": kafka.bootstrap, "acks": "all",
-                                "linger.ms": 20, "log_level": 3})
-        for value in values:
-            producer.produce(topic, value=value)
-        assert producer.flush(30) == 0
+        produce_all(kafka.bootstrap, topic, values, linger_ms=20)
 
         conf = {"bootstrap.servers": proxy.bootstrap, "fetch.wait.max.ms": 100}
         assert consume(conf, topic, count) == values  # librdkafka, in order, byte for byte
-
-        consumer = KafkaConsumer(topic, bootstrap_servers=proxy.bootstrap,
-                                 auto_offset_reset="earliest", consumer_timeout_ms=15000,
-                                 group_id=unique("g"))
-        got = [m.value for m, _ in zip(consumer, range(count), strict=False)]
-        consumer.close()
-        assert got == values  # kafka-python
+        assert kafka_python_values(proxy.bootstrap, topic, count) == values
 
         result = kafka.run_java_tool(
             "org.apache.kafka.tools.ConsumerPerformance", "--bootstrap-server",
@@ -261,7 +270,6 @@ def test_plain_proxy_splices_large_frames_and_every_record_arrives_intact(
     requests and Fetch answers go socket to socket through pipes (splice(2)): the pool
     counts the bytes it moved, and every record still lands and comes back byte for byte
     for librdkafka and kafka-python."""
-    from kafka import KafkaConsumer
 
     count = 2000
     values = [f"{i:05d}-".encode() + bytes((i * 3 + j) % 241 for j in range(1024))
@@ -272,11 +280,7 @@ def test_plain_proxy_splices_large_frames_and_every_record_arrives_intact(
         topic = unique("spliced")
         kafka.create_topic(topic, partitions=1)
         # A long linger: requests of hundreds of KiB, past the size that is streamed.
-        producer = ck.Producer({"bootstrap.servers": proxy.bootstrap, "acks": "all",
-                                "linger.ms": 200, "log_level": 3})
-        for value in values:
-            producer.produce(topic, value=value)
-        assert producer.flush(30) == 0
+        produce_all(proxy.bootstrap, topic, values, linger_ms=200)
         after_produce = pipes.spliced
         assert after_produce > 0  # request bodies went up through a pipe
 
@@ -284,12 +288,7 @@ def test_plain_proxy_splices_large_frames_and_every_record_arrives_intact(
         after_librdkafka = pipes.spliced
         assert after_librdkafka - after_produce >= count * 1024 // 2  # answers' records
 
-        consumer = KafkaConsumer(topic, bootstrap_servers=proxy.bootstrap,
-                                 auto_offset_reset="earliest", consumer_timeout_ms=15000,
-                                 group_id=unique("g"))
-        got = [m.value for m, _ in zip(consumer, range(count), strict=False)]
-        consumer.close()
-        assert got == values
+        assert kafka_python_values(proxy.bootstrap, topic, count) == values
         assert pipes.spliced - after_librdkafka >= count * 1024 // 2
     # What went up through the proxy is what the broker stored, read directly.
     assert consume({"bootstrap.servers": kafka.bootstrap}, topic, count) == values
