@@ -43,6 +43,7 @@ class ProxyThread:
         self.metrics = ProxyMetrics()
         if isinstance(self.policy, RulesPolicy):
             self.metrics.attach(self.policy, None)
+        self.metered = metrics
         self.proxy = Proxy(self.config, self.policy,
                            [self.metrics, *observers] if metrics else list(observers))
         self._thread: threading.Thread | None = None
@@ -107,6 +108,7 @@ class ProxyThread:
             raise RuntimeError("the proxy crashed") from self.error
 
     def sample(self, name: str, **labels: str) -> float:
+        assert self.metered, "this proxy has no metrics observer: every sample would be 0"
         value = self.metrics.registry.get_sample_value(name, labels)
         return value or 0.0
 
