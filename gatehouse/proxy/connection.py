@@ -497,19 +497,14 @@ class ProxyConnection:
         self.ctx.observer.request(self.conn, req, total - 4)
         if pending is not None:
             pending.started = trio.current_time()
-        pipes = self.ctx.pipes
-        assert pipes is not None
         try:
             await self.upstream_io.send_all(head)
-            n = total - len(head)
-            moved = await self.client_io.splice_to(self.upstream_io, n, pipe,
-                                                   self._received_from_client)
-            pipes.spliced += moved
-            if moved < n:
-                raise _Close(f"client closed the connection in the middle of a "
-                             f"{total - 4}-byte request", logging.WARNING)
+            await self._splice(self.client_io, self.upstream_io, total - len(head), pipe,
+                               self._received_from_client,
+                               f"client closed the connection in the middle of a "
+                               f"{total - 4}-byte request")
         finally:
-            pipes.give(pipe)
+            self._give_pipe(pipe)
         self._touch()
         self.mid_request = False
 
@@ -684,6 +679,27 @@ class ProxyConnection:
         pipes = self.ctx.pipes
         return None if pipes is None else pipes.take()
 
+    def _spliced_to_client(self, n: int) -> None:
+        self.conn.bytes_to_client += n
+        self._touch()
+
+    def _give_pipe(self, pipe: Pipe) -> None:
+        pipes = self.ctx.pipes
+        assert pipes is not None
+        pipes.give(pipe)
+
+    async def _splice(self, src: FastStream, dst: FastStream, n: int, pipe: Pipe,
+                      heard: Callable[[int], None], gone: str) -> None:
+        """``n`` bytes from ``src`` to ``dst`` through ``pipe`` (``heard`` of each piece
+        received), counted in the pool; ``src`` closing first raises ``gone``."""
+        moved = await src.splice_to(dst, n, pipe, heard)
+        pipes = self.ctx.pipes
+        assert pipes is not None
+        pipes.spliced += moved
+        self._touch()
+        if moved < n:
+            raise _Close(gone, logging.WARNING)
+
     def _splices(self, pending: Pending, hold: int) -> bool:
         """Whether a streamed answer's bytes may go socket to socket: the connection
         splices, and the proxy can find the answer's tag section without its records
@@ -698,8 +714,6 @@ class ProxyConnection:
         (a Fetch answer that may name leaders), the structure around the records is
         read to find the top-level tag section, which waits for the answer's end and is
         rewritten in place if it names brokers (see ``_tail_with_proxy_addresses``)."""
-        pipes = self.ctx.pipes
-        assert pipes is not None
         gone = f"broker {self.conn.upstream} closed the connection in the middle of an answer"
         try:
             got = len(head)
@@ -722,14 +736,9 @@ class ProxyConnection:
                     break
                 if walk is None or walk.opaque:
                     n = left if walk is None else min(walk.opaque, left)
-                    moved = await self.upstream_io.splice_to(
-                        self.client_io, n, pipe, self._received_from_upstream)
-                    got += moved
-                    self.conn.bytes_to_client += moved
-                    pipes.spliced += moved
-                    self._touch()
-                    if moved < n:
-                        raise _Close(gone, logging.WARNING)
+                    await self._splice(self.upstream_io, self.client_io, n, pipe,
+                                       self._spliced_to_client, gone)
+                    got += n
                     if walk is not None:
                         walk.skip(n)
                     out = fresh = memoryview(b"")
@@ -747,7 +756,7 @@ class ProxyConnection:
                 tail += data
             await self._send_client(await self._tail_with_proxy_addresses(pending, walk.head, tail))
         finally:
-            pipes.give(pipe)
+            self._give_pipe(pipe)
 
     async def _answer_bytes(self, max_bytes: int, gone: str) -> bytes | bytearray:
         """The next bytes of an answer being spliced (at most ``max_bytes``); the broker

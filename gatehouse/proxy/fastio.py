@@ -89,11 +89,8 @@ class FastStream:
         sock = self.socket
         await trio.lowlevel.checkpoint_if_cancelled()
         while True:
-            fd = sock.fileno()
-            if fd == -1:
-                raise trio.ClosedResourceError("the stream was closed")
             try:
-                got = read(fd, arg)
+                got = read(_fd(sock), arg)
             except BlockingIOError:
                 self.waiting = True
                 try:
@@ -143,9 +140,7 @@ class FastStream:
                 break
             if sent:
                 parts[0] = parts[0][sent:]
-            fd = sock.fileno()
-            if fd == -1:
-                raise trio.ClosedResourceError("the stream was closed")
+            fd = _fd(sock)
             try:
                 sent = os.write(fd, parts[0]) if len(parts) == 1 else os.writev(fd, parts)
             except BlockingIOError:
@@ -209,6 +204,8 @@ class FastStream:
 
 
 def _fd(sock: Any) -> int:
+    """The socket's descriptor; ClosedResourceError once the stream was closed (the
+    number may belong to another file by then)."""
     fd: int = sock.fileno()
     if fd == -1:
         raise trio.ClosedResourceError("the stream was closed")
