@@ -100,6 +100,38 @@ def test_response_codes_match_the_decoder(version: int, data: st.DataObject) -> 
 
 
 @pytest.mark.parametrize("version", VERSIONS)
+@SETTINGS
+@given(data=st.data())
+def test_a_renamed_head_and_the_rest_as_it_came_make_the_renamed_request(
+        version: int, data: st.DataObject) -> None:
+    """``rename_request_head`` over any first bytes of a request: where it answers, its
+    bytes and the rest of the request as it came are the whole request renamed; it
+    answers for every request naming one topic by name once that name has arrived."""
+    body = data.draw(message_body(codecs.api(0).request, version))
+    if data.draw(st.booleans()):
+        body = body.replace(topic_data=body.topic_data[:1])
+    tags = data.draw(header_tags(version >= 9))
+    frame = bytes(build_message(0, version, "request", body, tags=tags).encode())
+    prefix = data.draw(st.text(max_size=300))
+
+    def rename(name: str) -> str:
+        return prefix + name
+
+    whole = produce.rename_request_topics(frame, version, rename)
+    one_by_name = len(body.topic_data) == 1 and version < 13 and whole is not None
+    answered = []
+    for cut in sorted({len(frame), *data.draw(st.lists(st.integers(0, len(frame))))}):
+        head = produce.rename_request_head(frame[:cut], version, rename)
+        if head is not None:
+            new, end = head
+            assert one_by_name and end <= cut
+            assert new + frame[end:] == bytes(whole)  # type: ignore[arg-type]
+        answered.append(head is not None)
+    assert answered[-1] == one_by_name  # the whole request: answered if it can be
+    assert answered == sorted(answered)  # more bytes never take an answer back
+
+
+@pytest.mark.parametrize("version", VERSIONS)
 def test_truncated_or_padded_frames_fall_back(version: int) -> None:
     body = codecs.api(0).request.root.cls(
         transactional_id=None, acks=-1, timeout_ms=1000, topic_data=())

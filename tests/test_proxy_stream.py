@@ -411,10 +411,14 @@ class Counting:
         return self.stream
 
 
-def produce_wire(correlation_id: int, *, acks: int = -1, topic: str = "orders") -> bytes:
-    return frame_bytes(request(0, 9, correlation_id, transactional_id=None, acks=acks,
-                               timeout_ms=1000, topic_data=[{"name": topic, "partition_data": [
-                                   {"index": 0, "records": RECORDS}]}]).encode())
+def produce_wire(correlation_id: int, *, acks: int = -1, topics: tuple[str, ...] = ("orders",),
+                 version: int = 9) -> bytes:
+    """A Produce request with RECORDS for its first topic (a few bytes for the others)."""
+    return frame_bytes(request(0, version, correlation_id, transactional_id=None, acks=acks,
+                               timeout_ms=1000, topic_data=[
+                                   {"name": topic, "partition_data": [
+                                       {"index": 0, "records": RECORDS[:1000] if i else RECORDS}]}
+                                   for i, topic in enumerate(topics)]).encode())
 
 
 def produce_answer(req: codecs.Request) -> Any:
@@ -483,8 +487,9 @@ async def send_pieces(h: Harness, *pieces: bytes) -> None:
 async def test_over_sockets_a_large_request_no_one_reads_goes_up_spliced(
         reader: str | None) -> None:
     """Over real sockets, a large Produce request no rule or observer reads goes up with
-    its records socket to socket; the observers hear of it (its header) first.  One that
-    an observer (the metrics) or a rule (a rename) reads goes through the proxy."""
+    its records socket to socket, after its first bytes (renamed, if a rule renames its
+    one topic); the observers hear of it (its header) first.  One that an observer (the
+    metrics) reads goes through the proxy."""
     from gatehouse.metrics import ProxyMetrics
 
     recorder = Recorder()
@@ -497,20 +502,21 @@ async def test_over_sockets_a_large_request_no_one_reads_goes_up_spliced(
                 nursery.start_soon(send_pieces, h, wire[:1000], wire[1000:])
                 answer = await h.client.receive()
         assert answer is not None and struct.unpack_from(">i", answer)[0] == 5
-        up = h.broker.received
-        assert len(up) == 1 and bytes(codecs.decode_request(up[0]).body.topic_data[0]
-                                      .partition_data[0].records) == RECORDS
-        if reader != "rename":
-            assert up == [wire[4:]]  # the very bytes the client sent
+        if reader == "rename":  # the very bytes of the request naming the broker's topic
+            assert h.broker.received == [produce_wire(5, topics=("prod.orders",))[4:]]
+            resp = codecs.decode_response(answer, api_key=0, api_version=9)
+            assert [t.name for t in resp.body.responses] == ["orders"]  # named back
+        else:
+            assert h.broker.received == [wire[4:]]  # the very bytes the client sent
         assert recorder.requests == [(0, 9)] and recorder.responses == [5]
         assert h.conn.requests == 1 and h.conn.bytes_from_client == len(wire)
         assert h.pumps.ctx.request_budget.held == 0
         pipes = h.pumps.ctx.pipes
         assert pipes is not None
-        if reader is None:
-            assert pipes.spliced >= len(RECORDS) - _RECEIVE_SIZE
-        else:
+        if reader == "metrics":
             assert pipes.spliced == 0
+        else:
+            assert pipes.spliced >= len(RECORDS) - _RECEIVE_SIZE
 
 
 async def test_over_sockets_a_client_gone_in_the_middle_of_a_spliced_request_closes_it(
@@ -526,29 +532,71 @@ async def test_over_sockets_a_client_gone_in_the_middle_of_a_spliced_request_clo
         assert h.broker.received == []  # never whole at the broker
 
 
-async def test_a_large_produce_request_a_rule_renames_is_renamed_whole() -> None:
-    policy = rename_orders()
-    async with proxied(produce_answer, policy=policy) as h:
+class TopicsSeen(Recorder):
+    """Records the topic names of the Produce requests the observers hear of."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.topics: list[list[str]] = []
+
+    reads_request_bodies = True  # as the metrics do: they see the request whole
+
+    def request(self, conn: Any, req: codecs.Request, size: int) -> None:
+        super().request(conn, req, size)
+        if req.api_key == 0:
+            self.topics.append([t.name for t in req.body.topic_data])
+
+
+@pytest.mark.parametrize("version", [3, 8, 9, 12])
+async def test_a_large_produce_request_for_one_topic_a_rule_renames_streams_renamed(
+        version: int) -> None:
+    """Its first bytes go up with the topic's new name and its new size, the rest as it
+    arrives; the observers see the request as the client sent it, and the answer names
+    the topic back."""
+    seen = TopicsSeen()
+    counted = Counting()
+    async with proxied(produce_answer, policy=rename_orders(), observer=seen,
+                       upstream=counted) as h:
         pool = h.pumps.ctx.frame_buffers
         sent = 0
         for correlation_id in (5, 6):
-            wire = produce_wire(correlation_id)
-            half = len(wire) // 2
-            await h.client.send_raw(wire[:half])
-            await h.client.send_raw(wire[half:])
+            wire = produce_wire(correlation_id, version=version)
+            await stream_up(h, counted.stream, wire)
             sent += len(wire)
             with trio.fail_after(5):
                 answer = await h.client.receive()
             assert answer is not None
-            up = codecs.decode_request(h.broker.received[-1])
-            assert up.header.correlation_id == correlation_id
-            assert [t.name for t in up.body.topic_data] == ["prod.orders"]
-            assert bytes(up.body.topic_data[0].partition_data[0].records) == RECORDS
-            resp = codecs.decode_response(answer, api_key=0, api_version=9)
+            renamed = produce_wire(correlation_id, topics=("prod.orders",), version=version)
+            assert h.broker.received[-1] == renamed[4:]
+            resp = codecs.decode_response(answer, api_key=0, api_version=version)
+            assert resp.header.correlation_id == correlation_id
             assert [t.name for t in resp.body.responses] == ["orders"]  # named back
-            # Received into a pooled buffer (not gathered from chunks), given back after.
-            assert pool.kept >= len(wire)
+            assert pool.kept >= len(wire)  # the pooled buffer is back
+        assert seen.topics == [["orders"], ["orders"]]
         assert h.conn.requests == 2 and h.conn.bytes_from_client == sent
+        assert counted.stream.sent == 2 * len(renamed)
+        assert h.pumps.ctx.request_budget.held == 0
+
+
+async def test_a_large_produce_request_for_two_topics_a_rule_renames_is_renamed_whole(
+) -> None:
+    """The second name lies past the first topic's records: the request is received
+    whole, then renamed, before a byte of it goes up."""
+    counted = Counting()
+    async with proxied(produce_answer, policy=rename_orders(), upstream=counted) as h:
+        wire = produce_wire(5, topics=("orders", "audit"))
+        half = len(wire) // 2
+        await h.client.send_raw(wire[:half])
+        await trio.testing.wait_all_tasks_blocked()
+        assert counted.stream.sent == 0  # held: the rule has not seen it yet
+        await h.client.send_raw(wire[half:])
+        with trio.fail_after(5):
+            answer = await h.client.receive()
+        assert answer is not None
+        assert h.broker.received == [produce_wire(5, topics=("prod.orders", "audit"))[4:]]
+        resp = codecs.decode_response(answer, api_key=0, api_version=9)
+        assert [t.name for t in resp.body.responses] == ["orders", "audit"]
+        assert h.pumps.ctx.frame_buffers.kept >= len(wire)  # received into the pool
         assert h.pumps.ctx.request_budget.held == 0
 
 
@@ -568,13 +616,13 @@ async def test_a_client_gone_in_the_middle_of_a_streamed_request_closes_the_conn
 
 async def test_a_client_gone_in_the_middle_of_a_request_to_rename_closes_the_connection(
 ) -> None:
-    """A large request received whole before it goes up (a rule renames its topic): the
+    """A large request received whole before it goes up (a rule renames its topics): the
     client leaving half-way closes its connection with a reason that says so, and not
     one byte of it reaches the broker."""
     policy = rename_orders()
     counted = Counting()
     async with proxied(produce_answer, policy=policy, upstream=counted) as h:
-        wire = produce_wire(5)
+        wire = produce_wire(5, topics=("orders", "audit"))
         await h.client.send_raw(wire[:300_000])
         await trio.testing.wait_all_tasks_blocked()
         await h.client.stream.aclose()
@@ -673,7 +721,7 @@ class DropEmptyTopics(Policy):
 
 
 async def test_a_policy_that_reads_bodies_gets_large_requests_whole() -> None:
-    """A Policy subclass with its own on_request and no admits_unread is never bypassed:
+    """A Policy subclass with its own on_request and no forwards_unread is never bypassed:
     its large Produce requests are received whole, then decided."""
     policy = DropEmptyTopics()
     counted = Counting()

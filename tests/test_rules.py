@@ -584,6 +584,53 @@ def test_produce_renamed_in_the_bytes_keeps_the_records_and_skips_the_decoder() 
     assert bytes(same.encode()) == wire[4:] or bytes(same.encode()) == wire
 
 
+def test_a_produce_request_that_has_begun_to_arrive_is_forwarded_renamed_or_left_whole(
+) -> None:
+    """``forwards_unread`` decides from a request's first bytes: untouched with no rule
+    on its topics; with its one topic renamed (and its answer to be named back) under a rename;
+    left for ``on_request`` when its name has not all come, it names two topics, or a
+    rule refuses or only observes.  A decision made early counts once, as on_request's."""
+    from gatehouse.proxy.hooks import Forward
+
+    conn = ConnectionInfo(id=1, client="127.0.0.1:1", listener="bootstrap")
+    records = b"\x07" * 200
+    one = bytes(req(0, 9, acks=-1, timeout_ms=1000, topic_data=[
+        {"name": "orders", "partition_data": [{"index": 0, "records": records}]}]).encode())
+    two = bytes(req(0, 9, acks=-1, timeout_ms=1000, topic_data=[
+        {"name": "orders", "partition_data": [{"index": 0, "records": records}]},
+        {"name": "audit", "partition_data": [{"index": 0, "records": None}]}]).encode())
+
+    def head(wire: bytes, n: int) -> codecs.Request:
+        return codecs.decode_request(memoryview(wire)[:n])  # as far as it has arrived
+
+    plain = RulesPolicy(rules("- name: r\n  min_api_version: {Fetch: 6}\n"))
+    decision = plain.forwards_unread(conn, head(one, 60))
+    assert isinstance(decision, Forward) and decision.new_head is None
+    assert not decision.wants_response
+
+    policy = RulesPolicy(rules("- name: alias\n  rename_topics: {orders: prod.orders}\n"))
+    counted: list[Any] = []
+    policy.outcome_listeners.append(counted.append)
+    decision = policy.forwards_unread(conn, head(one, 60))
+    assert decision is not None and decision.new_head is not None
+    assert decision.wants_response and decision.context is not None
+    new, end = decision.new_head
+    renamed = codecs.decode_request(new + one[end:])
+    assert [t.name for t in renamed.body.topic_data] == ["prod.orders"]
+    assert renamed.body.topic_data[0].partition_data[0].records == records
+    assert [o.rule for o in counted] == ["alias"]
+    name_at = one.index(b"orders")
+    assert policy.forwards_unread(conn, head(one, name_at + 3)) is None  # half a name
+    assert policy.forwards_unread(conn, head(two, 300)) is None
+    assert [o.rule for o in counted] == ["alias"]  # only a decision made counts
+
+    refusing = RulesPolicy(rules("- name: old\n  min_api_version: {Produce: 10}\n"))
+    assert refusing.forwards_unread(conn, head(one, 60)) is None
+    watching = RulesPolicy(rules("- name: alias\n  mode: observe\n"
+                                 "  rename_topics: {orders: prod.orders}\n"))
+    assert watching.forwards_unread(conn, head(one, 60)) is None
+
+
 def test_remembered_evaluations_follow_reloads_and_the_client_id() -> None:
     """The policy remembers a connection's evaluations per API version: a reload or a
     new client id on the connection is evaluated afresh."""

@@ -87,21 +87,7 @@ def request_topics(frame: Buffer, version: int, spans: list[tuple[int, int]] | N
     # empty tag sections and one batch per partition (nearly all of them) are read inline,
     # and a partition's index, records length and first batch header in one or two unpacks.
     try:
-        # The header's client id (a nullable int16 string in every header version).
-        (n,) = _I16.unpack_from(view, 8)
-        pos = 10 + max(n, 0)
-        if not flexible:
-            pos = _skip_string(view, pos, flexible)  # TransactionalId
-        elif view[pos] == 0 and view[pos + 1] == 0:
-            pos += 2  # no header tags, a null TransactionalId: the usual case
-        else:
-            pos = _skip_tags(view, pos) if view[pos] else pos + 1
-            pos = _skip_string(view, pos, flexible)
-        pos += 6  # Acks, TimeoutMs
-        if flexible and (topics := view[pos] - 1) >= 0 and topics < 0x7F:
-            pos += 1
-        else:
-            topics, pos = _array(view, pos, flexible)
+        topics, pos = _topics_at(view, flexible)
         end = len(view)
         out: TopicCounts = []
         for _ in range(topics):
@@ -111,20 +97,7 @@ def request_topics(frame: Buffer, version: int, spans: list[tuple[int, int]] | N
                 pos += 16
             else:
                 start = pos
-                if flexible:
-                    n = view[pos]
-                    if n < 0x80:
-                        pos += 1
-                    else:
-                        n, pos = _uvarint(view, pos)
-                    n -= 1
-                else:
-                    (n,) = _I16.unpack_from(view, pos)
-                    pos += 2
-                if n < 0 or pos + n > end:
-                    raise _Unexpected
-                key = str(view[pos:pos + n], "utf-8")
-                pos += n
+                key, pos = _topic_name(view, pos, flexible)
                 if spans is not None:
                     spans.append((start, pos))
             if flexible and view[pos] < 0x80:
@@ -211,6 +184,42 @@ def request_topics(frame: Buffer, version: int, spans: list[tuple[int, int]] | N
         return None
 
 
+def _topics_at(view: memoryview, flexible: bool) -> tuple[int, int]:
+    """A Produce request's number of topics and where the first begins (the frame from
+    its api key on; v3+)."""
+    # The header's client id (a nullable int16 string in every header version).
+    (n,) = _I16.unpack_from(view, 8)
+    pos = 10 + max(n, 0)
+    if not flexible:
+        pos = _skip_string(view, pos, flexible)  # TransactionalId
+    elif view[pos] == 0 and view[pos + 1] == 0:
+        pos += 2  # no header tags, a null TransactionalId: the usual case
+    else:
+        pos = _skip_tags(view, pos) if view[pos] else pos + 1
+        pos = _skip_string(view, pos, flexible)
+    pos += 6  # Acks, TimeoutMs
+    if flexible and (topics := view[pos] - 1) >= 0 and topics < 0x7F:
+        return topics, pos + 1
+    return _array(view, pos, flexible)
+
+
+def _topic_name(view: memoryview, pos: int, flexible: bool) -> tuple[str, int]:
+    """The topic name at ``pos`` (not null) and where it ends."""
+    if flexible:
+        n = view[pos]
+        if n < 0x80:
+            pos += 1
+        else:
+            n, pos = _uvarint(view, pos)
+        n -= 1
+    else:
+        (n,) = _I16.unpack_from(view, pos)
+        pos += 2
+    if n < 0 or pos + n > len(view):
+        raise _Unexpected
+    return str(view[pos:pos + n], "utf-8"), pos + n
+
+
 # Error code -> how often; the numbers of the top-level tagged fields (v9+: NodeEndpoints
 # is tag 0, and only a broker that moved leaders sends it); whether any partition has
 # an error message or record errors (text a topic rename may have to rewrite).
@@ -291,6 +300,31 @@ def rename_request_topics(frame: Buffer, version: int,
         if new != name:
             changes.append((start, end, new))
     return _spliced(frame, changes, version >= FLEXIBLE_SINCE)
+
+
+def rename_request_head(head: Buffer, version: int,
+                        rename: Callable[[str], str]) -> tuple[bytes, int] | None:
+    """The beginning of a Produce request that names one topic, with that name
+    ``rename``d, read from ``head``: the request's first bytes (from its api key on), as
+    many as have arrived.  Returns the bytes that stand for ``head[:end]`` and ``end``;
+    everything after the name goes on as it is, so the request can be sent on as it
+    arrives.  None when the request names more or fewer than one topic, or names it by
+    id (v13), or the name is not all in ``head``, or the bytes are not what the reader
+    expects: the caller reads the whole request instead."""
+    if not FIRST_VERSION <= version < TOPIC_IDS_SINCE:
+        return None
+    view = memoryview(head)
+    flexible = version >= FLEXIBLE_SINCE
+    try:
+        topics, start = _topics_at(view, flexible)
+        if topics != 1:
+            return None
+        name, end = _topic_name(view, start, flexible)
+    except (_Unexpected, struct.error, IndexError, UnicodeDecodeError):
+        return None
+    new = rename(name)
+    changes = [(start, end, new)] if new != name else []
+    return bytes(_spliced(view[:end], changes, flexible)), end
 
 
 def rename_response_topics(frame: Buffer, version: int,

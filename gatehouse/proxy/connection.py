@@ -438,10 +438,11 @@ class ProxyConnection:
 
     async def _stream_request(self, reader: FrameReader, size: int) -> Buffer | None:
         """A large Produce request that has begun to arrive, sent upstream as its bytes
-        come when the policy admits it unread (``Policy.admits_unread``), else received
-        whole and then handled: b"" once it is sent (nothing is read past its end), None
-        when it is not one to stream.  Its observers see it whole before its last bytes
-        go up, so before any answer."""
+        come when the policy forwards it unread (``Policy.forwards_unread``: maybe with
+        its first bytes changed, a topic renamed), else received whole and then handled:
+        b"" once it is sent (nothing is read past its end), None when it is not one to
+        stream.  Its observers see it whole, as the client sent it, before its last
+        bytes go up, so before any answer."""
         if size < _STREAM_REQUEST_MIN or self.sasl_raw_rounds != 0 or self.store_and_forward:
             return None
         head = reader.peek_partial(_REQUEST_HEAD)
@@ -457,27 +458,38 @@ class ProxyConnection:
             self.store_and_forward = len(head) >= _REQUEST_HEAD
             return None
         policy = self.ctx.get_policy()
-        if not policy.admits_unread(self.conn, req):
+        decision = policy.forwards_unread(self.conn, req)
+        if decision is None:
             return await self._receive_whole_request(reader, size)
         header = req.header
         self._count_request(header)
         pending = None
         if acks != 0:
             pending = Pending(header.correlation_id, PRODUCE, header.api_version,
-                              trio.current_time(), policy=policy)
+                              trio.current_time(), wants_response=decision.wants_response,
+                              context=decision.context, policy=policy)
             await self._queue(pending)  # before its bytes go up, as in _forward
         total = 4 + size
         self.mid_request = True  # a drain lets it finish: it goes up whole
+        head = reader.take_partial()
+        lead, skip = b"", 0  # what goes first in place of the frame's first skip bytes
+        if decision.new_head is not None:
+            # The new beginning, under the new size; the rest goes up as it came.
+            new_head, end = decision.new_head
+            lead, skip = struct.pack(">i", size - end + len(new_head)) + new_head, 4 + end
         pipe = (self._take_pipe() if self.splicing
                 and not self.ctx.observer.reads_request_bodies else None)
         if pipe is not None:
-            await self._splice_request(reader.take_partial(), total, req, pending, pipe)
+            await self._splice_request(lead + memoryview(head)[skip:] if skip else head,
+                                       total - len(head), size, req, pending, pipe)
             return b""
         limit = total - 1  # the last byte waits for the observers
+        if lead:
+            await self.upstream_io.send_all(lead)
         whole, view = await self._relay_large(
-            reader.take_partial(), total, limit, self.client_io.receive_into,
+            head, total, limit, self.client_io.receive_into,
             self.upstream_io.send_all, self._received_from_client,
-            f"client closed the connection in the middle of a {size}-byte request")
+            f"client closed the connection in the middle of a {size}-byte request", skip)
         self._touch()
         frame = view.toreadonly()[4:]
         self.ctx.observer.request(self.conn, decode_request(frame), size)
@@ -489,20 +501,21 @@ class ProxyConnection:
         self.ctx.frame_buffers.give(whole)
         return b""
 
-    async def _splice_request(self, head: Buffer, total: int, req: Request,
+    async def _splice_request(self, head: Buffer, rest: int, size: int, req: Request,
                               pending: Pending | None, pipe: Pipe) -> None:
-        """A large Produce request admitted unread, whose first bytes are ``head``, up to
-        the broker with the rest moved socket to socket through ``pipe``: no observer
-        reads its body, so they hear of it (``req``: its header) before its bytes go up."""
-        self.ctx.observer.request(self.conn, req, total - 4)
+        """A large Produce request of ``size`` bytes forwarded unread up to the broker:
+        ``head`` first (its first bytes, maybe changed), then its last ``rest`` bytes
+        moved socket to socket through ``pipe``.  No observer reads its body, so they
+        hear of it (``req``: its header) before its bytes go up."""
+        self.ctx.observer.request(self.conn, req, size)
         if pending is not None:
             pending.started = trio.current_time()
         try:
             await self.upstream_io.send_all(head)
-            await self._splice(self.client_io, self.upstream_io, total - len(head), pipe,
+            await self._splice(self.client_io, self.upstream_io, rest, pipe,
                                self._received_from_client,
                                f"client closed the connection in the middle of a "
-                               f"{total - 4}-byte request")
+                               f"{size}-byte request")
         finally:
             self._give_pipe(pipe)
         self._touch()
@@ -530,18 +543,21 @@ class ProxyConnection:
         self, head: Buffer, total: int, limit: int,
         receive_into: Callable[[memoryview], Awaitable[int]],
         send: Callable[[Any], Awaitable[None]], received: Callable[[int], None], gone: str,
+        skip: int = 0,
     ) -> tuple[bytearray, memoryview]:
         """A frame of ``total`` bytes whose first bytes, ``head``, are in hand: the rest
-        received straight into a pooled buffer (never past the frame's end), its first
-        ``limit`` bytes sent on with ``send`` as they come.  Returns the buffer and the
-        frame's view in it: the caller sends the rest and gives the buffer back.
-        ``received(n)`` hears of each piece; the other end closing raises ``gone``."""
+        received straight into a pooled buffer (never past the frame's end), its bytes
+        from ``skip`` (the caller sent its own for those before) to ``limit`` sent on
+        with ``send`` as they come.  Returns the buffer and the frame's view in it: the
+        caller sends the rest and gives the buffer back.  ``received(n)`` hears of each
+        piece; the other end closing raises ``gone``."""
         whole = self.ctx.frame_buffers.take(total)
         view = memoryview(whole)[:total]
         got = len(head)
         view[:got] = head
-        await send(head[:limit] if got > limit else head)
-        sent = min(got, limit)
+        sent = max(min(got, limit), skip)
+        if sent > skip:
+            await send(view[skip:sent])
         while got < total:
             n = await receive_into(view[got:])
             if not n:

@@ -122,6 +122,9 @@ class Forward:
     request: Request  # maybe rewritten
     wants_response: bool = False
     context: Any = None
+    # For a request sent on as it arrives (``Policy.forwards_unread``): the bytes that
+    # take the place of its first ``n`` bytes (from the api key on), and ``n``.
+    new_head: tuple[bytes, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,14 +146,18 @@ class Policy:
     def on_request(self, conn: ConnectionInfo, req: Request) -> Decision:
         return Forward(req)
 
-    def admits_unread(self, conn: ConnectionInfo, req: Request) -> bool:
-        """Whether ``on_request`` would forward ``req`` untouched whatever its body holds;
-        if so, the request counts as decided (as ``on_request`` would count it) and its
-        body may go upstream before all of it has arrived.  ``req`` has its header only.
+    def forwards_unread(self, conn: ConnectionInfo, req: Request) -> Forward | None:
+        """The decision for a request that has begun to arrive (``req.frame`` holds its
+        first bytes: its header at least) if ``on_request`` would forward it, whatever
+        the rest of its body holds, with its first bytes at most changed
+        (``Forward.new_head``): the request then counts as decided (as ``on_request``
+        would count it) and goes upstream as it arrives.  None: ``on_request`` decides
+        it once it is whole.
 
-        Here: only where ``on_request`` is this class's own (forward everything), so a
-        policy that decides by the body is never bypassed unless it says so."""
-        return type(self).on_request is Policy.on_request
+        Here: ``Forward(req)`` only where ``on_request`` is this class's own (forward
+        everything), so a policy that decides by the body is never bypassed unless it
+        says so."""
+        return Forward(req) if type(self).on_request is Policy.on_request else None
 
     def on_response(self, conn: ConnectionInfo, pending: Pending, resp: Response) -> Response:
         return resp

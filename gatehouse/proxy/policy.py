@@ -30,6 +30,7 @@ from gatehouse.rules import (
     TopicMap,
     error_response,
     map_request,
+    map_request_head,
     map_response,
     parse_rules,
 )
@@ -37,6 +38,15 @@ from gatehouse.rules.errors import INVALID_REQUEST
 from gatehouse.rules.topics import carries_topics, has_error_text, names_topics, regex_subscription
 
 logger = logging.getLogger("gatehouse.rules")
+
+
+def _wants_mapped_answer(req: Request) -> bool:
+    """Whether the answer to ``req``, whose topics a rule maps, is to be decoded: only
+    if this version of it names topics or may quote them in error text (not Fetch v13+:
+    ids only, and its large answers stream on)."""
+    response, version = req.api.response, req.api_version
+    return (names_topics(response, version) or req.api_key in (11, 14, 15)
+            or (carries_topics(response) and has_error_text(response, version)))
 PRODUCE = 0
 
 
@@ -129,25 +139,33 @@ class RulesPolicy(Policy):
             self._log_refusal(conn, req, "topic-map", message, observe=False)
             return Respond(error_response(req, INVALID_REQUEST, message))
         mapped = map_request(req, topic_map, conn.state, self.stats)
-        # The answer is decoded only if this version of it names topics or may quote
-        # them in error text: not Fetch v13+ (ids only; its large answers stream on).
-        response, version = req.api.response, req.api_version
-        wants = (names_topics(response, version) or req.api_key in (11, 14, 15)
-                 or (carries_topics(response) and has_error_text(response, version)))
-        return Forward(mapped, wants_response=wants, context=topic_map)
+        return Forward(mapped, wants_response=_wants_mapped_answer(req), context=topic_map)
 
-    def admits_unread(self, conn: ConnectionInfo, req: Request) -> bool:
+    def forwards_unread(self, conn: ConnectionInfo, req: Request) -> Forward | None:
         ruleset = self.ruleset
         if not ruleset:
-            return True
-        # The evaluation reads the header only; a rule that refuses, would refuse or
-        # maps topics wants the whole request (on_request).
+            return Forward(req)
+        # The evaluation reads the header only.  A rule that refuses or would refuse
+        # wants the whole request (on_request); so does a topic map, unless the
+        # request's one topic name is in the bytes at hand (Produce, as librdkafka
+        # and the Java producer send it to a broker for one topic).
         evaluation = _evaluated(ruleset, facts_of(conn, req), req, conn.state)
         if (evaluation.refusal is not None or evaluation.would_refuse
-                or evaluation.topic_map is not None or evaluation.observed_map is not None):
-            return False
+                or evaluation.observed_map is not None):
+            return None
+        topic_map = evaluation.topic_map
+        if topic_map is None:
+            decision = Forward(req)
+        else:
+            new_head = None
+            if names_topics(req.api.request, req.api_version):
+                new_head = map_request_head(req, topic_map)
+                if new_head is None:
+                    return None
+            decision = Forward(req, wants_response=_wants_mapped_answer(req),
+                               context=topic_map, new_head=new_head)
         self._emit(evaluation.outcomes)
-        return True
+        return decision
 
     def on_response(self, conn: ConnectionInfo, pending: Pending, resp: Response) -> Response:
         topic_map = pending.context

@@ -23,6 +23,7 @@ from gatehouse.rules.topics import (
     RewriteStats,
     TopicMap,
     map_request,
+    map_request_head,
     map_response,
 )
 
@@ -43,6 +44,7 @@ __all__ = [
     "error_response",
     "load_rules_file",
     "map_request",
+    "map_request_head",
     "map_response",
     "parse_rules",
 ]

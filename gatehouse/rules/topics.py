@@ -311,6 +311,16 @@ def map_request(req: Request, mapping: TopicMap, state: dict[str, Any],
     return req if new is body else req.replace(body=new)
 
 
+def map_request_head(req: Request, mapping: TopicMap) -> tuple[bytes, int] | None:
+    """For a Produce request of which only the first bytes have arrived (``req.frame``):
+    its beginning with its one topic name turned into the broker's, as
+    ``produce.rename_request_head`` gives it, so the rest can follow as it arrives.  None
+    when that cannot be told from those bytes (the whole request is mapped instead)."""
+    if req.api_key != PRODUCE or req.frame is None:
+        return None
+    return produce.rename_request_head(req.frame, req.api_version, mapping.to_broker)
+
+
 def map_response(resp: Response, mapping: TopicMap, state: dict[str, Any],
                  stats: RewriteStats) -> Response:
     """``resp`` with broker names turned into client names; hidden names removed."""

@@ -294,6 +294,36 @@ def test_plain_proxy_splices_large_frames_and_every_record_arrives_intact(
     assert consume({"bootstrap.servers": kafka.bootstrap}, topic, count) == values
 
 
+@pytest.mark.parametrize("metrics", [False, True], ids=["plain", "metered"])
+def test_large_requests_under_a_tenant_prefix_go_up_renamed_as_they_arrive(
+        kafka: KafkaCluster, metrics: bool) -> None:
+    """A tenant prefix renames the one topic of librdkafka's large Produce requests in
+    their first bytes; the rest goes up as it arrives (with no one reading the bytes,
+    socket to socket).  Every record lands under the broker's name, comes back under the
+    client's, and the metrics count it under the client's."""
+
+    count = 1500
+    values = [f"{i:05d}-".encode() + bytes((i * 7 + j) % 239 for j in range(1024))
+              for i in range(count)]
+    rules = "- name: tenant-a\n  topic_prefix: {broker: 'tenant-a.'}\n"
+    topic = unique("orders")
+    kafka.create_topic(f"tenant-a.{topic}", partitions=1)
+    with ProxyThread(kafka.bootstrap, rules_yaml=rules, metrics=metrics) as proxy:
+        produce_all(proxy.bootstrap, topic, values, linger_ms=200)  # 100s of KiB each
+        pipes = proxy.proxy.ctx.pipes
+        assert pipes is not None
+        if metrics:
+            assert pipes.spliced == 0  # the metrics read every request whole
+            assert proxy.sample("gatehouse_topic_records_total", topic=topic,
+                                direction="produce") == count
+            assert proxy.sample("gatehouse_rule_decisions_total", rule="tenant-a",
+                                action="rename") >= 1
+        else:
+            assert pipes.spliced >= count * 1024 // 2  # the records went up through a pipe
+        assert consume({"bootstrap.servers": proxy.bootstrap}, topic, count) == values
+    assert consume({"bootstrap.servers": kafka.bootstrap}, f"tenant-a.{topic}", count) == values
+
+
 def test_sasl_scram_passes_through(kafka_scram: KafkaCluster) -> None:
     with ProxyThread(kafka_scram.sasl_bootstrap) as proxy:
         topic = unique("sasl")

@@ -339,9 +339,9 @@ class StreamingKillSwitch(KillSwitch):
     proxy (admitted unread, as with no rules), so the faults land on the streamed paths;
     a condemned connection's request is read whole and closed by ``on_request``."""
 
-    def admits_unread(self, conn: ConnectionInfo, req: Request) -> bool:
+    def forwards_unread(self, conn: ConnectionInfo, req: Request) -> Forward | None:
         born: int = conn.state.setdefault("killswitch", self.generation)
-        return born == self.generation
+        return Forward(req) if born == self.generation else None
 
 
 class LargeRecords:
