@@ -189,6 +189,8 @@ def test_a_walk_fed_in_pieces_finds_the_tags_and_skips_only_records(
     alone = codecs.decode_response(walk.head + b"\x01" + frame[walk.tags_at:], 1, version)
     assert alone.body.responses == ()
     assert alone.body.throttle_time_ms == body.throttle_time_ms
+    # A whole answer in hand says the same (the proxy's buffered path).
+    assert fetch.head_and_tags_at(frame, version) == (len(walk.head), walk.tags_at)
 
 
 @pytest.mark.parametrize("version", [12, 17])

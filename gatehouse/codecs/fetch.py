@@ -87,13 +87,31 @@ def top_level_tag_fields(frame: Buffer, version: int) -> tuple[int, list[tuple[i
         return None
 
 
+def head_and_tags_at(frame: Buffer, version: int) -> tuple[int, int] | None:
+    """Where a Fetch response's topics begin (its head ends: the header, throttle time,
+    error code and session id) and where its top-level tag section begins, in ``frame``
+    (from the correlation id on); None as ``response_scan``."""
+    if version < FIRST_VERSION:
+        return None
+    view = memoryview(frame)
+    try:
+        _, pos, _ = _walk(view, version, False)
+        return _head_end(view), pos
+    except (Unexpected, struct.error, IndexError, UnicodeDecodeError):
+        return None
+
+
+def _head_end(view: memoryview) -> int:
+    pos = skip_tags(view, 4) if view[4] else 5  # CorrelationId, header tags
+    return pos + 4 + 2 + 4  # ThrottleTimeMs, ErrorCode, SessionId
+
+
 def _walk(view: memoryview, version: int, count: bool) -> tuple[dict[int, int], int, TopicCounts]:
     """The error codes, the offset of the top-level tag section, the topics' counts."""
     ids = version >= TOPIC_IDS_SINCE
-    pos = skip_tags(view, 4) if view[4] else 5  # CorrelationId, header tags
-    (_, top_code) = _INDEX_CODE.unpack_from(view, pos)  # ThrottleTimeMs, ErrorCode
+    pos = _head_end(view)
+    (_, top_code) = _INDEX_CODE.unpack_from(view, pos - 10)  # ThrottleTimeMs, ErrorCode
     codes = {top_code: 1}
-    pos += 4 + 2 + 4  # ThrottleTimeMs, ErrorCode, SessionId
     n_topics, pos = uvarint(view, pos)
     if n_topics < 1:
         raise Unexpected  # a null array: not in a broker's answer

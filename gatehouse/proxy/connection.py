@@ -788,8 +788,8 @@ class ProxyConnection:
                       f"response after its first bytes had gone on", logging.WARNING)
 
     async def _tail_with_proxy_addresses(self, pending: Pending, head: bytes,
-                                         tail: bytearray) -> Any:
-        """A spliced Fetch answer's top-level tag section (``tail``, which ends the
+                                         tail: Buffer) -> Any:
+        """A streamed Fetch answer's top-level tag section (``tail``, which ends the
         answer; ``head``: the answer up to its topics) as the client gets it: the same
         bytes unless it names leaders, which are then rewritten in a section of the
         same size, read from an answer made of the head, no topics and the tail."""
@@ -828,29 +828,21 @@ class ProxyConnection:
     async def _streamed_tail(self, frame: memoryview, pending: Pending, sent: int) -> Any:
         """A streamed Fetch v16+ answer as the client gets it, whose first ``sent`` bytes
         (after the size prefix) are already on their way: ``frame`` itself unless its
-        top-level tags name leaders.  Those are rewritten to the proxy's addresses in a
-        tag section of the same size (the size prefix has gone), made up with an unknown
-        tag; when the rewritten leaders do not fit, they are left out and the client
-        finds the leaders through a Metadata request (rewritten as ever)."""
-        key, version = pending.api_key, pending.api_version
+        top-level tags name leaders.  Those are rewritten as a spliced answer's are
+        (``_tail_with_proxy_addresses``: the tag section alone, kept to its size, for
+        the size prefix has gone), with no need to decode the records' part."""
+        version = pending.api_version
+        if version not in _WALKED_FETCH_VERSIONS:  # newer than the codec: untouched
+            return frame
         if self._names_no_brokers(pending, frame):
             return frame
-        try:
-            resp = decode_response(frame, key, version)
-            if not resp.known:  # a version newer than the codec: untouched, as ever
-                return frame
-            resp = await self._with_proxy_addresses(resp)
-        except ProtocolError as exc:
-            self._malformed("response", exc)
-        old = fetch.top_level_tag_fields(frame, version)
-        new = fetch.top_level_tag_fields(rewritten := resp.encode(), version)
-        if old is None or new is None or old[0] < sent or new[0] != old[0]:
-            raise _Close(f"broker {self.conn.upstream} sent a Fetch answer whose leaders "
-                         f"could not be rewritten after its first bytes had gone on",
-                         logging.WARNING)
-        at, fields = new
-        section = self._fitted_tags(key, version, fields, len(frame) - at)
-        return memoryview(b"".join((memoryview(rewritten)[:at], section)))
+        parts = fetch.head_and_tags_at(frame, version)
+        if parts is None or parts[1] < sent:
+            raise self._bad_answer()
+        head_end, at = parts
+        section = await self._tail_with_proxy_addresses(pending, bytes(frame[:head_end]),
+                                                        frame[at:])
+        return memoryview(b"".join((frame[:at], section)))
 
     def _names_no_brokers(self, pending: Pending, frame: Any) -> bool:
         """Whether a Produce v10+ or Fetch v16+ answer's bytes show that it names no new
