@@ -452,6 +452,19 @@ async def stream_up(h: Harness, upstream: CountingStream, wire: bytes) -> None:
     await h.client.send_raw(wire[half:])
 
 
+async def held_whole(h: Harness, upstream: CountingStream, wire: bytes) -> bytes:
+    """Sends ``wire`` in two halves, checks that nothing of it went up before the second
+    (received whole, then decided), and returns the answer."""
+    await h.client.send_raw(wire[:len(wire) // 2])
+    await trio.testing.wait_all_tasks_blocked()
+    assert upstream.sent == 0  # held: the rules or the policy have not seen it yet
+    await h.client.send_raw(wire[len(wire) // 2:])
+    with trio.fail_after(5):
+        answer = await h.client.receive()
+    assert answer is not None
+    return answer
+
+
 async def test_a_large_produce_request_reaches_the_broker_before_its_last_byte_leaves_the_client(
 ) -> None:
     recorder = Recorder()
@@ -585,14 +598,7 @@ async def test_a_large_produce_request_for_two_topics_a_rule_renames_is_renamed_
     counted = Counting()
     async with proxied(produce_answer, policy=rename_orders(), upstream=counted) as h:
         wire = produce_wire(5, topics=("orders", "audit"))
-        half = len(wire) // 2
-        await h.client.send_raw(wire[:half])
-        await trio.testing.wait_all_tasks_blocked()
-        assert counted.stream.sent == 0  # held: the rule has not seen it yet
-        await h.client.send_raw(wire[half:])
-        with trio.fail_after(5):
-            answer = await h.client.receive()
-        assert answer is not None
+        answer = await held_whole(h, counted.stream, wire)
         assert h.broker.received == [produce_wire(5, topics=("prod.orders", "audit"))[4:]]
         resp = codecs.decode_response(answer, api_key=0, api_version=9)
         assert [t.name for t in resp.body.responses] == ["orders", "audit"]
@@ -727,12 +733,6 @@ async def test_a_policy_that_reads_bodies_gets_large_requests_whole() -> None:
     counted = Counting()
     async with proxied(produce_answer, policy=policy, upstream=counted) as h:
         wire = produce_wire(5)
-        half = len(wire) // 2
-        await h.client.send_raw(wire[:half])
-        await trio.testing.wait_all_tasks_blocked()
-        assert counted.stream.sent == 0  # held: the policy has not seen it yet
-        await h.client.send_raw(wire[half:])
-        with trio.fail_after(5):
-            answer = await h.client.receive()
-        assert answer is not None and policy.seen == [1]
+        await held_whole(h, counted.stream, wire)
+        assert policy.seen == [1]
         assert h.broker.received == [wire[4:]]
