@@ -10,6 +10,7 @@ import itertools
 import logging
 import struct
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -589,6 +590,68 @@ async def test_a_large_produce_request_for_one_topic_a_rule_renames_streams_rena
         assert h.conn.requests == 2 and h.conn.bytes_from_client == sent
         assert counted.stream.sent == 2 * len(renamed)
         assert h.pumps.ctx.request_budget.held == 0
+
+
+async def test_the_observation_log_gives_a_streamed_renamed_request_its_rule_and_broker_name(
+        tmp_path: Path) -> None:
+    """The rule's decision on a request that streams is taken from its first bytes, but
+    reported after its observers see it whole: the observation log's record of it names
+    the rule and the topic's broker-side name, and no other record gets that outcome."""
+    from gatehouse.capture.observer import CaptureObserver
+    from gatehouse.capture.settings import CaptureSettings
+    from tests.test_capture import read_records
+
+    policy = rename_orders()
+    capture = CaptureObserver(CaptureSettings(dir=tmp_path))
+    capture.attach(policy)
+    async with proxied(produce_answer, policy=policy, observer=capture) as h:
+        await h.client.send(request(3, 12, 4, topics=[{"name": "orders"}]).encode())
+        with trio.fail_after(5):
+            assert await h.client.receive() is not None
+            await send_pieces(h, (wire := produce_wire(5))[:1000], wire[1000:])
+            assert await h.client.receive() is not None
+        assert h.broker.received[-1] == produce_wire(5, topics=("prod.orders",))[4:]
+    assert capture.close(10)
+    records = {r["correlation_id"]: r for r in read_records(tmp_path)}
+    for correlation_id, api in ((4, "Metadata"), (5, "Produce")):
+        record = records[correlation_id]
+        assert record["api"] == api
+        assert [r["rule"] for r in record["rules"]] == ["alias"]  # its own, once
+        assert [(t["name"], t["broker"]) for t in record["topics"]] == [("orders",
+                                                                         "prod.orders")]
+
+
+class Sequence(Recorder):
+    """What the observers hear and the rules report, in order."""
+
+    def __init__(self, policy: Any, reads_bodies: bool) -> None:
+        super().__init__()
+        self.reads_request_bodies = reads_bodies
+        self.events: list[str] = []
+        policy.outcome_listeners.append(lambda o: self.events.append(f"rule {o.rule}"))
+
+    def request(self, conn: Any, req: codecs.Request, size: int) -> None:
+        self.events.append(f"request {req.header.correlation_id}")
+
+
+@TRANSPORTS
+async def test_a_streamed_requests_decision_is_reported_after_its_observers_hear_of_it(
+        tcp: bool) -> None:
+    """Over sockets with no observer reading bodies, the renamed request is spliced and
+    its observers hear of it (its header) before its bytes go up; over memory streams
+    they see it whole at its end.  Either way its rule's outcome follows, as it follows
+    a request decided whole."""
+    policy = rename_orders()
+    seen = Sequence(policy, reads_bodies=not tcp)
+    async with proxied(produce_answer, policy=policy, observer=seen, tcp=tcp) as h:
+        with trio.fail_after(5):
+            for correlation_id in (5, 6):
+                await send_pieces(h, (wire := produce_wire(correlation_id))[:1000],
+                                  wire[1000:])
+                assert await h.client.receive() is not None
+        pipes = h.pumps.ctx.pipes
+        assert (pipes is not None and pipes.spliced > 0) == tcp
+    assert seen.events == ["request 5", "rule alias", "request 6", "rule alias"]
 
 
 async def test_a_large_produce_request_for_two_topics_a_rule_renames_is_renamed_whole(

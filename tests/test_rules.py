@@ -589,7 +589,8 @@ def test_a_produce_request_that_has_begun_to_arrive_is_forwarded_renamed_or_left
     """``forwards_unread`` decides from a request's first bytes: untouched with no rule
     on its topics; with its one topic renamed (and its answer to be named back) under a rename;
     left for ``on_request`` when its name has not all come, it names two topics, or a
-    rule refuses or only observes.  A decision made early counts once, as on_request's."""
+    rule refuses or only observes.  A decision made early counts once, when the proxy
+    reports it (after the observers), as on_request's."""
     from gatehouse.proxy.hooks import Forward
 
     conn = ConnectionInfo(id=1, client="127.0.0.1:1", listener="bootstrap")
@@ -618,11 +619,14 @@ def test_a_produce_request_that_has_begun_to_arrive_is_forwarded_renamed_or_left
     renamed = codecs.decode_request(new + one[end:])
     assert [t.name for t in renamed.body.topic_data] == ["prod.orders"]
     assert renamed.body.topic_data[0].partition_data[0].records == records
+    assert counted == []  # reported once the observers have seen the request
+    assert decision.report is not None
+    decision.report()
     assert [o.rule for o in counted] == ["alias"]
     name_at = one.index(b"orders")
     assert policy.forwards_unread(conn, head(one, name_at + 3)) is None  # half a name
     assert policy.forwards_unread(conn, head(two, 300)) is None
-    assert [o.rule for o in counted] == ["alias"]  # only a decision made counts
+    assert [o.rule for o in counted] == ["alias"]  # no decision, nothing to count
 
     refusing = RulesPolicy(rules("- name: old\n  min_api_version: {Produce: 10}\n"))
     assert refusing.forwards_unread(conn, head(one, 60)) is None

@@ -481,7 +481,7 @@ class ProxyConnection:
                 and not self.ctx.observer.reads_request_bodies else None)
         if pipe is not None:
             await self._splice_request(lead + memoryview(head)[skip:] if skip else head,
-                                       total - len(head), size, req, pending, pipe)
+                                       total - len(head), size, decision, pending, pipe)
             return b""
         limit = total - 1  # the last byte waits for the observers
         if lead:
@@ -492,7 +492,7 @@ class ProxyConnection:
             f"client closed the connection in the middle of a {size}-byte request", skip)
         self._touch()
         frame = view.toreadonly()[4:]
-        self.ctx.observer.request(self.conn, decode_request(frame), size)
+        self._observed(decode_request(frame), size, decision)
         if pending is not None:
             pending.started = trio.current_time()  # its answer's time runs from here
         await self.upstream_io.send_all(view[limit:])
@@ -501,13 +501,20 @@ class ProxyConnection:
         self.ctx.frame_buffers.give(whole)
         return b""
 
-    async def _splice_request(self, head: Buffer, rest: int, size: int, req: Request,
+    def _observed(self, req: Request, size: int, decision: Forward) -> None:
+        """A request forwarded unread, as its observers see it, then its decision
+        reported (in that order, as ``handle_request_frame`` has them)."""
+        self.ctx.observer.request(self.conn, req, size)
+        if decision.report is not None:
+            decision.report()
+
+    async def _splice_request(self, head: Buffer, rest: int, size: int, decision: Forward,
                               pending: Pending | None, pipe: Pipe) -> None:
         """A large Produce request of ``size`` bytes forwarded unread up to the broker:
         ``head`` first (its first bytes, maybe changed), then its last ``rest`` bytes
         moved socket to socket through ``pipe``.  No observer reads its body, so they
-        hear of it (``req``: its header) before its bytes go up."""
-        self.ctx.observer.request(self.conn, req, size)
+        hear of it (``decision.request``: its header) before its bytes go up."""
+        self._observed(decision.request, size, decision)
         if pending is not None:
             pending.started = trio.current_time()
         try:

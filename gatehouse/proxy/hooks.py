@@ -123,8 +123,11 @@ class Forward:
     wants_response: bool = False
     context: Any = None
     # For a request sent on as it arrives (``Policy.forwards_unread``): the bytes that
-    # take the place of its first ``n`` bytes (from the api key on), and ``n``.
+    # take the place of its first ``n`` bytes (from the api key on), and ``n``; and what
+    # reports the decision, called once the observers have seen the request (the
+    # observation log gives a request's record the rule outcomes that follow it).
     new_head: tuple[bytes, int] | None = None
+    report: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,9 +153,10 @@ class Policy:
         """The decision for a request that has begun to arrive (``req.frame`` holds its
         first bytes: its header at least) if ``on_request`` would forward it, whatever
         the rest of its body holds, with its first bytes at most changed
-        (``Forward.new_head``): the request then counts as decided (as ``on_request``
-        would count it) and goes upstream as it arrives.  None: ``on_request`` decides
-        it once it is whole.
+        (``Forward.new_head``): the request then goes upstream as it arrives, and counts
+        as decided (as ``on_request`` would count it) when the caller calls
+        ``Forward.report``, after its observers.  None: ``on_request`` decides it once
+        it is whole.
 
         Here: ``Forward(req)`` only where ``on_request`` is this class's own (forward
         everything), so a policy that decides by the body is never bypassed unless it

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -154,18 +155,16 @@ class RulesPolicy(Policy):
                 or evaluation.observed_map is not None):
             return None
         topic_map = evaluation.topic_map
+        report = partial(self._emit, evaluation.outcomes)
         if topic_map is None:
-            decision = Forward(req)
-        else:
-            new_head = None
-            if names_topics(req.api.request, req.api_version):
-                new_head = map_request_head(req, topic_map)
-                if new_head is None:
-                    return None
-            decision = Forward(req, wants_response=_wants_mapped_answer(req),
-                               context=topic_map, new_head=new_head)
-        self._emit(evaluation.outcomes)
-        return decision
+            return Forward(req, report=report)
+        new_head = None
+        if names_topics(req.api.request, req.api_version):
+            new_head = map_request_head(req, topic_map)
+            if new_head is None:
+                return None
+        return Forward(req, wants_response=_wants_mapped_answer(req), context=topic_map,
+                       new_head=new_head, report=report)
 
     def on_response(self, conn: ConnectionInfo, pending: Pending, resp: Response) -> Response:
         topic_map = pending.context
