@@ -39,6 +39,7 @@ from gatehouse.rules.errors import INVALID_REQUEST
 from gatehouse.rules.topics import carries_topics, has_error_text, names_topics, regex_subscription
 
 logger = logging.getLogger("gatehouse.rules")
+PRODUCE = 0
 
 
 def _wants_mapped_answer(req: Request) -> bool:
@@ -48,7 +49,6 @@ def _wants_mapped_answer(req: Request) -> bool:
     response, version = req.api.response, req.api_version
     return (names_topics(response, version) or req.api_key in (11, 14, 15)
             or (carries_topics(response) and has_error_text(response, version)))
-PRODUCE = 0
 
 
 def facts_of(conn: ConnectionInfo, req: Request | None = None) -> ClientFacts:
