@@ -248,9 +248,8 @@ def response_scan(frame: Buffer, version: int,
                 pos = _skip_string(view, pos, flexible)
             else:
                 start = pos
-                pos = _skip_string(view, pos, flexible)
-                head = 2 if not flexible else _uvarint(view, start)[1] - start
-                names.append((start, pos, str(view[start + head:pos], "utf-8")))
+                name, pos = _topic_name(view, pos, flexible)
+                names.append((start, pos, name))
             partitions, pos = _array(view, pos, flexible)
             for _ in range(partitions):
                 (code,) = _I16.unpack_from(view, pos + 4)
