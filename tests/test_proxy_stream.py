@@ -669,9 +669,15 @@ async def test_a_large_produce_request_for_two_topics_a_rule_renames_is_renamed_
         assert h.pumps.ctx.request_budget.held == 0
 
 
-async def test_a_client_gone_in_the_middle_of_a_streamed_request_closes_the_connection() -> None:
+RENAMED = pytest.mark.parametrize("renamed", [False, True], ids=["as-is", "renamed"])
+
+
+@RENAMED
+async def test_a_client_gone_in_the_middle_of_a_streamed_request_closes_the_connection(
+        renamed: bool) -> None:
     counted = Counting()
-    async with proxied(produce_answer, upstream=counted) as h:
+    policy = rename_orders() if renamed else None
+    async with proxied(produce_answer, upstream=counted, policy=policy) as h:
         wire = produce_wire(5)
         await h.client.send_raw(wire[:300_000])
         with trio.fail_after(5):
@@ -703,9 +709,12 @@ async def test_a_client_gone_in_the_middle_of_a_request_to_rename_closes_the_con
         assert h.pumps.ctx.request_budget.held == 0
 
 
-async def test_a_broker_gone_in_the_middle_of_a_streamed_request_closes_the_client() -> None:
+@RENAMED
+async def test_a_broker_gone_in_the_middle_of_a_streamed_request_closes_the_client(
+        renamed: bool) -> None:
     counted = Counting()
-    async with proxied(produce_answer, upstream=counted) as h:
+    policy = rename_orders() if renamed else None
+    async with proxied(produce_answer, upstream=counted, policy=policy) as h:
         wire = produce_wire(5)
         half = len(wire) // 2
         await h.client.send_raw(wire[:half])
