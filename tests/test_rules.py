@@ -368,7 +368,8 @@ def test_policy_answers_refusals_with_the_api_error() -> None:
     assert decision.response.api_key == 1 and decision.response.api_version == 5
     codes = [p.error_code for t in decision.response.body.responses for p in t.partitions]
     assert codes == []  # Fetch v5 has no top-level code and the request named no topics
-    assert conn.state["refusals_logged"] == {(1, "r", False)}
+    assert conn.state["refusals_logged"] == {
+        (1, "r", False, "Fetch v5 is below the minimum v6 (rule r)")}
 
 
 def test_a_refusal_is_logged_once_per_connection_and_api_with_who_asked(

@@ -326,6 +326,23 @@ def rename_request_head(head: Buffer, version: int,
     return bytes(_spliced(view[:end], changes, flexible)), end
 
 
+def request_head_topic_id(head: Buffer, version: int) -> bytes | None:
+    """The 16 bytes of the one topic id a Produce request (v13+) names, read from
+    ``head``: its first bytes (from its api key on), as many as have arrived.  None when
+    it names more or fewer than one topic, or names them by name (before v13), or the id
+    is not all in ``head``, or the bytes are not what the reader expects."""
+    if version < TOPIC_IDS_SINCE:
+        return None
+    view = memoryview(head)
+    try:
+        topics, start = _topics_at(view, True)
+    except (_Unexpected, struct.error, IndexError):
+        return None
+    if topics != 1 or start + 16 > len(view):
+        return None
+    return bytes(view[start:start + 16])
+
+
 def rename_response_topics(frame: Buffer, version: int,
                            rename: Callable[[str], str | None]) -> Buffer | None:
     """A Produce response frame (from the correlation id on) with every topic name

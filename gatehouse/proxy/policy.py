@@ -35,7 +35,8 @@ from gatehouse.rules import (
     map_response,
     parse_rules,
 )
-from gatehouse.rules.errors import INVALID_REQUEST
+from gatehouse.rules.errors import INVALID_REQUEST, UNKNOWN_TOPIC_ID
+from gatehouse.rules.topicids import TopicIds, checks_ids, teaches_ids
 from gatehouse.rules.topics import carries_topics, has_error_text, names_topics, regex_subscription
 
 logger = logging.getLogger("gatehouse.rules")
@@ -92,6 +93,8 @@ class RulesPolicy(Policy):
     def __init__(self, ruleset: RuleSet) -> None:
         self.ruleset = ruleset
         self.stats = RewriteStats()
+        # Topic ids learned from answers, checked under a prefix that hides others'.
+        self.topic_ids = TopicIds()
         self.outcome_listeners: list[Callable[[Outcome], None]] = []
         self.refusal_listeners: list[Callable[[ConnectionInfo, Request, str, str], None]] = []
         # The rules and, per client facts, their ApiVersions adjusters.
@@ -108,9 +111,12 @@ class RulesPolicy(Policy):
         if not ruleset:
             return Forward(req)
         evaluation = _evaluated(ruleset, facts_of(conn, req), req, conn.state)
-        self._emit(evaluation.outcomes)
+        refused_ids = self._refused_ids(conn, req, evaluation)
+        self._emit(evaluation.outcomes if refused_ids is None else refused_ids[1])
         for refusal in evaluation.would_refuse:
             self._log_refusal(conn, req, refusal.rule, refusal.message, observe=True)
+        if refused_ids is not None:
+            return refused_ids[0]
         if evaluation.refusal is not None:
             refusal = evaluation.refusal
             self._log_refusal(conn, req, refusal.rule, refusal.message, observe=False)
@@ -118,10 +124,7 @@ class RulesPolicy(Policy):
                 return Close(f"refused {_api_name(req)} v{req.api_version} ({refusal.message}); "
                              "the codec has no table for that version to build its error "
                              "response, so the connection is closed")
-            if req.api_key == PRODUCE and _acks(req) == 0:
-                return Close(f"refused acks=0 Produce ({refusal.message}): no response "
-                             "exists to carry the error, so the connection is closed")
-            return Respond(error_response(req, refusal.code, refusal.message))
+            return _refused(req, refusal.message, refusal.code, refusal.message)
         if evaluation.observed_map is not None and req.known:
             try:
                 changed = map_request(req, evaluation.observed_map, {}, RewriteStats())
@@ -163,6 +166,8 @@ class RulesPolicy(Policy):
             new_head = map_request_head(req, topic_map)
             if new_head is None:
                 return None
+        elif topic_map.hides_others and not self.topic_ids.head_shown(req, topic_map):
+            return None  # names a topic by an id to check: checked whole (on_request)
         return Forward(req, wants_response=_wants_mapped_answer(req), context=topic_map,
                        new_head=new_head, report=report)
 
@@ -170,6 +175,8 @@ class RulesPolicy(Policy):
         topic_map = pending.context
         if not isinstance(topic_map, TopicMap):
             return resp
+        if topic_map.hides_others and teaches_ids(resp.api.response, resp.api_version):
+            self.topic_ids.learn(resp)  # broker-side names, before they are mapped
         if pending.api_key == PRODUCE and not names_topics(resp.api.response, resp.api_version):
             # Produce v13 names topics by id: only error text could need mapping, and the
             # proxy's reading of the bytes says whether there is any.
@@ -199,18 +206,53 @@ class RulesPolicy(Policy):
             found = known[facts] = (adjust,)
         return found
 
+    def _refused_ids(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation
+                     ) -> tuple[Decision, tuple[Outcome, ...]] | None:
+        """Under a map that hides other tenants' topics (see ``rules.topicids``), the
+        answer to a request that names by id a topic the client may not name, or one
+        the proxy has not seen yet, and the outcomes to count for it (the map's rule
+        refused it, it renamed nothing); None lets the request go on."""
+        topic_map = evaluation.topic_map
+        if (evaluation.refusal is not None or topic_map is None
+                or not topic_map.hides_others
+                or not checks_ids(req.api.request, req.api_key, req.api_version)):
+            return None
+        foreign, unseen = self.topic_ids.refused(req, topic_map)
+        if not (foreign or unseen):
+            return None
+        outcomes = tuple(Outcome(o.rule, "topic_id", "refuse", o.mode)
+                         if o.action == "topics" and o.mode == "enforce" else o
+                         for o in evaluation.outcomes)
+        rule = next(o.rule for o in outcomes if o.action == "topic_id")
+        message = ("names by id a topic outside the client's prefix" if foreign else
+                   "names by id a topic not yet seen in a Metadata answer (the client "
+                   "refreshes its metadata, through the proxy, and retries)")
+        self._log_refusal(conn, req, rule, message, observe=False)
+        # The same answer for another tenant's topic as for no topic: it tells nothing.
+        return _refused(req, message, UNKNOWN_TOPIC_ID, within="topic_id"), outcomes
+
     def _log_refusal(self, conn: ConnectionInfo, req: Request, rule: str, message: str,
                      observe: bool) -> None:
         for listener in self.refusal_listeners:
             listener(conn, req, rule, "would_refuse" if observe else "refuse")
         logged = conn.state.setdefault("refusals_logged", set())
-        key = (req.api_key, rule, observe)
+        key = (req.api_key, rule, observe, message)
         if key in logged:
-            return  # once per connection, API and rule
+            return  # once per connection, API, rule and reason
         logged.add(key)
         log_event(logger, logging.INFO, "would refuse (observe mode)" if observe else "refused",
                   rule=rule, api=_api_name(req),
                   version=req.api_version, reason=message, **conn.describe())
+
+
+def _refused(req: Request, reason: str, code: int, message: str | None = None,
+             within: str | None = None) -> Decision:
+    """The error response to a refused request (``error_response``); a refused acks=0
+    Produce request has none, and closes the connection instead."""
+    if req.api_key == PRODUCE and _acks(req) == 0:
+        return Close(f"refused acks=0 Produce ({reason}): no response exists to carry the "
+                     "error, so the connection is closed")
+    return Respond(error_response(req, code, message, within))
 
 
 def _api_name(req: Request) -> str:

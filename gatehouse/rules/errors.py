@@ -22,6 +22,7 @@ from typing import Any
 from gatehouse.codecs import FieldSpec, Request, Response, StructSpec
 
 UNSUPPORTED_VERSION = 35
+UNKNOWN_TOPIC_ID = 100
 UNKNOWN_TOPIC_OR_PARTITION = 3
 TOPIC_AUTHORIZATION_FAILED = 29
 CLUSTER_AUTHORIZATION_FAILED = 31
@@ -115,14 +116,19 @@ def _plan(resp_struct: StructSpec, req_struct: StructSpec, version: int) -> tupl
 
 
 def _fill(resp_struct: StructSpec, req_struct: StructSpec, req_value: Any, version: int,
-          code: int, message: str | None) -> Any:
+          code: int, message: str | None, within: str | None = None,
+          active: bool = True) -> Any:
+    """The response struct answering ``req_value``; errors (and messages) only where
+    ``active``: below the request entries that hold ``within``, if it is given."""
     changes: dict[str, Any] = {}
     for step in _plan(resp_struct, req_struct, version):
         kind = step[0]
         if kind == "error":
-            changes[step[1]] = code
+            if active:
+                changes[step[1]] = code
         elif kind == "message":
-            changes[step[1]] = message
+            if active:
+                changes[step[1]] = message
         elif kind == "copy":
             value = getattr(req_value, step[2], None) if req_value is not None else None
             if value is not None:
@@ -132,7 +138,9 @@ def _fill(resp_struct: StructSpec, req_struct: StructSpec, req_value: Any, versi
             items = getattr(req_value, req_attr, None) if req_value is not None else None
             out = []
             for item in items or ():
-                entry = _fill(sub_resp, sub_req, item, version, code, message)
+                entry = _fill(sub_resp, sub_req, item, version, code, message, within,
+                              active or (within is not None
+                                        and getattr(item, within, None) is not None))
                 keys = {r: getattr(item, g) for r, g in shared if getattr(item, g) is not None}
                 out.append(entry.replace(**keys) if keys else entry)
             changes[attr] = tuple(out)
@@ -141,23 +149,29 @@ def _fill(resp_struct: StructSpec, req_struct: StructSpec, req_value: Any, versi
             items = getattr(req_value, req_attr, None) if req_value is not None else None
             out = []
             for key in items or ():
-                entry = _fill(sub_resp, _EMPTY, None, version, code, message)
+                entry = _fill(sub_resp, _EMPTY, None, version, code, message, within, active)
                 out.append(entry.replace(**{key_attr: key}))
             changes[attr] = tuple(out)
         elif kind == "struct":
             _, attr, sub_resp = step
-            changes[attr] = _fill(sub_resp, _EMPTY, None, version, code, message)
+            changes[attr] = _fill(sub_resp, _EMPTY, None, version, code, message, within,
+                                  active)
     return resp_struct.default.replace(**changes) if changes else resp_struct.default
 
 
 _EMPTY = StructSpec(name="<none>", message="<none>")
 
 
-def error_response(req: Request, code: int, message: str | None = None) -> Response:
-    """``req``'s API's response at ``req``'s version with ``code`` everywhere it fits."""
+def error_response(req: Request, code: int, message: str | None = None,
+                   within: str | None = None) -> Response:
+    """``req``'s API's response at ``req``'s version with ``code`` everywhere it fits;
+    with ``within`` (a request field such as ``topic_id``), only in the entries that
+    answer request entries holding that field, and what they hold: an error of those
+    topics, not of the whole request (a Fetch's top-level error ends its session)."""
     api = req.api
     version = req.api_version
-    body = _fill(api.response.root, api.request.root, req.body, version, code, message)
+    body = _fill(api.response.root, api.request.root, req.body, version, code, message,
+                 within, within is None)
     return Response.build(req.api_key, version, req.correlation_id, body)
 
 

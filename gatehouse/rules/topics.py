@@ -56,6 +56,13 @@ class TopicMap:
     def message_to_client(self, text: str) -> str:
         return text
 
+    @property
+    def hides_others(self) -> bool:
+        """Whether it keeps other tenants' topics from the client, ids included
+        (``rules.topicids``): a prefix with ``hide_others``.  A rename's shadowed names
+        are hidden from answers but are no boundary between tenants."""
+        return False
+
 
 @dataclass(frozen=True, eq=False)
 class Rename(TopicMap):
@@ -102,6 +109,10 @@ class Prefix(TopicMap):
     def message_to_client(self, text: str) -> str:
         return re.sub(re.escape(self.prefix) + r"(?=[A-Za-z0-9._-])", "", text)
 
+    @property
+    def hides_others(self) -> bool:
+        return self.hide_others
+
 
 @dataclass(frozen=True)
 class Chain(TopicMap):
@@ -126,6 +137,10 @@ class Chain(TopicMap):
         for m in reversed(self.maps):
             text = m.message_to_client(text)
         return text
+
+    @property
+    def hides_others(self) -> bool:
+        return any(m.hides_others for m in self.maps)
 
 
 @cache

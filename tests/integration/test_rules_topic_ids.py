@@ -1,0 +1,133 @@
+"""Topic ids under a tenant prefix with hide_others, on a real Apache Kafka broker: the
+tenant's own clients (the Java producer and consumer name topics by id, librdkafka's
+consumer too) work, and a request naming another tenant's topic by its id gets
+UNKNOWN_TOPIC_ID from the proxy, where the broker itself would have served it."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+import uuid
+from typing import Any
+
+import confluent_kafka as ck
+from confluent_kafka.admin import AdminClient
+
+from gatehouse import codecs
+from gatehouse.codecs.records import encode_batch
+from tests.integration.test_metrics_topics import CONSUMER_PERF, PERF, versions_seen
+from tests.support.clients import consume, unique
+from tests.support.kafka import KafkaCluster
+from tests.support.proxythread import ProxyThread
+
+RULES = ("- name: tenant-a\n  match: {client_id: '^a-'}\n"
+         "  topic_prefix: {broker: 'a.', hide_others: true}\n")
+NONE, UNKNOWN_TOPIC_ID = 0, 100
+
+
+def call(address: str, api_key: int, version: int, body: dict[str, Any],
+         client_id: str = "a-raw") -> Any:
+    """One request on a new connection to ``address``; the answer's body."""
+    host, port = address.rsplit(":", 1)
+    req = codecs.request_from_dict({"header": {
+        "api_key": api_key, "api_version": version, "correlation_id": 11,
+        "client_id": client_id}, "body": body})
+    frame = bytes(req.encode())
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(struct.pack(">i", len(frame)) + frame)
+        (size,) = struct.unpack(">i", _recv(sock, 4))
+        resp = codecs.decode_response(_recv(sock, size), api_key, version)
+    assert resp.correlation_id == 11
+    return resp.body
+
+
+def _recv(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        assert chunk, "connection closed early"
+        data += chunk
+    return data
+
+
+def topic_ids(address: str, *names: str, client_id: str = "ops") -> dict[str, uuid.UUID]:
+    body = call(address, 3, 12, {"topics": [{"name": n} for n in names]}, client_id)
+    return {t.name: t.topic_id for t in body.topics if t.error_code == NONE}
+
+
+def fetch_error(address: str, topic_id: uuid.UUID) -> tuple[int, int]:
+    """(the Fetch's top-level error, its one partition's error) for partition 0."""
+    body = call(address, 1, 17, {
+        "max_wait_ms": 0, "min_bytes": 1, "max_bytes": 1 << 20, "session_epoch": -1,
+        "topics": [{"topic_id": topic_id, "partitions": [
+            {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}]}]})
+    [topic] = body.responses
+    [partition] = topic.partitions
+    assert topic.topic_id == topic_id
+    return body.error_code, partition.error_code
+
+
+def test_a_tenant_names_its_own_topics_by_id_and_no_one_elses(kafka: KafkaCluster) -> None:
+    mine, theirs = unique("a.orders"), unique("b.secrets")
+    kafka.create_topic(mine)
+    kafka.create_topic(theirs)
+    ids = topic_ids(kafka.bootstrap, mine, theirs)
+    assert fetch_error(kafka.bootstrap, ids[theirs]) == (NONE, NONE)  # the broker serves it
+    client_name = mine.removeprefix("a.")
+    with ProxyThread(kafka.bootstrap, rules_yaml=RULES) as proxy:
+        # An id the proxy has not seen in an answer yet: the client is told to refresh
+        # its metadata; once it has, through the proxy, the id goes.
+        assert fetch_error(proxy.bootstrap, ids[mine]) == (NONE, UNKNOWN_TOPIC_ID)
+        seen = topic_ids(proxy.bootstrap, client_name, theirs, client_id="a-raw")
+        assert seen == {client_name: ids[mine]}  # the other tenant's is not shown
+        assert fetch_error(proxy.bootstrap, ids[mine]) == (NONE, NONE)
+
+        # The tenant's own clients, naming the topic by id, are not disturbed.
+        produced = kafka.run_java_tool(
+            PERF, "--topic", client_name, "--num-records", "500", "--record-size", "100",
+            "--throughput", "-1", "--producer-props", f"bootstrap.servers={proxy.bootstrap}",
+            "client.id=a-perf", "acks=all", timeout=120)
+        assert produced.returncode == 0, produced.stderr[-2000:]
+        assert "500 records sent" in produced.stdout
+        registry = proxy.metrics.registry
+        assert max(versions_seen(registry, "Produce", "apache-kafka-java")) >= 13
+        consumed = kafka.run_java_tool(
+            CONSUMER_PERF, "--bootstrap-server", proxy.bootstrap, "--topic", client_name,
+            "--messages", "500", "--timeout", "60000", "--command-property",
+            "client.id=a-perf-consumer", timeout=120)
+        assert consumed.returncode == 0, consumed.stderr[-2000:]
+        rows = [ln for ln in consumed.stdout.splitlines() if ln[:1].isdigit()]
+        assert rows and int(rows[-1].split(",")[4]) == 500
+        assert min(versions_seen(registry, "Fetch", "apache-kafka-java")) >= 13
+        conf = {"bootstrap.servers": proxy.bootstrap, "client.id": "a-librdkafka"}
+        assert len(consume(conf, client_name, 500)) == 500
+        assert min(versions_seen(registry, "Fetch", "confluent-kafka-python")) >= 13
+        refusals = proxy.sample("gatehouse_rule_decisions_total", rule="tenant-a",
+                                action="refuse")
+        assert refusals == 1  # the one unseen id above, and nothing since
+
+        # Another tenant's topic, named by its id: not readable, writable or deletable.
+        assert fetch_error(proxy.bootstrap, ids[theirs]) == (NONE, UNKNOWN_TOPIC_ID)
+        batch = encode_batch([(int(time.time() * 1000), None, b"planted")])
+        produce = call(proxy.bootstrap, 0, 13, {"acks": -1, "timeout_ms": 5000, "topic_data": [
+            {"topic_id": ids[theirs], "partition_data": [{"index": 0, "records": batch}]}]})
+        assert [p.error_code for t in produce.responses for p in t.partition_responses] == [
+            UNKNOWN_TOPIC_ID]
+        delete = call(proxy.bootstrap, 20, 6, {"timeout_ms": 5000, "topics": [
+            {"name": None, "topic_id": ids[theirs]}]})
+        assert [(t.topic_id, t.error_code) for t in delete.responses] == [
+            (ids[theirs], UNKNOWN_TOPIC_ID)]
+        assert proxy.sample("gatehouse_rule_decisions_total", rule="tenant-a",
+                            action="refuse") == refusals + 3
+
+    # Nothing reached the other tenant's topic: it is there, and empty.
+    assert topic_ids(kafka.bootstrap, theirs) == {theirs: ids[theirs]}
+    assert theirs in AdminClient({"bootstrap.servers": kafka.bootstrap}).list_topics(
+        timeout=10).topics
+    reader = ck.Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": unique("g")})
+    try:
+        low, high = reader.get_watermark_offsets(ck.TopicPartition(theirs, 0), timeout=10)
+    finally:
+        reader.close()
+    assert (low, high) == (0, 0)
