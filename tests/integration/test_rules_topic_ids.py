@@ -131,3 +131,125 @@ def test_a_tenant_names_its_own_topics_by_id_and_no_one_elses(kafka: KafkaCluste
     finally:
         reader.close()
     assert (low, high) == (0, 0)
+
+
+def test_after_a_proxy_restart_the_java_clients_of_a_tenant_lose_nothing(
+        kafka: KafkaCluster, tmp_path: Any) -> None:
+    """A new proxy has seen no ids. The Java clients refresh their metadata when they
+    reconnect, so it learns the topic's id from them (and would answer a request by id
+    that came first with UNKNOWN_TOPIC_ID, after which they refresh it anyway). Every
+    acknowledged message is consumed, each at the offset it was acked at (the counts
+    from the tools' own JSON output)."""
+    from tests.reliability.support import wait_until
+    from tests.reliability.test_no_loss import (
+        CONSUMER_CONFIG,
+        PRODUCER_CONFIG,
+        consumed_records,
+        start_tool,
+    )
+    from tests.support.kafka import stop_process
+    from tests.support.ports import free_port
+
+    def slow_metadata(config: dict[str, Any]) -> dict[str, Any]:
+        # Metadata refreshed only when a client finds it stale (the default is 5 min).
+        return {k: v for k, v in config.items() if k != "metadata.max.age.ms"}
+
+    topic = unique("a.restart")
+    kafka.create_topic(topic, partitions=2)
+    client_name = topic.removeprefix("a.")
+    port = free_port()
+    node_ports = ", ".join(f"{node.node_id}: {free_port()}" for node in kafka.nodes)
+    config = (f"listen: 127.0.0.1:{port}\nupstream: [{kafka.bootstrap}]\n"
+              f"brokers: {{start_port: null, ports: {{{node_ports}}}}}\n"
+              "limits: {shutdown_grace: 2}\nlog: {level: WARNING}\n")
+    bootstrap = f"127.0.0.1:{port}"
+    messages, throughput = 3000, 300
+    proxies = [ProxyThread(config_text=config, rules_yaml=RULES).start()]
+    producer = consumer = None
+    try:
+        producer = start_tool(
+            "producer", "org.apache.kafka.tools.VerifiableProducer",
+            ["--topic", client_name, "--bootstrap-server", bootstrap, "--max-messages",
+             str(messages), "--throughput", str(throughput), "--acks", "-1"],
+            {**slow_metadata(PRODUCER_CONFIG), "client.id": "a-producer"}, tmp_path,
+            kafka.libs)
+        consumer = start_tool(
+            "consumer", "org.apache.kafka.tools.VerifiableConsumer",
+            ["--topic", client_name, "--bootstrap-server", bootstrap, "--group-id",
+             unique("g"), "--verbose", "--reset-policy", "earliest"],
+            {**slow_metadata(CONSUMER_CONFIG), "client.id": "a-consumer"}, tmp_path,
+            kafka.libs)
+        acks = lambda: len(producer.named("producer_send_success"))  # noqa: E731
+        read = lambda: len(consumed_records(consumer))  # noqa: E731
+        wait_until(lambda: acks() > 300 and read() > 100, 90, "acks and records",
+                   interval=0.2)
+        proxies[-1].stop()
+        proxies.append(ProxyThread(config_text=config, rules_yaml=RULES).start())
+        before = acks(), read()
+        wait_until(lambda: acks() > before[0] + 300 and read() > before[1] + 300, 90,
+                   "acks and records through the new proxy", interval=0.2)
+        assert producer.process.wait(messages / throughput + 60) == 0
+        acked = {e["value"]: (e["partition"], e["offset"])
+                 for e in producer.named("producer_send_success")}
+        assert producer.named("producer_send_error") == []
+        assert len(acked) == messages
+        wait_until(lambda: {r[2] for r in consumed_records(consumer)} >= acked.keys(), 90,
+                   "the consumer to read every acked message", interval=0.5)
+        seen = {(p, o): value for p, o, value in consumed_records(consumer)}
+        assert all(acked[value] == (p, o) for (p, o), value in seen.items())
+        # The new proxy learned the topic's id from the clients' own metadata refreshes,
+        # and refused nothing else.
+        names = proxies[-1].policy.topic_ids.names  # type: ignore[attr-defined]
+        assert topic in names.values()
+        refused = proxies[-1].sample("gatehouse_rule_decisions_total", rule="tenant-a",
+                                     action="refuse")
+        print(f"\nrefused by the new proxy: {refused}")
+    finally:
+        for tool in (producer, consumer):
+            if tool is not None:
+                stop_process(tool.process, 30)  # type: ignore[arg-type]
+        proxies[-1].stop()
+
+
+def test_after_a_proxy_restart_a_librdkafka_tenant_consumer_goes_on(
+        kafka: KafkaCluster) -> None:
+    """librdkafka's consumer, in the middle of its group's assignment, through a proxy
+    that restarts (same ports, nothing remembered): it reads on, each record once."""
+    from tests.support.clients import produce
+    from tests.support.ports import free_port
+
+    topic = unique("a.rd-restart")
+    kafka.create_topic(topic)
+    port = free_port()
+    node_ports = ", ".join(f"{node.node_id}: {free_port()}" for node in kafka.nodes)
+    config = (f"listen: 127.0.0.1:{port}\nupstream: [{kafka.bootstrap}]\n"
+              f"brokers: {{start_port: null, ports: {{{node_ports}}}}}\n"
+              "limits: {shutdown_grace: 2}\n")
+    direct = {"bootstrap.servers": kafka.bootstrap}
+    sent = produce(direct, topic, count=50, tag="before")
+    consumer = ck.Consumer({"bootstrap.servers": f"127.0.0.1:{port}", "client.id": "a-rd",
+                            "group.id": unique("g"), "auto.offset.reset": "earliest",
+                            "log_level": 0})
+    got: list[bytes] = []
+
+    def read_until(count: int) -> None:
+        deadline = time.monotonic() + 60
+        while len(got) < count:
+            assert time.monotonic() < deadline, f"{len(got)} of {count} records"
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                got.append(message.value())
+
+    proxy = ProxyThread(config_text=config, rules_yaml=RULES).start()
+    try:
+        consumer.subscribe([topic.removeprefix("a.")])
+        read_until(50)
+        proxy.stop()
+        proxy = ProxyThread(config_text=config, rules_yaml=RULES).start()
+        sent += produce(direct, topic, count=50, tag="after")
+        read_until(100)
+        assert topic in proxy.policy.topic_ids.names.values()  # type: ignore[attr-defined]
+    finally:
+        consumer.close()
+        proxy.stop()
+    assert got == sent
