@@ -37,19 +37,35 @@ from gatehouse.rules import (
 )
 from gatehouse.rules.errors import INVALID_REQUEST, UNKNOWN_TOPIC_ID
 from gatehouse.rules.topicids import TopicIds, checks_ids, teaches_ids
-from gatehouse.rules.topics import carries_topics, has_error_text, names_topics, regex_subscription
+from gatehouse.rules.topics import (
+    FIND_COORDINATOR,
+    carries_groups,
+    carries_topics,
+    has_error_text,
+    is_group_lookup,
+    names_groups,
+    names_topics,
+    regex_subscription,
+)
 
 logger = logging.getLogger("gatehouse.rules")
 PRODUCE = 0
 
 
-def _wants_mapped_answer(req: Request) -> bool:
-    """Whether the answer to ``req``, whose topics a rule maps, is to be decoded: only
-    if this version of it names topics or may quote them in error text (not Fetch v13+:
-    ids only, and its large answers stream on)."""
+def _wants_mapped_answer(req: Request, topic_map: TopicMap) -> bool:
+    """Whether the answer to ``req``, whose topics (and maybe groups) a rule maps, is to
+    be decoded: only if this version of it names topics or groups, or may quote them in
+    error text (not Fetch v13+: ids only, and its large answers stream on)."""
     response, version = req.api.response, req.api_version
-    return (names_topics(response, version) or req.api_key in (11, 14, 15)
-            or (carries_topics(response) and has_error_text(response, version)))
+    if (names_topics(response, version) or req.api_key in (11, 14, 15)
+            or (carries_topics(response) and has_error_text(response, version))):
+        return True
+    if not topic_map.maps_groups:
+        return False
+    if req.api_key == FIND_COORDINATOR:  # v4+ answers name the keys they answer
+        return version >= 4 and is_group_lookup(req)
+    return names_groups(response, version) or (carries_groups(response)
+                                               and has_error_text(response, version))
 
 
 def facts_of(conn: ConnectionInfo, req: Request | None = None) -> ClientFacts:
@@ -143,7 +159,7 @@ class RulesPolicy(Policy):
             self._log_refusal(conn, req, "topic-map", message, observe=False)
             return Respond(error_response(req, INVALID_REQUEST, message))
         mapped = map_request(req, topic_map, conn.state, self.stats)
-        return Forward(mapped, wants_response=_wants_mapped_answer(req), context=topic_map)
+        return Forward(mapped, wants_response=_wants_mapped_answer(req, topic_map), context=topic_map)
 
     def forwards_unread(self, conn: ConnectionInfo, req: Request) -> Forward | None:
         ruleset = self.ruleset
@@ -168,7 +184,7 @@ class RulesPolicy(Policy):
                 return None
         elif topic_map.hides_others and not self.topic_ids.head_shown(req, topic_map):
             return None  # names a topic by an id to check: checked whole (on_request)
-        return Forward(req, wants_response=_wants_mapped_answer(req), context=topic_map,
+        return Forward(req, wants_response=_wants_mapped_answer(req, topic_map), context=topic_map,
                        new_head=new_head, report=report)
 
     def on_response(self, conn: ConnectionInfo, pending: Pending, resp: Response) -> Response:

@@ -13,6 +13,10 @@ Where names live, found from the tables rather than a hand list:
 
 The client sees its names, the broker holds the others.  Broker-side names the client
 must not see (other tenants, with ``hide_others``) are removed from responses.
+
+A prefix with ``groups`` maps group ids the same way: every field the specs mark
+``entityType: groupId``, FindCoordinator's keys when they are groups', and resources of
+type GROUP (ACL bindings and config resources).
 """
 
 from __future__ import annotations
@@ -38,7 +42,11 @@ from gatehouse.codecs.errors import ProtocolError
 from gatehouse.codecs.walk import reaches, reaches_in, rewrite
 
 TOPIC_RESOURCE = 2
-PRODUCE, JOIN_GROUP, SYNC_GROUP, DESCRIBE_GROUPS = 0, 11, 14, 15
+# A group's resource type: GROUP in ACL bindings (3) and in config resources (32,
+# KIP-848); neither number means anything else in the other kind.
+GROUP_RESOURCES = frozenset({3, 32})
+PRODUCE, FIND_COORDINATOR, JOIN_GROUP, SYNC_GROUP, DESCRIBE_GROUPS = 0, 10, 11, 14, 15
+GROUP_KEY = 0  # FindCoordinator's KeyType of a group (1: a transaction, 2: a share)
 CONSUMER = consumer.CONSUMER_PROTOCOL_TYPE
 
 
@@ -62,6 +70,17 @@ class TopicMap:
         (``rules.topicids``): a prefix with ``hide_others``.  A rename's shadowed names
         are hidden from answers but are no boundary between tenants."""
         return False
+
+    @property
+    def maps_groups(self) -> bool:
+        """Whether group ids are mapped too (a prefix with ``groups``)."""
+        return False
+
+    def group_to_broker(self, name: str) -> str:
+        return name
+
+    def group_to_client(self, name: str) -> str | None:
+        return name
 
 
 @dataclass(frozen=True, eq=False)
@@ -97,6 +116,7 @@ class Rename(TopicMap):
 class Prefix(TopicMap):
     prefix: str
     hide_others: bool = False
+    groups: bool = False  # group ids get the prefix too
 
     def to_broker(self, name: str) -> str:
         return self.prefix + name
@@ -112,6 +132,16 @@ class Prefix(TopicMap):
     @property
     def hides_others(self) -> bool:
         return self.hide_others
+
+    @property
+    def maps_groups(self) -> bool:
+        return self.groups
+
+    def group_to_broker(self, name: str) -> str:
+        return self.prefix + name if self.groups else name
+
+    def group_to_client(self, name: str) -> str | None:
+        return self.to_client(name) if self.groups else name
 
 
 @dataclass(frozen=True)
@@ -141,6 +171,23 @@ class Chain(TopicMap):
     @property
     def hides_others(self) -> bool:
         return any(m.hides_others for m in self.maps)
+
+    @property
+    def maps_groups(self) -> bool:
+        return any(m.maps_groups for m in self.maps)
+
+    def group_to_broker(self, name: str) -> str:
+        for m in self.maps:
+            name = m.group_to_broker(name)
+        return name
+
+    def group_to_client(self, name: str) -> str | None:
+        result: str | None = name
+        for m in reversed(self.maps):
+            if result is None:
+                return None
+            result = m.group_to_client(result)
+        return result
 
 
 @cache
@@ -176,6 +223,24 @@ def _response_predicate(f: FieldSpec) -> bool:
             or (f.is_array and _has_direct_topic(f.struct)))
 
 
+def _is_group_field(f: FieldSpec) -> bool:
+    return f.entity == "groupId" and f.type == "string"
+
+
+def _has_direct_group(struct: StructSpec | None) -> bool:
+    return struct is not None and any(_is_group_field(g) and not g.is_array for g in struct.fields)
+
+
+# With group ids mapped too: the same, and every field the specs mark as a group id.
+def _group_request_predicate(f: FieldSpec) -> bool:
+    return _request_predicate(f) or _is_group_field(f)
+
+
+def _group_response_predicate(f: FieldSpec) -> bool:
+    return (_response_predicate(f) or _is_group_field(f)
+            or (f.is_array and _has_direct_group(f.struct)))
+
+
 def _message_predicate(f: FieldSpec) -> bool:
     return f.attr == "error_message" and f.type == "string"
 
@@ -199,6 +264,20 @@ def names_topics(message: MessageSpec, version: int) -> bool:
 
 
 @cache
+def names_groups(message: MessageSpec, version: int) -> bool:
+    """Whether ``version`` of ``message`` has a group id in it (mapped by a prefix with
+    ``groups``).  Not FindCoordinator's keys: their key type says what they are
+    (``is_group_lookup``)."""
+    return reaches_in(message, _is_group_field, version)
+
+
+@cache
+def carries_groups(message: MessageSpec) -> bool:
+    """Whether any version of ``message`` has a group id in it."""
+    return reaches(message, _is_group_field)
+
+
+@cache
 def has_error_text(message: MessageSpec, version: int) -> bool:
     """Whether ``version`` of ``message`` has error messages, which may quote broker-side
     topic names (mapped back on the way to the client)."""
@@ -217,40 +296,64 @@ def _resource_type(record: Any) -> int | None:
 
 # What ``visit`` does with a field (see ``_visit_plan``).
 _NAME, _NAMES, _MESSAGE, _ENTRIES = range(4)
+# Whose name a field holds: a topic's, a group's, or a resource's (its type says which).
+_TOPIC, _GROUP, _RESOURCE = range(3)
 
 
 @cache
-def _visit_plan(struct: StructSpec, to_client: bool
-                ) -> tuple[tuple[str, int, bool, bool], ...]:
+def _visit_plan(struct: StructSpec, to_client: bool, groups: bool
+                ) -> tuple[tuple[str, int, bool, int], ...]:
     """A struct's fields that a mapper looks at, in order, worked out once per struct:
-    (attribute, what it holds, whether a hidden name hides the whole entry, whether it
-    is a resource name: a topic's only when the entry's resource type says so)."""
+    (attribute, what it holds, whether a hidden name hides the whole entry, whose name
+    it is: a resource name is a topic's or a group's only when the entry's resource type
+    says so)."""
     plan = []
     for f in struct.fields:
-        if _is_topic_field(f) or _is_resource_field(f):
+        group = groups and _is_group_field(f)
+        if _is_topic_field(f) or group or _is_resource_field(f):
             plan.append((f.attr, _NAMES if f.is_array else _NAME,
-                         bool(f.map_key) or _has_key_role(f), not _is_topic_field(f)))
+                         bool(f.map_key) or _has_key_role(f),
+                         _TOPIC if _is_topic_field(f) else _GROUP if group else _RESOURCE))
         elif to_client and f.attr == "error_message" and f.type == "string":
-            plan.append((f.attr, _MESSAGE, False, False))
+            plan.append((f.attr, _MESSAGE, False, _TOPIC))
         elif f.is_array and f.struct is not None:
-            plan.append((f.attr, _ENTRIES, False, False))
+            plan.append((f.attr, _ENTRIES, False, _TOPIC))
     return tuple(plan)
 
 
-def _struct_mapper(fn: Callable[[str], str | None], to_client: bool,
-                   mapping: TopicMap) -> Callable[[StructSpec, Any], Any]:
+def _struct_mapper(mapping: TopicMap, to_client: bool,
+                   groups: bool) -> Callable[[StructSpec, Any], Any]:
+    topic_fn: Callable[[str], str | None]
+    group_fn: Callable[[str], str | None]
+    if to_client:
+        topic_fn, group_fn = mapping.to_client, mapping.group_to_client
+    else:
+        topic_fn, group_fn = mapping.to_broker, mapping.group_to_broker
+
     def visit(struct: StructSpec, record: Any) -> Any:
         changes: dict[str, Any] = {}
-        is_topic_resource: bool | None = None
-        for attr, kind, hides_entry, resource in _visit_plan(struct, to_client):
+        resource_fn: Callable[[str], str | None] | None = None
+        resource_read = False
+        for attr, kind, hides_entry, whose in _visit_plan(struct, to_client, groups):
             value = getattr(record, attr, None)
             if value is None:
                 continue
-            if resource:
-                if is_topic_resource is None:
-                    is_topic_resource = _resource_type(record) == TOPIC_RESOURCE
-                if not is_topic_resource:
+            fn: Callable[[str], str | None]
+            if whose == _TOPIC:
+                fn = topic_fn
+            elif whose == _GROUP:
+                fn = group_fn
+            else:
+                if not resource_read:
+                    resource_read = True
+                    resource_type = _resource_type(record)
+                    if resource_type == TOPIC_RESOURCE:
+                        resource_fn = topic_fn
+                    elif groups and resource_type in GROUP_RESOURCES:
+                        resource_fn = group_fn
+                if resource_fn is None:
                     continue
+                fn = resource_fn
             if kind == _NAME:
                 new = fn(value)
                 if new is None:
@@ -277,8 +380,9 @@ def _struct_mapper(fn: Callable[[str], str | None], to_client: bool,
 
 
 def _has_key_role(f: FieldSpec) -> bool:
-    # A topic name that identifies its entry (not e.g. a free-standing reference).
-    return f.attr in ("name", "topic", "topic_name")
+    # A name that identifies its entry (not e.g. a free-standing reference): a hidden
+    # name hides the entry (another tenant's topic, group, or ACL on either).
+    return f.attr in ("name", "topic", "topic_name", "group_id", "resource_name")
 
 
 # -- requests and responses -----------------------------------------------------------
@@ -297,7 +401,9 @@ def map_request(req: Request, mapping: TopicMap, state: dict[str, Any],
                 stats: RewriteStats) -> Request:
     """``req`` with client names turned into broker names (same object if none)."""
     api = req.api
-    if not names_topics(api.request, req.api_version):
+    with_groups = mapping.maps_groups
+    if not (names_topics(api.request, req.api_version) or (with_groups and (
+            names_groups(api.request, req.api_version) or req.api_key == FIND_COORDINATOR))):
         return req  # not even decoded
     if req.api_key == PRODUCE and not req.body_decoded and req.frame is not None:
         # The names changed in the bytes: the records are copied, not decoded and encoded.
@@ -305,9 +411,17 @@ def map_request(req: Request, mapping: TopicMap, state: dict[str, Any],
         if frame is not None:
             return req if frame is req.frame else decode_request(frame)
     body = req.body
-    new = rewrite(api.request, req.api_version, body, _request_predicate,
-                  _struct_mapper(mapping.to_broker, False, mapping))
-    if req.api_key == JOIN_GROUP:
+    new = rewrite(api.request, req.api_version, body,
+                  _group_request_predicate if with_groups else _request_predicate,
+                  _struct_mapper(mapping, False, with_groups))
+    if req.api_key == FIND_COORDINATOR:
+        if with_groups and is_group_lookup(req):
+            if req.api_version < 4:
+                new = new.replace(key=mapping.group_to_broker(new.key))
+            else:
+                new = new.replace(coordinator_keys=tuple(
+                    mapping.group_to_broker(k) for k in new.coordinator_keys))
+    elif req.api_key == JOIN_GROUP:
         protocol_type = new.protocol_type
         groups = state.setdefault("protocol_type", {})
         if len(groups) > 64:  # bounded: a connection joins few groups
@@ -346,10 +460,18 @@ def map_response(resp: Response, mapping: TopicMap, state: dict[str, Any],
             return (resp if frame is resp.frame
                     else decode_response(frame, PRODUCE, resp.api_version))
     body = resp.body
-    visit = _struct_mapper(mapping.to_client, True, mapping)
-    new = rewrite(api.response, resp.api_version, body, _response_predicate, visit)
+    with_groups = mapping.maps_groups
+    visit = _struct_mapper(mapping, True, with_groups)
+    new = rewrite(api.response, resp.api_version, body,
+                  _group_response_predicate if with_groups else _response_predicate, visit)
     key = resp.api_key
-    if key == JOIN_GROUP:
+    if key == FIND_COORDINATOR:
+        # Asked for only when the request looked a group up (``is_group_lookup``).
+        if with_groups and resp.api_version >= 4:
+            new = new.replace(coordinators=tuple(
+                c.replace(key=_or_same(mapping.group_to_client(c.key), c.key))
+                for c in new.coordinators))
+    elif key == JOIN_GROUP:
         protocol_type = _protocol_type(new, state, stats)
         if protocol_type == CONSUMER:
             new = _map_items(new, "members", "metadata", consumer.decode_subscription,
@@ -375,6 +497,17 @@ def map_response(resp: Response, mapping: TopicMap, state: dict[str, Any],
         if any(a is not b for a, b in zip(groups, new.groups, strict=True)):
             new = new.replace(groups=tuple(groups))
     return resp if new is body else resp.replace(body=new)
+
+
+def is_group_lookup(req: Request) -> bool:
+    """Whether a FindCoordinator request looks up groups' coordinators (v0 knows no
+    other kind), not transactions' or share partitions'."""
+    return req.api_key == FIND_COORDINATOR and (
+        req.api_version == 0 or req.body.key_type == GROUP_KEY)
+
+
+def _or_same(mapped: str | None, name: str) -> str:
+    return name if mapped is None else mapped
 
 
 def _protocol_type(body: Any, state: dict[str, Any], stats: RewriteStats) -> str | None:

@@ -1,0 +1,122 @@
+"""Group ids under a tenant prefix with ``groups: true``, on a real Apache Kafka broker:
+the tenant's consumer groups (librdkafka, the Java classic and KIP-848 consumers, the
+admin calls) live on the broker under the prefix, the tenant sees them without it, and
+never sees or touches another tenant's groups."""
+
+from __future__ import annotations
+
+import confluent_kafka as ck
+from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from tests.integration.test_metrics_topics import CONSUMER_PERF, versions_seen
+from tests.support.clients import produce, unique
+from tests.support.kafka import KafkaCluster
+from tests.support.proxythread import ProxyThread
+
+RULES = ("- name: tenant-a\n  match: {client_id: '^a-'}\n"
+         "  topic_prefix: {broker: 'a.', hide_others: true, groups: true}\n")
+
+
+def read_and_commit(conf: dict[str, str], topic: str, group: str, count: int) -> list[bytes]:
+    """``count`` records read by librdkafka in ``group``, then committed (synchronously)."""
+    consumer = ck.Consumer({**conf, "group.id": group, "auto.offset.reset": "earliest",
+                            "enable.auto.commit": False, "log_level": 0})
+    got: list[bytes] = []
+    try:
+        consumer.subscribe([topic])
+        for _ in range(120):
+            if len(got) >= count:
+                break
+            for message in consumer.consume(count - len(got), timeout=0.5):
+                if message.error() is None:
+                    got.append(message.value())
+        consumer.commit(asynchronous=False)
+    finally:
+        consumer.close()
+    return got
+
+
+def groups_listed(admin: AdminClient) -> set[str]:
+    return {g.group_id for g in admin.list_consumer_groups(request_timeout=10).result().valid}
+
+
+def committed(admin: AdminClient, group: str, topic: str) -> int:
+    [future] = admin.list_consumer_group_offsets(
+        [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, 0)])]).values()
+    [partition] = future.result().topic_partitions
+    assert partition.error is None and partition.topic == topic
+    return int(partition.offset)
+
+
+def test_a_tenants_groups_live_under_its_prefix_and_others_are_out_of_reach(
+        kafka: KafkaCluster) -> None:
+    topic = unique("a.orders")
+    name = topic.removeprefix("a.")
+    kafka.create_topic(topic)
+    direct = {"bootstrap.servers": kafka.bootstrap}
+    sent = produce(direct, topic, count=100, tag="first")
+    theirs = unique("b.billing")
+    assert len(read_and_commit(direct, topic, theirs, 100)) == 100  # another tenant's group
+    broker = AdminClient(direct)
+    mine, java, kip848, kp = (unique(g) for g in ("readers", "java", "kip848", "kp"))
+
+    with ProxyThread(kafka.bootstrap, rules_yaml=RULES) as proxy:
+        conf = {"bootstrap.servers": proxy.bootstrap, "client.id": "a-app"}
+        assert sorted(read_and_commit(conf, name, mine, 100)) == sorted(sent)
+        # On the broker the group and its offsets are the tenant's, under the prefix.
+        assert "a." + mine in groups_listed(broker) and mine not in groups_listed(broker)
+        assert committed(broker, "a." + mine, topic) == 100
+
+        admin = AdminClient({**conf, "client.id": "a-admin"})
+        listed = groups_listed(admin)
+        assert mine in listed
+        assert not any(g.startswith(("a.", "b.")) for g in listed)  # nothing foreign shown
+        assert committed(admin, mine, name) == 100
+        [described] = admin.describe_consumer_groups([mine]).values()
+        assert described.result().group_id == mine
+
+        # The group goes on from its commit: only the new records.
+        later = produce(direct, topic, count=10, tag="later")
+        assert sorted(read_and_commit(conf, name, mine, 10)) == sorted(later)
+
+        # The Java consumer, classic group protocol and KIP-848's.
+        for group, protocol in ((java, "classic"), (kip848, "consumer")):
+            result = kafka.run_java_tool(
+                CONSUMER_PERF, "--bootstrap-server", proxy.bootstrap, "--topic", name,
+                "--group", group, "--messages", "110", "--timeout", "60000",
+                "--command-property", "client.id=a-java",
+                "--command-property", f"group.protocol={protocol}", timeout=120)
+            assert result.returncode == 0, result.stderr[-2000:]
+            rows = [ln for ln in result.stdout.splitlines() if ln[:1].isdigit()]
+            assert rows and int(rows[-1].split(",")[4]) == 110
+        # kafka-python, the classic group APIs.
+        from kafka import KafkaConsumer
+
+        old = KafkaConsumer(name, bootstrap_servers=proxy.bootstrap, client_id="a-kp",
+                            group_id=kp, auto_offset_reset="earliest",
+                            enable_auto_commit=False, consumer_timeout_ms=15000)
+        got = [m.value for m, _ in zip(old, range(110), strict=False)]
+        old.commit()
+        old.close()
+        assert sorted(got) == sorted(sent + later)
+        assert committed(broker, "a." + kp, topic) == 110
+
+        registry = proxy.metrics.registry
+        # librdkafka looks a group up by one key (before v4), the others batch them.
+        assert max(versions_seen(registry, "FindCoordinator", "confluent-kafka-python")) < 4
+        assert versions_seen(registry, "ConsumerGroupHeartbeat", "apache-kafka-java")
+        assert max(versions_seen(registry, "FindCoordinator", "apache-kafka-java")) >= 4
+        on_broker = groups_listed(broker)
+        assert {"a." + java, "a." + kip848} <= on_broker
+        assert {java, kip848} <= groups_listed(admin)
+
+        # Naming the other tenant's group reaches a group of the tenant's own.
+        assert committed(admin, theirs, name) < 0  # nothing committed there
+        [deleted] = admin.delete_consumer_groups([mine], request_timeout=10).values()
+        deleted.result()
+        assert "a." + mine not in groups_listed(broker)
+
+    # The other tenant's group was never touched.
+    assert theirs in groups_listed(broker)
+    assert committed(broker, theirs, topic) == 100
