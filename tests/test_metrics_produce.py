@@ -105,8 +105,10 @@ def test_response_codes_match_the_decoder(version: int, data: st.DataObject) -> 
 def test_a_renamed_head_and_the_rest_as_it_came_make_the_renamed_request(
         version: int, data: st.DataObject) -> None:
     """``rename_request_head`` over any first bytes of a request: where it answers, its
-    bytes and the rest of the request as it came are the whole request renamed; it
-    answers for every request naming one topic by name once that name has arrived."""
+    bytes and the rest of the request as it came are the whole request renamed (topic
+    names, and the transactional id if one is to be renamed too); it answers for every
+    request naming one topic by name (or, with a transactional id to rename, naming
+    topics by id) once what it renames has arrived."""
     body = data.draw(message_body(codecs.api(0).request, version))
     if data.draw(st.booleans()):
         body = body.replace(topic_data=body.topic_data[:1])
@@ -117,11 +119,14 @@ def test_a_renamed_head_and_the_rest_as_it_came_make_the_renamed_request(
     def rename(name: str) -> str:
         return prefix + name
 
-    whole = produce.rename_request_topics(frame, version, rename)
-    one_by_name = len(body.topic_data) == 1 and version < 13 and whole is not None
+    transaction = rename if data.draw(st.booleans()) else None
+    whole = produce.rename_request_topics(frame, version, rename, transaction)
+    one_by_name = whole is not None and (
+        (len(body.topic_data) == 1 and version < 13)
+        or (version >= 13 and transaction is not None))
     answered = []
     for cut in sorted({len(frame), *data.draw(st.lists(st.integers(0, len(frame))))}):
-        head = produce.rename_request_head(frame[:cut], version, rename)
+        head = produce.rename_request_head(frame[:cut], version, rename, transaction)
         if head is not None:
             new, end = head
             assert one_by_name and end <= cut

@@ -1,6 +1,7 @@
-"""Group ids under a tenant prefix with ``groups: true``: every field the specs mark as a
-group id, FindCoordinator's group keys, GROUP resources (ACLs, configs), both ways;
-other tenants' groups hidden with ``hide_others``."""
+"""Group ids and transactional ids under a tenant prefix with ``groups: true`` and
+``transactional_ids: true``: every field the specs mark as such, FindCoordinator's keys
+of that kind, GROUP and TRANSACTIONAL_ID resources (ACLs, configs), both ways; other
+tenants' hidden with ``hide_others``."""
 
 from __future__ import annotations
 
@@ -17,28 +18,33 @@ from gatehouse.proxy.hooks import ConnectionInfo, Forward, Pending
 from gatehouse.proxy.policy import RulesPolicy
 from gatehouse.rules import Prefix, TopicMap
 from gatehouse.rules.topics import (
+    GROUP,
+    TRANSACTION,
+    IdKinds,
     RewriteStats,
-    carries_groups,
+    carries_ids,
     map_request,
     map_response,
-    names_groups,
+    names_ids,
 )
 from tests.codec_strategies import ALL_VERSIONS, message_body
 from tests.test_rules import FAST, req, rules
 
-TENANT = Prefix("tenant.", hide_others=False, groups=True)
-GROUP_REQUESTS = [(k, v) for k, v in ALL_VERSIONS if names_groups(codecs.api(k).request, v)
-                  and k not in (11, 14)]  # consumer bytes: tests/test_rules.py
-GROUP_RESPONSES = [(k, v) for k, v in ALL_VERSIONS if carries_groups(codecs.api(k).response)
-                   and k not in (11, 14, 15)]
+TENANT = Prefix("tenant.", hide_others=False, groups=True, transactional_ids=True)
+BOTH: IdKinds = frozenset({GROUP, TRANSACTION})
+ID_REQUESTS = [(k, v) for k, v in ALL_VERSIONS if names_ids(codecs.api(k).request, v, BOTH)
+               and k not in (0, 11, 14)]  # Produce and consumer bytes: own tests
+ID_RESPONSES = [(k, v) for k, v in ALL_VERSIONS if carries_ids(codecs.api(k).response, BOTH)
+                and k not in (11, 14, 15)]
 
 
 def group_ids(message: Any, body: Any, version: int) -> list[str]:
-    """Every group id in ``body``, in order (the fields the specs mark as group ids)."""
+    """Every group id and transactional id in ``body``, in order (the fields the specs
+    mark so)."""
     found: list[str] = []
 
     def is_group(f: FieldSpec) -> bool:
-        return f.entity == "groupId" and f.type == "string"
+        return f.entity in ("groupId", "transactionalId") and f.type == "string"
 
     def visit(struct: StructSpec, record: Any) -> Any:
         for f in struct.fields:
@@ -51,17 +57,19 @@ def group_ids(message: Any, body: Any, version: int) -> list[str]:
     return found
 
 
-def test_the_tables_find_the_group_apis() -> None:
-    names = {codecs.api(k).name for k, _ in GROUP_REQUESTS}
+def test_the_tables_find_the_group_and_transaction_apis() -> None:
+    names = {codecs.api(k).name for k, _ in ID_REQUESTS}
     assert {"OffsetCommit", "OffsetFetch", "Heartbeat", "LeaveGroup", "DescribeGroups",
             "DeleteGroups", "OffsetDelete", "TxnOffsetCommit", "AddOffsetsToTxn",
             "ConsumerGroupHeartbeat", "ConsumerGroupDescribe", "ShareGroupHeartbeat",
-            "ShareFetch", "StreamsGroupHeartbeat"} <= names
-    assert {codecs.api(k).name for k, _ in GROUP_RESPONSES} >= {
-        "ListGroups", "DeleteGroups", "OffsetFetch", "ConsumerGroupDescribe"}
+            "ShareFetch", "StreamsGroupHeartbeat", "InitProducerId", "AddPartitionsToTxn",
+            "EndTxn", "DescribeTransactions"} <= names
+    assert {codecs.api(k).name for k, _ in ID_RESPONSES} >= {
+        "ListGroups", "DeleteGroups", "OffsetFetch", "ConsumerGroupDescribe",
+        "ListTransactions", "DescribeTransactions", "AddPartitionsToTxn"}
 
 
-@pytest.mark.parametrize(("api_key", "version"), GROUP_REQUESTS)
+@pytest.mark.parametrize(("api_key", "version"), ID_REQUESTS)
 def test_request_group_ids_prefixed(api_key: int, version: int) -> None:
     api = codecs.api(api_key)
 
@@ -75,7 +83,7 @@ def test_request_group_ids_prefixed(api_key: int, version: int) -> None:
         mapped = map_request(request, TENANT, {}, RewriteStats())
         again = codecs.decode_request(bytes(mapped.encode()))
         assert group_ids(api.request, again.body, version) == ["tenant." + g for g in before]
-        plain = map_request(request, Prefix("tenant."), {}, RewriteStats())  # no `groups`
+        plain = map_request(request, Prefix("tenant."), {}, RewriteStats())  # neither
         assert group_ids(api.request, plain.body, version) == before
 
     check()
@@ -87,17 +95,17 @@ class _GroupsToBroker(TopicMap):
     broker_to_client: dict[str, str] = {}
 
     @property
-    def maps_groups(self) -> bool:
-        return True
+    def id_kinds(self) -> IdKinds:
+        return BOTH
 
     def to_client(self, name: str) -> str | None:
         return "tenant." + name
 
-    def group_to_client(self, name: str) -> str | None:
+    def id_to_client(self, kind: str, name: str) -> str | None:
         return "tenant." + name
 
 
-@pytest.mark.parametrize(("api_key", "version"), GROUP_RESPONSES)
+@pytest.mark.parametrize(("api_key", "version"), ID_RESPONSES)
 def test_response_group_ids_unprefixed(api_key: int, version: int) -> None:
     api = codecs.api(api_key)
 
@@ -154,13 +162,16 @@ def test_list_groups_hides_other_tenants_groups_only_with_hide_others() -> None:
     assert [g.group_id for g in shown.body.groups] == ["orders", "other.billing"]
 
 
-def test_group_resources_of_acls_and_configs_are_prefixed_others_not() -> None:
+def test_group_and_transaction_resources_of_acls_and_configs_are_prefixed_others_not() -> None:
     acls = req(30, 3, creations=[
         {"resource_type": t, "resource_name": n, "resource_pattern_type": 3,
          "principal": "User:a", "host": "*", "operation": 2, "permission_type": 3}
         for t, n in ((3, "g"), (2, "t"), (4, "kafka-cluster"), (5, "txn"))])
     mapped = map_request(acls, TENANT, {}, RewriteStats())
     assert [c.resource_name for c in mapped.body.creations] == [
+        "tenant.g", "tenant.t", "kafka-cluster", "tenant.txn"]
+    groups_only = map_request(acls, Prefix("tenant.", groups=True), {}, RewriteStats())
+    assert [c.resource_name for c in groups_only.body.creations] == [
         "tenant.g", "tenant.t", "kafka-cluster", "txn"]
     configs = req(32, 4, resources=[
         {"resource_type": t, "resource_name": n, "configuration_keys": None}
@@ -208,3 +219,75 @@ def test_acls_on_other_tenants_topics_and_groups_are_hidden_with_hide_others() -
     shown = map_response(answer, TENANT, {}, RewriteStats())
     assert [r.resource_name for r in shown.body.resources] == [
         "orders", "other.secrets", "g", "other.g", "kafka-cluster"]
+
+
+@pytest.mark.parametrize("version", list(codecs.api(10).versions)[1:])
+def test_find_coordinator_maps_transaction_keys_when_asked_and_never_share_keys(
+        version: int) -> None:
+    policy = RulesPolicy(rules('- name: t\n  topic_prefix: {broker: "tenant.", groups: true,'
+                               ' transactional_ids: true}\n'))
+    conn = ConnectionInfo(id=1, client="127.0.0.1:1", listener="bootstrap")
+    keys = {"key": "tx"} if version < 4 else {"coordinator_keys": ["tx"]}
+    decision = policy.on_request(conn, req(10, version, key_type=1, **keys))
+    assert isinstance(decision, Forward)
+    body = decision.request.body
+    assert (body.key if version < 4 else body.coordinator_keys) in ("tenant.tx", ("tenant.tx",))
+    if version >= 4:
+        answer = codecs.response_from_dict({"header": {"correlation_id": 1}, "body": {
+            "coordinators": [{"key": "tenant.tx", "node_id": 1, "host": "h", "port": 1}]}},
+            api_key=10, api_version=version)
+        shown = policy.on_response(conn, Pending(1, 10, version, 0.0, wants_response=True,
+                                                 context=decision.context), answer)
+        assert [c.key for c in shown.body.coordinators] == ["tx"]
+        share = req(10, version, key_type=2, coordinator_keys=["g:AAAAAAAAAAAAAAAAAAAAAA:0"])
+        decision = policy.on_request(conn, share)
+        assert isinstance(decision, Forward) and not decision.wants_response
+        assert decision.request.body.coordinator_keys == ("g:AAAAAAAAAAAAAAAAAAAAAA:0",)
+
+
+PRODUCE_VERSIONS = [v for k, v in ALL_VERSIONS if k == 0 and v >= 3]
+
+
+@pytest.mark.parametrize("version", PRODUCE_VERSIONS)
+def test_a_produce_requests_transactional_id_is_changed_in_its_bytes_as_the_decoder_would(
+        version: int) -> None:
+    api = codecs.api(0)
+    mapping = Prefix("tenant.", transactional_ids=True)
+
+    @settings(max_examples=25, deadline=None, database=None, phases=FAST,
+              suppress_health_check=list(HealthCheck))
+    @given(message_body(api.request, version))
+    def check(request: Any) -> None:
+        wire = bytes(codecs.Request.build(0, version, 1, "c", request).encode())
+        fast = map_request(codecs.decode_request(wire), mapping, {}, RewriteStats())
+        slow = map_request(codecs.Request.build(0, version, 1, "c", request), mapping, {},
+                           RewriteStats())
+        assert bytes(fast.encode()) == bytes(slow.encode())
+        expected = (None if request.transactional_id is None
+                    else "tenant." + request.transactional_id)
+        assert codecs.decode_request(bytes(fast.encode())).body.transactional_id == expected
+
+    check()
+
+
+def test_a_large_transactional_produce_request_goes_up_with_the_brokers_transactional_id(
+) -> None:
+    import uuid
+
+    policy = RulesPolicy(rules('- name: t\n  topic_prefix: {broker: "tenant.",'
+                               ' transactional_ids: true}\n'))
+    conn = ConnectionInfo(id=1, client="127.0.0.1:1", listener="bootstrap")
+    records = b"\x07" * 300
+    for version, topic in ((9, {"name": "orders"}), (13, {"topic_id": uuid.uuid4()})):
+        wire = bytes(req(0, version, transactional_id="tx-1", acks=-1, timeout_ms=1000,
+                         topic_data=[{**topic, "partition_data": [
+                             {"index": 0, "records": records}]}]).encode())
+        head = codecs.decode_request(memoryview(wire)[:80])
+        decision = policy.forwards_unread(conn, head)
+        assert decision is not None and decision.new_head is not None
+        new, end = decision.new_head
+        renamed = codecs.decode_request(new + wire[end:]).body
+        assert renamed.transactional_id == "tenant.tx-1"
+        assert renamed.topic_data[0].partition_data[0].records == records
+        if version < 13:
+            assert renamed.topic_data[0].name == "tenant.orders"

@@ -283,17 +283,25 @@ def response_scan(frame: Buffer, version: int,
 # -- topic names changed in the bytes (topic renames and prefixes) ------------------------
 
 
-def rename_request_topics(frame: Buffer, version: int,
-                          rename: Callable[[str], str]) -> Buffer | None:
-    """A Produce request frame with every topic name ``rename``d: the records and the
-    rest are copied as they are, nothing decoded.  ``frame`` itself when no name changes;
-    None when the bytes are not what the reader expects (the caller decodes instead)."""
+def rename_request_topics(frame: Buffer, version: int, rename: Callable[[str], str],
+                          rename_transaction: Callable[[str], str] | None = None
+                          ) -> Buffer | None:
+    """A Produce request frame with every topic name ``rename``d (and its transactional
+    id, if any, ``rename_transaction``ed): the records and the rest are copied as they
+    are, nothing decoded.  ``frame`` itself when no name changes; None when the bytes
+    are not what the reader expects (the caller decodes instead), or name topics by id
+    and there is no transactional id to rename."""
+    flexible = version >= FLEXIBLE_SINCE
+    try:
+        changes, _ = _transaction_change(memoryview(frame), version, rename_transaction)
+    except (_Unexpected, struct.error, IndexError, UnicodeDecodeError):
+        return None
+    if version >= TOPIC_IDS_SINCE:
+        return None if rename_transaction is None else _spliced(frame, changes, flexible)
     spans: list[tuple[int, int]] = []
-    topics = (request_topics(frame, version, spans, count=False)
-              if version < TOPIC_IDS_SINCE else None)
+    topics = request_topics(frame, version, spans, count=False)
     if topics is None:
         return None
-    changes = []
     for (start, end), (name, *_) in zip(spans, topics, strict=True):
         new = rename(str(name))
         if new != name:
@@ -301,29 +309,63 @@ def rename_request_topics(frame: Buffer, version: int,
     return _spliced(frame, changes, version >= FLEXIBLE_SINCE)
 
 
-def rename_request_head(head: Buffer, version: int,
-                        rename: Callable[[str], str]) -> tuple[bytes, int] | None:
+def rename_request_head(head: Buffer, version: int, rename: Callable[[str], str],
+                        rename_transaction: Callable[[str], str] | None = None
+                        ) -> tuple[bytes, int] | None:
     """The beginning of a Produce request that names one topic, with that name
-    ``rename``d, read from ``head``: the request's first bytes (from its api key on), as
-    many as have arrived.  Returns the bytes that stand for ``head[:end]`` and ``end``;
-    everything after the name goes on as it is, so the request can be sent on as it
-    arrives.  None when the request names more or fewer than one topic, or names it by
-    id (v13), or the name is not all in ``head``, or the bytes are not what the reader
-    expects: the caller reads the whole request instead."""
-    if not FIRST_VERSION <= version < TOPIC_IDS_SINCE:
+    ``rename``d (and its transactional id, if any, ``rename_transaction``ed), read from
+    ``head``: the request's first bytes (from its api key on), as many as have arrived.
+    Returns the bytes that stand for ``head[:end]`` and ``end``; everything after goes on
+    as it is, so the request can be sent on as it arrives.  A request naming topics by
+    id (v13) has only its transactional id to rename, whatever its topics.  None when
+    the request names more or fewer than one topic, or names them by id and there is
+    no transactional id to rename, or what is to be renamed is not all in ``head``, or
+    the bytes are not what the reader expects: the caller reads the whole request."""
+    if version < FIRST_VERSION or (version >= TOPIC_IDS_SINCE and rename_transaction is None):
         return None
     view = memoryview(head)
     flexible = version >= FLEXIBLE_SINCE
     try:
-        topics, start = _topics_at(view, flexible)
-        if topics != 1:
-            return None
-        name, end = _topic_name(view, start, flexible)
+        changes, end = _transaction_change(view, version, rename_transaction)
+        if version < TOPIC_IDS_SINCE:
+            topics, start = _topics_at(view, flexible)
+            if topics != 1:
+                return None
+            name, end = _topic_name(view, start, flexible)
+            new = rename(name)
+            if new != name:
+                changes.append((start, end, new))
     except (_Unexpected, struct.error, IndexError, UnicodeDecodeError):
         return None
-    new = rename(name)
-    changes = [(start, end, new)] if new != name else []
     return bytes(_spliced(view[:end], changes, flexible)), end
+
+
+def _transaction_change(view: memoryview, version: int,
+                        rename: Callable[[str], str] | None
+                        ) -> tuple[list[tuple[int, int, str]], int]:
+    """The change (as ``_spliced`` takes them) of a Produce request's transactional id
+    ``rename``d (none when it is null, unchanged or ``rename`` is None), and where the
+    id ends."""
+    flexible = version >= FLEXIBLE_SINCE
+    (n,) = _I16.unpack_from(view, 8)  # the header's client id
+    pos = 10 + max(n, 0)
+    if flexible:
+        pos = _skip_tags(view, pos) if view[pos] else pos + 1
+        length, start = _uvarint(view, pos)
+        length -= 1
+    else:
+        (length,) = _I16.unpack_from(view, pos)
+        start = pos + 2
+    if length < 0:
+        return [], start
+    end = start + length
+    if end > len(view):
+        raise _Unexpected
+    if rename is None:
+        return [], end
+    name = str(view[start:end], "utf-8")
+    new = rename(name)
+    return ([(pos, end, new)] if new != name else []), end
 
 
 def request_head_topic_id(head: Buffer, version: int) -> bytes | None:

@@ -39,11 +39,12 @@ from gatehouse.rules.errors import INVALID_REQUEST, UNKNOWN_TOPIC_ID
 from gatehouse.rules.topicids import TopicIds, checks_ids, teaches_ids
 from gatehouse.rules.topics import (
     FIND_COORDINATOR,
-    carries_groups,
+    TRANSACTION,
+    carries_ids,
     carries_topics,
     has_error_text,
-    is_group_lookup,
-    names_groups,
+    lookup_kind,
+    names_ids,
     names_topics,
     regex_subscription,
 )
@@ -60,12 +61,13 @@ def _wants_mapped_answer(req: Request, topic_map: TopicMap) -> bool:
     if (names_topics(response, version) or req.api_key in (11, 14, 15)
             or (carries_topics(response) and has_error_text(response, version))):
         return True
-    if not topic_map.maps_groups:
+    kinds = topic_map.id_kinds
+    if not kinds:
         return False
     if req.api_key == FIND_COORDINATOR:  # v4+ answers name the keys they answer
-        return version >= 4 and is_group_lookup(req)
-    return names_groups(response, version) or (carries_groups(response)
-                                               and has_error_text(response, version))
+        return version >= 4 and lookup_kind(req) in kinds
+    return names_ids(response, version, kinds) or (carries_ids(response, kinds)
+                                                   and has_error_text(response, version))
 
 
 def facts_of(conn: ConnectionInfo, req: Request | None = None) -> ClientFacts:
@@ -159,7 +161,11 @@ class RulesPolicy(Policy):
             self._log_refusal(conn, req, "topic-map", message, observe=False)
             return Respond(error_response(req, INVALID_REQUEST, message))
         mapped = map_request(req, topic_map, conn.state, self.stats)
-        return Forward(mapped, wants_response=_wants_mapped_answer(req, topic_map), context=topic_map)
+        wants = _wants_mapped_answer(req, topic_map)
+        if wants and req.api_key == FIND_COORDINATOR:
+            # The answer does not say what kind of keys it answers: the request does.
+            return Forward(mapped, wants_response=True, context=(topic_map, lookup_kind(req)))
+        return Forward(mapped, wants_response=wants, context=topic_map)
 
     def forwards_unread(self, conn: ConnectionInfo, req: Request) -> Forward | None:
         ruleset = self.ruleset
@@ -178,17 +184,21 @@ class RulesPolicy(Policy):
         if topic_map is None:
             return Forward(req, report=report)
         new_head = None
-        if names_topics(req.api.request, req.api_version):
-            new_head = map_request_head(req, topic_map)
+        by_name = names_topics(req.api.request, req.api_version)
+        if by_name or TRANSACTION in topic_map.id_kinds:
+            new_head = map_request_head(req, topic_map)  # names and transactional id
             if new_head is None:
                 return None
-        elif topic_map.hides_others and not self.topic_ids.head_shown(req, topic_map):
+        if (not by_name and topic_map.hides_others
+                and not self.topic_ids.head_shown(req, topic_map)):
             return None  # names a topic by an id to check: checked whole (on_request)
-        return Forward(req, wants_response=_wants_mapped_answer(req, topic_map), context=topic_map,
-                       new_head=new_head, report=report)
+        return Forward(req, wants_response=_wants_mapped_answer(req, topic_map),
+                       context=topic_map, new_head=new_head, report=report)
 
     def on_response(self, conn: ConnectionInfo, pending: Pending, resp: Response) -> Response:
-        topic_map = pending.context
+        topic_map, lookup = pending.context, None
+        if isinstance(topic_map, tuple):  # a FindCoordinator's: (map, kind of keys)
+            topic_map, lookup = topic_map
         if not isinstance(topic_map, TopicMap):
             return resp
         if topic_map.hides_others and teaches_ids(resp.api.response, resp.api_version):
@@ -199,7 +209,7 @@ class RulesPolicy(Policy):
             scan = scanned_response(pending, resp.frame)
             if scan is not None and not scan[2]:
                 return resp
-        return map_response(resp, topic_map, conn.state, self.stats)
+        return map_response(resp, topic_map, conn.state, self.stats, lookup)
 
     def api_version_adjusters(self, conn: ConnectionInfo) -> tuple[RangeAdjuster, ...]:
         """The same tuple for the same rules and client facts: the proxy reuses a capped

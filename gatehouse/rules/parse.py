@@ -191,17 +191,18 @@ def _rule(data: Any, source: Source, line: int | None, index: int) -> Rule:
         topic_map = Rename(renames)
     elif prefix_raw is not None:
         if isinstance(prefix_raw, str):
-            prefix, hide, groups = prefix_raw, False, False
+            prefix, hide, groups, transactions = prefix_raw, False, False, False
         else:
             sub = Reader(prefix_raw, source, "topic_prefix", reader.line_of("topic_prefix"))
             prefix = sub.require("broker", str)
             hide = sub.take("hide_others", bool, False)
             groups = sub.take("groups", bool, False)
+            transactions = sub.take("transactional_ids", bool, False)
             sub.finish()
         if not prefix or not _TOPIC_RE.match(prefix):
             raise reader.error("topic_prefix", f"topic_prefix: {prefix!r} cannot start a topic "
                                "name")
-        topic_map = Prefix(prefix, hide, groups)
+        topic_map = Prefix(prefix, hide, groups, transactions)
     reader.finish()
     return Rule(name=name, match=match, mode=mode,
                 min_api_version=minimum, max_api_version=maximum, deny_apis=deny,

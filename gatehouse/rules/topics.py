@@ -14,9 +14,10 @@ Where names live, found from the tables rather than a hand list:
 The client sees its names, the broker holds the others.  Broker-side names the client
 must not see (other tenants, with ``hide_others``) are removed from responses.
 
-A prefix with ``groups`` maps group ids the same way: every field the specs mark
-``entityType: groupId``, FindCoordinator's keys when they are groups', and resources of
-type GROUP (ACL bindings and config resources).
+A prefix with ``groups`` (``transactional_ids``) maps group ids (transactional ids)
+the same way: every field the specs mark ``entityType: groupId`` (``transactionalId``),
+FindCoordinator's keys of that type, and resources of that type (ACL bindings, config
+resources).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
 from gatehouse.codecs import (
@@ -42,12 +43,27 @@ from gatehouse.codecs.errors import ProtocolError
 from gatehouse.codecs.walk import reaches, reaches_in, rewrite
 
 TOPIC_RESOURCE = 2
-# A group's resource type: GROUP in ACL bindings (3) and in config resources (32,
-# KIP-848); neither number means anything else in the other kind.
-GROUP_RESOURCES = frozenset({3, 32})
 PRODUCE, FIND_COORDINATOR, JOIN_GROUP, SYNC_GROUP, DESCRIBE_GROUPS = 0, 10, 11, 14, 15
-GROUP_KEY = 0  # FindCoordinator's KeyType of a group (1: a transaction, 2: a share)
 CONSUMER = consumer.CONSUMER_PROTOCOL_TYPE
+
+# The other kinds of names a prefix may map besides topics.
+GROUP, TRANSACTION = "group", "transactional_id"
+IdKinds = frozenset[str]
+
+
+@dataclass(frozen=True)
+class _Kind:
+    entity: str  # the specs' entityType
+    # Its resource types: in ACL bindings (GROUP 3, TRANSACTIONAL_ID 5) and in config
+    # resources (GROUP 32, KIP-848); none of these numbers means another kind in the other.
+    resource_types: frozenset[int]
+    key_type: int  # FindCoordinator's KeyType
+
+
+_KINDS = {GROUP: _Kind("groupId", frozenset({3, 32}), 0),
+          TRANSACTION: _Kind("transactionalId", frozenset({5}), 1)}
+_KIND_OF_ENTITY = {k.entity: name for name, k in _KINDS.items()}
+_KIND_OF_KEY_TYPE = {k.key_type: name for name, k in _KINDS.items()}
 
 
 class TopicMap:
@@ -72,14 +88,14 @@ class TopicMap:
         return False
 
     @property
-    def maps_groups(self) -> bool:
-        """Whether group ids are mapped too (a prefix with ``groups``)."""
-        return False
+    def id_kinds(self) -> IdKinds:
+        """The kinds of names mapped besides topics (``GROUP``, ``TRANSACTION``)."""
+        return frozenset()
 
-    def group_to_broker(self, name: str) -> str:
+    def id_to_broker(self, kind: str, name: str) -> str:
         return name
 
-    def group_to_client(self, name: str) -> str | None:
+    def id_to_client(self, kind: str, name: str) -> str | None:
         return name
 
 
@@ -117,6 +133,7 @@ class Prefix(TopicMap):
     prefix: str
     hide_others: bool = False
     groups: bool = False  # group ids get the prefix too
+    transactional_ids: bool = False  # and transactional ids
 
     def to_broker(self, name: str) -> str:
         return self.prefix + name
@@ -134,14 +151,19 @@ class Prefix(TopicMap):
         return self.hide_others
 
     @property
-    def maps_groups(self) -> bool:
-        return self.groups
+    def id_kinds(self) -> IdKinds:
+        return _id_kinds(self.groups, self.transactional_ids)
 
-    def group_to_broker(self, name: str) -> str:
-        return self.prefix + name if self.groups else name
+    def id_to_broker(self, kind: str, name: str) -> str:
+        return self.prefix + name if kind in self.id_kinds else name
 
-    def group_to_client(self, name: str) -> str | None:
-        return self.to_client(name) if self.groups else name
+    def id_to_client(self, kind: str, name: str) -> str | None:
+        return self.to_client(name) if kind in self.id_kinds else name
+
+
+@cache
+def _id_kinds(groups: bool, transactional_ids: bool) -> IdKinds:
+    return frozenset((GROUP,) * groups + (TRANSACTION,) * transactional_ids)
 
 
 @dataclass(frozen=True)
@@ -173,20 +195,20 @@ class Chain(TopicMap):
         return any(m.hides_others for m in self.maps)
 
     @property
-    def maps_groups(self) -> bool:
-        return any(m.maps_groups for m in self.maps)
+    def id_kinds(self) -> IdKinds:
+        return frozenset().union(*(m.id_kinds for m in self.maps))
 
-    def group_to_broker(self, name: str) -> str:
+    def id_to_broker(self, kind: str, name: str) -> str:
         for m in self.maps:
-            name = m.group_to_broker(name)
+            name = m.id_to_broker(kind, name)
         return name
 
-    def group_to_client(self, name: str) -> str | None:
+    def id_to_client(self, kind: str, name: str) -> str | None:
         result: str | None = name
         for m in reversed(self.maps):
             if result is None:
                 return None
-            result = m.group_to_client(result)
+            result = m.id_to_client(kind, result)
         return result
 
 
@@ -223,22 +245,34 @@ def _response_predicate(f: FieldSpec) -> bool:
             or (f.is_array and _has_direct_topic(f.struct)))
 
 
-def _is_group_field(f: FieldSpec) -> bool:
-    return f.entity == "groupId" and f.type == "string"
+def _id_kind(f: FieldSpec) -> str | None:
+    """The kind of name (``GROUP``, ``TRANSACTION``) a string field holds, if any."""
+    return _KIND_OF_ENTITY.get(f.entity) if f.entity and f.type == "string" else None
 
 
-def _has_direct_group(struct: StructSpec | None) -> bool:
-    return struct is not None and any(_is_group_field(g) and not g.is_array for g in struct.fields)
+@cache
+def _predicates(kinds: IdKinds) -> tuple[Callable[[FieldSpec], bool],
+                                         Callable[[FieldSpec], bool],
+                                         Callable[[FieldSpec], bool]]:
+    """(request, response, id field) predicates with ``kinds`` of ids mapped too: the
+    same objects for the same kinds, as the walker's plans are cached per predicate."""
+    if not kinds:
+        return _request_predicate, _response_predicate, lambda f: False
 
+    def is_id(f: FieldSpec) -> bool:
+        return _id_kind(f) in kinds
 
-# With group ids mapped too: the same, and every field the specs mark as a group id.
-def _group_request_predicate(f: FieldSpec) -> bool:
-    return _request_predicate(f) or _is_group_field(f)
+    def has_direct_id(struct: StructSpec | None) -> bool:
+        return struct is not None and any(is_id(g) and not g.is_array for g in struct.fields)
 
+    def request(f: FieldSpec) -> bool:
+        return _request_predicate(f) or is_id(f)
 
-def _group_response_predicate(f: FieldSpec) -> bool:
-    return (_response_predicate(f) or _is_group_field(f)
-            or (f.is_array and _has_direct_group(f.struct)))
+    def response(f: FieldSpec) -> bool:
+        return (_response_predicate(f) or is_id(f)
+                or (f.is_array and has_direct_id(f.struct)))
+
+    return request, response, is_id
 
 
 def _message_predicate(f: FieldSpec) -> bool:
@@ -264,17 +298,17 @@ def names_topics(message: MessageSpec, version: int) -> bool:
 
 
 @cache
-def names_groups(message: MessageSpec, version: int) -> bool:
-    """Whether ``version`` of ``message`` has a group id in it (mapped by a prefix with
-    ``groups``).  Not FindCoordinator's keys: their key type says what they are
-    (``is_group_lookup``)."""
-    return reaches_in(message, _is_group_field, version)
+def names_ids(message: MessageSpec, version: int, kinds: IdKinds) -> bool:
+    """Whether ``version`` of ``message`` has an id of ``kinds`` in it (group ids,
+    transactional ids).  Not FindCoordinator's keys: their key type says what they are
+    (``lookup_kind``)."""
+    return bool(kinds) and reaches_in(message, _predicates(kinds)[2], version)
 
 
 @cache
-def carries_groups(message: MessageSpec) -> bool:
-    """Whether any version of ``message`` has a group id in it."""
-    return reaches(message, _is_group_field)
+def carries_ids(message: MessageSpec, kinds: IdKinds) -> bool:
+    """Whether any version of ``message`` has an id of ``kinds`` in it."""
+    return bool(kinds) and reaches(message, _predicates(kinds)[2])
 
 
 @cache
@@ -296,24 +330,27 @@ def _resource_type(record: Any) -> int | None:
 
 # What ``visit`` does with a field (see ``_visit_plan``).
 _NAME, _NAMES, _MESSAGE, _ENTRIES = range(4)
-# Whose name a field holds: a topic's, a group's, or a resource's (its type says which).
-_TOPIC, _GROUP, _RESOURCE = range(3)
+# Whose name a field holds besides an id kind's: a topic's, or a resource's (its type
+# says which).
+_TOPIC, _RESOURCE = "topic", "resource"
 
 
 @cache
-def _visit_plan(struct: StructSpec, to_client: bool, groups: bool
-                ) -> tuple[tuple[str, int, bool, int], ...]:
+def _visit_plan(struct: StructSpec, to_client: bool, kinds: IdKinds
+                ) -> tuple[tuple[str, int, bool, str], ...]:
     """A struct's fields that a mapper looks at, in order, worked out once per struct:
     (attribute, what it holds, whether a hidden name hides the whole entry, whose name
-    it is: a resource name is a topic's or a group's only when the entry's resource type
-    says so)."""
+    it is: a topic's, an id kind's, or a resource's, which its entry's resource type
+    tells)."""
     plan = []
     for f in struct.fields:
-        group = groups and _is_group_field(f)
-        if _is_topic_field(f) or group or _is_resource_field(f):
+        kind = _id_kind(f)
+        if kind not in kinds:
+            kind = None
+        if _is_topic_field(f) or kind or _is_resource_field(f):
             plan.append((f.attr, _NAMES if f.is_array else _NAME,
                          bool(f.map_key) or _has_key_role(f),
-                         _TOPIC if _is_topic_field(f) else _GROUP if group else _RESOURCE))
+                         _TOPIC if _is_topic_field(f) else kind or _RESOURCE))
         elif to_client and f.attr == "error_message" and f.type == "string":
             plan.append((f.attr, _MESSAGE, False, _TOPIC))
         elif f.is_array and f.struct is not None:
@@ -322,35 +359,29 @@ def _visit_plan(struct: StructSpec, to_client: bool, groups: bool
 
 
 def _struct_mapper(mapping: TopicMap, to_client: bool,
-                   groups: bool) -> Callable[[StructSpec, Any], Any]:
-    topic_fn: Callable[[str], str | None]
-    group_fn: Callable[[str], str | None]
-    if to_client:
-        topic_fn, group_fn = mapping.to_client, mapping.group_to_client
-    else:
-        topic_fn, group_fn = mapping.to_broker, mapping.group_to_broker
+                   kinds: IdKinds) -> Callable[[StructSpec, Any], Any]:
+    fns: dict[str, Callable[[str], str | None]] = {
+        _TOPIC: mapping.to_client if to_client else mapping.to_broker}
+    for kind in kinds:
+        fns[kind] = partial(mapping.id_to_client if to_client else mapping.id_to_broker, kind)
+    by_resource_type = {t: fns[k] for k in kinds for t in _KINDS[k].resource_types}
+    by_resource_type[TOPIC_RESOURCE] = fns[_TOPIC]
 
     def visit(struct: StructSpec, record: Any) -> Any:
         changes: dict[str, Any] = {}
         resource_fn: Callable[[str], str | None] | None = None
         resource_read = False
-        for attr, kind, hides_entry, whose in _visit_plan(struct, to_client, groups):
+        for attr, kind, hides_entry, whose in _visit_plan(struct, to_client, kinds):
             value = getattr(record, attr, None)
             if value is None:
                 continue
             fn: Callable[[str], str | None]
-            if whose == _TOPIC:
-                fn = topic_fn
-            elif whose == _GROUP:
-                fn = group_fn
+            if whose != _RESOURCE:
+                fn = fns[whose]
             else:
                 if not resource_read:
                     resource_read = True
-                    resource_type = _resource_type(record)
-                    if resource_type == TOPIC_RESOURCE:
-                        resource_fn = topic_fn
-                    elif groups and resource_type in GROUP_RESOURCES:
-                        resource_fn = group_fn
+                    resource_fn = by_resource_type.get(_resource_type(record))  # type: ignore[arg-type]
                 if resource_fn is None:
                     continue
                 fn = resource_fn
@@ -381,8 +412,9 @@ def _struct_mapper(mapping: TopicMap, to_client: bool,
 
 def _has_key_role(f: FieldSpec) -> bool:
     # A name that identifies its entry (not e.g. a free-standing reference): a hidden
-    # name hides the entry (another tenant's topic, group, or ACL on either).
-    return f.attr in ("name", "topic", "topic_name", "group_id", "resource_name")
+    # name hides the entry (another tenant's topic, group, transaction, or ACL).
+    return f.attr in ("name", "topic", "topic_name", "group_id", "transactional_id",
+                      "resource_name")
 
 
 # -- requests and responses -----------------------------------------------------------
@@ -401,26 +433,28 @@ def map_request(req: Request, mapping: TopicMap, state: dict[str, Any],
                 stats: RewriteStats) -> Request:
     """``req`` with client names turned into broker names (same object if none)."""
     api = req.api
-    with_groups = mapping.maps_groups
-    if not (names_topics(api.request, req.api_version) or (with_groups and (
-            names_groups(api.request, req.api_version) or req.api_key == FIND_COORDINATOR))):
+    kinds = mapping.id_kinds
+    if not (names_topics(api.request, req.api_version) or (kinds and (
+            names_ids(api.request, req.api_version, kinds)
+            or req.api_key == FIND_COORDINATOR))):
         return req  # not even decoded
     if req.api_key == PRODUCE and not req.body_decoded and req.frame is not None:
         # The names changed in the bytes: the records are copied, not decoded and encoded.
-        frame = produce.rename_request_topics(req.frame, req.api_version, mapping.to_broker)
+        frame = produce.rename_request_topics(req.frame, req.api_version, mapping.to_broker,
+                                              _transaction_renamer(mapping))
         if frame is not None:
             return req if frame is req.frame else decode_request(frame)
     body = req.body
-    new = rewrite(api.request, req.api_version, body,
-                  _group_request_predicate if with_groups else _request_predicate,
-                  _struct_mapper(mapping, False, with_groups))
+    new = rewrite(api.request, req.api_version, body, _predicates(kinds)[0],
+                  _struct_mapper(mapping, False, kinds))
     if req.api_key == FIND_COORDINATOR:
-        if with_groups and is_group_lookup(req):
+        kind = lookup_kind(req)
+        if kind in kinds:
             if req.api_version < 4:
-                new = new.replace(key=mapping.group_to_broker(new.key))
+                new = new.replace(key=mapping.id_to_broker(kind, new.key))
             else:
                 new = new.replace(coordinator_keys=tuple(
-                    mapping.group_to_broker(k) for k in new.coordinator_keys))
+                    mapping.id_to_broker(kind, k) for k in new.coordinator_keys))
     elif req.api_key == JOIN_GROUP:
         protocol_type = new.protocol_type
         groups = state.setdefault("protocol_type", {})
@@ -447,12 +481,21 @@ def map_request_head(req: Request, mapping: TopicMap) -> tuple[bytes, int] | Non
     when that cannot be told from those bytes (the whole request is mapped instead)."""
     if req.api_key != PRODUCE or req.frame is None:
         return None
-    return produce.rename_request_head(req.frame, req.api_version, mapping.to_broker)
+    return produce.rename_request_head(req.frame, req.api_version, mapping.to_broker,
+                                       _transaction_renamer(mapping))
+
+
+def _transaction_renamer(mapping: TopicMap) -> Callable[[str], str] | None:
+    if TRANSACTION not in mapping.id_kinds:
+        return None
+    return partial(mapping.id_to_broker, TRANSACTION)
 
 
 def map_response(resp: Response, mapping: TopicMap, state: dict[str, Any],
-                 stats: RewriteStats) -> Response:
-    """``resp`` with broker names turned into client names; hidden names removed."""
+                 stats: RewriteStats, lookup: str | None = None) -> Response:
+    """``resp`` with broker names turned into client names; hidden names removed.
+    ``lookup``: for a FindCoordinator answer, the kind of keys it answers (the request's
+    ``lookup_kind``: the answer does not say)."""
     api = resp.api
     if resp.api_key == PRODUCE and not resp.body_decoded and resp.frame is not None:
         frame = produce.rename_response_topics(resp.frame, resp.api_version, mapping.to_client)
@@ -460,16 +503,15 @@ def map_response(resp: Response, mapping: TopicMap, state: dict[str, Any],
             return (resp if frame is resp.frame
                     else decode_response(frame, PRODUCE, resp.api_version))
     body = resp.body
-    with_groups = mapping.maps_groups
-    visit = _struct_mapper(mapping, True, with_groups)
-    new = rewrite(api.response, resp.api_version, body,
-                  _group_response_predicate if with_groups else _response_predicate, visit)
+    kinds = mapping.id_kinds
+    visit = _struct_mapper(mapping, True, kinds)
+    new = rewrite(api.response, resp.api_version, body, _predicates(kinds)[1], visit)
     key = resp.api_key
     if key == FIND_COORDINATOR:
-        # Asked for only when the request looked a group up (``is_group_lookup``).
-        if with_groups and resp.api_version >= 4:
+        if lookup in kinds and resp.api_version >= 4:
+            assert lookup is not None
             new = new.replace(coordinators=tuple(
-                c.replace(key=_or_same(mapping.group_to_client(c.key), c.key))
+                c.replace(key=_or_same(mapping.id_to_client(lookup, c.key), c.key))
                 for c in new.coordinators))
     elif key == JOIN_GROUP:
         protocol_type = _protocol_type(new, state, stats)
@@ -499,11 +541,13 @@ def map_response(resp: Response, mapping: TopicMap, state: dict[str, Any],
     return resp if new is body else resp.replace(body=new)
 
 
-def is_group_lookup(req: Request) -> bool:
-    """Whether a FindCoordinator request looks up groups' coordinators (v0 knows no
-    other kind), not transactions' or share partitions'."""
-    return req.api_key == FIND_COORDINATOR and (
-        req.api_version == 0 or req.body.key_type == GROUP_KEY)
+def lookup_kind(req: Request) -> str | None:
+    """The kind of keys (``GROUP``, ``TRANSACTION``) a FindCoordinator request looks up
+    the coordinators of (v0 knows only groups); None for other keys (share partitions)
+    and other requests."""
+    if req.api_key != FIND_COORDINATOR:
+        return None
+    return GROUP if req.api_version == 0 else _KIND_OF_KEY_TYPE.get(req.body.key_type)
 
 
 def _or_same(mapped: str | None, name: str) -> str:

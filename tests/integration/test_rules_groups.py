@@ -5,11 +5,14 @@ never sees or touches another tenant's groups."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import confluent_kafka as ck
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from tests.integration.test_metrics_topics import CONSUMER_PERF, versions_seen
+from tests.integration.test_metrics_topics import CONSUMER_PERF, PERF, versions_seen
+from tests.integration.test_rules_topic_ids import call
 from tests.support.clients import produce, unique
 from tests.support.kafka import KafkaCluster
 from tests.support.proxythread import ProxyThread
@@ -120,3 +123,88 @@ def test_a_tenants_groups_live_under_its_prefix_and_others_are_out_of_reach(
     # The other tenant's group was never touched.
     assert theirs in groups_listed(broker)
     assert committed(broker, theirs, topic) == 100
+
+
+TRANSACTIONS = ("- name: tenant-a\n  match: {client_id: '^a-'}\n"
+                "  topic_prefix: {broker: 'a.', hide_others: true, groups: true,"
+                " transactional_ids: true}\n")
+
+
+def transactions(address: str, client_id: str, *ids: str) -> dict[str, tuple[int, str]]:
+    """DescribeTransactions (or ListTransactions with no ids): id -> (error, state)."""
+    if ids:
+        body = call(address, 65, 0, {"transactional_ids": list(ids)}, client_id)
+    else:
+        body = call(address, 66, 1, {"state_filters": [], "producer_id_filters": []},
+                    client_id)
+    return {t.transactional_id: (getattr(t, "error_code", 0), t.transaction_state)
+            for t in body.transaction_states}
+
+
+def test_a_tenants_transactions_live_under_its_prefix(kafka: KafkaCluster) -> None:
+    """Consume-transform-produce through the proxy: librdkafka reads a topic in a group
+    and writes another in a transaction that carries the group's offsets; the Java
+    producer (Produce v13, by topic id) writes in a transaction of its own. The broker
+    holds both transactions and the group under the prefix; the tenant sees its own
+    names, and not another tenant's transaction."""
+    source, sink = unique("a.in"), unique("a.out")
+    for topic in (source, sink):
+        kafka.create_topic(topic)
+    direct = {"bootstrap.servers": kafka.bootstrap}
+    sent = produce(direct, source, count=50, tag="in")
+    theirs = unique("b-tx")
+    other = ck.Producer({**direct, "transactional.id": theirs, "log_level": 0})
+    other.init_transactions(30)
+    group, tx, tx_java = unique("etl"), unique("tx"), unique("tx-java")
+
+    with ProxyThread(kafka.bootstrap, rules_yaml=TRANSACTIONS) as proxy:
+        conf = {"bootstrap.servers": proxy.bootstrap, "client.id": "a-etl", "log_level": 0}
+        consumer = ck.Consumer({**conf, "group.id": group, "auto.offset.reset": "earliest",
+                                "enable.auto.commit": False})
+        producer = ck.Producer({**conf, "transactional.id": tx})
+        producer.init_transactions(30)
+        consumer.subscribe([source.removeprefix("a.")])
+        got: list[Any] = []
+        for _ in range(120):
+            if len(got) >= 50:
+                break
+            got += [m for m in consumer.consume(50 - len(got), timeout=0.5)
+                    if m.error() is None]
+        producer.begin_transaction()
+        for message in got:
+            producer.produce(sink.removeprefix("a."), value=message.value().upper())
+        producer.send_offsets_to_transaction(consumer.position(consumer.assignment()),
+                                             consumer.consumer_group_metadata(), 30)
+        producer.commit_transaction(30)
+        consumer.close()
+
+        result = kafka.run_java_tool(
+            PERF, "--topic", sink.removeprefix("a."), "--num-records", "100",
+            "--record-size", "10", "--throughput", "-1", "--transactional-id", tx_java,
+            "--transaction-duration-ms", "200", "--producer-props",
+            f"bootstrap.servers={proxy.bootstrap}", "client.id=a-java", timeout=120)
+        assert result.returncode == 0, result.stderr[-2000:]
+        registry = proxy.metrics.registry
+        assert max(versions_seen(registry, "Produce", "apache-kafka-java")) >= 13
+
+        seen = transactions(proxy.bootstrap, "a-admin")
+        assert {tx, tx_java} <= seen.keys() and theirs not in seen  # its own, by its names
+        assert transactions(proxy.bootstrap, "a-admin", tx)[tx] == (0, "CompleteCommit")
+
+    on_broker = transactions(kafka.bootstrap, "ops", "a." + tx, "a." + tx_java, tx)
+    assert on_broker["a." + tx] == (0, "CompleteCommit")
+    assert on_broker["a." + tx_java][0] == 0
+    assert on_broker[tx][0] != 0  # nothing by the client's own name
+    assert committed(AdminClient(direct), "a." + group, source) == 50
+    reader = ck.Consumer({**direct, "group.id": unique("check"), "log_level": 0,
+                          "auto.offset.reset": "earliest", "isolation.level": "read_committed"})
+    reader.subscribe([sink])
+    values: list[bytes] = []
+    for _ in range(120):
+        if len(values) >= 150:
+            break
+        values += [m.value() for m in reader.consume(150 - len(values), timeout=0.5)
+                   if m.error() is None]
+    reader.close()
+    assert sorted(v for v in values if b"-" in v) == sorted(v.upper() for v in sent)
+    assert len(values) == 150
