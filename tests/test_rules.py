@@ -29,6 +29,12 @@ from tests.codec_strategies import message_body
 # Generation only: a failure is reported as found (shrinking big messages takes minutes).
 FAST = (Phase.explicit, Phase.generate)
 
+
+def few_examples(n: int) -> Any:
+    """Hypothesis settings for ``n`` generated messages, reported as found."""
+    return settings(max_examples=n, deadline=None, database=None, phases=FAST,
+                    suppress_health_check=list(HealthCheck))
+
 ISSUE_EXAMPLE = """\
 rules:
   - name: no-ancient-producers
@@ -154,8 +160,7 @@ ALL_VERSIONS = [(k, v) for k, a in sorted(codecs.APIS.items()) for v in a.versio
 def test_error_response_for_every_api_version(api_key: int, version: int) -> None:
     api = codecs.api(api_key)
 
-    @settings(max_examples=2, deadline=None, database=None, phases=FAST,
-              suppress_health_check=list(HealthCheck))
+    @few_examples(2)
     @given(message_body(api.request, version))
     def check(body: Any) -> None:
         request = codecs.Request.build(api_key, version, 9, "c", body)
@@ -234,8 +239,7 @@ def test_request_topic_names_prefixed(api_key: int, version: int) -> None:
     api = codecs.api(api_key)
     mapping = Prefix("tenant.")
 
-    @settings(max_examples=3, deadline=None, database=None, phases=FAST,
-              suppress_health_check=list(HealthCheck))
+    @few_examples(3)
     @given(message_body(api.request, version))
     def check(body: Any) -> None:
         request = codecs.decode_request(bytes(
@@ -253,8 +257,7 @@ def test_response_topic_names_unprefixed(api_key: int, version: int) -> None:
     api = codecs.api(api_key)
     mapping = Prefix("tenant.")
 
-    @settings(max_examples=3, deadline=None, database=None, phases=FAST,
-              suppress_health_check=list(HealthCheck))
+    @few_examples(3)
     @given(message_body(api.response, version))
     def check(body: Any) -> None:
         resp = codecs.Response.build(api_key, version, 1, body)
@@ -550,8 +553,7 @@ def test_produce_names_changed_in_the_bytes_as_the_decoder_would(version: int,
     api = codecs.api(0)
     mapping = Prefix("tenant.", hide_others=hide_others)
 
-    @settings(max_examples=25, deadline=None, database=None, phases=FAST,
-              suppress_health_check=list(HealthCheck))
+    @few_examples(25)
     @given(request=message_body(api.request, version),
            answer=message_body(api.response, version))
     def check(request: Any, answer: Any) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 
 from gatehouse import codecs
 from gatehouse.codecs import FieldSpec, StructSpec
@@ -28,7 +28,7 @@ from gatehouse.rules.topics import (
     names_ids,
 )
 from tests.codec_strategies import ALL_VERSIONS, message_body
-from tests.test_rules import FAST, req, rules
+from tests.test_rules import few_examples, req, rules
 
 TENANT = Prefix("tenant.", hide_others=False, groups=True, transactional_ids=True)
 BOTH: IdKinds = frozenset({GROUP, TRANSACTION})
@@ -73,8 +73,7 @@ def test_the_tables_find_the_group_and_transaction_apis() -> None:
 def test_request_group_ids_prefixed(api_key: int, version: int) -> None:
     api = codecs.api(api_key)
 
-    @settings(max_examples=3, deadline=None, database=None, phases=FAST,
-              suppress_health_check=list(HealthCheck))
+    @few_examples(3)
     @given(message_body(api.request, version))
     def check(body: Any) -> None:
         request = codecs.decode_request(bytes(
@@ -109,8 +108,7 @@ class _GroupsToBroker(TopicMap):
 def test_response_group_ids_unprefixed(api_key: int, version: int) -> None:
     api = codecs.api(api_key)
 
-    @settings(max_examples=3, deadline=None, database=None, phases=FAST,
-              suppress_health_check=list(HealthCheck))
+    @few_examples(3)
     @given(message_body(api.response, version))
     def check(body: Any) -> None:
         resp = codecs.Response.build(api_key, version, 1, body)
@@ -254,8 +252,7 @@ def test_a_produce_requests_transactional_id_is_changed_in_its_bytes_as_the_deco
     api = codecs.api(0)
     mapping = Prefix("tenant.", transactional_ids=True)
 
-    @settings(max_examples=25, deadline=None, database=None, phases=FAST,
-              suppress_health_check=list(HealthCheck))
+    @few_examples(25)
     @given(message_body(api.request, version))
     def check(request: Any) -> None:
         wire = bytes(codecs.Request.build(0, version, 1, "c", request).encode())

@@ -231,8 +231,9 @@ def _is_resource_field(f: FieldSpec) -> bool:
     return f.attr in ("resource_name", "resource_name_filter") and f.type == "string"
 
 
-def _has_direct_topic(struct: StructSpec | None) -> bool:
-    return struct is not None and any(_is_topic_field(g) and not g.is_array for g in struct.fields)
+def _has_direct(struct: StructSpec | None, is_name: Callable[[FieldSpec], bool]) -> bool:
+    """Whether ``struct`` holds a single name ``is_name`` picks (its entries' key)."""
+    return struct is not None and any(is_name(g) and not g.is_array for g in struct.fields)
 
 
 def _request_predicate(f: FieldSpec) -> bool:
@@ -242,7 +243,7 @@ def _request_predicate(f: FieldSpec) -> bool:
 def _response_predicate(f: FieldSpec) -> bool:
     return (_is_topic_field(f) or _is_resource_field(f)
             or (f.attr == "error_message" and f.type == "string")
-            or (f.is_array and _has_direct_topic(f.struct)))
+            or (f.is_array and _has_direct(f.struct, _is_topic_field)))
 
 
 def _id_kind(f: FieldSpec) -> str | None:
@@ -262,15 +263,12 @@ def _predicates(kinds: IdKinds) -> tuple[Callable[[FieldSpec], bool],
     def is_id(f: FieldSpec) -> bool:
         return _id_kind(f) in kinds
 
-    def has_direct_id(struct: StructSpec | None) -> bool:
-        return struct is not None and any(is_id(g) and not g.is_array for g in struct.fields)
-
     def request(f: FieldSpec) -> bool:
         return _request_predicate(f) or is_id(f)
 
     def response(f: FieldSpec) -> bool:
         return (_response_predicate(f) or is_id(f)
-                or (f.is_array and has_direct_id(f.struct)))
+                or (f.is_array and _has_direct(f.struct, is_id)))
 
     return request, response, is_id
 

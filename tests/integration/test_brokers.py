@@ -11,7 +11,7 @@ import confluent_kafka as ck
 from confluent_kafka.admin import AdminClient
 
 from scripts.fetch_kafka import ensure_kafka, kafka_clients_jar
-from tests.support.clients import consume, produce, unique
+from tests.support.clients import consume, produce, unique, watermarks
 from tests.support.kafka import SCRAM_MECHANISM, SCRAM_USER, KafkaCluster, process_state
 from tests.support.tansu import TansuBroker
 
@@ -44,12 +44,7 @@ def test_java_tool_producer_performance(kafka: KafkaCluster) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "500 records sent" in result.stdout
-    consumer = ck.Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": unique("g")})
-    try:
-        low, high = consumer.get_watermark_offsets(ck.TopicPartition(topic, 0), timeout=10)
-    finally:
-        consumer.close()
-    assert (low, high) == (0, 500)
+    assert watermarks(kafka.bootstrap, topic) == (0, 500)
 
 
 def test_cluster_spreads_partitions(kafka_cluster: KafkaCluster) -> None:

@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from gatehouse import codecs
-from tests.support.clients import consume, produce, unique
+from tests.support.clients import consume, produce, recv_exact, unique
 from tests.support.kafka import SCRAM_MECHANISM, SCRAM_PASSWORD, SCRAM_USER, KafkaCluster
 from tests.support.proxythread import ProxyThread
 from tests.support.tansu import TansuBroker
@@ -373,21 +373,12 @@ def test_garbage_and_huge_frames_close_only_that_connection(kafka: KafkaCluster)
         req = codecs.Request.build(3, 12, 5, "good", codecs.api(3).request.root.cls(topics=()))
         frame = bytes(req.encode())
         good.sendall(struct.pack(">i", len(frame)) + frame)
-        size = struct.unpack(">i", _recv_exact(good, 4))[0]
-        resp = codecs.decode_response(_recv_exact(good, size), 3, 12)
+        size = struct.unpack(">i", recv_exact(good, 4))[0]
+        resp = codecs.decode_response(recv_exact(good, size), 3, 12)
         assert resp.correlation_id == 5 and resp.body.brokers
         for s in (good, bad, huge):
             s.close()
         assert proxy.sample("gatehouse_malformed_frames_total", direction="request") == 2
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        assert chunk, "connection closed early"
-        data += chunk
-    return data
 
 
 def test_broker_stopped_mid_stream_clients_recover(kafka_cluster: KafkaCluster) -> None:

@@ -17,7 +17,7 @@ from confluent_kafka.admin import AdminClient
 from gatehouse import codecs
 from gatehouse.codecs.records import encode_batch
 from tests.integration.test_metrics_topics import CONSUMER_PERF, PERF, versions_seen
-from tests.support.clients import consume, unique
+from tests.support.clients import consume, recv_exact, unique, watermarks
 from tests.support.kafka import KafkaCluster
 from tests.support.proxythread import ProxyThread
 
@@ -36,19 +36,10 @@ def call(address: str, api_key: int, version: int, body: dict[str, Any],
     frame = bytes(req.encode())
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         sock.sendall(struct.pack(">i", len(frame)) + frame)
-        (size,) = struct.unpack(">i", _recv(sock, 4))
-        resp = codecs.decode_response(_recv(sock, size), api_key, version)
+        (size,) = struct.unpack(">i", recv_exact(sock, 4))
+        resp = codecs.decode_response(recv_exact(sock, size), api_key, version)
     assert resp.correlation_id == 11
     return resp.body
-
-
-def _recv(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        assert chunk, "connection closed early"
-        data += chunk
-    return data
 
 
 def topic_ids(address: str, *names: str, client_id: str = "ops") -> dict[str, uuid.UUID]:
@@ -125,12 +116,7 @@ def test_a_tenant_names_its_own_topics_by_id_and_no_one_elses(kafka: KafkaCluste
     assert topic_ids(kafka.bootstrap, theirs) == {theirs: ids[theirs]}
     assert theirs in AdminClient({"bootstrap.servers": kafka.bootstrap}).list_topics(
         timeout=10).topics
-    reader = ck.Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": unique("g")})
-    try:
-        low, high = reader.get_watermark_offsets(ck.TopicPartition(theirs, 0), timeout=10)
-    finally:
-        reader.close()
-    assert (low, high) == (0, 0)
+    assert watermarks(kafka.bootstrap, theirs) == (0, 0)
 
 
 def test_after_a_proxy_restart_the_java_clients_of_a_tenant_lose_nothing(

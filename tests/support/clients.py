@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 import uuid
 from typing import Any
@@ -59,3 +60,25 @@ def consume(conf: dict[str, Any], topic: str, count: int, timeout: float = 30.0)
     return got
 
 
+
+
+def watermarks(bootstrap: str, topic: str, partition: int = 0) -> tuple[int, int]:
+    """The (low, high) offsets of one partition, as the broker at ``bootstrap`` has them."""
+    consumer = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": unique("g"),
+                            "log_level": 0})
+    try:
+        low, high = consumer.get_watermark_offsets(ck.TopicPartition(topic, partition),
+                                                   timeout=10)
+    finally:
+        consumer.close()
+    return int(low), int(high)
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    """Exactly ``n`` bytes from a blocking socket (fails if it closes first)."""
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        assert chunk, "connection closed early"
+        data += chunk
+    return data
