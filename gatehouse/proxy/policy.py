@@ -54,9 +54,9 @@ PRODUCE = 0
 
 
 def _wants_mapped_answer(req: Request, topic_map: TopicMap) -> bool:
-    """Whether the answer to ``req``, whose topics (and maybe groups) a rule maps, is to
-    be decoded: only if this version of it names topics or groups, or may quote them in
-    error text (not Fetch v13+: ids only, and its large answers stream on)."""
+    """Whether the answer to ``req``, whose topics (maybe group and transactional ids)
+    a rule maps, is to be decoded: only if this version of it names them, or may quote
+    them in error text (not Fetch v13+: ids only, and its large answers stream on)."""
     response, version = req.api.response, req.api_version
     if (names_topics(response, version) or req.api_key in (11, 14, 15)
             or (carries_topics(response) and has_error_text(response, version))):
