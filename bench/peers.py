@@ -76,13 +76,17 @@ def start_full_gatehouse(upstream: str, rules: str = "") -> tuple[subprocess.Pop
 
 
 # The tenant targets' clients say "t"; the broker holds f"{TENANT_PREFIX}t".  Kroxylicious'
-# multi-tenant filter prefixes with the virtual cluster's name and its separator.
+# multi-tenant filter prefixes with the virtual cluster's name and its separator, topics,
+# group ids and transactional ids alike, and shows a tenant only its own topics: the
+# same work for Gatehouse is a prefix with groups, transactional ids and hide_others
+# (which also checks every topic id a request names).
 TENANT_PREFIX = "bench-"
 
 
 def start_tenant_gatehouse(upstream: str) -> tuple[subprocess.Popen[bytes], str]:
     rule = f"""  - name: tenant
-    topic_prefix: {{broker: "{TENANT_PREFIX}"}}
+    topic_prefix: {{broker: "{TENANT_PREFIX}", hide_others: true, groups: true,
+                   transactional_ids: true}}
 """
     return start_full_gatehouse(upstream, rule)
 
