@@ -456,6 +456,7 @@ FACT_RULES = {
     "listener": "- name: by-listener\n  match: {listener: broker-1}\n  deny_apis: [Metadata]\n",
     "none": "- name: everyone\n  min_api_version: {Fetch: 4}\n  mode: observe\n",
     "prefix": "- name: tenant\n  topic_prefix: t.\n",
+    "principal": "- name: by-user\n  match: {principal: '^alice$'}\n  deny_apis: [Fetch]\n",
 }
 FACT_VALUES = {
     "client_id": [None, "legacy-1", "app"],
@@ -463,6 +464,7 @@ FACT_VALUES = {
     "software_version": [None, "1.4.7", "2.6.0-rdkafka-2.6.0", "1.9.2-rdkafka-1.9.2"],
     "address": [None, "10.1.2.3:5000", "10.1.2.3:6000", "192.168.0.1:5000", "[::1]:9"],
     "listener": [None, "bootstrap", "broker-1"],
+    "principal": [None, "alice", "bob"],
 }
 
 

@@ -143,6 +143,7 @@ class CaptureObserver(Observer):
             "client_id": header.client_id,
             "software_name": conn.software_name,
             "software_version": conn.software_version,
+            "principal": conn.principal,
             "api": _api_name(key),
             "api_key": key,
             "api_version": header.api_version,

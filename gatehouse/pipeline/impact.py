@@ -20,7 +20,7 @@ from gatehouse.rules import ClientFacts, RuleSet, TopicMap
 # ClientFacts field -> the facts table's column that holds it (see job.facts_table).
 FACT_COLUMN = {"client_id": "client_id", "software_name": "software_name",
                "software_version": "software_version", "address": "client",
-               "listener": "listener"}
+               "listener": "listener", "principal": "principal"}
 # What ``decide`` says of one combination, beside the combination's own columns.
 DECISION_FIELDS: tuple[tuple[str, str], ...] = (
     ("rule", "string"), ("rule_index", "int"), ("action", "string"), ("effect", "string"),

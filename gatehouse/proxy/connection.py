@@ -50,6 +50,7 @@ from gatehouse.codecs import (
 from gatehouse.codecs.peek import produce_acks
 from gatehouse.codecs.primitives import Buffer
 from gatehouse.codecs.reader import FrameReader
+from gatehouse.codecs.sasl import claimed_user
 from gatehouse.proxy.addresses import (
     AddressMapper,
     BrokerAddress,
@@ -78,7 +79,7 @@ logger = logging.getLogger("gatehouse.proxy")
 
 _SIZE = struct.Struct(">i")
 PRODUCE = 0
-SASL_HANDSHAKE = 17
+SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
 # SaslHandshake v0 is followed by raw size-prefixed tokens, no Kafka header.  How many
 # client tokens each mechanism sends; None: unknown, so watch for the first frame that
 # parses as a whole Kafka request (GSSAPI's exchange length varies).
@@ -199,6 +200,7 @@ class ProxyConnection:
         self.close_reason = "client closed"
         self.close_level = logging.INFO
         self.sasl_raw_rounds: int | None = 0  # >0: that many raw tokens; None: until Kafka
+        self.sasl_mechanism: str | None = None  # the last SaslHandshake's
         self.idle = trio.CancelScope()
         self.last_active = 0.0  # trio clock: the last whole request or byte from the broker
         # Around the client reader: a drain cancels it only while the reader waits for
@@ -409,9 +411,14 @@ class ProxyConnection:
                 context=decision.context,
                 policy=policy,
             )
-            if header.api_key == SASL_HANDSHAKE and header.api_version == 0:
-                mechanism = str(decision.request.body.mechanism).upper()
-                self.sasl_raw_rounds = SASL_RAW_ROUNDS.get(mechanism)
+            if header.api_key == SASL_HANDSHAKE:
+                mechanism = self.sasl_mechanism = str(decision.request.body.mechanism).upper()
+                if header.api_version == 0:
+                    self.sasl_raw_rounds = SASL_RAW_ROUNDS.get(mechanism)
+            elif header.api_key == SASL_AUTHENTICATE:
+                # The name the client claims: its principal once the broker says yes.
+                pending.sasl_user = claimed_user(self.sasl_mechanism,
+                                                 decision.request.body.auth_bytes)
             await self._forward(wire if out is frame else out,
                                 pending if expects_response else None, prefixed=out is frame)
         elif isinstance(decision, Respond):
@@ -890,6 +897,8 @@ class ProxyConnection:
         if correlation_id != pending.correlation_id:
             raise _out_of_step(correlation_id, pending)
         key = pending.api_key
+        if pending.sasl_user is not None:
+            self._authenticated(frame, pending)
         rewrite = carries_addresses(key, pending.api_version)
         if rewrite and key in SCANNED_RESPONSES and not pending.wants_response:
             rewrite = not self._names_no_brokers(pending, frame)
@@ -929,6 +938,16 @@ class ProxyConnection:
             return frame
         except ProtocolError as exc:
             self._malformed("response", exc)
+
+    def _authenticated(self, frame: memoryview, pending: Pending) -> None:
+        """A SaslAuthenticate answer: with no error, the client is the user it claimed."""
+        try:
+            resp = decode_response(frame, SASL_AUTHENTICATE, pending.api_version)
+            accepted = resp.known and resp.body.error_code == 0
+        except (ProtocolError, UnknownApi):
+            accepted = False
+        if accepted:
+            self.conn.principal = pending.sasl_user
 
     async def _send_client(self, wire: Any) -> None:
         await self.client_io.send_all(wire)

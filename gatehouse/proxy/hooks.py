@@ -28,6 +28,8 @@ class ConnectionInfo:
     client_id: str | None = None
     software_name: str | None = None  # KIP-511, from ApiVersions v3+
     software_version: str | None = None
+    # The SASL user (PLAIN, SCRAM) the broker accepted the client as, if any.
+    principal: str | None = None
     opened: float = field(default_factory=time.monotonic)
     requests: int = 0
     responses: int = 0
@@ -48,6 +50,7 @@ class ConnectionInfo:
                 f"{self.software_name}/{self.software_version}" if self.software_name else None
             ),
             "listener": self.listener,
+            **({"principal": self.principal} if self.principal is not None else {}),
         }
 
 
@@ -67,6 +70,7 @@ class Pending:
     decoded: Response | None = None  # the response as sent, if the proxy decoded it
     # A Produce or Fetch response read from its bytes instead (``scanned_response``).
     scan: Any = None
+    sasl_user: str | None = None  # a SaslAuthenticate's: the user the client claims
 
 
 def decoded_response(pending: Pending, frame: Any) -> Response:

@@ -76,11 +76,12 @@ def facts_of(conn: ConnectionInfo, req: Request | None = None) -> ClientFacts:
     facts = conn.state.get("facts")
     if (facts is None or facts.client_id != client_id
             or facts.software_name != conn.software_name
-            or facts.software_version != conn.software_version):
+            or facts.software_version != conn.software_version
+            or facts.principal != conn.principal):
         facts = conn.state["facts"] = ClientFacts(
             client_id=client_id, software_name=conn.software_name,
             software_version=conn.software_version, address=conn.client,
-            listener=conn.listener)
+            listener=conn.listener, principal=conn.principal)
     return facts
 
 

@@ -37,6 +37,7 @@ class ClientFacts:
     software_version: str | None = None
     address: str | None = None  # "host:port" of the client
     listener: str | None = None  # "bootstrap" or "broker-<node>"
+    principal: str | None = None  # the SASL user the broker accepted (PLAIN, SCRAM)
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,14 @@ class Match:
     software_version: re.Pattern[str] | None = None
     sources: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
     listeners: tuple[str, ...] = ()
+    # Unlike the client id, chosen by the client, a principal needs the password: the
+    # match to keep tenants apart at the edge.  None (unauthenticated) never matches.
+    principal: re.Pattern[str] | None = None
 
     def matches(self, facts: ClientFacts) -> bool:
+        if self.principal is not None and (
+                facts.principal is None or not self.principal.search(facts.principal)):
+            return False
         if self.client_id is not None and not self.client_id.search(facts.client_id or ""):
             return False
         if self.software_name is not None and not self.software_name.search(
@@ -181,6 +188,8 @@ class RuleSet:
                 read.add("address")
             if match.listeners:
                 read.add("listener")
+            if match.principal is not None:
+                read.add("principal")
         return frozenset(read)
 
     def matching(self, facts: ClientFacts) -> list[Rule]:

@@ -123,6 +123,7 @@ def _match(reader: Reader) -> Match:
         software_version=_regex(reader, "client_software_version"),
         sources=tuple(sources),
         listeners=listeners,
+        principal=_regex(reader, "principal"),
     )
     reader.finish()
     return match

@@ -1,0 +1,37 @@
+"""Rules that match the SASL principal, on a real Apache Kafka broker with SCRAM: the
+tenant prefix follows the user the broker accepted, not the client id a client picks."""
+
+from __future__ import annotations
+
+from confluent_kafka.admin import AdminClient
+
+from tests.support.clients import consume, produce, unique, watermarks
+from tests.support.kafka import SCRAM_USER, KafkaCluster
+from tests.support.proxythread import ProxyThread
+
+RULES = (f"- name: by-user\n  match: {{principal: '^{SCRAM_USER}$'}}\n"
+         f"  topic_prefix: {{broker: '{SCRAM_USER}.', hide_others: true, groups: true}}\n")
+
+
+def test_the_tenant_prefix_follows_the_authenticated_user_not_the_client_id(
+        kafka_scram: KafkaCluster) -> None:
+    name = unique("orders")
+    tenant_topic = f"{SCRAM_USER}.{name}"
+    kafka_scram.create_topic(tenant_topic)
+    kafka_scram.create_topic(name)
+    with ProxyThread(kafka_scram.sasl_bootstrap, rules_yaml=RULES) as proxy:
+        conf = {**kafka_scram.client_config(sasl=True), "bootstrap.servers": proxy.bootstrap,
+                "client.id": "whatever"}
+        sent = produce(conf, name, count=20)
+        assert sorted(consume(conf, name, 20)) == sorted(sent)
+        topics = AdminClient(conf).list_topics(timeout=10).topics
+        assert name in topics and tenant_topic not in topics  # its own names only
+    assert watermarks(kafka_scram.bootstrap, tenant_topic) == (0, 20)
+    assert watermarks(kafka_scram.bootstrap, name) == (0, 0)
+
+    # No SASL: naming itself after the user in its client id does not make it the user.
+    with ProxyThread(kafka_scram.bootstrap, rules_yaml=RULES) as proxy:
+        conf = {"bootstrap.servers": proxy.bootstrap, "client.id": SCRAM_USER}
+        produce(conf, name, count=5)
+    assert watermarks(kafka_scram.bootstrap, name) == (0, 5)
+    assert watermarks(kafka_scram.bootstrap, tenant_topic) == (0, 20)

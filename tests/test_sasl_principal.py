@@ -1,0 +1,76 @@
+"""The SASL principal: the user a client claims (PLAIN, SCRAM), taken as its principal
+once the broker accepts it, and matched by rules (``match: {principal: ...}``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+
+from gatehouse import codecs
+from gatehouse.codecs.sasl import claimed_user
+from gatehouse.configfile import load_yaml_text
+from gatehouse.proxy.policy import RulesPolicy
+from gatehouse.rules import parse_rules
+from tests.support.fakebroker import request, response_body
+from tests.test_proxy_pumps import proxied
+
+SASL_AUTHENTICATION_FAILED = 58
+
+
+@pytest.mark.parametrize(("mechanism", "token", "user"), [
+    ("PLAIN", b"\0alice\0secret", "alice"),
+    ("plain", b"alice\0alice\0secret", "alice"),
+    ("PLAIN", b"\0\0secret", None),
+    ("PLAIN", b"alice-secret", None),
+    ("SCRAM-SHA-256", b"n,,n=alice,r=fyko+d2lbbFgONRv9qkxdawL", "alice"),
+    ("SCRAM-SHA-512", b"n,a=al,n=a=2Cb=3Dc,r=abc", "a,b=c"),
+    ("SCRAM-SHA-256", b"c=biws,r=abc,p=proof", None),  # a client-final message
+    ("SCRAM-SHA-256", b"\xff\xfe", None),
+    ("OAUTHBEARER", b"n,,\x01auth=Bearer x\x01\x01", None),
+    ("GSSAPI", b"\x60\x82", None),
+    (None, b"\0alice\0secret", None),
+])
+def test_the_claimed_user_is_read_from_the_first_token_and_nothing_else(
+        mechanism: str | None, token: bytes, user: str | None) -> None:
+    assert claimed_user(mechanism, token) == user
+
+
+def tenant_by_principal() -> RulesPolicy:
+    rules = ("- name: alice\n  match: {principal: '^alice$'}\n"
+             "  topic_prefix: {broker: 'alice.'}\n")
+    return RulesPolicy(parse_rules(load_yaml_text(rules, "rules.yaml"), "rules.yaml"))
+
+
+@pytest.mark.parametrize("accepted", [True, False])
+async def test_a_principal_is_the_claimed_user_once_the_broker_accepts_it(
+        accepted: bool) -> None:
+    def broker(req: codecs.Request) -> Any:
+        if req.api_key == 17:
+            return response_body(17, req.api_version, mechanisms=["PLAIN"])
+        if req.api_key == 36:
+            return response_body(36, req.api_version, error_code=0 if accepted else
+                                 SASL_AUTHENTICATION_FAILED, auth_bytes=b"")
+        return response_body(3, req.api_version, brokers=[], topics=[
+            {"name": t.name, "partitions": []} for t in req.body.topics or ()])
+
+    async with proxied(broker, policy=tenant_by_principal()) as h:
+        metadata = request(3, 12, 1, client_id="alice", topics=[{"name": "orders"}])
+        await h.client.send(metadata.encode())  # before SASL: the rule does not apply
+        await h.client.send(request(17, 1, 2, mechanism="plain").encode())
+        await h.client.send(request(36, 2, 3, auth_bytes=b"\0alice\0secret").encode())
+        with trio.fail_after(5):  # a client waits for its authentication's answer
+            answers = [await h.client.receive() for _ in range(3)]
+        await h.client.send(request(3, 12, 4, client_id="alice",
+                                    topics=[{"name": "orders"}]).encode())
+        with trio.fail_after(5):
+            answers.append(await h.client.receive())
+        assert all(a is not None for a in answers)
+        assert h.conn.principal == ("alice" if accepted else None)
+        asked = [codecs.decode_request(memoryview(f)) for f in h.broker.received]
+        names = [[t.name for t in r.body.topics] for r in asked if r.api_key == 3]
+        assert names == [["orders"], ["alice.orders" if accepted else "orders"]]
+        last = codecs.decode_response(memoryview(answers[-1]), 3, 12)
+        assert [t.name for t in last.body.topics] == ["orders"]  # named back
+        assert "secret" not in repr(h.conn)  # the password is not kept
