@@ -3,6 +3,8 @@ once the broker accepts it, and matched by rules (``match: {principal: ...}``)."
 
 from __future__ import annotations
 
+import base64
+import json
 from typing import Any
 
 import pytest
@@ -19,6 +21,15 @@ from tests.test_proxy_pumps import proxied
 SASL_AUTHENTICATION_FAILED = 58
 
 
+def jwt(claims: dict[str, Any]) -> bytes:
+    """An (unsigned-looking) JSON Web Token with ``claims``: the proxy reads, the broker
+    verifies."""
+    def part(value: Any) -> bytes:
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).rstrip(b"=")
+
+    return part({"alg": "none"}) + b"." + part(claims) + b".c2ln"
+
+
 @pytest.mark.parametrize(("mechanism", "token", "user"), [
     ("PLAIN", b"\0alice\0secret", "alice"),
     ("plain", b"alice\0alice\0secret", "alice"),
@@ -29,6 +40,12 @@ SASL_AUTHENTICATION_FAILED = 58
     ("SCRAM-SHA-256", b"c=biws,r=abc,p=proof", None),  # a client-final message
     ("SCRAM-SHA-256", b"\xff\xfe", None),
     ("OAUTHBEARER", b"n,,\x01auth=Bearer x\x01\x01", None),
+    ("OAUTHBEARER", b"n,,\x01auth=Bearer " + jwt({"sub": "svc-orders"}) + b"\x01\x01",
+     "svc-orders"),
+    ("OAUTHBEARER", b"n,a=x,\x01host=h\x01auth=bearer " + jwt({"sub": "a", "iat": 1})
+     + b"\x01\x01", "a"),
+    ("OAUTHBEARER", b"n,,\x01auth=Bearer " + jwt({"scope": "x"}) + b"\x01\x01", None),
+    ("OAUTHBEARER", b"n,,\x01auth=Bearer a.%%%.c\x01\x01", None),
     ("GSSAPI", b"\x60\x82", None),
     (None, b"\0alice\0secret", None),
 ])

@@ -39,7 +39,7 @@ FIELDS: tuple[tuple[str, str], ...] = (
     ("client_id", "string"),
     ("software_name", "string"),  # KIP-511 (ApiVersions v3+), null before/without it
     ("software_version", "string"),
-    ("principal", "string"),  # the SASL user the broker accepted (PLAIN, SCRAM), if any
+    ("principal", "string"),  # the SASL user the broker accepted, if any (codecs.sasl)
     ("api", "string"),
     ("api_key", "int"),
     ("api_version", "int"),

@@ -11,15 +11,21 @@ nor returned, and nothing here logs.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
+
 PLAIN = "PLAIN"
 SCRAM = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+OAUTHBEARER = "OAUTHBEARER"
 
 
 def claimed_user(mechanism: str | None, token: bytes | memoryview) -> str | None:
     """The user name in a client's first SASL token for ``mechanism`` (PLAIN: the
-    authentication id; SCRAM: the client-first message's ``n=``); None for other
-    mechanisms (GSSAPI, OAUTHBEARER: the broker derives those principals itself) and
-    for tokens that are not what the mechanism says."""
+    authentication id; SCRAM: the client-first message's ``n=``; OAUTHBEARER: the
+    ``sub`` claim of its JSON Web Token, which the broker's validator checks and takes
+    as the principal by default); None for other mechanisms (GSSAPI: the broker maps
+    Kerberos names itself) and for tokens that are not what the mechanism says."""
     if mechanism is None:
         return None
     mechanism = mechanism.upper()
@@ -40,6 +46,28 @@ def claimed_user(mechanism: str | None, token: bytes | memoryview) -> str | None
             if not name:
                 return None
             return name.replace("=2C", ",").replace("=3D", "=")
+        if mechanism == OAUTHBEARER:
+            return _bearer_subject(data)
     except UnicodeDecodeError:
         return None
+    return None
+
+
+def _bearer_subject(data: bytes) -> str | None:
+    """The ``sub`` claim of the JWT in an OAUTHBEARER client message (RFC 7628:
+    gs2-header, then ``\x01``-separated key=value pairs, ``auth=Bearer <token>``)."""
+    for pair in data.split(b"\x01")[1:]:
+        if not pair.startswith(b"auth="):
+            continue
+        scheme, _, token = pair[5:].decode("ascii").partition(" ")
+        parts = token.strip().split(".")
+        if scheme.lower() != "bearer" or len(parts) != 3:
+            return None
+        payload = parts[1] + "=" * (-len(parts[1]) % 4)
+        try:
+            claims = json.loads(base64.urlsafe_b64decode(payload))
+        except (binascii.Error, ValueError):
+            return None
+        subject = claims.get("sub") if isinstance(claims, dict) else None
+        return subject if isinstance(subject, str) and subject else None
     return None

@@ -28,7 +28,7 @@ class ConnectionInfo:
     client_id: str | None = None
     software_name: str | None = None  # KIP-511, from ApiVersions v3+
     software_version: str | None = None
-    # The SASL user (PLAIN, SCRAM) the broker accepted the client as, if any.
+    # The SASL user the broker accepted the client as, if any (codecs.sasl).
     principal: str | None = None
     opened: float = field(default_factory=time.monotonic)
     requests: int = 0

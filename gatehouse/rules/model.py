@@ -37,7 +37,7 @@ class ClientFacts:
     software_version: str | None = None
     address: str | None = None  # "host:port" of the client
     listener: str | None = None  # "bootstrap" or "broker-<node>"
-    principal: str | None = None  # the SASL user the broker accepted (PLAIN, SCRAM)
+    principal: str | None = None  # the SASL user the broker accepted (codecs.sasl)
 
 
 @dataclass(frozen=True)

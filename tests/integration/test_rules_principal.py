@@ -35,3 +35,17 @@ def test_the_tenant_prefix_follows_the_authenticated_user_not_the_client_id(
         produce(conf, name, count=5)
     assert watermarks(kafka_scram.bootstrap, name) == (0, 5)
     assert watermarks(kafka_scram.bootstrap, tenant_topic) == (0, 20)
+
+
+def test_an_oauthbearer_principal_is_the_tokens_subject(kafka_scram: KafkaCluster) -> None:
+    """librdkafka's unsecured JWT (the broker's test validator accepts it): the principal
+    the broker derives is the token's subject, and so is the proxy's."""
+    name = unique("events")
+    kafka_scram.create_topic(f"{SCRAM_USER}.{name}")
+    with ProxyThread(kafka_scram.sasl_bootstrap, rules_yaml=RULES) as proxy:
+        conf = {"bootstrap.servers": proxy.bootstrap, "security.protocol": "SASL_PLAINTEXT",
+                "sasl.mechanism": "OAUTHBEARER", "enable.sasl.oauthbearer.unsecure.jwt": True,
+                "sasl.oauthbearer.config": f"principal={SCRAM_USER}"}
+        sent = produce(conf, name, count=10)
+        assert sorted(consume(conf, name, 10)) == sorted(sent)
+    assert watermarks(kafka_scram.bootstrap, f"{SCRAM_USER}.{name}") == (0, 10)

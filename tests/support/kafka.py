@@ -517,9 +517,14 @@ class KafkaCluster:
         }
         if node.sasl_port is not None:
             props.update({
-                "sasl.enabled.mechanisms": SCRAM_MECHANISM,
+                # OAUTHBEARER with Kafka's unsecured JWT validator (tests only): the
+                # principal is the token's "sub" claim.
+                "sasl.enabled.mechanisms": f"{SCRAM_MECHANISM},OAUTHBEARER",
                 "listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config":
                     "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+                "listener.name.sasl_plaintext.oauthbearer.sasl.jaas.config":
+                    "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule"
+                    " required;",
             })
         props.update(self.extra_config)
         return "".join(f"{key}={value}\n" for key, value in props.items())
