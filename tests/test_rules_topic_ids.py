@@ -7,13 +7,17 @@ import uuid
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gatehouse import codecs
+from gatehouse.codecs import fetch as fetch_codec
 from gatehouse.codecs import produce
 from gatehouse.proxy.hooks import Close, ConnectionInfo, Forward, Pending, Respond
 from gatehouse.proxy.policy import RulesPolicy
 from gatehouse.rules import Prefix
 from gatehouse.rules.topicids import TopicIds, checks_ids, teaches_ids
+from tests.codec_strategies import build_message, header_tags, message_body
 from tests.test_rules import req, rules
 
 TENANT = ('- name: tenant-a\n  match: {client_id: "^a-"}\n'
@@ -85,6 +89,7 @@ def test_ids_of_the_clients_topics_pass_and_others_get_unknown_topic_id() -> Non
     mine = fetch(MINE)
     decision = policy.on_request(conn(), mine)
     assert isinstance(decision, Forward) and decision.request is mine
+    assert not mine.body_decoded  # its ids read from its bytes
     assert refused == []
 
     for ids in ((THEIRS,), (MINE, THEIRS), (UNSEEN,)):
@@ -240,3 +245,26 @@ async def test_a_large_produce_request_streams_with_the_clients_id_and_is_refuse
             got = await h.client.receive()
         assert got is not None and struct.unpack_from(">i", got)[0] == 6
         assert h.broker.received == [mine[4:]]
+
+
+FETCH_ID_VERSIONS = [v for v in codecs.api(1).versions if v >= 13]
+
+
+@pytest.mark.parametrize("version", FETCH_ID_VERSIONS)
+@settings(max_examples=60, deadline=None, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_a_fetch_requests_topic_ids_are_read_from_its_bytes_as_the_decoder_reads_them(
+        version: int, data: st.DataObject) -> None:
+    """The ids a Fetch request fetches, read from its bytes (what the check reads, not
+    decoding the request), are the decoder's, whatever the body and header tags; cut
+    short, the reader gives up (the check then decodes, which reports the error)."""
+    body = data.draw(message_body(codecs.api(1).request, version))
+    tags = data.draw(header_tags(True))
+    frame = bytes(build_message(1, version, "request", body, tags=tags).encode())
+    decoded = codecs.decode_request(memoryview(frame)).body
+    expected = [t.topic_id.bytes for t in decoded.topics or ()]
+    assert fetch_codec.request_topic_ids(frame, version) == expected
+    cut = data.draw(st.integers(0, len(frame) - 1))
+    found = fetch_codec.request_topic_ids(frame[:cut], version)
+    assert found is None or found == expected[:len(found)]

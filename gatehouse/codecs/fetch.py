@@ -36,16 +36,53 @@ TOPIC_IDS_SINCE: Final = 13
 _PARTITION_FIXED: Final = 4 + 2 + 8 + 8 + 8
 _ABORTED_TRANSACTION: Final = 8 + 8  # ProducerId, FirstOffset (then its tag section)
 _INDEX_CODE: Final = struct.Struct(">ih")  # PartitionIndex, ErrorCode
+_I16: Final = struct.Struct(">h")
+# A request's fields before its topics: ReplicaId (up to v14), MaxWaitMs, MinBytes,
+# MaxBytes, IsolationLevel, SessionId, SessionEpoch.
+_REQUEST_HEAD: Final = {False: 4 + 4 + 4 + 4 + 1 + 4 + 4, True: 4 + 4 + 4 + 1 + 4 + 4}
+_REPLICA_STATE_SINCE: Final = 15  # ReplicaId moved into the tagged ReplicaState
+# A request's partition: Partition, CurrentLeaderEpoch, FetchOffset, LastFetchedEpoch,
+# LogStartOffset, PartitionMaxBytes (then its tag section).
+_REQUEST_PARTITION: Final = 4 + 4 + 8 + 4 + 8 + 4
 
 __all__ = [
     "AnswerWalk",
     "Unexpected",
     "fit_tag_section",
+    "request_topic_ids",
     "response_scan",
     "tag_fields",
     "top_level_tag_fields",
     "top_level_tags",
 ]
+
+def request_topic_ids(frame: Buffer, version: int) -> list[bytes] | None:
+    """The 16 bytes of each topic id a Fetch request (v13+) fetches, in order, read from
+    its bytes (from its api key on) without decoding it; its forgotten topics are not
+    read.  None when the bytes are not what the reader expects (the caller decodes)."""
+    if version < TOPIC_IDS_SINCE:
+        return None
+    view = memoryview(frame)
+    try:
+        (n,) = _I16.unpack_from(view, 8)  # the header's client id
+        pos = 10 + max(n, 0)
+        pos = skip_tags(view, pos) if view[pos] else pos + 1
+        pos += _REQUEST_HEAD[version >= _REPLICA_STATE_SINCE]
+        topics, pos = uvarint(view, pos)
+        ids = []
+        for _ in range(topics - 1):
+            if pos + 16 > len(view):
+                raise Unexpected
+            ids.append(bytes(view[pos:pos + 16]))
+            partitions, pos = uvarint(view, pos + 16)
+            for _ in range(partitions - 1):
+                pos += _REQUEST_PARTITION
+                pos = skip_tags(view, pos) if view[pos] else pos + 1
+            pos = skip_tags(view, pos) if view[pos] else pos + 1
+        return ids
+    except (Unexpected, struct.error, IndexError):
+        return None
+
 
 # Error codes -> how often (the top-level one and every partition's); the numbers of the
 # top-level tagged fields (NodeEndpoints is tag 0); per topic (its name at v12, its id

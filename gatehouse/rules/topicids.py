@@ -33,11 +33,19 @@ from collections.abc import Iterator
 from functools import cache
 from typing import Any
 
-from gatehouse.codecs import FieldSpec, MessageSpec, Request, Response, StructSpec, produce
+from gatehouse.codecs import (
+    FieldSpec,
+    MessageSpec,
+    Request,
+    Response,
+    StructSpec,
+    fetch,
+    produce,
+)
 from gatehouse.codecs.walk import reaches_in, rewrite
 from gatehouse.rules.topics import TopicMap
 
-PRODUCE, METADATA, CONSUMER_GROUP_HEARTBEAT = 0, 3, 68
+PRODUCE, FETCH, METADATA, CONSUMER_GROUP_HEARTBEAT = 0, 1, 3, 68
 _NOT_CHECKED = frozenset({METADATA, CONSUMER_GROUP_HEARTBEAT})
 _FORGOTTEN = "ForgottenTopic"
 _ZERO = bytes(16)  # "no id": a topic named by its name (DeleteTopics v6+, ...)
@@ -78,13 +86,16 @@ def teaches_ids(message: MessageSpec, version: int) -> bool:
 def request_ids(req: Request) -> Iterator[bytes]:
     """The 16 bytes of every topic id a request names that ``checks_ids`` covers (the
     zero id, "no id", left out)."""
-    if req.api_key == PRODUCE and not req.body_decoded and req.frame is not None:
-        # Read from the bytes, as the metrics do: a Produce request is not decoded.
-        topics = produce.request_topics(req.frame, req.api_version, count=False)
-        if topics is not None:
-            for key, *_ in topics:
-                if isinstance(key, bytes) and key != _ZERO:
-                    yield key
+    if req.frame is not None and not req.body_decoded:
+        # Read from the bytes, as the metrics do: Produce and Fetch are not decoded.
+        keys: list[Any] | None = None
+        if req.api_key == PRODUCE:
+            topics = produce.request_topics(req.frame, req.api_version, count=False)
+            keys = None if topics is None else [key for key, *_ in topics]
+        elif req.api_key == FETCH:
+            keys = fetch.request_topic_ids(req.frame, req.api_version)
+        if keys is not None:
+            yield from (key for key in keys if isinstance(key, bytes) and key != _ZERO)
             return
     found: list[bytes] = []
 
