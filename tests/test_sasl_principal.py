@@ -91,3 +91,29 @@ async def test_a_principal_is_the_claimed_user_once_the_broker_accepts_it(
         last = codecs.decode_response(memoryview(answers[-1]), 3, 12)
         assert [t.name for t in last.body.topics] == ["orders"]  # named back
         assert "secret" not in repr(h.conn)  # the password is not kept
+
+
+def test_the_census_counts_live_connections_per_principal() -> None:
+    from gatehouse.metrics import ProxyMetrics
+    from gatehouse.proxy.hooks import ConnectionInfo, Pending
+
+    metrics = ProxyMetrics()
+
+    def live(principal: str) -> float:
+        value = metrics.registry.get_sample_value("gatehouse_principals",
+                                                  {"principal": principal})
+        return value or 0.0
+
+    conns = [ConnectionInfo(id=i, client=f"127.0.0.1:{i}", listener="bootstrap")
+             for i in (1, 2)]
+    for conn in conns:
+        metrics.connection_opened(conn)
+        conn.principal = "alice"
+        metrics.response(conn, Pending(1, 36, 2, 0.0), 10, 0.001)
+    assert live("alice") == 2
+    conns[1].principal = "bob"  # re-authenticated as another user (KIP-368)
+    metrics.response(conns[1], Pending(2, 36, 2, 0.0), 10, 0.001)
+    assert (live("alice"), live("bob")) == (1, 1)
+    for conn in conns:
+        metrics.connection_closed(conn, "client closed")
+    assert (live("alice"), live("bob")) == (0, 0)

@@ -47,7 +47,7 @@ LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0
 # Requests the broker may hold on purpose (long polls): labelled so they don't drown
 # the latency of everything else.
 LONG_POLL_APIS = frozenset({1, 11, 68, 76, 78, 88})  # Fetch, JoinGroup, group heartbeats, ShareFetch
-PRODUCE, FETCH, METADATA, API_VERSIONS = 0, 1, 3, 18
+PRODUCE, FETCH, METADATA, API_VERSIONS, SASL_AUTHENTICATE = 0, 1, 3, 18, 36
 # Topic name -> its counters, including names folded into "other": past this many, a
 # folded name is looked up (and counted as a fold) again each time.
 MAX_CACHED_TOPICS = 100_000
@@ -193,6 +193,8 @@ class ProxyMetrics(Observer):
                                          ["side", "outcome"], registry=r)
         self.clients = Gauge("gatehouse_clients", "Live connections per client software "
                              "(KIP-511)", ["software_name", "software_version"], registry=r)
+        self.principals = Gauge("gatehouse_principals", "Live connections per SASL "
+                                "principal the brokers accepted", ["principal"], registry=r)
         self.topic_records = CounterFamily("gatehouse_topic_records", "Records by client-side "
                                            "topic", ["topic", "direction"])
         self.topic_bytes = CounterFamily("gatehouse_topic_bytes", "Record bytes by client-side "
@@ -226,6 +228,7 @@ class ProxyMetrics(Observer):
         self.topic_label = CappedLabel(label_cap, self.folded, "topic")
         self.software_label = CappedLabel(label_cap, self.folded, "client_software")
         self.broker_label = CappedLabel(label_cap, self.folded, "broker")
+        self.principal_label = CappedLabel(label_cap, self.folded, "principal")
         self.upstream_ok = False
         # What /readyz answers; serve_metrics installs the proxy's own check.
         self.ready_check: Callable[[], bool] = lambda: self.upstream_ok
@@ -234,6 +237,7 @@ class ProxyMetrics(Observer):
         # responses this proxy has seen (bounded; "unknown" until then).
         self.topic_names: dict[bytes, str] = {}  # topic id (16 bytes) -> name
         self._software_of: dict[int, tuple[str, str]] = {}
+        self._principal_of: dict[int, str] = {}  # per live connection: its principal label
         # Per live connection: (api key << 16 | version) -> its requests counter.
         self._conn_requests: dict[int, dict[int, Tally]] = {}
         # Produce request topics as the byte reader names them (a name, or the 16 bytes
@@ -305,7 +309,22 @@ class ProxyMetrics(Observer):
         software = self._software_of.pop(conn.id, None)
         if software is not None:
             self.clients.labels(*software).dec()
+        principal = self._principal_of.pop(conn.id, None)
+        if principal is not None:
+            self.principals.labels(principal).dec()
         self._bytes_in.inc(conn.bytes_from_client)
+
+    def _authenticated(self, conn: ConnectionInfo) -> None:
+        """The census of principals: a connection counts under the one it last
+        authenticated as (KIP-368 re-authentication may change it)."""
+        label = self.principal_label(str(conn.principal))
+        before = self._principal_of.get(conn.id)
+        if before == label:
+            return
+        if before is not None:
+            self.principals.labels(before).dec()
+        self._principal_of[conn.id] = label
+        self.principals.labels(label).inc()
 
     def request(self, conn: ConnectionInfo, req: Request, size: int) -> None:
         # The hot path (every request): counters found through small per-connection and
@@ -404,6 +423,8 @@ class ProxyMetrics(Observer):
                 histogram = self._durations[key] = self.duration.labels(api=_api_name(key),
                                                                         kind=kind)
             histogram.observe(elapsed)
+        if key == SASL_AUTHENTICATE and conn.principal is not None:
+            self._authenticated(conn)
         if frame is None or key not in APIS:
             return
         if key in SCANNED_RESPONSES and pending.decoded is None:

@@ -24,8 +24,10 @@ def test_the_tenant_prefix_follows_the_authenticated_user_not_the_client_id(
                 "client.id": "whatever"}
         sent = produce(conf, name, count=20)
         assert sorted(consume(conf, name, 20)) == sorted(sent)
-        topics = AdminClient(conf).list_topics(timeout=10).topics
+        admin = AdminClient(conf)
+        topics = admin.list_topics(timeout=10).topics
         assert name in topics and tenant_topic not in topics  # its own names only
+        assert proxy.sample("gatehouse_principals", principal=SCRAM_USER) >= 1  # admin's
     assert watermarks(kafka_scram.bootstrap, tenant_topic) == (0, 20)
     assert watermarks(kafka_scram.bootstrap, name) == (0, 0)
 
@@ -33,6 +35,7 @@ def test_the_tenant_prefix_follows_the_authenticated_user_not_the_client_id(
     with ProxyThread(kafka_scram.bootstrap, rules_yaml=RULES) as proxy:
         conf = {"bootstrap.servers": proxy.bootstrap, "client.id": SCRAM_USER}
         produce(conf, name, count=5)
+        assert proxy.sample("gatehouse_principals", principal=SCRAM_USER) == 0
     assert watermarks(kafka_scram.bootstrap, name) == (0, 5)
     assert watermarks(kafka_scram.bootstrap, tenant_topic) == (0, 20)
 
