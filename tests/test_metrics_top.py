@@ -53,6 +53,7 @@ def test_render_from_a_real_registry() -> None:
     metrics.duration.labels(api="Metadata", kind="request").observe(0.004)
     metrics.topic_records.labels(topic="orders", direction="fetch").inc(42)
     metrics.decisions.labels(rule="old-clients", action="refuse").inc()
+    metrics.principals.labels(principal="svc-orders").inc(2)
     second = parse(generate_latest(metrics.registry).decode(), 3.0)
     p50, _ = latency_quantiles(first, second)["Metadata"]
     assert 0.0025 < p50 <= 0.005
@@ -63,3 +64,5 @@ def test_render_from_a_real_registry() -> None:
     fetch = next(line for line in shown.splitlines() if "Fetch" in line)
     assert "5" in fetch.split("│")[2]  # 10 requests in 2 s
     assert "orders" in shown and "old-clients" in shown
+    principal = next(line for line in shown.splitlines() if "principal: svc-orders" in line)
+    assert principal.split("│")[3].strip() == "2"  # its live connections

@@ -213,6 +213,10 @@ def render(prev: Snapshot | None, cur: Snapshot, url: str) -> RenderableType:
                                        ("protocol_type", "protocol")).items() if v}
     for key in _top(groups):
         census.add_row(f"group: {key[0]}", key[1], f"{_num(groups[key])} group(s)")
+    principals = {k: v for k, v in grouped(cur, "gatehouse_principals",
+                                           ("principal",)).items() if v}
+    for key in _top(principals):
+        census.add_row(f"principal: {key[0]}", "", _num(principals[key]))
 
     topics = _table("Top topics", [("topic", "left"), ("produced rec/s", "right"),
                                    ("fetched rec/s", "right"), ("produced", "right"),
