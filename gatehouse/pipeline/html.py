@@ -155,6 +155,11 @@ def _refuses(rule: Any) -> bool:
                 or rule.unknown_software == "refuse")
 
 
+def _principals(row: Any) -> list[str]:
+    # A census table written before the log recorded principals has no such column.
+    return list(getattr(row, "principals", None) or ())
+
+
 def _census_section(data: Any) -> str:
     census = data.census
     chart = bar_chart("Requests by client software (KIP-511 name and version)",
@@ -166,6 +171,7 @@ def _census_section(data: Any) -> str:
         rows.append(
             f"<tr><td>{_e(r.software_name)}</td><td>{_e(r.software_version)}</td>"
             f"<td>{_e(libraries)}</td><td>{_e(', '.join(r.client_ids))}</td>"
+            f"<td>{_e(', '.join(_principals(r)))}</td>"
             f"<td>{_e(', '.join(r.addresses))}</td><td>{_e(apis)}</td>"
             f"<td class=n>{_n(r.connections)}</td><td class=n>{_n(r.requests)}</td>"
             f"<td>{_t(r.first_seen)}</td><td>{_t(r.last_seen)}</td></tr>")
@@ -186,7 +192,7 @@ def _census_section(data: Any) -> str:
     return (
         "<h2>Who connects: client census</h2>" + chart +
         "<table><tr><th>Software</th><th>Version</th><th>Libraries</th><th>Client ids</th>"
-        "<th>Source addresses</th><th>APIs and versions used</th><th>Connections</th>"
+        "<th>SASL principals</th><th>Source addresses</th><th>APIs and versions used</th><th>Connections</th>"
         "<th>Requests</th><th>First seen</th><th>Last seen</th></tr>" + "".join(rows) +
         "</table><h2>API versions in use</h2><p class=note>Before raising a minimum version: "
         "the clients still on each version.</p><table><tr><th>API</th><th>Version</th>"

@@ -30,8 +30,8 @@ PERCENTILE_ACCURACY = 1000  # percentile_approx: rank error about 1/1000 of the 
 # What the report reads of each record (the JSON reader skips the rest unparsed).
 READ_FIELDS = frozenset({
     "time", "proxy", "run", "conn", "client", "listener", "client_id", "software_name",
-    "software_version", "api", "api_key", "api_version", "latency_ms", "error_count",
-    "topics", "sample"})
+    "software_version", "principal", "api", "api_key", "api_version", "latency_ms",
+    "error_count", "topics", "sample"})
 READ_TOPIC_FIELDS = frozenset({"name", "id", "records", "bytes"})
 # The throughput collector for the driver and the executors (a ``--conf`` of the same key
 # replaces it): the report is a batch job, and G1's concurrent threads and write barriers
@@ -151,8 +151,8 @@ def read_captures(spark: Any, options: ReportOptions) -> Any:
     weight = F.lit(1.0) / F.when(F.col("sample") > 0, F.col("sample")).otherwise(F.lit(1.0))
     df = df.select(
         "time", "proxy", "run", "conn", "client", "listener", "client_id", "software_name",
-        "software_version", "api", "api_key", "api_version", "latency_ms", "error_count",
-        "topics", weight.alias("weight"))
+        "software_version", "principal", "api", "api_key", "api_version", "latency_ms",
+        "error_count", "topics", weight.alias("weight"))
     if has_json:
         df = df.persist(StorageLevel.MEMORY_AND_DISK)
     return df
@@ -177,8 +177,8 @@ def facts_table(df: Any, with_topics: bool = True) -> Any:
     only rules that rename topics read them."""
     from pyspark.sql import functions as F
 
-    keys = ["software_name", "software_version", "client_id", "client", "listener", "proxy",
-            "run", "conn", "api", "api_key", "api_version"]
+    keys = ["software_name", "software_version", "client_id", "client", "listener",
+            "principal", "proxy", "run", "conn", "api", "api_key", "api_version"]
     if with_topics:
         df = df.select(*keys, "time", "weight", F.col("topics.name").alias("topic_list"))
         keys.append("topic_list")
@@ -191,7 +191,7 @@ def facts_table(df: Any, with_topics: bool = True) -> Any:
                     F.min("time").alias("first_seen"), F.max("time").alias("last_seen")))
     return (grouped.select(
         "software_name", "software_version", "client_id", "client",
-        _client_host(F).alias("client_host"), "listener",
+        _client_host(F).alias("client_host"), "listener", "principal",
         F.concat_ws("/", "proxy", "run", "conn").alias("connection"), "api", "api_key",
         "api_version", topic_names.alias("topic_names"), "requests", "records",
         "first_seen", "last_seen")
@@ -205,13 +205,14 @@ def census_table(facts: Any, libraries: dict[tuple[str, str], dict[str, str]]) -
     fine = facts.select(
         F.coalesce("software_name", F.lit("(not reported)")).alias("software_name"),
         F.coalesce("software_version", F.lit("")).alias("software_version"),
-        "client_id", "client_host", "connection", "api", "api_version", "requests",
-        "first_seen", "last_seen")
+        "client_id", "client_host", "principal", "connection", "api", "api_version",
+        "requests", "first_seen", "last_seen")
     # Two aggregations (by API version, then by software): sets are merged, not recounted.
     per_api = fine.groupBy("software_name", "software_version", "api", "api_version").agg(
         F.sum("requests").alias("requests"), F.collect_set("connection").alias("connections"),
         F.collect_set("client_id").alias("client_ids"),
         F.collect_set("client_host").alias("addresses"),
+        F.collect_set("principal").alias("principals"),
         F.min("first_seen").alias("first_seen"), F.max("last_seen").alias("last_seen"))
 
     def merged(column: str) -> Any:
@@ -222,6 +223,7 @@ def census_table(facts: Any, libraries: dict[tuple[str, str], dict[str, str]]) -
         F.size(merged("connections")).cast("long").alias("connections"),
         F.slice(F.sort_array(merged("client_ids")), 1, MAX_LISTED).alias("client_ids"),
         F.slice(F.sort_array(merged("addresses")), 1, MAX_LISTED).alias("addresses"),
+        F.slice(F.sort_array(merged("principals")), 1, MAX_LISTED).alias("principals"),
         F.timestamp_seconds(F.min("first_seen")).alias("first_seen"),
         F.timestamp_seconds(F.max("last_seen")).alias("last_seen"),
         F.sort_array(F.collect_list(F.struct(

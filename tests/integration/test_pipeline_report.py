@@ -103,6 +103,7 @@ def test_report_local(captured: Captured) -> None:
     by_name = {(r["software_name"], r["software_version"]): r for r in census}
     kp = by_name[("kafka-python", kafka_python_version)]
     assert "kp-legacy" in kp["client_ids"] and kp["addresses"] == ["127.0.0.1"]
+    assert kp["principals"] == []  # no SASL here
     assert {(a["api"], a["api_version"]) for a in kp["apis"]} >= {
         ("Produce", v) for v in captured.produce_versions["kp-legacy"]}
     librdkafka = [r for r in census if dict(r["libraries"] or []).get("librdkafka")

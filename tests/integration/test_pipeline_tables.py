@@ -42,6 +42,9 @@ rules:
   - name: tenant
     match: {client_id: "^staging-"}
     topic_prefix: staging.
+  - name: alice-modern-fetch
+    match: {principal: "^alice$"}
+    min_api_version: {Fetch: 12}
 """
 API = {0: "Produce", 1: "Fetch", 3: "Metadata", 18: "ApiVersions"}
 VERSIONS = {0: [3, 9], 1: [4, 11, 16], 3: [1, 12], 18: [0, 3]}
@@ -56,17 +59,19 @@ def records(count: int) -> list[dict[str, object]]:
                                ("apache-kafka-java", "3.7.0")])
         clients.append((conn, f"10.{rng.choice([1, 2])}.0.{rng.randrange(1, 5)}:"
                         f"{rng.randrange(30000, 30100)}", rng.choice(["bootstrap", "broker-1"]),
-                        rng.choice([None, "legacy-a", "staging-b", "app"]), *software))
+                        rng.choice([None, "legacy-a", "staging-b", "app"]),
+                        rng.choice([None, "alice", "bob"]), *software))
     out = []
     for i in range(count):
-        conn, client, listener, client_id, name, version = rng.choice(clients)
+        conn, client, listener, client_id, principal, name, version = rng.choice(clients)
         key = rng.choice(list(API))
         topics = [{"name": t, "id": None, "records": 1, "bytes": 10}
                   for t in rng.sample(["orders", "staging.logs", "clicks"], rng.randrange(3))
                   ] if key in (0, 1, 3) else []
         out.append({"v": SCHEMA_VERSION, "time": 1_700_000_000 + i, "proxy": "p", "run": "r",
                     "conn": conn, "client": client, "listener": listener,
-                    "client_id": client_id, "software_name": name, "software_version": version,
+                    "client_id": client_id, "principal": principal,
+                    "software_name": name, "software_version": version,
                     "api": API[key], "api_key": key, "api_version": rng.choice(VERSIONS[key]),
                     "latency_ms": 1.0, "error_count": 0, "topics": topics, "sample": 1.0})
     return out
@@ -98,7 +103,8 @@ def test_impact_says_what_deciding_each_record_says(tmp_path: Path) -> None:
         got[(r["rule"], r["action"], r["effect"], r["client_id"], r["client_host"], r["api"],
              r["api_version"])] += r["requests"]
     assert {rule for rule, *_ in expected} == {
-        "no-legacy-metadata", "inside-only", "modern-librdkafka", "tenant"}
+        "no-legacy-metadata", "inside-only", "modern-librdkafka", "tenant",
+        "alice-modern-fetch"}
     assert got == expected
 
 
