@@ -411,14 +411,8 @@ class ProxyConnection:
                 context=decision.context,
                 policy=policy,
             )
-            if header.api_key == SASL_HANDSHAKE:
-                mechanism = self.sasl_mechanism = str(decision.request.body.mechanism).upper()
-                if header.api_version == 0:
-                    self.sasl_raw_rounds = SASL_RAW_ROUNDS.get(mechanism)
-            elif header.api_key == SASL_AUTHENTICATE:
-                # The name the client claims: its principal once the broker says yes.
-                pending.sasl_user = claimed_user(self.sasl_mechanism,
-                                                 decision.request.body.auth_bytes)
+            if header.api_key in (SASL_HANDSHAKE, SASL_AUTHENTICATE):
+                self._sasl_request(decision.request, pending)
             await self._forward(wire if out is frame else out,
                                 pending if expects_response else None, prefixed=out is frame)
         elif isinstance(decision, Respond):
@@ -938,6 +932,21 @@ class ProxyConnection:
             return frame
         except ProtocolError as exc:
             self._malformed("response", exc)
+
+    def _sasl_request(self, req: Request, pending: Pending) -> None:
+        """SaslHandshake: its mechanism (and v0's raw tokens to pass on); SaslAuthenticate:
+        the name the client claims, its principal once the broker says yes.  A version
+        the codec has no table for, or a body it cannot read, is the broker's to judge:
+        the connection just has no principal."""
+        try:
+            if req.api_key == SASL_HANDSHAKE:
+                mechanism = self.sasl_mechanism = str(req.body.mechanism).upper()
+                if req.api_version == 0:
+                    self.sasl_raw_rounds = SASL_RAW_ROUNDS.get(mechanism)
+            else:
+                pending.sasl_user = claimed_user(self.sasl_mechanism, req.body.auth_bytes)
+        except (ProtocolError, UnknownApi):
+            pass
 
     def _authenticated(self, frame: memoryview, pending: Pending) -> None:
         """A SaslAuthenticate answer: with no error, the client is the user it claimed."""
