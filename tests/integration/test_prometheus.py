@@ -220,7 +220,7 @@ def send_garbage(port: int) -> None:
 
 
 def test_every_dashboard_and_alert_expression_returns_data(
-        kafka: KafkaCluster, tmp_path: Path,
+        kafka: KafkaCluster, kafka_scram: KafkaCluster, tmp_path: Path,
         processes: list[subprocess.Popen[bytes]]) -> None:
     prometheus = tool("prometheus")
     topic = unique("dash")
@@ -232,6 +232,10 @@ def test_every_dashboard_and_alert_expression_returns_data(
     dead_upstream = f"127.0.0.1:{free_port()}"  # nothing listens there
     dead, dead_port, dead_metrics, _ = start_gatehouse(tmp_path, "dead", dead_upstream, rules)
     processes.append(dead)
+    # In front of a SASL listener: the principals' census.
+    sasl, sasl_port, sasl_metrics, _ = start_gatehouse(tmp_path, "sasl",
+                                                       kafka_scram.sasl_bootstrap, rules)
+    processes.append(sasl)
 
     prom_port = free_port()
     config = tmp_path / "prometheus.yml"
@@ -240,7 +244,8 @@ def test_every_dashboard_and_alert_expression_returns_data(
                    "scrape_timeout": "1s"},
         "rule_files": [str(ALERTS)],
         "scrape_configs": [{"job_name": "gatehouse", "static_configs": [{"targets": [
-            f"127.0.0.1:{live_metrics}", f"127.0.0.1:{dead_metrics}"]}]}],
+            f"127.0.0.1:{live_metrics}", f"127.0.0.1:{dead_metrics}",
+            f"127.0.0.1:{sasl_metrics}"]}]}],
     }))
     prom = subprocess.Popen(
         [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
@@ -256,7 +261,7 @@ def test_every_dashboard_and_alert_expression_returns_data(
         time.sleep(0.1)
     # Both targets scraped once before the events the alerts watch for, so their
     # counters have a "before" sample.
-    while len([s for s in api.query('up{job="gatehouse"} == 1')]) < 2:
+    while len([s for s in api.query('up{job="gatehouse"} == 1')]) < 3:
         assert time.monotonic() < deadline, api.get("/api/v1/targets")
         time.sleep(0.2)
 
@@ -267,6 +272,10 @@ def test_every_dashboard_and_alert_expression_returns_data(
                                args=(f"127.0.0.1:{port}", f"127.0.0.1:{dead_port}", topic,
                                      stop, errors, refused), daemon=True)
     traffic.start()
+    # An authenticated client that stays connected (SCRAM, as the broker's user).
+    authenticated = AdminClient({**kafka_scram.client_config(sasl=True), "log_level": 0,
+                                 "bootstrap.servers": f"127.0.0.1:{sasl_port}"})
+    assert authenticated.list_topics(timeout=30).topics is not None
     try:
         send_garbage(port)
         # A rules reload that fails: the old rules stay, the alert must fire.
