@@ -108,3 +108,27 @@ def test_a_deeply_nested_file_is_a_config_error(tmp_path: Path,
     assert str(path) in str(info.value)
     assert main(["check", "--config", str(path)]) == 1
     assert "nested too deeply" in capsys.readouterr().err
+
+
+def test_check_advises_on_tenant_rules_that_do_not_keep_tenants_apart(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A prefix that hides other tenants but tells tenants apart by their client id (any
+    client may claim one), or leaves their groups and transactional ids shared: still
+    valid, but `gatehouse check` says so, with the rule's line."""
+    path = tmp_path / "proxy.yaml"
+    path.write_text(
+        "listen: 127.0.0.1:9192\nupstream: [127.0.0.1:9092]\nrules:\n"
+        "  - name: claimed\n    match: {client_id: '^a-'}\n"
+        "    topic_prefix: {broker: a., hide_others: true}\n"
+        "  - name: proven\n    match: {principal: '^b$'}\n"
+        "    topic_prefix: {broker: b., hide_others: true, groups: true,"
+        " transactional_ids: true}\n"
+        "  - name: open\n    match: {client_id: '^c-'}\n    topic_prefix: c.\n")
+    assert main(["check", "--config", str(path)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2, err
+    assert err[0].startswith(f"warning: {path}:4: rule claimed: keeps tenants apart")
+    assert "match on principal (SASL) or source" in err[0]
+    assert err[1] == (f"warning: {path}:4: rule claimed: hides other tenants' topics but "
+                      "their groups and transactional ids stay shared: add groups: true, "
+                      "transactional_ids: true")

@@ -86,6 +86,8 @@ def _check(path: str) -> int:
         return 1
     print(f"{path}: ok (listen {config.listen}, upstream "
           f"{', '.join(map(str, config.upstream))})")
+    for advice in _policy.ruleset.advice():
+        print(f"warning: {advice}", file=sys.stderr)
     return 0
 
 
@@ -98,6 +100,8 @@ def _run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     setup_logging(args.log_level or config.log_level, args.log_json or config.log_json)
+    for advice in policy.ruleset.advice():
+        log_event(logger, logging.WARNING, "rules advice", advice=advice)
     try:
         trio.run(run_configured, config, policy, args.config)
     except KeyboardInterrupt:  # a second Ctrl-C while draining

@@ -369,6 +369,8 @@ class Reloader:
         self.last_error = None
         log_event(logger, logging.INFO, "rules reloaded", rules=len(ruleset.rules),
                   source=ruleset.source)
+        for advice in ruleset.advice():
+            log_event(logger, logging.WARNING, "rules advice", advice=advice)
         for listener in self.listeners:
             listener(True)
         return True

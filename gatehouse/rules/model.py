@@ -21,7 +21,7 @@ from gatehouse.rules.errors import (
     CLUSTER_AUTHORIZATION_FAILED,
     UNSUPPORTED_VERSION,
 )
-from gatehouse.rules.topics import Chain, Prefix, Rename, TopicMap
+from gatehouse.rules.topics import GROUP, TRANSACTION, Chain, Prefix, Rename, TopicMap
 
 Mode = Literal["enforce", "observe"]
 API_VERSIONS = 18
@@ -265,6 +265,33 @@ class RuleSet:
             # possible, so the API is left out and requests to it are refused.
             return None
         return lo, hi
+
+    def advice(self) -> list[str]:
+        """Warnings about rules that do what they say but may not do what is meant
+        (``file:line: rule NAME: ...``): a prefix that hides other tenants but trusts
+        the client id to tell tenants apart, or leaves their groups and transactional
+        ids shared."""
+        out = []
+        for rule in self.rules:
+            topic_map = rule.topic_map
+            if rule.mode != "enforce" or topic_map is None or not topic_map.hides_others:
+                continue
+            where = f"{self.source}:{rule.line}" if rule.line is not None else self.source
+            match = rule.match
+            if match.principal is None and not match.sources and (
+                    match.client_id is not None or match.software_name is not None
+                    or match.software_version is not None):
+                out.append(f"{where}: rule {rule.name}: keeps tenants apart (hide_others) "
+                           "but tells them apart by what a client says of itself (client "
+                           "id, software), which any client may claim: match on "
+                           "principal (SASL) or source instead")
+            shared = [key for key, kind in (("groups", GROUP), ("transactional_ids", TRANSACTION))
+                      if kind not in topic_map.id_kinds]
+            if shared:
+                out.append(f"{where}: rule {rule.name}: hides other tenants' topics but "
+                           f"their {' and '.join(shared).replace('_', ' ')} stay shared: "
+                           f"add {', '.join(key + ': true' for key in shared)}")
+        return out
 
     @property
     def has_topic_maps(self) -> bool:
