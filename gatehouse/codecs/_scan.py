@@ -38,6 +38,17 @@ def uvarint(view: memoryview, pos: int) -> tuple[int, int]:
             raise Unexpected
 
 
+def request_body_at(view: memoryview, flexible: bool) -> int:
+    """Where a request's body begins, its frame read from the api key on: after the
+    header's client id (a nullable int16 string in every header version) and, in a
+    flexible version, the header's tag section."""
+    n: int = I16.unpack_from(view, 8)[0]
+    pos = 10 + max(n, 0)
+    if flexible:
+        pos = skip_tags(view, pos) if view[pos] else pos + 1
+    return pos
+
+
 def skip_tags(view: memoryview, pos: int) -> int:
     return read_tag_numbers(view, pos)[1]
 

@@ -23,6 +23,7 @@ from gatehouse.codecs._scan import (
     Unexpected,
     fit_tag_section,
     last_tags,
+    request_body_at,
     skip_tags,
     tag_fields,
     uvarint,
@@ -36,7 +37,6 @@ TOPIC_IDS_SINCE: Final = 13
 _PARTITION_FIXED: Final = 4 + 2 + 8 + 8 + 8
 _ABORTED_TRANSACTION: Final = 8 + 8  # ProducerId, FirstOffset (then its tag section)
 _INDEX_CODE: Final = struct.Struct(">ih")  # PartitionIndex, ErrorCode
-_I16: Final = struct.Struct(">h")
 # A request's fields before its topics: ReplicaId (up to v14), MaxWaitMs, MinBytes,
 # MaxBytes, IsolationLevel, SessionId, SessionEpoch.
 _REQUEST_HEAD: Final = {False: 4 + 4 + 4 + 4 + 1 + 4 + 4, True: 4 + 4 + 4 + 1 + 4 + 4}
@@ -64,10 +64,7 @@ def request_topic_ids(frame: Buffer, version: int) -> list[bytes] | None:
         return None
     view = memoryview(frame)
     try:
-        (n,) = _I16.unpack_from(view, 8)  # the header's client id
-        pos = 10 + max(n, 0)
-        pos = skip_tags(view, pos) if view[pos] else pos + 1
-        pos += _REQUEST_HEAD[version >= _REPLICA_STATE_SINCE]
+        pos = request_body_at(view, True) + _REQUEST_HEAD[version >= _REPLICA_STATE_SINCE]
         topics, pos = uvarint(view, pos)
         ids = []
         for _ in range(topics - 1):

@@ -21,7 +21,7 @@ from gatehouse.codecs._scan import I16 as _I16
 from gatehouse.codecs._scan import TopicCounts as TopicCounts  # re-exported
 from gatehouse.codecs._scan import Unexpected as _Unexpected
 from gatehouse.codecs._scan import array as _array
-from gatehouse.codecs._scan import last_tags
+from gatehouse.codecs._scan import last_tags, request_body_at
 from gatehouse.codecs._scan import skip_string as _skip_string
 from gatehouse.codecs._scan import skip_tags as _skip_tags
 from gatehouse.codecs._scan import uvarint as _uvarint
@@ -187,16 +187,11 @@ def request_topics(frame: Buffer, version: int, spans: list[tuple[int, int]] | N
 def _topics_at(view: memoryview, flexible: bool) -> tuple[int, int]:
     """A Produce request's number of topics and where the first begins (the frame from
     its api key on; v3+)."""
-    # The header's client id (a nullable int16 string in every header version).
-    (n,) = _I16.unpack_from(view, 8)
-    pos = 10 + max(n, 0)
-    if not flexible:
-        pos = _skip_string(view, pos, flexible)  # TransactionalId
-    elif view[pos] == 0 and view[pos + 1] == 0:
-        pos += 2  # no header tags, a null TransactionalId: the usual case
+    pos = request_body_at(view, flexible)
+    if flexible and view[pos] == 0:
+        pos += 1  # a null TransactionalId: the usual case
     else:
-        pos = _skip_tags(view, pos) if view[pos] else pos + 1
-        pos = _skip_string(view, pos, flexible)
+        pos = _skip_string(view, pos, flexible)  # TransactionalId
     pos += 6  # Acks, TimeoutMs
     if flexible and (topics := view[pos] - 1) >= 0 and topics < 0x7F:
         return topics, pos + 1
@@ -347,10 +342,8 @@ def _transaction_change(view: memoryview, version: int,
     ``rename``d (none when it is null, unchanged or ``rename`` is None), and where the
     id ends."""
     flexible = version >= FLEXIBLE_SINCE
-    (n,) = _I16.unpack_from(view, 8)  # the header's client id
-    pos = 10 + max(n, 0)
+    pos = request_body_at(view, flexible)
     if flexible:
-        pos = _skip_tags(view, pos) if view[pos] else pos + 1
         length, start = _uvarint(view, pos)
         length -= 1
     else:
