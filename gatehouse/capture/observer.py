@@ -35,6 +35,8 @@ from gatehouse.proxy.hooks import (
     scanned_response,
 )
 from gatehouse.rules import Chain, Outcome, RuleSet, TopicMap
+from gatehouse.rules.topicids import is_topic_id_field
+from gatehouse.rules.topics import is_topic_field
 
 if TYPE_CHECKING:
     from gatehouse.capture.kafka_sink import KafkaSink
@@ -344,8 +346,7 @@ class CaptureObserver(Observer):
 
 
 def _is_topic_field(f: FieldSpec) -> bool:
-    return (f.entity == "topicName" and f.type == "string") or (
-        f.attr == "topic_id" and f.type == "uuid" and not f.is_array)
+    return is_topic_field(f) or is_topic_id_field(f)
 
 
 def _walk_topics(message: Any, version: int, body: Any

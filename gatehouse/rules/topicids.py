@@ -43,7 +43,7 @@ from gatehouse.codecs import (
     produce,
 )
 from gatehouse.codecs.walk import reaches_in, rewrite
-from gatehouse.rules.topics import TopicMap
+from gatehouse.rules.topics import TopicMap, is_topic_field
 
 PRODUCE, FETCH, METADATA, CONSUMER_GROUP_HEARTBEAT = 0, 1, 3, 68
 _NOT_CHECKED = frozenset({METADATA, CONSUMER_GROUP_HEARTBEAT})
@@ -52,19 +52,20 @@ _ZERO = bytes(16)  # "no id": a topic named by its name (DeleteTopics v6+, ...)
 DEFAULT_LIMIT = 100_000  # ids remembered; a cluster with more topics re-learns on a miss
 
 
-def _is_id_field(f: FieldSpec) -> bool:
+def is_topic_id_field(f: FieldSpec) -> bool:
+    """A field holding one topic's id (KIP-516)."""
     return f.attr == "topic_id" and f.type == "uuid" and not f.is_array
 
 
 def _is_name_field(f: FieldSpec) -> bool:
-    return f.entity == "topicName" and f.type == "string" and not f.is_array
+    return is_topic_field(f) and not f.is_array
 
 
 @cache
 def checks_ids(message: MessageSpec, api_key: int, version: int) -> bool:
     """Whether ``version`` of the request ``message`` names topics by id, and those ids
     are checked under a map that hides other tenants' topics."""
-    return api_key not in _NOT_CHECKED and reaches_in(message, _is_id_field, version)
+    return api_key not in _NOT_CHECKED and reaches_in(message, is_topic_id_field, version)
 
 
 @cache
@@ -72,14 +73,14 @@ def _pairs(struct: StructSpec, version: int) -> tuple[str, str] | None:
     """(name attribute, id attribute) when ``struct`` holds a topic's name and id."""
     fields = [f for f in struct.fields if version in f.versions]
     name = next((f.attr for f in fields if _is_name_field(f)), None)
-    topic_id = next((f.attr for f in fields if _is_id_field(f)), None)
+    topic_id = next((f.attr for f in fields if is_topic_id_field(f)), None)
     return (name, topic_id) if name is not None and topic_id is not None else None
 
 
 @cache
 def teaches_ids(message: MessageSpec, version: int) -> bool:
     """Whether ``version`` of the response ``message`` pairs topic names with ids."""
-    return reaches_in(message, _is_id_field, version) and reaches_in(
+    return reaches_in(message, is_topic_id_field, version) and reaches_in(
         message, _is_name_field, version)
 
 
@@ -106,7 +107,7 @@ def request_ids(req: Request) -> Iterator[bytes]:
                 found.append(value.bytes)
         return record
 
-    rewrite(req.api.request, req.api_version, req.body, _is_id_field, visit)
+    rewrite(req.api.request, req.api_version, req.body, is_topic_id_field, visit)
     yield from found
 
 
@@ -133,7 +134,7 @@ class TopicIds:
                         names[key] = name
             return record
 
-        rewrite(resp.api.response, resp.api_version, resp.body, _is_id_field, visit)
+        rewrite(resp.api.response, resp.api_version, resp.body, is_topic_id_field, visit)
 
     def shown(self, topic_id: bytes, mapping: TopicMap) -> bool | None:
         """Whether the client under ``mapping`` may name the topic ``topic_id``: None

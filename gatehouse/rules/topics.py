@@ -223,7 +223,8 @@ def _word_pattern(names: tuple[str, ...]) -> re.Pattern[str] | None:
 # -- where names are ------------------------------------------------------------------
 
 
-def _is_topic_field(f: FieldSpec) -> bool:
+def is_topic_field(f: FieldSpec) -> bool:
+    """A field the specs mark as a topic name (a string, or an array of them)."""
     return f.entity == "topicName" and f.type == "string"
 
 
@@ -237,13 +238,13 @@ def _has_direct(struct: StructSpec | None, is_name: Callable[[FieldSpec], bool])
 
 
 def _request_predicate(f: FieldSpec) -> bool:
-    return _is_topic_field(f) or _is_resource_field(f)
+    return is_topic_field(f) or _is_resource_field(f)
 
 
 def _response_predicate(f: FieldSpec) -> bool:
-    return (_is_topic_field(f) or _is_resource_field(f)
+    return (is_topic_field(f) or _is_resource_field(f)
             or (f.attr == "error_message" and f.type == "string")
-            or (f.is_array and _has_direct(f.struct, _is_topic_field)))
+            or (f.is_array and _has_direct(f.struct, is_topic_field)))
 
 
 def _id_kind(f: FieldSpec) -> str | None:
@@ -345,10 +346,10 @@ def _visit_plan(struct: StructSpec, to_client: bool, kinds: IdKinds
         kind = _id_kind(f)
         if kind not in kinds:
             kind = None
-        if _is_topic_field(f) or kind or _is_resource_field(f):
+        if is_topic_field(f) or kind or _is_resource_field(f):
             plan.append((f.attr, _NAMES if f.is_array else _NAME,
                          bool(f.map_key) or _has_key_role(f),
-                         _TOPIC if _is_topic_field(f) else kind or _RESOURCE))
+                         _TOPIC if is_topic_field(f) else kind or _RESOURCE))
         elif to_client and f.attr == "error_message" and f.type == "string":
             plan.append((f.attr, _MESSAGE, False, _TOPIC))
         elif f.is_array and f.struct is not None:
@@ -651,7 +652,7 @@ def topic_names(req: Request) -> Sequence[str]:
             value = getattr(record, f.attr, None)
             if value is None:
                 continue
-            if _is_topic_field(f) or (is_resource and _is_resource_field(f)):
+            if is_topic_field(f) or (is_resource and _is_resource_field(f)):
                 names.extend(value if f.is_array else [value])
         return record
 
