@@ -155,11 +155,6 @@ def _refuses(rule: Any) -> bool:
                 or rule.unknown_software == "refuse")
 
 
-def _principals(row: Any) -> list[str]:
-    # A census table written before the log recorded principals has no such column.
-    return list(getattr(row, "principals", None) or ())
-
-
 def _census_section(data: Any) -> str:
     census = data.census
     chart = bar_chart("Requests by client software (KIP-511 name and version)",
@@ -171,7 +166,7 @@ def _census_section(data: Any) -> str:
         rows.append(
             f"<tr><td>{_e(r.software_name)}</td><td>{_e(r.software_version)}</td>"
             f"<td>{_e(libraries)}</td><td>{_e(', '.join(r.client_ids))}</td>"
-            f"<td>{_e(', '.join(_principals(r)))}</td>"
+            f"<td>{_e(', '.join(r.principals))}</td>"
             f"<td>{_e(', '.join(r.addresses))}</td><td>{_e(apis)}</td>"
             f"<td class=n>{_n(r.connections)}</td><td class=n>{_n(r.requests)}</td>"
             f"<td>{_t(r.first_seen)}</td><td>{_t(r.last_seen)}</td></tr>")
