@@ -193,8 +193,9 @@ class ProxyMetrics(Observer):
                                          ["side", "outcome"], registry=r)
         self.clients = Gauge("gatehouse_clients", "Live connections per client software "
                              "(KIP-511)", ["software_name", "software_version"], registry=r)
-        self.principals = Gauge("gatehouse_principals", "Live connections per SASL "
-                                "principal the brokers accepted", ["principal"], registry=r)
+        self.principals = Gauge("gatehouse_principals", "Live connections per "
+                                "principal: the SASL user the brokers accepted, or the "
+                                "verified client certificate's subject", ["principal"], registry=r)
         self.topic_records = CounterFamily("gatehouse_topic_records", "Records by client-side "
                                            "topic", ["topic", "direction"])
         self.topic_bytes = CounterFamily("gatehouse_topic_bytes", "Record bytes by client-side "
@@ -298,6 +299,8 @@ class ProxyMetrics(Observer):
         for side in ("client", "broker"):
             self.open_connections[side] += 1
             self.connections_total.labels(side=side, outcome="opened").inc()
+        if conn.principal is not None:  # a verified client certificate's
+            self._authenticated(conn)
 
     def connection_closed(self, conn: ConnectionInfo, reason: str) -> None:
         outcome = "clean" if reason in ("client closed", "proxy shutting down") else "error"
@@ -316,7 +319,8 @@ class ProxyMetrics(Observer):
 
     def _authenticated(self, conn: ConnectionInfo) -> None:
         """The census of principals: a connection counts under the one it last
-        authenticated as (KIP-368 re-authentication may change it)."""
+        authenticated as (its certificate's, then SASL's; KIP-368 re-authentication may
+        change it)."""
         label = self.principal_label(str(conn.principal))
         before = self._principal_of.get(conn.id)
         if before == label:

@@ -187,7 +187,7 @@ def _census_section(data: Any) -> str:
     return (
         "<h2>Who connects: client census</h2>" + chart +
         "<table><tr><th>Software</th><th>Version</th><th>Libraries</th><th>Client ids</th>"
-        "<th>SASL principals</th><th>Source addresses</th><th>APIs and versions used</th><th>Connections</th>"
+        "<th>Principals</th><th>Source addresses</th><th>APIs and versions used</th><th>Connections</th>"
         "<th>Requests</th><th>First seen</th><th>Last seen</th></tr>" + "".join(rows) +
         "</table><h2>API versions in use</h2><p class=note>Before raising a minimum version: "
         "the clients still on each version.</p><table><tr><th>API</th><th>Version</th>"

@@ -28,7 +28,8 @@ class ConnectionInfo:
     client_id: str | None = None
     software_name: str | None = None  # KIP-511, from ApiVersions v3+
     software_version: str | None = None
-    # The SASL user the broker accepted the client as, if any (codecs.sasl).
+    # Who the client is: the SASL user the broker accepted (codecs.sasl), else the subject
+    # of the certificate the client CA verified (proxy.tls), else None.
     principal: str | None = None
     opened: float = field(default_factory=time.monotonic)
     requests: int = 0

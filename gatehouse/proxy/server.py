@@ -24,7 +24,7 @@ from gatehouse.proxy.addresses import BrokerAddress
 from gatehouse.proxy.config import Address, ProxyConfig
 from gatehouse.proxy.connection import ConnectionContext, ProxyConnection
 from gatehouse.proxy.hooks import ConnectionInfo, Observer, Observers, Policy
-from gatehouse.proxy.tls import upstream_ssl_context
+from gatehouse.proxy.tls import certificate_principal, upstream_ssl_context
 
 logger = logging.getLogger("gatehouse.proxy")
 
@@ -225,6 +225,9 @@ class Proxy:
                     await _aclose(stream)
                     return
                 client = tls
+                # A certificate the client CA verified names the client (SASL, if it
+                # follows, names it again): the brokers only ever see the proxy.
+                conn.principal = certificate_principal(tls.getpeercert())
             try:
                 upstream, target = await self.open_upstream(node_id)
             except UpstreamUnavailable as exc:

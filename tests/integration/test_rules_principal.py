@@ -1,10 +1,19 @@
-"""Rules that match the SASL principal, on a real Apache Kafka broker with SCRAM: the
-tenant prefix follows the user the broker accepted, not the client id a client picks."""
+"""Rules that match the principal, on a real Apache Kafka broker: with SCRAM, the
+tenant prefix follows the user the broker accepted, not the client id a client picks;
+with mutual TLS at the proxy, it follows the subject of the client's certificate."""
 
 from __future__ import annotations
 
+import socket
+import ssl
+import struct
+from pathlib import Path
+
+import pytest
+import trustme
 from confluent_kafka.admin import AdminClient
 
+from gatehouse import codecs
 from tests.support.clients import consume, produce, unique, watermarks
 from tests.support.kafka import SCRAM_USER, KafkaCluster
 from tests.support.proxythread import ProxyThread
@@ -52,3 +61,113 @@ def test_an_oauthbearer_principal_is_the_tokens_subject(kafka_scram: KafkaCluste
         sent = produce(conf, name, count=10)
         assert sorted(consume(conf, name, 10)) == sorted(sent)
     assert watermarks(kafka_scram.bootstrap, f"{SCRAM_USER}.{name}") == (0, 10)
+
+
+TEAM_A = "CN=team-a,OU=tenants,O=corp"
+CERT_RULES = ("- name: team-a\n  match: {principal: '^CN=team-a,'}\n"
+              "  topic_prefix: {broker: 'a.', hide_others: true, groups: true}\n")
+
+
+@pytest.fixture()
+def mtls(tmp_path: Path) -> dict[str, str]:
+    """The proxy's certificate and, from the same CA, two clients': team-a and team-b."""
+    ca = trustme.CA()
+    paths: dict[str, str] = {"ca": str(tmp_path / "ca.pem")}
+    ca.cert_pem.write_to_path(paths["ca"])
+    issued = {"proxy": ca.issue_cert("localhost", "127.0.0.1")}
+    for team in ("team-a", "team-b"):
+        issued[team] = ca.issue_cert(f"{team}.clients", common_name=team,
+                                     organization_unit_name="tenants", organization_name="corp")
+    for name, cert in issued.items():
+        paths[f"{name}.cert"] = str(tmp_path / f"{name}.pem")
+        paths[f"{name}.key"] = str(tmp_path / f"{name}.key")
+        cert.cert_chain_pems[0].write_to_path(paths[f"{name}.cert"])
+        cert.private_key_pem.write_to_path(paths[f"{name}.key"])
+    return paths
+
+
+def test_the_tenant_prefix_follows_the_client_certificate(kafka: KafkaCluster,
+                                                          mtls: dict[str, str]) -> None:
+    """The proxy ends the clients' TLS, so the broker sees only the proxy: the verified
+    certificate's subject is the principal rules match, metrics count and logs name."""
+    from kafka import KafkaConsumer, KafkaProducer
+
+    name = unique("orders")
+    kafka.create_topic(f"a.{name}")
+    kafka.create_topic(name)
+    tls = (f"tls:\n  downstream: {{cert: {mtls['proxy.cert']}, key: {mtls['proxy.key']}, "
+           f"client_ca: {mtls['ca']}}}\n")
+    with ProxyThread(kafka.bootstrap, extra_config=tls, rules_yaml=CERT_RULES) as proxy:
+        def conf(team: str) -> dict[str, str]:
+            return {"bootstrap.servers": proxy.bootstrap, "security.protocol": "SSL",
+                    "ssl.ca.location": mtls["ca"],
+                    "ssl.certificate.location": mtls[f"{team}.cert"],
+                    "ssl.key.location": mtls[f"{team}.key"], "client.id": "same-for-both"}
+
+        sent = produce(conf("team-a"), name, count=20)
+        assert sorted(consume(conf("team-a"), name, 20)) == sorted(sent)
+        topics = AdminClient(conf("team-a")).list_topics(timeout=10).topics
+        assert name in topics and f"a.{name}" not in topics  # its own names only
+        assert proxy.sample("gatehouse_principals", principal=TEAM_A) >= 1  # the admin's
+        produce(conf("team-b"), name, count=5)  # another tenant's certificate: not prefixed
+
+        # kafka-python, certificate and all, is team-a too.
+        ssl_args = {"bootstrap_servers": proxy.bootstrap, "security_protocol": "SSL",
+                    "ssl_cafile": mtls["ca"], "ssl_certfile": mtls["team-a.cert"],
+                    "ssl_keyfile": mtls["team-a.key"]}
+        producer = KafkaProducer(**ssl_args, acks="all")
+        for i in range(7):
+            producer.send(name, f"kp-{i}".encode())
+        producer.flush(30)
+        producer.close()
+        reader = KafkaConsumer(name, **ssl_args, auto_offset_reset="earliest",
+                               consumer_timeout_ms=10_000, group_id=unique("g"))
+        read = [record.value for _, record in zip(range(27), reader, strict=False)]
+        reader.close()
+        assert len(read) == 27 and sorted(read) == sorted([*sent, *(f"kp-{i}".encode()
+                                                                   for i in range(7))])
+
+        # Without a certificate there is no connection at all.
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            talk_without_certificate(proxy.proxy.bootstrap_ports[0], mtls["ca"])
+    assert watermarks(kafka.bootstrap, f"a.{name}") == (0, 27)
+    assert watermarks(kafka.bootstrap, name) == (0, 5)
+
+
+
+def test_sasl_after_tls_names_the_client_again(kafka_scram: KafkaCluster,
+                                               mtls: dict[str, str]) -> None:
+    """A client with a certificate that then authenticates with SASL (SASL_SSL) is the
+    SASL user, as on a broker's SASL_SSL listener: the user's prefix applies, the
+    certificate's does not."""
+    name = unique("ledger")
+    for prefix in ("a.", f"{SCRAM_USER}."):
+        kafka_scram.create_topic(prefix + name)
+    rules = CERT_RULES + RULES
+    tls = (f"tls:\n  downstream: {{cert: {mtls['proxy.cert']}, key: {mtls['proxy.key']}, "
+           f"client_ca: {mtls['ca']}}}\n")
+    with ProxyThread(kafka_scram.sasl_bootstrap, extra_config=tls, rules_yaml=rules) as proxy:
+        conf = {**kafka_scram.client_config(sasl=True), "bootstrap.servers": proxy.bootstrap,
+                "security.protocol": "SASL_SSL", "ssl.ca.location": mtls["ca"],
+                "ssl.certificate.location": mtls["team-a.cert"],
+                "ssl.key.location": mtls["team-a.key"]}
+        sent = produce(conf, name, count=10)
+        assert sorted(consume(conf, name, 10)) == sorted(sent)
+        admin = AdminClient(conf)
+        assert name in admin.list_topics(timeout=10).topics  # a live connection, counted:
+        assert proxy.sample("gatehouse_principals", principal=SCRAM_USER) >= 1
+        assert proxy.sample("gatehouse_principals", principal=TEAM_A) == 0  # moved over
+    assert watermarks(kafka_scram.bootstrap, f"{SCRAM_USER}.{name}") == (0, 10)
+    assert watermarks(kafka_scram.bootstrap, f"a.{name}") == (0, 0)
+
+def talk_without_certificate(port: int, ca: str) -> None:
+    """An ApiVersions request over TLS with no client certificate, and a read of the
+    answer's size: the proxy's refusal comes in the handshake or, with TLS 1.3, as the
+    first thing read after it.  Returns only if the request was answered."""
+    context = ssl.create_default_context(cafile=ca)
+    frame = codecs.Request.build(18, 0, 1, "no-cert", codecs.api(18).request.root.cls()).encode()
+    with (socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+          context.wrap_socket(raw, server_hostname="localhost") as tls):
+        tls.sendall(struct.pack(">i", len(frame)) + bytes(frame))
+        if len(tls.recv(4)) != 4:
+            raise ConnectionError("closed by the proxy")
