@@ -21,6 +21,7 @@ from gatehouse.configfile import (
     load_yaml_file,
     load_yaml_text,
 )
+from gatehouse.proxy.principal import MappingRule, PrincipalMappingError, parse_principal_mapping
 
 DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
 
@@ -63,6 +64,9 @@ class DownstreamTls:
     cert: Path
     key: Path
     client_ca: Path | None = None  # set: clients must present a certificate
+    # Kafka's ssl.principal.mapping.rules: certificate subject -> principal; () keeps
+    # the whole subject (DEFAULT).
+    principal_mapping: tuple[MappingRule, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -211,7 +215,13 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
         cert = _path(down, "cert", base, required=True)
         key = _path(down, "key", base, required=True)
         assert cert is not None and key is not None
-        tls_down = DownstreamTls(cert=cert, key=key, client_ca=_path(down, "client_ca", base))
+        client_ca = _path(down, "client_ca", base)
+        mapping = _principal_mapping(down)
+        if mapping and client_ca is None:
+            raise down.error("principal_mapping_rules", "tls.downstream.principal_mapping_rules "
+                             "maps client certificates: it needs client_ca")
+        tls_down = DownstreamTls(cert=cert, key=key, client_ca=client_ca,
+                                 principal_mapping=mapping)
         down.finish()
     if tls_reader.has("upstream"):
         up = tls_reader.child("upstream")
@@ -277,6 +287,26 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
         log_level=level,
         log_json=log_json,
     )
+
+
+def _principal_mapping(down: Reader) -> tuple[MappingRule, ...]:
+    """``principal_mapping_rules``: Kafka's string (rules separated by commas or new
+    lines) or a list of rules; each error names its line."""
+    key = "principal_mapping_rules"
+    raw = down.take(key, (str, list))
+    if raw is None:
+        return ()
+    items = [(raw, down.line_of(key))] if isinstance(raw, str) else [
+        (item, line_of(raw, i) or down.line_of(key)) for i, item in enumerate(raw)]
+    rules: list[MappingRule] = []
+    for item, line in items:
+        if not isinstance(item, str):
+            raise down.source.error(f"tls.downstream.{key}: each rule is a string", line)
+        try:
+            rules.extend(parse_principal_mapping(item))
+        except PrincipalMappingError as exc:
+            raise down.source.error(f"tls.downstream.{key}: {exc}", line) from None
+    return tuple(rules)
 
 
 def load_config(path: str | Path) -> ProxyConfig:

@@ -24,7 +24,8 @@ from gatehouse.proxy.addresses import BrokerAddress
 from gatehouse.proxy.config import Address, ProxyConfig
 from gatehouse.proxy.connection import ConnectionContext, ProxyConnection
 from gatehouse.proxy.hooks import ConnectionInfo, Observer, Observers, Policy
-from gatehouse.proxy.tls import certificate_principal, upstream_ssl_context
+from gatehouse.proxy.principal import certificate_principal, mapped_principal
+from gatehouse.proxy.tls import upstream_ssl_context
 
 logger = logging.getLogger("gatehouse.proxy")
 
@@ -82,6 +83,8 @@ class Proxy:
         self._rotate = itertools.count()
         self._connections = 0
         self._server_ssl = _server_ssl_context(config)
+        self._principal_rules = (config.tls_downstream.principal_mapping
+                                 if config.tls_downstream is not None else ())
         self._client_ssl = _client_ssl_context(config)
         self._listener_lock = trio.Lock()
         self._nursery: trio.Nursery | None = None
@@ -227,7 +230,17 @@ class Proxy:
                 client = tls
                 # A certificate the client CA verified names the client (SASL, if it
                 # follows, names it again): the brokers only ever see the proxy.
-                conn.principal = certificate_principal(tls.getpeercert())
+                subject = certificate_principal(tls.getpeercert())
+                rules = self._principal_rules
+                mapped = mapped_principal(rules, subject or "") if rules else subject
+                conn.principal = mapped or None
+                if rules and mapped is None:
+                    # As a broker does: a certificate no mapping rule matches is refused.
+                    reason, level = ("no tls.downstream.principal_mapping_rules rule matches "
+                                     f"the client certificate's subject {subject!r}",
+                                     logging.WARNING)
+                    await _aclose(client)
+                    return
             try:
                 upstream, target = await self.open_upstream(node_id)
             except UpstreamUnavailable as exc:

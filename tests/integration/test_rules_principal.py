@@ -70,7 +70,8 @@ CERT_RULES = ("- name: team-a\n  match: {principal: '^CN=team-a,'}\n"
 
 @pytest.fixture()
 def mtls(tmp_path: Path) -> dict[str, str]:
-    """The proxy's certificate and, from the same CA, two clients': team-a and team-b."""
+    """The proxy's certificate and, from the same CA, clients': team-a and team-b (OU
+    tenants) and an outsider (OU contractors)."""
     ca = trustme.CA()
     paths: dict[str, str] = {"ca": str(tmp_path / "ca.pem")}
     ca.cert_pem.write_to_path(paths["ca"])
@@ -78,6 +79,9 @@ def mtls(tmp_path: Path) -> dict[str, str]:
     for team in ("team-a", "team-b"):
         issued[team] = ca.issue_cert(f"{team}.clients", common_name=team,
                                      organization_unit_name="tenants", organization_name="corp")
+    issued["outsider"] = ca.issue_cert("outsider.clients", common_name="outsider",
+                                       organization_unit_name="contractors",
+                                       organization_name="corp")
     for name, cert in issued.items():
         paths[f"{name}.cert"] = str(tmp_path / f"{name}.pem")
         paths[f"{name}.key"] = str(tmp_path / f"{name}.key")
@@ -129,7 +133,7 @@ def test_the_tenant_prefix_follows_the_client_certificate(kafka: KafkaCluster,
 
         # Without a certificate there is no connection at all.
         with pytest.raises((ssl.SSLError, ConnectionError)):
-            talk_without_certificate(proxy.proxy.bootstrap_ports[0], mtls["ca"])
+            talk_with(proxy.proxy.bootstrap_ports[0], mtls, None)
     assert watermarks(kafka.bootstrap, f"a.{name}") == (0, 27)
     assert watermarks(kafka.bootstrap, name) == (0, 5)
 
@@ -160,12 +164,45 @@ def test_sasl_after_tls_names_the_client_again(kafka_scram: KafkaCluster,
     assert watermarks(kafka_scram.bootstrap, f"{SCRAM_USER}.{name}") == (0, 10)
     assert watermarks(kafka_scram.bootstrap, f"a.{name}") == (0, 0)
 
-def talk_without_certificate(port: int, ca: str) -> None:
-    """An ApiVersions request over TLS with no client certificate, and a read of the
-    answer's size: the proxy's refusal comes in the handshake or, with TLS 1.3, as the
-    first thing read after it.  Returns only if the request was answered."""
-    context = ssl.create_default_context(cafile=ca)
-    frame = codecs.Request.build(18, 0, 1, "no-cert", codecs.api(18).request.root.cls()).encode()
+
+def test_kafkas_mapping_rules_give_short_principals(kafka: KafkaCluster,
+                                                    mtls: dict[str, str]) -> None:
+    """``principal_mapping_rules`` as a broker's ``ssl.principal.mapping.rules``: the
+    tenants' common names become their principals; a certificate no rule matches is
+    refused, as a broker refuses it."""
+    name = unique("orders")
+    kafka.create_topic(f"a.{name}")
+    tls = (f"tls:\n  downstream:\n    cert: {mtls['proxy.cert']}\n"
+           f"    key: {mtls['proxy.key']}\n    client_ca: {mtls['ca']}\n"
+           "    principal_mapping_rules: 'RULE:^CN=([^,]*),OU=tenants,.*$/$1/'\n")
+    rules = ("- name: team-a\n  match: {principal: '^team-a$'}\n"
+             "  topic_prefix: {broker: 'a.', hide_others: true}\n")
+    with ProxyThread(kafka.bootstrap, extra_config=tls, rules_yaml=rules) as proxy:
+        def conf(who: str) -> dict[str, str]:
+            return {"bootstrap.servers": proxy.bootstrap, "security.protocol": "SSL",
+                    "ssl.ca.location": mtls["ca"],
+                    "ssl.certificate.location": mtls[f"{who}.cert"],
+                    "ssl.key.location": mtls[f"{who}.key"]}
+
+        sent = produce(conf("team-a"), name, count=12)
+        admin = AdminClient(conf("team-a"))
+        assert name in admin.list_topics(timeout=10).topics
+        assert proxy.sample("gatehouse_principals", principal="team-a") >= 1
+        assert sorted(consume(conf("team-a"), name, 12)) == sorted(sent)
+
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            talk_with(proxy.proxy.bootstrap_ports[0], mtls, "outsider")
+        talk_with(proxy.proxy.bootstrap_ports[0], mtls, "team-b")  # answered: mapped
+    assert watermarks(kafka.bootstrap, f"a.{name}") == (0, 12)
+
+def talk_with(port: int, mtls: dict[str, str], who: str | None) -> None:
+    """An ApiVersions request over TLS with ``who``'s certificate (None: none), and a
+    read of the answer's size: the proxy's refusal comes in the handshake or, with TLS
+    1.3, as the first thing read after it.  Returns only if the request was answered."""
+    context = ssl.create_default_context(cafile=mtls["ca"])
+    if who is not None:
+        context.load_cert_chain(mtls[f"{who}.cert"], mtls[f"{who}.key"])
+    frame = codecs.Request.build(18, 0, 1, "tls", codecs.api(18).request.root.cls()).encode()
     with (socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
           context.wrap_socket(raw, server_hostname="localhost") as tls):
         tls.sendall(struct.pack(">i", len(frame)) + bytes(frame))
