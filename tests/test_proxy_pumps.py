@@ -72,6 +72,7 @@ async def proxied(
     draining: trio.Event | None = None,
     upstream: Callable[[trio.abc.Stream], trio.abc.Stream] = lambda stream: stream,
     tcp: bool = False,
+    oauthbearer_claim: str = "sub",
 ) -> AsyncIterator[Harness]:
     """The pumps of one connection between a test's client and a fake broker, over
     memory streams (lock-step ones with ``lockstep``) or, with ``tcp``, real loopback
@@ -100,6 +101,7 @@ async def proxied(
         brokers_seen=brokers_seen,
         draining=draining if draining is not None else trio.Event(),
         get_policy=lambda: policy or Policy(),
+        oauthbearer_claim=oauthbearer_claim,
     )
     conn = ConnectionInfo(id=1, client="127.0.0.1:5555", listener="bootstrap",
                           upstream="broker:9092")

@@ -12,7 +12,8 @@ import trio
 
 from gatehouse import codecs
 from gatehouse.codecs.sasl import claimed_user
-from gatehouse.configfile import load_yaml_text
+from gatehouse.configfile import ConfigError, load_yaml_text
+from gatehouse.proxy.config import config_from_text
 from gatehouse.proxy.policy import RulesPolicy
 from gatehouse.rules import parse_rules
 from tests.support.fakebroker import request, response_body
@@ -52,6 +53,41 @@ def jwt(claims: dict[str, Any]) -> bytes:
 def test_the_claimed_user_is_read_from_the_first_token_and_nothing_else(
         mechanism: str | None, token: bytes, user: str | None) -> None:
     assert claimed_user(mechanism, token) == user
+
+
+def test_the_jwt_claim_is_the_one_the_brokers_take() -> None:
+    token = (b"n,,\x01auth=Bearer " + jwt({"sub": "1f0c-88", "azp": "svc-orders"})
+             + b"\x01\x01")
+    assert claimed_user("OAUTHBEARER", token) == "1f0c-88"
+    assert claimed_user("OAUTHBEARER", token, claim="azp") == "svc-orders"
+    assert claimed_user("OAUTHBEARER", token, claim="client_id") is None  # not in it
+    config = config_from_text("listen: 127.0.0.1:1\nupstream: [x:1]\n"
+                              "sasl: {oauthbearer_sub_claim_name: azp}\n")
+    assert config.oauthbearer_sub_claim == "azp"
+    assert config_from_text("listen: 127.0.0.1:1\nupstream: [x:1]\n").oauthbearer_sub_claim \
+        == "sub"
+    with pytest.raises(ConfigError, match="must name a claim") as info:
+        config_from_text("listen: 127.0.0.1:1\nupstream: [x:1]\nsasl:\n"
+                         "  oauthbearer_sub_claim_name: ''\n", "proxy.yaml")
+    assert str(info.value).startswith("proxy.yaml:4: ")
+
+
+async def test_a_configured_claim_names_an_oauthbearer_client() -> None:
+    """``sasl.oauthbearer_sub_claim_name`` reaches the connections: the principal is the
+    claim the brokers were told to take."""
+    def broker(req: codecs.Request) -> Any:
+        if req.api_key == 17:
+            return response_body(17, req.api_version, mechanisms=["OAUTHBEARER"])
+        return response_body(36, req.api_version, error_code=0, auth_bytes=b"")
+
+    token = b"n,,\x01auth=Bearer " + jwt({"sub": "1f0c-88", "azp": "alice"}) + b"\x01\x01"
+    async with proxied(broker, oauthbearer_claim="azp") as h:
+        await h.client.send(request(17, 1, 1, mechanism="OAUTHBEARER").encode())
+        await h.client.send(request(36, 2, 2, auth_bytes=token).encode())
+        with trio.fail_after(5):
+            assert await h.client.receive() is not None
+            assert await h.client.receive() is not None
+        assert h.conn.principal == "alice"
 
 
 def tenant_by_principal() -> RulesPolicy:

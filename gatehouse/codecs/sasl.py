@@ -20,11 +20,13 @@ SCRAM = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 OAUTHBEARER = "OAUTHBEARER"
 
 
-def claimed_user(mechanism: str | None, token: bytes | memoryview) -> str | None:
+def claimed_user(mechanism: str | None, token: bytes | memoryview,
+                 claim: str = "sub") -> str | None:
     """The user name in a client's first SASL token for ``mechanism`` (PLAIN: the
     authentication id; SCRAM: the client-first message's ``n=``; OAUTHBEARER: the
-    ``sub`` claim of its JSON Web Token, which the broker's validator checks and takes
-    as the principal by default); None for other mechanisms (GSSAPI: the broker maps
+    ``claim`` of its JSON Web Token, which the broker's validator checks and takes as
+    the principal: ``sub`` unless the broker's ``sasl.oauthbearer.sub.claim.name`` says
+    otherwise); None for other mechanisms (GSSAPI: the broker maps
     Kerberos names itself) and for tokens that are not what the mechanism says."""
     if mechanism is None:
         return None
@@ -47,14 +49,14 @@ def claimed_user(mechanism: str | None, token: bytes | memoryview) -> str | None
                 return None
             return name.replace("=2C", ",").replace("=3D", "=")
         if mechanism == OAUTHBEARER:
-            return _bearer_subject(data)
+            return _bearer_subject(data, claim)
     except UnicodeDecodeError:
         return None
     return None
 
 
-def _bearer_subject(data: bytes) -> str | None:
-    """The ``sub`` claim of the JWT in an OAUTHBEARER client message (RFC 7628:
+def _bearer_subject(data: bytes, claim: str) -> str | None:
+    """The ``claim`` claim of the JWT in an OAUTHBEARER client message (RFC 7628:
     gs2-header, then ``\x01``-separated key=value pairs, ``auth=Bearer <token>``)."""
     for pair in data.split(b"\x01")[1:]:
         if not pair.startswith(b"auth="):
@@ -68,6 +70,6 @@ def _bearer_subject(data: bytes) -> str | None:
             claims = json.loads(base64.urlsafe_b64decode(payload))
         except (binascii.Error, ValueError):
             return None
-        subject = claims.get("sub") if isinstance(claims, dict) else None
+        subject = claims.get(claim) if isinstance(claims, dict) else None
         return subject if isinstance(subject, str) and subject else None
     return None

@@ -112,6 +112,9 @@ class ProxyConfig:
     source: str = "<config>"
     log_level: str = "INFO"
     log_json: bool = False
+    # The JWT claim an OAUTHBEARER client's principal is: the brokers'
+    # sasl.oauthbearer.sub.claim.name.
+    oauthbearer_sub_claim: str = "sub"
 
 
 def parse_address(text: Any, source: Source, line: int | None, what: str,
@@ -253,6 +256,13 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
                                 f"{label_cap}")
         metrics.finish()
 
+    sasl = top.child("sasl")
+    claim = sasl.take("oauthbearer_sub_claim_name", str, "sub")
+    if not claim:
+        raise sasl.error("oauthbearer_sub_claim_name", "sasl.oauthbearer_sub_claim_name "
+                         "must name a claim")
+    sasl.finish()
+
     log = top.child("log")
     level = str(log.take("level", str, "INFO")).upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
@@ -286,6 +296,7 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
         source=source_name,
         log_level=level,
         log_json=log_json,
+        oauthbearer_sub_claim=claim,
     )
 
 

@@ -125,6 +125,8 @@ class ConnectionContext:
     brokers_seen: Callable[[Sequence[BrokerAddress]], Awaitable[None]]
     draining: trio.Event
     get_policy: Callable[[], Policy]
+    # The JWT claim an OAUTHBEARER principal is (the brokers' sasl.oauthbearer.sub.claim.name).
+    oauthbearer_claim: str = "sub"
     request_budget: ByteBudget = field(init=False)
     response_budget: ByteBudget = field(init=False)
     frame_buffers: BufferPool = field(init=False)
@@ -944,7 +946,8 @@ class ProxyConnection:
                 if req.api_version == 0:
                     self.sasl_raw_rounds = SASL_RAW_ROUNDS.get(mechanism)
             else:
-                pending.sasl_user = claimed_user(self.sasl_mechanism, req.body.auth_bytes)
+                pending.sasl_user = claimed_user(self.sasl_mechanism, req.body.auth_bytes,
+                                                 self.ctx.oauthbearer_claim)
         except (ProtocolError, UnknownApi):
             pass
 

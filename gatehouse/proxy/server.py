@@ -95,6 +95,7 @@ class Proxy:
             brokers_seen=self.brokers_seen,
             draining=self.draining,
             get_policy=lambda: self.policy,
+            oauthbearer_claim=config.oauthbearer_sub_claim,
         )
 
     # -- broker map ---------------------------------------------------------------------
