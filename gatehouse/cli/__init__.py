@@ -113,7 +113,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 async def handle_signals(proxy: object, reload: object = None) -> None:
-    """SIGTERM/SIGINT drain the proxy; SIGHUP calls ``reload`` (hot reload of rules)."""
+    """SIGTERM/SIGINT drain the proxy; SIGHUP calls ``reload`` (rules and TLS certificates)."""
     from gatehouse.proxy.server import Proxy
 
     assert isinstance(proxy, Proxy)

@@ -211,6 +211,12 @@ class ProxyMetrics(Observer):
                                     "last rules reload failed (the old rules stay in force)",
                                     registry=r)
         self.last_reload_ok.set(1)
+        self.tls_reloads = Counter("gatehouse_tls_reloads", "TLS certificate reloads",
+                                   ["outcome"], registry=r)
+        self.tls_last_reload_ok = Gauge("gatehouse_tls_last_reload_success", "1 unless the "
+                                        "last TLS certificate reload failed (the old "
+                                        "certificates stay in force)", registry=r)
+        self.tls_last_reload_ok.set(1)
         self.upstream_failures = Counter("gatehouse_upstream_failures", "Failed connections "
                                          "to brokers", ["broker"], registry=r)
         self.malformed_frames = Counter("gatehouse_malformed_frames", "Frames that could not be "
@@ -256,6 +262,7 @@ class ProxyMetrics(Observer):
         self._topic_counters: dict[tuple[str, str], tuple[Any, Any]] = {}
         for outcome in ("ok", "failed"):
             self.reloads.labels(outcome=outcome)
+            self.tls_reloads.labels(outcome=outcome)
 
     # -- wiring ---------------------------------------------------------------------
 
@@ -263,6 +270,14 @@ class ProxyMetrics(Observer):
         """Export the proxy's shared byte budgets (gatehouse.proxy.budget.ByteBudget)."""
         self.registry.register(_BufferCollector({"request": requests, "response": responses}))
 
+
+    def watch_tls(self, contexts: Any) -> None:
+        """Count the reloads of the proxy's certificates (gatehouse.proxy.tls.TlsContexts)."""
+        contexts.listeners.append(self._tls_reloaded)
+
+    def _tls_reloaded(self, ok: bool) -> None:
+        self.tls_reloads.labels(outcome="ok" if ok else "failed").inc()
+        self.tls_last_reload_ok.set(1 if ok else 0)
 
     def attach(self, policy: Any, reloader: Any) -> None:
         """Subscribe to the rules' decisions and reloads."""

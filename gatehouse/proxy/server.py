@@ -25,7 +25,7 @@ from gatehouse.proxy.config import Address, ProxyConfig
 from gatehouse.proxy.connection import ConnectionContext, ProxyConnection
 from gatehouse.proxy.hooks import ConnectionInfo, Observer, Observers, Policy
 from gatehouse.proxy.principal import certificate_principal, mapped_principal
-from gatehouse.proxy.tls import upstream_ssl_context
+from gatehouse.proxy.tls import TlsContexts
 
 logger = logging.getLogger("gatehouse.proxy")
 
@@ -42,23 +42,6 @@ class BrokerListener:
     port: int
     real: BrokerAddress
     listeners: list[trio.SocketListener] = field(default_factory=list)
-
-
-def _server_ssl_context(config: ProxyConfig) -> ssl.SSLContext | None:
-    tls = config.tls_downstream
-    if tls is None:
-        return None
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.load_cert_chain(str(tls.cert), str(tls.key))
-    if tls.client_ca is not None:
-        ctx.load_verify_locations(str(tls.client_ca))
-        ctx.verify_mode = ssl.CERT_REQUIRED
-    return ctx
-
-
-def _client_ssl_context(config: ProxyConfig) -> ssl.SSLContext | None:
-    tls = config.tls_upstream
-    return None if tls is None else upstream_ssl_context(tls)
 
 
 class Proxy:
@@ -82,10 +65,9 @@ class Proxy:
         self._ids = itertools.count(1)
         self._rotate = itertools.count()
         self._connections = 0
-        self._server_ssl = _server_ssl_context(config)
+        self.tls = TlsContexts(config)
         self._principal_rules = (config.tls_downstream.principal_mapping
                                  if config.tls_downstream is not None else ())
-        self._client_ssl = _client_ssl_context(config)
         self._listener_lock = trio.Lock()
         self._nursery: trio.Nursery | None = None
         self.ctx = ConnectionContext(
@@ -162,10 +144,11 @@ class Proxy:
             try:
                 with trio.fail_after(self.config.limits.connect_timeout):
                     stream: trio.abc.Stream = await trio.open_tcp_stream(target.host, target.port)
-                    if self._client_ssl is not None:
+                    client_ssl = self.tls.client  # read once: a reload may replace it
+                    if client_ssl is not None:
                         hostname = (self.config.tls_upstream.server_hostname  # type: ignore[union-attr]
                                     or target.host)
-                        tls_stream = trio.SSLStream(stream, self._client_ssl,
+                        tls_stream = trio.SSLStream(stream, client_ssl,
                                                     server_hostname=hostname)
                         await tls_stream.do_handshake()
                         stream = tls_stream
@@ -212,15 +195,16 @@ class Proxy:
 
     async def _serve_client(self, stream: trio.SocketStream, listener: str,
                             node_id: int | None) -> None:
+        server_ssl = self.tls.server  # read once: a reload may replace it
         conn = ConnectionInfo(id=next(self._ids), client=_peer(stream), listener=listener,
-                              node_id=node_id, tls=self._server_ssl is not None)
+                              node_id=node_id, tls=server_ssl is not None)
         client: trio.abc.Stream = stream
         reason = "client closed"
         level = logging.INFO
         opened = trio.current_time()
         try:
-            if self._server_ssl is not None:
-                tls = trio.SSLStream(stream, self._server_ssl, server_side=True)
+            if server_ssl is not None:
+                tls = trio.SSLStream(stream, server_ssl, server_side=True)
                 try:
                     with trio.fail_after(self.config.limits.connect_timeout):
                         await tls.do_handshake()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gc
+from functools import partial
 from pathlib import Path
+from typing import Protocol
 
 import trio
 
@@ -62,12 +64,25 @@ def close_observers(observers: list[Observer]) -> None:
             observer.close()
 
 
-async def watch_rules(reloader: Reloader, poll: float = RELOAD_POLL_SECONDS) -> None:
-    """Reload when the watched file changes (polling: no inotify dependency)."""
+class Reloadable(Protocol):
+    def changed(self) -> bool: ...
+    def reload(self) -> bool: ...
+
+
+async def watch_files(*watched: Reloadable, poll: float = RELOAD_POLL_SECONDS) -> None:
+    """Reload what reads a file (the rules, the TLS certificates) when that file changes
+    (polling: no inotify dependency)."""
     while True:
         await trio.sleep(poll)
-        if reloader.changed():
-            reloader.reload()
+        for each in watched:
+            if each.changed():
+                each.reload()
+
+
+def reload_all(*watched: Reloadable) -> None:
+    """SIGHUP: each reloads from its files (a bad one keeps its old state and says so)."""
+    for each in watched:
+        each.reload()
 
 
 async def freeze_heap_when_ready(proxy: Proxy) -> None:
@@ -92,10 +107,11 @@ async def run_configured(config: ProxyConfig, policy: RulesPolicy, path: str | P
     if config.metrics_listen is not None:
         observers[0].watch_buffers(proxy.ctx.request_budget,  # type: ignore[attr-defined]
                                    proxy.ctx.response_budget)
+        observers[0].watch_tls(proxy.tls)  # type: ignore[attr-defined]
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(handle_signals, proxy, reloader.reload)
-            nursery.start_soon(watch_rules, reloader)
+            nursery.start_soon(handle_signals, proxy, partial(reload_all, reloader, proxy.tls))
+            nursery.start_soon(watch_files, reloader, proxy.tls)
             nursery.start_soon(freeze_heap_when_ready, proxy)
             if config.metrics_listen is not None:
                 from gatehouse.metrics import serve_metrics

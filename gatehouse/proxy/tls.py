@@ -1,14 +1,36 @@
-"""The client-side TLS context for connections to the brokers (``tls.upstream``).
+"""The proxy's TLS contexts: the server side for clients (``tls.downstream``), the client
+side for the brokers (``tls.upstream``), and their reload when the files change.
 
-One definition for everything that connects to the upstream cluster: the proxy's broker
-connections and the capture's Kafka sink.
+Certificates are rotated while a proxy runs (cert-manager renews a Kubernetes secret
+weeks before it expires), so the contexts are rebuilt from their files on SIGHUP and
+when a file changes.  New connections get the new contexts; open ones keep theirs.  A
+file that cannot be loaded (half-written, a key that does not fit its certificate)
+keeps the old contexts in force and is reported, as a bad rules file is.
+
+One definition of the upstream context for everything that connects to the upstream
+cluster: the proxy's broker connections and the capture's Kafka sink.
 """
 
 from __future__ import annotations
 
+import logging
 import ssl
+from collections.abc import Callable
+from pathlib import Path
 
-from gatehouse.proxy.config import UpstreamTls
+from gatehouse.logs import log_event
+from gatehouse.proxy.config import DownstreamTls, ProxyConfig, UpstreamTls
+
+logger = logging.getLogger("gatehouse.proxy")
+
+
+def server_ssl_context(tls: DownstreamTls) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(str(tls.cert), str(tls.key))
+    if tls.client_ca is not None:
+        ctx.load_verify_locations(str(tls.client_ca))
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
 
 
 def upstream_ssl_context(tls: UpstreamTls) -> ssl.SSLContext:
@@ -21,3 +43,75 @@ def upstream_ssl_context(tls: UpstreamTls) -> ssl.SSLContext:
     if tls.cert is not None and tls.key is not None:
         ctx.load_cert_chain(str(tls.cert), str(tls.key))
     return ctx
+
+
+FileState = tuple[int, int, int, int] | None
+
+
+def file_state(path: Path) -> FileState:
+    """What tells a changed file from the one seen before.  Not the mtime alone: a
+    Kubernetes ConfigMap or Secret update swaps a ``..data`` symlink to a new file,
+    which can carry the old file's mtime (copied with it, or written in the same clock
+    tick); the inode then tells them apart.  stat() follows the symlinks."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class TlsContexts:
+    """The contexts new connections use (``server``, ``client``: None without TLS on that
+    side), rebuilt from their files by ``reload``."""
+
+    def __init__(self, config: ProxyConfig) -> None:
+        self.downstream = config.tls_downstream
+        self.upstream = config.tls_upstream
+        self.server, self.client = self._build()  # at start a bad file is fatal
+        self.files = tuple(dict.fromkeys(
+            path for tls in (self.downstream, self.upstream) if tls is not None
+            for path in (getattr(tls, name, None) for name in ("cert", "key", "client_ca", "ca"))
+            if isinstance(path, Path)))
+        self.succeeded = 0
+        self.failed = 0
+        self.last_error: str | None = None
+        self.listeners: list[Callable[[bool], None]] = []
+        self._seen = self._states()
+
+    def _build(self) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
+        return (None if self.downstream is None else server_ssl_context(self.downstream),
+                None if self.upstream is None else upstream_ssl_context(self.upstream))
+
+    def _states(self) -> tuple[FileState, ...]:
+        return tuple(file_state(path) for path in self.files)
+
+    def changed(self) -> bool:
+        """Whether a file changed since the last call (or the start)."""
+        seen = self._states()
+        if seen != self._seen:
+            self._seen = seen
+            return True
+        return False
+
+    def reload(self) -> bool:
+        """New contexts from the files; on an error the old ones stay and it is logged."""
+        if not self.files:
+            return True  # no TLS: nothing to reload
+        try:
+            self.server, self.client = self._build()
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            self.failed += 1
+            self.last_error = str(exc)
+            log_event(logger, logging.ERROR, "TLS reload failed: keeping the old "
+                      "certificates", error=self.last_error,
+                      files=", ".join(map(str, self.files)))
+            for listener in self.listeners:
+                listener(False)
+            return False
+        self.succeeded += 1
+        self.last_error = None
+        log_event(logger, logging.INFO, "TLS certificates reloaded",
+                  files=", ".join(map(str, self.files)))
+        for listener in self.listeners:
+            listener(True)
+        return True

@@ -49,15 +49,15 @@ def tool(name: str) -> str:
     return path
 
 
-def start_gatehouse(tmp: Path, name: str, upstream: str, rules: str) -> tuple[
-        subprocess.Popen[bytes], int, int, Path]:
+def start_gatehouse(tmp: Path, name: str, upstream: str, rules: str, extra: str = ""
+                    ) -> tuple[subprocess.Popen[bytes], int, int, Path]:
     port, metrics_port = free_port(), free_port()
     rules_file = tmp / f"{name}-rules.yaml"
     rules_file.write_text(rules)
     config = tmp / f"{name}.yaml"
     config.write_text(f"listen: 127.0.0.1:{port}\nupstream: [{upstream}]\n"
                       f"brokers: {{start_port: 0}}\nmetrics: {{listen: 127.0.0.1:{metrics_port}}}\n"
-                      f"rules_file: {rules_file}\nlog: {{level: WARNING}}\n")
+                      f"rules_file: {rules_file}\nlog: {{level: WARNING}}\n{extra}")
     proc = subprocess.Popen([*GATEHOUSE, "run", "--config", str(config)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=(tmp / f"{name}.log").open("wb"))
@@ -170,7 +170,7 @@ def test_alert_rules_parse_with_promtool() -> None:
     result = subprocess.run([tool("promtool"), "check", "rules", str(ALERTS)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 4 rules found" in result.stdout
+    assert "SUCCESS: 5 rules found" in result.stdout
 
 
 def keep_traffic_flowing(bootstrap: str, dead_bootstrap: str, topic: str,
@@ -221,7 +221,7 @@ def send_garbage(port: int) -> None:
 
 def test_every_dashboard_and_alert_expression_returns_data(
         kafka: KafkaCluster, kafka_scram: KafkaCluster, tmp_path: Path,
-        processes: list[subprocess.Popen[bytes]]) -> None:
+        processes: list[subprocess.Popen[bytes]], tls_files: dict[str, str]) -> None:
     prometheus = tool("prometheus")
     topic = unique("dash")
     kafka.create_topic(topic, partitions=2)
@@ -232,9 +232,12 @@ def test_every_dashboard_and_alert_expression_returns_data(
     dead_upstream = f"127.0.0.1:{free_port()}"  # nothing listens there
     dead, dead_port, dead_metrics, _ = start_gatehouse(tmp_path, "dead", dead_upstream, rules)
     processes.append(dead)
-    # In front of a SASL listener: the principals' census.
-    sasl, sasl_port, sasl_metrics, _ = start_gatehouse(tmp_path, "sasl",
-                                                       kafka_scram.sasl_bootstrap, rules)
+    # In front of a SASL listener, with TLS for its clients: the principals' census, and
+    # a certificate reload that fails.
+    tls = tls_files
+    sasl, sasl_port, sasl_metrics, _ = start_gatehouse(
+        tmp_path, "sasl", kafka_scram.sasl_bootstrap, rules,
+        f"tls: {{downstream: {{cert: {tls['cert']}, key: {tls['key']}}}}}\n")
     processes.append(sasl)
 
     prom_port = free_port()
@@ -272,15 +275,20 @@ def test_every_dashboard_and_alert_expression_returns_data(
                                args=(f"127.0.0.1:{port}", f"127.0.0.1:{dead_port}", topic,
                                      stop, errors, refused), daemon=True)
     traffic.start()
-    # An authenticated client that stays connected (SCRAM, as the broker's user).
+    # An authenticated client that stays connected (SCRAM over TLS, as the broker's user).
     authenticated = AdminClient({**kafka_scram.client_config(sasl=True), "log_level": 0,
-                                 "bootstrap.servers": f"127.0.0.1:{sasl_port}"})
+                                 "bootstrap.servers": f"127.0.0.1:{sasl_port}",
+                                 "security.protocol": "SASL_SSL",
+                                 "ssl.ca.location": tls["ca"]})
     assert authenticated.list_topics(timeout=30).topics is not None
     try:
         send_garbage(port)
         # A rules reload that fails: the old rules stay, the alert must fire.
         rules_file.write_text("rules:\n  - name: broken\n    deny_apis: [NoSuchApi]\n")
         live.send_signal(signal.SIGHUP)
+        # A certificate rotation that goes wrong: the old certificate stays, the alert fires.
+        Path(tls["cert"]).write_text("-----BEGIN CERTIFICATE-----\nhalf written\n")
+        sasl.send_signal(signal.SIGHUP)
 
         dashboard = json.loads(DASHBOARD.read_text())
         expressions = [(title, substitute(expr))
@@ -329,6 +337,10 @@ def test_every_dashboard_and_alert_expression_returns_data(
         for name in ("GatehouseHighErrorRatio", "GatehouseRefusalsSpike",
                      "GatehouseRulesReloadFailed"):
             assert firing[name]["labels"]["instance"] == live_instance, name
+        assert (firing["GatehouseTlsReloadFailed"]["labels"]["instance"]
+                == f"127.0.0.1:{sasl_metrics}")
+        # The authenticated client's connection, and new ones, still work.
+        assert authenticated.list_topics(timeout=30).topics is not None
     finally:
         stop.set()
         traffic.join(60)
