@@ -270,7 +270,6 @@ class ProxyMetrics(Observer):
         """Export the proxy's shared byte budgets (gatehouse.proxy.budget.ByteBudget)."""
         self.registry.register(_BufferCollector({"request": requests, "response": responses}))
 
-
     def watch_tls(self, contexts: Any) -> None:
         """Count the reloads of the proxy's certificates (gatehouse.proxy.tls.TlsContexts)."""
         contexts.listeners.append(self._tls_reloaded)

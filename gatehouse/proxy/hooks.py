@@ -29,7 +29,7 @@ class ConnectionInfo:
     software_name: str | None = None  # KIP-511, from ApiVersions v3+
     software_version: str | None = None
     # Who the client is: the SASL user the broker accepted (codecs.sasl), else the subject
-    # of the certificate the client CA verified (proxy.tls), else None.
+    # of the certificate the client CA verified (proxy.principal), else None.
     principal: str | None = None
     opened: float = field(default_factory=time.monotonic)
     requests: int = 0
