@@ -229,3 +229,18 @@ def _describe(value: Any) -> str:
         if type(value) is t:
             return f"{name} ({value!r})"[:80]
     return type(value).__name__
+
+
+FileState = tuple[int, int, int, int] | None
+
+
+def file_state(path: Path) -> FileState:
+    """What tells a changed file from the one seen before.  Not the mtime alone: a
+    Kubernetes ConfigMap or Secret update swaps a ``..data`` symlink to a new file,
+    which can carry the old file's mtime (copied with it, or written in the same clock
+    tick); the inode then tells them apart.  stat() follows the symlinks."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gatehouse.codecs import Request, Response
-from gatehouse.configfile import ConfigError, load_yaml_file
+from gatehouse.configfile import ConfigError, FileState, file_state, load_yaml_file
 from gatehouse.logs import log_event
 from gatehouse.proxy.apiversions import RangeAdjuster
 from gatehouse.proxy.hooks import (
@@ -332,16 +332,9 @@ class Reloader:
         self.listeners: list[Callable[[bool], None]] = []
         self._seen = self._stat()
 
-    def _stat(self) -> tuple[int, int, int, int] | None:
-        # Not the mtime alone: a Kubernetes ConfigMap update swaps a ..data symlink to a new
-        # file, which can carry the old file's mtime (copied with it, or written in the same
-        # clock tick); the inode then tells them apart. stat() follows the symlinks.
+    def _stat(self) -> FileState:
         path = self.source.watched
-        try:
-            st = path.stat() if path is not None else None
-        except OSError:
-            return None
-        return None if st is None else (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        return None if path is None else file_state(path)
 
     def changed(self) -> bool:
         seen = self._stat()

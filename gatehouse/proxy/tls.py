@@ -18,6 +18,7 @@ import ssl
 from collections.abc import Callable
 from pathlib import Path
 
+from gatehouse.configfile import FileState, file_state
 from gatehouse.logs import log_event
 from gatehouse.proxy.config import DownstreamTls, ProxyConfig, UpstreamTls
 
@@ -43,21 +44,6 @@ def upstream_ssl_context(tls: UpstreamTls) -> ssl.SSLContext:
     if tls.cert is not None and tls.key is not None:
         ctx.load_cert_chain(str(tls.cert), str(tls.key))
     return ctx
-
-
-FileState = tuple[int, int, int, int] | None
-
-
-def file_state(path: Path) -> FileState:
-    """What tells a changed file from the one seen before.  Not the mtime alone: a
-    Kubernetes ConfigMap or Secret update swaps a ``..data`` symlink to a new file,
-    which can carry the old file's mtime (copied with it, or written in the same clock
-    tick); the inode then tells them apart.  stat() follows the symlinks."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 class TlsContexts:
