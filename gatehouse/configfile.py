@@ -244,3 +244,22 @@ def file_state(path: Path) -> FileState:
     except OSError:
         return None
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+class FileWatch:
+    """Whether any of some files changed (``file_state``) since the last look."""
+
+    def __init__(self, paths: tuple[Path, ...]) -> None:
+        self.paths = paths
+        self._seen = self._states()
+
+    def _states(self) -> tuple[FileState, ...]:
+        return tuple(file_state(path) for path in self.paths)
+
+    def changed(self) -> bool:
+        """Whether a file changed since the last call (or since the watch began)."""
+        seen = self._states()
+        if seen != self._seen:
+            self._seen = seen
+            return True
+        return False

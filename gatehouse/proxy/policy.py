@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gatehouse.codecs import Request, Response
-from gatehouse.configfile import ConfigError, FileState, file_state, load_yaml_file
+from gatehouse.configfile import ConfigError, FileWatch, load_yaml_file
 from gatehouse.logs import log_event
 from gatehouse.proxy.apiversions import RangeAdjuster
 from gatehouse.proxy.hooks import (
@@ -330,18 +330,11 @@ class Reloader:
         self.failed = 0
         self.last_error: str | None = None
         self.listeners: list[Callable[[bool], None]] = []
-        self._seen = self._stat()
-
-    def _stat(self) -> FileState:
-        path = self.source.watched
-        return None if path is None else file_state(path)
+        watched = self.source.watched
+        self._watch = FileWatch(() if watched is None else (watched,))
 
     def changed(self) -> bool:
-        seen = self._stat()
-        if seen != self._seen:
-            self._seen = seen
-            return True
-        return False
+        return self._watch.changed()
 
     def reload(self) -> bool:
         try:

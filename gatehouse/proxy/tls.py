@@ -18,7 +18,7 @@ import ssl
 from collections.abc import Callable
 from pathlib import Path
 
-from gatehouse.configfile import FileState, file_state
+from gatehouse.configfile import FileWatch
 from gatehouse.logs import log_event
 from gatehouse.proxy.config import DownstreamTls, ProxyConfig, UpstreamTls
 
@@ -62,22 +62,16 @@ class TlsContexts:
         self.failed = 0
         self.last_error: str | None = None
         self.listeners: list[Callable[[bool], None]] = []
-        self._seen = self._states()
+        self._watch = FileWatch(self.files)
 
     def _build(self) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
         return (None if self.downstream is None else server_ssl_context(self.downstream),
                 None if self.upstream is None else upstream_ssl_context(self.upstream))
 
-    def _states(self) -> tuple[FileState, ...]:
-        return tuple(file_state(path) for path in self.files)
 
     def changed(self) -> bool:
         """Whether a file changed since the last call (or the start)."""
-        seen = self._states()
-        if seen != self._seen:
-            self._seen = seen
-            return True
-        return False
+        return self._watch.changed()
 
     def reload(self) -> bool:
         """New contexts from the files; on an error the old ones stay and it is logged."""
