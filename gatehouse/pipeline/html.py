@@ -152,7 +152,8 @@ def _software(row: Any) -> str:
 def _refuses(rule: Any) -> bool:
     return bool(rule.min_api_version or rule.max_api_version or rule.deny_apis
                 or rule.allow_apis is not None or rule.min_client_software
-                or rule.unknown_software == "refuse")
+                or rule.unknown_software == "refuse"
+                or (rule.topic_map is not None and rule.topic_map.filters))
 
 
 def _census_section(data: Any) -> str:

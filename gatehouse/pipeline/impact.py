@@ -16,6 +16,7 @@ from typing import Any
 
 from gatehouse.codecs import Request
 from gatehouse.rules import ClientFacts, RuleSet, TopicMap
+from gatehouse.rules.topics import denial
 
 # ClientFacts field -> the facts table's column that holds it (see job.facts_table).
 FACT_COLUMN = {"client_id": "client_id", "software_name": "software_name",
@@ -56,14 +57,23 @@ def decide(ruleset: RuleSet, row: Mapping[str, Any]) -> list[tuple[Any, ...]]:
     index = {rule.name: i for i, rule in enumerate(ruleset.rules)}
     maps: dict[str, TopicMap] = {r.name: r.topic_map for r in ruleset.rules
                                  if r.topic_map is not None}
-    out = []
+    out: list[tuple[Any, ...]] = []
     for outcome in evaluation.outcomes:
         topics: list[str] = []
         if outcome.effect == "rewrite":
             topic_map = maps.get(outcome.rule)
             if topic_map is None:
                 continue
-            for name in row.get("topic_names") or ():
+            names = row.get("topic_names") or ()
+            denied = [(name, why) for name in names
+                      if (why := denial(topic_map, name)) is not None]
+            if denied:  # a topic filter (allow_topics / deny_topics) refuses the request
+                action = denied[0][1]
+                out.append((outcome.rule, index.get(outcome.rule, -1), action, "refuse",
+                            outcome.mode, f"topic {denied[0][0]!r} is not allowed here (rule "
+                            f"{outcome.rule})", [name for name, _ in denied]))
+                continue
+            for name in names:
                 broker = topic_map.to_broker(name)
                 if broker != name:
                     topics.append(f"{name} -> {broker}")

@@ -35,22 +35,24 @@ from gatehouse.rules import (
     map_response,
     parse_rules,
 )
-from gatehouse.rules.errors import INVALID_REQUEST, UNKNOWN_TOPIC_ID
+from gatehouse.rules.errors import INVALID_REQUEST, TOPIC_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_ID
 from gatehouse.rules.topicids import TopicIds, checks_ids, teaches_ids
 from gatehouse.rules.topics import (
     FIND_COORDINATOR,
     TRANSACTION,
     carries_ids,
     carries_topics,
+    denial,
     has_error_text,
     lookup_kind,
     names_ids,
     names_topics,
     regex_subscription,
+    topic_names,
 )
 
 logger = logging.getLogger("gatehouse.rules")
-PRODUCE = 0
+PRODUCE, FETCH, METADATA = 0, 1, 3
 
 
 def _wants_mapped_answer(req: Request, topic_map: TopicMap) -> bool:
@@ -130,12 +132,15 @@ class RulesPolicy(Policy):
         if not ruleset:
             return Forward(req)
         evaluation = _evaluated(ruleset, facts_of(conn, req), req, conn.state)
-        refused_ids = self._refused_ids(conn, req, evaluation)
-        self._emit(evaluation.outcomes if refused_ids is None else refused_ids[1])
+        refused = (self._refused_ids(conn, req, evaluation)
+                   or self._refused_topics(conn, req, evaluation, ruleset))
+        self._emit(evaluation.outcomes if refused is None else refused[1])
+        if evaluation.observed_map is not None and evaluation.observed_map.filters:
+            self._emit(self._would_refuse_topics(conn, req, evaluation, ruleset))
         for refusal in evaluation.would_refuse:
             self._log_refusal(conn, req, refusal.rule, refusal.message, observe=True)
-        if refused_ids is not None:
-            return refused_ids[0]
+        if refused is not None:
+            return refused[0]
         if evaluation.refusal is not None:
             refusal = evaluation.refusal
             self._log_refusal(conn, req, refusal.rule, refusal.message, observe=False)
@@ -184,6 +189,8 @@ class RulesPolicy(Policy):
         report = partial(self._emit, evaluation.outcomes)
         if topic_map is None:
             return Forward(req, report=report)
+        if topic_map.filters:
+            return None  # the topics it names are checked in the whole request
         new_head = None
         by_name = names_topics(req.api.request, req.api_version)
         if by_name or TRANSACTION in topic_map.id_kinds:
@@ -258,6 +265,52 @@ class RulesPolicy(Policy):
         # The same answer for another tenant's topic as for no topic: it tells nothing.
         return _refused(req, message, UNKNOWN_TOPIC_ID, within="topic_id"), outcomes
 
+    def _refused_topics(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation,
+                        ruleset: RuleSet) -> tuple[Decision, tuple[Outcome, ...]] | None:
+        """Under a topic filter (``allow_topics`` / ``deny_topics``), the answer to a
+        request that names a topic the client may not use: TOPIC_AUTHORIZATION_FAILED,
+        as a broker answers a client its ACLs do not allow, and the outcomes to count
+        (the filter's rule refused it); None lets the request go on.  Such topics are
+        hidden from every answer, so a client only names one it learned elsewhere.
+
+        Not Metadata: a client asks for the topics its application named, allowed or
+        not, in one request; the answer leaves out the ones it may not use, as it
+        leaves out another tenant's, and the client reports them unknown."""
+        topic_map = evaluation.topic_map
+        if (evaluation.refusal is not None or topic_map is None or not topic_map.filters
+                or not req.known or req.api_key == METADATA):
+            return None
+        denied = _denied_topics(req, topic_map)
+        if not denied:
+            return None
+        rule, action = _filter_rule(ruleset, evaluation.outcomes, "enforce", denied[0])
+        outcomes = tuple(Outcome(o.rule, action, "refuse", o.mode)
+                         if o.rule == rule and o.action == "topics" else o
+                         for o in evaluation.outcomes)
+        message = f"topic {denied[0]!r} is not allowed here (rule {rule})"
+        self._log_refusal(conn, req, rule, message, observe=False)
+        # A Fetch's topics get the error, not the Fetch: a top-level error ends its session.
+        within = "topic" if req.api_key == FETCH else None
+        return (_refused(req, message, TOPIC_AUTHORIZATION_FAILED, message, within),
+                outcomes)
+
+    def _would_refuse_topics(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation,
+                             ruleset: RuleSet) -> tuple[Outcome, ...]:
+        """An observe-mode topic filter: what it would refuse (counted and logged)."""
+        observed = evaluation.observed_map
+        if observed is None or not req.known or req.api_key == METADATA:
+            return ()
+        try:
+            denied = _denied_topics(req, observed)
+        except Exception:  # observe mode must never break traffic
+            return ()
+        if not denied:
+            return ()
+        rule, action = _filter_rule(ruleset, evaluation.outcomes, "observe", denied[0])
+        self._log_refusal(conn, req, rule, f"topic {denied[0]!r} is not allowed here (rule "
+                          f"{rule})", observe=True)
+        return (Outcome(rule, action, "refuse", "observe"),)
+
     def _log_refusal(self, conn: ConnectionInfo, req: Request, rule: str, message: str,
                      observe: bool) -> None:
         for listener in self.refusal_listeners:
@@ -270,6 +323,28 @@ class RulesPolicy(Policy):
         log_event(logger, logging.INFO, "would refuse (observe mode)" if observe else "refused",
                   rule=rule, api=_api_name(req),
                   version=req.api_version, reason=message, **conn.describe())
+
+
+def _denied_topics(req: Request, topic_map: TopicMap) -> list[str]:
+    """The topics ``req`` names (by name) that ``topic_map`` does not let it use."""
+    return [name for name in dict.fromkeys(topic_names(req)) if topic_map.denies(name)]
+
+
+def _filter_rule(ruleset: RuleSet, outcomes: tuple[Outcome, ...], mode: str,
+                 name: str) -> tuple[str, str]:
+    """(rule, action) for a refused topic: the first rule of ``mode`` whose topic map
+    was applied and refuses it on its own (``rules.topics.denial``); else the first
+    applied rule with a filter (a name only the composed maps refuse)."""
+    rules = {r.name: r for r in ruleset.rules}
+    applied = [rules[o.rule] for o in outcomes
+               if o.action == "topics" and o.mode == mode and o.rule in rules]
+    for rule in applied:
+        action = denial(rule.topic_map, name) if rule.topic_map is not None else None
+        if action is not None:
+            return rule.name, action
+    fallback = next((r.name for r in applied if r.topic_map is not None
+                     and r.topic_map.filters), "topic-filter")
+    return fallback, "deny_topics"
 
 
 def _refused(req: Request, reason: str, code: int, message: str | None = None,

@@ -287,7 +287,7 @@ class RuleSet:
                            "principal (SASL) or source instead")
             shared = [key for key, kind in (("groups", GROUP), ("transactional_ids", TRANSACTION))
                       if kind not in topic_map.id_kinds]
-            if shared:
+            if shared and _hiding_prefix(topic_map):
                 out.append(f"{where}: rule {rule.name}: hides other tenants' topics but "
                            f"their {' and '.join(shared).replace('_', ' ')} stay shared: "
                            f"add {', '.join(key + ': true' for key in shared)}")
@@ -327,6 +327,13 @@ def _software_refusal(rule: Rule, facts: ClientFacts) -> str | None:
 
 def _minimums(rule: Rule) -> str:
     return ", ".join(f"{n} >= {v}" for n, v in rule.min_client_software_text.items())
+
+
+def _hiding_prefix(topic_map: TopicMap) -> bool:
+    """A tenant prefix with ``hide_others`` (a topic filter hides too, but keeps no
+    tenants apart by name)."""
+    maps = topic_map.maps if isinstance(topic_map, Chain) else (topic_map,)
+    return any(isinstance(m, Prefix) and m.hide_others for m in maps)
 
 
 def _compose(maps: Sequence[TopicMap]) -> TopicMap | None:

@@ -25,7 +25,7 @@ from gatehouse.rules.model import (
     VersionBound,
     parse_version,
 )
-from gatehouse.rules.topics import Prefix, Rename, TopicMap
+from gatehouse.rules.topics import Chain, Prefix, Rename, TopicFilter, TopicMap
 
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _SOFTWARE_RE = re.compile(r"^[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?$")  # KIP-511
@@ -129,6 +129,25 @@ def _match(reader: Reader) -> Match:
     return match
 
 
+def _topic_patterns(reader: Reader, key: str) -> tuple[re.Pattern[str], ...] | None:
+    """``allow_topics`` / ``deny_topics``: regular expressions over whole topic names."""
+    raw = reader.take(key, (list, str))
+    if raw is None:
+        return None
+    items = [raw] if isinstance(raw, str) else raw
+    patterns = []
+    for i, item in enumerate(items):
+        line = (line_of(raw, i) if isinstance(raw, list) else None) or reader.line_of(key)
+        if not isinstance(item, str):
+            raise reader.source.error(f"{key}: {item!r} is not a regular expression", line)
+        try:
+            patterns.append(re.compile(item))
+        except re.error as exc:
+            raise reader.source.error(f"{key}: {item!r} is not a regular expression: {exc}",
+                                      line) from None
+    return tuple(patterns)
+
+
 def _topic(value: Any, source: Source, line: int | None, what: str) -> str:
     if not isinstance(value, str) or not _TOPIC_RE.match(value):
         raise source.error(f"{what}: {value!r} is not a valid Kafka topic name", line)
@@ -204,6 +223,12 @@ def _rule(data: Any, source: Source, line: int | None, index: int) -> Rule:
             raise reader.error("topic_prefix", f"topic_prefix: {prefix!r} cannot start a topic "
                                "name")
         topic_map = Prefix(prefix, hide, groups, transactions)
+    allow_topics = _topic_patterns(reader, "allow_topics")
+    deny_topics = _topic_patterns(reader, "deny_topics")
+    if allow_topics is not None or deny_topics:
+        # The client's names: before this rule's own rename or prefix.
+        topic_filter = TopicFilter(allow_topics, deny_topics or ())
+        topic_map = topic_filter if topic_map is None else Chain((topic_filter, topic_map))
     reader.finish()
     return Rule(name=name, match=match, mode=mode,
                 min_api_version=minimum, max_api_version=maximum, deny_apis=deny,

@@ -98,6 +98,73 @@ class TopicMap:
     def id_to_client(self, kind: str, name: str) -> str | None:
         return name
 
+    @property
+    def filters(self) -> bool:
+        """Whether some names may not be used at all (``TopicFilter``): a request naming
+        one is refused (``denies``) rather than mapped."""
+        return False
+
+    def denies(self, name: str) -> bool:
+        """Whether a request that names ``name`` (a client-side name) is refused."""
+        return False
+
+
+_PERMITS_KEPT = 10_000  # names remembered per filter (a cluster's topics, a few hundred)
+
+
+@dataclass(frozen=True, eq=False)
+class TopicFilter(TopicMap):
+    """The topics a client may use, by the names it uses: those ``allow`` matches (all when
+    None) but ``deny`` does not (regular expressions over the whole name).  The others are
+    hidden from every answer, their ids included (``hides_others``), and a request that
+    names one is refused (``denies``)."""
+
+    allow: tuple[re.Pattern[str], ...] | None
+    deny: tuple[re.Pattern[str], ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_permitted", {})
+
+    def permits(self, name: str) -> bool:
+        known: dict[str, bool] = self._permitted  # type: ignore[attr-defined]
+        found = known.get(name)
+        if found is None:
+            found = (not any(p.fullmatch(name) for p in self.deny)
+                     and (self.allow is None or any(p.fullmatch(name) for p in self.allow)))
+            if len(known) >= _PERMITS_KEPT:
+                known.clear()
+            known[name] = found
+        return found
+
+    def to_broker(self, name: str) -> str:
+        return name
+
+    def to_client(self, name: str) -> str | None:
+        return name if self.permits(name) else None
+
+    @property
+    def hides_others(self) -> bool:
+        return True
+
+    @property
+    def filters(self) -> bool:
+        return True
+
+    def denies(self, name: str) -> bool:
+        return not self.permits(name)
+
+
+def denial(topic_map: TopicMap, name: str) -> str | None:
+    """Why ``topic_map`` refuses a request naming ``name`` (a client-side name): the
+    filter's key, ``deny_topics`` when a deny pattern matches the name as that filter
+    sees it, else ``allow_topics``; None when it lets the name through."""
+    maps = topic_map.maps if isinstance(topic_map, Chain) else (topic_map,)
+    for m in maps:
+        if isinstance(m, TopicFilter) and m.denies(name):
+            return "deny_topics" if any(p.fullmatch(name) for p in m.deny) else "allow_topics"
+        name = m.to_broker(name)
+    return None
+
 
 @dataclass(frozen=True, eq=False)
 class Rename(TopicMap):
@@ -210,6 +277,17 @@ class Chain(TopicMap):
                 return None
             result = m.id_to_client(kind, result)
         return result
+
+    @property
+    def filters(self) -> bool:
+        return any(m.filters for m in self.maps)
+
+    def denies(self, name: str) -> bool:
+        for m in self.maps:  # each sees the name as the maps before it leave it
+            if m.denies(name):
+                return True
+            name = m.to_broker(name)
+        return False
 
 
 @cache

@@ -47,12 +47,14 @@ def topic_ids(address: str, *names: str, client_id: str = "ops") -> dict[str, uu
     return {t.name: t.topic_id for t in body.topics if t.error_code == NONE}
 
 
-def fetch_error(address: str, topic_id: uuid.UUID) -> tuple[int, int]:
+def fetch_error(address: str, topic_id: uuid.UUID, client_id: str = "a-raw"
+                ) -> tuple[int, int]:
     """(the Fetch's top-level error, its one partition's error) for partition 0."""
     body = call(address, 1, 17, {
         "max_wait_ms": 0, "min_bytes": 1, "max_bytes": 1 << 20, "session_epoch": -1,
         "topics": [{"topic_id": topic_id, "partitions": [
-            {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}]}]})
+            {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}]}]},
+        client_id)
     [topic] = body.responses
     [partition] = topic.partitions
     assert topic.topic_id == topic_id

@@ -1,0 +1,79 @@
+"""Topics a client may use (``allow_topics`` / ``deny_topics``), on a real Apache Kafka
+broker with real clients: the others are not listed, cannot be written, read, deleted
+or fetched by id, and the clients go on with the topics they may use."""
+
+from __future__ import annotations
+
+import confluent_kafka as ck
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from tests.integration.test_rules_topic_ids import call, fetch_error, topic_ids
+from tests.support.clients import consume, produce, unique, watermarks
+from tests.support.kafka import KafkaCluster
+from tests.support.proxythread import ProxyThread
+
+TOPIC_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_ID = 29, 100
+RULES = ("- name: orders-only\n  match: {client_id: '^app'}\n"
+         "  allow_topics: ['orders-.*']\n")
+
+
+def test_a_client_sees_and_uses_only_the_topics_it_may(kafka: KafkaCluster) -> None:
+    from kafka import KafkaConsumer
+
+    orders, payroll = unique("orders"), unique("payroll")
+    for topic in (orders, payroll):
+        kafka.create_topic(topic)
+    ids = topic_ids(kafka.bootstrap, orders, payroll)
+    with ProxyThread(kafka.bootstrap, rules_yaml=RULES) as proxy:
+        conf = {"bootstrap.servers": proxy.bootstrap, "client.id": "app-1"}
+        admin = AdminClient(conf)
+        listed = admin.list_topics(timeout=10).topics
+        assert orders in listed and payroll not in listed
+        sent = produce(conf, orders, count=10)
+        assert sorted(consume(conf, orders, 10)) == sorted(sent)
+
+        # librdkafka cannot find the topic: the message fails, nothing reaches the broker.
+        producer = ck.Producer({**conf, "topic.metadata.propagation.max.ms": 1000,
+                                "message.timeout.ms": 5000, "log_level": 0})
+        failed: list[ck.KafkaError] = []
+        producer.produce(payroll, b"x", on_delivery=lambda err, _: failed.append(err))
+        producer.flush(20)
+        assert len(failed) == 1 and failed[0] is not None
+        assert failed[0].code() in (ck.KafkaError.UNKNOWN_TOPIC_OR_PART,
+                                    ck.KafkaError._UNKNOWN_TOPIC,
+                                    ck.KafkaError._MSG_TIMED_OUT)  # while unknown
+
+        # A client that learned the name elsewhere and names it is refused as a broker's
+        # ACLs refuse it: Produce by name, DeleteTopics, Fetch by id.
+        answer = call(proxy.bootstrap, 0, 9, {"acks": -1, "timeout_ms": 1000, "topic_data": [
+            {"name": payroll, "partition_data": [{"index": 0, "records": None}]}]},
+            client_id="app-raw")
+        assert [p.error_code for t in answer.responses for p in t.partition_responses] == [
+            TOPIC_AUTHORIZATION_FAILED]
+        with pytest.raises(ck.KafkaException) as deleted:
+            admin.delete_topics([payroll], operation_timeout=10)[payroll].result(20)
+        assert deleted.value.args[0].code() == ck.KafkaError.TOPIC_AUTHORIZATION_FAILED
+        proxied_ids = topic_ids(proxy.bootstrap, orders, client_id="app-ids")
+        assert proxied_ids == {orders: ids[orders]}  # and the proxy learned the ids
+        assert fetch_error(proxy.bootstrap, ids[payroll], "app-raw") == (0, UNKNOWN_TOPIC_ID)
+        assert fetch_error(proxy.bootstrap, ids[orders], "app-raw") == (0, 0)
+
+        # kafka-python subscribed to both reads the one it may and carries on.
+        reader = KafkaConsumer(bootstrap_servers=proxy.bootstrap, client_id="app-kp",
+                               group_id=unique("g"), auto_offset_reset="earliest",
+                               consumer_timeout_ms=10_000)
+        reader.subscribe([orders, payroll])
+        got = [record.value for _, record in zip(range(10), reader, strict=False)]
+        reader.close()
+        assert sorted(got) == sorted(sent)
+
+        assert proxy.sample("gatehouse_rule_decisions_total", rule="orders-only",
+                            action="refuse") >= 2
+        # Another client (not matched) sees both topics.
+        ops = AdminClient({"bootstrap.servers": proxy.bootstrap, "client.id": "ops"})
+        assert {orders, payroll} <= set(ops.list_topics(timeout=10).topics)
+    assert watermarks(kafka.bootstrap, orders) == (0, 10)
+    assert watermarks(kafka.bootstrap, payroll) == (0, 0)
+    assert payroll in AdminClient({"bootstrap.servers": kafka.bootstrap}).list_topics(
+        timeout=10).topics  # not deleted

@@ -1,0 +1,194 @@
+"""Topics a client may use (``allow_topics`` / ``deny_topics``): the others are hidden
+from answers, ids included, and a request that names one is refused with
+TOPIC_AUTHORIZATION_FAILED, as a broker refuses a client its ACLs do not allow."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from gatehouse import codecs
+from gatehouse.configfile import ConfigError, load_yaml_text
+from gatehouse.proxy.hooks import ConnectionInfo, Forward, Pending, Respond
+from gatehouse.proxy.policy import RulesPolicy
+from gatehouse.rules import Chain, Prefix, TopicFilter, parse_rules
+from tests.test_rules import req, rules
+
+TOPIC_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_ID = 29, 100
+ORDERS, PAYROLL = uuid.uuid4(), uuid.uuid4()
+FILTER = ('- name: orders-only\n  match: {client_id: "^app"}\n'
+          '  allow_topics: ["orders.*", "audit"]\n  deny_topics: ["orders\\\\.secret.*"]\n')
+
+
+def conn() -> ConnectionInfo:
+    return ConnectionInfo(id=1, client="127.0.0.1:1", listener="bootstrap")
+
+
+def metadata_answer(*names: tuple[str, uuid.UUID]) -> codecs.Response:
+    body = {"brokers": [], "topics": [{"name": n, "topic_id": i, "partitions": []}
+                                      for n, i in names]}
+    frame = bytes(codecs.response_from_dict({"header": {"correlation_id": 1}, "body": body},
+                                            api_key=3, api_version=12).encode())
+    return codecs.decode_response(memoryview(frame), 3, 12)
+
+
+def listening(policy: RulesPolicy) -> tuple[list[Any], list[tuple[str, str]]]:
+    counted: list[Any] = []
+    refused: list[tuple[str, str]] = []
+    policy.outcome_listeners.append(counted.append)
+    policy.refusal_listeners.append(lambda c, r, rule, action: refused.append((rule, action)))
+    return counted, refused
+
+
+def produce(topic: str, version: int = 9) -> codecs.Request:
+    return req(0, version, "app-1", acks=-1, timeout_ms=1000, topic_data=[
+        {"name": topic, "partition_data": [{"index": 0, "records": b"\x01" * 70}]}])
+
+
+def test_the_filter_says_which_names_a_client_may_use() -> None:
+    [rule] = rules(FILTER).rules
+    assert isinstance(rule.topic_map, TopicFilter)
+    permits = rule.topic_map.permits
+    assert permits("orders") and permits("orders.eu") and permits("audit")
+    assert not permits("orders.secret.keys")  # denied, though allowed by pattern
+    assert not permits("payroll") and not permits("audit-2")  # whole names only
+    deny_only = rules("- name: d\n  deny_topics: payroll\n").rules[0].topic_map
+    assert isinstance(deny_only, TopicFilter)
+    assert deny_only.permits("anything") and not deny_only.permits("payroll")
+
+
+def test_with_a_prefix_in_the_same_rule_the_filter_sees_the_clients_names() -> None:
+    [rule] = rules('- name: t\n  topic_prefix: {broker: "a."}\n  allow_topics: [orders]\n'
+                   ).rules
+    topic_map = rule.topic_map
+    assert isinstance(topic_map, Chain)
+    assert isinstance(topic_map.maps[0], TopicFilter) and isinstance(topic_map.maps[1], Prefix)
+    assert not topic_map.denies("orders") and topic_map.denies("payroll")
+    assert topic_map.to_client("a.orders") == "orders"
+    assert topic_map.to_client("a.payroll") is None and topic_map.to_client("b.x") is None
+
+
+def test_answers_show_only_the_allowed_topics() -> None:
+    policy = RulesPolicy(rules(FILTER))
+    decision = policy.on_request(conn(), req(3, 12, "app-1", topics=None))
+    assert isinstance(decision, Forward) and decision.wants_response
+    shown = policy.on_response(conn(), Pending(1, 3, 12, 0.0, wants_response=True,
+                                               context=decision.context),
+                               metadata_answer(("orders", ORDERS), ("payroll", PAYROLL)))
+    assert [t.name for t in shown.body.topics] == ["orders"]
+
+    # The hidden topic's id is refused as another tenant's is (rules.topicids).
+    fetch = req(1, 17, "app-1", max_wait_ms=1, min_bytes=1, max_bytes=1, session_id=0,
+                session_epoch=-1, topics=[{"topic_id": PAYROLL, "partitions": [
+                    {"partition": 0, "fetch_offset": 0}]}])
+    refused = policy.on_request(conn(), fetch)
+    assert isinstance(refused, Respond)
+    body = codecs.decode_response(memoryview(bytes(refused.response.encode())), 1, 17).body
+    assert {p.error_code for t in body.responses for p in t.partitions} == {UNKNOWN_TOPIC_ID}
+    allowed = req(1, 17, "app-1", max_wait_ms=1, min_bytes=1, max_bytes=1, session_id=0,
+                  session_epoch=-1, topics=[{"topic_id": ORDERS, "partitions": [
+                      {"partition": 0, "fetch_offset": 0}]}])
+    assert isinstance(policy.on_request(conn(), allowed), Forward)
+
+
+@pytest.mark.parametrize(("topic", "action"), [("payroll", "allow_topics"),
+                                               ("orders.secret.keys", "deny_topics")])
+def test_a_request_naming_a_topic_not_allowed_is_refused(topic: str, action: str) -> None:
+    policy = RulesPolicy(rules(FILTER))
+    counted, refused = listening(policy)
+    decision = policy.on_request(conn(), produce(topic))
+    assert isinstance(decision, Respond)
+    answer = codecs.decode_response(memoryview(bytes(decision.response.encode())), 0, 9)
+    assert [t.name for t in answer.body.responses] == [topic]
+    assert {p.error_code for t in answer.body.responses
+            for p in t.partition_responses} == {TOPIC_AUTHORIZATION_FAILED}
+    assert refused == [("orders-only", "refuse")]
+    assert [(o.rule, o.action, o.effect, o.mode) for o in counted] == [
+        ("orders-only", action, "refuse", "enforce")]
+
+    # An allowed topic goes through untouched; so does any topic for another client.
+    ok = produce("orders")
+    decision = policy.on_request(conn(), ok)
+    assert isinstance(decision, Forward) and decision.request.body.topic_data[0].name == "orders"
+    other = req(0, 9, "ops", acks=-1, timeout_ms=1000, topic_data=[
+        {"name": topic, "partition_data": [{"index": 0, "records": b"\x01" * 70}]}])
+    assert isinstance(policy.on_request(conn(), other), Forward)
+
+
+def test_a_large_request_is_checked_whole_under_a_filter() -> None:
+    policy = RulesPolicy(rules(FILTER))
+    assert policy.forwards_unread(conn(), produce("orders")) is None
+
+
+def test_in_observe_mode_nothing_is_refused_and_what_would_be_is_counted() -> None:
+    policy = RulesPolicy(rules(FILTER.replace("match:", "mode: observe\n  match:")))
+    counted, refused = listening(policy)
+    request = produce("payroll")
+    decision = policy.on_request(conn(), request)
+    assert isinstance(decision, Forward) and decision.request is request
+    assert refused == [("orders-only", "would_refuse")]
+    assert ("orders-only", "allow_topics", "refuse", "observe") in [
+        (o.rule, o.action, o.effect, o.mode) for o in counted]
+    counted.clear()
+    assert isinstance(policy.on_request(conn(), produce("orders")), Forward)
+    assert all(o.effect != "refuse" for o in counted)
+
+
+@pytest.mark.parametrize(("text", "line", "message"), [
+    ("- name: f\n  allow_topics: ['(unclosed']\n", 2, "not a regular expression"),
+    ("- name: f\n  deny_topics:\n    - ok\n    - 7\n", 4, "not a regular expression"),
+])
+def test_bad_patterns_say_file_and_line(text: str, line: int, message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as info:
+        parse_rules(load_yaml_text(text, "rules.yaml"), "rules.yaml")
+    assert str(info.value).startswith(f"rules.yaml:{line}: ")
+
+
+def test_a_filter_matched_by_client_id_gets_the_advice_but_not_the_groups_one() -> None:
+    advice = rules(FILTER).advice()
+    assert len(advice) == 1 and "client id" in advice[0]
+
+
+def test_the_impact_report_counts_what_a_filter_would_refuse() -> None:
+    """The pipeline's "what would this rule block" runs the same decision over the
+    observation log's rows (API, version, facts, topic names)."""
+    from gatehouse.pipeline.impact import decide
+
+    ruleset = rules(FILTER + '- name: rename\n  rename_topics: {audit: audit.v2}\n')
+
+    def row(*topics: str) -> dict[str, Any]:
+        return {"client_id": "app-1", "api_key": 0, "api_version": 9,
+                "topic_names": list(topics)}
+
+    refused = decide(ruleset, row("orders", "payroll", "orders.secret.x"))
+    assert [(d[0], d[2], d[3], d[6]) for d in refused] == [
+        ("orders-only", "allow_topics", "refuse", ["payroll", "orders.secret.x"])]
+    assert decide(ruleset, row("orders")) == []
+    assert [(d[0], d[3], d[6]) for d in decide(ruleset, row("audit"))] == [
+        ("rename", "rewrite", ["audit -> audit.v2"])]
+
+
+def test_a_fetch_keeps_its_session_and_metadata_is_answered_without_the_topic() -> None:
+    policy = RulesPolicy(rules(FILTER))
+    fetch = req(1, 12, "app-1", max_wait_ms=1, min_bytes=1, max_bytes=1, session_id=5,
+                session_epoch=2, topics=[{"topic": t, "partitions": [
+                    {"partition": 0, "fetch_offset": 0}]} for t in ("orders", "payroll")])
+    decision = policy.on_request(conn(), fetch)
+    assert isinstance(decision, Respond)
+    body = codecs.decode_response(memoryview(bytes(decision.response.encode())), 1, 12).body
+    assert body.error_code == 0  # a top-level error would end the fetch session
+    assert {p.error_code for t in body.responses for p in t.partitions} == {
+        TOPIC_AUTHORIZATION_FAILED}
+
+    # A Metadata request for an allowed and a denied topic goes on; its answer leaves the
+    # denied one out, as it leaves out another tenant's.
+    asked = req(3, 12, "app-1", topics=[{"name": "orders", "topic_id": uuid.UUID(int=0)},
+                                        {"name": "payroll", "topic_id": uuid.UUID(int=0)}])
+    decision = policy.on_request(conn(), asked)
+    assert isinstance(decision, Forward)
+    shown = policy.on_response(conn(), Pending(1, 3, 12, 0.0, wants_response=True,
+                                               context=decision.context),
+                               metadata_answer(("orders", ORDERS), ("payroll", PAYROLL)))
+    assert [t.name for t in shown.body.topics] == ["orders"]
