@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from gatehouse.codecs import Request, Response
+from gatehouse.codecs import Request, Response, produce
 from gatehouse.configfile import ConfigError, FileWatch, load_yaml_file
 from gatehouse.logs import log_event
 from gatehouse.proxy.apiversions import RangeAdjuster
@@ -327,7 +327,14 @@ class RulesPolicy(Policy):
 
 def _denied_topics(req: Request, topic_map: TopicMap) -> list[str]:
     """The topics ``req`` names (by name) that ``topic_map`` does not let it use."""
-    return [name for name in dict.fromkeys(topic_names(req)) if topic_map.denies(name)]
+    names: Sequence[Any] | None = None
+    if req.api_key == PRODUCE and not req.body_decoded:
+        counted = produce.request_topics_of(req)  # from its bytes, as the metrics read it
+        if counted is not None:
+            names = [topic for topic, *_ in counted if isinstance(topic, str) and topic]
+    if names is None:
+        names = topic_names(req)
+    return [name for name in dict.fromkeys(names) if topic_map.denies(name)]
 
 
 def _filter_rule(ruleset: RuleSet, outcomes: tuple[Outcome, ...], mode: str,
