@@ -16,7 +16,7 @@ from typing import Any
 
 from gatehouse.codecs import Request
 from gatehouse.rules import ClientFacts, RuleSet, TopicMap
-from gatehouse.rules.topics import denial
+from gatehouse.rules.topics import denial, denied_message
 
 # ClientFacts field -> the facts table's column that holds it (see job.facts_table).
 FACT_COLUMN = {"client_id": "client_id", "software_name": "software_name",
@@ -70,8 +70,8 @@ def decide(ruleset: RuleSet, row: Mapping[str, Any]) -> list[tuple[Any, ...]]:
             if denied:  # a topic filter (allow_topics / deny_topics) refuses the request
                 action = denied[0][1]
                 out.append((outcome.rule, index.get(outcome.rule, -1), action, "refuse",
-                            outcome.mode, f"topic {denied[0][0]!r} is not allowed here (rule "
-                            f"{outcome.rule})", [name for name, _ in denied]))
+                            outcome.mode, denied_message(denied[0][0], outcome.rule),
+                            [name for name, _ in denied]))
                 continue
             for name in names:
                 broker = topic_map.to_broker(name)

@@ -43,6 +43,7 @@ from gatehouse.rules.topics import (
     carries_ids,
     carries_topics,
     denial,
+    denied_message,
     has_error_text,
     lookup_kind,
     names_ids,
@@ -287,7 +288,7 @@ class RulesPolicy(Policy):
         outcomes = tuple(Outcome(o.rule, action, "refuse", o.mode)
                          if o.rule == rule and o.action == "topics" else o
                          for o in evaluation.outcomes)
-        message = f"topic {denied[0]!r} is not allowed here (rule {rule})"
+        message = denied_message(denied[0], rule)
         self._log_refusal(conn, req, rule, message, observe=False)
         # A Fetch's topics get the error, not the Fetch: a top-level error ends its session.
         within = "topic" if req.api_key == FETCH else None
@@ -307,8 +308,7 @@ class RulesPolicy(Policy):
         if not denied:
             return ()
         rule, action = _filter_rule(ruleset, evaluation.outcomes, "observe", denied[0])
-        self._log_refusal(conn, req, rule, f"topic {denied[0]!r} is not allowed here (rule "
-                          f"{rule})", observe=True)
+        self._log_refusal(conn, req, rule, denied_message(denied[0], rule), observe=True)
         return (Outcome(rule, action, "refuse", "observe"),)
 
     def _log_refusal(self, conn: ConnectionInfo, req: Request, rule: str, message: str,

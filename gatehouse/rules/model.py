@@ -21,7 +21,15 @@ from gatehouse.rules.errors import (
     CLUSTER_AUTHORIZATION_FAILED,
     UNSUPPORTED_VERSION,
 )
-from gatehouse.rules.topics import GROUP, TRANSACTION, Chain, Prefix, Rename, TopicMap
+from gatehouse.rules.topics import (
+    GROUP,
+    TRANSACTION,
+    Chain,
+    Prefix,
+    Rename,
+    TopicMap,
+    map_parts,
+)
 
 Mode = Literal["enforce", "observe"]
 API_VERSIONS = 18
@@ -332,8 +340,7 @@ def _minimums(rule: Rule) -> str:
 def _hiding_prefix(topic_map: TopicMap) -> bool:
     """A tenant prefix with ``hide_others`` (a topic filter hides too, but keeps no
     tenants apart by name)."""
-    maps = topic_map.maps if isinstance(topic_map, Chain) else (topic_map,)
-    return any(isinstance(m, Prefix) and m.hide_others for m in maps)
+    return any(isinstance(m, Prefix) and m.hide_others for m in map_parts(topic_map))
 
 
 def _compose(maps: Sequence[TopicMap]) -> TopicMap | None:

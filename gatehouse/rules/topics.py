@@ -154,12 +154,22 @@ class TopicFilter(TopicMap):
         return not self.permits(name)
 
 
+def map_parts(topic_map: TopicMap) -> tuple[TopicMap, ...]:
+    """The maps a composed map applies in order (a single map: itself)."""
+    return topic_map.maps if isinstance(topic_map, Chain) else (topic_map,)
+
+
+def denied_message(name: str, rule: str) -> str:
+    """What a refusal for naming a topic a filter does not allow says (the error text
+    the client gets, the log line, the impact report's reason)."""
+    return f"topic {name!r} is not allowed here (rule {rule})"
+
+
 def denial(topic_map: TopicMap, name: str) -> str | None:
     """Why ``topic_map`` refuses a request naming ``name`` (a client-side name): the
     filter's key, ``deny_topics`` when a deny pattern matches the name as that filter
     sees it, else ``allow_topics``; None when it lets the name through."""
-    maps = topic_map.maps if isinstance(topic_map, Chain) else (topic_map,)
-    for m in maps:
+    for m in map_parts(topic_map):
         if isinstance(m, TopicFilter) and m.denies(name):
             return "deny_topics" if any(p.fullmatch(name) for p in m.deny) else "allow_topics"
         name = m.to_broker(name)
