@@ -193,3 +193,33 @@ def test_a_fetch_keeps_its_session_and_metadata_is_answered_without_the_topic() 
                                                context=decision.context),
                                metadata_answer(("orders", ORDERS), ("payroll", PAYROLL)))
     assert [t.name for t in shown.body.topics] == ["orders"]
+
+
+def test_a_group_member_subscribes_only_to_the_topics_it_may_use() -> None:
+    """In a group whose members are filtered differently, a leader that may use every
+    topic assigns by the subscriptions it is sent: a member's subscription must not name
+    a topic its answers leave out, or that topic's partitions go to a member that never
+    reads them."""
+    policy = RulesPolicy(rules(FILTER))
+    owned = codecs.consumer.SUBSCRIPTION.structs["TopicPartition"].cls
+    subscription = codecs.consumer.subscription(
+        1, topics=("orders", "payroll"), user_data=None,
+        owned_partitions=(owned(topic="orders", partitions=(0,)),
+                          owned(topic="payroll", partitions=(1,))))
+    join = req(11, 9, "app-1", group_id="g", session_timeout_ms=10000,
+               rebalance_timeout_ms=10000, member_id="", group_instance_id=None,
+               protocol_type="consumer", reason=None,
+               protocols=[{"name": "range", "metadata": subscription.encode()}])
+    decision = policy.on_request(conn(), join)
+    assert isinstance(decision, Forward)
+    sent = codecs.consumer.decode_subscription(decision.request.body.protocols[0].metadata)
+    assert sent.body.topics == ("orders",)
+    assert [(p.topic, p.partitions) for p in sent.body.owned_partitions] == [("orders", (0,))]
+
+    # Another client's subscription goes up as it is.
+    other = req(11, 9, "ops", group_id="g", session_timeout_ms=10000,
+                rebalance_timeout_ms=10000, member_id="", group_instance_id=None,
+                protocol_type="consumer", reason=None,
+                protocols=[{"name": "range", "metadata": subscription.encode()}])
+    decision = policy.on_request(conn(), other)
+    assert isinstance(decision, Forward) and decision.request is other

@@ -549,8 +549,11 @@ def map_request(req: Request, mapping: TopicMap, state: dict[str, Any],
             groups.clear()
         groups[new.group_id] = protocol_type
         if protocol_type == CONSUMER:
+            # A member subscribes only to topics it may use: else a leader that may use
+            # them (a group of differently filtered members) assigns it partitions its
+            # answers leave out, and nobody reads them.
             new = _map_items(new, "protocols", "metadata", consumer.decode_subscription,
-                             mapping.to_broker, stats)
+                             _usable_to_broker(mapping), stats)
     elif req.api_key == SYNC_GROUP:
         protocol_type = _protocol_type(new, state, stats)
         if protocol_type == CONSUMER:
@@ -570,6 +573,17 @@ def map_request_head(req: Request, mapping: TopicMap) -> tuple[bytes, int] | Non
         return None
     return produce.rename_request_head(req.frame, req.api_version, mapping.to_broker,
                                        _transaction_renamer(mapping))
+
+
+def _usable_to_broker(mapping: TopicMap) -> Callable[[str], str | None]:
+    """``mapping.to_broker``, with None (left out) for the names it denies."""
+    if not mapping.filters:
+        return mapping.to_broker
+
+    def to_broker(name: str) -> str | None:
+        return None if mapping.denies(name) else mapping.to_broker(name)
+
+    return to_broker
 
 
 def _transaction_renamer(mapping: TopicMap) -> Callable[[str], str] | None:

@@ -4,6 +4,8 @@ or fetched by id, and the clients go on with the topics they may use."""
 
 from __future__ import annotations
 
+import time
+
 import confluent_kafka as ck
 import pytest
 from confluent_kafka.admin import AdminClient
@@ -77,3 +79,60 @@ def test_a_client_sees_and_uses_only_the_topics_it_may(kafka: KafkaCluster) -> N
     assert watermarks(kafka.bootstrap, payroll) == (0, 0)
     assert payroll in AdminClient({"bootstrap.servers": kafka.bootstrap}).list_topics(
         timeout=10).topics  # not deleted
+
+
+def test_in_a_group_of_differently_filtered_members_every_partition_is_read(
+        kafka: KafkaCluster) -> None:
+    """A member that may use only some of the group's topics subscribes only to those
+    (the proxy leaves the others out of its JoinGroup), so a leader that may use them
+    all assigns their partitions to members that read them."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    orders, payroll = unique("orders"), unique("payroll")
+    for topic in (orders, payroll):
+        kafka.create_topic(topic, partitions=2)
+    group = unique("g")
+    with ProxyThread(kafka.bootstrap, rules_yaml=RULES) as proxy:
+        def member(client_id: str) -> KafkaConsumer:
+            consumer = KafkaConsumer(bootstrap_servers=proxy.bootstrap, client_id=client_id,
+                                     group_id=group, auto_offset_reset="earliest",
+                                     enable_auto_commit=False)
+            consumer.subscribe([orders, payroll])
+            return consumer
+
+        got: dict[str, list[tuple[str, bytes]]] = {"ops": [], "app": []}
+
+        def poll(name: str, consumer: KafkaConsumer) -> None:
+            for tp, records in consumer.poll(timeout_ms=100).items():
+                got[name].extend((tp.topic, r.value) for r in records)
+
+        # The unfiltered member joins first and leads; the range assignor then gives the
+        # filtered one ("app-..." sorts first) the first partition of each topic it
+        # subscribes to.
+        ops = member("ops-1")
+        deadline = time.monotonic() + 60
+        while not ops.assignment() and time.monotonic() < deadline:
+            poll("ops", ops)
+        app = member("app-1")
+        while time.monotonic() < deadline and not (
+                app.assignment() and len(ops.assignment()) < 4):
+            poll("ops", ops)
+            poll("app", app)
+        assert app.assignment() == {TopicPartition(orders, 0)}
+        assert ops.assignment() == {TopicPartition(orders, 1), TopicPartition(payroll, 0),
+                                    TopicPartition(payroll, 1)}
+
+        producer = ck.Producer({"bootstrap.servers": kafka.bootstrap})
+        for topic in (orders, payroll):
+            for i in range(10):
+                producer.produce(topic, f"{topic}-{i}".encode(), partition=i % 2)
+        assert producer.flush(20) == 0
+        while time.monotonic() < deadline and len(got["ops"]) + len(got["app"]) < 20:
+            poll("ops", ops)
+            poll("app", app)
+        app.close()
+        ops.close()
+    assert sorted(v for t, v in got["ops"] if t == payroll) == sorted(
+        f"{payroll}-{i}".encode() for i in range(10))
+    assert {t for t, _ in got["app"]} == {orders}
+    assert len(got["ops"]) + len(got["app"]) == 20
