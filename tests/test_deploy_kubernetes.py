@@ -164,7 +164,7 @@ def config_ports(config: ProxyConfig) -> dict[str, int]:
     if not is_loopback(config.listen.host):
         ports["bootstrap"] = config.listen.port
     broker_host = config.brokers.listen_host or config.listen.host
-    if not is_loopback(broker_host):
+    if config.brokers.sni is None and not is_loopback(broker_host):
         assert config.brokers.start_port is None, \
             "reachable broker ports must be pinned (brokers.ports) to be declared"
         for node, port in config.brokers.ports.items():
@@ -230,15 +230,18 @@ def test_wiring(rendered: dict[str, list[dict[str, Any]]], kustomization: str,
 
     # Services: each selects this pod, carries a declared port, and the externally
     # advertised ports (bootstrap, broker-N) keep their numbers: clients dial what the proxy
-    # advertises, advertise_host:port.
+    # advertises, advertise_host:port (with brokers.sni, every broker's name on the
+    # advertised port).
     services = [s for s in by_kind(objects, "Service") if selects(s["spec"]["selector"], labels)]
     if not is_loopback(config.listen.host):
         served = {p["name"]: p for s in services for p in s["spec"]["ports"]}
+        sni = config.brokers.sni
         for name, port in config_ports(config).items():
             assert name in served, f"no Service port for {name}"
             assert resolve_port(served[name]["targetPort"], container) == port
             if name != "metrics":
-                assert served[name]["port"] == port
+                told = sni.advertise_port if sni is not None else None
+                assert served[name]["port"] == (told or port)
 
     # Prometheus: the monitor selects this pod (or a Service of it) and its metrics port.
     for monitor in by_kind(objects, "PodMonitor"):

@@ -8,6 +8,7 @@ The minimal config is two lines::
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ class BrokerPorts:
     start_port: int | None
     ports: dict[int, int] = field(default_factory=dict)
     listen_host: str | None = None  # default: the bootstrap listener's host
+    sni: SniRouting | None = None  # set: no port per broker, the server name says which
 
     def port_for(self, node_id: int) -> int | None:
         if node_id in self.ports:
@@ -57,6 +59,49 @@ class BrokerPorts:
             return 0
         port = self.start_port + node_id
         return port if port <= 65535 else None
+
+
+NODE_ID = "$(nodeId)"  # the broker's node id in ``brokers.sni.broker`` (Kroxylicious' token)
+_HOST_NAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                        r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+
+
+@dataclass(frozen=True)
+class SniRouting:
+    """Every broker on the one ``listen`` port, told apart by the TLS server name (SNI)
+    the client connects with: the bootstrap names, or the broker name pattern with the
+    node id in it.  What a Kubernetes ingress or a single load balancer port needs,
+    where a port per broker does not fit.  A client that sends no server name (it
+    connected by address) is a bootstrap connection."""
+
+    bootstrap: tuple[str, ...]  # lower case
+    broker: str  # with NODE_ID in it
+    # The port clients are told (a load balancer's, say); None: the one the proxy listens on.
+    advertise_port: int | None = None
+
+    def __post_init__(self) -> None:
+        head, _, tail = self.broker.lower().partition(NODE_ID.lower())
+        pattern = re.compile(re.escape(head) + "(0|[1-9][0-9]{0,9})" + re.escape(tail))
+        object.__setattr__(self, "_pattern", pattern)
+
+    def broker_host(self, node_id: int) -> str:
+        return self.broker.replace(NODE_ID, str(node_id))
+
+    def route(self, server_name: str | None) -> tuple[str, int | None] | None:
+        """(listener, node id) for the name a client asked for: ``("bootstrap", None)``,
+        ``("broker-3", 3)``; None for a name that is neither."""
+        if not server_name:
+            return "bootstrap", None
+        name = server_name.lower().rstrip(".")
+        if name in self.bootstrap:
+            return "bootstrap", None
+        node_id = self.broker_node(name)
+        return None if node_id is None else (f"broker-{node_id}", node_id)
+
+    def broker_node(self, name: str) -> int | None:
+        """The node id in a broker name (lower case), None if it is not one."""
+        found = self._pattern.fullmatch(name)  # type: ignore[attr-defined]
+        return None if found is None else int(found.group(1))
 
 
 @dataclass(frozen=True)
@@ -190,8 +235,10 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
             raise source.error(f"brokers.ports: port for node {node} must be 1-65535", line)
         explicit[node] = port
     broker_host = brokers_reader.take("listen_host", str)
+    sni = _sni_routing(brokers_reader) if brokers_reader.has("sni") else None
     brokers_reader.finish()
-    brokers = BrokerPorts(start_port=start_port, ports=explicit, listen_host=broker_host)
+    brokers = BrokerPorts(start_port=start_port, ports=explicit, listen_host=broker_host,
+                          sni=sni)
     clashes = [n for n, p in explicit.items() if p == listen.port]
     if clashes:
         raise brokers_reader.error("ports", f"node {clashes[0]} would share the bootstrap port")
@@ -239,6 +286,9 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
         if (tls_up.cert is None) != (tls_up.key is None):
             raise up.error(None, "tls.upstream needs both cert and key for mutual TLS")
     tls_reader.finish()
+    if sni is not None and tls_down is None:
+        raise brokers_reader.error("sni", "brokers.sni routes by the TLS server name: it "
+                                   "needs tls.downstream (the proxy ends the clients' TLS)")
 
     metrics_listen = None
     label_cap = 500
@@ -300,6 +350,40 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
     )
 
 
+def _sni_routing(brokers: Reader) -> SniRouting:
+    """``brokers.sni``: the bootstrap name(s), the broker name pattern, the port
+    clients are told; a port-per-broker setting beside it is an error."""
+    for key in ("start_port", "ports", "listen_host"):
+        if brokers.has(key):
+            raise brokers.error(key, f"brokers.{key} is for a port per broker; brokers.sni "
+                                "serves every broker on the listen port")
+    sni = brokers.child("sni")
+    raw = sni.require("bootstrap", (str, list))
+    names = [raw] if isinstance(raw, str) else raw
+    if not names:
+        raise sni.error("bootstrap", "brokers.sni.bootstrap needs at least one name")
+    for i, name in enumerate(names):
+        if not isinstance(name, str) or not _HOST_NAME.fullmatch(name):
+            line = sni.line_of("bootstrap") if isinstance(raw, str) else (
+                line_of(raw, i) or sni.line_of("bootstrap"))
+            raise sni.source.error(f"brokers.sni.bootstrap: {name!r} is not a host name", line)
+    pattern = sni.require("broker", str)
+    if pattern.count(NODE_ID) != 1 or not _HOST_NAME.fullmatch(pattern.replace(NODE_ID, "0")):
+        raise sni.error("broker", f"brokers.sni.broker must be a host name with {NODE_ID} "
+                        f"once in it (broker-{NODE_ID}.kafka.example.com), not {pattern!r}")
+    port = sni.take("advertise_port", int)
+    if port is not None and not 0 < port <= 65535:
+        raise sni.error("advertise_port", "brokers.sni.advertise_port must be 1-65535 (the "
+                        "port clients connect to; default the listen port)")
+    routing = SniRouting(bootstrap=tuple(n.lower() for n in names), broker=pattern,
+                         advertise_port=port)
+    clash = next((n for n in routing.bootstrap if routing.broker_node(n) is not None), None)
+    if clash is not None:
+        raise sni.error("bootstrap", f"brokers.sni.bootstrap: {clash!r} is also a broker name")
+    sni.finish()
+    return routing
+
+
 def _principal_mapping(down: Reader) -> tuple[MappingRule, ...]:
     """``principal_mapping_rules``: Kafka's string (rules separated by commas or new
     lines) or a list of rules; each error names its line."""
@@ -336,6 +420,7 @@ __all__ = [
     "DownstreamTls",
     "Limits",
     "ProxyConfig",
+    "SniRouting",
     "UpstreamTls",
     "config_from_text",
     "load_config",

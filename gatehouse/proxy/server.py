@@ -25,11 +25,16 @@ from gatehouse.proxy.config import Address, ProxyConfig
 from gatehouse.proxy.connection import ConnectionContext, ProxyConnection
 from gatehouse.proxy.hooks import ConnectionInfo, Observer, Observers, Policy
 from gatehouse.proxy.principal import certificate_principal, mapped_principal
-from gatehouse.proxy.tls import TlsContexts
+from gatehouse.proxy.tls import TlsContexts, accept_tls
 
 logger = logging.getLogger("gatehouse.proxy")
 
 _STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+
+
+# Seconds between Metadata requests for a broker a client named that the proxy did not
+# know (SNI routing): a client retrying a gone broker must not turn into a request storm.
+_REDISCOVER_EVERY = 5.0
 
 
 class UpstreamUnavailable(Exception):
@@ -69,6 +74,8 @@ class Proxy:
         self._principal_rules = (config.tls_downstream.principal_mapping
                                  if config.tls_downstream is not None else ())
         self._listener_lock = trio.Lock()
+        self._discovery_lock = trio.Lock()
+        self._discovered_at = -_REDISCOVER_EVERY
         self._nursery: trio.Nursery | None = None
         self.ctx = ConnectionContext(
             limits=config.limits,
@@ -86,7 +93,18 @@ class Proxy:
     def broker_host(self) -> str:
         return self.config.brokers.listen_host or self.config.listen.host
 
+    @property
+    def sni_port(self) -> int:
+        """The port clients are told under ``brokers.sni``: the advertised one, else the
+        one the proxy listens on."""
+        sni = self.config.brokers.sni
+        advertised = sni.advertise_port if sni is not None else None
+        return advertised or self.bootstrap_ports[0]
+
     def map_address(self, real: BrokerAddress) -> tuple[str, int] | None:
+        sni = self.config.brokers.sni
+        if sni is not None:
+            return sni.broker_host(real.node_id), self.sni_port
         known = self.brokers.get(real.node_id)
         port = known.port if known else self.config.brokers.port_for(real.node_id)
         if not port:
@@ -108,6 +126,13 @@ class Proxy:
     async def _open_broker_listener(self, real: BrokerAddress) -> None:
         async with self._listener_lock:
             if real.node_id in self.brokers or self._nursery is None:
+                return
+            sni = self.config.brokers.sni
+            if sni is not None:  # no port of its own: its name leads to it
+                self.brokers[real.node_id] = BrokerListener(real.node_id, self.sni_port, real)
+                log_event(logger, logging.INFO, "broker routed by TLS server name",
+                          node=real.node_id, name=sni.broker_host(real.node_id),
+                          broker=f"{real.host}:{real.port}")
                 return
             port = self.config.brokers.port_for(real.node_id)
             if port is None:
@@ -207,12 +232,19 @@ class Proxy:
                 tls = trio.SSLStream(stream, server_ssl, server_side=True)
                 try:
                     with trio.fail_after(self.config.limits.connect_timeout):
-                        await tls.do_handshake()
+                        server_name = await accept_tls(tls)
                 except (trio.TooSlowError, *_STREAM_ERRORS, ssl.SSLError) as exc:
                     reason, level = f"TLS handshake failed: {_describe(exc)}", logging.WARNING
                     await _aclose(stream)
                     return
                 client = tls
+                if self.config.brokers.sni is not None:
+                    refusal = await self._route_by_name(conn, server_name)
+                    if refusal is not None:
+                        reason, level = refusal, logging.WARNING
+                        await _aclose(client)
+                        return
+                    node_id = conn.node_id
                 # A certificate the client CA verified names the client (SASL, if it
                 # follows, names it again): the brokers only ever see the proxy.
                 subject = certificate_principal(tls.getpeercert())
@@ -250,6 +282,36 @@ class Proxy:
                       refused=conn.refused or None,
                       bytes_in=conn.bytes_from_client, bytes_out=conn.bytes_to_client,
                       seconds=round(trio.current_time() - opened, 3))
+
+    async def _route_by_name(self, conn: ConnectionInfo, server_name: str | None) -> str | None:
+        """Point ``conn`` at the broker (or the bootstrap) its TLS server name names
+        (``brokers.sni``); the reason to close it when the name leads nowhere.  A broker
+        the proxy has not heard of yet (the proxy restarted under clients that remember
+        the cluster) is looked for once with a Metadata request."""
+        sni = self.config.brokers.sni
+        assert sni is not None
+        route = sni.route(server_name)
+        if route is None:
+            return (f"TLS server name {server_name!r} is neither a bootstrap name nor a "
+                    f"broker name ({sni.broker})")
+        conn.listener, conn.node_id = route
+        if conn.node_id is None or conn.node_id in self.brokers:
+            return None
+        await self._rediscover()
+        if conn.node_id in self.brokers:
+            return None
+        return (f"TLS server name {server_name!r} names broker {conn.node_id}, which the "
+                "cluster does not list")
+
+    async def _rediscover(self) -> None:
+        """``discover`` again, at most once per ``_REDISCOVER_EVERY`` seconds however many
+        connections ask at once."""
+        async with self._discovery_lock:
+            now = trio.current_time()
+            if now - self._discovered_at < _REDISCOVER_EVERY:
+                return
+            await self.discover()
+            self._discovered_at = trio.current_time()
 
     # -- discovery ----------------------------------------------------------------------
 
@@ -290,8 +352,11 @@ class Proxy:
             listeners = await trio.open_tcp_listeners(listen.port, host=listen.host)
             self.bootstrap_ports = [ln.socket.getsockname()[1] for ln in listeners]
             nursery.start_soon(self._accept_loop, listeners, "bootstrap", None)
+            sni = self.config.brokers.sni
             log_event(logger, logging.INFO, "proxy listening",
                       listen=f"{listen.host}:{self.bootstrap_ports[0]}",
+                      brokers_by_name=(f"{sni.broker}:{self.sni_port}" if sni is not None
+                                       else None),
                       upstream=",".join(map(str, self.config.upstream)),
                       advertise=self.config.advertise_host)
             if self.config.tls_upstream is not None and not self.config.tls_upstream.verify:

@@ -13,10 +13,14 @@ cluster: the proxy's broker connections and the capture's Kafka sink.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import ssl
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import trio
 
 from gatehouse.configfile import FileWatch
 from gatehouse.logs import log_event
@@ -25,9 +29,34 @@ from gatehouse.proxy.config import DownstreamTls, ProxyConfig, UpstreamTls
 logger = logging.getLogger("gatehouse.proxy")
 
 
+# The server names (SNI) the handshakes in progress in this task were asked for: set by
+# ``accept_tls`` around its handshake, appended to by the context's SNI callback, which
+# OpenSSL calls inside that handshake, in that task's context.
+_SERVER_NAMES: contextvars.ContextVar[list[str]] = contextvars.ContextVar("server_names")
+
+
+def _note_server_name(_conn: Any, server_name: str | None, _ctx: ssl.SSLContext) -> None:
+    noted = _SERVER_NAMES.get(None)
+    if noted is not None and server_name:
+        noted.append(server_name)
+
+
+async def accept_tls(stream: trio.SSLStream[Any]) -> str | None:
+    """The server side of ``stream``'s handshake; the server name the client asked for
+    (SNI), None when it sent none (it connected by address)."""
+    noted: list[str] = []
+    token = _SERVER_NAMES.set(noted)
+    try:
+        await stream.do_handshake()
+    finally:
+        _SERVER_NAMES.reset(token)
+    return noted[-1] if noted else None
+
+
 def server_ssl_context(tls: DownstreamTls) -> ssl.SSLContext:
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(str(tls.cert), str(tls.key))
+    ctx.sni_callback = _note_server_name
     if tls.client_ca is not None:
         ctx.load_verify_locations(str(tls.client_ca))
         ctx.verify_mode = ssl.CERT_REQUIRED

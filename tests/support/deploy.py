@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 KUBERNETES = DEPLOY / "kubernetes"
 CONTAINERFILE = DEPLOY / "container" / "Containerfile"
-KUSTOMIZATIONS = ("base/sidecar", "base/edge", "overlays/sidecar-example", "overlays/edge")
+KUSTOMIZATIONS = ("base/sidecar", "base/edge", "overlays/sidecar-example", "overlays/edge",
+                  "overlays/edge-sni")
 INSTALL_HINT = "install it with `sh scripts/install_deploy_tools.sh` (make test does)"
 
 
