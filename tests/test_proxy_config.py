@@ -128,7 +128,7 @@ def test_check_advises_on_tenant_rules_that_do_not_keep_tenants_apart(
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2, err
     assert err[0].startswith(f"warning: {path}:4: rule claimed: keeps tenants apart")
-    assert "match on principal (SASL) or source" in err[0]
+    assert "match on principal (SASL or a client certificate) or source" in err[0]
     assert err[1] == (f"warning: {path}:4: rule claimed: hides other tenants' topics but "
                       "their groups and transactional ids stay shared: add groups: true, "
                       "transactional_ids: true")

@@ -16,7 +16,14 @@ from typing import Any
 
 from gatehouse.codecs import Request
 from gatehouse.rules import ClientFacts, RuleSet, TopicMap
-from gatehouse.rules.topics import denial, denied_message
+from gatehouse.rules.topics import (
+    GROUP,
+    denial,
+    denied_id_message,
+    denied_message,
+    filtered_id_kinds,
+    id_denial,
+)
 
 # ClientFacts field -> the facts table's column that holds it (see job.facts_table).
 FACT_COLUMN = {"client_id": "client_id", "software_name": "software_name",
@@ -34,6 +41,14 @@ def rewrites_topics(ruleset: RuleSet | None) -> bool:
     return ruleset is not None and any(rule.topic_map is not None for rule in ruleset.rules)
 
 
+def filters_groups(ruleset: RuleSet | None) -> bool:
+    """Whether a rule restricts the group ids clients may use (``allow_groups``...):
+    only then do decisions read the group a request names."""
+    return ruleset is not None and any(
+        rule.topic_map is not None and GROUP in filtered_id_kinds(rule.topic_map)
+        for rule in ruleset.rules)
+
+
 def decision_columns(ruleset: RuleSet) -> tuple[str, ...]:
     """The facts table's columns that decisions under ``ruleset`` depend on."""
     read = ruleset.facts_read()
@@ -41,6 +56,8 @@ def decision_columns(ruleset: RuleSet) -> tuple[str, ...]:
     columns += ["api_key", "api_version"]
     if rewrites_topics(ruleset):
         columns.append("topic_names")
+    if filters_groups(ruleset):
+        columns.append("group_id")
     return tuple(columns)
 
 
@@ -72,6 +89,12 @@ def decide(ruleset: RuleSet, row: Mapping[str, Any]) -> list[tuple[Any, ...]]:
                 out.append((outcome.rule, index.get(outcome.rule, -1), action, "refuse",
                             outcome.mode, denied_message(denied[0][0], outcome.rule),
                             [name for name, _ in denied]))
+                continue
+            group = row.get("group_id")
+            why = id_denial(topic_map, GROUP, group) if group else None
+            if group and why is not None:  # a group filter (allow_groups / deny_groups) refuses it
+                out.append((outcome.rule, index.get(outcome.rule, -1), why, "refuse",
+                            outcome.mode, denied_id_message(GROUP, group, outcome.rule), []))
                 continue
             for name in names:
                 broker = topic_map.to_broker(name)

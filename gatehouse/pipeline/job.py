@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gatehouse.capture.schema import spark_ddl
-from gatehouse.pipeline.impact import rewrites_topics
+from gatehouse.pipeline.impact import filters_groups, rewrites_topics
 from gatehouse.rules import ClientFacts, RuleSet
 from gatehouse.rules.model import software_versions
 
@@ -126,7 +126,9 @@ def read_captures(spark: Any, options: ReportOptions) -> Any:
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    ddl = spark_ddl(READ_FIELDS, READ_TOPIC_FIELDS)
+    # The group id only when a rule restricts groups (the impact report reads it).
+    groups = ("group_id",) if filters_groups(options.rules) else ()
+    ddl = spark_ddl(READ_FIELDS | frozenset(groups), READ_TOPIC_FIELDS)
 
     def reader(glob: str) -> Any:
         return (spark.read.schema(ddl).option("recursiveFileLookup", "true")
@@ -152,7 +154,7 @@ def read_captures(spark: Any, options: ReportOptions) -> Any:
     df = df.select(
         "time", "proxy", "run", "conn", "client", "listener", "client_id", "software_name",
         "software_version", "principal", "api", "api_key", "api_version", "latency_ms",
-        "error_count", "topics", weight.alias("weight"))
+        "error_count", "topics", *groups, weight.alias("weight"))
     if has_json:
         df = df.persist(StorageLevel.MEMORY_AND_DISK)
     return df
@@ -167,18 +169,22 @@ def _client_host(F: Any) -> Any:
     return F.regexp_extract("client", r"^\[?(.*?)\]?:\d+$", 1)
 
 
-def facts_table(df: Any, with_topics: bool = True) -> Any:
+def facts_table(df: Any, with_topics: bool = True, with_groups: bool = False) -> Any:
     """The log by everything the census and rule decisions look at: one pass over the
     records, down to a few rows per connection, API version and topic list (materialized:
     the summary, the census and the impact read it).  Only plain columns are grouped on;
     what is derived from them (address host, connection name, sorted topic names) is
     computed once per group afterwards, not once per record.  Without ``with_topics`` the
     topic names are left out (an empty list): grouping on them is ~40% of the pass, and
-    only rules that rename topics read them."""
+    only rules that rename topics read them; the group id likewise (``with_groups``:
+    rules that restrict groups read it)."""
     from pyspark.sql import functions as F
 
     keys = ["software_name", "software_version", "client_id", "client", "listener",
             "principal", "proxy", "run", "conn", "api", "api_key", "api_version"]
+    if with_groups:
+        keys.append("group_id")
+    group_id = F.col("group_id") if with_groups else F.lit(None).cast("string")
     if with_topics:
         df = df.select(*keys, "time", "weight", F.col("topics.name").alias("topic_list"))
         keys.append("topic_list")
@@ -193,7 +199,8 @@ def facts_table(df: Any, with_topics: bool = True) -> Any:
         "software_name", "software_version", "client_id", "client",
         _client_host(F).alias("client_host"), "listener", "principal",
         F.concat_ws("/", "proxy", "run", "conn").alias("connection"), "api", "api_key",
-        "api_version", topic_names.alias("topic_names"), "requests", "records",
+        "api_version", topic_names.alias("topic_names"), group_id.alias("group_id"),
+        "requests", "records",
         "first_seen", "last_seen")
         .localCheckpoint(eager=True))
 
@@ -409,7 +416,8 @@ def report(spark: Any, options: ReportOptions) -> ReportData:
 
     df = read_captures(spark, options)
     try:
-        facts = facts_table(df, with_topics=rewrites_topics(options.rules))
+        facts = facts_table(df, with_topics=rewrites_topics(options.rules),
+                            with_groups=filters_groups(options.rules))
         summary = summarize(facts)
         if not summary.records:
             raise PipelineError(f"no capture records in {options.captures} for that period")

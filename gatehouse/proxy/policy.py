@@ -35,16 +35,27 @@ from gatehouse.rules import (
     map_response,
     parse_rules,
 )
-from gatehouse.rules.errors import INVALID_REQUEST, TOPIC_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_ID
+from gatehouse.rules.errors import (
+    GROUP_AUTHORIZATION_FAILED,
+    INVALID_REQUEST,
+    TOPIC_AUTHORIZATION_FAILED,
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    UNKNOWN_TOPIC_ID,
+)
 from gatehouse.rules.topicids import TopicIds, checks_ids, teaches_ids
 from gatehouse.rules.topics import (
     FIND_COORDINATOR,
+    GROUP,
+    ID_FILTER_KEYS,
     TRANSACTION,
     carries_ids,
     carries_topics,
     denial,
+    denied_id_message,
     denied_message,
     has_error_text,
+    id_denial,
+    id_names,
     lookup_kind,
     names_ids,
     names_topics,
@@ -54,6 +65,10 @@ from gatehouse.rules.topics import (
 
 logger = logging.getLogger("gatehouse.rules")
 PRODUCE, FETCH, METADATA = 0, 1, 3
+TOPIC = "topic"  # beside the id kinds (GROUP, TRANSACTION): a name a filter refuses
+# What a broker answers a client its ACLs do not allow to use the name.
+_NOT_AUTHORIZED = {TOPIC: TOPIC_AUTHORIZATION_FAILED, GROUP: GROUP_AUTHORIZATION_FAILED,
+                   TRANSACTION: TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
 
 
 def _wants_mapped_answer(req: Request, topic_map: TopicMap) -> bool:
@@ -281,19 +296,19 @@ class RulesPolicy(Policy):
         if (evaluation.refusal is not None or topic_map is None or not topic_map.filters
                 or not req.known or req.api_key == METADATA):
             return None
-        denied = _denied_topics(req, topic_map)
-        if not denied:
+        denied = _denied_names(req, topic_map)
+        if denied is None:
             return None
-        rule, action = _filter_rule(ruleset, evaluation.outcomes, "enforce", denied[0])
+        kind, name = denied
+        rule, action = _filter_rule(ruleset, evaluation.outcomes, "enforce", kind, name)
         outcomes = tuple(Outcome(o.rule, action, "refuse", o.mode)
                          if o.rule == rule and o.action == "topics" else o
                          for o in evaluation.outcomes)
-        message = denied_message(denied[0], rule)
+        message = _denied_text(kind, name, rule)
         self._log_refusal(conn, req, rule, message, observe=False)
         # A Fetch's topics get the error, not the Fetch: a top-level error ends its session.
-        within = "topic" if req.api_key == FETCH else None
-        return (_refused(req, message, TOPIC_AUTHORIZATION_FAILED, message, within),
-                outcomes)
+        within = "topic" if req.api_key == FETCH and kind == TOPIC else None
+        return (_refused(req, message, _NOT_AUTHORIZED[kind], message, within), outcomes)
 
     def _would_refuse_topics(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation,
                              ruleset: RuleSet) -> tuple[Outcome, ...]:
@@ -302,13 +317,14 @@ class RulesPolicy(Policy):
         if observed is None or not req.known or req.api_key == METADATA:
             return ()
         try:
-            denied = _denied_topics(req, observed)
+            denied = _denied_names(req, observed)
         except Exception:  # observe mode must never break traffic
             return ()
-        if not denied:
+        if denied is None:
             return ()
-        rule, action = _filter_rule(ruleset, evaluation.outcomes, "observe", denied[0])
-        self._log_refusal(conn, req, rule, denied_message(denied[0], rule), observe=True)
+        kind, name = denied
+        rule, action = _filter_rule(ruleset, evaluation.outcomes, "observe", kind, name)
+        self._log_refusal(conn, req, rule, _denied_text(kind, name, rule), observe=True)
         return (Outcome(rule, action, "refuse", "observe"),)
 
     def _log_refusal(self, conn: ConnectionInfo, req: Request, rule: str, message: str,
@@ -325,8 +341,9 @@ class RulesPolicy(Policy):
                   version=req.api_version, reason=message, **conn.describe())
 
 
-def _denied_topics(req: Request, topic_map: TopicMap) -> list[str]:
-    """The topics ``req`` names (by name) that ``topic_map`` does not let it use."""
+def _denied_names(req: Request, topic_map: TopicMap) -> tuple[str, str] | None:
+    """The first name ``req`` names (a topic by name, a group or transactional id) that
+    ``topic_map`` does not let it use, as (``TOPIC`` or the id's kind, name)."""
     names: Sequence[Any] | None = None
     if req.api_key == PRODUCE and not req.body_decoded:
         counted = produce.request_topics_of(req)  # from its bytes, as the metrics read it
@@ -334,24 +351,40 @@ def _denied_topics(req: Request, topic_map: TopicMap) -> list[str]:
             names = [topic for topic, *_ in counted if isinstance(topic, str) and topic]
     if names is None:
         names = topic_names(req)
-    return [name for name in dict.fromkeys(names) if topic_map.denies(name)]
+    for name in names:
+        if topic_map.denies(name):
+            return TOPIC, name
+    kinds = topic_map.id_kinds
+    if kinds and (req.api_key == FIND_COORDINATOR
+                  or names_ids(req.api.request, req.api_version, kinds)):
+        for kind, name in id_names(req, kinds):
+            if topic_map.denies_id(kind, name):
+                return kind, name
+    return None
 
 
-def _filter_rule(ruleset: RuleSet, outcomes: tuple[Outcome, ...], mode: str,
+def _denied_text(kind: str, name: str, rule: str) -> str:
+    return denied_message(name, rule) if kind == TOPIC else denied_id_message(kind, name, rule)
+
+
+def _filter_rule(ruleset: RuleSet, outcomes: tuple[Outcome, ...], mode: str, kind: str,
                  name: str) -> tuple[str, str]:
-    """(rule, action) for a refused topic: the first rule of ``mode`` whose topic map
-    was applied and refuses it on its own (``rules.topics.denial``); else the first
-    applied rule with a filter (a name only the composed maps refuse)."""
+    """(rule, action) for a refused name: the first rule of ``mode`` whose topic map
+    was applied and refuses it on its own (``rules.topics.denial``, ``id_denial``);
+    else the first applied rule with a filter (a name only the composed maps refuse)."""
     rules = {r.name: r for r in ruleset.rules}
     applied = [rules[o.rule] for o in outcomes
                if o.action == "topics" and o.mode == mode and o.rule in rules]
     for rule in applied:
-        action = denial(rule.topic_map, name) if rule.topic_map is not None else None
+        if rule.topic_map is None:
+            continue
+        action = (denial(rule.topic_map, name) if kind == TOPIC
+                  else id_denial(rule.topic_map, kind, name))
         if action is not None:
             return rule.name, action
     fallback = next((r.name for r in applied if r.topic_map is not None
                      and r.topic_map.filters), "topic-filter")
-    return fallback, "deny_topics"
+    return fallback, "deny_topics" if kind == TOPIC else f"deny_{ID_FILTER_KEYS[kind]}"
 
 
 def _refused(req: Request, reason: str, code: int, message: str | None = None,

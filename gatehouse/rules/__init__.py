@@ -18,6 +18,8 @@ from gatehouse.rules.model import (
 from gatehouse.rules.parse import load_rules_file, parse_rules
 from gatehouse.rules.topics import (
     Chain,
+    IdFilter,
+    NameFilter,
     Prefix,
     Rename,
     RewriteStats,
@@ -32,7 +34,9 @@ __all__ = [
     "Chain",
     "ClientFacts",
     "Evaluation",
+    "IdFilter",
     "Match",
+    "NameFilter",
     "Outcome",
     "Prefix",
     "Refusal",

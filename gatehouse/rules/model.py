@@ -282,17 +282,20 @@ class RuleSet:
         out = []
         for rule in self.rules:
             topic_map = rule.topic_map
-            if rule.mode != "enforce" or topic_map is None or not topic_map.hides_others:
+            if rule.mode != "enforce" or topic_map is None or not (
+                    topic_map.hides_others or topic_map.filters):
                 continue
             where = f"{self.source}:{rule.line}" if rule.line is not None else self.source
             match = rule.match
             if match.principal is None and not match.sources and (
                     match.client_id is not None or match.software_name is not None
                     or match.software_version is not None):
-                out.append(f"{where}: rule {rule.name}: keeps tenants apart (hide_others) "
-                           "but tells them apart by what a client says of itself (client "
-                           "id, software), which any client may claim: match on "
-                           "principal (SASL) or source instead")
+                what = ("keeps tenants apart (hide_others)" if topic_map.hides_others
+                        else "limits the groups or transactional ids a client may use")
+                out.append(f"{where}: rule {rule.name}: {what}, but tells clients apart by "
+                           "what a client says of itself (client id, software), which any "
+                           "client may claim: match on principal (SASL or a client "
+                           "certificate) or source instead")
             shared = [key for key, kind in (("groups", GROUP), ("transactional_ids", TRANSACTION))
                       if kind not in topic_map.id_kinds]
             if shared and _hiding_prefix(topic_map):

@@ -25,7 +25,16 @@ from gatehouse.rules.model import (
     VersionBound,
     parse_version,
 )
-from gatehouse.rules.topics import Chain, Prefix, Rename, TopicFilter, TopicMap
+from gatehouse.rules.topics import (
+    ID_FILTER_KEYS,
+    Chain,
+    IdFilter,
+    NameFilter,
+    Prefix,
+    Rename,
+    TopicFilter,
+    TopicMap,
+)
 
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 _SOFTWARE_RE = re.compile(r"^[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?$")  # KIP-511
@@ -129,8 +138,9 @@ def _match(reader: Reader) -> Match:
     return match
 
 
-def _topic_patterns(reader: Reader, key: str) -> tuple[re.Pattern[str], ...] | None:
-    """``allow_topics`` / ``deny_topics``: regular expressions over whole topic names."""
+def _name_patterns(reader: Reader, key: str) -> tuple[re.Pattern[str], ...] | None:
+    """``allow_topics`` / ``deny_topics`` (``_groups``, ``_transactional_ids``): regular
+    expressions over whole names."""
     raw = reader.take(key, (list, str))
     if raw is None:
         return None
@@ -223,12 +233,22 @@ def _rule(data: Any, source: Source, line: int | None, index: int) -> Rule:
             raise reader.error("topic_prefix", f"topic_prefix: {prefix!r} cannot start a topic "
                                "name")
         topic_map = Prefix(prefix, hide, groups, transactions)
-    allow_topics = _topic_patterns(reader, "allow_topics")
-    deny_topics = _topic_patterns(reader, "deny_topics")
+    filters: list[TopicMap] = []  # the client's names: before this rule's rename or prefix
+    allow_topics = _name_patterns(reader, "allow_topics")
+    deny_topics = _name_patterns(reader, "deny_topics")
     if allow_topics is not None or deny_topics:
-        # The client's names: before this rule's own rename or prefix.
-        topic_filter = TopicFilter(allow_topics, deny_topics or ())
-        topic_map = topic_filter if topic_map is None else Chain((topic_filter, topic_map))
+        filters.append(TopicFilter(allow_topics, deny_topics or ()))
+    by_kind: dict[str, NameFilter] = {}
+    for kind, key in ID_FILTER_KEYS.items():
+        allow_ids = _name_patterns(reader, f"allow_{key}")
+        deny_ids = _name_patterns(reader, f"deny_{key}")
+        if allow_ids is not None or deny_ids:
+            by_kind[kind] = NameFilter(allow_ids, deny_ids or ())
+    if by_kind:
+        filters.append(IdFilter(by_kind))
+    if filters:
+        parts = (*filters, topic_map) if topic_map is not None else tuple(filters)
+        topic_map = parts[0] if len(parts) == 1 else Chain(parts)
     reader.finish()
     return Rule(name=name, match=match, mode=mode,
                 min_api_version=minimum, max_api_version=maximum, deny_apis=deny,

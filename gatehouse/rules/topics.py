@@ -100,12 +100,17 @@ class TopicMap:
 
     @property
     def filters(self) -> bool:
-        """Whether some names may not be used at all (``TopicFilter``): a request naming
-        one is refused (``denies``) rather than mapped."""
+        """Whether some names may not be used at all (``TopicFilter``, ``IdFilter``): a
+        request naming one is refused (``denies``, ``denies_id``) rather than mapped."""
         return False
 
     def denies(self, name: str) -> bool:
         """Whether a request that names ``name`` (a client-side name) is refused."""
+        return False
+
+    def denies_id(self, kind: str, name: str) -> bool:
+        """Whether a request that names the id ``name`` of ``kind`` (``GROUP``,
+        ``TRANSACTION``; the client's) is refused."""
         return False
 
 
@@ -113,11 +118,9 @@ _PERMITS_KEPT = 10_000  # names remembered per filter (a cluster's topics, a few
 
 
 @dataclass(frozen=True, eq=False)
-class TopicFilter(TopicMap):
-    """The topics a client may use, by the names it uses: those ``allow`` matches (all when
-    None) but ``deny`` does not (regular expressions over the whole name).  The others are
-    hidden from every answer, their ids included (``hides_others``), and a request that
-    names one is refused (``denies``)."""
+class NameFilter:
+    """Names a client may use: those ``allow`` matches (all when None) but ``deny`` does
+    not (regular expressions over the whole name)."""
 
     allow: tuple[re.Pattern[str], ...] | None
     deny: tuple[re.Pattern[str], ...] = ()
@@ -129,12 +132,27 @@ class TopicFilter(TopicMap):
         known: dict[str, bool] = self._permitted  # type: ignore[attr-defined]
         found = known.get(name)
         if found is None:
-            found = (not any(p.fullmatch(name) for p in self.deny)
-                     and (self.allow is None or any(p.fullmatch(name) for p in self.allow)))
+            found = self.refused_by(name) is None
             if len(known) >= _PERMITS_KEPT:
                 known.clear()
             known[name] = found
         return found
+
+    def refused_by(self, name: str) -> str | None:
+        """``"deny"`` when a deny pattern matches ``name``, ``"allow"`` when no allow
+        pattern does, else None (permitted)."""
+        if any(p.fullmatch(name) for p in self.deny):
+            return "deny"
+        if self.allow is not None and not any(p.fullmatch(name) for p in self.allow):
+            return "allow"
+        return None
+
+
+@dataclass(frozen=True, eq=False)
+class TopicFilter(NameFilter, TopicMap):
+    """The topics a client may use, by the names it uses (``allow_topics``,
+    ``deny_topics``).  The others are hidden from every answer, their ids included
+    (``hides_others``), and a request that names one is refused (``denies``)."""
 
     def to_broker(self, name: str) -> str:
         return name
@@ -154,6 +172,44 @@ class TopicFilter(TopicMap):
         return not self.permits(name)
 
 
+# The rule keys of an id filter, per kind: allow_groups / deny_groups, ...
+ID_FILTER_KEYS = {GROUP: "groups", TRANSACTION: "transactional_ids"}
+_ID_WORDS = {GROUP: "group", TRANSACTION: "transactional id"}
+
+
+@dataclass(frozen=True, eq=False)
+class IdFilter(TopicMap):
+    """The group ids and transactional ids a client may use, per kind (``allow_groups``
+    / ``deny_groups``, ``allow_transactional_ids`` / ``deny_transactional_ids``).  The
+    others are left out of every answer (ListGroups, DescribeGroups, ListTransactions,
+    ACL listings...), and a request that names one is refused (``denies_id``).  Topics
+    pass as they are."""
+
+    by_kind: dict[str, NameFilter]
+
+    def to_broker(self, name: str) -> str:
+        return name
+
+    def to_client(self, name: str) -> str | None:
+        return name
+
+    @property
+    def id_kinds(self) -> IdKinds:
+        return frozenset(self.by_kind)
+
+    def id_to_client(self, kind: str, name: str) -> str | None:
+        names = self.by_kind.get(kind)
+        return name if names is None or names.permits(name) else None
+
+    @property
+    def filters(self) -> bool:
+        return True
+
+    def denies_id(self, kind: str, name: str) -> bool:
+        names = self.by_kind.get(kind)
+        return names is not None and not names.permits(name)
+
+
 def map_parts(topic_map: TopicMap) -> tuple[TopicMap, ...]:
     """The maps a composed map applies in order (a single map: itself)."""
     return topic_map.maps if isinstance(topic_map, Chain) else (topic_map,)
@@ -171,9 +227,30 @@ def denial(topic_map: TopicMap, name: str) -> str | None:
     sees it, else ``allow_topics``; None when it lets the name through."""
     for m in map_parts(topic_map):
         if isinstance(m, TopicFilter) and m.denies(name):
-            return "deny_topics" if any(p.fullmatch(name) for p in m.deny) else "allow_topics"
+            return f"{m.refused_by(name)}_topics"
         name = m.to_broker(name)
     return None
+
+
+def filtered_id_kinds(topic_map: TopicMap) -> IdKinds:
+    """The kinds of ids an ``IdFilter`` in ``topic_map`` restricts."""
+    return frozenset().union(*(m.by_kind for m in map_parts(topic_map)
+                               if isinstance(m, IdFilter)))
+
+
+def id_denial(topic_map: TopicMap, kind: str, name: str) -> str | None:
+    """``denial`` for the id ``name`` of ``kind``: ``deny_groups``, ``allow_groups``,
+    ``deny_transactional_ids`` or ``allow_transactional_ids``; None when it passes."""
+    for m in map_parts(topic_map):
+        if isinstance(m, IdFilter) and m.denies_id(kind, name):
+            return f"{m.by_kind[kind].refused_by(name)}_{ID_FILTER_KEYS[kind]}"
+        name = m.id_to_broker(kind, name)
+    return None
+
+
+def denied_id_message(kind: str, name: str, rule: str) -> str:
+    """``denied_message`` for an id an id filter does not allow."""
+    return f"{_ID_WORDS[kind]} {name!r} is not allowed here (rule {rule})"
 
 
 @dataclass(frozen=True, eq=False)
@@ -297,6 +374,13 @@ class Chain(TopicMap):
             if m.denies(name):
                 return True
             name = m.to_broker(name)
+        return False
+
+    def denies_id(self, kind: str, name: str) -> bool:
+        for m in self.maps:
+            if m.denies_id(kind, name):
+                return True
+            name = m.id_to_broker(kind, name)
         return False
 
 
@@ -742,6 +826,42 @@ def regex_subscription(req: Request) -> str | None:
     if req.api_key != 68:
         return None
     return getattr(req.body, "subscribed_topic_regex", None) or None
+
+
+def id_names(req: Request, kinds: IdKinds) -> list[tuple[str, str]]:
+    """Every (kind, id) of ``kinds`` a request names: the fields the specs mark as group
+    ids or transactional ids, resources of those types (ACLs, configs), and a
+    FindCoordinator's keys."""
+    if not kinds:
+        return []
+    found: list[tuple[str, str]] = []
+    if req.api_key == FIND_COORDINATOR:
+        kind = lookup_kind(req)
+        if kind in kinds:
+            body = req.body
+            keys = (body.key,) if req.api_version < 4 else body.coordinator_keys
+            found.extend((kind, key) for key in keys if key)
+        return found
+    is_id = _predicates(kinds)[2]
+    resource_kinds = {t: k for k in kinds for t in _KINDS[k].resource_types}
+
+    def visit(struct: StructSpec, record: Any) -> Any:
+        resource_kind = resource_kinds.get(_resource_type(record))  # type: ignore[arg-type]
+        for f in struct.fields:
+            value = getattr(record, f.attr, None)
+            if value is None:
+                continue
+            kind = _id_kind(f) if is_id(f) else (
+                resource_kind if resource_kind and _is_resource_field(f) else None)
+            if kind is not None:
+                found.extend((kind, v) for v in (value if f.is_array else (value,)) if v)
+        return record
+
+    def wanted(f: FieldSpec) -> bool:
+        return is_id(f) or _is_resource_field(f)
+
+    rewrite(req.api.request, req.api_version, req.body, wanted, visit)
+    return found
 
 
 def topic_names(req: Request) -> Sequence[str]:

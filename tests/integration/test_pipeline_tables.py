@@ -45,9 +45,12 @@ rules:
   - name: alice-modern-fetch
     match: {principal: "^alice$"}
     min_api_version: {Fetch: 12}
+  - name: bob-groups
+    match: {principal: "^bob$"}
+    allow_groups: ['team-b\\..*']
 """
-API = {0: "Produce", 1: "Fetch", 3: "Metadata", 18: "ApiVersions"}
-VERSIONS = {0: [3, 9], 1: [4, 11, 16], 3: [1, 12], 18: [0, 3]}
+API = {0: "Produce", 1: "Fetch", 3: "Metadata", 11: "JoinGroup", 18: "ApiVersions"}
+VERSIONS = {0: [3, 9], 1: [4, 11, 16], 3: [1, 12], 11: [5, 9], 18: [0, 3]}
 
 
 def records(count: int) -> list[dict[str, object]]:
@@ -73,7 +76,8 @@ def records(count: int) -> list[dict[str, object]]:
                     "client_id": client_id, "principal": principal,
                     "software_name": name, "software_version": version,
                     "api": API[key], "api_key": key, "api_version": rng.choice(VERSIONS[key]),
-                    "latency_ms": 1.0, "error_count": 0, "topics": topics, "sample": 1.0})
+                    "latency_ms": 1.0, "error_count": 0, "topics": topics, "sample": 1.0,
+                    "group_id": rng.choice(["team-a.g", "team-b.g"]) if key == 11 else None})
     return out
 
 
@@ -104,7 +108,7 @@ def test_impact_says_what_deciding_each_record_says(tmp_path: Path) -> None:
              r["api_version"])] += r["requests"]
     assert {rule for rule, *_ in expected} == {
         "no-legacy-metadata", "inside-only", "modern-librdkafka", "tenant",
-        "alice-modern-fetch"}
+        "alice-modern-fetch", "bob-groups"}
     assert got == expected
 
 

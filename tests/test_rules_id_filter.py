@@ -1,0 +1,163 @@
+"""The group ids and transactional ids a client may use (``allow_groups`` /
+``deny_groups``, ``allow_transactional_ids`` / ``deny_transactional_ids``): the others
+are left out of answers, and a request that names one is refused with
+GROUP_AUTHORIZATION_FAILED or TRANSACTIONAL_ID_AUTHORIZATION_FAILED, as a broker refuses
+a client its ACLs do not allow."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gatehouse import codecs
+from gatehouse.configfile import ConfigError, load_yaml_text
+from gatehouse.proxy.hooks import Forward, Pending, Respond
+from gatehouse.proxy.policy import RulesPolicy
+from gatehouse.rules import Chain, IdFilter, Prefix, TopicFilter, parse_rules
+from tests.test_rules import req, rules
+from tests.test_rules_topic_filter import conn, listening
+
+GROUP_AUTHORIZATION_FAILED, TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 30, 53
+TOPIC_AUTHORIZATION_FAILED = 29
+IDS = ('- name: team-a\n  match: {client_id: "^app"}\n'
+       '  allow_groups: ["team-a\\\\..*"]\n  deny_groups: ["team-a\\\\.admin"]\n'
+       '  allow_transactional_ids: ["team-a-.*"]\n')
+
+
+def answer(decision: Any, api_key: int, version: int) -> Any:
+    assert isinstance(decision, Respond)
+    return codecs.decode_response(memoryview(bytes(decision.response.encode())), api_key,
+                                  version).body
+
+
+def join(group: str, client_id: str = "app-1") -> codecs.Request:
+    return req(11, 9, client_id, group_id=group, session_timeout_ms=10000,
+               rebalance_timeout_ms=10000, member_id="", group_instance_id=None,
+               protocol_type="consumer", reason=None, protocols=[])
+
+
+def test_the_filter_says_which_ids_a_client_may_use() -> None:
+    [rule] = rules(IDS).rules
+    assert isinstance(rule.topic_map, IdFilter)
+    id_filter = rule.topic_map
+    assert not id_filter.denies_id("group", "team-a.orders")
+    assert id_filter.denies_id("group", "team-a.admin")  # denied, though allowed by pattern
+    assert id_filter.denies_id("group", "team-b.orders")
+    assert not id_filter.denies_id("transactional_id", "team-a-1")
+    assert id_filter.denies_id("transactional_id", "payments-1")
+    assert not id_filter.denies("any-topic") and not id_filter.hides_others  # topics pass
+
+
+@pytest.mark.parametrize(("group", "action"), [("team-b.orders", "allow_groups"),
+                                               ("team-a.admin", "deny_groups")])
+def test_a_request_naming_a_group_not_allowed_is_refused(group: str, action: str) -> None:
+    policy = RulesPolicy(rules(IDS))
+    counted, refused = listening(policy)
+    body = answer(policy.on_request(conn(), join(group)), 11, 9)
+    assert body.error_code == GROUP_AUTHORIZATION_FAILED
+    assert refused == [("team-a", "refuse")]
+    assert [(o.rule, o.action, o.effect) for o in counted] == [("team-a", action, "refuse")]
+    # An allowed group goes on untouched; so does any group for another client.
+    allowed = join("team-a.orders")
+    decision = policy.on_request(conn(), allowed)
+    assert isinstance(decision, Forward) and decision.request is allowed
+    assert isinstance(policy.on_request(conn(), join(group, "ops")), Forward)
+
+
+@pytest.mark.parametrize(("version", "fields"), [
+    (3, {"key": "team-b.orders", "key_type": 0}),
+    (4, {"key_type": 0, "coordinator_keys": ["team-a.orders", "team-b.orders"]}),
+])
+def test_the_coordinator_of_a_group_not_allowed_is_not_looked_up(
+        version: int, fields: dict[str, Any]) -> None:
+    policy = RulesPolicy(rules(IDS))
+    body = answer(policy.on_request(conn(), req(10, version, "app-1", **fields)), 10, version)
+    codes = ([body.error_code] if version < 4
+             else [c.error_code for c in body.coordinators])
+    assert set(codes) == {GROUP_AUTHORIZATION_FAILED}
+    ok = req(10, 4, "app-1", key_type=0, coordinator_keys=["team-a.orders"])
+    assert isinstance(policy.on_request(conn(), ok), Forward)
+    # A transactional id's coordinator is a transactional id's business.
+    txn = req(10, 4, "app-1", key_type=1, coordinator_keys=["payments-1"])
+    body = answer(policy.on_request(conn(), txn), 10, 4)
+    assert [c.error_code for c in body.coordinators] == [TRANSACTIONAL_ID_AUTHORIZATION_FAILED]
+
+
+def test_a_transactional_id_not_allowed_is_refused_in_every_request_naming_it() -> None:
+    policy = RulesPolicy(rules(IDS))
+    init = req(22, 5, "app-1", transactional_id="payments-1", transaction_timeout_ms=60000,
+               producer_id=-1, producer_epoch=-1)
+    assert answer(policy.on_request(conn(), init), 22, 5).error_code == \
+        TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    produce = req(0, 9, "app-1", transactional_id="payments-1", acks=-1, timeout_ms=1000,
+                  topic_data=[{"name": "t", "partition_data": [
+                      {"index": 0, "records": b"\x01" * 70}]}])
+    body = answer(policy.on_request(conn(), produce), 0, 9)
+    assert {p.error_code for t in body.responses for p in t.partition_responses} == {
+        TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
+    mine = req(22, 5, "app-1", transactional_id="team-a-1", transaction_timeout_ms=60000,
+               producer_id=-1, producer_epoch=-1)
+    assert isinstance(policy.on_request(conn(), mine), Forward)
+
+
+def test_answers_list_only_the_groups_a_client_may_use() -> None:
+    policy = RulesPolicy(rules(IDS))
+    decision = policy.on_request(conn(), req(16, 4, "app-1", states_filter=[]))
+    assert isinstance(decision, Forward) and decision.wants_response
+    listed = codecs.response_from_dict({"header": {"correlation_id": 1}, "body": {
+        "error_code": 0, "groups": [
+            {"group_id": g, "protocol_type": "consumer", "group_state": "Stable"}
+            for g in ("team-a.orders", "team-a.admin", "team-b.orders")]}},
+        api_key=16, api_version=4)
+    listed = codecs.decode_response(memoryview(bytes(listed.encode())), 16, 4)
+    shown = policy.on_response(conn(), Pending(1, 16, 4, 0.0, wants_response=True,
+                                               context=decision.context), listed)
+    assert [g.group_id for g in shown.body.groups] == ["team-a.orders"]
+
+
+def test_with_a_tenant_prefix_the_filter_sees_the_clients_ids() -> None:
+    ruleset = rules('- name: t\n  topic_prefix: {broker: "a.", groups: true}\n'
+                    '  allow_groups: [orders]\n  allow_topics: [in]\n')
+    topic_map = ruleset.rules[0].topic_map
+    assert isinstance(topic_map, Chain)
+    assert [type(m) for m in topic_map.maps] == [TopicFilter, IdFilter, Prefix]
+    policy = RulesPolicy(ruleset)
+    decision = policy.on_request(conn(), join("orders"))
+    assert isinstance(decision, Forward) and decision.request.body.group_id == "a.orders"
+    assert answer(policy.on_request(conn(), join("a.orders")), 11, 9).error_code == \
+        GROUP_AUTHORIZATION_FAILED  # the broker's name is not the client's
+    # A topic refused first, then a group: the error says which.
+    commit = req(8, 8, "app-1", group_id="other", generation_id_or_member_epoch=1,
+                 member_id="m", group_instance_id=None, topics=[
+                     {"name": "out", "partitions": [{"partition_index": 0,
+                                                      "committed_offset": 1,
+                                                      "committed_leader_epoch": -1,
+                                                      "committed_metadata": None}]}])
+    body = answer(policy.on_request(conn(), commit), 8, 8)
+    assert {p.error_code for t in body.topics for p in t.partitions} == {
+        TOPIC_AUTHORIZATION_FAILED}
+
+
+def test_in_observe_mode_nothing_is_refused_and_what_would_be_is_counted() -> None:
+    policy = RulesPolicy(rules(IDS.replace("match:", "mode: observe\n  match:")))
+    counted, refused = listening(policy)
+    request = join("team-b.orders")
+    decision = policy.on_request(conn(), request)
+    assert isinstance(decision, Forward) and decision.request is request
+    assert refused == [("team-a", "would_refuse")]
+    assert ("team-a", "allow_groups", "refuse", "observe") in [
+        (o.rule, o.action, o.effect, o.mode) for o in counted]
+
+
+def test_bad_id_patterns_say_file_and_line() -> None:
+    with pytest.raises(ConfigError, match="not a regular expression") as info:
+        parse_rules(load_yaml_text("- name: f\n  deny_transactional_ids:\n    - ok\n"
+                                   "    - '(x'\n", "rules.yaml"), "rules.yaml")
+    assert str(info.value).startswith("rules.yaml:4: ")
+
+
+def test_an_id_filter_matched_by_client_id_gets_the_advice() -> None:
+    [advice] = rules(IDS).advice()
+    assert "limits the groups or transactional ids" in advice and "client id" in advice
+    assert rules(IDS.replace('client_id: "^app"', 'principal: "^app$"')).advice() == []
