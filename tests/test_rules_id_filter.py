@@ -161,3 +161,15 @@ def test_an_id_filter_matched_by_client_id_gets_the_advice() -> None:
     [advice] = rules(IDS).advice()
     assert "limits the groups or transactional ids" in advice and "client id" in advice
     assert rules(IDS.replace('client_id: "^app"', 'principal: "^app$"')).advice() == []
+
+
+def test_a_large_produce_request_streams_unless_its_transactional_id_is_filtered() -> None:
+    """Checked whole only where the filter restricts a name the request can hold."""
+    def produce(transactional_id: str | None) -> codecs.Request:
+        return req(0, 9, "app-1", transactional_id=transactional_id, acks=-1,
+                   timeout_ms=1000, topic_data=[{"name": "t", "partition_data": [
+                       {"index": 0, "records": b"\x01" * 70}]}])
+
+    groups_only = RulesPolicy(rules('- name: g\n  allow_groups: [a]\n'))
+    assert isinstance(groups_only.forwards_unread(conn(), produce(None)), Forward)
+    assert RulesPolicy(rules(IDS)).forwards_unread(conn(), produce("team-a-1")) is None

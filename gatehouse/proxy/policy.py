@@ -28,6 +28,7 @@ from gatehouse.rules import (
     Outcome,
     RewriteStats,
     RuleSet,
+    TopicFilter,
     TopicMap,
     error_response,
     map_request,
@@ -53,10 +54,12 @@ from gatehouse.rules.topics import (
     denial,
     denied_id_message,
     denied_message,
+    filtered_id_kinds,
     has_error_text,
     id_denial,
     id_names,
     lookup_kind,
+    map_parts,
     names_ids,
     names_topics,
     regex_subscription,
@@ -205,8 +208,8 @@ class RulesPolicy(Policy):
         report = partial(self._emit, evaluation.outcomes)
         if topic_map is None:
             return Forward(req, report=report)
-        if topic_map.filters:
-            return None  # the topics it names are checked in the whole request
+        if topic_map.filters and _filters_names_in(req, topic_map):
+            return None  # the names it holds are checked in the whole request
         new_head = None
         by_name = names_topics(req.api.request, req.api_version)
         if by_name or TRANSACTION in topic_map.id_kinds:
@@ -361,6 +364,16 @@ def _denied_names(req: Request, topic_map: TopicMap) -> tuple[str, str] | None:
             if topic_map.denies_id(kind, name):
                 return kind, name
     return None
+
+
+def _filters_names_in(req: Request, topic_map: TopicMap) -> bool:
+    """Whether a filter in ``topic_map`` restricts names of a kind ``req`` may hold: a
+    group filter does not, say, in a Produce request (a transactional id filter does)."""
+    if any(isinstance(m, TopicFilter) for m in map_parts(topic_map)):
+        return True
+    kinds = filtered_id_kinds(topic_map)
+    return bool(kinds) and (req.api_key == FIND_COORDINATOR
+                            or names_ids(req.api.request, req.api_version, kinds))
 
 
 def _denied_text(kind: str, name: str, rule: str) -> str:
