@@ -16,7 +16,7 @@ from gatehouse.proxy.hooks import Forward, Pending, Respond
 from gatehouse.proxy.policy import RulesPolicy
 from gatehouse.rules import Chain, IdFilter, Prefix, TopicFilter, parse_rules
 from tests.test_rules import req, rules
-from tests.test_rules_topic_filter import conn, listening
+from tests.test_rules_topic_filter import conn, listening, observed
 
 GROUP_AUTHORIZATION_FAILED, TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 30, 53
 TOPIC_AUTHORIZATION_FAILED = 29
@@ -140,14 +140,7 @@ def test_with_a_tenant_prefix_the_filter_sees_the_clients_ids() -> None:
 
 
 def test_in_observe_mode_nothing_is_refused_and_what_would_be_is_counted() -> None:
-    policy = RulesPolicy(rules(IDS.replace("match:", "mode: observe\n  match:")))
-    counted, refused = listening(policy)
-    request = join("team-b.orders")
-    decision = policy.on_request(conn(), request)
-    assert isinstance(decision, Forward) and decision.request is request
-    assert refused == [("team-a", "would_refuse")]
-    assert ("team-a", "allow_groups", "refuse", "observe") in [
-        (o.rule, o.action, o.effect, o.mode) for o in counted]
+    observed(IDS, join("team-b.orders"), "team-a", "allow_groups")
 
 
 def test_bad_id_patterns_say_file_and_line() -> None:

@@ -123,15 +123,22 @@ def test_a_large_request_is_checked_whole_under_a_filter() -> None:
     assert policy.forwards_unread(conn(), produce("orders")) is None
 
 
-def test_in_observe_mode_nothing_is_refused_and_what_would_be_is_counted() -> None:
-    policy = RulesPolicy(rules(FILTER.replace("match:", "mode: observe\n  match:")))
+def observed(rules_text: str, request: codecs.Request, rule: str, action: str
+             ) -> tuple[RulesPolicy, list[Any]]:
+    """``rules_text`` in observe mode lets ``request`` through untouched, and logs and
+    counts that ``rule`` would refuse it for ``action``; the policy and its counts."""
+    policy = RulesPolicy(rules(rules_text.replace("match:", "mode: observe\n  match:")))
     counted, refused = listening(policy)
-    request = produce("payroll")
     decision = policy.on_request(conn(), request)
     assert isinstance(decision, Forward) and decision.request is request
-    assert refused == [("orders-only", "would_refuse")]
-    assert ("orders-only", "allow_topics", "refuse", "observe") in [
+    assert refused == [(rule, "would_refuse")]
+    assert (rule, action, "refuse", "observe") in [
         (o.rule, o.action, o.effect, o.mode) for o in counted]
+    return policy, counted
+
+
+def test_in_observe_mode_nothing_is_refused_and_what_would_be_is_counted() -> None:
+    policy, counted = observed(FILTER, produce("payroll"), "orders-only", "allow_topics")
     counted.clear()
     assert isinstance(policy.on_request(conn(), produce("orders")), Forward)
     assert all(o.effect != "refuse" for o in counted)
