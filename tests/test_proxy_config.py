@@ -62,6 +62,13 @@ log: {level: debug, json: true}
          "not a boolean"),
         ("listen: 127.0.0.1:9192\nupstream: [x:1]\nlimits:\n  max_buffered_request_bytes: 0\n",
          4, "must be positive"),
+        ("listen: 127.0.0.1:9192\nupstream: [x:1]\nlimits:\n  max_connections_per_ip: 0\n",
+         4, "must be positive"),
+        ("listen: 127.0.0.1:9192\nupstream: [x:1]\nlimits:\n  max_connection_age: soon\n",
+         4, "must be an integer or a number"),
+        ("listen: 1.2.3.4:5\nupstream: [x:1]\nadvertise_host: kafka.example.com\n"
+         "brokers: {sni: {bootstrap: b, broker: b-$(nodeId)}}\n", 3,
+         "advertise_host has no effect with brokers.sni"),
         ("listen: [unclosed\n", 2, "not valid YAML"),
         ("listen: 1.2.3.4:5\nlisten: 1.2.3.4:6\nupstream: [x:1]\n", 2, "duplicate key"),
         ("listen: 1.2.3.4:5\nupstream: [x:1]\ntls:\n  downstream: {cert: nope.pem, key: k}\n",

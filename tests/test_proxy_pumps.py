@@ -551,6 +551,29 @@ async def test_draining_finishes_in_flight_then_closes() -> None:
         assert h.pumps.close_reason == "proxy shutting down"
 
 
+async def test_an_old_connection_answers_what_it_took_then_closes(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """``limits.max_connection_age``: at 60 s (+-10%) it takes no new request, answers the
+    one in flight and closes; the close is a clean one."""
+    held: list[codecs.Request] = []
+    async with proxied(lambda req: held.append(req),
+                       limits=Limits(max_connection_age=60.0)) as h:
+        await h.client.send(request(3, 12, 7).encode())
+        while not held:
+            await trio.testing.wait_all_tasks_blocked()
+        await trio.sleep(70)  # past the age: the request is still owed its answer
+        assert not h.done.is_set()
+        await h.client.send(request(3, 12, 8).encode())  # not taken any more
+        await trio.testing.wait_all_tasks_blocked()
+        resp = codecs.Response.build(3, 12, 7, held[0].api.response.root.default)
+        await h.broker.frames.send(resp.encode())
+        assert struct.unpack_from(">i", await h.client.receive())[0] == 7
+        await h.done.wait()
+        assert h.pumps.close_reason == "connection age limit reached"
+        assert 54 <= trio.current_time() <= 71
+        assert len(held) == 1
+
+
 class GatedStream(trio.abc.Stream):
     """An upstream whose sends wait for ``open``: a broker slow to take a request."""
 

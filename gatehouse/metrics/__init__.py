@@ -32,6 +32,7 @@ from gatehouse.metrics.groups import GROUP_APIS, GROUP_RESPONSES, GroupCensus
 from gatehouse.metrics.tally import CounterFamily, HistogramFamily, Tally
 from gatehouse.proxy.config import Address
 from gatehouse.proxy.hooks import (
+    CLEAN_CLOSES,
     SCANNED_RESPONSES,
     ConnectionInfo,
     Observer,
@@ -316,8 +317,11 @@ class ProxyMetrics(Observer):
         if conn.principal is not None:  # a verified client certificate's
             self._authenticated(conn)
 
+    def connection_refused(self, client: str, reason: str) -> None:
+        self.connections_total.labels(side="client", outcome="refused").inc()
+
     def connection_closed(self, conn: ConnectionInfo, reason: str) -> None:
-        outcome = "clean" if reason in ("client closed", "proxy shutting down") else "error"
+        outcome = "clean" if reason in CLEAN_CLOSES else "error"
         for side in ("client", "broker"):
             self.open_connections[side] -= 1
             self.connections_total.labels(side=side, outcome=outcome).inc()

@@ -127,11 +127,17 @@ class UpstreamTls:
 class Limits:
     max_frame_bytes: int = DEFAULT_MAX_FRAME_SIZE
     max_connections: int = 10_000
+    # Per client address (Kafka's max.connections.per.ip): one host cannot take them all.
+    max_connections_per_ip: int | None = None
     max_in_flight: int = 1_000  # per connection; Kafka clients use 5 by default
     # seconds without a whole request from the client or a byte from the broker (bytes of
     # a request that never completes do not count: slowloris); Kafka's default is 9 min
     idle_timeout: float = 600.0
     connect_timeout: float = 10.0
+    # Seconds after which a connection stops taking requests, answers the ones in flight
+    # and closes (the client reconnects): behind a load balancer, long-lived Kafka
+    # connections would otherwise stay on the replicas that were there first.
+    max_connection_age: float | None = None
     shutdown_grace: float = 10.0  # in-flight requests get this long on SIGTERM
     # Frame bytes held at once across all connections, per direction (a frame's declared
     # size is reserved before the rest of it is read): memory stays bounded however many
@@ -191,9 +197,12 @@ def _path(reader: Reader, key: str, base: Path, required: bool = False) -> Path 
     return path
 
 
-def _positive(reader: Reader, key: str, default: float, integer: bool = False) -> Any:
+def _positive(reader: Reader, key: str, default: float | None, integer: bool = False) -> Any:
+    """A positive number (None, the default of some: no limit)."""
     types: tuple[type, ...] = (int,) if integer else (int, float)
     value = reader.take(key, types, default)
+    if value is None:
+        return None
     if value <= 0:
         raise reader.error(key, f"{reader.what}.{key} must be positive, not {value}")
     return value
@@ -214,6 +223,9 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
         for i, item in enumerate(raw_upstream)
     )
     advertise = top.take("advertise_host", str)
+    if advertise is not None and top.child("brokers").has("sni"):
+        raise top.error("advertise_host", "advertise_host has no effect with brokers.sni: "
+                        "clients are told the broker names brokers.sni.broker makes")
     if advertise is None:
         advertise = listen.host if listen.host not in ("0.0.0.0", "::") else "localhost"
 
@@ -247,6 +259,8 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
     limits = Limits(
         max_frame_bytes=_positive(limits_reader, "max_frame_bytes", Limits.max_frame_bytes, True),
         max_connections=_positive(limits_reader, "max_connections", Limits.max_connections, True),
+        max_connections_per_ip=_positive(limits_reader, "max_connections_per_ip", None, True),
+        max_connection_age=_positive(limits_reader, "max_connection_age", None),
         max_in_flight=_positive(limits_reader, "max_in_flight", Limits.max_in_flight, True),
         idle_timeout=float(_positive(limits_reader, "idle_timeout", Limits.idle_timeout)),
         connect_timeout=float(_positive(limits_reader, "connect_timeout", Limits.connect_timeout)),

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import struct
 import time
 from collections import deque
@@ -63,8 +64,11 @@ from gatehouse.proxy.budget import BufferPool, ByteBudget
 from gatehouse.proxy.config import Limits
 from gatehouse.proxy.fastio import FastStream, Pipe, PipePool
 from gatehouse.proxy.hooks import (
+    AGE_LIMIT,
+    CLIENT_CLOSED,
     FETCH,
     SCANNED_RESPONSES,
+    SHUTTING_DOWN,
     Close,
     ConnectionInfo,
     Forward,
@@ -199,7 +203,7 @@ class ProxyConnection:
         self.response_bytes = _Share(ctx.response_budget)
         self.answered = trio.lowlevel.ParkingLot()  # unparked when the line empties
         self.client_done = False  # no more requests will come
-        self.close_reason = "client closed"
+        self.close_reason = CLIENT_CLOSED
         self.close_level = logging.INFO
         self.sasl_raw_rounds: int | None = 0  # >0: that many raw tokens; None: until Kafka
         self.sasl_mechanism: str | None = None  # the last SaslHandshake's
@@ -209,6 +213,7 @@ class ProxyConnection:
         # bytes (see _watch_drain); stop_reading stops it at its next receive otherwise.
         self.receive_scope = trio.CancelScope()
         self.stop_reading = False
+        self.drain_reason = SHUTTING_DOWN  # why it stopped reading (``_drain``)
         self.mid_request = False  # part of a request has gone upstream (streamed)
         # The request being received was found not to stream: not asked again at every
         # receive of its bytes.
@@ -237,6 +242,8 @@ class ProxyConnection:
                     nursery.start_soon(self._guard, self.upstream_reader)
                     nursery.start_soon(self._watch_drain)
                     nursery.start_soon(self._watch_idle)
+                    if self.limits.max_connection_age is not None:
+                        nursery.start_soon(self._watch_age, self.limits.max_connection_age)
                     await self._guard(self.client_reader)
                     # No more requests: the connection ends once every answer owed is sent.
                     while self.line:
@@ -262,7 +269,7 @@ class ProxyConnection:
             self.nursery.cancel_scope.cancel()
 
     def _record_close(self, reason: str, level: int) -> None:
-        if self.close_reason == "client closed" or level > self.close_level:
+        if self.close_reason == CLIENT_CLOSED or level > self.close_level:
             self.close_reason = reason
             self.close_level = level
 
@@ -281,9 +288,21 @@ class ProxyConnection:
 
     async def _watch_drain(self) -> None:
         await self.ctx.draining.wait()
+        self._drain(SHUTTING_DOWN)
+
+    async def _watch_age(self, age: float) -> None:
+        # Spread over +-10%: connections opened together (a client fleet's restart) do
+        # not all reconnect at once.
+        await trio.sleep(age * random.uniform(0.9, 1.1))
+        self._drain(AGE_LIMIT)
+
+    def _drain(self, reason: str) -> None:
         # Stop taking new requests; the upstream reader answers the ones in flight.  Only
         # the wait for bytes is cancelled: a request being handled is forwarded whole,
         # with its Pending entry, or not at all.
+        if self.stop_reading:
+            return
+        self.drain_reason = reason
         self.stop_reading = True
         if self.client_io.waiting and not self.mid_request:
             self.receive_scope.cancel()
@@ -336,7 +355,7 @@ class ProxyConnection:
 
     async def _receive_from_client(self) -> bytes | bytearray | None:
         if self.stop_reading:
-            self._record_close("proxy shutting down", logging.INFO)
+            self._record_close(self.drain_reason, logging.INFO)
             return None
         data = await self.client_io.receive_some(_RECEIVE_SIZE)
         self.conn.bytes_from_client += len(data)
@@ -356,7 +375,7 @@ class ProxyConnection:
                     if reserved:  # forwarded or answered here: done with its bytes
                         self.request_bytes.give(reserved)
             if self.receive_scope.cancelled_caught:
-                self._record_close("proxy shutting down", logging.INFO)
+                self._record_close(self.drain_reason, logging.INFO)
         finally:
             self.client_done = True
 

@@ -122,6 +122,13 @@ def scanned_response(pending: Pending, frame: Any) -> Any:
     return scan
 
 
+# Close reasons that are no fault of either side (``connection_closed``): the client
+# left, the proxy is stopping, or the connection reached ``limits.max_connection_age``.
+CLIENT_CLOSED, SHUTTING_DOWN, AGE_LIMIT = ("client closed", "proxy shutting down",
+                                          "connection age limit reached")
+CLEAN_CLOSES = frozenset({CLIENT_CLOSED, SHUTTING_DOWN, AGE_LIMIT})
+
+
 @dataclass(frozen=True, slots=True)
 class Forward:
     request: Request  # maybe rewritten
@@ -192,6 +199,9 @@ class Observer:
     def connection_closed(self, conn: ConnectionInfo, reason: str) -> None:
         pass
 
+    def connection_refused(self, client: str, reason: str) -> None:
+        """A client connection turned away before it was served (a connection limit)."""
+
     def request(self, conn: ConnectionInfo, req: Request, size: int) -> None:
         pass
 
@@ -238,6 +248,9 @@ class Observers(Observer):
 
     def connection_closed(self, conn: ConnectionInfo, reason: str) -> None:
         self._each("connection_closed", conn, reason)
+
+    def connection_refused(self, client: str, reason: str) -> None:
+        self._each("connection_refused", client, reason)
 
     def request(self, conn: ConnectionInfo, req: Request, size: int) -> None:
         for hook in self._requests:

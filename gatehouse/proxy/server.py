@@ -23,7 +23,7 @@ from gatehouse.logs import log_event
 from gatehouse.proxy.addresses import BrokerAddress
 from gatehouse.proxy.config import Address, ProxyConfig
 from gatehouse.proxy.connection import ConnectionContext, ProxyConnection
-from gatehouse.proxy.hooks import ConnectionInfo, Observer, Observers, Policy
+from gatehouse.proxy.hooks import CLIENT_CLOSED, ConnectionInfo, Observer, Observers, Policy
 from gatehouse.proxy.principal import certificate_principal, mapped_principal
 from gatehouse.proxy.tls import TlsContexts, accept_tls
 
@@ -70,6 +70,8 @@ class Proxy:
         self._ids = itertools.count(1)
         self._rotate = itertools.count()
         self._connections = 0
+        self._per_host: dict[str, int] = {}  # open connections per client address
+        self._refusing: set[str] = set()  # hosts at max_connections_per_ip, logged
         self.tls = TlsContexts(config)
         self._principal_rules = (config.tls_downstream.principal_mapping
                                  if config.tls_downstream is not None else ())
@@ -210,21 +212,40 @@ class Proxy:
                               error=exc.strerror or str(exc))
                     await trio.sleep(0.1)
                     continue
-                if self._connections >= self.config.limits.max_connections:
-                    log_event(logger, logging.WARNING, "connection refused: limit reached",
-                              client=_peer(stream), limit=self.config.limits.max_connections)
+                limits = self.config.limits
+                host = _peer_host(stream)
+                if self._connections >= limits.max_connections:
+                    self._refuse(stream, "limit reached", limits.max_connections)
+                    await stream.aclose()
+                    continue
+                per_ip = limits.max_connections_per_ip
+                if per_ip is not None and self._per_host.get(host, 0) >= per_ip:
+                    self._refuse(stream, "per-address limit reached", per_ip,
+                                 logged=host in self._refusing)
+                    self._refusing.add(host)
                     await stream.aclose()
                     continue
                 self._connections += 1
-                nursery.start_soon(self._serve_client, stream, name, node_id)
+                self._per_host[host] = self._per_host.get(host, 0) + 1
+                nursery.start_soon(self._serve_client, stream, name, node_id, host)
+
+    def _refuse(self, stream: trio.SocketStream, why: str, limit: int,
+                logged: bool = False) -> None:
+        """Count a connection turned away at a limit, and log it (a host at its own
+        limit: once, until one of its connections closes)."""
+        client = _peer(stream)
+        self.observer.connection_refused(client, why)
+        if not logged:
+            log_event(logger, logging.WARNING, f"connection refused: {why}", client=client,
+                      limit=limit)
 
     async def _serve_client(self, stream: trio.SocketStream, listener: str,
-                            node_id: int | None) -> None:
+                            node_id: int | None, host: str = "?") -> None:
         server_ssl = self.tls.server  # read once: a reload may replace it
         conn = ConnectionInfo(id=next(self._ids), client=_peer(stream), listener=listener,
                               node_id=node_id, tls=server_ssl is not None)
         client: trio.abc.Stream = stream
-        reason = "client closed"
+        reason = CLIENT_CLOSED
         level = logging.INFO
         opened = trio.current_time()
         try:
@@ -276,6 +297,10 @@ class Proxy:
                 self.observer.connection_closed(conn, reason)
         finally:
             self._connections -= 1
+            left = self._per_host.pop(host, 1) - 1
+            if left:
+                self._per_host[host] = left
+            self._refusing.discard(host)
             log_event(logger, level, "connection closed", **conn.describe(),
                       upstream=conn.upstream, reason=reason,
                       requests=conn.requests, responses=conn.responses,
@@ -412,6 +437,13 @@ def _describe(exc: BaseException) -> str:
     if not text and cause is not None:
         return _describe(cause)
     return text or type(exc).__name__
+
+
+def _peer_host(stream: trio.SocketStream) -> str:
+    try:
+        return str(stream.socket.getpeername()[0])
+    except (OSError, ValueError, IndexError):
+        return "?"
 
 
 def _peer(stream: trio.SocketStream) -> str:

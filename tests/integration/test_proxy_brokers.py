@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import struct
 import time
@@ -14,7 +15,8 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from gatehouse import codecs
-from tests.support.clients import consume, produce, recv_exact, unique
+from gatehouse.logs import FIELDS_ATTR
+from tests.support.clients import consume, produce, recv_exact, unique, watermarks
 from tests.support.kafka import SCRAM_MECHANISM, SCRAM_PASSWORD, SCRAM_USER, KafkaCluster
 from tests.support.proxythread import ProxyThread
 from tests.support.tansu import TansuBroker
@@ -503,3 +505,28 @@ def test_tls_on_both_sides(kafka: KafkaCluster, tls_files: dict[str, str]) -> No
             plain.sendall(struct.pack(">i", 10) + b"0123456789")  # not a TLS handshake
             assert plain.recv(10) == b""
             plain.close()
+
+
+def test_connections_past_their_age_reconnect_and_nothing_is_lost(
+        kafka: KafkaCluster, caplog: pytest.LogCaptureFixture) -> None:
+    """``limits.max_connection_age``: an idempotent librdkafka producer and a consumer
+    whose connections are closed every ~1 s carry on; every record arrives once."""
+    caplog.set_level(logging.INFO, logger="gatehouse.proxy")
+    topic = unique("aged")
+    kafka.create_topic(topic, partitions=2)
+    with ProxyThread(kafka.bootstrap,
+                     extra_config="limits: {max_connection_age: 1}\n") as proxy:
+        conf = {"bootstrap.servers": proxy.bootstrap, "log_level": 0}
+        producer = ck.Producer({**conf, "enable.idempotence": True, "linger.ms": 5})
+        failed: list[Any] = []
+        sent = [f"aged-{i}".encode() for i in range(300)]
+        for value in sent:
+            producer.produce(topic, value, on_delivery=lambda err, _: err and failed.append(err))
+            producer.poll(0)
+            time.sleep(0.02)  # 300 records over ~6 s: several connection lifetimes
+        assert producer.flush(30) == 0 and not failed
+        aged_out = [r for r in caplog.records if r.getMessage() == "connection closed"
+                    and getattr(r, FIELDS_ATTR)["reason"] == "connection age limit reached"]
+        assert len(aged_out) >= 3, "the producer's connections were not aged out"
+        assert sorted(consume(conf, topic, 300, timeout=60)) == sorted(sent)
+    assert sum(watermarks(kafka.bootstrap, topic, p)[1] for p in (0, 1)) == 300

@@ -1,0 +1,66 @@
+"""Connection limits at the door, over real sockets: ``limits.max_connections_per_ip``
+turns away a host's connections past its share (counted, logged once), and frees the
+share as its connections close."""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+
+import pytest
+import trio
+
+from gatehouse.metrics import ProxyMetrics
+from gatehouse.proxy.config import config_from_text
+from gatehouse.proxy.server import Proxy
+
+
+async def closed_by_proxy(stream: trio.SocketStream) -> bool:
+    """Whether the proxy closed ``stream`` (EOF) rather than keeping it open."""
+    with trio.move_on_after(0.5):
+        try:
+            return await stream.receive_some(1) == b""
+        except trio.BrokenResourceError:
+            return True
+    return False
+
+
+async def test_one_host_cannot_take_more_than_its_share(caplog: pytest.LogCaptureFixture
+                                                        ) -> None:
+    async def hold(stream: trio.SocketStream) -> None:
+        await trio.sleep_forever()  # a broker that keeps the proxy's connections open
+
+    caplog.set_level(logging.WARNING, logger="gatehouse.proxy")
+    async with trio.open_nursery() as nursery:
+        [broker] = await nursery.start(partial(trio.serve_tcp, hold, 0, host="127.0.0.1"))
+        port = broker.socket.getsockname()[1]
+        config = config_from_text(
+            f"listen: 127.0.0.1:0\nupstream: [127.0.0.1:{port}]\nbrokers: {{start_port: 0}}\n"
+            "limits: {max_connections_per_ip: 2, connect_timeout: 0.5}\n")
+        metrics = ProxyMetrics()
+        proxy = Proxy(config, observers=[metrics])
+        await nursery.start(proxy.serve)
+        bootstrap = proxy.bootstrap_ports[0]
+
+        first = [await trio.open_tcp_stream("127.0.0.1", bootstrap) for _ in range(2)]
+        while proxy._connections < 2:
+            await trio.sleep(0.01)
+        turned_away = [await trio.open_tcp_stream("127.0.0.1", bootstrap) for _ in range(2)]
+        assert [await closed_by_proxy(s) for s in turned_away] == [True, True]
+        assert [await closed_by_proxy(s) for s in first] == [False, False]
+        assert metrics.registry.get_sample_value(
+            "gatehouse_connections_total", {"side": "client", "outcome": "refused"}) == 2
+        refusals = [r for r in caplog.records
+                    if r.getMessage() == "connection refused: per-address limit reached"]
+        assert len(refusals) == 1  # once for the host, not once per connection
+
+        # A connection that closes frees its share.
+        await first[0].aclose()
+        while proxy._connections > 1:
+            await trio.sleep(0.01)
+        again = await trio.open_tcp_stream("127.0.0.1", bootstrap)
+        assert not await closed_by_proxy(again)
+        for stream in (*first[1:], *turned_away, again):
+            await stream.aclose()
+        proxy.shutdown()
+        nursery.cancel_scope.cancel()
