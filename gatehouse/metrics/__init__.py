@@ -264,6 +264,8 @@ class ProxyMetrics(Observer):
         for outcome in ("ok", "failed"):
             self.reloads.labels(outcome=outcome)
             self.tls_reloads.labels(outcome=outcome)
+        # From 0, so the first refusal is an increase Prometheus sees.
+        self._refused = self.connections_total.labels(side="client", outcome="refused")
 
     # -- wiring ---------------------------------------------------------------------
 
@@ -318,7 +320,7 @@ class ProxyMetrics(Observer):
             self._authenticated(conn)
 
     def connection_refused(self, client: str, reason: str) -> None:
-        self.connections_total.labels(side="client", outcome="refused").inc()
+        self._refused.inc()
 
     def connection_closed(self, conn: ConnectionInfo, reason: str) -> None:
         outcome = "clean" if reason in CLEAN_CLOSES else "error"

@@ -1,9 +1,11 @@
 """The dashboard and the alert rules, proven against a real Prometheus.
 
-Two `gatehouse run` processes serve /metrics: one in front of Kafka 4.4 carrying real
+Four `gatehouse run` processes serve /metrics: one in front of Kafka 4.4 carrying real
 traffic (librdkafka producer, consumer group, refused admin requests, a garbage frame, a
-rules reload that fails), one whose upstream is a dead port (a client keeps trying).  A
-real Prometheus (Debian package, installed by `make prometheus`) scrapes both every
+rules reload that fails), one whose upstream is a dead port (a client keeps trying), one
+in front of a SASL listener with TLS for its clients (a certificate reload that fails),
+and one that allows one connection per client address (a second one is refused).  A
+real Prometheus (Debian package, installed by `make prometheus`) scrapes them every
 second and evaluates deploy/dashboards/alerts.yaml.  Then every PromQL expression of the
 dashboard and of the alert rules must return data, and every alert must become active.
 """
@@ -170,7 +172,7 @@ def test_alert_rules_parse_with_promtool() -> None:
     result = subprocess.run([tool("promtool"), "check", "rules", str(ALERTS)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 5 rules found" in result.stdout
+    assert "SUCCESS: 6 rules found" in result.stdout
 
 
 def keep_traffic_flowing(bootstrap: str, dead_bootstrap: str, topic: str,
@@ -239,6 +241,10 @@ def test_every_dashboard_and_alert_expression_returns_data(
         tmp_path, "sasl", kafka_scram.sasl_bootstrap, rules,
         f"tls: {{downstream: {{cert: {tls['cert']}, key: {tls['key']}}}}}\n")
     processes.append(sasl)
+    # One connection per client address: a second one is refused.
+    crowded, crowded_port, crowded_metrics, _ = start_gatehouse(
+        tmp_path, "crowded", kafka.bootstrap, rules, "limits: {max_connections_per_ip: 1}\n")
+    processes.append(crowded)
 
     prom_port = free_port()
     config = tmp_path / "prometheus.yml"
@@ -248,7 +254,7 @@ def test_every_dashboard_and_alert_expression_returns_data(
         "rule_files": [str(ALERTS)],
         "scrape_configs": [{"job_name": "gatehouse", "static_configs": [{"targets": [
             f"127.0.0.1:{live_metrics}", f"127.0.0.1:{dead_metrics}",
-            f"127.0.0.1:{sasl_metrics}"]}]}],
+            f"127.0.0.1:{sasl_metrics}", f"127.0.0.1:{crowded_metrics}"]}]}],
     }))
     prom = subprocess.Popen(
         [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
@@ -264,7 +270,7 @@ def test_every_dashboard_and_alert_expression_returns_data(
         time.sleep(0.1)
     # Both targets scraped once before the events the alerts watch for, so their
     # counters have a "before" sample.
-    while len([s for s in api.query('up{job="gatehouse"} == 1')]) < 3:
+    while len([s for s in api.query('up{job="gatehouse"} == 1')]) < 4:
         assert time.monotonic() < deadline, api.get("/api/v1/targets")
         time.sleep(0.2)
 
@@ -281,6 +287,8 @@ def test_every_dashboard_and_alert_expression_returns_data(
                                  "security.protocol": "SASL_SSL",
                                  "ssl.ca.location": tls["ca"]})
     assert authenticated.list_topics(timeout=30).topics is not None
+    crowd = [socket.create_connection(("127.0.0.1", crowded_port), timeout=10)
+             for _ in range(2)]
     try:
         send_garbage(port)
         # A rules reload that fails: the old rules stay, the alert must fire.
@@ -339,9 +347,13 @@ def test_every_dashboard_and_alert_expression_returns_data(
             assert firing[name]["labels"]["instance"] == live_instance, name
         assert (firing["GatehouseTlsReloadFailed"]["labels"]["instance"]
                 == f"127.0.0.1:{sasl_metrics}")
+        assert (firing["GatehouseConnectionsRefused"]["labels"]["instance"]
+                == f"127.0.0.1:{crowded_metrics}")
         # The authenticated client's connection, and new ones, still work.
         assert authenticated.list_topics(timeout=30).topics is not None
     finally:
+        for held in crowd:
+            held.close()
         stop.set()
         traffic.join(60)
     assert not errors, errors
