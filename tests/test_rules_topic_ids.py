@@ -268,3 +268,32 @@ def test_a_fetch_requests_topic_ids_are_read_from_its_bytes_as_the_decoder_reads
     cut = data.draw(st.integers(0, len(frame) - 1))
     found = fetch_codec.request_topic_ids(frame[:cut], version)
     assert found is None or found == expected[:len(found)]
+
+
+def test_in_observe_mode_another_tenants_id_is_counted_not_refused() -> None:
+    """An observe-mode tenant prefix learns ids from the answers it leaves alone, and
+    counts and logs a request naming another tenant's topic by id, as enforced it would
+    refuse it; ids not seen yet are not counted (enforced, the client learns them
+    through the proxy first)."""
+    policy = RulesPolicy(rules(TENANT.replace("match:", "mode: observe\n  match:")))
+    counted: list[Any] = []
+    refused: list[tuple[str, str]] = []
+    policy.outcome_listeners.append(counted.append)
+    policy.refusal_listeners.append(lambda c, r, rule, action: refused.append((rule, action)))
+    decision = policy.on_request(conn(), req(3, 12, "a-app", topics=None))
+    assert isinstance(decision, Forward) and decision.wants_response
+    answer = metadata_answer()
+    shown = policy.on_response(conn(), Pending(1, 3, 12, 0.0, wants_response=True,
+                                               context=decision.context), answer)
+    assert shown is answer  # observed: nothing changes
+
+    for request, expected in ((fetch(THEIRS), [("tenant-a", "would_refuse")]),
+                              (fetch(MINE), []), (fetch(UNSEEN), []),
+                              (produce_v13(THEIRS), [("tenant-a", "would_refuse")])):
+        counted.clear()
+        refused.clear()
+        decision = policy.on_request(conn(), request)
+        assert isinstance(decision, Forward) and decision.request is request
+        assert refused == expected
+        assert (("tenant-a", "topic_id", "refuse", "observe") in [
+            (o.rule, o.action, o.effect, o.mode) for o in counted]) == bool(expected)

@@ -68,6 +68,9 @@ from gatehouse.rules.topics import (
 
 logger = logging.getLogger("gatehouse.rules")
 PRODUCE, FETCH, METADATA = 0, 1, 3
+_FOREIGN_ID = "names by id a topic outside the client's prefix"
+# The context of a request forwarded only for its answer's topic ids (``on_response``).
+_LEARN_IDS = object()
 TOPIC = "topic"  # beside the id kinds (GROUP, TRANSACTION): a name a filter refuses
 # What a broker answers a client its ACLs do not allow to use the name.
 _NOT_AUTHORIZED = {TOPIC: TOPIC_AUTHORIZATION_FAILED, GROUP: GROUP_AUTHORIZATION_FAILED,
@@ -154,8 +157,11 @@ class RulesPolicy(Policy):
         refused = (self._refused_ids(conn, req, evaluation)
                    or self._refused_topics(conn, req, evaluation, ruleset))
         self._emit(evaluation.outcomes if refused is None else refused[1])
-        if evaluation.observed_map is not None and evaluation.observed_map.filters:
+        observed = evaluation.observed_map
+        if observed is not None and observed.filters:
             self._emit(self._would_refuse_topics(conn, req, evaluation, ruleset))
+        if observed is not None and observed.hides_others:
+            self._emit(self._would_refuse_ids(conn, req, evaluation, ruleset))
         for refusal in evaluation.would_refuse:
             self._log_refusal(conn, req, refusal.rule, refusal.message, observe=True)
         if refused is not None:
@@ -178,6 +184,10 @@ class RulesPolicy(Policy):
                           api=req.api.name)
         topic_map = evaluation.topic_map
         if topic_map is None:
+            if (observed is not None and observed.hides_others
+                    and teaches_ids(req.api.response, req.api_version)):
+                # Its answer teaches topic ids, which the observe-mode id check reads.
+                return Forward(req, wants_response=True, context=_LEARN_IDS)
             return Forward(req)
         regex = regex_subscription(req)
         if regex is not None:
@@ -224,12 +234,17 @@ class RulesPolicy(Policy):
 
     def on_response(self, conn: ConnectionInfo, pending: Pending, resp: Response) -> Response:
         topic_map, lookup = pending.context, None
+        if topic_map is _LEARN_IDS:
+            self.topic_ids.learn(resp)
+            return resp
         if isinstance(topic_map, tuple):  # a FindCoordinator's: (map, kind of keys)
             topic_map, lookup = topic_map
         if not isinstance(topic_map, TopicMap):
             return resp
-        if topic_map.hides_others and teaches_ids(resp.api.response, resp.api_version):
-            self.topic_ids.learn(resp)  # broker-side names, before they are mapped
+        if teaches_ids(resp.api.response, resp.api_version):
+            # Broker-side names, before they are mapped: read by a map that hides other
+            # tenants' topics, enforced or observed.
+            self.topic_ids.learn(resp)
         if pending.api_key == PRODUCE and not names_topics(resp.api.response, resp.api_version):
             # Produce v13 names topics by id: only error text could need mapping, and the
             # proxy's reading of the bytes says whether there is any.
@@ -277,12 +292,36 @@ class RulesPolicy(Policy):
                          if o.action == "topics" and o.mode == "enforce" else o
                          for o in evaluation.outcomes)
         rule = next(o.rule for o in outcomes if o.action == "topic_id")
-        message = ("names by id a topic outside the client's prefix" if foreign else
+        message = (_FOREIGN_ID if foreign else
                    "names by id a topic not yet seen in a Metadata answer (the client "
                    "refreshes its metadata, through the proxy, and retries)")
         self._log_refusal(conn, req, rule, message, observe=False)
         # The same answer for another tenant's topic as for no topic: it tells nothing.
         return _refused(req, message, UNKNOWN_TOPIC_ID, within="topic_id"), outcomes
+
+    def _would_refuse_ids(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation,
+                          ruleset: RuleSet) -> tuple[Outcome, ...]:
+        """An observe-mode map that would hide other tenants' topics: a request naming
+        by id a topic it would keep from the client, counted and logged as the enforced
+        map would refuse it.  Ids not seen yet are not counted: enforced, the client
+        would have learned them through the proxy first."""
+        observed = evaluation.observed_map
+        if observed is None or not checks_ids(req.api.request, req.api_key,
+                                              req.api_version):
+            return ()
+        try:
+            foreign, _ = self.topic_ids.refused(req, observed)
+        except Exception:  # observe mode must never break traffic
+            return ()
+        if not foreign:
+            return ()
+        rules = {r.name: r for r in ruleset.rules}
+        rule = next((o.rule for o in evaluation.outcomes
+                     if o.action == "topics" and o.mode == "observe" and o.rule in rules
+                     and (m := rules[o.rule].topic_map) is not None and m.hides_others),
+                    "topic-map")
+        self._log_refusal(conn, req, rule, _FOREIGN_ID, observe=True)
+        return (Outcome(rule, "topic_id", "refuse", "observe"),)
 
     def _refused_topics(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation,
                         ruleset: RuleSet) -> tuple[Decision, tuple[Outcome, ...]] | None:
