@@ -121,6 +121,32 @@ def test_a_tenant_names_its_own_topics_by_id_and_no_one_elses(kafka: KafkaCluste
     assert watermarks(kafka.bootstrap, theirs) == (0, 0)
 
 
+def test_in_observe_mode_a_java_producer_to_another_tenants_topic_is_counted(
+        kafka: KafkaCluster) -> None:
+    """An observe-mode prefix: the Java producer (Produce v13, by id) writes to another
+    tenant's topic undisturbed, and each such request counts as the rule's would_refuse."""
+    theirs = unique("b.ledger")
+    kafka.create_topic(theirs)
+    with ProxyThread(kafka.bootstrap,
+                     rules_yaml=RULES.replace("match:", "mode: observe\n  match:")) as proxy:
+        produced = kafka.run_java_tool(
+            PERF, "--topic", theirs, "--num-records", "300", "--record-size", "100",
+            "--throughput", "-1", "--producer-props", f"bootstrap.servers={proxy.bootstrap}",
+            "client.id=a-perf", "acks=all", timeout=120)
+        assert produced.returncode == 0, produced.stderr[-2000:]
+        registry = proxy.metrics.registry
+        assert max(versions_seen(registry, "Produce", "apache-kafka-java")) >= 13
+        produce_requests = sum(
+            s.value for family in registry.collect() for s in family.samples
+            if s.name == "gatehouse_requests_total" and s.labels["api"] == "Produce")
+        would = proxy.sample("gatehouse_rule_decisions_total", rule="tenant-a",
+                             action="would_refuse")
+        assert would == produce_requests >= 1
+        assert proxy.sample("gatehouse_rule_decisions_total", rule="tenant-a",
+                            action="refuse") == 0
+    assert watermarks(kafka.bootstrap, theirs) == (0, 300)  # nothing was stopped
+
+
 def test_after_a_proxy_restart_the_java_clients_of_a_tenant_lose_nothing(
         kafka: KafkaCluster, tmp_path: Any) -> None:
     """A new proxy has seen no ids. The Java clients refresh their metadata when they
