@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from gatehouse.capture.schema import SCHEMA_VERSION
+from gatehouse.capture.schema import FIELDS, SCHEMA_VERSION
 from gatehouse.capture.settings import CaptureSettings
 from gatehouse.capture.writer import CaptureStats, CaptureWriter
 from gatehouse.codecs import APIS, ProtocolError, Request, Response, produce
@@ -76,6 +76,11 @@ class CaptureObserver(Observer):
         self._policy: Any = None
         self._maps_of: tuple[RuleSet | None, dict[str, TopicMap]] = (None, {})
         self.topic_names: dict[uuid.UUID, str] = {}
+        # Every field of schema v1 (capture.schema.FIELDS), in order, with what a record
+        # holds until the request and its answer say otherwise.
+        self._blank: dict[str, Any] = {name: None for name, _ in FIELDS}
+        self._blank.update(v=SCHEMA_VERSION, proxy=settings.instance, run=self.run,
+                           error_count=0)
         if registry is not None:
             registry.register(CaptureCollector(self))
 
@@ -134,35 +139,26 @@ class CaptureObserver(Observer):
             self.sampled_out += 1
             return
         header = req.header
-        record: dict[str, Any] = {
-            "v": SCHEMA_VERSION,
-            "time": time.time(),
-            "proxy": self.settings.instance,
-            "run": self.run,
-            "conn": conn.id,
-            "client": conn.client,
-            "listener": conn.listener,
-            "client_id": header.client_id,
-            "software_name": conn.software_name,
-            "software_version": conn.software_version,
-            "principal": conn.principal,
-            "api": _api_name(key),
-            "api_key": key,
-            "api_version": header.api_version,
-            "correlation_id": header.correlation_id,
-            "request_bytes": size,
-            "response_bytes": None,
-            "latency_ms": None,
-            "outcome": None,
-            "errors": [],
-            "error_count": 0,
-            "topics": [],
-            "group_id": None,
-            "protocol_type": None,
-            "protocol_name": None,
-            "rules": [],
-            "sample": rate,
-        }
+        # A copy of the fields every record shares, then this one's: half the time of
+        # building all 27 (this runs on the event loop for every request).
+        record = self._blank.copy()
+        record["time"] = time.time()
+        record["conn"] = conn.id
+        record["client"] = conn.client
+        record["listener"] = conn.listener
+        record["client_id"] = header.client_id
+        record["software_name"] = conn.software_name
+        record["software_version"] = conn.software_version
+        record["principal"] = conn.principal
+        record["api"] = _api_name(key)
+        record["api_key"] = key
+        record["api_version"] = header.api_version
+        record["correlation_id"] = header.correlation_id
+        record["request_bytes"] = size
+        record["errors"] = []
+        record["topics"] = []
+        record["rules"] = []
+        record["sample"] = rate
         no_response = False
         counted = (produce.request_topics_of(req)
                    if key == PRODUCE and req.known and not req.body_decoded else None)
@@ -266,9 +262,11 @@ class CaptureObserver(Observer):
 
     def _counted_topics(self, counted: produce.TopicCounts) -> list[dict[str, Any]]:
         """The topics of a Produce request or Fetch response read from its bytes."""
-        return [self._topic_entry(topic if isinstance(topic, str) else None,
-                                  None if isinstance(topic, str) else uuid.UUID(bytes=topic),
-                                  indexes, records_total, bytes_total)
+        return [{"name": topic or None, "broker": None, "id": None, "partitions": indexes,
+                 "records": records_total, "bytes": bytes_total}
+                if isinstance(topic, str) else
+                self._topic_entry(None, uuid.UUID(bytes=topic), indexes, records_total,
+                                  bytes_total)
                 for topic, indexes, records_total, bytes_total in counted]
 
     def _records_entry(self, name: str | None, topic_id: Any, indexes: list[int],
