@@ -14,7 +14,7 @@ import trustme
 
 from gatehouse.configfile import ConfigError
 from gatehouse.proxy.config import ProxyConfig, config_from_text
-from gatehouse.proxy.tls import accept_tls, server_ssl_context
+from gatehouse.proxy.tls import TlsContexts, accept_tls, server_ssl_context
 
 
 def config(tmp_path: Path, brokers: str) -> ProxyConfig:
@@ -73,21 +73,26 @@ def test_sni_needs_the_proxy_to_end_tls() -> None:
     assert str(info.value).startswith("gatehouse.yaml:4: ")
 
 
-@pytest.mark.parametrize("asked", ["b-3.kafka.example.com", None])
-async def test_the_handshake_says_which_name_the_client_asked_for(
-        tmp_path: Path, asked: str | None) -> None:
+def issue(tmp_path: Path) -> trustme.CA:
+    """A CA and its certificate for ``*.kafka.example.com`` in ``tmp_path`` (c.pem,
+    k.pem: the files ``config`` names)."""
     ca = trustme.CA()
     issued = ca.issue_cert("*.kafka.example.com")
     issued.cert_chain_pems[0].write_to_path(str(tmp_path / "c.pem"))
     issued.private_key_pem.write_to_path(str(tmp_path / "k.pem"))
-    server_context = server_ssl_context(config(tmp_path, SNI).tls_downstream)  # type: ignore[arg-type]
+    return ca
+
+
+async def name_read(server: ssl.SSLContext, ca: trustme.CA, asked: str | None) -> str | None:
+    """The server name ``accept_tls`` reads from a client trusting ``ca`` that asks for
+    ``asked`` (None: a client that connected by address sends none)."""
     client_context = ssl.create_default_context()
     ca.configure_trust(client_context)
     if asked is None:
         client_context.check_hostname = False  # by address: no name to send or check
     client_side, server_side = trio.testing.memory_stream_pair()
     client = trio.SSLStream(client_side, client_context, server_hostname=asked)
-    served = trio.SSLStream(server_side, server_context, server_side=True)
+    served = trio.SSLStream(server_side, server, server_side=True)
     names: list[str | None] = []
 
     async def serve() -> None:
@@ -96,4 +101,25 @@ async def test_the_handshake_says_which_name_the_client_asked_for(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(serve)
         nursery.start_soon(client.do_handshake)
-    assert names == [asked]
+    [name] = names
+    return name
+
+
+@pytest.mark.parametrize("asked", ["b-3.kafka.example.com", None])
+async def test_the_handshake_says_which_name_the_client_asked_for(
+        tmp_path: Path, asked: str | None) -> None:
+    ca = issue(tmp_path)
+    downstream = config(tmp_path, SNI).tls_downstream
+    assert downstream is not None
+    assert await name_read(server_ssl_context(downstream), ca, asked) == asked
+
+
+async def test_a_reloaded_certificate_still_reads_the_server_name(tmp_path: Path) -> None:
+    """The contexts a certificate rotation builds are the start-up ones' kind: they read
+    the name each client asks for too."""
+    issue(tmp_path)
+    contexts = TlsContexts(config(tmp_path, SNI))
+    ca = issue(tmp_path)  # rotated
+    assert contexts.reload() and contexts.server is not None
+    assert await name_read(contexts.server, ca, "b-9.kafka.example.com") == \
+        "b-9.kafka.example.com"
