@@ -69,6 +69,10 @@ log: {level: debug, json: true}
         ("listen: 1.2.3.4:5\nupstream: [x:1]\nadvertise_host: kafka.example.com\n"
          "brokers: {sni: {bootstrap: b, broker: b-$(nodeId)}}\n", 3,
          "advertise_host has no effect with brokers.sni"),
+        ("listen: 127.0.0.1:0\nupstream: [x:1]\nreuse_port: true\n", 3,
+         "reuse_port needs a fixed listen port"),
+        ("listen: 127.0.0.1:9192\nupstream: [x:1]\nbrokers: {start_port: 0}\n"
+         "reuse_port: true\n", 4, "reuse_port needs fixed broker ports"),
         ("listen: [unclosed\n", 2, "not valid YAML"),
         ("listen: 1.2.3.4:5\nlisten: 1.2.3.4:6\nupstream: [x:1]\n", 2, "duplicate key"),
         ("listen: 1.2.3.4:5\nupstream: [x:1]\ntls:\n  downstream: {cert: nope.pem, key: k}\n",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import signal
 import sys
@@ -10,7 +11,7 @@ from collections.abc import Sequence
 
 import trio
 
-from gatehouse.configfile import ConfigError
+from gatehouse.configfile import ConfigError, Source
 from gatehouse.logs import log_event, setup_logging
 
 logger = logging.getLogger("gatehouse.cli")
@@ -26,6 +27,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--config", "-c", required=True, help="the proxy's YAML config")
     run.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (overrides the config)")
     run.add_argument("--log-json", action="store_true", help="log JSON lines")
+    run.add_argument("--metrics-listen", metavar="HOST:PORT",
+                     help="serve /metrics here (overrides metrics.listen; e.g. one port per "
+                     "process of several sharing ports with reuse_port)")
 
     check = sub.add_parser("check", help="validate a config (and its rules) without running")
     check.add_argument("--config", "-c", required=True)
@@ -92,10 +96,15 @@ def _check(path: str) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from gatehouse.proxy.config import parse_address
     from gatehouse.proxy.setup import load_everything, run_configured
 
     try:
         config, policy = load_everything(args.config)
+        if args.metrics_listen is not None:
+            config = dataclasses.replace(config, metrics_listen=parse_address(
+                args.metrics_listen, Source("--metrics-listen"), None, "--metrics-listen",
+                default_host="127.0.0.1"))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -106,10 +115,22 @@ def _run(args: argparse.Namespace) -> int:
         trio.run(run_configured, config, policy, args.config)
     except KeyboardInterrupt:  # a second Ctrl-C while draining
         return 130
-    except OSError as exc:
-        log_event(logger, logging.ERROR, "proxy failed", error=exc.strerror or str(exc))
+    except (OSError, BaseExceptionGroup) as exc:
+        # A listener that cannot be opened (a port in use...): said plainly, not as a
+        # traceback out of the nurseries it passed through.
+        error = _os_error(exc)
+        if error is None:
+            raise
+        log_event(logger, logging.ERROR, "proxy failed", error=error.strerror or str(error))
         return 1
     return 0
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """``exc`` if it is an OSError, or the one OSError a group holds and nothing else."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc if isinstance(exc, OSError) else None
 
 
 async def handle_signals(proxy: object, reload: object = None) -> None:

@@ -642,7 +642,11 @@ async def serve_metrics(listen: Address, metrics: ProxyMetrics,
                         ready: Callable[[], bool] | None = None, *,
                         task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve /metrics, /healthz and /readyz; ``task_status`` gets the bound port."""
-    listeners = await trio.open_tcp_listeners(listen.port, host=listen.host)
+    try:
+        listeners = await trio.open_tcp_listeners(listen.port, host=listen.host)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot serve metrics on {listen}: "
+                      f"{exc.strerror or exc}") from exc
     port = listeners[0].socket.getsockname()[1]
     log_event(logger, logging.INFO, "metrics listening", listen=f"{listen.host}:{port}")
     task_status.started(port)

@@ -166,6 +166,9 @@ class ProxyConfig:
     # The JWT claim an OAUTHBEARER client's principal is: the brokers'
     # sasl.oauthbearer.sub.claim.name.
     oauthbearer_sub_claim: str = "sub"
+    # Several proxy processes on the same ports (SO_REUSEPORT): the kernel spreads new
+    # connections over them, one event loop per process, to use more than one core.
+    reuse_port: bool = False
 
 
 def parse_address(text: Any, source: Source, line: int | None, what: str,
@@ -339,6 +342,16 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
         from gatehouse.capture.settings import parse_capture
 
         capture = parse_capture(top.child("capture"), base)
+    reuse_port = top.take("reuse_port", bool, False)
+    if reuse_port:
+        # Processes sharing ports must agree on them: none may be the OS's pick.
+        if listen.port == 0:
+            raise top.error("reuse_port", "reuse_port needs a fixed listen port (processes "
+                            "sharing ports must agree on them), not 0")
+        if brokers.sni is None and brokers.start_port == 0:
+            raise top.error("reuse_port", "reuse_port needs fixed broker ports "
+                            "(brokers.start_port other than 0, or brokers.ports with "
+                            "start_port: null, or brokers.sni)")
     rules = top.take("rules", (list, type(None)))
     rules_file = _path(top, "rules_file", base)
     if rules is not None and rules_file is not None:
@@ -361,6 +374,7 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
         log_level=level,
         log_json=log_json,
         oauthbearer_sub_claim=claim,
+        reuse_port=reuse_port,
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import socket
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -142,7 +143,8 @@ class Proxy:
                           "to reach it", node=real.node_id, broker=f"{real.host}:{real.port}")
                 return
             try:
-                listeners = await trio.open_tcp_listeners(port, host=self.broker_host)
+                listeners = await open_listeners(port, self.broker_host,
+                                                 self.config.reuse_port)
             except OSError as exc:
                 log_event(logger, logging.ERROR, "cannot open broker listener",
                           node=real.node_id, port=port, error=exc.strerror or str(exc))
@@ -374,7 +376,12 @@ class Proxy:
         listen = self.config.listen
         async with trio.open_nursery() as outer, trio.open_nursery() as nursery:
             self._nursery = nursery
-            listeners = await trio.open_tcp_listeners(listen.port, host=listen.host)
+            try:
+                listeners = await open_listeners(listen.port, listen.host,
+                                                 self.config.reuse_port)
+            except OSError as exc:
+                raise OSError(exc.errno, f"cannot listen on {listen}: "
+                              f"{exc.strerror or exc}") from exc
             self.bootstrap_ports = [ln.socket.getsockname()[1] for ln in listeners]
             nursery.start_soon(self._accept_loop, listeners, "bootstrap", None)
             sni = self.config.brokers.sni
@@ -407,6 +414,36 @@ class Proxy:
 
     def shutdown(self) -> None:
         self.draining.set()
+
+
+async def open_listeners(port: int, host: str, reuse_port: bool = False
+                         ) -> list[trio.SocketListener]:
+    """``trio.open_tcp_listeners``; with ``reuse_port``, sockets that other processes may
+    bind too (SO_REUSEPORT): the kernel then spreads new connections over them all."""
+    if not reuse_port:
+        return await trio.open_tcp_listeners(port, host=host)
+    tsocket = trio.socket
+    listeners: list[trio.SocketListener] = []
+    try:
+        for family, kind, proto, _, address in await tsocket.getaddrinfo(
+                host, port, type=tsocket.SOCK_STREAM, flags=tsocket.AI_PASSIVE):
+            sock = tsocket.socket(family, kind, proto)
+            try:
+                sock.setsockopt(tsocket.SOL_SOCKET, tsocket.SO_REUSEADDR, 1)
+                sock.setsockopt(tsocket.SOL_SOCKET, tsocket.SO_REUSEPORT, 1)
+                if family == tsocket.AF_INET6:
+                    sock.setsockopt(tsocket.IPPROTO_IPV6, tsocket.IPV6_V6ONLY, 1)
+                await sock.bind(address)
+                sock.listen(socket.SOMAXCONN)
+            except BaseException:
+                sock.close()
+                raise
+            listeners.append(trio.SocketListener(sock))
+    except BaseException:
+        for listener in listeners:
+            listener.socket.close()
+        raise
+    return listeners
 
 
 def _request_bytes(req: Request) -> bytes:
