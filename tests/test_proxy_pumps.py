@@ -535,6 +535,13 @@ async def test_requests_keep_a_connection_alive_past_the_idle_timeout(
         await h.done.wait()
         assert h.pumps.close_reason == "idle timeout"
         assert last + 30 <= trio.current_time() <= last + 31
+async def answer_held(h: Harness, req: codecs.Request) -> None:
+    """The fake broker answers ``req``, a Metadata request it held; the client gets it."""
+    resp = codecs.Response.build(3, 12, req.correlation_id, req.api.response.root.default)
+    await h.broker.frames.send(resp.encode())
+    assert struct.unpack_from(">i", await h.client.receive())[0] == req.correlation_id
+
+
 async def test_draining_finishes_in_flight_then_closes() -> None:
     draining = trio.Event()
     held: list[codecs.Request] = []
@@ -544,9 +551,7 @@ async def test_draining_finishes_in_flight_then_closes() -> None:
             await trio.testing.wait_all_tasks_blocked()
         draining.set()
         await trio.testing.wait_all_tasks_blocked()
-        resp = codecs.Response.build(3, 12, 42, held[0].api.response.root.default)
-        await h.broker.frames.send(resp.encode())
-        assert struct.unpack_from(">i", await h.client.receive())[0] == 42
+        await answer_held(h, held[0])
         await h.done.wait()
         assert h.pumps.close_reason == "proxy shutting down"
 
@@ -565,9 +570,7 @@ async def test_an_old_connection_answers_what_it_took_then_closes(
         assert not h.done.is_set()
         await h.client.send(request(3, 12, 8).encode())  # not taken any more
         await trio.testing.wait_all_tasks_blocked()
-        resp = codecs.Response.build(3, 12, 7, held[0].api.response.root.default)
-        await h.broker.frames.send(resp.encode())
-        assert struct.unpack_from(">i", await h.client.receive())[0] == 7
+        await answer_held(h, held[0])
         await h.done.wait()
         assert h.pumps.close_reason == "connection age limit reached"
         assert 54 <= trio.current_time() <= 71
