@@ -513,9 +513,31 @@ def consume_log(bootstrap: str, topic: str, count: int) -> list[tuple[int, int, 
         # so offsets are contiguous), a duplicate would be one more.
         held = 0
         for partition in {p for p, *_ in out}:
-            low, high = consumer.get_watermark_offsets(ck.TopicPartition(topic, partition), 10)
+            low, high = watermarks_after_faults(consumer, ck.TopicPartition(topic, partition))
             held += high - low
         assert held == len(out), f"the log holds {held} records, {len(out)} read"
     finally:
         consumer.close()
     return out
+
+
+_SETTLING = frozenset({ck.KafkaError.NOT_LEADER_FOR_PARTITION, ck.KafkaError.LEADER_NOT_AVAILABLE,
+                       ck.KafkaError._TIMED_OUT, ck.KafkaError._TRANSPORT})
+
+
+def watermarks_after_faults(consumer: ck.Consumer, partition: ck.TopicPartition,
+                            timeout: float = 60.0) -> tuple[int, int]:
+    """The partition's low and high watermarks, asked again while the cluster still
+    settles from the faults (a leader moving answers NOT_LEADER_FOR_PARTITION and the
+    like: retriable errors, as the clients treat them)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(partition, 10)
+            return int(low), int(high)
+        except ck.KafkaException as exc:
+            error = exc.args[0]
+            settling = error.retriable() or error.code() in _SETTLING
+            if not settling or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
