@@ -166,3 +166,40 @@ def test_a_large_produce_request_streams_unless_its_transactional_id_is_filtered
     groups_only = RulesPolicy(rules('- name: g\n  allow_groups: [a]\n'))
     assert isinstance(groups_only.forwards_unread(conn(), produce(None)), Forward)
     assert RulesPolicy(rules(IDS)).forwards_unread(conn(), produce("team-a-1")) is None
+
+
+def test_mapping_and_checking_add_no_walker_plans_per_request() -> None:
+    """The walker keeps a plan per (message, predicate, version): requests that are
+    mapped or checked again and again must reuse theirs, not add one each (a closure
+    made per call as the predicate would grow the cache without end)."""
+    from gatehouse.codecs import walk
+    from gatehouse.rules import Rename, RewriteStats, map_request, map_response
+    from gatehouse.rules.topics import id_names
+
+    subscription = codecs.consumer.subscription(1, topics=("orders",), user_data=None,
+                                                owned_partitions=())
+    member = req(11, 5, "app-1", group_id="team-a.g", session_timeout_ms=10000,
+                 rebalance_timeout_ms=10000, member_id="", group_instance_id=None,
+                 protocol_type="consumer",
+                 protocols=[{"name": "range", "metadata": subscription.encode()}])
+    assignment = codecs.consumer.assignment(0, assigned_partitions=[
+        codecs.consumer.ASSIGNMENT.structs["TopicPartition"].cls(topic="prod.orders",
+                                                                  partitions=(0,))],
+        user_data=None)
+    synced = codecs.response_from_dict({"header": {"correlation_id": 2}, "body": {
+        "protocol_type": "consumer", "protocol_name": "range", "error_code": 0,
+        "assignment": assignment.encode()}}, api_key=14, api_version=5)
+    rename = Rename({"orders": "prod.orders"})
+    policy = RulesPolicy(rules(IDS))
+
+    def once() -> None:
+        map_request(member, rename, {}, RewriteStats())
+        map_response(synced, rename, {}, RewriteStats())
+        id_names(member, frozenset({"group", "transactional_id"}))
+        policy.on_request(conn(), join("team-b.orders"))
+
+    once()
+    plans = walk._plan.cache_info().currsize
+    for _ in range(50):
+        once()
+    assert walk._plan.cache_info().currsize == plans

@@ -774,6 +774,19 @@ def _map_items(record: Any, array: str, field: str, decode: Callable[[Any], Any]
 _SUB_FIELDS = ("topic", "topics", "topic_name")
 
 
+# The walker keeps a plan per predicate (``codecs.walk``): predicates are module-level
+# functions (or cached per argument), never closures made per call, which would each
+# add a plan that is never used again.
+def _is_protocol_topic(f: FieldSpec) -> bool:
+    """A topic name in the consumer protocol's payloads (subscriptions, assignments)."""
+    return f.attr in _SUB_FIELDS and f.type == "string"
+
+
+def _holds_protocol_topics(f: FieldSpec) -> bool:
+    return _is_protocol_topic(f) or (f.is_array and f.struct is not None and any(
+        _is_protocol_topic(g) for g in f.struct.fields))
+
+
 def _map_bytes(data: Any, decode: Callable[[Any], Any], fn: Callable[[str], str | None],
                stats: RewriteStats) -> bytes | None:
     try:
@@ -784,13 +797,10 @@ def _map_bytes(data: Any, decode: Callable[[Any], Any], fn: Callable[[str], str 
     body = parsed.body
     version = min(parsed.version, parsed.spec.valid.hi)
 
-    def predicate(f: FieldSpec) -> bool:
-        return f.attr in _SUB_FIELDS and f.type == "string"
-
     def visit(struct: StructSpec, record: Any) -> Any:
         changes: dict[str, Any] = {}
         for f in struct.fields:
-            if not predicate(f) or version not in f.versions:
+            if not _is_protocol_topic(f) or version not in f.versions:
                 continue
             value = getattr(record, f.attr)
             if value is None:
@@ -811,11 +821,7 @@ def _map_bytes(data: Any, decode: Callable[[Any], Any], fn: Callable[[str], str 
                 changes[f.attr] = tuple(v for v in value if v is not _HIDDEN)
         return record.replace(**changes) if changes else record
 
-    def wide(f: FieldSpec) -> bool:
-        return predicate(f) or (f.is_array and f.struct is not None and any(
-            predicate(g) for g in f.struct.fields))
-
-    new = rewrite(parsed.spec, version, body, wide, visit)
+    new = rewrite(parsed.spec, version, body, _holds_protocol_topics, visit)
     if new is body:
         return None
     return bytes(parsed.replace(body=new).encode())
@@ -843,7 +849,7 @@ def id_names(req: Request, kinds: IdKinds) -> list[tuple[str, str]]:
             found.extend((kind, key) for key in keys if key)
         return found
     is_id = _predicates(kinds)[2]
-    resource_kinds = {t: k for k in kinds for t in _KINDS[k].resource_types}
+    resource_kinds = _resource_kinds(kinds)
 
     def visit(struct: StructSpec, record: Any) -> Any:
         resource_kind = resource_kinds.get(_resource_type(record))  # type: ignore[arg-type]
@@ -857,11 +863,25 @@ def id_names(req: Request, kinds: IdKinds) -> list[tuple[str, str]]:
                 found.extend((kind, v) for v in (value if f.is_array else (value,)) if v)
         return record
 
-    def wanted(f: FieldSpec) -> bool:
+    rewrite(req.api.request, req.api_version, req.body, _names_ids(kinds), visit)
+    return found
+
+
+@cache
+def _resource_kinds(kinds: IdKinds) -> dict[int, str]:
+    """Resource type -> the kind of id a resource of that type names."""
+    return {t: k for k in kinds for t in _KINDS[k].resource_types}
+
+
+@cache
+def _names_ids(kinds: IdKinds) -> Callable[[FieldSpec], bool]:
+    """The walker's predicate for ``id_names``: one per kinds (see ``_is_protocol_topic``)."""
+    is_id = _predicates(kinds)[2]
+
+    def names_id(f: FieldSpec) -> bool:
         return is_id(f) or _is_resource_field(f)
 
-    rewrite(req.api.request, req.api_version, req.body, wanted, visit)
-    return found
+    return names_id
 
 
 def topic_names(req: Request) -> Sequence[str]:
