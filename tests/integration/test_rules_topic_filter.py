@@ -114,8 +114,14 @@ def test_in_a_group_of_differently_filtered_members_every_partition_is_read(
         while not ops.assignment() and time.monotonic() < deadline:
             poll("ops", ops)
         app = member("app-1")
-        while time.monotonic() < deadline and not (
-                app.assignment() and len(ops.assignment()) < 4):
+
+        def settled() -> bool:
+            """Both members hold partitions, and none twice: the rebalance is over."""
+            mine, theirs = app.assignment(), ops.assignment()
+            return bool(mine and theirs) and not mine & theirs and len(mine | theirs) >= 3
+
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not settled():
             poll("ops", ops)
             poll("app", app)
         assert app.assignment() == {TopicPartition(orders, 0)}
