@@ -17,7 +17,7 @@ from gatehouse.proxy.server import Proxy
 
 async def closed_by_proxy(stream: trio.SocketStream) -> bool:
     """Whether the proxy closed ``stream`` (EOF) rather than keeping it open."""
-    with trio.move_on_after(0.5):
+    with trio.move_on_after(1.0):
         try:
             return await stream.receive_some(1) == b""
         except trio.BrokenResourceError:

@@ -36,7 +36,7 @@ def test_the_tenant_prefix_follows_the_authenticated_user_not_the_client_id(
         admin = AdminClient(conf)
         topics = admin.list_topics(timeout=10).topics
         assert name in topics and tenant_topic not in topics  # its own names only
-        assert proxy.sample("gatehouse_principals", principal=SCRAM_USER) >= 1  # admin's
+        assert proxy.sample_reaches("gatehouse_principals", 1, principal=SCRAM_USER) >= 1  # admin's
     assert watermarks(kafka_scram.bootstrap, tenant_topic) == (0, 20)
     assert watermarks(kafka_scram.bootstrap, name) == (0, 0)
 
@@ -112,7 +112,7 @@ def test_the_tenant_prefix_follows_the_client_certificate(kafka: KafkaCluster,
         assert sorted(consume(conf("team-a"), name, 20)) == sorted(sent)
         topics = AdminClient(conf("team-a")).list_topics(timeout=10).topics
         assert name in topics and f"a.{name}" not in topics  # its own names only
-        assert proxy.sample("gatehouse_principals", principal=TEAM_A) >= 1  # the admin's
+        assert proxy.sample_reaches("gatehouse_principals", 1, principal=TEAM_A) >= 1  # the admin's
         produce(conf("team-b"), name, count=5)  # another tenant's certificate: not prefixed
 
         # kafka-python, certificate and all, is team-a too.
@@ -159,7 +159,7 @@ def test_sasl_after_tls_names_the_client_again(kafka_scram: KafkaCluster,
         assert sorted(consume(conf, name, 10)) == sorted(sent)
         admin = AdminClient(conf)
         assert name in admin.list_topics(timeout=10).topics  # a live connection, counted:
-        assert proxy.sample("gatehouse_principals", principal=SCRAM_USER) >= 1
+        assert proxy.sample_reaches("gatehouse_principals", 1, principal=SCRAM_USER) >= 1
         assert proxy.sample("gatehouse_principals", principal=TEAM_A) == 0  # moved over
     assert watermarks(kafka_scram.bootstrap, f"{SCRAM_USER}.{name}") == (0, 10)
     assert watermarks(kafka_scram.bootstrap, f"a.{name}") == (0, 0)
@@ -187,7 +187,7 @@ def test_kafkas_mapping_rules_give_short_principals(kafka: KafkaCluster,
         sent = produce(conf("team-a"), name, count=12)
         admin = AdminClient(conf("team-a"))
         assert name in admin.list_topics(timeout=10).topics
-        assert proxy.sample("gatehouse_principals", principal="team-a") >= 1
+        assert proxy.sample_reaches("gatehouse_principals", 1, principal="team-a") >= 1
         assert sorted(consume(conf("team-a"), name, 12)) == sorted(sent)
 
         with pytest.raises((ssl.SSLError, ConnectionError)):

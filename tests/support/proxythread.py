@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -111,6 +112,15 @@ class ProxyThread:
         assert self.metered, "this proxy has no metrics observer: every sample would be 0"
         value = self.metrics.registry.get_sample_value(name, labels)
         return value or 0.0
+
+    def sample_reaches(self, name: str, minimum: float, timeout: float = 10.0,
+                       **labels: str) -> float:
+        """``sample``, read again until it reaches ``minimum`` (or ``timeout`` passes):
+        for gauges of live connections, which a client opens and closes as it goes."""
+        deadline = time.monotonic() + timeout
+        while (value := self.sample(name, **labels)) < minimum and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return value
 
     def __enter__(self) -> ProxyThread:
         return self.start()
