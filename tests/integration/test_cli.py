@@ -28,6 +28,11 @@ def test_demo_runs_on_the_embedded_broker() -> None:
     for api in ("Produce", "Fetch", "Metadata", "JoinGroup"):
         assert re.search(rf"^{api}\s+demo-", result.stdout, re.M), api
     assert "client software (KIP-511): confluent-kafka-python" in result.stdout
+    # The observe-mode rule counts the librdkafka 2.x clients' requests, refusing none
+    # (the workload above went through).
+    refused = re.findall(r"^rule librdkafka-3-or-newer: would_refuse (\d+) requests "
+                         r"\(observe mode: nothing refused\)$", result.stdout, re.M)
+    assert refused and int(refused[-1]) > 0
 
 
 def test_run_reload_and_sigterm(kafka: KafkaCluster, tmp_path: Path) -> None:
