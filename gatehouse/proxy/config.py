@@ -226,9 +226,7 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
         for i, item in enumerate(raw_upstream)
     )
     advertise = top.take("advertise_host", str)
-    if advertise is not None and top.child("brokers").has("sni"):
-        raise top.error("advertise_host", "advertise_host has no effect with brokers.sni: "
-                        "clients are told the broker names brokers.sni.broker makes")
+    advertise_given = advertise is not None
     if advertise is None:
         advertise = listen.host if listen.host not in ("0.0.0.0", "::") else "localhost"
 
@@ -254,6 +252,9 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
     brokers_reader.finish()
     brokers = BrokerPorts(start_port=start_port, ports=explicit, listen_host=broker_host,
                           sni=sni)
+    if advertise_given and sni is not None:
+        raise top.error("advertise_host", "advertise_host has no effect with brokers.sni: "
+                        "clients are told the broker names brokers.sni.broker makes")
     clashes = [n for n, p in explicit.items() if p == listen.port]
     if clashes:
         raise brokers_reader.error("ports", f"node {clashes[0]} would share the bootstrap port")

@@ -241,7 +241,8 @@ class RulesPolicy(Policy):
             topic_map, lookup = topic_map
         if not isinstance(topic_map, TopicMap):
             return resp
-        if teaches_ids(resp.api.response, resp.api_version):
+        if ((topic_map.hides_others or _observes_ids(self.ruleset))
+                and teaches_ids(resp.api.response, resp.api_version)):
             # Broker-side names, before they are mapped: read by a map that hides other
             # tenants' topics, enforced or observed.
             self.topic_ids.learn(resp)
@@ -397,8 +398,7 @@ def _denied_names(req: Request, topic_map: TopicMap) -> tuple[str, str] | None:
         if topic_map.denies(name):
             return TOPIC, name
     kinds = topic_map.id_kinds
-    if kinds and (req.api_key == FIND_COORDINATOR
-                  or names_ids(req.api.request, req.api_version, kinds)):
+    if _may_name_ids(req, kinds):
         for kind, name in id_names(req, kinds):
             if topic_map.denies_id(kind, name):
                 return kind, name
@@ -410,9 +410,21 @@ def _filters_names_in(req: Request, topic_map: TopicMap) -> bool:
     group filter does not, say, in a Produce request (a transactional id filter does)."""
     if any(isinstance(m, TopicFilter) for m in map_parts(topic_map)):
         return True
-    kinds = filtered_id_kinds(topic_map)
+    return _may_name_ids(req, filtered_id_kinds(topic_map))
+
+
+def _may_name_ids(req: Request, kinds: frozenset[str]) -> bool:
+    """Whether ``req`` can hold ids of ``kinds``: FindCoordinator's keys, or fields."""
     return bool(kinds) and (req.api_key == FIND_COORDINATOR
                             or names_ids(req.api.request, req.api_version, kinds))
+
+
+def _observes_ids(ruleset: RuleSet | None) -> bool:
+    """Whether an observe-mode rule of ``ruleset`` would hide other tenants' topics (it
+    then counts requests naming their ids: the ids are learned from the answers)."""
+    return ruleset is not None and any(
+        r.mode == "observe" and r.topic_map is not None and r.topic_map.hides_others
+        for r in ruleset.rules)
 
 
 def _denied_text(kind: str, name: str, rule: str) -> str:

@@ -215,36 +215,34 @@ class Proxy:
                     await trio.sleep(0.1)
                     continue
                 limits = self.config.limits
-                host = _peer_host(stream)
+                host, client = _peer(stream)  # one look at the address, for all below
                 if self._connections >= limits.max_connections:
-                    self._refuse(stream, "limit reached", limits.max_connections)
+                    self._refuse(client, "limit reached", limits.max_connections)
                     await stream.aclose()
                     continue
                 per_ip = limits.max_connections_per_ip
                 if per_ip is not None and self._per_host.get(host, 0) >= per_ip:
-                    self._refuse(stream, "per-address limit reached", per_ip,
+                    self._refuse(client, "per-address limit reached", per_ip,
                                  logged=host in self._refusing)
                     self._refusing.add(host)
                     await stream.aclose()
                     continue
                 self._connections += 1
                 self._per_host[host] = self._per_host.get(host, 0) + 1
-                nursery.start_soon(self._serve_client, stream, name, node_id, host)
+                nursery.start_soon(self._serve_client, stream, name, node_id, host, client)
 
-    def _refuse(self, stream: trio.SocketStream, why: str, limit: int,
-                logged: bool = False) -> None:
+    def _refuse(self, client: str, why: str, limit: int, logged: bool = False) -> None:
         """Count a connection turned away at a limit, and log it (a host at its own
         limit: once, until one of its connections closes)."""
-        client = _peer(stream)
         self.observer.connection_refused(client, why)
         if not logged:
             log_event(logger, logging.WARNING, f"connection refused: {why}", client=client,
                       limit=limit)
 
     async def _serve_client(self, stream: trio.SocketStream, listener: str,
-                            node_id: int | None, host: str = "?") -> None:
+                            node_id: int | None, host: str, client_address: str) -> None:
         server_ssl = self.tls.server  # read once: a reload may replace it
-        conn = ConnectionInfo(id=next(self._ids), client=_peer(stream), listener=listener,
+        conn = ConnectionInfo(id=next(self._ids), client=client_address, listener=listener,
                               node_id=node_id, tls=server_ssl is not None)
         client: trio.abc.Stream = stream
         reason = CLIENT_CLOSED
@@ -476,19 +474,13 @@ def _describe(exc: BaseException) -> str:
     return text or type(exc).__name__
 
 
-def _peer_host(stream: trio.SocketStream) -> str:
-    try:
-        return str(stream.socket.getpeername()[0])
-    except (OSError, ValueError, IndexError):
-        return "?"
-
-
-def _peer(stream: trio.SocketStream) -> str:
+def _peer(stream: trio.SocketStream) -> tuple[str, str]:
+    """The client's host, and its address as the logs write it (``host:port``)."""
     try:
         host, port, *_ = stream.socket.getpeername()
     except (OSError, ValueError):
-        return "?"
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return "?", "?"
+    return host, f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 async def _aclose(resource: trio.abc.AsyncResource) -> None:
