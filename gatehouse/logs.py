@@ -63,9 +63,26 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
-def setup_logging(level: str = "INFO", json_lines: bool = False, stream: Any = None) -> None:
+class _Tagged(logging.Filter):
+    """Adds fixed fields to every line (``worker=N`` for a worker of ``workers: N``)."""
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        super().__init__()
+        self.fields = fields
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        setattr(record, FIELDS_ATTR, {**(getattr(record, FIELDS_ATTR, None) or {}),
+                                      **self.fields})
+        return True
+
+
+def setup_logging(level: str = "INFO", json_lines: bool = False, stream: Any = None,
+                  **fixed: Any) -> None:
+    """Log to ``stream`` (stderr); ``fixed`` fields go on every line."""
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if json_lines else TextFormatter())
+    if fixed:
+        handler.addFilter(_Tagged(fixed))
     root = logging.getLogger("gatehouse")
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from gatehouse.cli import main
 from gatehouse.configfile import ConfigError
-from gatehouse.proxy.config import Address, config_from_text, load_config
+from gatehouse.proxy.config import Address, config_from_text, load_config, usable_cpus
 
 
 def test_minimal_config() -> None:
@@ -73,6 +74,15 @@ log: {level: debug, json: true}
          "reuse_port needs a fixed listen port"),
         ("listen: 127.0.0.1:9192\nupstream: [x:1]\nbrokers: {start_port: 0}\n"
          "reuse_port: true\n", 4, "reuse_port needs fixed broker ports"),
+        ("listen: 127.0.0.1:0\nupstream: [x:1]\nworkers: 2\n", 3,
+         "workers above 1 need a fixed listen port"),
+        ("listen: 127.0.0.1:9192\nupstream: [x:1]\nbrokers: {start_port: 0}\n"
+         "workers: 4\n", 4, "workers above 1 need fixed broker ports"),
+        ("listen: 127.0.0.1:9192\nupstream: [x:1]\nworkers: 0\n", 3,
+         "workers must be a number from 1 to 256 or 'auto', not 0"),
+        ("listen: 127.0.0.1:9192\nupstream: [x:1]\nworkers: many\n", 3,
+         "not 'many'"),
+        ("listen: 127.0.0.1:9192\nupstream: [x:1]\nworkers: true\n", 3, "not a boolean"),
         ("listen: [unclosed\n", 2, "not valid YAML"),
         ("listen: 1.2.3.4:5\nlisten: 1.2.3.4:6\nupstream: [x:1]\n", 2, "duplicate key"),
         ("listen: 1.2.3.4:5\nupstream: [x:1]\ntls:\n  downstream: {cert: nope.pem, key: k}\n",
@@ -143,3 +153,53 @@ def test_check_advises_on_tenant_rules_that_do_not_keep_tenants_apart(
     assert err[1] == (f"warning: {path}:4: rule claimed: hides other tenants' topics but "
                       "their groups and transactional ids stay shared: add groups: true, "
                       "transactional_ids: true")
+
+
+def test_workers_imply_shared_ports_and_auto_is_one_per_cpu() -> None:
+    base = "listen: 127.0.0.1:9192\nupstream: [x:1]\n"
+    assert config_from_text(base).workers == 1
+    assert not config_from_text(base).reuse_port
+    two = config_from_text(base + "workers: 2\n")
+    assert (two.workers, two.reuse_port) == (2, True)
+    assert config_from_text(base + "workers: auto\n").workers == usable_cpus()
+
+
+@pytest.mark.parametrize("cpu_max, expected", [
+    ("max 100000\n", None),  # no limit: every CPU it may run on
+    ("100000 100000\n", 1),
+    ("150000 100000\n", 2),  # 1.5 CPUs: a second worker for the half
+    ("5000 100000\n", 1),
+    ("garbage\n", None),
+])
+def test_auto_workers_follow_the_containers_cpu_limit(tmp_path: Path, cpu_max: str,
+                                                      expected: int | None) -> None:
+    path = tmp_path / "cpu.max"
+    path.write_text(cpu_max)
+    cpus = len(os.sched_getaffinity(0))
+    assert usable_cpus(path) == (cpus if expected is None else min(cpus, expected))
+    assert usable_cpus(tmp_path / "absent") == cpus
+
+
+def test_run_refuses_workers_on_ports_the_os_picks(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "proxy.yaml"
+    path.write_text("listen: 127.0.0.1:0\nupstream: [x:1]\n")
+    assert main(["run", "--config", str(path), "--workers", "2"]) == 1
+    assert capsys.readouterr().err == (
+        "error: --workers: more than one worker needs a fixed listen port (processes "
+        "sharing ports must agree on them), not 0\n")
+    assert main(["run", "--config", str(path), "--workers", "0"]) == 1
+    assert "error: --workers: must be from 1 to 256" in capsys.readouterr().err
+
+
+def test_a_worker_keeps_its_share_of_the_observation_logs_disk(tmp_path: Path) -> None:
+    from gatehouse.cli import _as_worker
+
+    config = config_from_text("listen: 127.0.0.1:9192\nupstream: [x:1]\nworkers: 4\n"
+                              f"capture: {{dir: {tmp_path}, max_total_bytes: 1000000, "
+                              "rotate_bytes: 400000}\n")
+    worker = _as_worker(config, 4)
+    assert (worker.workers, worker.reuse_port) == (1, True)
+    assert worker.capture.max_total_bytes == 250_000
+    assert worker.capture.rotate_bytes == 250_000  # a file is at most the budget
+    assert worker.capture.dir == config.capture.dir

@@ -8,11 +8,15 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import trio
 
 from gatehouse.configfile import ConfigError, Source
 from gatehouse.logs import log_event, setup_logging
+
+if TYPE_CHECKING:
+    from gatehouse.proxy.config import ProxyConfig
 
 logger = logging.getLogger("gatehouse.cli")
 
@@ -30,6 +34,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--metrics-listen", metavar="HOST:PORT",
                      help="serve /metrics here (overrides metrics.listen; e.g. one port per "
                      "process of several sharing ports with reuse_port)")
+    run.add_argument("--workers", type=int, metavar="N",
+                     help="run N proxy processes on the same ports, supervised by this one "
+                     "(overrides the config's workers)")
+    # A worker of a supervisor (gatehouse.proxy.workers): its end of the socket pair.
+    for hidden in ("--worker-fd", "--worker-index", "--worker-count"):
+        run.add_argument(hidden, type=int, help=argparse.SUPPRESS)
 
     check = sub.add_parser("check", help="validate a config (and its rules) without running")
     check.add_argument("--config", "-c", required=True)
@@ -96,7 +106,7 @@ def _check(path: str) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from gatehouse.proxy.config import parse_address
+    from gatehouse.proxy.config import fixed_ports_problem, parse_address
     from gatehouse.proxy.setup import load_everything, run_configured
 
     try:
@@ -105,14 +115,39 @@ def _run(args: argparse.Namespace) -> int:
             config = dataclasses.replace(config, metrics_listen=parse_address(
                 args.metrics_listen, Source("--metrics-listen"), None, "--metrics-listen",
                 default_host="127.0.0.1"))
+        if args.workers is not None:
+            problem = fixed_ports_problem(config.listen, config.brokers)
+            if not 1 <= args.workers <= 256 or (args.workers > 1 and problem):
+                raise ConfigError(f"more than one worker needs {problem}" if args.workers > 1
+                                  else "must be from 1 to 256", file="--workers")
+            config = dataclasses.replace(config, workers=args.workers,
+                                         reuse_port=config.reuse_port or args.workers > 1)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    setup_logging(args.log_level or config.log_level, args.log_json or config.log_json)
-    for advice in policy.ruleset.advice():
-        log_event(logger, logging.WARNING, "rules advice", advice=advice)
+    worker = args.worker_fd is not None
+    if worker:
+        config = _as_worker(config, args.worker_count or 1)
+        setup_logging(args.log_level or config.log_level, args.log_json or config.log_json,
+                      worker=args.worker_index)
+    else:
+        setup_logging(args.log_level or config.log_level, args.log_json or config.log_json)
+        for advice in policy.ruleset.advice():
+            log_event(logger, logging.WARNING, "rules advice", advice=advice)
     try:
-        trio.run(run_configured, config, policy, args.config)
+        if config.workers > 1:
+            from gatehouse.proxy.workers import serve_workers
+
+            passed = ["--config", args.config]
+            passed += ["--log-level", args.log_level] if args.log_level else []
+            passed += ["--log-json"] if args.log_json else []
+            return serve_workers(config, passed)
+        link = None
+        if worker:
+            from gatehouse.proxy.workers import SupervisorLink
+
+            link = SupervisorLink(args.worker_fd)
+        trio.run(run_configured, config, policy, args.config, link)
     except KeyboardInterrupt:  # a second Ctrl-C while draining
         return 130
     except (OSError, BaseExceptionGroup) as exc:
@@ -124,6 +159,18 @@ def _run(args: argparse.Namespace) -> int:
         log_event(logger, logging.ERROR, "proxy failed", error=error.strerror or str(error))
         return 1
     return 0
+
+
+def _as_worker(config: ProxyConfig, count: int) -> ProxyConfig:
+    """A worker's config: one process of ``count`` on shared ports, each keeping its
+    share of the observation log's disk budget."""
+    capture = config.capture
+    if capture is not None:
+        share = max(1, capture.max_total_bytes // count)
+        # A file is at most the budget (as the config's own check requires).
+        capture = dataclasses.replace(capture, max_total_bytes=share,
+                                      rotate_bytes=min(capture.rotate_bytes, share))
+    return dataclasses.replace(config, workers=1, reuse_port=True, capture=capture)
 
 
 def _os_error(exc: BaseException) -> OSError | None:

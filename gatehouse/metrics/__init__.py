@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import trio
@@ -607,8 +608,11 @@ class _RewriteStatsCollector:
 
 # -- endpoints ------------------------------------------------------------------------
 
-async def _http(stream: trio.SocketStream, metrics: ProxyMetrics,
-                ready: Callable[[], bool]) -> None:
+Readiness = Callable[[], bool | Awaitable[tuple[bool, str]]]
+
+
+async def _http(stream: trio.SocketStream, render: Callable[[], bytes],
+                ready: Readiness) -> None:
     async with stream:
         data = b""
         with trio.move_on_after(5):
@@ -621,13 +625,15 @@ async def _http(stream: trio.SocketStream, metrics: ProxyMetrics,
         parts = line.split()
         path = parts[1].split("?", 1)[0] if len(parts) >= 2 else ""
         if path == "/metrics":
-            body = await trio.to_thread.run_sync(generate_latest, metrics.registry)
+            body = await trio.to_thread.run_sync(render)
             status, ctype = "200 OK", CONTENT_TYPE_LATEST
         elif path == "/healthz":
             body, status, ctype = b"ok\n", "200 OK", "text/plain"
         elif path == "/readyz":
-            ok = ready()
-            body = b"ready\n" if ok else b"not ready: no upstream broker reachable\n"
+            answer = ready()
+            ok, why = (await answer if not isinstance(answer, bool)
+                       else (answer, "no upstream broker reachable"))
+            body = b"ready\n" if ok else f"not ready: {why}\n".encode()
             status = "200 OK" if ok else "503 Service Unavailable"
             ctype = "text/plain"
         else:
@@ -638,10 +644,12 @@ async def _http(stream: trio.SocketStream, metrics: ProxyMetrics,
             await stream.send_all(head + body)
 
 
-async def serve_metrics(listen: Address, metrics: ProxyMetrics,
-                        ready: Callable[[], bool] | None = None, *,
-                        task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-    """Serve /metrics, /healthz and /readyz; ``task_status`` gets the bound port."""
+async def serve_endpoints(listen: Address, render: Callable[[], bytes], ready: Readiness, *,
+                          task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
+                          ) -> None:
+    """Serve /metrics (``render()``, in a thread: a scrape never stalls the event loop),
+    /healthz and /readyz (``ready()``: a bool, or awaitable (ok, why not));
+    ``task_status`` gets the bound port."""
     try:
         listeners = await trio.open_tcp_listeners(listen.port, host=listen.host)
     except OSError as exc:
@@ -650,11 +658,18 @@ async def serve_metrics(listen: Address, metrics: ProxyMetrics,
     port = listeners[0].socket.getsockname()[1]
     log_event(logger, logging.INFO, "metrics listening", listen=f"{listen.host}:{port}")
     task_status.started(port)
-    if ready is not None:
-        metrics.ready_check = ready
-    check = metrics.ready_check
 
     async def handler(stream: trio.SocketStream) -> None:
-        await _http(stream, metrics, check)
+        await _http(stream, render, ready)
 
     await trio.serve_listeners(handler, listeners)
+
+
+async def serve_metrics(listen: Address, metrics: ProxyMetrics,
+                        ready: Callable[[], bool] | None = None, *,
+                        task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve /metrics, /healthz and /readyz; ``task_status`` gets the bound port."""
+    if ready is not None:
+        metrics.ready_check = ready
+    await serve_endpoints(listen, partial(generate_latest, metrics.registry),
+                          metrics.ready_check, task_status=task_status)

@@ -8,6 +8,7 @@ The minimal config is two lines::
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -169,6 +170,9 @@ class ProxyConfig:
     # Several proxy processes on the same ports (SO_REUSEPORT): the kernel spreads new
     # connections over them, one event loop per process, to use more than one core.
     reuse_port: bool = False
+    # `gatehouse run` starts this many such processes itself and supervises them
+    # (gatehouse.proxy.workers); above 1 it implies reuse_port.
+    workers: int = 1
 
 
 def parse_address(text: Any, source: Source, line: int | None, what: str,
@@ -344,15 +348,11 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
 
         capture = parse_capture(top.child("capture"), base)
     reuse_port = top.take("reuse_port", bool, False)
-    if reuse_port:
-        # Processes sharing ports must agree on them: none may be the OS's pick.
-        if listen.port == 0:
-            raise top.error("reuse_port", "reuse_port needs a fixed listen port (processes "
-                            "sharing ports must agree on them), not 0")
-        if brokers.sni is None and brokers.start_port == 0:
-            raise top.error("reuse_port", "reuse_port needs fixed broker ports "
-                            "(brokers.start_port other than 0, or brokers.ports with "
-                            "start_port: null, or brokers.sni)")
+    workers = _workers(top)
+    if workers > 1:
+        _check_fixed_ports(top, "workers", "workers above 1 need", listen, brokers)
+    elif reuse_port:
+        _check_fixed_ports(top, "reuse_port", "reuse_port needs", listen, brokers)
     rules = top.take("rules", (list, type(None)))
     rules_file = _path(top, "rules_file", base)
     if rules is not None and rules_file is not None:
@@ -375,8 +375,53 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
         log_level=level,
         log_json=log_json,
         oauthbearer_sub_claim=claim,
-        reuse_port=reuse_port,
+        reuse_port=reuse_port or workers > 1,
+        workers=workers,
     )
+
+
+def _workers(top: Reader) -> int:
+    """``workers``: a count, or ``auto`` (one per CPU this process may use)."""
+    value = top.take("workers", (int, str), 1)
+    if value == "auto":
+        return usable_cpus()
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 256:
+        raise top.error("workers", f"workers must be a number from 1 to 256 or 'auto', "
+                        f"not {value!r}")
+    return value
+
+
+def usable_cpus(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """CPUs this process may use: those it may run on, capped by its cgroup's CPU quota
+    (a container's CPU limit: on a 64-core node, a pod limited to 2 CPUs gets 2)."""
+    cpus = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else os.cpu_count() or 1)
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, -(-int(quota) // int(period)))  # a part of a CPU counts as one
+    except (OSError, ValueError):
+        pass  # no cgroup v2 limit readable: the affinity stands
+    return max(1, cpus)
+
+
+def fixed_ports_problem(listen: Address, brokers: BrokerPorts) -> str | None:
+    """Why processes cannot share these ports (what is missing after "needs"), or None.
+
+    Processes sharing ports must agree on them: none may be the OS's pick."""
+    if listen.port == 0:
+        return ("a fixed listen port (processes sharing ports must agree on them), not 0")
+    if brokers.sni is None and brokers.start_port == 0:
+        return ("fixed broker ports (brokers.start_port other than 0, or brokers.ports with "
+                "start_port: null, or brokers.sni)")
+    return None
+
+
+def _check_fixed_ports(top: Reader, key: str, needs: str, listen: Address,
+                       brokers: BrokerPorts) -> None:
+    problem = fixed_ports_problem(listen, brokers)
+    if problem is not None:
+        raise top.error(key, f"{needs} {problem}")
 
 
 def _sni_routing(brokers: Reader) -> SniRouting:

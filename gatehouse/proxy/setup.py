@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 from functools import partial
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
@@ -14,6 +14,9 @@ from gatehouse.proxy.hooks import Observer, Policy
 from gatehouse.proxy.policy import Reloader, RulesPolicy, RulesSource
 from gatehouse.proxy.server import Proxy
 from gatehouse.rules import RuleSet, load_rules_file, parse_rules
+
+if TYPE_CHECKING:
+    from gatehouse.proxy.workers import SupervisorLink
 
 RELOAD_POLL_SECONDS = 1.0
 
@@ -98,7 +101,15 @@ async def freeze_heap_when_ready(proxy: Proxy) -> None:
     gc.freeze()
 
 
-async def run_configured(config: ProxyConfig, policy: RulesPolicy, path: str | Path) -> None:
+async def _report_ready(proxy: Proxy, link: SupervisorLink) -> None:
+    await proxy.ready.wait()
+    await link.report(ready=True)
+
+
+async def run_configured(config: ProxyConfig, policy: RulesPolicy, path: str | Path,
+                         link: SupervisorLink | None = None) -> None:
+    """Run the proxy a config describes until it is stopped; ``link``: this process is
+    a worker of a supervisor (``workers: N``), which it reports to."""
     from gatehouse.cli import handle_signals
 
     reloader = Reloader(policy, rules_source(config, path))
@@ -116,8 +127,14 @@ async def run_configured(config: ProxyConfig, policy: RulesPolicy, path: str | P
             if config.metrics_listen is not None:
                 from gatehouse.metrics import serve_metrics
 
-                await nursery.start(serve_metrics, config.metrics_listen, observers[0],
-                                    lambda: proxy.ready.is_set() and proxy.upstream_reachable)
+                port = await nursery.start(
+                    serve_metrics, config.metrics_listen, observers[0],
+                    lambda: proxy.ready.is_set() and proxy.upstream_reachable)
+                if link is not None:
+                    await link.report(metrics_port=port)
+            if link is not None:
+                nursery.start_soon(link.watch, proxy.shutdown)
+                nursery.start_soon(_report_ready, proxy, link)
             await proxy.serve()
             nursery.cancel_scope.cancel()
     finally:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import signal
 import socket
@@ -51,14 +52,15 @@ def tool(name: str) -> str:
     return path
 
 
-def start_gatehouse(tmp: Path, name: str, upstream: str, rules: str, extra: str = ""
+def start_gatehouse(tmp: Path, name: str, upstream: str, rules: str, extra: str = "",
+                    brokers: str = "{start_port: 0}"
                     ) -> tuple[subprocess.Popen[bytes], int, int, Path]:
     port, metrics_port = free_port(), free_port()
     rules_file = tmp / f"{name}-rules.yaml"
     rules_file.write_text(rules)
     config = tmp / f"{name}.yaml"
     config.write_text(f"listen: 127.0.0.1:{port}\nupstream: [{upstream}]\n"
-                      f"brokers: {{start_port: 0}}\nmetrics: {{listen: 127.0.0.1:{metrics_port}}}\n"
+                      f"brokers: {brokers}\nmetrics: {{listen: 127.0.0.1:{metrics_port}}}\n"
                       f"rules_file: {rules_file}\nlog: {{level: WARNING}}\n{extra}")
     proc = subprocess.Popen([*GATEHOUSE, "run", "--config", str(config)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -66,6 +68,13 @@ def start_gatehouse(tmp: Path, name: str, upstream: str, rules: str, extra: str 
     wait_listening(port, proc)
     wait_listening(metrics_port, proc)
     return proc, port, metrics_port, rules_file
+
+
+def worker_pids(supervisor: int) -> list[int]:
+    """The processes a supervisor (workers: N) started (from any of its threads: trio
+    starts processes from a worker thread)."""
+    return [int(pid) for task in Path(f"/proc/{supervisor}/task").iterdir()
+            for pid in (task / "children").read_text().split()]
 
 
 @pytest.fixture
@@ -172,7 +181,7 @@ def test_alert_rules_parse_with_promtool() -> None:
     result = subprocess.run([tool("promtool"), "check", "rules", str(ALERTS)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 6 rules found" in result.stdout
+    assert "SUCCESS: 7 rules found" in result.stdout
 
 
 def keep_traffic_flowing(bootstrap: str, dead_bootstrap: str, topic: str,
@@ -245,6 +254,11 @@ def test_every_dashboard_and_alert_expression_returns_data(
     crowded, crowded_port, crowded_metrics, _ = start_gatehouse(
         tmp_path, "crowded", kafka.bootstrap, rules, "limits: {max_connections_per_ip: 1}\n")
     processes.append(crowded)
+    # A supervisor of two workers (one endpoint for both): one of them will die.
+    workers, _, workers_metrics, _ = start_gatehouse(
+        tmp_path, "workers", kafka.bootstrap, rules, "workers: 2\n",
+        brokers=f"{{start_port: {free_port()}}}")
+    processes.append(workers)
 
     prom_port = free_port()
     config = tmp_path / "prometheus.yml"
@@ -254,7 +268,8 @@ def test_every_dashboard_and_alert_expression_returns_data(
         "rule_files": [str(ALERTS)],
         "scrape_configs": [{"job_name": "gatehouse", "static_configs": [{"targets": [
             f"127.0.0.1:{live_metrics}", f"127.0.0.1:{dead_metrics}",
-            f"127.0.0.1:{sasl_metrics}", f"127.0.0.1:{crowded_metrics}"]}]}],
+            f"127.0.0.1:{sasl_metrics}", f"127.0.0.1:{crowded_metrics}",
+            f"127.0.0.1:{workers_metrics}"]}]}],
     }))
     prom = subprocess.Popen(
         [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
@@ -270,7 +285,8 @@ def test_every_dashboard_and_alert_expression_returns_data(
         time.sleep(0.1)
     # Both targets scraped once before the events the alerts watch for, so their
     # counters have a "before" sample.
-    while len([s for s in api.query('up{job="gatehouse"} == 1')]) < 4:
+    while len([s for s in api.query('up{job="gatehouse"} == 1')]) < 5 or not api.query(
+            'gatehouse_workers{state="ready"} == 2'):
         assert time.monotonic() < deadline, api.get("/api/v1/targets")
         time.sleep(0.2)
 
@@ -297,6 +313,8 @@ def test_every_dashboard_and_alert_expression_returns_data(
         # A certificate rotation that goes wrong: the old certificate stays, the alert fires.
         Path(tls["cert"]).write_text("-----BEGIN CERTIFICATE-----\nhalf written\n")
         sasl.send_signal(signal.SIGHUP)
+        # A worker dies (as at the OOM killer's hand); the supervisor restarts it.
+        os.kill(worker_pids(workers.pid)[0], signal.SIGKILL)
 
         dashboard = json.loads(DASHBOARD.read_text())
         expressions = [(title, substitute(expr))
@@ -349,6 +367,8 @@ def test_every_dashboard_and_alert_expression_returns_data(
                 == f"127.0.0.1:{sasl_metrics}")
         assert (firing["GatehouseConnectionsRefused"]["labels"]["instance"]
                 == f"127.0.0.1:{crowded_metrics}")
+        assert (firing["GatehouseWorkerRestarted"]["labels"]["instance"]
+                == f"127.0.0.1:{workers_metrics}")
         # The authenticated client's connection, and new ones, still work.
         assert authenticated.list_topics(timeout=30).topics is not None
     finally:

@@ -1,0 +1,229 @@
+"""``workers: N`` on a real Apache Kafka broker: one `gatehouse run` starts N proxy
+processes on the same ports and supervises them.  Clients are spread over the workers,
+one metrics endpoint counts them all, SIGHUP reaches every worker, a killed worker is
+replaced while the others serve, Ctrl-C drains, a killed supervisor takes its workers
+with it, and a worker that cannot start stops the lot with the reason in the log."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.clients import consume, produce, unique
+from tests.support.kafka import KafkaCluster
+from tests.support.ports import free_port
+
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+def write_config(kafka: KafkaCluster, tmp_path: Path, *, port: int, metrics: int | None,
+                 workers: int = 2) -> Path:
+    [node] = [n.node_id for n in kafka.nodes]
+    config = tmp_path / "gatehouse.yaml"
+    config.write_text(f"listen: 127.0.0.1:{port}\nupstream: [{kafka.bootstrap}]\n"
+                      f"brokers: {{start_port: null, ports: {{{node}: {free_port()}}}}}\n"
+                      f"workers: {workers}\nlimits: {{shutdown_grace: 5}}\n"
+                      + (f"metrics: {{listen: 127.0.0.1:{metrics}}}\n" if metrics else ""))
+    return config
+
+
+def start(config: Path, log: Path) -> subprocess.Popen[bytes]:
+    # Its own process group, as a job started at a terminal: Ctrl-C signals the group.
+    return subprocess.Popen([sys.executable, "-m", "gatehouse.cli", "run", "--config",
+                             str(config)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=log.open("wb"), start_new_session=True)
+
+
+def scrape(port: int) -> Samples:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+    found: Samples = {}
+    for family in text_string_to_metric_families(text.decode()):
+        for sample in family.samples:
+            found.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return found
+
+
+def total(samples: Samples, name: str, **match: str) -> float:
+    return sum(value for labels, value in samples.get(name, [])
+               if all(labels.get(k) == v for k, v in match.items()))
+
+
+def by_worker(samples: Samples, name: str, **match: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for labels, value in samples.get(name, []):
+        if all(labels.get(k) == v for k, v in match.items()):
+            out[labels["worker"]] = out.get(labels["worker"], 0.0) + value
+    return out
+
+
+def ready(port: int) -> bool:
+    try:
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5).status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def wait_for(condition: Callable[[], bool], what: str, proc: subprocess.Popen[bytes],
+             log: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            raise AssertionError(f"supervisor exited ({proc.returncode}) waiting for {what}:\n"
+                                 + log.read_text())
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}:\n" + log.read_text())
+        time.sleep(0.05)
+
+
+def worker_pids(log: Path) -> dict[int, int]:
+    """pid -> worker index, from the supervisor's "worker started" lines."""
+    return {int(pid): int(index) for index, pid in
+            re.findall(r"worker started worker=(\d+) pid=(\d+)", log.read_text())}
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_workers_serve_one_set_of_ports_and_one_metrics_endpoint(kafka: KafkaCluster,
+                                                                 tmp_path: Path) -> None:
+    port, metrics = free_port(), free_port()
+    log = tmp_path / "supervisor.log"
+    proc = start(write_config(kafka, tmp_path, port=port, metrics=metrics), log)
+    try:
+        wait_for(lambda: ready(metrics), "/readyz", proc, log)
+        assert total(scrape(metrics), "gatehouse_workers", state="ready") == 2
+        first = worker_pids(log)
+        assert sorted(first.values()) == [0, 1]
+
+        # The kernel spreads connections over both workers; the endpoint counts them all.
+        held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(24)]
+        wait_for(lambda: total(scrape(metrics), "gatehouse_connections_total",
+                               side="client", outcome="opened") == 24, "24 connections",
+                 proc, log)
+        opened = by_worker(scrape(metrics), "gatehouse_connections_total", side="client",
+                           outcome="opened")
+        assert set(opened) == {"0", "1"} and min(opened.values()) > 0, opened
+        for sock in held:
+            sock.close()
+
+        topic = unique("workers")
+        kafka.create_topic(topic, partitions=2)
+        conf = {"bootstrap.servers": f"127.0.0.1:{port}"}
+        sent = produce(conf, topic, count=200)
+        assert sorted(consume(conf, topic, 200)) == sorted(sent)
+        assert total(scrape(metrics), "gatehouse_topic_records_total", topic=topic,
+                     direction="produce") == 200
+
+        # SIGHUP to the supervisor: every worker reloads its rules.
+        reloads = by_worker(scrape(metrics), "gatehouse_rules_reloads_total", outcome="ok")
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: all(
+            by_worker(scrape(metrics), "gatehouse_rules_reloads_total", outcome="ok")
+            .get(w, 0) == reloads.get(w, 0) + 1 for w in ("0", "1")), "a reload in each",
+            proc, log)
+
+        # A worker killed: the other serves, the supervisor starts another in its place.
+        victim = min(first)
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: total(scrape(metrics), "gatehouse_worker_restarts_total") == 1
+                 and ready(metrics), "a replacement worker", proc, log)
+        assert (f"worker exited: restarting worker={first[victim]} status=-9"
+                in log.read_text())
+        now = worker_pids(log)
+        assert len(now) == 3 and list(now.values()).count(first[victim]) == 2, now
+        more = produce(conf, topic, count=100, tag="after")
+        assert sorted(consume(conf, topic, 300)) == sorted(sent + more)
+
+        # Ctrl-C at the terminal signals the whole group: the workers, in sessions of
+        # their own, hear it once, from the supervisor, and drain (status 0, not 130).
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(60) == 0
+        text = log.read_text()
+        for index in (0, 1):
+            assert f"worker stopped worker={index} status=0" in text, text
+        assert not [pid for pid in worker_pids(log) if alive(pid)]
+        assert "Traceback" not in text
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+
+
+def test_a_killed_supervisor_takes_its_workers_with_it(kafka: KafkaCluster,
+                                                       tmp_path: Path) -> None:
+    port = free_port()
+    log = tmp_path / "supervisor.log"
+    proc = start(write_config(kafka, tmp_path, port=port, metrics=None), log)
+    try:
+        wait_for(lambda: log.read_text().count("worker ready") == 2, "two workers", proc, log)
+        pids = list(worker_pids(log))
+        assert len(pids) == 2 and all(alive(pid) for pid in pids)
+        proc.kill()
+        proc.wait(30)
+        deadline = time.monotonic() + 30
+        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [pid for pid in pids if alive(pid)], log.read_text()
+        assert log.read_text().count('worker stopping reason="supervisor gone"') == 2
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+
+
+def test_a_worker_that_cannot_start_stops_the_supervisor_with_the_reason(
+        kafka: KafkaCluster, tmp_path: Path) -> None:
+    with socket.socket() as taken:  # the port, held without SO_REUSEPORT
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        log = tmp_path / "supervisor.log"
+        proc = start(write_config(kafka, tmp_path, port=port, metrics=free_port()), log)
+        try:
+            assert proc.wait(60) == 1
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+    text = log.read_text()
+    assert (f'proxy failed error="cannot listen on 127.0.0.1:{port}: Address already in use"'
+            in text), text
+    assert "worker failed to start: stopping" in text
+    assert "restarting" not in text
+    assert "Traceback" not in text
+
+
+def test_a_metrics_port_in_use_stops_the_supervisor_before_any_worker_starts(
+        kafka: KafkaCluster, tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        metrics = taken.getsockname()[1]
+        log = tmp_path / "supervisor.log"
+        proc = start(write_config(kafka, tmp_path, port=free_port(), metrics=metrics), log)
+        try:
+            assert proc.wait(60) == 1
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+    text = log.read_text()
+    assert (f'proxy failed error="cannot serve metrics on 127.0.0.1:{metrics}: Address '
+            'already in use"') in text, text
+    assert "worker started" not in text and "Traceback" not in text
