@@ -231,7 +231,8 @@ def response_scan(frame: Buffer, version: int,
     view = memoryview(frame)
     flexible = version >= FLEXIBLE_SINCE
     try:
-        pos = _skip_tags(view, 4) if flexible else 4  # CorrelationId (, tags)
+        # CorrelationId (, the header's tags: nearly always none)
+        pos = (_skip_tags(view, 4) if view[4] else 5) if flexible else 4
         topics, pos = _array(view, pos, flexible)
         codes: dict[int, int] = {}
         messages = False
