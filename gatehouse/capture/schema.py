@@ -24,8 +24,8 @@ TOPIC_FIELDS: tuple[tuple[str, str], ...] = (
 )
 RULE_FIELDS: tuple[tuple[str, str], ...] = (
     ("rule", "string"),
-    ("action", "string"),  # min_api_version, deny_apis, topics, match, ...
-    ("effect", "string"),  # refuse, rewrite, pass
+    ("action", "string"),  # min_api_version, deny_apis, topics, match, quota, ...
+    ("effect", "string"),  # refuse, rewrite, pass, throttle (a quota held the request)
     ("mode", "string"),  # enforce, observe
 )
 FIELDS: tuple[tuple[str, str], ...] = (

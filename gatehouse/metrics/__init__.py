@@ -209,6 +209,9 @@ class ProxyMetrics(Observer):
             r.register(family)
         self.reloads = Counter("gatehouse_rules_reloads", "Rules reloads", ["outcome"],
                                registry=r)
+        self.throttle_seconds = Counter("gatehouse_throttle_seconds", "Time client requests "
+                                        "were held back by rules' quotas", ["rule"],
+                                        registry=r)
         self.last_reload_ok = Gauge("gatehouse_rules_last_reload_success", "1 unless the "
                                     "last rules reload failed (the old rules stay in force)",
                                     registry=r)
@@ -286,6 +289,8 @@ class ProxyMetrics(Observer):
         """Subscribe to the rules' decisions and reloads."""
         if hasattr(policy, "outcome_listeners"):
             policy.outcome_listeners.append(self._outcome)
+        if hasattr(policy, "throttle_listeners"):
+            policy.throttle_listeners.append(self._throttled)
         stats = getattr(policy, "stats", None)
         if stats is not None and hasattr(stats, "protocol_fallbacks"):
             self.registry.register(_RewriteStatsCollector(stats))
@@ -296,14 +301,18 @@ class ProxyMetrics(Observer):
         self.reloads.labels(outcome="ok" if ok else "failed").inc()
         self.last_reload_ok.set(1 if ok else 0)
 
+    def _throttled(self, rule: str, seconds: float) -> None:
+        self.throttle_seconds.labels(rule=rule).inc(seconds)
+
     def _outcome(self, outcome: Any) -> None:
         key = (outcome.rule, outcome.mode, outcome.effect)
         counter = self._decision_counters.get(key)
         if counter is None:
             if outcome.mode == "observe":
-                actions = {"refuse": "would_refuse", "rewrite": "would_rename"}
+                actions = {"refuse": "would_refuse", "rewrite": "would_rename",
+                           "throttle": "would_throttle"}
             else:
-                actions = {"refuse": "refuse", "rewrite": "rename"}
+                actions = {"refuse": "refuse", "rewrite": "rename", "throttle": "throttle"}
             counter = self.decisions.labels(rule=outcome.rule,
                                             action=actions.get(outcome.effect, "allow"))
             if len(self._decision_counters) < 10_000:  # rule names come from the config

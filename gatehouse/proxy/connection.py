@@ -78,6 +78,7 @@ from gatehouse.proxy.hooks import (
     Respond,
     top_level_tags,
 )
+from gatehouse.proxy.quotas import Charge
 
 logger = logging.getLogger("gatehouse.proxy")
 
@@ -422,6 +423,10 @@ class ProxyConnection:
             self._malformed("request", exc)
         now = trio.current_time()
         if isinstance(decision, Forward):
+            charges = policy.quota_charges(conn, now)
+            if charges:
+                now = await self._hold_for_quotas(charges, policy, header.api_key,
+                                                  len(frame) + 4, now)
             out = decision.request.encode()
             pending = Pending(
                 header.correlation_id,
@@ -451,6 +456,33 @@ class ProxyConnection:
         elif isinstance(decision, Close):
             conn.refused += 1
             raise _Close(decision.reason, logging.INFO)
+
+    async def _hold_for_quotas(self, charges: tuple[Charge, ...], policy: Policy,
+                               api_key: int, size: int, now: float) -> float:
+        """A request under quotas: held while a quota it spends from is in debt (the
+        client's earlier requests or answers took more than its rate: the connection is
+        not read meanwhile, so TCP pushes back), then spent from; the time it goes on."""
+        hold, holder, reported = 0.0, None, set()
+        for charge in charges:
+            wait = charge.bucket.wait(now)
+            if wait <= 0 or charge.rule in reported:
+                continue
+            if charge.mode == "enforce":
+                if wait > hold:
+                    hold, holder = wait, charge
+            else:
+                reported.add(charge.rule)
+                policy.throttled(self.conn, charge, wait, held=False)
+        if holder is not None:
+            policy.throttled(self.conn, holder, hold, held=True)
+            await trio.sleep(hold)
+            now = trio.current_time()
+        for charge in charges:
+            if charge.kind == "requests":
+                charge.bucket.spend(1, now)
+            elif charge.kind == "produce_bytes" and api_key == PRODUCE:
+                charge.bucket.spend(size, now)
+        return now
 
     def _count_request(self, header: Any) -> None:
         conn = self.conn
@@ -901,8 +933,13 @@ class ProxyConnection:
         """The answer to ``pending`` is sent: ``frame`` (None when its bytes went by
         unread: ``size`` says how many there were)."""
         self.conn.responses += 1
-        self.ctx.observer.response(self.conn, pending, len(frame) if size is None else size,
-                                   trio.current_time() - pending.started, frame)
+        now = trio.current_time()
+        size = len(frame) if size is None else size
+        if pending.api_key == FETCH and pending.local is None and pending.policy is not None:
+            for charge in pending.policy.quota_charges(self.conn, now):
+                if charge.kind == "fetch_bytes":  # the next request waits for the debt
+                    charge.bucket.spend(size + 4, now)
+        self.ctx.observer.response(self.conn, pending, size, now - pending.started, frame)
 
     async def handle_response_frame(self, frame: memoryview, pending: Pending) -> Any:
         """The response the client gets: ``frame`` itself when nothing changed."""

@@ -181,6 +181,15 @@ class Policy:
     def api_version_adjusters(self, conn: ConnectionInfo) -> tuple[RangeAdjuster, ...]:
         return ()
 
+    def quota_charges(self, conn: ConnectionInfo, now: float) -> tuple[Any, ...]:
+        """The quotas the connection spends from (``proxy.quotas.Charge``): none here."""
+        return ()
+
+    def throttled(self, conn: ConnectionInfo, charge: Any, seconds: float,
+                  held: bool) -> None:
+        """A request ``charge``'s quota holds back ``seconds`` (``held``), or would
+        (observe mode)."""
+
 
 class Observer:
     """Hooks for metrics, capture and the demo's summary; every method defaults to nothing."""

@@ -22,6 +22,7 @@ from gatehouse.proxy.hooks import (
     Respond,
     scanned_response,
 )
+from gatehouse.proxy.quotas import Charge, QuotaBuckets
 from gatehouse.rules import (
     ClientFacts,
     Evaluation,
@@ -139,6 +140,10 @@ class RulesPolicy(Policy):
         # Topic ids learned from answers, checked under a prefix that hides others'.
         self.topic_ids = TopicIds()
         self.outcome_listeners: list[Callable[[Outcome], None]] = []
+        # Quotas: the shared buckets (kept across reloads), and who hears of a hold
+        # (rule, seconds held).
+        self.quota_buckets = QuotaBuckets()
+        self.throttle_listeners: list[Callable[[str, float], None]] = []
         self.refusal_listeners: list[Callable[[ConnectionInfo, Request, str, str], None]] = []
         # The rules and, per client facts, their ApiVersions adjusters.
         self._adjusters: tuple[RuleSet | None, dict[ClientFacts, tuple[RangeAdjuster, ...]]] = (
@@ -206,6 +211,8 @@ class RulesPolicy(Policy):
         ruleset = self.ruleset
         if not ruleset:
             return Forward(req)
+        if ruleset.has_quotas and ruleset.quotas(facts_of(conn, req)):
+            return None  # spent from and held back whole (on_request's path)
         # The evaluation reads the header only.  A rule that refuses or would refuse
         # wants the whole request (on_request); so does a topic map, unless the
         # request's one topic name is in the bytes at hand (Produce, as librdkafka
@@ -253,6 +260,38 @@ class RulesPolicy(Policy):
             if scan is not None and not scan[2]:
                 return resp
         return map_response(resp, topic_map, conn.state, self.stats, lookup)
+
+    def quota_charges(self, conn: ConnectionInfo, now: float) -> tuple[Charge, ...]:
+        """The quotas of the rules that match the connection, with its buckets; the same
+        tuple while the rules and the client's facts hold."""
+        ruleset = self.ruleset
+        if not ruleset.has_quotas:
+            return ()
+        facts = facts_of(conn)
+        memo = conn.state.get("quotas")
+        if memo is not None and memo[0] is ruleset and memo[1] is facts:
+            return memo[2]  # type: ignore[no-any-return]
+        rules = ruleset.quotas(facts)
+        scopes = {rule.name: rule.quota.scope_key(facts, conn.id)
+                  for rule in rules if rule.quota is not None}
+        charges = self.quota_buckets.charges(rules, scopes, now)
+        conn.state["quotas"] = (ruleset, facts, charges)
+        return charges
+
+    def throttled(self, conn: ConnectionInfo, charge: Charge, seconds: float,
+                  held: bool) -> None:
+        self._emit((Outcome(charge.rule, "quota", "throttle", charge.mode),))
+        if held:
+            for listener in self.throttle_listeners:
+                listener(charge.rule, seconds)
+        # Logged once per connection and rule: a throttled client is throttled often.
+        logged = conn.state.setdefault("throttle_logged", set())
+        if charge.rule not in logged:
+            logged.add(charge.rule)
+            log_event(logger, logging.INFO, "quota: holding the client's requests back"
+                      if held else "quota: would hold the client's requests back (observe "
+                      "mode)", **conn.describe(), rule=charge.rule, kind=charge.kind,
+                      rate=charge.rate, seconds=round(seconds, 3))
 
     def api_version_adjusters(self, conn: ConnectionInfo) -> tuple[RangeAdjuster, ...]:
         """The same tuple for the same rules and client facts: the proxy reuses a capped

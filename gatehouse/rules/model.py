@@ -32,6 +32,8 @@ from gatehouse.rules.topics import (
 )
 
 Mode = Literal["enforce", "observe"]
+# throttle: a quota held the client's next request back (observe mode: would have).
+Effect = Literal["refuse", "rewrite", "pass", "throttle"]
 API_VERSIONS = 18
 PRODUCE = 0
 
@@ -94,6 +96,48 @@ class VersionBound:
     advertise: bool  # rewrite ApiVersions so clients pick an allowed version
 
 
+QUOTA_KINDS = ("produce_bytes", "fetch_bytes", "requests")
+# Who shares one quota's budget: the SASL user or certificate principal (the client id
+# where a connection has none, as a broker's quotas fall back), the client id, the
+# client's host, each connection, or everyone the rule matches.
+QUOTA_SCOPES = ("principal", "client_id", "source", "connection", "rule")
+
+
+@dataclass(frozen=True)
+class Quota:
+    """Rates a rule allows its clients (None: no limit on that kind).
+
+    ``produce_bytes``: bytes of Produce requests a second; ``fetch_bytes``: bytes of
+    Fetch answers a second; ``requests``: requests of any kind a second; each shared per
+    ``per`` (QUOTA_SCOPES)."""
+
+    produce_bytes: float | None = None
+    fetch_bytes: float | None = None
+    requests: float | None = None
+    per: str = "principal"
+
+    def rates(self) -> tuple[tuple[str, float], ...]:
+        return tuple((kind, rate) for kind, rate in (
+            ("produce_bytes", self.produce_bytes), ("fetch_bytes", self.fetch_bytes),
+            ("requests", self.requests)) if rate is not None)
+
+    def scope_key(self, facts: ClientFacts, connection: int) -> str:
+        """Whose budget a connection with these facts spends."""
+        per = self.per
+        if per == "principal":
+            if facts.principal is not None:
+                return "principal:" + facts.principal
+            per = "client_id"
+        if per == "client_id":
+            return "client_id:" + (facts.client_id or "")
+        if per == "source":
+            ip = _ip_of(facts.address)
+            return "source:" + (str(ip) if ip is not None else (facts.address or ""))
+        if per == "connection":
+            return f"connection:{connection}"
+        return "rule"
+
+
 @dataclass(frozen=True)
 class Rule:
     name: str
@@ -107,6 +151,7 @@ class Rule:
     min_client_software_text: dict[str, str] = field(default_factory=dict)
     unknown_software: Literal["allow", "refuse"] = "allow"
     topic_map: TopicMap | None = None
+    quota: Quota | None = None
     line: int | None = None  # where the rule starts in its file
 
 
@@ -124,7 +169,7 @@ class Outcome:
 
     rule: str
     action: str
-    effect: Literal["refuse", "rewrite", "pass"]
+    effect: Effect
     mode: Mode
 
 
@@ -202,6 +247,14 @@ class RuleSet:
 
     def matching(self, facts: ClientFacts) -> list[Rule]:
         return [r for r in self.rules if r.match.matches(facts)]
+
+    def quotas(self, facts: ClientFacts) -> tuple[Rule, ...]:
+        """The rules with a quota that apply to a client with these facts, in order."""
+        return tuple(r for r in self.rules if r.quota is not None and r.match.matches(facts))
+
+    @functools.cached_property
+    def has_quotas(self) -> bool:
+        return any(r.quota is not None for r in self.rules)
 
     def evaluate(self, facts: ClientFacts, req: Request) -> Evaluation:
         key, version = req.api_key, req.api_version
@@ -310,8 +363,7 @@ class RuleSet:
 
 
 @functools.lru_cache(maxsize=4096)
-def _outcome(rule: str, action: str, effect: Literal["refuse", "rewrite", "pass"],
-             mode: Mode) -> Outcome:
+def _outcome(rule: str, action: str, effect: Effect, mode: Mode) -> Outcome:
     """Outcomes are immutable: one object per rule and effect, not one per request."""
     return Outcome(rule, action, effect, mode)
 
@@ -358,6 +410,7 @@ __all__ = [
     "Match",
     "Outcome",
     "Prefix",
+    "Quota",
     "Refusal",
     "Rename",
     "Rule",

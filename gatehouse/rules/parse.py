@@ -19,7 +19,9 @@ from gatehouse.configfile import (
 from gatehouse.rules.model import (
     API_VERSIONS,
     PRODUCE,
+    QUOTA_SCOPES,
     Match,
+    Quota,
     Rule,
     RuleSet,
     VersionBound,
@@ -249,13 +251,37 @@ def _rule(data: Any, source: Source, line: int | None, index: int) -> Rule:
     if filters:
         parts = (*filters, topic_map) if topic_map is not None else tuple(filters)
         topic_map = parts[0] if len(parts) == 1 else Chain(parts)
+    quota_raw = reader.take("quota", dict)
+    quota = (None if quota_raw is None
+             else _quota(Reader(quota_raw, source, "quota", reader.line_of("quota"))))
     reader.finish()
     return Rule(name=name, match=match, mode=mode,
                 min_api_version=minimum, max_api_version=maximum, deny_apis=deny,
                 allow_apis=allow, min_client_software=software,
                 min_client_software_text=software_text,
                 unknown_software=unknown,
-                topic_map=topic_map, line=line)
+                topic_map=topic_map, quota=quota, line=line)
+
+
+def _quota(reader: Reader) -> Quota:
+    """``quota: {produce_bytes_per_second, fetch_bytes_per_second, requests_per_second,
+    per}``: at least one rate, each a positive number."""
+    rates: dict[str, float | None] = {}
+    for kind in ("produce_bytes", "fetch_bytes", "requests"):
+        key = f"{kind}_per_second"
+        value = reader.take(key, (int, float))
+        if value is not None and not value > 0:
+            raise reader.error(key, f"quota.{key} must be positive, not {value}")
+        rates[kind] = None if value is None else float(value)
+    per = reader.take("per", str, "principal")
+    if per not in QUOTA_SCOPES:
+        raise reader.error("per", f"quota.per must be one of {', '.join(QUOTA_SCOPES)}, "
+                           f"not {per!r}")
+    reader.finish()  # a misspelt rate is named as such, before "needs a rate"
+    if all(rate is None for rate in rates.values()):
+        raise reader.error(None, "quota needs produce_bytes_per_second, "
+                           "fetch_bytes_per_second or requests_per_second")
+    return Quota(per=per, **rates)
 
 
 def _check_cycles(renames: dict[str, str], source: Source, line: int | None) -> None:

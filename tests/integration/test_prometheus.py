@@ -255,9 +255,11 @@ def test_every_dashboard_and_alert_expression_returns_data(
         tmp_path, "crowded", kafka.bootstrap, rules, "limits: {max_connections_per_ip: 1}\n")
     processes.append(crowded)
     # A supervisor of two workers (one endpoint for both): one of them will die.
-    workers, _, workers_metrics, _ = start_gatehouse(
-        tmp_path, "workers", kafka.bootstrap, rules, "workers: 2\n",
-        brokers=f"{{start_port: {free_port()}}}")
+    # ... whose clients have a quota of two requests a second.
+    workers, workers_port, workers_metrics, _ = start_gatehouse(
+        tmp_path, "workers", kafka.bootstrap,
+        rules + "  - name: two-a-second\n    quota: {requests_per_second: 2}\n",
+        "workers: 2\n", brokers=f"{{start_port: {free_port()}}}")
     processes.append(workers)
 
     prom_port = free_port()
@@ -313,6 +315,10 @@ def test_every_dashboard_and_alert_expression_returns_data(
         # A certificate rotation that goes wrong: the old certificate stays, the alert fires.
         Path(tls["cert"]).write_text("-----BEGIN CERTIFICATE-----\nhalf written\n")
         sasl.send_signal(signal.SIGHUP)
+        # A client over its quota: held back.
+        held = AdminClient({"bootstrap.servers": f"127.0.0.1:{workers_port}", "log_level": 0})
+        for _ in range(8):
+            assert held.list_topics(timeout=30).topics is not None
         # A worker dies (as at the OOM killer's hand); the supervisor restarts it.
         os.kill(worker_pids(workers.pid)[0], signal.SIGKILL)
 
