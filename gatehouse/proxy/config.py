@@ -8,6 +8,7 @@ The minimal config is two lines::
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from dataclasses import dataclass, field
@@ -173,6 +174,9 @@ class ProxyConfig:
     # `gatehouse run` starts this many such processes itself and supervises them
     # (gatehouse.proxy.workers); above 1 it implies reuse_port.
     workers: int = 1
+    # Peers (load balancers) whose connections begin with a PROXY protocol header naming
+    # the client (gatehouse.proxy.proxyprotocol); empty: none.
+    proxy_protocol_from: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
 
 
 def parse_address(text: Any, source: Source, line: int | None, what: str,
@@ -347,6 +351,7 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
         from gatehouse.capture.settings import parse_capture
 
         capture = parse_capture(top.child("capture"), base)
+    proxy_protocol_from = _proxy_protocol(top)
     reuse_port = top.take("reuse_port", bool, False)
     workers = _workers(top)
     if workers > 1:
@@ -377,7 +382,29 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
         oauthbearer_sub_claim=claim,
         reuse_port=reuse_port or workers > 1,
         workers=workers,
+        proxy_protocol_from=proxy_protocol_from,
     )
+
+
+def _proxy_protocol(top: Reader) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """``proxy_protocol: {from: CIDR or [CIDRs]}``: the load balancers that send it."""
+    if not top.has("proxy_protocol"):
+        return ()
+    section = top.child("proxy_protocol")
+    raw = section.data.get("from") if isinstance(section.data, dict) else None
+    if raw is None:
+        raise section.error(None, "proxy_protocol needs 'from': the addresses (CIDRs) of the "
+                            "load balancers that send the header")
+    items = section.take("from", (str, list))
+    networks = []
+    for item in [items] if isinstance(items, str) else items:
+        try:
+            networks.append(ipaddress.ip_network(str(item), strict=False))
+        except ValueError:
+            raise section.error("from", f"proxy_protocol.from: {item!r} is not a CIDR "
+                                "(10.0.0.0/8, 192.0.2.7)") from None
+    section.finish()
+    return tuple(networks)
 
 
 def _workers(top: Reader) -> int:

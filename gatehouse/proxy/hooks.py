@@ -25,6 +25,7 @@ class ConnectionInfo:
     node_id: int | None = None
     upstream: str | None = None
     tls: bool = False
+    via: str | None = None  # the load balancer whose PROXY protocol header named the client
     client_id: str | None = None
     software_name: str | None = None  # KIP-511, from ApiVersions v3+
     software_version: str | None = None
@@ -52,6 +53,7 @@ class ConnectionInfo:
             ),
             "listener": self.listener,
             **({"principal": self.principal} if self.principal is not None else {}),
+            **({"via": self.via} if self.via is not None else {}),
         }
 
 

@@ -9,12 +9,14 @@ gets its own port, opened before the response naming it reaches the client.
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
 import logging
 import socket
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
@@ -26,6 +28,7 @@ from gatehouse.proxy.config import Address, ProxyConfig
 from gatehouse.proxy.connection import ConnectionContext, ProxyConnection
 from gatehouse.proxy.hooks import CLIENT_CLOSED, ConnectionInfo, Observer, Observers, Policy
 from gatehouse.proxy.principal import certificate_principal, mapped_principal
+from gatehouse.proxy.proxyprotocol import ProxyHeaderError, read_proxy_header
 from gatehouse.proxy.tls import TlsContexts, accept_tls
 
 logger = logging.getLogger("gatehouse.proxy")
@@ -73,6 +76,7 @@ class Proxy:
         self._connections = 0
         self._per_host: dict[str, int] = {}  # open connections per client address
         self._refusing: set[str] = set()  # hosts at max_connections_per_ip, logged
+        self._balancers = config.proxy_protocol_from  # peers that send a PROXY header
         self.tls = TlsContexts(config)
         self._principal_rules = (config.tls_downstream.principal_mapping
                                  if config.tls_downstream is not None else ())
@@ -220,16 +224,55 @@ class Proxy:
                     self._refuse(client, "limit reached", limits.max_connections)
                     await stream.aclose()
                     continue
-                per_ip = limits.max_connections_per_ip
-                if per_ip is not None and self._per_host.get(host, 0) >= per_ip:
-                    self._refuse(client, "per-address limit reached", per_ip,
-                                 logged=host in self._refusing)
-                    self._refusing.add(host)
+                if self._balancers and _within(host, self._balancers):
+                    # The client is named by the header: the per-address limit waits
+                    # for it (read in the connection's own task, not here).
+                    self._connections += 1
+                    nursery.start_soon(self._admit_from_balancer, stream, name, node_id,
+                                       client)
+                    continue
+                if not self._admit_host(host, client):
                     await stream.aclose()
                     continue
                 self._connections += 1
-                self._per_host[host] = self._per_host.get(host, 0) + 1
                 nursery.start_soon(self._serve_client, stream, name, node_id, host, client)
+
+    def _admit_host(self, host: str, client: str) -> bool:
+        """Counts a connection of ``host`` unless it is at ``max_connections_per_ip``
+        (then the refusal is counted and logged, and False)."""
+        per_ip = self.config.limits.max_connections_per_ip
+        if per_ip is not None and self._per_host.get(host, 0) >= per_ip:
+            self._refuse(client, "per-address limit reached", per_ip,
+                         logged=host in self._refusing)
+            self._refusing.add(host)
+            return False
+        self._per_host[host] = self._per_host.get(host, 0) + 1
+        return True
+
+    async def _admit_from_balancer(self, stream: trio.SocketStream, listener: str,
+                                   node_id: int | None, balancer: str) -> None:
+        """A connection from a load balancer (``proxy_protocol.from``): its PROXY
+        protocol header names the client, which the rest of the connection is served
+        as (logs, metrics, rules' ``source``, the per-address limit)."""
+        try:
+            with trio.fail_after(self.config.limits.connect_timeout):
+                source = await read_proxy_header(stream)
+        except (trio.TooSlowError, ProxyHeaderError, *_STREAM_ERRORS) as exc:
+            self._connections -= 1
+            why = ("no header within limits.connect_timeout"
+                   if isinstance(exc, trio.TooSlowError) else _describe(exc))
+            log_event(logger, logging.WARNING, "connection closed: bad PROXY protocol "
+                      "header", balancer=balancer, error=why)
+            await _aclose(stream)
+            return
+        host, client = (_peer(stream) if source is None
+                        else (source[0], _address_text(*source)))
+        if not self._admit_host(host, client):
+            self._connections -= 1
+            await _aclose(stream)
+            return
+        await self._serve_client(stream, listener, node_id, host, client,
+                                 via=balancer if source is not None else None)
 
     def _refuse(self, client: str, why: str, limit: int, logged: bool = False) -> None:
         """Count a connection turned away at a limit, and log it (a host at its own
@@ -240,10 +283,11 @@ class Proxy:
                       limit=limit)
 
     async def _serve_client(self, stream: trio.SocketStream, listener: str,
-                            node_id: int | None, host: str, client_address: str) -> None:
+                            node_id: int | None, host: str, client_address: str,
+                            via: str | None = None) -> None:
         server_ssl = self.tls.server  # read once: a reload may replace it
         conn = ConnectionInfo(id=next(self._ids), client=client_address, listener=listener,
-                              node_id=node_id, tls=server_ssl is not None)
+                              node_id=node_id, tls=server_ssl is not None, via=via)
         client: trio.abc.Stream = stream
         reason = CLIENT_CLOSED
         level = logging.INFO
@@ -480,7 +524,19 @@ def _peer(stream: trio.SocketStream) -> tuple[str, str]:
         host, port, *_ = stream.socket.getpeername()
     except (OSError, ValueError):
         return "?", "?"
-    return host, f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return host, _address_text(host, port)
+
+
+def _address_text(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _within(host: str, networks: tuple[Any, ...]) -> bool:
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return any(address in network for network in networks)
 
 
 async def _aclose(resource: trio.abc.AsyncResource) -> None:
