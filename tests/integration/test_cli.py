@@ -33,6 +33,10 @@ def test_demo_runs_on_the_embedded_broker() -> None:
     refused = re.findall(r"^rule librdkafka-3-or-newer: would_refuse (\d+) requests "
                          r"\(observe mode: nothing refused\)$", result.stdout, re.M)
     assert refused and int(refused[-1]) > 0
+    # So does the observe-mode quota, holding nothing back.
+    held = re.findall(r"^rule two-requests-a-second: would_throttle (\d+) requests "
+                      r"\(observe mode: nothing held back\)$", result.stdout, re.M)
+    assert held and int(held[-1]) > 0, result.stdout[-2000:]
 
 
 def test_run_reload_and_sigterm(kafka: KafkaCluster, tmp_path: Path) -> None:
