@@ -250,3 +250,22 @@ async def test_a_large_produce_request_under_a_quota_is_held_and_counted_once(
         assert trio.current_time() == pytest.approx(1.0, abs=0.01)
     assert seen.requests == 3
     assert len(throttles(outcomes)) == 1
+
+
+async def test_two_quotas_in_debt_each_count_their_own_wait(
+        autojump_clock: trio.testing.MockClock) -> None:
+    size = len(produce_wire(1))
+    policy, outcomes, held = policy_of(
+        "- name: calls\n  quota: {requests_per_second: 1, per: connection}\n"
+        f"- name: bytes\n  quota: {{produce_bytes_per_second: {size}}}\n"
+        "- name: roomy\n  quota: {requests_per_second: 100}\n")
+    async with proxied(produce_answer, policy=policy) as h:
+        for i in range(6):
+            await h.client.send_raw(produce_wire(i))
+            assert await h.client.receive() is not None
+        # Both a request a second past a burst of one (and one on credit): 4 s.
+        assert trio.current_time() == pytest.approx(4.0, abs=0.01)
+    rules = [rule for rule, _ in throttles(outcomes)]
+    assert (rules.count("calls"), rules.count("bytes"), rules.count("roomy")) == (4, 4, 0)
+    for rule in ("calls", "bytes"):
+        assert sum(s for r, s in held if r == rule) == pytest.approx(4.0, abs=0.01)

@@ -462,20 +462,24 @@ class ProxyConnection:
         """A request under quotas: held while a quota it spends from is in debt (the
         client's earlier requests or answers took more than its rate: the connection is
         not read meanwhile, so TCP pushes back), then spent from; the time it goes on."""
-        hold, holder, reported = 0.0, None, set()
+        held: dict[str, tuple[Charge, float]] = {}  # enforced rule -> its longest wait
+        observed: set[str] = set()
         for charge in charges:
             wait = charge.bucket.wait(now)
-            if wait <= 0 or charge.rule in reported:
+            if wait <= 0:
                 continue
             if charge.mode == "enforce":
-                if wait > hold:
-                    hold, holder = wait, charge
-            else:
-                reported.add(charge.rule)
+                if wait > held.get(charge.rule, (charge, 0.0))[1]:
+                    held[charge.rule] = (charge, wait)
+            elif charge.rule not in observed:
+                observed.add(charge.rule)
                 policy.throttled(self.conn, charge, wait, held=False)
-        if holder is not None:
-            policy.throttled(self.conn, holder, hold, held=True)
-            await trio.sleep(hold)
+        if held:
+            # Each rule in debt counts the time it holds the request; the request waits
+            # for the longest.
+            for charge, wait in held.values():
+                policy.throttled(self.conn, charge, wait, held=True)
+            await trio.sleep(max(wait for _, wait in held.values()))
             now = trio.current_time()
         for charge in charges:
             if charge.kind == "requests":
