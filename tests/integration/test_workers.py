@@ -187,21 +187,30 @@ def test_a_killed_supervisor_takes_its_workers_with_it(kafka: KafkaCluster,
             proc.wait(30)
 
 
-def test_a_worker_that_cannot_start_stops_the_supervisor_with_the_reason(
-        kafka: KafkaCluster, tmp_path: Path) -> None:
-    with socket.socket() as taken:  # the port, held without SO_REUSEPORT
+def fails_with_a_port_taken(kafka: KafkaCluster, tmp_path: Path, taken_for: str
+                            ) -> tuple[int, str]:
+    """Starts a supervisor whose listen (or metrics) port another socket holds, without
+    SO_REUSEPORT; it must exit with status 1: the port and the supervisor's log."""
+    with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
+        ports = ({"port": port, "metrics": free_port()} if taken_for == "listen"
+                 else {"port": free_port(), "metrics": port})
         log = tmp_path / "supervisor.log"
-        proc = start(write_config(kafka, tmp_path, port=port, metrics=free_port()), log)
+        proc = start(write_config(kafka, tmp_path, **ports), log)
         try:
             assert proc.wait(60) == 1
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(30)
-    text = log.read_text()
+    return port, log.read_text()
+
+
+def test_a_worker_that_cannot_start_stops_the_supervisor_with_the_reason(
+        kafka: KafkaCluster, tmp_path: Path) -> None:
+    port, text = fails_with_a_port_taken(kafka, tmp_path, "listen")
     assert (f'proxy failed error="cannot listen on 127.0.0.1:{port}: Address already in use"'
             in text), text
     assert "worker failed to start: stopping" in text
@@ -211,19 +220,7 @@ def test_a_worker_that_cannot_start_stops_the_supervisor_with_the_reason(
 
 def test_a_metrics_port_in_use_stops_the_supervisor_before_any_worker_starts(
         kafka: KafkaCluster, tmp_path: Path) -> None:
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        metrics = taken.getsockname()[1]
-        log = tmp_path / "supervisor.log"
-        proc = start(write_config(kafka, tmp_path, port=free_port(), metrics=metrics), log)
-        try:
-            assert proc.wait(60) == 1
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(30)
-    text = log.read_text()
-    assert (f'proxy failed error="cannot serve metrics on 127.0.0.1:{metrics}: Address '
+    port, text = fails_with_a_port_taken(kafka, tmp_path, "metrics")
+    assert (f'proxy failed error="cannot serve metrics on 127.0.0.1:{port}: Address '
             'already in use"') in text, text
     assert "worker started" not in text and "Traceback" not in text
