@@ -620,6 +620,40 @@ async def test_draining_while_a_request_goes_up_sends_it_whole_and_answers_it() 
         assert len(h.broker.received) == 1
 
 
+class DrainedAsBytesCome:
+    """The client's stream, as the pumps see it, where a drain (an age limit, a shutdown)
+    is asked for just as the bytes of request ``correlation_id`` arrive: while the
+    receive still counts as waiting, too late to cancel it."""
+
+    def __init__(self, inner: Any, pumps: ProxyConnection, correlation_id: int) -> None:
+        self.inner, self.pumps = inner, pumps
+        self.marker = struct.pack(">i", correlation_id)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def receive_some(self, max_bytes: int) -> Any:
+        data = await self.inner.receive_some(max_bytes)
+        if self.marker in bytes(data):
+            self.inner.waiting = True
+            self.pumps._drain("connection age limit reached")
+            self.inner.waiting = False
+        return data
+
+
+async def test_a_drain_that_comes_with_a_requests_bytes_still_forwards_and_answers_it() -> None:
+    async with proxied(echo_handler) as h:
+        h.pumps.client_io = DrainedAsBytesCome(h.pumps.client_io, h.pumps, 4242)  # type: ignore[assignment]
+        await h.client.send(request(3, 12, 1).encode())
+        assert struct.unpack_from(">i", await h.client.receive())[0] == 1
+        await h.client.send(request(3, 12, 4242).encode())
+        with trio.fail_after(5):  # a request owed an answer it never asked for hangs here
+            assert struct.unpack_from(">i", await h.client.receive())[0] == 4242
+            await h.done.wait()
+        assert h.pumps.close_reason == "connection age limit reached"
+        assert len(h.broker.received) == 2
+
+
 async def test_local_answers_between_forwarded_ones_keep_their_places() -> None:
     held: list[codecs.Request] = []
 

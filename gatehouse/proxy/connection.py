@@ -210,8 +210,11 @@ class ProxyConnection:
         self.sasl_mechanism: str | None = None  # the last SaslHandshake's
         self.idle = trio.CancelScope()
         self.last_active = 0.0  # trio clock: the last whole request or byte from the broker
-        # Around the client reader: a drain cancels it only while the reader waits for
-        # bytes (see _watch_drain); stop_reading stops it at its next receive otherwise.
+        # Around each wait for the client's bytes (a new one per receive): a drain cancels
+        # it only while the reader waits (see _drain), and stop_reading stops the reader
+        # at its next receive otherwise.  One scope around the whole reader would keep a
+        # cancel that came as the bytes did, for the next checkpoint: in the middle of
+        # forwarding the request they made, owed an answer never asked for.
         self.receive_scope = trio.CancelScope()
         self.stop_reading = False
         self.drain_reason = SHUTTING_DOWN  # why it stopped reading (``_drain``)
@@ -358,25 +361,25 @@ class ProxyConnection:
         if self.stop_reading:
             self._record_close(self.drain_reason, logging.INFO)
             return None
-        data = await self.client_io.receive_some(_RECEIVE_SIZE)
-        self.conn.bytes_from_client += len(data)
-        return data
+        with trio.CancelScope() as self.receive_scope:
+            data = await self.client_io.receive_some(_RECEIVE_SIZE)
+            self.conn.bytes_from_client += len(data)
+            return data
+        self._record_close(self.drain_reason, logging.INFO)  # cancelled: a drain
+        return None
 
     async def client_reader(self) -> None:
         try:
-            with self.receive_scope:
-                async for wire, reserved in self._wire_frames(self._receive_from_client,
-                                                              "request", self.request_bytes,
-                                                              self._stream_request):
-                    # Only whole requests are activity: a client trickling the bytes of a
-                    # frame that never completes (slowloris) still meets the idle timeout.
-                    self._touch()
-                    self.store_and_forward = False
-                    await self.handle_request_frame(wire)
-                    if reserved:  # forwarded or answered here: done with its bytes
-                        self.request_bytes.give(reserved)
-            if self.receive_scope.cancelled_caught:
-                self._record_close(self.drain_reason, logging.INFO)
+            async for wire, reserved in self._wire_frames(self._receive_from_client,
+                                                          "request", self.request_bytes,
+                                                          self._stream_request):
+                # Only whole requests are activity: a client trickling the bytes of a
+                # frame that never completes (slowloris) still meets the idle timeout.
+                self._touch()
+                self.store_and_forward = False
+                await self.handle_request_frame(wire)
+                if reserved:  # forwarded or answered here: done with its bytes
+                    self.request_bytes.give(reserved)
         finally:
             self.client_done = True
 
