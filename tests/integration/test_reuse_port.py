@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
-from tests.support.clients import consume, produce, unique
+from tests.support.clients import consume, produce, round_trip
 from tests.support.kafka import KafkaCluster
-from tests.support.ports import free_port, wait_listening
+from tests.support.ports import free_port, held_connections, wait_listening
 
 
 def opened(metrics_port: int) -> float:
@@ -49,20 +48,14 @@ def test_two_processes_share_the_ports_and_the_clients(kafka: KafkaCluster,
         for proc, metrics_port in zip(procs, metrics, strict=True):
             wait_listening(metrics_port, proc)
         # Connections spread over both processes (the kernel hashes each connection).
-        held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(24)]
-        deadline = time.monotonic() + 30
-        while sum(opened(m) for m in metrics) < 24 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        counts = [opened(m) for m in metrics]
-        assert sum(counts) == 24 and min(counts) > 0, counts
-        for sock in held:
-            sock.close()
+        with held_connections(port, 24):
+            deadline = time.monotonic() + 30
+            while sum(opened(m) for m in metrics) < 24 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            counts = [opened(m) for m in metrics]
+            assert sum(counts) == 24 and min(counts) > 0, counts
 
-        topic = unique("shared")
-        kafka.create_topic(topic, partitions=2)
-        conf = {"bootstrap.servers": f"127.0.0.1:{port}"}
-        sent = produce(conf, topic, count=50)
-        assert sorted(consume(conf, topic, 50)) == sorted(sent)
+        topic, conf, sent = round_trip(kafka, f"127.0.0.1:{port}", "shared", 50)
 
         # One process stops (drains and exits 0); the other serves every new client.
         procs[0].send_signal(signal.SIGTERM)

@@ -20,9 +20,9 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.clients import consume, produce, unique
+from tests.support.clients import consume, produce, round_trip
 from tests.support.kafka import KafkaCluster
-from tests.support.ports import free_port
+from tests.support.ports import free_port, held_connections
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
@@ -112,21 +112,15 @@ def test_workers_serve_one_set_of_ports_and_one_metrics_endpoint(kafka: KafkaClu
         assert sorted(first.values()) == [0, 1]
 
         # The kernel spreads connections over both workers; the endpoint counts them all.
-        held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(24)]
-        wait_for(lambda: total(scrape(metrics), "gatehouse_connections_total",
-                               side="client", outcome="opened") == 24, "24 connections",
-                 proc, log)
-        opened = by_worker(scrape(metrics), "gatehouse_connections_total", side="client",
-                           outcome="opened")
-        assert set(opened) == {"0", "1"} and min(opened.values()) > 0, opened
-        for sock in held:
-            sock.close()
+        with held_connections(port, 24):
+            wait_for(lambda: total(scrape(metrics), "gatehouse_connections_total",
+                                   side="client", outcome="opened") == 24, "24 connections",
+                     proc, log)
+            opened = by_worker(scrape(metrics), "gatehouse_connections_total", side="client",
+                               outcome="opened")
+            assert set(opened) == {"0", "1"} and min(opened.values()) > 0, opened
 
-        topic = unique("workers")
-        kafka.create_topic(topic, partitions=2)
-        conf = {"bootstrap.servers": f"127.0.0.1:{port}"}
-        sent = produce(conf, topic, count=200)
-        assert sorted(consume(conf, topic, 200)) == sorted(sent)
+        topic, conf, sent = round_trip(kafka, f"127.0.0.1:{port}", "workers", 200)
         assert total(scrape(metrics), "gatehouse_topic_records_total", topic=topic,
                      direction="produce") == 200
 

@@ -34,6 +34,19 @@ def produce(conf: dict[str, Any], topic: str, count: int = N, tag: str = "m") ->
     return values
 
 
+def round_trip(kafka: Any, bootstrap: str, prefix: str, count: int
+               ) -> tuple[str, dict[str, Any], list[bytes]]:
+    """A new topic of two partitions, ``count`` records produced to it through
+    ``bootstrap`` and every one consumed back (asserted): the topic, the clients' config
+    and the records."""
+    topic = unique(prefix)
+    kafka.create_topic(topic, partitions=2)
+    conf = {"bootstrap.servers": bootstrap}
+    sent = produce(conf, topic, count=count)
+    assert sorted(consume(conf, topic, count)) == sorted(sent)
+    return topic, conf, sent
+
+
 def consume(conf: dict[str, Any], topic: str, count: int, timeout: float = 30.0) -> list[bytes]:
     """Consume ``count`` messages of ``topic`` from the beginning, in a new consumer group."""
     consumer = ck.Consumer({

@@ -6,10 +6,12 @@ again by this process, so two brokers started in one test session never race for
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 LOCALHOST = "127.0.0.1"
@@ -59,3 +61,15 @@ def wait_listening(port: int, proc: subprocess.Popen[Any], timeout: float = 30.0
         except OSError:
             time.sleep(0.05)
     raise AssertionError(f"nothing listening on port {port}")
+
+
+@contextlib.contextmanager
+def held_connections(port: int, count: int, host: str = LOCALHOST
+                     ) -> Iterator[list[socket.socket]]:
+    """``count`` idle connections to ``host:port``, closed on leaving."""
+    held = [socket.create_connection((host, port), timeout=10) for _ in range(count)]
+    try:
+        yield held
+    finally:
+        for sock in held:
+            sock.close()
