@@ -8,6 +8,7 @@ the line of every mapping key and list item beside them.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -193,6 +194,22 @@ class Reader:
             self.seen.add(key)
             raise self.error(None, f"{self.what} needs {key!r}")
         return self.take(key, types)
+
+    def take_networks(self, key: str, what: str
+                      ) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] | None:
+        """A CIDR (``10.0.0.0/8``; a bare address is a /32 or /128) or a list of them;
+        None when absent.  ``what`` names the key in the error."""
+        raw = self.take(key, (str, list))
+        if raw is None:
+            return None
+        networks = []
+        for item in [raw] if isinstance(raw, str) else raw:
+            try:
+                networks.append(ipaddress.ip_network(str(item), strict=False))
+            except ValueError:
+                raise self.error(key, f"{what}: {item!r} is not a CIDR (10.0.0.0/8, "
+                                 "192.0.2.7)") from None
+        return tuple(networks)
 
     def child(self, key: str) -> Reader:
         value = self.take(key, (dict, type(None)))

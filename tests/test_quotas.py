@@ -59,12 +59,12 @@ def test_buckets_are_shared_by_scope_and_bounded() -> None:
     rules = parse_rules([{"name": "q", "quota": {"requests_per_second": 10,
                                                  "per": "client_id"}}]).rules
     buckets = QuotaBuckets(max_buckets=4)
-    [a] = buckets.charges(rules, {"q": "client_id:a"}, 0.0)
-    [again] = buckets.charges(rules, {"q": "client_id:a"}, 0.0)
+    [a] = buckets.charges(rules, ClientFacts(client_id="a"), 1, 0.0)
+    [again] = buckets.charges(rules, ClientFacts(client_id="a"), 2, 0.0)
     assert again.bucket is a.bucket
     a.bucket.spend(50, 0.0)  # in debt: remembered past the cap
     for name in "bcdefgh":
-        buckets.charges(rules, {"q": f"client_id:{name}"}, 0.0)
+        buckets.charges(rules, ClientFacts(client_id=name), 3, 0.0)
     assert len(buckets.buckets) <= 4
     assert ("q", "requests", "client_id:a") in buckets.buckets
 

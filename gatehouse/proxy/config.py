@@ -391,20 +391,12 @@ def _proxy_protocol(top: Reader) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6
     if not top.has("proxy_protocol"):
         return ()
     section = top.child("proxy_protocol")
-    raw = section.data.get("from") if isinstance(section.data, dict) else None
-    if raw is None:
+    if not section.has("from"):
         raise section.error(None, "proxy_protocol needs 'from': the addresses (CIDRs) of the "
                             "load balancers that send the header")
-    items = section.take("from", (str, list))
-    networks = []
-    for item in [items] if isinstance(items, str) else items:
-        try:
-            networks.append(ipaddress.ip_network(str(item), strict=False))
-        except ValueError:
-            raise section.error("from", f"proxy_protocol.from: {item!r} is not a CIDR "
-                                "(10.0.0.0/8, 192.0.2.7)") from None
+    networks = section.take_networks("from", "proxy_protocol.from")
     section.finish()
-    return tuple(networks)
+    return networks or ()
 
 
 def _workers(top: Reader) -> int:

@@ -271,10 +271,7 @@ class RulesPolicy(Policy):
         memo = conn.state.get("quotas")
         if memo is not None and memo[0] is ruleset and memo[1] is facts:
             return memo[2]  # type: ignore[no-any-return]
-        rules = ruleset.quotas(facts)
-        scopes = {rule.name: rule.quota.scope_key(facts, conn.id)
-                  for rule in rules if rule.quota is not None}
-        charges = self.quota_buckets.charges(rules, scopes, now)
+        charges = self.quota_buckets.charges(ruleset.quotas(facts), facts, conn.id, now)
         conn.state["quotas"] = (ruleset, facts, charges)
         return charges
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from gatehouse.rules.model import Mode, Rule
+from gatehouse.rules.model import ClientFacts, Mode, Rule
 
 BURST_SECONDS: Final = 1.0  # a client idle for a while may send a second's worth at once
 MAX_HOLD: Final = 10.0  # seconds: the most a bucket's debt (so one hold) can be
@@ -74,15 +74,16 @@ class QuotaBuckets:
         self.max_buckets = max_buckets
         self.buckets: dict[tuple[str, str, str], Bucket] = {}
 
-    def charges(self, rules: tuple[Rule, ...], scope_of: dict[str, str],
+    def charges(self, rules: tuple[Rule, ...], facts: ClientFacts, connection: int,
                 now: float) -> tuple[Charge, ...]:
-        """The charges of a connection under ``rules`` (each with a quota), whose scope
-        for each rule is ``scope_of[rule.name]``."""
+        """The charges of connection ``connection``, with ``facts``, under ``rules``
+        (each with a quota): each spends from its rule's bucket for its scope."""
         out = []
         for rule in rules:
             assert rule.quota is not None
+            scope = rule.quota.scope_key(facts, connection)
             for kind, rate in rule.quota.rates():
-                key = (rule.name, kind, scope_of[rule.name])
+                key = (rule.name, kind, scope)
                 bucket = self.buckets.get(key)
                 if bucket is None:
                     if len(self.buckets) >= self.max_buckets:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from pathlib import Path
 from typing import Any
@@ -114,15 +113,7 @@ def _regex(reader: Reader, key: str) -> re.Pattern[str] | None:
 
 
 def _match(reader: Reader) -> Match:
-    sources_raw = reader.take("source", (str, list))
-    sources = []
-    if sources_raw is not None:
-        items = [sources_raw] if isinstance(sources_raw, str) else sources_raw
-        for item in items:
-            try:
-                sources.append(ipaddress.ip_network(str(item), strict=False))
-            except ValueError:
-                raise reader.error("source", f"match.source: {item!r} is not a CIDR") from None
+    sources = reader.take_networks("source", "match.source") or ()
     listeners_raw = reader.take("listener", (str, list))
     listeners: tuple[str, ...] = ()
     if listeners_raw is not None:
@@ -132,7 +123,7 @@ def _match(reader: Reader) -> Match:
         client_id=_regex(reader, "client_id"),
         software_name=_regex(reader, "client_software_name"),
         software_version=_regex(reader, "client_software_version"),
-        sources=tuple(sources),
+        sources=sources,
         listeners=listeners,
         principal=_regex(reader, "principal"),
     )
