@@ -9,11 +9,15 @@ the line of every mapping key and list item beside them.
 from __future__ import annotations
 
 import ipaddress
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from gatehouse.codecs.scram import SaslCredentials
 
 
 class ConfigError(Exception):
@@ -220,6 +224,57 @@ class Reader:
             if key not in self.seen:
                 known = ", ".join(sorted(self.seen))
                 raise self.error(key, f"unknown key {key!r} in {self.what} (known: {known})")
+
+
+def read_sasl_credentials(reader: Reader, base: Path, mechanisms: Sequence[str]
+                          ) -> SaslCredentials:
+    """``{mechanism, username, password | password_file | password_env}``: what a client
+    side authenticates with (``capture.kafka.sasl``, ``sasl.upstream``).  A relative
+    password file is read from ``base``; no error text holds the password."""
+    what = reader.what
+    mechanism = reader.require("mechanism", str)
+    if mechanism.upper() not in mechanisms:
+        raise reader.error("mechanism", f"{what}.mechanism must be one of "
+                           f"{', '.join(mechanisms)}, not {mechanism!r}")
+    username = reader.require("username", str)
+    if not username:
+        raise reader.error("username", f"{what}.username must not be empty")
+    password = take_password(reader, base)
+    if password is None:
+        raise reader.error(None, f"{what} needs exactly one of password, password_file, "
+                           "password_env")
+    reader.finish()
+    return SaslCredentials(mechanism.upper(), username, password)
+
+
+def take_password(reader: Reader, base: Path) -> str | None:
+    """The one of ``password``, ``password_file`` (relative to ``base``; one trailing
+    line end dropped) or ``password_env`` that ``reader`` has; None if it has none."""
+    what = reader.what
+    given = [key for key in ("password", "password_file", "password_env") if reader.has(key)]
+    if len(given) > 1:
+        raise reader.error(given[1], f"{what} needs exactly one of password, password_file, "
+                           "password_env")
+    if not given:
+        return None
+    source = given[0]
+    value: str = reader.take(source, str)
+    if source == "password_file":
+        path = Path(value) if Path(value).is_absolute() else base / value
+        try:
+            password = path.read_text(encoding="utf-8").rstrip("\r\n")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise reader.error(source, f"{what}.password_file: cannot read {str(path)!r}: "
+                               f"{getattr(exc, 'strerror', None) or exc}") from None
+    elif source == "password_env":
+        password = os.environ.get(value, "")
+    else:
+        password = value
+    if not password:
+        hint = (f": the environment variable {value!r} is not set or empty"
+                if source == "password_env" else " is empty")
+        raise reader.error(source, f"{what}.{source}{hint}")
+    return password
 
 
 def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:

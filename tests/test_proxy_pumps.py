@@ -6,6 +6,7 @@ import struct
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,7 +22,16 @@ from gatehouse.proxy.addresses import (
 )
 from gatehouse.proxy.config import Limits
 from gatehouse.proxy.connection import ConnectionContext, ProxyConnection
-from gatehouse.proxy.hooks import ConnectionInfo, Forward, Observer, Pending, Policy, Respond
+from gatehouse.proxy.hooks import (
+    UPSTREAM_SESSION_ENDING,
+    ConnectionInfo,
+    Forward,
+    Observer,
+    Pending,
+    Policy,
+    Respond,
+)
+from gatehouse.proxy.sasl import SaslUsers
 from tests.support.fakebroker import (
     FakeBroker,
     FrameStream,
@@ -73,6 +83,8 @@ async def proxied(
     upstream: Callable[[trio.abc.Stream], trio.abc.Stream] = lambda stream: stream,
     tcp: bool = False,
     oauthbearer_claim: str = "sub",
+    sasl_users: SaslUsers | None = None,
+    upstream_session: float | None = None,
 ) -> AsyncIterator[Harness]:
     """The pumps of one connection between a test's client and a fake broker, over
     memory streams (lock-step ones with ``lockstep``) or, with ``tcp``, real loopback
@@ -102,10 +114,13 @@ async def proxied(
         draining=draining if draining is not None else trio.Event(),
         get_policy=lambda: policy or Policy(),
         oauthbearer_claim=oauthbearer_claim,
+        sasl_users=sasl_users,
+        sasl_mechanisms=("SCRAM-SHA-256", "PLAIN") if sasl_users is not None else (),
     )
     conn = ConnectionInfo(id=1, client="127.0.0.1:5555", listener="bootstrap",
                           upstream="broker:9092")
-    pumps = ProxyConnection(proxy_client_side, proxy_upstream_side, conn, ctx)
+    pumps = ProxyConnection(proxy_client_side, proxy_upstream_side, conn, ctx,
+                            upstream_session)
     broker = FakeBroker(broker_side, handler)
     harness = Harness(FrameStream(client_side), broker, conn, pumps, seen)
     async with trio.open_nursery() as nursery:
@@ -714,3 +729,58 @@ def test_a_failing_observer_is_logged_and_the_others_still_see_everything(
     assert recorder.requests == [(3, 12)] and recorder.responses == [7]
     failures = [r.getMessage() for r in caplog.records if r.name == "gatehouse.proxy"]
     assert failures == ["observer Broken failed in request", "observer Broken failed in response"]
+
+
+async def test_a_connection_leaves_before_the_brokers_sasl_session_ends(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """sasl.upstream against a broker with connections.max.reauth.ms: the connection
+    drains at 85% of the session the broker gave, answering what it took; a clean close."""
+    held: list[codecs.Request] = []
+    async with proxied(lambda req: held.append(req), upstream_session=100.0) as h:
+        await h.client.send(request(3, 12, 7).encode())
+        while not held:
+            await trio.testing.wait_all_tasks_blocked()
+        await trio.sleep(90)
+        await h.client.send(request(3, 12, 8).encode())  # past 85 s: not taken
+        await trio.testing.wait_all_tasks_blocked()
+        await answer_held(h, held[0])
+        await h.done.wait()
+        assert h.pumps.close_reason == UPSTREAM_SESSION_ENDING
+        assert 85 <= trio.current_time() <= 91
+        assert len(held) == 1
+
+
+async def test_the_proxys_sasl_answers_keep_their_place_in_line(tmp_path: Path) -> None:
+    """sasl.downstream: a SaslHandshake pipelined behind an ApiVersions the broker has
+    not answered yet is answered after it; the SASL requests never reach the broker,
+    and the client's requests go up once it has authenticated."""
+    users_file = tmp_path / "users.yaml"
+    users_file.write_text("users:\n  alice: {password: pw}\n")
+    held: list[codecs.Request] = []
+
+    def handler(req: codecs.Request) -> Any:
+        if req.api_key == 18:
+            held.append(req)
+            return None  # answered by the test, later
+        return echo_handler(req)
+
+    async with proxied(handler, sasl_users=SaslUsers(users_file)) as h:
+        await h.client.send(request(18, 3, 1, client_software_name="t",
+                                    client_software_version="1").encode())
+        await h.client.send(request(17, 1, 2, mechanism="PLAIN").encode())
+        while not held:
+            await trio.testing.wait_all_tasks_blocked()
+        await trio.testing.wait_all_tasks_blocked()
+        versions = codecs.Response.build(18, 3, 1, echo_handler(held[0]))
+        await h.broker.frames.send(versions.encode())
+        first, second = await h.client.receive(), await h.client.receive()
+        assert struct.unpack_from(">i", first)[0] == 1
+        handshake = codecs.decode_response(second, 17, 1)
+        assert handshake.correlation_id == 2 and handshake.body.error_code == 0
+        assert handshake.body.mechanisms == ("SCRAM-SHA-256", "PLAIN")
+        await h.client.send(request(36, 2, 3, auth_bytes=b"\0alice\0pw").encode())
+        answer = codecs.decode_response(await h.client.receive(), 36, 2)
+        assert answer.body.error_code == 0 and h.conn.principal == "alice"
+        await h.client.send(request(3, 12, 4).encode())
+        assert struct.unpack_from(">i", await h.client.receive())[0] == 4
+        assert [codecs.decode_request(r).api_key for r in h.broker.received] == [18, 3]

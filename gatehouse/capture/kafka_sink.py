@@ -41,14 +41,9 @@ summary at most every minute while it lasts, and once more when the cluster is b
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import hashlib
-import hmac
 import logging
-import os
 import re
-import secrets
 import socket
 import ssl
 import struct
@@ -65,7 +60,14 @@ from gatehouse.capture.schema import encode_json
 from gatehouse.capture.writer import RecordInbox
 from gatehouse.codecs import ProtocolError, Response, records
 from gatehouse.codecs._error_codes import ERROR_NAMES
-from gatehouse.configfile import Reader, line_of
+from gatehouse.codecs.scram import (
+    MECHANISMS,
+    SaslCredentials,
+    SaslError,
+    ScramClient,
+    plain_token,
+)
+from gatehouse.configfile import Reader, line_of, read_sasl_credentials
 from gatehouse.logs import log_event
 
 if TYPE_CHECKING:
@@ -76,7 +78,6 @@ logger = logging.getLogger("gatehouse.capture")
 KIB = 1024
 DEFAULT_TOPIC = "gatehouse.observations"
 CLIENT_ID = "gatehouse-capture"
-MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 KEYS = ("connection", "client_id")
 COMPRESSIONS = ("gzip", "none")
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
@@ -107,13 +108,6 @@ def error_name(code: int) -> str:
 
 
 # -- settings -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SaslCredentials:
-    mechanism: str
-    username: str
-    password: str = field(repr=False)
 
 
 @dataclass(frozen=True)
@@ -163,7 +157,8 @@ def parse_kafka_sink(reader: Reader, base: Path) -> KafkaSinkSettings:
     retries = positive("retries", KafkaSinkSettings.retries, zero=True)
     timeout = float(positive("timeout", KafkaSinkSettings.timeout, False))
     key = _choice(reader, what, "key", KEYS, "connection")
-    sasl = _parse_sasl(reader.child("sasl"), base) if reader.has("sasl") else None
+    sasl = (read_sasl_credentials(reader.child("sasl"), base, MECHANISMS)
+            if reader.has("sasl") else None)
     reader.finish()
     return KafkaSinkSettings(topic=topic, create=create, partitions=partitions,
                              replication=replication, topic_config=topic_config, acks=acks,
@@ -204,39 +199,6 @@ def _parse_create(reader: Reader) -> tuple[bool, int, int, dict[str, str]]:
     return True, counts[0], counts[1], config
 
 
-def _parse_sasl(reader: Reader, base: Path) -> SaslCredentials:
-    what = "capture.kafka.sasl"
-    mechanism = reader.require("mechanism", str)
-    if mechanism.upper() not in MECHANISMS:
-        raise reader.error("mechanism", f"{what}.mechanism must be one of "
-                           f"{', '.join(MECHANISMS)}, not {mechanism!r}")
-    username = reader.require("username", str)
-    if not username:
-        raise reader.error("username", f"{what}.username must not be empty")
-    given = [key for key in ("password", "password_file", "password_env") if reader.has(key)]
-    if len(given) != 1:
-        raise reader.error(given[1] if given else None,
-                           f"{what} needs exactly one of password, password_file, password_env")
-    source = given[0]
-    value = reader.take(source, str)
-    if source == "password_file":
-        path = Path(value) if Path(value).is_absolute() else base / value
-        try:
-            password = path.read_text(encoding="utf-8").rstrip("\r\n")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise reader.error(source, f"{what}.password_file: cannot read {str(path)!r}: "
-                               f"{getattr(exc, 'strerror', None) or exc}") from None
-    elif source == "password_env":
-        password = os.environ.get(value, "")
-        if not password:
-            raise reader.error(source, f"{what}.password_env: the environment variable "
-                               f"{value!r} is not set or empty")
-    else:
-        password = value
-    reader.finish()
-    return SaslCredentials(mechanism.upper(), username, password)
-
-
 # -- partitioning: Kafka's murmur2, so a key lands where the Java producer would put it ----
 
 
@@ -267,69 +229,6 @@ def partition_for(key: bytes, partitions: int) -> int:
 
 
 # -- SASL -----------------------------------------------------------------------------------
-
-
-class SaslError(Exception):
-    """Authentication failed; the message never holds the password or tokens."""
-
-
-def plain_token(username: str, password: str) -> bytes:
-    return b"\x00" + username.encode() + b"\x00" + password.encode()
-
-
-class ScramClient:
-    """The client side of SCRAM (RFC 5802, 7677) as Kafka uses it: no channel binding."""
-
-    def __init__(self, mechanism: str, username: str, password: str,
-                 nonce: str | None = None) -> None:
-        self.hash = "sha256" if mechanism == "SCRAM-SHA-256" else "sha512"
-        self.password = password.encode()
-        name = username.replace("=", "=3D").replace(",", "=2C")
-        self.nonce = nonce or secrets.token_urlsafe(24)
-        self.first_bare = f"n={name},r={self.nonce}"
-        self._server_signature = b""
-
-    def first_message(self) -> bytes:
-        return ("n,," + self.first_bare).encode()
-
-    def final_message(self, server_first: bytes) -> bytes:
-        text = server_first.decode("utf-8", "replace")
-        attrs = _scram_attrs(text)
-        nonce, salt, iterations = attrs.get("r", ""), attrs.get("s"), attrs.get("i", "")
-        if not nonce.startswith(self.nonce) or salt is None or not iterations.isdigit():
-            raise SaslError("the server's SCRAM challenge is not valid")
-        if not 0 < int(iterations) <= 1_000_000:
-            raise SaslError(f"the server asks for {iterations} SCRAM iterations")
-        salted = hashlib.pbkdf2_hmac(self.hash, self.password, base64.b64decode(salt),
-                                     int(iterations))
-        client_key = self._hmac(salted, b"Client Key")
-        stored_key = hashlib.new(self.hash, client_key).digest()
-        without_proof = f"c=biws,r={nonce}"  # biws: base64 of "n,," (no channel binding)
-        auth_message = f"{self.first_bare},{text},{without_proof}".encode()
-        signature = self._hmac(stored_key, auth_message)
-        proof = bytes(a ^ b for a, b in zip(client_key, signature, strict=True))
-        self._server_signature = self._hmac(self._hmac(salted, b"Server Key"), auth_message)
-        return f"{without_proof},p={base64.b64encode(proof).decode()}".encode()
-
-    def check_final(self, server_final: bytes) -> None:
-        attrs = _scram_attrs(server_final.decode("utf-8", "replace"))
-        if "e" in attrs:
-            raise SaslError(f"SCRAM authentication failed: {attrs['e']}")
-        given = base64.b64decode(attrs.get("v", ""))
-        if not hmac.compare_digest(given, self._server_signature):
-            raise SaslError("the server's SCRAM signature does not match (not the real server?)")
-
-    def _hmac(self, key: bytes, message: bytes) -> bytes:
-        return hmac.new(key, message, self.hash).digest()
-
-
-def _scram_attrs(text: str) -> dict[str, str]:
-    out = {}
-    for part in text.split(","):
-        name, sep, value = part.partition("=")
-        if sep and len(name) == 1:
-            out[name] = value
-    return out
 
 
 # -- one broker connection (blocking, on the sink's thread) ---------------------------------

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from gatehouse.capture.schema import FIELDS, SCHEMA_VERSION
 from gatehouse.capture.settings import CaptureSettings
 from gatehouse.capture.writer import CaptureStats, CaptureWriter
-from gatehouse.codecs import APIS, ProtocolError, Request, Response, produce
+from gatehouse.codecs import APIS, ProtocolError, Request, Response, api_name, produce
 from gatehouse.codecs.peek import produce_acks
 from gatehouse.codecs.schema import FieldSpec, StructSpec
 from gatehouse.codecs.walk import rewrite
@@ -49,9 +49,6 @@ _PARTITION_ATTRS = ("partition_index", "index", "partition")
 _MAX_TOPIC_IDS = 10_000
 
 
-def _api_name(key: int) -> str:
-    spec = APIS.get(key)
-    return spec.name if spec is not None else f"api-{key}"
 
 
 class CaptureObserver(Observer):
@@ -150,7 +147,7 @@ class CaptureObserver(Observer):
         record["software_name"] = conn.software_name
         record["software_version"] = conn.software_version
         record["principal"] = conn.principal
-        record["api"] = _api_name(key)
+        record["api"] = api_name(key)
         record["api_key"] = key
         record["api_version"] = header.api_version
         record["correlation_id"] = header.correlation_id

@@ -1,4 +1,4 @@
-"""The `gatehouse` command: run, check, demo, top."""
+"""The `gatehouse` command: run, check, demo, top, report, credential."""
 
 from __future__ import annotations
 
@@ -60,6 +60,15 @@ def _parser() -> argparse.ArgumentParser:
     top.add_argument("--once", action="store_true",
                      help="print one view (rates over one interval) and exit")
 
+    credential = sub.add_parser(
+        "credential", help="a user's SCRAM credentials for sasl.downstream's users file "
+        "(the password from stdin, or asked for)")
+    credential.add_argument("user")
+    credential.add_argument("--mechanism", action="append", choices=("SCRAM-SHA-256",
+                            "SCRAM-SHA-512"), help="repeatable (default: both)")
+    credential.add_argument("--iterations", type=int, default=8192,
+                            help="PBKDF2 iterations (at least 4096; default 8192)")
+
     report = sub.add_parser("report", help="capture files -> census, traffic and rule "
                             "impact tables and report.html (PySpark)")
     from gatehouse.pipeline.cli import add_arguments
@@ -82,12 +91,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gatehouse.cli.top import run_top
 
         return run_top(args.metrics, interval=args.interval, once=args.once)
+    if args.command == "credential":
+        return _credential(args.user, args.mechanism or ["SCRAM-SHA-256", "SCRAM-SHA-512"],
+                           args.iterations)
     if args.command == "demo":
         from gatehouse.demo import run_demo
 
         setup_logging(args.log_level)
         return run_demo(duration=args.duration, port=args.port, every=args.every)
     return 2  # pragma: no cover - argparse rejects unknown commands
+
+
+def _credential(user: str, mechanisms: Sequence[str], iterations: int) -> int:
+    """Print a users-file entry holding ``user``'s SCRAM credentials (never the
+    password), the password read from stdin (one line) or asked for at a terminal."""
+    import getpass
+
+    import yaml
+
+    from gatehouse.codecs.scram import MAX_ITERATIONS, MIN_ITERATIONS, ScramCredential
+
+    if not MIN_ITERATIONS <= iterations <= MAX_ITERATIONS:
+        print(f"error: --iterations must be from {MIN_ITERATIONS} to {MAX_ITERATIONS}",
+              file=sys.stderr)
+        return 1
+    if sys.stdin.isatty():
+        password = getpass.getpass(f"password for {user}: ")
+    else:
+        password = sys.stdin.readline().rstrip("\r\n")
+    if not password:
+        print("error: empty password", file=sys.stderr)
+        return 1
+    entry = {m: ScramCredential.from_password(m, password, iterations=iterations).as_dict()
+             for m in dict.fromkeys(mechanisms)}
+    print(yaml.safe_dump({"users": {user: entry}}, sort_keys=False), end="")
+    return 0
 
 
 def _check(path: str) -> int:

@@ -51,6 +51,7 @@ from gatehouse.codecs.schema import (
     StructSpec,
     Versions,
     api,
+    api_name,
 )
 
 __all__ = [
@@ -77,6 +78,7 @@ __all__ = [
     "UnknownApi",
     "Versions",
     "api",
+    "api_name",
     "consumer",
     "decode_request",
     "decode_request_header",

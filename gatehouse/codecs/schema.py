@@ -352,6 +352,13 @@ REQUEST_HEADER: Final = MESSAGES["RequestHeader"]
 RESPONSE_HEADER: Final = MESSAGES["ResponseHeader"]
 
 
+def api_name(api_key: int) -> str:
+    """The API's name for a key (``"Metadata"``), ``api-<key>`` for a key the tables
+    do not know (logs and labels name every request)."""
+    spec = APIS.get(api_key)
+    return spec.name if spec is not None else f"api-{api_key}"
+
+
 def api(key_or_name: int | str) -> ApiSpec:
     """The API for a key (``3``) or a name as in the protocol guide (``"Metadata"``)."""
     if isinstance(key_or_name, str):

@@ -26,7 +26,7 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
-from gatehouse.codecs import APIS, FlatRecords, ProtocolError, Request, Response, produce
+from gatehouse.codecs import APIS, FlatRecords, ProtocolError, Request, Response, api_name, produce
 from gatehouse.codecs._error_codes import ERROR_NAMES
 from gatehouse.logs import log_event
 from gatehouse.metrics.groups import GROUP_APIS, GROUP_RESPONSES, GroupCensus
@@ -147,9 +147,6 @@ def error_codes(resp: Response) -> list[int]:
     return codes
 
 
-def _api_name(key: int) -> str:
-    spec = APIS.get(key)
-    return spec.name if spec is not None else f"api-{key}"
 
 
 # Requests pass through whatever their key and version: labels for what no broker speaks
@@ -165,7 +162,7 @@ def request_labels(key: int, version: int) -> tuple[str, str]:
     if spec is None and not 0 <= key < MAX_API_KEY_LABEL:
         return "other", "other"
     newest = (spec.versions.hi if spec is not None else 0) + VERSIONS_PAST_THE_CODEC
-    return _api_name(key), str(version) if 0 <= version <= newest else "other"
+    return api_name(key), str(version) if 0 <= version <= newest else "other"
 
 
 class ProxyMetrics(Observer):
@@ -454,12 +451,12 @@ class ProxyMetrics(Observer):
             histogram = self._durations.get(key)
             if histogram is None:
                 kind = "long_poll" if key in LONG_POLL_APIS else "request"
-                histogram = self._durations[key] = self.duration.labels(api=_api_name(key),
+                histogram = self._durations[key] = self.duration.labels(api=api_name(key),
                                                                         kind=kind)
             histogram.observe(elapsed)
         if key == SASL_AUTHENTICATE and conn.principal is not None:
             self._authenticated(conn)
-        if frame is None or key not in APIS:
+        if frame is None or pending.raw or key not in APIS:  # raw: a SASL v0 token
             return
         if key in SCANNED_RESPONSES and pending.decoded is None:
             scan = scanned_response(pending, frame)
@@ -509,7 +506,7 @@ class ProxyMetrics(Observer):
         if counter is None:
             # Error codes are int16: at most 65,536 per API, and brokers use a few dozen.
             counter = self._response_counters[slot] = self.responses.labels(
-                api=_api_name(key), error=ERROR_NAMES.get(code, str(code)))
+                api=api_name(key), error=ERROR_NAMES.get(code, str(code)))
         return counter
 
     def _scanned_topic_name(self, key: str | bytes) -> str:

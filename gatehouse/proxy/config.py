@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gatehouse.codecs import DEFAULT_MAX_FRAME_SIZE
+from gatehouse.codecs.scram import MECHANISMS, SaslCredentials
 from gatehouse.configfile import (
     ConfigError,
     Reader,
@@ -23,8 +24,10 @@ from gatehouse.configfile import (
     line_of,
     load_yaml_file,
     load_yaml_text,
+    read_sasl_credentials,
 )
 from gatehouse.proxy.principal import MappingRule, PrincipalMappingError, parse_principal_mapping
+from gatehouse.proxy.sasl import load_users
 
 DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
 
@@ -126,6 +129,14 @@ class UpstreamTls:
 
 
 @dataclass(frozen=True)
+class DownstreamSasl:
+    """The proxy authenticates clients itself (gatehouse.proxy.sasl)."""
+
+    users_file: Path
+    mechanisms: tuple[str, ...] = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")
+
+
+@dataclass(frozen=True)
 class Limits:
     max_frame_bytes: int = DEFAULT_MAX_FRAME_SIZE
     max_connections: int = 10_000
@@ -168,6 +179,10 @@ class ProxyConfig:
     # The JWT claim an OAUTHBEARER client's principal is: the brokers'
     # sasl.oauthbearer.sub.claim.name.
     oauthbearer_sub_claim: str = "sub"
+    # SASL termination (the proxy authenticates clients) and origination (the proxy
+    # authenticates to the brokers as one user); None: neither (SASL passes through).
+    sasl_downstream: DownstreamSasl | None = None
+    sasl_upstream: SaslCredentials | None = None
     # Several proxy processes on the same ports (SO_REUSEPORT): the kernel spreads new
     # connections over them, one event loop per process, to use more than one core.
     reuse_port: bool = False
@@ -337,6 +352,9 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
     if not claim:
         raise sasl.error("oauthbearer_sub_claim_name", "sasl.oauthbearer_sub_claim_name "
                          "must name a claim")
+    sasl_downstream = _sasl_downstream(sasl, base)
+    sasl_upstream = (read_sasl_credentials(sasl.child("upstream"), base, MECHANISMS)
+                     if sasl.has("upstream") else None)
     sasl.finish()
 
     log = top.child("log")
@@ -380,10 +398,35 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
         log_level=level,
         log_json=log_json,
         oauthbearer_sub_claim=claim,
+        sasl_downstream=sasl_downstream,
+        sasl_upstream=sasl_upstream,
         reuse_port=reuse_port or workers > 1,
         workers=workers,
         proxy_protocol_from=proxy_protocol_from,
     )
+
+
+def _sasl_downstream(sasl: Reader, base: Path) -> DownstreamSasl | None:
+    """``sasl.downstream: {users_file, mechanisms}``; the users file is read now, so a
+    bad one is reported by ``gatehouse check`` with its own file:line."""
+    if not sasl.has("downstream"):
+        return None
+    down = sasl.child("downstream")
+    users_file = _path(down, "users_file", base, required=True)
+    assert users_file is not None
+    mechanisms = down.take("mechanisms", (list, str), list(DownstreamSasl.mechanisms))
+    if isinstance(mechanisms, str):
+        mechanisms = [mechanisms]
+    for i, mechanism in enumerate(mechanisms):
+        if mechanism not in MECHANISMS:
+            raise sasl.source.error(f"sasl.downstream.mechanisms: {mechanism!r} is not one of "
+                                    f"{', '.join(MECHANISMS)}",
+                                    line_of(mechanisms, i) or down.line_of("mechanisms"))
+    if not mechanisms:
+        raise down.error("mechanisms", "sasl.downstream.mechanisms must name at least one")
+    down.finish()
+    load_users(users_file)
+    return DownstreamSasl(users_file, tuple(dict.fromkeys(mechanisms)))
 
 
 def _proxy_protocol(top: Reader) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:

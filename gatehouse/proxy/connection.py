@@ -44,6 +44,7 @@ from gatehouse.codecs import (
     Response,
     UnknownApi,
     api,
+    api_name,
     decode_request,
     decode_response,
     fetch,
@@ -52,6 +53,8 @@ from gatehouse.codecs.peek import produce_acks
 from gatehouse.codecs.primitives import Buffer
 from gatehouse.codecs.reader import FrameReader
 from gatehouse.codecs.sasl import claimed_user
+from gatehouse.codecs.scram import SaslError
+from gatehouse.logs import log_event
 from gatehouse.proxy.addresses import (
     AddressMapper,
     BrokerAddress,
@@ -69,6 +72,7 @@ from gatehouse.proxy.hooks import (
     FETCH,
     SCANNED_RESPONSES,
     SHUTTING_DOWN,
+    UPSTREAM_SESSION_ENDING,
     Close,
     ConnectionInfo,
     Forward,
@@ -79,6 +83,13 @@ from gatehouse.proxy.hooks import (
     top_level_tags,
 )
 from gatehouse.proxy.quotas import Charge
+from gatehouse.proxy.sasl import (
+    FAILED_MESSAGE,
+    ClientSasl,
+    SaslUsers,
+    authenticate_answer,
+    handshake_answer,
+)
 
 logger = logging.getLogger("gatehouse.proxy")
 
@@ -132,6 +143,12 @@ class ConnectionContext:
     get_policy: Callable[[], Policy]
     # The JWT claim an OAUTHBEARER principal is (the brokers' sasl.oauthbearer.sub.claim.name).
     oauthbearer_claim: str = "sub"
+    # sasl.downstream: the proxy authenticates clients against these users itself.
+    sasl_users: SaslUsers | None = None
+    sasl_mechanisms: tuple[str, ...] = ()
+    # sasl.upstream: broker connections are authenticated by the proxy (a client's own
+    # SASL requests would find them authenticated already).
+    upstream_sasl: bool = False
     request_budget: ByteBudget = field(init=False)
     response_budget: ByteBudget = field(init=False)
     frame_buffers: BufferPool = field(init=False)
@@ -187,7 +204,10 @@ class ProxyConnection:
         upstream: trio.abc.Stream,
         conn: ConnectionInfo,
         ctx: ConnectionContext,
+        upstream_session: float | None = None,
     ) -> None:
+        """``upstream_session``: the seconds the broker gives the proxy's SASL session on
+        ``upstream`` (sasl.upstream); the connection drains before it ends."""
         self.client = client
         self.upstream = upstream
         # What the pumps read and write through (see fastio): the streams themselves
@@ -208,6 +228,11 @@ class ProxyConnection:
         self.close_level = logging.INFO
         self.sasl_raw_rounds: int | None = 0  # >0: that many raw tokens; None: until Kafka
         self.sasl_mechanism: str | None = None  # the last SaslHandshake's
+        # sasl.downstream: the client's exchange with the proxy (None: SASL is the
+        # broker's business, passed through).
+        self.client_sasl = (ClientSasl(ctx.sasl_users, ctx.sasl_mechanisms)
+                            if ctx.sasl_users is not None else None)
+        self.upstream_session = upstream_session
         self.idle = trio.CancelScope()
         self.last_active = 0.0  # trio clock: the last whole request or byte from the broker
         # Around each wait for the client's bytes (a new one per receive): a drain cancels
@@ -248,6 +273,8 @@ class ProxyConnection:
                     nursery.start_soon(self._watch_idle)
                     if self.limits.max_connection_age is not None:
                         nursery.start_soon(self._watch_age, self.limits.max_connection_age)
+                    if self.upstream_session is not None:
+                        nursery.start_soon(self._watch_upstream_session, self.upstream_session)
                     await self._guard(self.client_reader)
                     # No more requests: the connection ends once every answer owed is sent.
                     while self.line:
@@ -299,6 +326,13 @@ class ProxyConnection:
         # not all reconnect at once.
         await trio.sleep(age * random.uniform(0.9, 1.1))
         self._drain(AGE_LIMIT)
+
+    async def _watch_upstream_session(self, lifetime: float) -> None:
+        # The broker closes a connection whose SASL session ended (KIP-368); the proxy
+        # does not re-authenticate in the middle of a client's traffic, so the client is
+        # moved to a new connection (a new session) before then, as an aged one is.
+        await trio.sleep(lifetime * 0.85)
+        self._drain(UPSTREAM_SESSION_ENDING)
 
     def _drain(self, reason: str) -> None:
         # Stop taking new requests; the upstream reader answers the ones in flight.  Only
@@ -392,6 +426,9 @@ class ProxyConnection:
         """One request as received: ``wire`` is the frame with its size prefix."""
         conn = self.conn
         frame = memoryview(wire)[4:]  # read-only view: decoding copies nothing
+        if self.client_sasl is not None and self.client_sasl.raw:
+            await self._client_sasl_token(bytes(frame), None, len(frame))
+            return
         if self.sasl_raw_rounds != 0:
             if self.sasl_raw_rounds is None and _looks_like_request(frame):
                 self.sasl_raw_rounds = 0
@@ -406,6 +443,16 @@ class ProxyConnection:
             self._malformed("request", exc)
         header = req.header
         self._count_request(header)
+        if header.api_key in (SASL_HANDSHAKE, SASL_AUTHENTICATE) or (
+                self.client_sasl is not None and self.client_sasl.user is None
+                and header.api_key != API_VERSIONS):
+            if self.client_sasl is not None:
+                await self._answer_client_sasl(req, len(frame))
+                return
+            if self.ctx.upstream_sasl:
+                raise _Close(f"the client sent {api_name(header.api_key)}, but the proxy "
+                             "authenticates to the brokers itself (sasl.upstream) and does "
+                             "not authenticate clients (no sasl.downstream)", logging.WARNING)
         try:
             if header.api_key == API_VERSIONS and header.api_version >= 3 and req.known:
                 body = req.body
@@ -447,18 +494,99 @@ class ProxyConnection:
         elif isinstance(decision, Respond):
             conn.refused += 1
             if expects_response:
-                pending = Pending(header.correlation_id, header.api_key, header.api_version,
-                                  now, local=bytes(decision.response.encode()), policy=policy)
-                if self.line:  # behind answers still owed: sent after them
-                    await self._queue(pending)
-                else:  # nothing owed: the upstream reader is not writing to the client
-                    await self._send_local(pending)
+                await self._answer_locally(Pending(
+                    header.correlation_id, header.api_key, header.api_version, now,
+                    local=bytes(decision.response.encode()), policy=policy))
             else:
                 # acks=0 Produce has no response to carry a refusal: close instead.
                 raise _Close("refused a Produce request with acks=0 (no response possible)")
         elif isinstance(decision, Close):
             conn.refused += 1
             raise _Close(decision.reason, logging.INFO)
+
+    async def _answer_locally(self, pending: Pending) -> None:
+        """An answer the proxy makes (``pending.local``), in its place in line."""
+        if self.line:  # behind answers still owed: sent after them
+            await self._queue(pending)
+        else:  # nothing owed: the upstream reader is not writing to the client
+            await self._send_local(pending)
+
+    async def _answer_client_sasl(self, req: Request, size: int) -> None:
+        """A request of a client the proxy authenticates (sasl.downstream) that is the
+        proxy's to answer: its SaslHandshake or SaslAuthenticate, or, before it has
+        proved who it is, anything but ApiVersions (closed, as a broker's SASL listener
+        does)."""
+        sasl = self.client_sasl
+        assert sasl is not None
+        header = req.header
+        key = header.api_key
+        if key not in (SASL_HANDSHAKE, SASL_AUTHENTICATE):
+            raise _Close(f"{api_name(key)} before SASL authentication (sasl.downstream: "
+                         "the client must authenticate first)", logging.WARNING)
+        if sasl.user is not None:
+            raise _Close(f"{api_name(key)} after authenticating as {sasl.user!r} (the proxy "
+                         "asks for no re-authentication)", logging.WARNING)
+        try:
+            body = req.body
+        except (ProtocolError, UnknownApi) as exc:
+            self._malformed("request", ProtocolError(str(exc)))
+        self.ctx.observer.request(self.conn, req, size)
+        if key == SASL_HANDSHAKE:
+            mechanism = str(body.mechanism)
+            code = sasl.handshake(mechanism, header.api_version)
+            answer = handshake_answer(req, code, sasl.mechanisms)
+            await self._answer_locally(Pending(header.correlation_id, key, header.api_version,
+                                               trio.current_time(), local=bytes(answer.encode())))
+            if code:
+                self.conn.refused += 1
+                self._stop_after_answers(f"SASL handshake for {mechanism!r} refused (the proxy "
+                                         f"offers {', '.join(sasl.mechanisms)})")
+            return
+        await self._client_sasl_token(bytes(body.auth_bytes), req, size)
+
+    async def _client_sasl_token(self, token: bytes, req: Request | None, size: int) -> None:
+        """One SASL token of a client the proxy authenticates: in a SaslAuthenticate
+        (``req``) or raw after a SaslHandshake v0 (``req`` None; the answer is raw too,
+        and a failure just closes, as Kafka does)."""
+        sasl = self.client_sasl
+        assert sasl is not None
+        try:
+            if sasl.slow_step:  # PBKDF2 (PLAIN against SCRAM credentials): off the loop
+                answer, done = await trio.to_thread.run_sync(sasl.step, token)
+            else:
+                answer, done = sasl.step(token)
+            failure = None
+        except SaslError as exc:
+            answer, done, failure = b"", True, str(exc)
+        if done and failure is None:
+            self.conn.principal = sasl.user
+            log_event(logger, logging.DEBUG, "client authenticated", **self.conn.describe(),
+                      mechanism=sasl.mechanism)
+        now = trio.current_time()
+        if req is None:
+            sasl.raw = not done
+            if failure is None:
+                # Under SaslAuthenticate's key: what the metrics' principal census
+                # listens for (a raw answer is never decoded).
+                await self._answer_locally(Pending(-1, SASL_AUTHENTICATE, 0, now, local=answer,
+                                                   raw=True))
+        else:
+            header = req.header
+            reply = authenticate_answer(req, answer, None if failure is None else FAILED_MESSAGE)
+            await self._answer_locally(Pending(header.correlation_id, SASL_AUTHENTICATE,
+                                               header.api_version, now,
+                                               local=bytes(reply.encode())))
+        if failure is not None:
+            self.conn.refused += 1
+            who = f" as {sasl.claimed!r}" if sasl.claimed is not None else ""
+            self._stop_after_answers(f"SASL authentication{who} ({sasl.mechanism}) "
+                                     f"failed: {failure}")
+
+    def _stop_after_answers(self, reason: str) -> None:
+        """Read no more requests: the connection closes, with ``reason``, once the
+        answers owed are sent."""
+        self._record_close(reason, logging.WARNING)
+        self.stop_reading = True
 
     async def _hold_for_quotas(self, charges: tuple[Charge, ...], policy: Policy,
                                api_key: int, size: int, now: float) -> float:

@@ -29,8 +29,9 @@ class ConnectionInfo:
     client_id: str | None = None
     software_name: str | None = None  # KIP-511, from ApiVersions v3+
     software_version: str | None = None
-    # Who the client is: the SASL user the broker accepted (codecs.sasl), else the subject
-    # of the certificate the client CA verified (proxy.principal), else None.
+    # Who the client is: the SASL user the proxy (sasl.downstream: proxy.sasl) or the
+    # broker (codecs.sasl) accepted, else the subject of the certificate the client CA
+    # verified (proxy.principal), else None.
     principal: str | None = None
     opened: float = field(default_factory=time.monotonic)
     requests: int = 0
@@ -125,10 +126,12 @@ def scanned_response(pending: Pending, frame: Any) -> Any:
 
 
 # Close reasons that are no fault of either side (``connection_closed``): the client
-# left, the proxy is stopping, or the connection reached ``limits.max_connection_age``.
+# left, the proxy is stopping, the connection reached ``limits.max_connection_age``, or
+# the broker's limit on the proxy's SASL session (sasl.upstream) is near.
 CLIENT_CLOSED, SHUTTING_DOWN, AGE_LIMIT = ("client closed", "proxy shutting down",
                                           "connection age limit reached")
-CLEAN_CLOSES = frozenset({CLIENT_CLOSED, SHUTTING_DOWN, AGE_LIMIT})
+UPSTREAM_SESSION_ENDING = "the broker's SASL session limit is near (connections.max.reauth.ms)"
+CLEAN_CLOSES = frozenset({CLIENT_CLOSED, SHUTTING_DOWN, AGE_LIMIT, UPSTREAM_SESSION_ENDING})
 
 
 @dataclass(frozen=True, slots=True)

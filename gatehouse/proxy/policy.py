@@ -8,7 +8,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from gatehouse.codecs import Request, Response, produce
+from gatehouse.codecs import Request, Response, api_name, produce
 from gatehouse.configfile import ConfigError, FileWatch, load_yaml_file
 from gatehouse.logs import log_event
 from gatehouse.proxy.apiversions import RangeAdjuster
@@ -175,7 +175,7 @@ class RulesPolicy(Policy):
             refusal = evaluation.refusal
             self._log_refusal(conn, req, refusal.rule, refusal.message, observe=False)
             if not req.known:
-                return Close(f"refused {_api_name(req)} v{req.api_version} ({refusal.message}); "
+                return Close(f"refused {api_name(req.api_key)} v{req.api_version} ({refusal.message}); "
                              "the codec has no table for that version to build its error "
                              "response, so the connection is closed")
             return _refused(req, refusal.message, refusal.code, refusal.message)
@@ -416,7 +416,7 @@ class RulesPolicy(Policy):
             return  # once per connection, API, rule and reason
         logged.add(key)
         log_event(logger, logging.INFO, "would refuse (observe mode)" if observe else "refused",
-                  rule=rule, api=_api_name(req),
+                  rule=rule, api=api_name(req.api_key),
                   version=req.api_version, reason=message, **conn.describe())
 
 
@@ -495,13 +495,6 @@ def _refused(req: Request, reason: str, code: int, message: str | None = None,
         return Close(f"refused acks=0 Produce ({reason}): no response exists to carry the "
                      "error, so the connection is closed")
     return Respond(error_response(req, code, message, within))
-
-
-def _api_name(req: Request) -> str:
-    from gatehouse.codecs import APIS
-
-    spec = APIS.get(req.api_key)
-    return spec.name if spec is not None else f"api-{req.api_key}"
 
 
 def _acks(req: Request) -> int:

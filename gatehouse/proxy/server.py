@@ -29,6 +29,7 @@ from gatehouse.proxy.connection import ConnectionContext, ProxyConnection
 from gatehouse.proxy.hooks import CLIENT_CLOSED, ConnectionInfo, Observer, Observers, Policy
 from gatehouse.proxy.principal import certificate_principal, mapped_principal
 from gatehouse.proxy.proxyprotocol import ProxyHeaderError, read_proxy_header
+from gatehouse.proxy.sasl import SaslError, SaslUsers, authenticate_upstream, roundtrip
 from gatehouse.proxy.tls import TlsContexts, accept_tls
 
 logger = logging.getLogger("gatehouse.proxy")
@@ -43,6 +44,17 @@ _REDISCOVER_EVERY = 5.0
 
 class UpstreamUnavailable(Exception):
     pass
+
+
+@dataclass
+class Upstream:
+    """A broker connection ready for a client's bytes (TLS and SASL done)."""
+
+    stream: trio.abc.Stream
+    target: Address
+    # Seconds until the broker ends the proxy's SASL session (sasl.upstream against a
+    # broker with connections.max.reauth.ms); None: no end.
+    session_lifetime: float | None = None
 
 
 @dataclass
@@ -78,6 +90,9 @@ class Proxy:
         self._refusing: set[str] = set()  # hosts at max_connections_per_ip, logged
         self._balancers = config.proxy_protocol_from  # peers that send a PROXY header
         self.tls = TlsContexts(config)
+        # sasl.downstream: the users clients authenticate as (reloaded like the rules).
+        self.sasl_users = (SaslUsers(config.sasl_downstream.users_file)
+                           if config.sasl_downstream is not None else None)
         self._principal_rules = (config.tls_downstream.principal_mapping
                                  if config.tls_downstream is not None else ())
         self._listener_lock = trio.Lock()
@@ -92,6 +107,10 @@ class Proxy:
             draining=self.draining,
             get_policy=lambda: self.policy,
             oauthbearer_claim=config.oauthbearer_sub_claim,
+            sasl_users=self.sasl_users,
+            sasl_mechanisms=(config.sasl_downstream.mechanisms
+                             if config.sasl_downstream is not None else ()),
+            upstream_sasl=config.sasl_upstream is not None,
         )
 
     # -- broker map ---------------------------------------------------------------------
@@ -171,12 +190,13 @@ class Proxy:
         real = self.brokers[node_id].real
         return [Address(real.host, real.port)]
 
-    async def open_upstream(self, node_id: int | None) -> tuple[trio.abc.Stream, Address]:
+    async def open_upstream(self, node_id: int | None) -> Upstream:
         errors = []
         for target in self._upstream_targets(node_id):
+            stream: trio.abc.Stream | None = None
             try:
                 with trio.fail_after(self.config.limits.connect_timeout):
-                    stream: trio.abc.Stream = await trio.open_tcp_stream(target.host, target.port)
+                    stream = await trio.open_tcp_stream(target.host, target.port)
                     client_ssl = self.tls.client  # read once: a reload may replace it
                     if client_ssl is not None:
                         hostname = (self.config.tls_upstream.server_hostname  # type: ignore[union-attr]
@@ -185,12 +205,19 @@ class Proxy:
                                                     server_hostname=hostname)
                         await tls_stream.do_handshake()
                         stream = tls_stream
+                    lifetime = None
+                    if self.config.sasl_upstream is not None:
+                        lifetime = await authenticate_upstream(stream, self.config.sasl_upstream)
                 self.upstream_reachable = True
-                return stream, target
+                return Upstream(stream, target, lifetime)
             except trio.TooSlowError:
                 errors.append(f"{target}: connect timed out")
-            except (*_STREAM_ERRORS, ssl.SSLError) as exc:
+            except SaslError as exc:
+                errors.append(f"{target}: SASL authentication failed: {exc}")
+            except (*_STREAM_ERRORS, ssl.SSLError, codecs.ProtocolError) as exc:
                 errors.append(f"{target}: {_describe(exc)}")
+            if stream is not None:
+                await _aclose(stream)
             self.observer.upstream_failure(str(target), errors[-1])
         self.upstream_reachable = False
         raise UpstreamUnavailable("; ".join(errors))
@@ -324,16 +351,17 @@ class Proxy:
                     await _aclose(client)
                     return
             try:
-                upstream, target = await self.open_upstream(node_id)
+                upstream = await self.open_upstream(node_id)
             except UpstreamUnavailable as exc:
                 reason, level = f"upstream unreachable: {exc}", logging.WARNING
                 await _aclose(client)
                 return
-            conn.upstream = str(target)
+            conn.upstream = str(upstream.target)
             self.observer.connection_opened(conn)
             log_event(logger, logging.DEBUG, "connection opened", **conn.describe(),
                       upstream=conn.upstream)
-            pumps = ProxyConnection(client, upstream, conn, self.ctx)
+            pumps = ProxyConnection(client, upstream.stream, conn, self.ctx,
+                                    upstream.session_lifetime)
             try:
                 await pumps.run()
             finally:
@@ -387,21 +415,22 @@ class Proxy:
     async def discover(self) -> None:
         """Ask the cluster for its brokers once, so their ports are open from the start."""
         try:
-            stream, target = await self.open_upstream(None)
+            upstream = await self.open_upstream(None)
         except UpstreamUnavailable as exc:
             log_event(logger, logging.WARNING, "brokers not reachable at start-up; will "
                       "discover them from client traffic", error=str(exc))
             return
+        stream, target = upstream.stream, upstream.target
         try:
             with trio.fail_after(self.config.limits.connect_timeout * 2):
-                versions = await _roundtrip(stream, Request.build(18, 0, 1, "gatehouse", codecs.api(18).request.root.cls()))
+                versions = await roundtrip(stream, Request.build(18, 0, 1, "gatehouse", codecs.api(18).request.root.cls()))
                 ranges = {e.api_key: (e.min_version, e.max_version)
                           for e in versions.body.api_keys}
                 lo, hi = ranges.get(3, (0, 0))
                 version = min(hi, codecs.api(3).versions.hi)
                 if version < max(lo, 1):
                     return
-                metadata = await _roundtrip(
+                metadata = await roundtrip(
                     stream, Request.build(3, version, 2, "gatehouse",
                                   codecs.api(3).request.root.cls(topics=())))
             seen = [BrokerAddress(b.node_id, b.host, b.port) for b in metadata.body.brokers]
@@ -439,6 +468,7 @@ class Proxy:
                           "(tls.upstream.verify: false): broker certificates and names are "
                           "not checked; anyone on the path can impersonate the brokers",
                           upstream=",".join(map(str, self.config.upstream)))
+            self._log_sasl()
             await self.discover()
             self.ready.set()
             task_status.started()
@@ -453,6 +483,25 @@ class Proxy:
         if self.ctx.pipes is not None:
             self.ctx.pipes.close()
         self.stopped.set()
+
+    def _log_sasl(self) -> None:
+        """What the proxy does with SASL, and a warning when PLAIN passwords would cross
+        a network in clear text."""
+        config = self.config
+        down, up = config.sasl_downstream, config.sasl_upstream
+        if down is not None and self.sasl_users is not None:
+            log_event(logger, logging.INFO, "clients authenticate with the proxy "
+                      "(sasl.downstream)", mechanisms=",".join(down.mechanisms),
+                      users=len(self.sasl_users), file=str(down.users_file))
+            if "PLAIN" in down.mechanisms and config.tls_downstream is None:
+                log_event(logger, logging.WARNING, "sasl.downstream offers PLAIN without "
+                          "tls.downstream: clients send their passwords in clear text")
+        if up is not None:
+            log_event(logger, logging.INFO, "the proxy authenticates to the brokers "
+                      "(sasl.upstream)", mechanism=up.mechanism, user=up.username)
+            if up.mechanism == "PLAIN" and config.tls_upstream is None:
+                log_event(logger, logging.WARNING, "sasl.upstream uses PLAIN without "
+                          "tls.upstream: the password goes to the brokers in clear text")
 
     def shutdown(self) -> None:
         self.draining.set()
@@ -486,26 +535,6 @@ async def open_listeners(port: int, host: str, reuse_port: bool = False
             listener.socket.close()
         raise
     return listeners
-
-
-def _request_bytes(req: Request) -> bytes:
-    frame = req.encode()
-    return len(frame).to_bytes(4, "big") + bytes(frame)
-
-
-async def _roundtrip(stream: trio.abc.Stream, req: Request) -> codecs.Response:
-    await stream.send_all(_request_bytes(req))
-    reader = codecs.FrameReader()
-    while True:
-        frame = reader.next_frame()
-        if frame is not None:
-            resp = codecs.decode_response(frame, req.api_key, req.api_version)
-            resp.body  # noqa: B018 - decode now, inside the caller's error handling
-            return resp
-        data = await stream.receive_some(65536)
-        if not data:
-            raise trio.BrokenResourceError("broker closed the connection")
-        reader.feed(data)
 
 
 def _describe(exc: BaseException) -> str:

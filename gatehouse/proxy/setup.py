@@ -121,8 +121,11 @@ async def run_configured(config: ProxyConfig, policy: RulesPolicy, path: str | P
         observers[0].watch_tls(proxy.tls)  # type: ignore[attr-defined]
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(handle_signals, proxy, partial(reload_all, reloader, proxy.tls))
-            nursery.start_soon(watch_files, reloader, proxy.tls)
+            watched: list[Reloadable] = [reloader, proxy.tls]
+            if proxy.sasl_users is not None:
+                watched.append(proxy.sasl_users)
+            nursery.start_soon(handle_signals, proxy, partial(reload_all, *watched))
+            nursery.start_soon(watch_files, *watched)
             nursery.start_soon(freeze_heap_when_ready, proxy)
             if config.metrics_listen is not None:
                 from gatehouse.metrics import serve_metrics

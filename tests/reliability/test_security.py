@@ -144,16 +144,28 @@ def _listening_hosts(pid: int, port: int) -> set[str]:
     return hosts
 
 
+@pytest.mark.parametrize("sasl", ["passed through", "at the proxy"])
 def test_scram_secrets_never_reach_logs_metrics_or_capture(kafka_scram: KafkaCluster,
-                                                           tmp_path: Path) -> None:
+                                                           tmp_path: Path, sasl: str) -> None:
+    """Passed through, the broker is the SCRAM server; at the proxy, the proxy is
+    (sasl.downstream, the same user in its users file) and authenticates to the broker
+    itself (sasl.upstream): its own exchange's password must not leak either."""
     port, metrics_port = free_port(), free_port()
     capture_dir = tmp_path / "capture"
     config = tmp_path / "gatehouse.yaml"
+    at_the_proxy = ""
+    if sasl == "at the proxy":
+        (tmp_path / "admin.secret").write_text(SCRAM_PASSWORD)
+        (tmp_path / "users.yaml").write_text(f"users:\n  {SCRAM_USER}: "
+                                             "{password_file: admin.secret}\n")
+        at_the_proxy = ("sasl:\n  downstream: {users_file: users.yaml}\n"
+                        f"  upstream: {{mechanism: {SCRAM_MECHANISM}, username: {SCRAM_USER}, "
+                        "password_file: admin.secret}\n")
     # metrics with a bare port: it must bind to localhost only
     config.write_text(
         f"listen: 127.0.0.1:{port}\nupstream: [{kafka_scram.sasl_bootstrap}]\n"
         f"brokers: {{start_port: 0}}\nmetrics: {{listen: {metrics_port}}}\n"
-        f"capture: {{dir: {capture_dir}}}\nlog: {{level: DEBUG}}\n")
+        f"capture: {{dir: {capture_dir}}}\nlog: {{level: DEBUG}}\n" + at_the_proxy)
     topic = unique("scram")
     kafka_scram.create_topic(topic)
     secrets: dict[str, str] = {}
@@ -172,6 +184,8 @@ def test_scram_secrets_never_reach_logs_metrics_or_capture(kafka_scram: KafkaClu
     assert len(secrets) == 14
     log = proc.log_text()
     assert " DEBUG " in log
+    if at_the_proxy:  # the proxy was the SCRAM server, and a SCRAM client to the broker
+        assert "client authenticated" in log and "(sasl.upstream)" in log
     assert "SaslAuthenticate" in log or "SaslHandshake" in log or "connection closed" in log
     captured = _all_bytes(capture_dir)
     assert captured, "nothing was captured"

@@ -1,0 +1,321 @@
+"""SASL at the proxy: clients authenticated by the proxy itself (``sasl.downstream``,
+termination) and the proxy authenticated to the brokers with its own credentials
+(``sasl.upstream``, origination).
+
+Termination: the client's SaslHandshake and SaslAuthenticate are answered here, against
+a users file of SCRAM credentials (``SaslUsers``), and never reach the brokers; the user
+the client proved it is becomes its principal, which rules, quotas, metrics and logs
+use.  Until then the client may only ask for ApiVersions, as on a broker's SASL
+listener.  Origination: each upstream connection authenticates right after it opens
+(``authenticate_upstream``), before any client byte goes up.  The two combine: clients
+prove who they are to the proxy, the brokers see the proxy's one identity.
+
+Passwords, proofs and keys are never logged: the log says who failed and why in words.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from gatehouse import codecs
+from gatehouse.codecs._error_codes import ERROR_NAMES
+from gatehouse.codecs.scram import (
+    MECHANISMS,
+    PLAIN,
+    SCRAM_MECHANISMS,
+    SaslCredentials,
+    SaslError,
+    ScramClient,
+    ScramCredential,
+    ScramServer,
+    parse_plain,
+    plain_token,
+)
+from gatehouse.configfile import (
+    ConfigError,
+    FileWatch,
+    Reader,
+    Source,
+    line_of,
+    load_yaml_file,
+    take_password,
+)
+from gatehouse.logs import log_event
+
+logger = logging.getLogger("gatehouse.proxy")
+
+SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
+NONE, UNSUPPORTED_SASL_MECHANISM, ILLEGAL_SASL_STATE = 0, 33, 34
+SASL_AUTHENTICATION_FAILED = 58
+# What the client is told when its credentials are wrong: the same for an unknown user
+# and a wrong password (Kafka's words), so answers do not tell which names exist.
+FAILED_MESSAGE = "Authentication failed: Invalid username or password"
+
+
+# -- the users file -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SaslUser:
+    # Set when the file gives the password itself (password, password_file or
+    # password_env); else only SCRAM credentials, and PLAIN is checked against them.
+    password: str | None = field(default=None, repr=False)
+    scram: dict[str, ScramCredential] = field(default_factory=dict, repr=False)
+
+
+def load_users(path: Path) -> dict[str, SaslUser]:
+    """A users file (ConfigError with file:line if it is not one)::
+
+        users:
+          alice: {password_file: alice.secret}      # or password / password_env
+          bob:                                      # as `gatehouse credential` prints
+            SCRAM-SHA-512: {salt: ..., iterations: 4096, stored_key: ..., server_key: ...}
+    """
+    data = load_yaml_file(path)
+    source = Source(str(path))
+    top = Reader(data, source, "users file")
+    raw = top.take("users", dict)
+    if not raw:
+        raise top.error("users" if top.has("users") else None,
+                        "the users file needs 'users:', a mapping of user name to credentials")
+    top.finish()
+    base = path.parent
+    users: dict[str, SaslUser] = {}
+    for name, entry in raw.items():
+        if not isinstance(name, str) or not name:
+            raise source.error(f"a user name must be a string, not {name!r}", line_of(raw, name))
+        reader = Reader(entry, source, f"users.{name}", line_of(raw, name))
+        password = take_password(reader, base)
+        scram: dict[str, ScramCredential] = {}
+        for key in list(reader.data):
+            mechanism = str(key).upper()
+            if mechanism not in SCRAM_MECHANISMS:
+                continue
+            section = reader.take(key, dict)
+            try:
+                scram[mechanism] = ScramCredential.from_dict(mechanism, dict(section))
+            except ValueError as exc:
+                raise reader.error(key, f"users.{name}.{key}: {exc}") from None
+        reader.finish()
+        if password is not None and scram:
+            raise reader.error(None, f"users.{name}: give a password or SCRAM credentials, "
+                               "not both")
+        if password is None and not scram:
+            raise reader.error(None, f"users.{name} needs a password (password, "
+                               "password_file, password_env) or SCRAM credentials "
+                               "(SCRAM-SHA-256, SCRAM-SHA-512: `gatehouse credential` "
+                               "prints them)")
+        if password is not None:
+            scram = {m: ScramCredential.from_password(m, password) for m in SCRAM_MECHANISMS}
+        users[name] = SaslUser(password, scram)
+    return users
+
+
+class SaslUsers:
+    """The users clients authenticate as, from a users file; ``reload`` reads it again
+    (SIGHUP, or the file changed): a bad file keeps the users before it, and says so."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._users = load_users(path)  # at start a bad file is fatal
+        self._watch = FileWatch((path,))
+        self.succeeded = 0
+        self.failed = 0
+        self.last_error: str | None = None
+
+    def __len__(self) -> int:
+        return len(self._users)
+
+    def changed(self) -> bool:
+        return self._watch.changed()
+
+    def reload(self) -> bool:
+        try:
+            users = load_users(self.path)
+        except ConfigError as exc:
+            self.failed += 1
+            self.last_error = str(exc)
+            log_event(logger, logging.ERROR, "SASL users reload failed: keeping the old "
+                      "users", error=self.last_error)
+            return False
+        self._users = users
+        self.succeeded += 1
+        self.last_error = None
+        log_event(logger, logging.INFO, "SASL users reloaded", users=len(users),
+                  file=str(self.path))
+        return True
+
+    def scram(self, mechanism: str, name: str) -> ScramCredential | None:
+        user = self._users.get(name)
+        return None if user is None else user.scram.get(mechanism)
+
+    def check_plain(self, name: str, password: str) -> bool:
+        """Whether ``password`` is ``name``'s.  Against SCRAM credentials this runs
+        PBKDF2 (milliseconds): callers keep it off the event loop."""
+        user = self._users.get(name)
+        if user is None:
+            return False
+        if user.password is not None:
+            return hmac.compare_digest(user.password.encode(), password.encode())
+        credential = next(iter(user.scram.values()))
+        return credential.check_password(password)
+
+
+# -- one client's exchange with the proxy (termination) -------------------------------------
+
+
+class ClientSasl:
+    """One client connection's SASL exchange with the proxy: ``handshake`` takes its
+    SaslHandshake, ``step`` each of its tokens; ``user`` is set once it has proved who
+    it is.  ``claimed`` is the name it gave, for the log when it fails."""
+
+    def __init__(self, users: SaslUsers, mechanisms: Sequence[str]) -> None:
+        self.users = users
+        self.mechanisms = tuple(mechanisms)
+        self.mechanism: str | None = None
+        self.raw = False  # SaslHandshake v0: the tokens come with no Kafka header
+        self.user: str | None = None
+        self.claimed: str | None = None
+        self._scram: ScramServer | None = None
+
+    def handshake(self, mechanism: str, version: int) -> int:
+        """The error code for a SaslHandshake asking for ``mechanism``."""
+        if self.mechanism is not None or self.user is not None:
+            return ILLEGAL_SASL_STATE
+        if mechanism not in self.mechanisms:  # Kafka compares names exactly
+            return UNSUPPORTED_SASL_MECHANISM
+        self.mechanism = mechanism
+        self.raw = version == 0
+        if mechanism in SCRAM_MECHANISMS:
+            self._scram = ScramServer(mechanism, partial(self.users.scram, mechanism))
+        return NONE
+
+    @property
+    def slow_step(self) -> bool:
+        """Whether the next ``step`` may run PBKDF2 (PLAIN checked against SCRAM
+        credentials): the caller runs it in a thread."""
+        return self.mechanism == PLAIN
+
+    def step(self, token: bytes) -> tuple[bytes, bool]:
+        """The answer to a client token and whether the exchange is over (``user`` set);
+        SaslError when it fails (the exchange is then over too)."""
+        if self.mechanism is None:
+            raise SaslError("SaslAuthenticate before a SaslHandshake")
+        if self.user is not None:
+            raise SaslError("already authenticated")
+        if self._scram is None:  # PLAIN
+            user, password = parse_plain(token)
+            self.claimed = user
+            if not self.users.check_plain(user, password):
+                raise SaslError("invalid credentials")
+            self.user = user
+            return b"", True
+        scram = self._scram
+        if scram.claimed is None:
+            answer = scram.first(token)
+            self.claimed = scram.claimed
+            return answer, False
+        answer = scram.final(token)
+        self.user = scram.user
+        return answer, True
+
+
+def handshake_answer(req: codecs.Request, error_code: int,
+                     mechanisms: Sequence[str]) -> codecs.Response:
+    body = codecs.api(SASL_HANDSHAKE).response.root.cls(error_code=error_code,
+                                                        mechanisms=tuple(mechanisms))
+    return codecs.Response.build(SASL_HANDSHAKE, req.api_version, req.correlation_id, body)
+
+
+def authenticate_answer(req: codecs.Request, token: bytes, error: str | None = None
+                        ) -> codecs.Response:
+    """A SaslAuthenticate answer: ``token`` for the client, or ``error`` (said in the
+    answer's error message).  Session lifetime 0: the proxy asks for no
+    re-authentication (KIP-368)."""
+    fields: dict[str, Any] = {"auth_bytes": token}
+    if error is not None:
+        fields.update(error_code=SASL_AUTHENTICATION_FAILED, error_message=error)
+    body = codecs.api(SASL_AUTHENTICATE).response.root.cls(**fields)
+    return codecs.Response.build(SASL_AUTHENTICATE, req.api_version, req.correlation_id, body)
+
+
+# -- the proxy's own exchange with a broker (origination) -----------------------------------
+
+
+async def roundtrip(stream: trio.abc.Stream, req: codecs.Request) -> codecs.Response:
+    """``req`` sent and its answer read (decoded now, so errors surface here)."""
+    frame = req.encode()
+    await stream.send_all(len(frame).to_bytes(4, "big") + bytes(frame))
+    reader = codecs.FrameReader()
+    while True:
+        answer = reader.next_frame()
+        if answer is not None:
+            resp = codecs.decode_response(answer, req.api_key, req.api_version)
+            resp.body  # noqa: B018 - decode now, inside the caller's error handling
+            return resp
+        data = await stream.receive_some(65536)
+        if not data:
+            raise trio.BrokenResourceError("broker closed the connection")
+        reader.feed(data)
+
+
+# SaslHandshake v1 (tokens in SaslAuthenticate) and SaslAuthenticate v1 (it says how long
+# the session lasts): what every broker since Kafka 1.1 takes, 4.x included.
+_HANDSHAKE_VERSION, _AUTHENTICATE_VERSION = 1, 1
+
+
+async def authenticate_upstream(stream: trio.abc.Stream, credentials: SaslCredentials
+                                ) -> float | None:
+    """Authenticate a new broker connection as ``credentials`` say; the seconds the
+    broker gives the session (``connections.max.reauth.ms``), None for no limit.
+    SaslError says why the broker refused."""
+    mechanism = credentials.mechanism
+    ids = iter(range(1, 10))
+
+    async def call(api_key: int, version: int, **fields: Any) -> Any:
+        body = codecs.api(api_key).request.root.cls(**fields)
+        req = codecs.Request.build(api_key, version, next(ids), "gatehouse", body)
+        return (await roundtrip(stream, req)).body
+
+    answer = await call(SASL_HANDSHAKE, _HANDSHAKE_VERSION, mechanism=mechanism)
+    if answer.error_code:
+        offered = ", ".join(answer.mechanisms) or "none"
+        raise SaslError(f"the broker does not take SASL {mechanism} (it offers {offered})")
+
+    async def step(token: bytes) -> tuple[bytes, int]:
+        body = await call(SASL_AUTHENTICATE, _AUTHENTICATE_VERSION, auth_bytes=token)
+        if body.error_code:
+            raise SaslError(f"the broker refused {credentials.username!r} ({mechanism}): "
+                            f"{body.error_message or ERROR_NAMES.get(body.error_code, body.error_code)}")
+        return bytes(body.auth_bytes), body.session_lifetime_ms
+
+    if mechanism == PLAIN:
+        _, lifetime = await step(plain_token(credentials.username, credentials.password))
+    else:
+        scram = ScramClient(mechanism, credentials.username, credentials.password)
+        server_first, _ = await step(scram.first_message())
+        server_final, lifetime = await step(scram.final_message(server_first))
+        scram.check_final(server_final)
+    return lifetime / 1000 if lifetime > 0 else None
+
+
+__all__ = [
+    "MECHANISMS",
+    "ClientSasl",
+    "SaslError",
+    "SaslUser",
+    "SaslUsers",
+    "authenticate_answer",
+    "authenticate_upstream",
+    "handshake_answer",
+    "load_users",
+    "roundtrip",
+]

@@ -1,0 +1,314 @@
+"""SASL at the proxy on a real Apache Kafka broker, with real clients.
+
+Termination (``sasl.downstream``): librdkafka, kafka-python, aiokafka and the Java
+producer authenticate with the proxy (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) against its
+users file; the broker's plain listener never sees SASL; the proven user is the
+principal rules match.  A wrong password is refused the way a broker refuses it, an
+unauthenticated request closes the connection, and no password reaches the log.
+Origination (``sasl.upstream``): clients with no SASL at all reach the broker's SCRAM
+listener as the proxy's user; a wrong proxy password is reported, naming the broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import struct
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import confluent_kafka as ck
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from gatehouse import codecs
+from gatehouse.codecs.scram import ScramCredential
+from tests.support.clients import consume, produce, unique, watermarks
+from tests.support.kafka import SCRAM_MECHANISM, SCRAM_PASSWORD, SCRAM_USER, KafkaCluster
+from tests.support.proxythread import ProxyThread
+
+ALICE_PASSWORD = "alice-pw-7f3a"
+BOB_PASSWORD = "bob-pw-91c2"
+WRONG_PASSWORD = "not-it-55e0"
+SECRETS = (ALICE_PASSWORD, BOB_PASSWORD, WRONG_PASSWORD, SCRAM_PASSWORD)
+# bob may not delete topics; everyone else may.
+RULES = ("- name: bob-keeps-topics\n  match: {principal: '^bob$'}\n"
+         "  deny_apis: [DeleteTopics]\n")
+
+
+@pytest.fixture()
+def users_file(tmp_path: Path) -> Path:
+    """alice by password (in a file), bob by a SCRAM-SHA-512 credential only."""
+    (tmp_path / "alice.secret").write_text(ALICE_PASSWORD + "\n")
+    bob = ScramCredential.from_password("SCRAM-SHA-512", BOB_PASSWORD).as_dict()
+    path = tmp_path / "users.yaml"
+    path.write_text(f"users:\n  alice: {{password_file: alice.secret}}\n"
+                    f"  bob:\n    SCRAM-SHA-512: {bob}\n")
+    return path
+
+
+def terminating(users: Path) -> str:
+    return f"sasl:\n  downstream: {{users_file: {users}}}\n"
+
+
+def sasl_conf(proxy: ProxyThread, mechanism: str, user: str, password: str) -> dict[str, Any]:
+    return {"bootstrap.servers": proxy.bootstrap, "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": mechanism, "sasl.username": user, "sasl.password": password}
+
+
+def logged(caplog: pytest.LogCaptureFixture, message: str) -> list[dict[str, Any]]:
+    return [r.gatehouse_fields for r in caplog.records  # type: ignore[attr-defined]
+            if r.getMessage() == message]
+
+
+def wait_for(found: Callable[[], Any], timeout: float = 15.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := found()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return value
+
+
+def client_errors(conf: dict[str, Any], topic: str) -> list[ck.KafkaError]:
+    """The errors a librdkafka producer reports trying to send one record (none is
+    delivered: the test then purges it)."""
+    errors: list[ck.KafkaError] = []
+    producer = ck.Producer({**conf, "error_cb": errors.append, "log_level": 0})
+    producer.produce(topic, b"never")
+    wait_for(lambda: (producer.poll(0.1), errors)[1])
+    producer.purge()
+    producer.flush(1)
+    return errors
+
+
+def no_secret_in(caplog: pytest.LogCaptureFixture) -> None:
+    text = "\n".join(f"{r.getMessage()} {getattr(r, 'gatehouse_fields', '')}"
+                     for r in caplog.records)
+    for secret in SECRETS:
+        assert secret not in text
+
+
+def test_clients_authenticate_with_the_proxy(kafka_scram: KafkaCluster, users_file: Path,
+                                             caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="gatehouse.proxy")
+    topic = unique("terminated")
+    kafka_scram.create_topic(topic)
+    # The broker's plain listener: it never hears SASL; the proxy does all of it.
+    with ProxyThread(kafka_scram.bootstrap, extra_config=terminating(users_file),
+                     rules_yaml=RULES) as proxy:
+        alice_plain = sasl_conf(proxy, "PLAIN", "alice", ALICE_PASSWORD)
+        sent = produce(alice_plain, topic, count=20)
+        alice_scram = sasl_conf(proxy, "SCRAM-SHA-256", "alice", ALICE_PASSWORD)
+        assert sorted(consume(alice_scram, topic, 20)) == sorted(sent)
+        assert proxy.sample_reaches("gatehouse_principals", 1, principal="alice") >= 1
+
+        # kafka-python as bob (SCRAM-SHA-512 against a stored credential).
+        from kafka import KafkaConsumer, KafkaProducer
+
+        bob_args = {"bootstrap_servers": proxy.bootstrap, "security_protocol": "SASL_PLAINTEXT",
+                    "sasl_mechanism": "SCRAM-SHA-512", "sasl_plain_username": "bob",
+                    "sasl_plain_password": BOB_PASSWORD}
+        producer = KafkaProducer(**bob_args, acks="all")
+        for i in range(7):
+            producer.send(topic, f"bob-{i}".encode())
+        producer.flush(30)
+        producer.close()
+        reader = KafkaConsumer(topic, **bob_args, auto_offset_reset="earliest",
+                               consumer_timeout_ms=15_000, group_id=unique("g"))
+        read = [m.value for m, _ in zip(reader, range(27), strict=False)]
+        reader.close()
+        assert sorted(read) == sorted([*sent, *(f"bob-{i}".encode() for i in range(7))])
+
+        # Rules see the proven user: bob may not delete the topic, alice may not be him.
+        bob_admin = AdminClient(sasl_conf(proxy, "SCRAM-SHA-512", "bob", BOB_PASSWORD))
+        future = bob_admin.delete_topics([topic], operation_timeout=10)[topic]
+        with pytest.raises(ck.KafkaException):
+            future.result(timeout=30)
+        assert topic in AdminClient(kafka_scram.client_config()).list_topics(timeout=10).topics
+
+        # aiokafka as alice (SCRAM-SHA-256).
+        async def with_aiokafka() -> None:
+            from aiokafka import AIOKafkaProducer
+
+            p = AIOKafkaProducer(bootstrap_servers=proxy.bootstrap,
+                                 security_protocol="SASL_PLAINTEXT",
+                                 sasl_mechanism="SCRAM-SHA-256",
+                                 sasl_plain_username="alice",
+                                 sasl_plain_password=ALICE_PASSWORD)
+            await p.start()
+            try:
+                for i in range(5):
+                    await p.send_and_wait(topic, f"aio-{i}".encode())
+            finally:
+                await p.stop()
+
+        asyncio.run(with_aiokafka())
+
+        # The Java producer as bob (SCRAM-SHA-512).
+        settings = users_file.parent / "producer.properties"
+        settings.write_text(
+            f"bootstrap.servers={proxy.bootstrap}\nacks=all\n"
+            "security.protocol=SASL_PLAINTEXT\nsasl.mechanism=SCRAM-SHA-512\n"
+            "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule "
+            f'required username="bob" password="{BOB_PASSWORD}";\n')
+        result = kafka_scram.run_java_tool(
+            "org.apache.kafka.tools.ProducerPerformance", "--topic", topic,
+            "--num-records", "300", "--record-size", "100", "--throughput", "-1",
+            "--producer.config", str(settings), timeout=120)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert "300 records sent" in result.stdout
+        assert proxy.sample("gatehouse_responses_total", api="SaslAuthenticate",
+                            error="SASL_AUTHENTICATION_FAILED") == 0
+    assert watermarks(kafka_scram.bootstrap, topic) == (0, 20 + 7 + 5 + 300)
+    authenticated = {f["principal"] for f in logged(caplog, "client authenticated")}
+    assert authenticated == {"alice", "bob"}
+    no_secret_in(caplog)
+
+
+def test_a_wrong_password_is_refused_as_a_broker_refuses_it(
+        kafka_scram: KafkaCluster, users_file: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="gatehouse.proxy")
+    topic = unique("refused")
+    kafka_scram.create_topic(topic)
+    with ProxyThread(kafka_scram.bootstrap, extra_config=terminating(users_file)) as proxy:
+        for mechanism, user in (("PLAIN", "alice"), ("SCRAM-SHA-512", "bob"),
+                                ("SCRAM-SHA-256", "mallory")):
+            errors = client_errors(sasl_conf(proxy, mechanism, user, WRONG_PASSWORD), topic)
+            assert errors and errors[0].code() == ck.KafkaError._AUTHENTICATION, errors
+            assert "Invalid username or password" in errors[0].str()
+        expected = ("as 'alice' (PLAIN) failed: invalid credentials",
+                    "as 'bob' (SCRAM-SHA-512) failed: invalid credentials",
+                    "as 'mallory' (SCRAM-SHA-256) failed: invalid credentials")
+
+        def failures() -> list[str]:
+            return [r for r in (str(f["reason"]) for f in logged(caplog, "connection closed"))
+                    if "SASL authentication" in r]
+
+        wait_for(lambda: all(any(e in r for r in failures()) for e in expected))
+        for each in expected:  # the name given, the mechanism, never the password
+            assert any(each in r for r in failures()), (each, failures())
+        assert proxy.sample("gatehouse_responses_total", api="SaslAuthenticate",
+                            error="SASL_AUTHENTICATION_FAILED") >= 3
+
+        # A mechanism the proxy does not offer is refused in the handshake.
+        errors = client_errors({**sasl_conf(proxy, "OAUTHBEARER", "x", "y"),
+                                "enable.sasl.oauthbearer.unsecure.jwt": True}, topic)
+        assert errors and "OAUTHBEARER" in errors[0].str(), errors
+
+        # Before authenticating, ApiVersions is answered and anything else closes.
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+            assert versions_of(sock, 1)
+            sock.sendall(frame(codecs.Request.build(3, 12, 2, "sneaky", codecs.api(3)
+                                                    .request.root.cls(topics=None))))
+            assert sock.recv(4) == b""
+        reasons = wait_for(lambda: [f["reason"] for f in logged(caplog, "connection closed")
+                                    if "before SASL" in str(f["reason"])])
+        assert reasons == ["Metadata before SASL authentication (sasl.downstream: the client "
+                           "must authenticate first)"]
+    assert watermarks(kafka_scram.bootstrap, topic) == (0, 0)
+    no_secret_in(caplog)
+
+
+def test_an_old_client_with_raw_sasl_tokens(kafka_scram: KafkaCluster, users_file: Path) -> None:
+    """SaslHandshake v0: the tokens that follow have no Kafka header, and neither have
+    the proxy's answers (kafka-python pinned below 1.0 speaks it)."""
+    from kafka import KafkaProducer
+
+    topic = unique("raw")
+    kafka_scram.create_topic(topic)
+    with ProxyThread(kafka_scram.bootstrap, extra_config=terminating(users_file)) as proxy:
+        for mechanism, user, password in (("PLAIN", "alice", ALICE_PASSWORD),
+                                          ("SCRAM-SHA-512", "bob", BOB_PASSWORD)):
+            producer = KafkaProducer(bootstrap_servers=proxy.bootstrap, api_version=(0, 11),
+                                     security_protocol="SASL_PLAINTEXT",
+                                     sasl_mechanism=mechanism, sasl_plain_username=user,
+                                     sasl_plain_password=password, acks="all")
+            for i in range(5):
+                producer.send(topic, f"{user}-{i}".encode())
+            producer.flush(30)
+            assert proxy.sample_reaches("gatehouse_principals", 1, principal=user) >= 1
+            producer.close()
+        # The exchange took the raw path: SaslHandshake v0, no SaslAuthenticate.
+        assert requests_counted(proxy, "SaslHandshake", "0") >= 2  # bootstrap, broker
+        assert requests_counted(proxy, "SaslAuthenticate", None) == 0
+    assert watermarks(kafka_scram.bootstrap, topic) == (0, 10)
+
+
+def test_the_proxy_authenticates_to_the_brokers(kafka_scram: KafkaCluster, tmp_path: Path,
+                                                users_file: Path,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="gatehouse.proxy")
+    (tmp_path / "proxy.secret").write_text(SCRAM_PASSWORD + "\n")
+    topic = unique("originated")
+    kafka_scram.create_topic(topic)
+    upstream = (f"sasl:\n  upstream: {{mechanism: {SCRAM_MECHANISM}, username: {SCRAM_USER}, "
+                f"password_file: {tmp_path / 'proxy.secret'}}}\n")
+    # Clients with no SASL at all, at the broker's SCRAM listener through the proxy.
+    with ProxyThread(kafka_scram.sasl_bootstrap, extra_config=upstream) as proxy:
+        conf = {"bootstrap.servers": proxy.bootstrap}
+        sent = produce(conf, topic, count=30)
+        assert sorted(consume(conf, topic, 30)) == sorted(sent)
+        # A client that tries SASL itself is told what is wrong, not left to guess.
+        assert client_errors(sasl_conf(proxy, "PLAIN", "x", "y"), topic)
+        assert wait_for(lambda: [f for f in logged(caplog, "connection closed")
+                                 if "sasl.upstream" in str(f["reason"])])
+
+    # Both at once: clients prove who they are to the proxy, the broker sees the proxy.
+    with ProxyThread(kafka_scram.sasl_bootstrap,
+                     extra_config=upstream + f"  downstream: {{users_file: {users_file}}}\n"
+                     ) as proxy:
+        conf = sasl_conf(proxy, "SCRAM-SHA-512", "bob", BOB_PASSWORD)
+        more = produce(conf, topic, count=10, tag="both")
+        assert sorted(consume(conf, topic, 40)) == sorted([*sent, *more])
+        assert proxy.sample_reaches("gatehouse_principals", 1, principal="bob") >= 1
+
+    # The wrong proxy password: reported with the broker's reason, the client let go.
+    (tmp_path / "proxy.secret").write_text(WRONG_PASSWORD)
+    with ProxyThread(kafka_scram.sasl_bootstrap, extra_config=upstream) as proxy:
+        errors = []
+        producer = ck.Producer({"bootstrap.servers": proxy.bootstrap, "log_level": 0,
+                                "error_cb": errors.append, "message.timeout.ms": 3000})
+        producer.produce(topic, b"never")
+        producer.flush(10)
+        failures = [f for f in logged(caplog, "connection closed")
+                    if "SASL authentication failed" in str(f.get("reason"))]
+        assert failures, [f.get("reason") for f in logged(caplog, "connection closed")]
+        assert f"the broker refused '{SCRAM_USER}' ({SCRAM_MECHANISM})" in failures[0]["reason"]
+        assert proxy.sample("gatehouse_upstream_failures_total",
+                            broker=kafka_scram.sasl_bootstrap) >= 1
+        assert not proxy.proxy.upstream_reachable
+    assert watermarks(kafka_scram.bootstrap, topic) == (0, 40)
+    no_secret_in(caplog)
+
+
+def requests_counted(proxy: ProxyThread, api: str, version: str | None) -> float:
+    """``gatehouse_requests_total`` of ``api`` (at ``version``, or any), summed."""
+    return sum(sample.value for family in proxy.metrics.registry.collect()
+               for sample in family.samples
+               if sample.name == "gatehouse_requests_total" and sample.labels["api"] == api
+               and version in (None, sample.labels["version"]))
+
+
+def frame(req: codecs.Request) -> bytes:
+    body = req.encode()
+    return struct.pack(">i", len(body)) + bytes(body)
+
+
+def versions_of(sock: socket.socket, correlation_id: int) -> dict[int, tuple[int, int]]:
+    sock.sendall(frame(codecs.Request.build(18, 3, correlation_id, "raw", codecs.api(18)
+                                            .request.root.cls(client_software_name="raw",
+                                                              client_software_version="1"))))
+    size = struct.unpack(">i", receive_exactly(sock, 4))[0]
+    answer = codecs.decode_response(receive_exactly(sock, size), 18, 3)
+    return {k.api_key: (k.min_version, k.max_version) for k in answer.body.api_keys}
+
+
+def receive_exactly(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        assert chunk, "the proxy closed the connection"
+        data += chunk
+    return data
