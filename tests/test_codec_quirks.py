@@ -798,3 +798,21 @@ def test_q8_acks_of_a_produce_version_newer_than_the_tables() -> None:
     with pytest.raises(codecs.RemoteProtocolError) as info:
         produce_acks(codecs.decode_request(req_v2(0, 14, 1) + b"\x80"))  # broken varint
     assert info.value.api_name == "Produce" and info.value.path == ("acks",)
+
+
+def test_where_a_responses_throttle_time_is() -> None:
+    """The body's first field in most APIs (after the header's tags when flexible), so
+    a proxy can set it without decoding; None where it comes later or is absent."""
+    flexible = i32(7) + b"\x00" + i32(250) + i16(0)  # Fetch v12+: header tags, then it
+    assert codecs.throttle_time_at(flexible, 1, 12) == 5
+    tagged = i32(7) + b"\x01\x00\x02ab" + i32(250)  # a header tag before it
+    assert codecs.throttle_time_at(tagged, 1, 17) == 9
+    assert codecs.throttle_time_at(i32(7) + i32(250), 1, 11) == 4  # no header tags
+    assert codecs.throttle_time_at(i32(7) + i32(250), 1, 0) is None  # Fetch v0 has none
+    assert codecs.throttle_time_at(i32(7) + i32(250), 0, 9) is None  # Produce: after
+    assert codecs.throttle_time_at(i32(7) + i32(250), 18, 3) is None  # ApiVersions: later
+    assert codecs.throttle_time_at(i32(7) + b"\x00" + b"\x00\x01", 1, 12) is None  # cut off
+    assert codecs.throttle_time_at(i32(7) + b"\x05", 1, 12) is None  # tags cut off
+    for key in (3, 10, 11, 12, 19, 32, 60, 68, 78):  # all first, at their newest version
+        assert codecs.throttle_time_at(i32(1) + b"\x00" + i32(0), key,
+                                       max(codecs.APIS[key].versions)) == 5

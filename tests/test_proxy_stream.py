@@ -25,6 +25,7 @@ from gatehouse.codecs._scan import tag_fields
 from gatehouse.proxy.config import Limits
 from gatehouse.proxy.connection import _RECEIVE_SIZE, _SPLICE_READ
 from gatehouse.proxy.hooks import Forward, Observers, Policy
+from gatehouse.proxy.quotas import Bucket, Charge
 from tests.support.fakebroker import frame_bytes, request, response_body
 from tests.test_proxy_pumps import Harness, Recorder, proxied
 
@@ -808,3 +809,33 @@ async def test_a_policy_that_reads_bodies_gets_large_requests_whole() -> None:
         await held_whole(h, counted.stream, wire)
         assert policy.seen == [1]
         assert h.broker.received == [wire[4:]]
+
+
+class FetchQuota(Policy):
+    """Every connection under one enforced Fetch quota of 100 kB/s."""
+
+    def __init__(self) -> None:
+        self.charge = Charge("readers", "enforce", "fetch_bytes", Bucket(100_000), 100_000)
+
+    def quota_charges(self, conn: Any, now: float) -> tuple[Charge, ...]:
+        return (self.charge,)
+
+
+@TRANSPORTS
+async def test_a_streamed_answer_over_a_quota_asks_the_client_to_wait(tcp: bool) -> None:
+    """A 1 MiB Fetch answer under a 100 kB/s quota: its bytes are spent as it starts,
+    and its throttle_time_ms, the first field, is written in its first bytes before they
+    go (streamed, or spliced over sockets); every other byte is the broker's."""
+    policy = FetchQuota()
+    async with proxied(no_answer, policy=policy, tcp=tcp) as h:
+        await send_fetch(h, 1)
+        wire = fetch_answer(1)
+        with trio.fail_after(5):
+            got = await relay(h, wire[:5000], wire[5000:])
+        at = 4 + codecs.throttle_time_at(wire[4:], 1, FETCH_VERSION)  # type: ignore[operator]
+        (throttle,) = struct.unpack_from(">i", got, at)
+        # (1 MiB + the frame's size prefix - a second's burst) at 100 kB/s.
+        debt = (len(wire) - 100_000) / 100_000
+        assert abs(throttle - debt * 1000) < 100, (throttle, debt)
+        assert got[:at] + got[at + 4:] == wire[:at] + wire[at + 4:]
+        assert_spliced(h, tcp)

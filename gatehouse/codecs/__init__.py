@@ -36,6 +36,7 @@ from gatehouse.codecs.frames import (
     encode_request,
     encode_response,
     size_prefixed,
+    throttle_time_at,
 )
 from gatehouse.codecs.plain import request_from_dict, response_from_dict, to_dict
 from gatehouse.codecs.reader import DEFAULT_MAX_FRAME_SIZE, FrameReader
@@ -89,5 +90,6 @@ __all__ = [
     "request_from_dict",
     "response_from_dict",
     "size_prefixed",
+    "throttle_time_at",
     "to_dict",
 ]

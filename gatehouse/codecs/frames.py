@@ -551,6 +551,38 @@ def decode_request(frame: Buffer) -> Request:
     return req
 
 
+def _first_field_throttles() -> dict[int, Any]:
+    """api_key -> the versions whose response body begins with ``throttle_time_ms``."""
+    out = {}
+    for spec in APIS.values():
+        fields = spec.response.root.fields
+        if fields and fields[0].attr == "throttle_time_ms" and fields[0].tag is None:
+            out[spec.key] = fields[0].versions
+    return out
+
+
+_THROTTLE_FIRST: Final = _first_field_throttles()
+
+
+def throttle_time_at(frame: Buffer, api_key: int, api_version: int) -> int | None:
+    """Where a response's ``throttle_time_ms`` (int32) is in ``frame`` (which starts at
+    the correlation id) when it is the body's first field, as in most APIs, so that it
+    can be changed in place without decoding the body; None when it is elsewhere or
+    absent at this version (Produce, ApiVersions, v0 of most), or the header is cut off
+    before it."""
+    versions = _THROTTLE_FIRST.get(api_key)
+    if versions is None or api_version not in versions:
+        return None
+    pos = 4
+    flexible = _RESPONSE_HEADER_V1.get(api_key)
+    if flexible is not None and flexible[0] <= api_version <= flexible[1]:
+        try:
+            _, pos = _read_header_tag_section(memoryview(frame), pos)
+        except (ProtocolError, IndexError):
+            return None
+    return pos if pos + 4 <= len(frame) else None
+
+
 def decode_response(frame: Buffer, api_key: int, api_version: int) -> Response:
     """A response to a request of ``api_key``/``api_version``.  Decodes the header only.
 

@@ -48,6 +48,7 @@ from gatehouse.codecs import (
     decode_request,
     decode_response,
     fetch,
+    throttle_time_at,
 )
 from gatehouse.codecs.peek import produce_acks
 from gatehouse.codecs.primitives import Buffer
@@ -119,6 +120,9 @@ _TAIL_HOLD = 64 * 1024
 # whole, before its last bytes go up).
 _STREAM_REQUEST_MIN = 64 * 1024
 _REQUEST_HEAD = 1024  # read for the header and acks of a request that may stream
+# Under quotas, a streamed answer starts once this much is in: its throttle time (after
+# the correlation id and the header's tags) may have to be written in place.
+_THROTTLE_HEAD = 64
 # Where answers' records go socket to socket (splice), the first read of an answer and the
 # reads of its structure (partition headers, tags) take at most this much, and an answer
 # this big that has not all arrived is spliced: the rest never enters the proxy.
@@ -818,7 +822,10 @@ class ProxyConnection:
                 await self._send_client(wire)
             else:
                 frame = memoryview(wire)[4:]
+                throttle = self._answer_throttle(pending, len(frame))
                 out = await self.handle_response_frame(frame, pending)
+                if throttle:
+                    out = self._with_throttle(out, pending, throttle)
                 if out is frame:
                     await self._send_client(wire)
                 else:
@@ -854,13 +861,18 @@ class ProxyConnection:
         hold = _held_tail(pending)
         if hold is None:
             return None
+        quotas = self._under_quotas(pending)
+        if quotas and reader.buffered < _THROTTLE_HEAD:
+            return None  # the throttle time may have to be written in its first bytes
         pipe = self._take_pipe() if self._splices(pending, hold) else None
         if pipe is None and size < _STREAM_MIN:
             return None
-        head = reader.take_partial()
+        head: Buffer = reader.take_partial()
         (correlation_id,) = _SIZE.unpack_from(head, 4)
         if correlation_id != pending.correlation_id:
             raise _out_of_step(correlation_id, pending)
+        if quotas and (throttle := self._answer_throttle(pending, size)):
+            head = self._with_throttle_in_head(head, pending, throttle)
         total = 4 + size
         if pipe is not None:
             walk = None if not hold else fetch.AnswerWalk(pending.api_version, size)
@@ -1070,11 +1082,80 @@ class ProxyConnection:
         self.conn.responses += 1
         now = trio.current_time()
         size = len(frame) if size is None else size
-        if pending.api_key == FETCH and pending.local is None and pending.policy is not None:
-            for charge in pending.policy.quota_charges(self.conn, now):
-                if charge.kind == "fetch_bytes":  # the next request waits for the debt
-                    charge.bucket.spend(size + 4, now)
         self.ctx.observer.response(self.conn, pending, size, now - pending.started, frame)
+
+    def _under_quotas(self, pending: Pending) -> bool:
+        policy = pending.policy
+        return (policy is not None and pending.local is None
+                and bool(policy.quota_charges(self.conn, trio.current_time())))
+
+    def _answer_throttle(self, pending: Pending, size: int) -> int:
+        """An answer of ``size`` bytes from the broker, under the connection's quotas: a
+        Fetch answer's bytes are spent (the next request waits for the debt), and the
+        milliseconds the client is asked to wait, as a broker's quotas ask in
+        ``throttle_time_ms`` (KIP-219 clients then hold their next request back
+        themselves; all report it): the longest debt of the enforced quotas of this
+        answer's kind.  0: nothing to say."""
+        if not self._under_quotas(pending):
+            return 0
+        assert pending.policy is not None
+        now = trio.current_time()
+        key = pending.api_key
+        wait = 0.0
+        for charge in pending.policy.quota_charges(self.conn, now):
+            kind = charge.kind
+            if kind == "fetch_bytes":
+                if key != FETCH:
+                    continue
+                charge.bucket.spend(size + 4, now)
+            elif kind == "produce_bytes" and key != PRODUCE:
+                continue
+            if charge.mode == "enforce":
+                wait = max(wait, charge.bucket.wait(now))
+        return math.ceil(wait * 1000)
+
+    def _with_throttle(self, out: Any, pending: Pending, throttle: int) -> Any:
+        """An answer (``out``: from its correlation id) asking the client to wait at least
+        ``throttle`` ms: written in place where the field comes first, else the answer is
+        decoded and encoded again (Produce's comes after its partitions: a small answer).
+        The broker's own throttle stands when it is longer."""
+        key, version = pending.api_key, pending.api_version
+        at = throttle_time_at(out, key, version)
+        if at is not None:
+            (current,) = _SIZE.unpack_from(out, at)
+            if current >= throttle:
+                return out
+            changed = bytearray(out)
+            _SIZE.pack_into(changed, at, throttle)
+            return changed
+        try:
+            resp = decode_response(out, key, version)
+            if not resp.known:
+                return out
+            body = resp.body
+            current = getattr(body, "throttle_time_ms", None)
+            if current is None or current >= throttle or not any(
+                    f.attr == "throttle_time_ms" and f.present_in(version)
+                    for f in api(key).response.root.fields):
+                return out
+            return resp.replace(body=body.replace(throttle_time_ms=throttle)).encode()
+        except (ProtocolError, UnknownApi):
+            return out  # the broker's bytes, as they were: the hold still applies
+
+    def _with_throttle_in_head(self, head: Buffer, pending: Pending, throttle: int) -> Buffer:
+        """The first bytes of a streamed answer (size prefix included) with the throttle
+        time written in place (a streamed answer is a Fetch or another whose field comes
+        first; if it did not fit in these bytes the hold alone applies)."""
+        view = memoryview(head)[4:]
+        at = throttle_time_at(view, pending.api_key, pending.api_version)
+        if at is None:
+            return head
+        (current,) = _SIZE.unpack_from(view, at)
+        if current >= throttle:
+            return head
+        changed = bytearray(head)
+        _SIZE.pack_into(changed, 4 + at, throttle)
+        return changed
 
     async def handle_response_frame(self, frame: memoryview, pending: Pending) -> Any:
         """The response the client gets: ``frame`` itself when nothing changed."""
