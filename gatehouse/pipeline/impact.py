@@ -38,15 +38,15 @@ DECISION_FIELDS: tuple[tuple[str, str], ...] = (
 
 def rewrites_topics(ruleset: RuleSet | None) -> bool:
     """Whether a rule maps topic names (only then do decisions read the topics named)."""
-    return ruleset is not None and any(rule.topic_map is not None for rule in ruleset.rules)
+    return ruleset is not None and any(rule.maps_names for rule in ruleset.rules)
 
 
 def filters_groups(ruleset: RuleSet | None) -> bool:
     """Whether a rule restricts the group ids clients may use (``allow_groups``...):
     only then do decisions read the group a request names."""
     return ruleset is not None and any(
-        rule.topic_map is not None and GROUP in filtered_id_kinds(rule.topic_map)
-        for rule in ruleset.rules)
+        GROUP in filtered_id_kinds(m) for rule in ruleset.rules
+        for m in (rule.topic_map, *(rule.api_maps or {}).values()) if m is not None)
 
 
 def decision_columns(ruleset: RuleSet) -> tuple[str, ...]:
@@ -72,8 +72,8 @@ def decide(ruleset: RuleSet, row: Mapping[str, Any]) -> list[tuple[Any, ...]]:
     reasons = {(r.rule, r.action): r.message
                for r in (evaluation.refusal, *evaluation.would_refuse) if r is not None}
     index = {rule.name: i for i, rule in enumerate(ruleset.rules)}
-    maps: dict[str, TopicMap] = {r.name: r.topic_map for r in ruleset.rules
-                                 if r.topic_map is not None}
+    maps: dict[str, TopicMap] = {r.name: m for r in ruleset.rules
+                                 if (m := r.map_for(row["api_key"])) is not None}
     out: list[tuple[Any, ...]] = []
     for outcome in evaluation.outcomes:
         topics: list[str] = []

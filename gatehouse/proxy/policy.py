@@ -355,7 +355,8 @@ class RulesPolicy(Policy):
         rules = {r.name: r for r in ruleset.rules}
         rule = next((o.rule for o in evaluation.outcomes
                      if o.action == "topics" and o.mode == "observe" and o.rule in rules
-                     and (m := rules[o.rule].topic_map) is not None and m.hides_others),
+                     and (m := rules[o.rule].map_for(req.api_key)) is not None
+                     and m.hides_others),
                     "topic-map")
         self._log_refusal(conn, req, rule, _FOREIGN_ID, observe=True)
         return (Outcome(rule, "topic_id", "refuse", "observe"),)
@@ -379,7 +380,8 @@ class RulesPolicy(Policy):
         if denied is None:
             return None
         kind, name = denied
-        rule, action = _filter_rule(ruleset, evaluation.outcomes, "enforce", kind, name)
+        rule, action = _filter_rule(ruleset, evaluation.outcomes, "enforce", kind, name,
+                                    req.api_key)
         outcomes = tuple(Outcome(o.rule, action, "refuse", o.mode)
                          if o.rule == rule and o.action == "topics" else o
                          for o in evaluation.outcomes)
@@ -402,7 +404,8 @@ class RulesPolicy(Policy):
         if denied is None:
             return ()
         kind, name = denied
-        rule, action = _filter_rule(ruleset, evaluation.outcomes, "observe", kind, name)
+        rule, action = _filter_rule(ruleset, evaluation.outcomes, "observe", kind, name,
+                                    req.api_key)
         self._log_refusal(conn, req, rule, _denied_text(kind, name, rule), observe=True)
         return (Outcome(rule, action, "refuse", "observe"),)
 
@@ -459,7 +462,8 @@ def _observes_ids(ruleset: RuleSet | None) -> bool:
     """Whether an observe-mode rule of ``ruleset`` would hide other tenants' topics (it
     then counts requests naming their ids: the ids are learned from the answers)."""
     return ruleset is not None and any(
-        r.mode == "observe" and r.topic_map is not None and r.topic_map.hides_others
+        r.mode == "observe" and any(m.hides_others for m in (
+            r.topic_map, *(r.api_maps or {}).values()) if m is not None)
         for r in ruleset.rules)
 
 
@@ -468,7 +472,7 @@ def _denied_text(kind: str, name: str, rule: str) -> str:
 
 
 def _filter_rule(ruleset: RuleSet, outcomes: tuple[Outcome, ...], mode: str, kind: str,
-                 name: str) -> tuple[str, str]:
+                 name: str, api_key: int) -> tuple[str, str]:
     """(rule, action) for a refused name: the first rule of ``mode`` whose topic map
     was applied and refuses it on its own (``rules.topics.denial``, ``id_denial``);
     else the first applied rule with a filter (a name only the composed maps refuse)."""
@@ -476,14 +480,15 @@ def _filter_rule(ruleset: RuleSet, outcomes: tuple[Outcome, ...], mode: str, kin
     applied = [rules[o.rule] for o in outcomes
                if o.action == "topics" and o.mode == mode and o.rule in rules]
     for rule in applied:
-        if rule.topic_map is None:
+        topic_map = rule.map_for(api_key)
+        if topic_map is None:
             continue
-        action = (denial(rule.topic_map, name) if kind == TOPIC
-                  else id_denial(rule.topic_map, kind, name))
+        action = (denial(topic_map, name) if kind == TOPIC
+                  else id_denial(topic_map, kind, name))
         if action is not None:
             return rule.name, action
-    fallback = next((r.name for r in applied if r.topic_map is not None
-                     and r.topic_map.filters), "topic-filter")
+    fallback = next((r.name for r in applied if (m := r.map_for(api_key)) is not None
+                     and m.filters), "topic-filter")
     return fallback, "deny_topics" if kind == TOPIC else f"deny_{ID_FILTER_KEYS[kind]}"
 
 

@@ -153,6 +153,20 @@ class Rule:
     topic_map: TopicMap | None = None
     quota: Quota | None = None
     line: int | None = None  # where the rule starts in its file
+    # ``acls`` (rules.acl), compiled per API: the filters of the operation each API
+    # needs, then ``topic_map``; APIs not in it get ``topic_map`` alone.  None: no ACLs.
+    api_maps: Mapping[int, TopicMap] | None = None
+
+    def map_for(self, api_key: int) -> TopicMap | None:
+        """The names map this rule applies to requests of ``api_key`` and their answers."""
+        if self.api_maps is None:
+            return self.topic_map
+        return self.api_maps.get(api_key, self.topic_map)
+
+    @property
+    def maps_names(self) -> bool:
+        """Whether the rule maps or filters names for some API (a map or ACLs)."""
+        return self.topic_map is not None or self.api_maps is not None
 
 
 @dataclass(frozen=True)
@@ -294,10 +308,11 @@ class RuleSet:
                     refusal = found[0]
             else:
                 would.extend(found)
-            if rule.topic_map is not None:
-                (maps if rule.mode == "enforce" else observed).append(rule.topic_map)
+            topic_map = rule.map_for(key)
+            if topic_map is not None:
+                (maps if rule.mode == "enforce" else observed).append(topic_map)
                 outcomes.append(_outcome(rule.name, "topics", "rewrite", rule.mode))
-            if not found and rule.topic_map is None:
+            if not found and topic_map is None:
                 outcomes.append(_outcome(rule.name, "match", "pass", rule.mode))
         if refusal is None and not would and not maps and not observed:
             return _passed(tuple(outcomes))  # nearly every request: one shared answer
@@ -335,6 +350,8 @@ class RuleSet:
         out = []
         for rule in self.rules:
             topic_map = rule.topic_map
+            if rule.api_maps and topic_map is None:
+                topic_map = next(iter(rule.api_maps.values()))  # ACLs filter names
             if rule.mode != "enforce" or topic_map is None or not (
                     topic_map.hides_others or topic_map.filters):
                 continue
@@ -359,7 +376,7 @@ class RuleSet:
 
     @property
     def has_topic_maps(self) -> bool:
-        return any(r.topic_map is not None for r in self.rules)
+        return any(r.maps_names for r in self.rules)
 
 
 @functools.lru_cache(maxsize=4096)

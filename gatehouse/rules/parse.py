@@ -15,6 +15,7 @@ from gatehouse.configfile import (
     line_of,
     load_yaml_file,
 )
+from gatehouse.rules.acl import KIND_KEYS, OPERATIONS, AclEntry, compile_acls
 from gatehouse.rules.model import (
     API_VERSIONS,
     PRODUCE,
@@ -242,6 +243,14 @@ def _rule(data: Any, source: Source, line: int | None, index: int) -> Rule:
     if filters:
         parts = (*filters, topic_map) if topic_map is not None else tuple(filters)
         topic_map = parts[0] if len(parts) == 1 else Chain(parts)
+    acls_raw = reader.take("acls", list)
+    api_maps = None
+    if acls_raw is not None:
+        if filters:
+            raise reader.error("acls", "one rule cannot have both acls and allow_/deny_ "
+                               "lists: say it in the acls (or use two rules)")
+        entries = _acl_entries(acls_raw, source, reader.line_of("acls"))
+        api_maps = compile_acls(entries, topic_map)
     quota_raw = reader.take("quota", dict)
     quota = (None if quota_raw is None
              else _quota(Reader(quota_raw, source, "quota", reader.line_of("quota"))))
@@ -251,7 +260,39 @@ def _rule(data: Any, source: Source, line: int | None, index: int) -> Rule:
                 allow_apis=allow, min_client_software=software,
                 min_client_software_text=software_text,
                 unknown_software=unknown,
-                topic_map=topic_map, quota=quota, line=line)
+                topic_map=topic_map, quota=quota, line=line, api_maps=api_maps)
+
+
+def _acl_entries(raw: list[Any], source: Source, line: int | None) -> list[AclEntry]:
+    """``acls``: entries of ``allow`` or ``deny`` (operations) and ``topics``,
+    ``groups``, ``transactional_ids`` (regular expressions over whole names)."""
+    if not raw:
+        raise source.error("acls needs at least one entry", line)
+    entries = []
+    for i, item in enumerate(raw):
+        what = f"acls[{i}]"
+        entry = Reader(item, source, what, line_of(raw, i) or line)
+        given = [key for key in ("allow", "deny") if entry.has(key)]
+        if len(given) != 1:
+            raise entry.error(given[1] if given else None,
+                              f"{what} needs exactly one of allow or deny (operations: "
+                              f"{', '.join(OPERATIONS)})")
+        ops_raw = entry.take(given[0], (list, str))
+        ops = [ops_raw] if isinstance(ops_raw, str) else ops_raw
+        if not ops:
+            raise entry.error(given[0], f"{what}.{given[0]} needs at least one operation")
+        for op in ops:
+            if op not in OPERATIONS:
+                raise entry.error(given[0], f"{what}.{given[0]}: {op!r} is not an operation "
+                                  f"({', '.join(OPERATIONS)})")
+        names = {kind: patterns for kind, key in KIND_KEYS.items()
+                 if (patterns := _name_patterns(entry, key)) is not None}
+        entry.finish()
+        if not names:
+            raise entry.error(None, f"{what} needs topics, groups or transactional_ids "
+                              "(regular expressions over whole names)")
+        entries.append(AclEntry(given[0] == "allow", frozenset(ops), names))
+    return entries
 
 
 def _quota(reader: Reader) -> Quota:

@@ -224,10 +224,11 @@ def denied_message(name: str, rule: str) -> str:
 def denial(topic_map: TopicMap, name: str) -> str | None:
     """Why ``topic_map`` refuses a request naming ``name`` (a client-side name): the
     filter's key, ``deny_topics`` when a deny pattern matches the name as that filter
-    sees it, else ``allow_topics``; None when it lets the name through."""
+    sees it, else ``allow_topics`` (``acls`` for a filter a rule's ACLs made); None when
+    it lets the name through."""
     for m in map_parts(topic_map):
         if isinstance(m, TopicFilter) and m.denies(name):
-            return f"{m.refused_by(name)}_topics"
+            return getattr(m, "action", None) or f"{m.refused_by(name)}_topics"
         name = m.to_broker(name)
     return None
 
@@ -243,7 +244,8 @@ def id_denial(topic_map: TopicMap, kind: str, name: str) -> str | None:
     ``deny_transactional_ids`` or ``allow_transactional_ids``; None when it passes."""
     for m in map_parts(topic_map):
         if isinstance(m, IdFilter) and m.denies_id(kind, name):
-            return f"{m.by_kind[kind].refused_by(name)}_{ID_FILTER_KEYS[kind]}"
+            return (getattr(m, "action", None)
+                    or f"{m.by_kind[kind].refused_by(name)}_{ID_FILTER_KEYS[kind]}")
         name = m.id_to_broker(kind, name)
     return None
 

@@ -47,11 +47,13 @@ def round_trip(kafka: Any, bootstrap: str, prefix: str, count: int
     return topic, conf, sent
 
 
-def consume(conf: dict[str, Any], topic: str, count: int, timeout: float = 30.0) -> list[bytes]:
-    """Consume ``count`` messages of ``topic`` from the beginning, in a new consumer group."""
+def consume(conf: dict[str, Any], topic: str, count: int, timeout: float = 30.0,
+            group: str = "g") -> list[bytes]:
+    """Consume ``count`` messages of ``topic`` from the beginning, in a new consumer group
+    (its id begins with ``group``)."""
     consumer = ck.Consumer({
         **conf,
-        "group.id": unique("g"),
+        "group.id": unique(group),
         "auto.offset.reset": "earliest",
         "enable.auto.commit": False,
         # Tansu answers a first JoinGroup after about half the session timeout (45 s default)
