@@ -148,3 +148,23 @@ def test_acls_and_a_prefix_compose_in_one_rule() -> None:
     assert produce_map.to_broker("orders") == "a.orders" and not produce_map.denies("orders")
     assert produce_map.denies("payroll")
     assert rule.map_for(API["JoinGroup"]) is rule.topic_map  # no group ACLs: the prefix
+
+
+def test_the_impact_report_counts_what_the_acls_would_refuse() -> None:
+    """The pipeline's "what would this rule block": the same per-API decision over the
+    observation log's rows."""
+    from gatehouse.pipeline.impact import decide
+
+    ruleset = rules(ACLS)
+
+    def row(api_key: int, *topics: str) -> dict[str, object]:
+        return {"client_id": "app-1", "api_key": api_key, "api_version": 9,
+                "topic_names": list(topics)}
+
+    refused = decide(ruleset, row(API["Produce"], "team-b.orders", "billing.eu"))
+    assert [(d[0], d[2], d[3], d[6]) for d in refused] == [
+        ("team-b", "acls", "refuse", ["billing.eu"])]
+    assert decide(ruleset, row(API["Produce"], "team-b.orders")) == []
+    assert decide(ruleset, row(API["Fetch"], "billing.eu")) == []
+    assert [d[6] for d in decide(ruleset, row(API["Fetch"], "team-b.orders"))] == [
+        ["team-b.orders"]]
