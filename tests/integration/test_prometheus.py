@@ -181,7 +181,7 @@ def test_alert_rules_parse_with_promtool() -> None:
     result = subprocess.run([tool("promtool"), "check", "rules", str(ALERTS)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 7 rules found" in result.stdout
+    assert "SUCCESS: 8 rules found" in result.stdout
 
 
 def keep_traffic_flowing(bootstrap: str, dead_bootstrap: str, topic: str,
@@ -315,6 +315,25 @@ def test_every_dashboard_and_alert_expression_returns_data(
         # A certificate rotation that goes wrong: the old certificate stays, the alert fires.
         Path(tls["cert"]).write_text("-----BEGIN CERTIFICATE-----\nhalf written\n")
         sasl.send_signal(signal.SIGHUP)
+        # Clients with a wrong password: the broker refuses each (SASL passed through).
+        # One first, scraped, so that the next ones are an increase of a known counter.
+        for attempt in range(7):
+            if attempt == 1:
+                while not api.query('gatehouse_responses_total{api="SaslAuthenticate", '
+                                    'error="SASL_AUTHENTICATION_FAILED"}'):
+                    assert time.monotonic() < deadline + DEADLINE, "never scraped"
+                    time.sleep(0.2)
+            failures: list[ck.KafkaError] = []
+            guessing = ck.Producer({**kafka_scram.client_config(sasl=True), "log_level": 0,
+                                    "bootstrap.servers": f"127.0.0.1:{sasl_port}",
+                                    "security.protocol": "SASL_SSL",
+                                    "ssl.ca.location": tls["ca"], "sasl.password": "guess",
+                                    "error_cb": failures.append})
+            deadline_guess = time.monotonic() + 30
+            while not failures and time.monotonic() < deadline_guess:
+                guessing.poll(0.1)
+            assert failures and failures[0].code() == ck.KafkaError._AUTHENTICATION, failures
+            del guessing
         # A client over its quota: held back.
         held = AdminClient({"bootstrap.servers": f"127.0.0.1:{workers_port}", "log_level": 0})
         for _ in range(8):
@@ -375,6 +394,8 @@ def test_every_dashboard_and_alert_expression_returns_data(
                 == f"127.0.0.1:{crowded_metrics}")
         assert (firing["GatehouseWorkerRestarted"]["labels"]["instance"]
                 == f"127.0.0.1:{workers_metrics}")
+        assert (firing["GatehouseSaslAuthenticationFailures"]["labels"]["instance"]
+                == f"127.0.0.1:{sasl_metrics}")
         # The authenticated client's connection, and new ones, still work.
         assert authenticated.list_topics(timeout=30).topics is not None
     finally:
