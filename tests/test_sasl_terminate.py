@@ -257,3 +257,32 @@ def test_gatehouse_credential_prints_an_entry_the_proxy_takes(tmp_path: Path) ->
             client.first_message()))))
     assert users.check_plain("dave", "dav3's pw")
     assert main(["credential", "dave", "--iterations", "100"]) == 1
+
+
+class FakeSession:
+    def __init__(self, user: str) -> None:
+        self.sasl_user: str | None = user
+        self.revoked: list[str] = []
+
+    def revoke(self, reason: str) -> None:
+        self.revoked.append(reason)
+
+
+def test_a_reload_ends_the_sessions_of_removed_users_and_changed_passwords(
+        tmp_path: Path) -> None:
+    bob = ScramCredential.from_password("SCRAM-SHA-512", "b1").as_dict()
+    path = users_file(tmp_path, "users:\n  alice: {password: a1}\n"
+                                f"  bob: {{SCRAM-SHA-512: {bob}}}\n  carol: {{password: c1}}\n")
+    users = SaslUsers(path)
+    sessions = {name: FakeSession(name) for name in ("alice", "bob", "carol")}
+    for session in sessions.values():
+        users.sessions.add(session)
+    # The same file again: password users get new salts, but nothing changed.
+    assert users.reload() and not any(s.revoked for s in sessions.values())
+    new_bob = ScramCredential.from_password("SCRAM-SHA-512", "b2").as_dict()
+    path.write_text(f"users:\n  alice: {{password: a2}}\n  bob: {{SCRAM-SHA-512: {new_bob}}}\n")
+    assert users.reload()
+    assert sessions["alice"].revoked == ["SASL user 'alice' has new credentials"]
+    assert sessions["bob"].revoked == ["SASL user 'bob' has new credentials"]
+    assert sessions["carol"].revoked == ["SASL user 'carol' removed from the users file"]
+    assert not users.sessions  # each ended once

@@ -564,6 +564,7 @@ class ProxyConnection:
             answer, done, failure = b"", True, str(exc)
         if done and failure is None:
             self.conn.principal = sasl.user
+            sasl.users.sessions.add(self)  # a reload may revoke it
             log_event(logger, logging.DEBUG, "client authenticated", **self.conn.describe(),
                       mechanism=sasl.mechanism)
         now = trio.current_time()
@@ -585,6 +586,17 @@ class ProxyConnection:
             who = f" as {sasl.claimed!r}" if sasl.claimed is not None else ""
             self._stop_after_answers(f"SASL authentication{who} ({sasl.mechanism}) "
                                      f"failed: {failure}")
+
+    @property
+    def sasl_user(self) -> str | None:
+        """The user this connection authenticated as with the proxy (sasl.downstream)."""
+        return None if self.client_sasl is None else self.client_sasl.user
+
+    def revoke(self, reason: str) -> None:
+        """The user's access was revoked (a users file reload): the connection takes no
+        more requests, answers those it took, and closes."""
+        self._record_close(reason, logging.WARNING)
+        self._drain(reason)
 
     def _stop_after_answers(self, reason: str) -> None:
         """Read no more requests: the connection closes, with ``reason``, once the

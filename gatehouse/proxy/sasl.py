@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import hmac
 import logging
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -69,6 +70,24 @@ class SaslUser:
     # password_env); else only SCRAM credentials, and PLAIN is checked against them.
     password: str | None = field(default=None, repr=False)
     scram: dict[str, ScramCredential] = field(default_factory=dict, repr=False)
+
+    def same_secret(self, other: SaslUser | None) -> bool:
+        """Whether ``other`` proves the same password (the SCRAM credentials made from a
+        password get a new salt at every load, so a password is compared as such)."""
+        if other is None:
+            return False
+        if self.password is not None or other.password is not None:
+            return self.password == other.password
+        return self.scram == other.scram
+
+
+class Session(Protocol):
+    """A connection authenticated by the proxy, which a reload may end."""
+
+    @property
+    def sasl_user(self) -> str | None: ...
+
+    def revoke(self, reason: str) -> None: ...
 
 
 def load_users(path: Path) -> dict[str, SaslUser]:
@@ -127,6 +146,9 @@ class SaslUsers:
         self.path = path
         self._users = load_users(path)  # at start a bad file is fatal
         self._watch = FileWatch((path,))
+        # Connections authenticated by the proxy: a reload ends those whose user is gone
+        # or has another password (revoked access does not wait for a reconnect).
+        self.sessions: weakref.WeakSet[Session] = weakref.WeakSet()
         self.succeeded = 0
         self.failed = 0
         self.last_error: str | None = None
@@ -146,12 +168,28 @@ class SaslUsers:
             log_event(logger, logging.ERROR, "SASL users reload failed: keeping the old "
                       "users", error=self.last_error)
             return False
-        self._users = users
+        before, self._users = self._users, users
         self.succeeded += 1
         self.last_error = None
+        revoked = 0
+        for session in list(self.sessions):
+            name = session.sasl_user
+            if name is None:
+                continue
+            old = before.get(name)
+            if old is not None and old.same_secret(users.get(name)):
+                continue
+            gone = name not in users
+            session.revoke(f"SASL user {name!r} " + ("removed from the users file" if gone
+                                                     else "has new credentials"))
+            self.sessions.discard(session)
+            revoked += 1
         log_event(logger, logging.INFO, "SASL users reloaded", users=len(users),
-                  file=str(self.path))
+                  file=str(self.path), connections_ended=revoked or None)
         return True
+
+    def entry(self, name: str) -> SaslUser | None:
+        return self._users.get(name)
 
     def scram(self, mechanism: str, name: str) -> ScramCredential | None:
         user = self._users.get(name)
@@ -313,6 +351,7 @@ __all__ = [
     "SaslError",
     "SaslUser",
     "SaslUsers",
+    "Session",
     "authenticate_answer",
     "authenticate_upstream",
     "handshake_answer",

@@ -375,27 +375,46 @@ def test_clients_outlive_the_brokers_sasl_session_limit(kafka_libs: Path, tmp_pa
 def test_users_come_and_go_with_the_users_file(kafka_scram: KafkaCluster, users_file: Path,
                                                caplog: pytest.LogCaptureFixture) -> None:
     """A reload (SIGHUP, or the file changed: gatehouse.proxy.setup wires both) adds and
-    removes users for new connections; a file that does not load keeps the users."""
+    removes users; a removed user's open connections end; a file that does not load
+    keeps the users."""
     caplog.set_level(logging.INFO, logger="gatehouse.proxy")
     topic = unique("users")
     kafka_scram.create_topic(topic)
     with ProxyThread(kafka_scram.bootstrap, extra_config=terminating(users_file)) as proxy:
         users = proxy.proxy.sasl_users
         assert users is not None
+
+        def reload() -> bool:
+            assert users is not None
+            return bool(proxy.call(users.reload))  # in the proxy's thread, as SIGHUP does
+
         carol = sasl_conf(proxy, "SCRAM-SHA-256", "carol", "carols-pw")
         assert client_errors(carol, topic)[0].code() == ck.KafkaError._AUTHENTICATION
         users_file.write_text(users_file.read_text() + "  carol: {password: carols-pw}\n")
-        assert users.reload()
+        assert reload()
         produce(carol, topic, count=3)
         users_file.write_text("users:\n  carol: {password: carols-pw\n")  # broken
-        assert not users.reload()
+        assert not reload()
         assert any("users.yaml:" in str(f["error"])
                    for f in logged(caplog, "SASL users reload failed: keeping the old users"))
         produce(sasl_conf(proxy, "PLAIN", "alice", ALICE_PASSWORD), topic, count=2)
+        # alice connected when she is removed: her connections end, new ones fail.
+        alice_admin = AdminClient({**sasl_conf(proxy, "PLAIN", "alice", ALICE_PASSWORD),
+                                   "log_level": 0})
+        assert topic in alice_admin.list_topics(timeout=10).topics
         users_file.write_text("users:\n  carol: {password: carols-pw}\n")  # alice removed
-        assert users.reload()
+        assert reload()
+        ended = wait_for(lambda: [f for f in logged(caplog, "connection closed")
+                                  if f.get("principal") == "alice" and "removed" in
+                                  str(f["reason"])])
+        assert ended and ended[0]["reason"] == "SASL user 'alice' removed from the users file"
+        with pytest.raises(ck.KafkaException):
+            alice_admin.list_topics(timeout=5)
         errors = client_errors(sasl_conf(proxy, "PLAIN", "alice", ALICE_PASSWORD), topic)
         assert errors[0].code() == ck.KafkaError._AUTHENTICATION
+        # carol's password is the same after the reloads: her connections were left alone.
+        assert not [f for f in logged(caplog, "connection closed")
+                    if f.get("principal") == "carol" and "SASL user" in str(f["reason"])]
     assert watermarks(kafka_scram.bootstrap, topic) == (0, 5)
 
     # `gatehouse run` reloads the users file on SIGHUP.
