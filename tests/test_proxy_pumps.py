@@ -22,8 +22,8 @@ from gatehouse.proxy.addresses import (
 )
 from gatehouse.proxy.config import Limits
 from gatehouse.proxy.connection import ConnectionContext, ProxyConnection
+from gatehouse.codecs.scram import SaslCredentials
 from gatehouse.proxy.hooks import (
-    UPSTREAM_SESSION_ENDING,
     ConnectionInfo,
     Forward,
     Observer,
@@ -85,6 +85,7 @@ async def proxied(
     oauthbearer_claim: str = "sub",
     sasl_users: SaslUsers | None = None,
     upstream_session: float | None = None,
+    upstream_credentials: SaslCredentials | None = None,
 ) -> AsyncIterator[Harness]:
     """The pumps of one connection between a test's client and a fake broker, over
     memory streams (lock-step ones with ``lockstep``) or, with ``tcp``, real loopback
@@ -116,6 +117,7 @@ async def proxied(
         oauthbearer_claim=oauthbearer_claim,
         sasl_users=sasl_users,
         sasl_mechanisms=("SCRAM-SHA-256", "PLAIN") if sasl_users is not None else (),
+        upstream_credentials=upstream_credentials,
     )
     conn = ConnectionInfo(id=1, client="127.0.0.1:5555", listener="bootstrap",
                           upstream="broker:9092")
@@ -731,23 +733,68 @@ def test_a_failing_observer_is_logged_and_the_others_still_see_everything(
     assert failures == ["observer Broken failed in request", "observer Broken failed in response"]
 
 
-async def test_a_connection_leaves_before_the_brokers_sasl_session_ends(
+async def test_the_proxy_authenticates_again_before_the_brokers_session_ends(
         autojump_clock: trio.testing.MockClock) -> None:
-    """sasl.upstream against a broker with connections.max.reauth.ms: the connection
-    drains at 85% of the session the broker gave, answering what it took; a clean close."""
+    """sasl.upstream against a broker with connections.max.reauth.ms (KIP-368): once 85%
+    of the session has passed, the next request waits for the answers owed, the proxy
+    authenticates again on the same connection (its answers kept from the client), and
+    the request goes on; the client notices nothing."""
+    sessions: list[float] = []
     held: list[codecs.Request] = []
-    async with proxied(lambda req: held.append(req), upstream_session=100.0) as h:
+
+    def broker(req: codecs.Request) -> Any:
+        if req.api_key == 17:
+            return response_body(17, 1, mechanisms=["PLAIN"])
+        if req.api_key == 36:
+            assert bytes(req.body.auth_bytes) == b"\0proxy\0pw"
+            sessions.append(trio.current_time())
+            return response_body(36, 1, session_lifetime_ms=100_000)
+        if req.api_key == 3 and req.correlation_id == 7:
+            held.append(req)  # in flight when the session comes due
+            return None
+        return echo_handler(req)
+
+    credentials = SaslCredentials("PLAIN", "proxy", "pw")
+    async with proxied(broker, upstream_session=100.0,
+                       upstream_credentials=credentials) as h:
         await h.client.send(request(3, 12, 7).encode())
         while not held:
             await trio.testing.wait_all_tasks_blocked()
-        await trio.sleep(90)
-        await h.client.send(request(3, 12, 8).encode())  # past 85 s: not taken
+        await trio.sleep(90)  # past 85 s
+        await h.client.send(request(3, 12, 8).encode())
         await trio.testing.wait_all_tasks_blocked()
+        assert not sessions  # not while an answer is owed
         await answer_held(h, held[0])
+        assert struct.unpack_from(">i", await h.client.receive())[0] == 8
+        assert len(sessions) == 1 and sessions[0] >= 90
+        keys = [codecs.decode_request(r).api_key for r in h.broker.received]
+        assert keys == [3, 17, 36, 3]
+        # The next session comes due 85 s after this one began.
+        await trio.sleep(86)
+        await h.client.send(request(3, 12, 9).encode())
+        assert struct.unpack_from(">i", await h.client.receive())[0] == 9
+        assert len(sessions) == 2
+        assert h.pumps.conn.responses == 3  # the proxy's own answers are not counted
+        assert not h.done.is_set()
+
+
+async def test_a_refused_reauthentication_closes_the_connection(
+        autojump_clock: trio.testing.MockClock) -> None:
+    def broker(req: codecs.Request) -> Any:
+        if req.api_key == 17:
+            return response_body(17, 1, mechanisms=["PLAIN"])
+        if req.api_key == 36:
+            return response_body(36, 1, error_code=58, error_message="Invalid credentials")
+        return echo_handler(req)
+
+    async with proxied(broker, upstream_session=10.0,
+                       upstream_credentials=SaslCredentials("PLAIN", "proxy", "old")) as h:
+        await trio.sleep(9)
+        await h.client.send(request(3, 12, 1).encode())
         await h.done.wait()
-        assert h.pumps.close_reason == UPSTREAM_SESSION_ENDING
-        assert 85 <= trio.current_time() <= 91
-        assert len(held) == 1
+        assert h.pumps.close_reason == ("re-authentication to broker broker:9092 failed: the "
+                                        "broker refused 'proxy' (PLAIN): Invalid credentials")
+        assert [codecs.decode_request(r).api_key for r in h.broker.received] == [17, 36]
 
 
 async def test_the_proxys_sasl_answers_keep_their_place_in_line(tmp_path: Path) -> None:

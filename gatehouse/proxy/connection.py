@@ -54,7 +54,7 @@ from gatehouse.codecs.peek import produce_acks
 from gatehouse.codecs.primitives import Buffer
 from gatehouse.codecs.reader import FrameReader
 from gatehouse.codecs.sasl import claimed_user
-from gatehouse.codecs.scram import SaslError
+from gatehouse.codecs.scram import SaslCredentials, SaslError
 from gatehouse.logs import log_event
 from gatehouse.proxy.addresses import (
     AddressMapper,
@@ -73,7 +73,6 @@ from gatehouse.proxy.hooks import (
     FETCH,
     SCANNED_RESPONSES,
     SHUTTING_DOWN,
-    UPSTREAM_SESSION_ENDING,
     Close,
     ConnectionInfo,
     Forward,
@@ -89,6 +88,7 @@ from gatehouse.proxy.sasl import (
     ClientSasl,
     SaslUsers,
     authenticate_answer,
+    authenticate_upstream,
     handshake_answer,
 )
 
@@ -123,6 +123,9 @@ _REQUEST_HEAD = 1024  # read for the header and acks of a request that may strea
 # Under quotas, a streamed answer starts once this much is in: its throttle time (after
 # the correlation id and the header's tags) may have to be written in place.
 _THROTTLE_HEAD = 64
+# sasl.upstream: the proxy authenticates to the broker again once this much of the
+# session the broker gave has passed (Kafka's clients pick 85-95%).
+_REAUTHENTICATE_AT = 0.85
 # Where answers' records go socket to socket (splice), the first read of an answer and the
 # reads of its structure (partition headers, tags) take at most this much, and an answer
 # this big that has not all arrived is spliced: the rest never enters the proxy.
@@ -151,8 +154,9 @@ class ConnectionContext:
     sasl_users: SaslUsers | None = None
     sasl_mechanisms: tuple[str, ...] = ()
     # sasl.upstream: broker connections are authenticated by the proxy (a client's own
-    # SASL requests would find them authenticated already).
-    upstream_sasl: bool = False
+    # SASL requests would find them authenticated already), and re-authenticated in the
+    # middle of a client's traffic when the broker limits sessions (KIP-368).
+    upstream_credentials: SaslCredentials | None = None
     request_budget: ByteBudget = field(init=False)
     response_budget: ByteBudget = field(init=False)
     frame_buffers: BufferPool = field(init=False)
@@ -211,7 +215,7 @@ class ProxyConnection:
         upstream_session: float | None = None,
     ) -> None:
         """``upstream_session``: the seconds the broker gives the proxy's SASL session on
-        ``upstream`` (sasl.upstream); the connection drains before it ends."""
+        ``upstream`` (sasl.upstream); the proxy authenticates again before it ends."""
         self.client = client
         self.upstream = upstream
         # What the pumps read and write through (see fastio): the streams themselves
@@ -236,7 +240,11 @@ class ProxyConnection:
         # broker's business, passed through).
         self.client_sasl = (ClientSasl(ctx.sasl_users, ctx.sasl_mechanisms)
                             if ctx.sasl_users is not None else None)
-        self.upstream_session = upstream_session
+        # When to authenticate to the broker again (sasl.upstream against a broker with
+        # connections.max.reauth.ms): checked before each request goes up.
+        self.reauthenticate_at = (trio.current_time() + upstream_session * _REAUTHENTICATE_AT
+                                  if upstream_session is not None else math.inf)
+        self.line_empty = trio.lowlevel.ParkingLot()  # unparked when no answer is owed
         self.idle = trio.CancelScope()
         self.last_active = 0.0  # trio clock: the last whole request or byte from the broker
         # Around each wait for the client's bytes (a new one per receive): a drain cancels
@@ -277,8 +285,6 @@ class ProxyConnection:
                     nursery.start_soon(self._watch_idle)
                     if self.limits.max_connection_age is not None:
                         nursery.start_soon(self._watch_age, self.limits.max_connection_age)
-                    if self.upstream_session is not None:
-                        nursery.start_soon(self._watch_upstream_session, self.upstream_session)
                     await self._guard(self.client_reader)
                     # No more requests: the connection ends once every answer owed is sent.
                     while self.line:
@@ -330,13 +336,6 @@ class ProxyConnection:
         # not all reconnect at once.
         await trio.sleep(age * random.uniform(0.9, 1.1))
         self._drain(AGE_LIMIT)
-
-    async def _watch_upstream_session(self, lifetime: float) -> None:
-        # The broker closes a connection whose SASL session ended (KIP-368); the proxy
-        # does not re-authenticate in the middle of a client's traffic, so the client is
-        # moved to a new connection (a new session) before then, as an aged one is.
-        await trio.sleep(lifetime * 0.85)
-        self._drain(UPSTREAM_SESSION_ENDING)
 
     def _drain(self, reason: str) -> None:
         # Stop taking new requests; the upstream reader answers the ones in flight.  Only
@@ -453,7 +452,7 @@ class ProxyConnection:
             if self.client_sasl is not None:
                 await self._answer_client_sasl(req, len(frame))
                 return
-            if self.ctx.upstream_sasl:
+            if self.ctx.upstream_credentials is not None:
                 raise _Close(f"the client sent {api_name(header.api_key)}, but the proxy "
                              "authenticates to the brokers itself (sasl.upstream) and does "
                              "not authenticate clients (no sasl.downstream)", logging.WARNING)
@@ -507,6 +506,48 @@ class ProxyConnection:
         elif isinstance(decision, Close):
             conn.refused += 1
             raise _Close(decision.reason, logging.INFO)
+
+    async def _reauthenticate_upstream(self) -> None:
+        """Authenticate to the broker again before the session it gave ends (KIP-368),
+        between the client's requests: once every answer owed has come (the broker takes
+        no re-authentication with requests in flight), the exchange goes through the
+        line like the client's requests, its answers kept by the proxy.  The client
+        waits meanwhile (a request in hand is not sent yet); it sees no change."""
+        credentials = self.ctx.upstream_credentials
+        assert credentials is not None
+        while self.line:
+            await self.line_empty.park()
+        try:
+            lifetime = await authenticate_upstream(self._own_call, credentials)
+        except SaslError as exc:
+            raise _Close(f"re-authentication to broker {self.conn.upstream} failed: {exc}",
+                         logging.WARNING) from None
+        except ProtocolError as exc:
+            self._malformed("response", exc)
+        now = trio.current_time()
+        self.reauthenticate_at = (now + lifetime * _REAUTHENTICATE_AT if lifetime is not None
+                                  else math.inf)
+        log_event(logger, logging.DEBUG, "re-authenticated to the broker",
+                  **self.conn.describe(), upstream=self.conn.upstream,
+                  session_seconds=lifetime)
+
+    async def _own_call(self, req: Request) -> Response:
+        """One request of the proxy's own on this connection, answered: queued in the line
+        (its answer is handed back, not sent to the client), then sent."""
+        answers: list[bytes] = []
+        answered = trio.Event()
+
+        def keep(frame: bytes) -> None:
+            answers.append(frame)
+            answered.set()
+
+        await self._queue(Pending(req.correlation_id, req.api_key, req.api_version,
+                                  trio.current_time(), internal=keep))
+        await self.upstream_io.send_frame(req.encode())
+        await answered.wait()
+        resp = decode_response(answers[0], req.api_key, req.api_version)
+        resp.body  # noqa: B018 - decoded here, inside the caller's error handling
+        return resp
 
     async def _answer_locally(self, pending: Pending) -> None:
         """An answer the proxy makes (``pending.local``), in its place in line."""
@@ -668,6 +709,8 @@ class ProxyConnection:
             return await self._receive_whole_request(reader, size)
         header = req.header
         self._count_request(header)
+        if trio.current_time() >= self.reauthenticate_at:
+            await self._reauthenticate_upstream()
         pending = None
         if acks != 0:
             pending = Pending(header.correlation_id, PRODUCE, header.api_version,
@@ -786,6 +829,8 @@ class ProxyConnection:
                        ) -> None:
         """A request up to the broker: ``wire`` as it came (with its size prefix), or a
         changed frame without one (``prefixed=False``)."""
+        if trio.current_time() >= self.reauthenticate_at:
+            await self._reauthenticate_upstream()
         if pending is not None:
             # Queued before the bytes go up, so the entry is there when the answer comes.
             await self._queue(pending)
@@ -818,8 +863,10 @@ class ProxyConnection:
         self.line.popleft()
         if self.room:
             self.room.unpark()
-        if not self.line and self.client_done:
-            self.answered.unpark_all()
+        if not self.line:
+            self.line_empty.unpark_all()
+            if self.client_done:
+                self.answered.unpark_all()
 
     async def upstream_reader(self) -> None:
         line = self.line
@@ -832,6 +879,14 @@ class ProxyConnection:
             pending = line[0]  # forwarded: the proxy's own answers never wait at the head
             if pending.raw:
                 await self._send_client(wire)
+            elif pending.internal is not None:  # the proxy's own request's answer
+                frame = memoryview(wire)[4:]
+                if len(frame) < 4:
+                    self._malformed("response", ProtocolError(f"response of {len(frame)} bytes"))
+                (correlation_id,) = _SIZE.unpack_from(frame, 0)
+                if correlation_id != pending.correlation_id:
+                    raise _out_of_step(correlation_id, pending)
+                pending.internal(bytes(frame))
             else:
                 frame = memoryview(wire)[4:]
                 throttle = self._answer_throttle(pending, len(frame))
@@ -1286,7 +1341,8 @@ def _held_tail(pending: Pending) -> int | None:
     """How many bytes at the end of a large answer to ``pending`` wait for its last byte
     (see ``ProxyConnection._stream_response``); None: the answer is not streamed, for
     its body may change (a rewrite or a policy) or it is not a Kafka answer."""
-    if pending.raw or pending.wants_response or pending.api_key == API_VERSIONS:
+    if (pending.raw or pending.wants_response or pending.api_key == API_VERSIONS
+            or pending.internal is not None):
         return None
     if not carries_addresses(pending.api_key, pending.api_version):
         return 0

@@ -75,6 +75,9 @@ class Pending:
     # A Produce or Fetch response read from its bytes instead (``scanned_response``).
     scan: Any = None
     sasl_user: str | None = None  # a SaslAuthenticate's: the user the client claims
+    # The proxy's own request (re-authenticating to the broker, KIP-368): its answer goes
+    # here, not to the client, and no observer hears of it.
+    internal: Callable[[bytes], None] | None = None
 
 
 def decoded_response(pending: Pending, frame: Any) -> Response:
@@ -126,12 +129,10 @@ def scanned_response(pending: Pending, frame: Any) -> Any:
 
 
 # Close reasons that are no fault of either side (``connection_closed``): the client
-# left, the proxy is stopping, the connection reached ``limits.max_connection_age``, or
-# the broker's limit on the proxy's SASL session (sasl.upstream) is near.
+# left, the proxy is stopping, or the connection reached ``limits.max_connection_age``.
 CLIENT_CLOSED, SHUTTING_DOWN, AGE_LIMIT = ("client closed", "proxy shutting down",
                                           "connection age limit reached")
-UPSTREAM_SESSION_ENDING = "the broker's SASL session limit is near (connections.max.reauth.ms)"
-CLEAN_CLOSES = frozenset({CLIENT_CLOSED, SHUTTING_DOWN, AGE_LIMIT, UPSTREAM_SESSION_ENDING})
+CLEAN_CLOSES = frozenset({CLIENT_CLOSED, SHUTTING_DOWN, AGE_LIMIT})
 
 
 @dataclass(frozen=True, slots=True)

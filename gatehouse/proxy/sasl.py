@@ -18,7 +18,7 @@ from __future__ import annotations
 import hmac
 import logging
 import weakref
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -306,30 +306,38 @@ async def roundtrip(stream: trio.abc.Stream, req: codecs.Request) -> codecs.Resp
 
 
 # SaslHandshake v1 (tokens in SaslAuthenticate) and SaslAuthenticate v1 (it says how long
-# the session lasts): what every broker since Kafka 1.1 takes, 4.x included.
+# the session lasts, and KIP-368 re-authentication needs it): what every broker since
+# Kafka 2.2 takes, 4.x included.
 _HANDSHAKE_VERSION, _AUTHENTICATE_VERSION = 1, 1
+# Correlation ids of the proxy's own requests on a client's connection (re-authentication
+# in the middle of its traffic): negative, never a client's.
+_OWN_IDS = range(-2, -12, -1)
+
+# One request of the proxy's own to the broker, answered (decoded).
+Call = Callable[[codecs.Request], Awaitable[codecs.Response]]
 
 
-async def authenticate_upstream(stream: trio.abc.Stream, credentials: SaslCredentials
-                                ) -> float | None:
-    """Authenticate a new broker connection as ``credentials`` say; the seconds the
-    broker gives the session (``connections.max.reauth.ms``), None for no limit.
-    SaslError says why the broker refused."""
+async def authenticate_upstream(call: Call, credentials: SaslCredentials) -> float | None:
+    """Authenticate a broker connection as ``credentials`` say, each request sent and its
+    answer read by ``call`` (a new connection's ``roundtrip``; an open one's line of
+    requests when it re-authenticates, KIP-368); the seconds the broker gives the session
+    (``connections.max.reauth.ms``), None for no limit.  SaslError says why the broker
+    refused."""
     mechanism = credentials.mechanism
-    ids = iter(range(1, 10))
+    ids = iter(_OWN_IDS)
 
-    async def call(api_key: int, version: int, **fields: Any) -> Any:
+    async def send(api_key: int, version: int, **fields: Any) -> Any:
         body = codecs.api(api_key).request.root.cls(**fields)
         req = codecs.Request.build(api_key, version, next(ids), "gatehouse", body)
-        return (await roundtrip(stream, req)).body
+        return (await call(req)).body
 
-    answer = await call(SASL_HANDSHAKE, _HANDSHAKE_VERSION, mechanism=mechanism)
+    answer = await send(SASL_HANDSHAKE, _HANDSHAKE_VERSION, mechanism=mechanism)
     if answer.error_code:
         offered = ", ".join(answer.mechanisms) or "none"
         raise SaslError(f"the broker does not take SASL {mechanism} (it offers {offered})")
 
     async def step(token: bytes) -> tuple[bytes, int]:
-        body = await call(SASL_AUTHENTICATE, _AUTHENTICATE_VERSION, auth_bytes=token)
+        body = await send(SASL_AUTHENTICATE, _AUTHENTICATE_VERSION, auth_bytes=token)
         if body.error_code:
             raise SaslError(f"the broker refused {credentials.username!r} ({mechanism}): "
                             f"{body.error_message or ERROR_NAMES.get(body.error_code, body.error_code)}")

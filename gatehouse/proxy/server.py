@@ -16,6 +16,7 @@ import socket
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import trio
@@ -110,7 +111,7 @@ class Proxy:
             sasl_users=self.sasl_users,
             sasl_mechanisms=(config.sasl_downstream.mechanisms
                              if config.sasl_downstream is not None else ()),
-            upstream_sasl=config.sasl_upstream is not None,
+            upstream_credentials=config.sasl_upstream,
         )
 
     # -- broker map ---------------------------------------------------------------------
@@ -207,7 +208,8 @@ class Proxy:
                         stream = tls_stream
                     lifetime = None
                     if self.config.sasl_upstream is not None:
-                        lifetime = await authenticate_upstream(stream, self.config.sasl_upstream)
+                        lifetime = await authenticate_upstream(partial(roundtrip, stream),
+                                                               self.config.sasl_upstream)
                 self.upstream_reachable = True
                 return Upstream(stream, target, lifetime)
             except trio.TooSlowError:
