@@ -14,6 +14,7 @@ import trio
 import trio.testing
 
 from gatehouse import codecs
+from gatehouse.codecs.scram import SaslCredentials
 from gatehouse.proxy.addresses import (
     BrokerAddress,
     address_apis,
@@ -22,7 +23,6 @@ from gatehouse.proxy.addresses import (
 )
 from gatehouse.proxy.config import Limits
 from gatehouse.proxy.connection import ConnectionContext, ProxyConnection
-from gatehouse.codecs.scram import SaslCredentials
 from gatehouse.proxy.hooks import (
     ConnectionInfo,
     Forward,
