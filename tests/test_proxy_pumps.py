@@ -831,3 +831,25 @@ async def test_the_proxys_sasl_answers_keep_their_place_in_line(tmp_path: Path) 
         await h.client.send(request(3, 12, 4).encode())
         assert struct.unpack_from(">i", await h.client.receive())[0] == 4
         assert [codecs.decode_request(r).api_key for r in h.broker.received] == [18, 3]
+
+
+async def test_a_failed_authentication_is_answered_after_a_delay_then_closed(
+        tmp_path: Path) -> None:
+    """As a broker does (connection.failed.authentication.delay.ms): a client guessing
+    passwords waits 100 ms for each answer, and the connection then closes.  (The real
+    clock: PLAIN is checked in a thread, which an autojump clock would jump past.)"""
+    users_file = tmp_path / "users.yaml"
+    users_file.write_text("users:\n  alice: {password: pw}\n")
+    async with proxied(echo_handler, sasl_users=SaslUsers(users_file)) as h:
+        await h.client.send(request(17, 1, 1, mechanism="PLAIN").encode())
+        assert codecs.decode_response(await h.client.receive(), 17, 1).body.error_code == 0
+        started = trio.current_time()
+        await h.client.send(request(36, 2, 2, auth_bytes=b"\0alice\0guess").encode())
+        answer = codecs.decode_response(await h.client.receive(), 36, 2)
+        assert answer.body.error_code == 58
+        assert answer.body.error_message == "Authentication failed: Invalid username or password"
+        assert trio.current_time() - started >= 0.1
+        await h.done.wait()
+        assert h.pumps.close_reason == ("SASL authentication as 'alice' (PLAIN) failed: "
+                                        "invalid credentials")
+        assert h.conn.principal is None and not h.broker.received

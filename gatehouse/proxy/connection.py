@@ -84,6 +84,7 @@ from gatehouse.proxy.hooks import (
 )
 from gatehouse.proxy.quotas import Charge
 from gatehouse.proxy.sasl import (
+    FAILED_AUTHENTICATION_DELAY,
     FAILED_MESSAGE,
     ClientSasl,
     SaslUsers,
@@ -603,6 +604,9 @@ class ProxyConnection:
             failure = None
         except SaslError as exc:
             answer, done, failure = b"", True, str(exc)
+            # As a broker waits (connection.failed.authentication.delay.ms): a client
+            # guessing passwords gets its answers, and new connections, more slowly.
+            await trio.sleep(FAILED_AUTHENTICATION_DELAY)
         if done and failure is None:
             self.conn.principal = sasl.user
             sasl.users.sessions.add(self)  # a reload may revoke it

@@ -59,6 +59,9 @@ SASL_AUTHENTICATION_FAILED = 58
 # What the client is told when its credentials are wrong: the same for an unknown user
 # and a wrong password (Kafka's words), so answers do not tell which names exist.
 FAILED_MESSAGE = "Authentication failed: Invalid username or password"
+# Seconds a failed authentication's answer waits (Kafka's
+# connection.failed.authentication.delay.ms, 100 ms by default).
+FAILED_AUTHENTICATION_DELAY = 0.1
 
 
 # -- the users file -------------------------------------------------------------------------
