@@ -15,7 +15,15 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from gatehouse import codecs
 from gatehouse.proxy.hooks import AGE_LIMIT, ConnectionInfo, Observer
-from tests.support.clients import consume, produce, recv_exact, unique, watermarks
+from tests.support.clients import (
+    consume,
+    kafka_python_produce,
+    kafka_python_read,
+    produce,
+    recv_exact,
+    unique,
+    watermarks,
+)
 from tests.support.kafka import SCRAM_MECHANISM, SCRAM_PASSWORD, SCRAM_USER, KafkaCluster
 from tests.support.proxythread import ProxyThread
 from tests.support.tansu import TansuBroker
@@ -115,22 +123,13 @@ def test_transactional_producer_and_group_rebalance(kafka: KafkaCluster) -> None
 
 
 def test_kafka_python_and_aiokafka_through_proxy(kafka: KafkaCluster) -> None:
-    from kafka import KafkaConsumer, KafkaProducer
-
     with ProxyThread(kafka.bootstrap) as proxy:
         topic = unique("kp")
         kafka.create_topic(topic, partitions=2)
-        producer = KafkaProducer(bootstrap_servers=proxy.bootstrap, acks="all")
-        for i in range(50):
-            producer.send(topic, f"kp-{i}".encode())
-        producer.flush(30)
-        producer.close()
-        consumer = KafkaConsumer(topic, bootstrap_servers=proxy.bootstrap,
-                                 auto_offset_reset="earliest", consumer_timeout_ms=15000,
-                                 group_id=unique("g"))
-        got = [m.value for m, _ in zip(consumer, range(50), strict=False)]
-        consumer.close()
-        assert sorted(got) == sorted(f"kp-{i}".encode() for i in range(50))
+        args = {"bootstrap_servers": proxy.bootstrap}
+        values = [f"kp-{i}".encode() for i in range(50)]
+        kafka_python_produce(args, values, topic)
+        assert sorted(kafka_python_read(args, topic, 50)) == sorted(values)
 
         async def with_aiokafka() -> list[bytes]:
             from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -183,17 +182,6 @@ def produce_all(bootstrap: str, topic: str, values: list[bytes], linger_ms: int)
     assert producer.flush(30) == 0
 
 
-def kafka_python_values(bootstrap: str, topic: str, count: int) -> list[bytes]:
-    """The first ``count`` values of ``topic``, read by kafka-python in a new group."""
-    from kafka import KafkaConsumer
-
-    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
-                             consumer_timeout_ms=15000, group_id=unique("g"))
-    got = [m.value for m, _ in zip(consumer, range(count), strict=False)]
-    consumer.close()
-    return got
-
-
 def test_megabyte_fetch_answers_reach_every_client_intact(kafka: KafkaCluster) -> None:
     """3 MB in one partition: each Fetch answer is about the 1 MiB a partition may send,
     so the proxy sends it on as it arrives (see ProxyConnection._stream_response)."""
@@ -208,7 +196,7 @@ def test_megabyte_fetch_answers_reach_every_client_intact(kafka: KafkaCluster) -
 
         conf = {"bootstrap.servers": proxy.bootstrap, "fetch.wait.max.ms": 100}
         assert consume(conf, topic, count) == values  # librdkafka, in order, byte for byte
-        assert kafka_python_values(proxy.bootstrap, topic, count) == values
+        assert kafka_python_read({"bootstrap_servers": proxy.bootstrap}, topic, count) == values
 
         result = kafka.run_java_tool(
             "org.apache.kafka.tools.ConsumerPerformance", "--bootstrap-server",
@@ -289,7 +277,7 @@ def test_plain_proxy_splices_large_frames_and_every_record_arrives_intact(
         after_librdkafka = pipes.spliced
         assert after_librdkafka - after_produce >= count * 1024 // 2  # answers' records
 
-        assert kafka_python_values(proxy.bootstrap, topic, count) == values
+        assert kafka_python_read({"bootstrap_servers": proxy.bootstrap}, topic, count) == values
         assert pipes.spliced - after_librdkafka >= count * 1024 // 2
     # What went up through the proxy is what the broker stored, read directly.
     assert consume({"bootstrap.servers": kafka.bootstrap}, topic, count) == values

@@ -14,7 +14,14 @@ import trustme
 from confluent_kafka.admin import AdminClient
 
 from gatehouse import codecs
-from tests.support.clients import consume, produce, unique, watermarks
+from tests.support.clients import (
+    consume,
+    kafka_python_produce,
+    kafka_python_read,
+    produce,
+    unique,
+    watermarks,
+)
 from tests.support.kafka import SCRAM_USER, KafkaCluster
 from tests.support.proxythread import ProxyThread
 
@@ -94,8 +101,6 @@ def test_the_tenant_prefix_follows_the_client_certificate(kafka: KafkaCluster,
                                                           mtls: dict[str, str]) -> None:
     """The proxy ends the clients' TLS, so the broker sees only the proxy: the verified
     certificate's subject is the principal rules match, metrics count and logs name."""
-    from kafka import KafkaConsumer, KafkaProducer
-
     name = unique("orders")
     kafka.create_topic(f"a.{name}")
     kafka.create_topic(name)
@@ -119,15 +124,8 @@ def test_the_tenant_prefix_follows_the_client_certificate(kafka: KafkaCluster,
         ssl_args = {"bootstrap_servers": proxy.bootstrap, "security_protocol": "SSL",
                     "ssl_cafile": mtls["ca"], "ssl_certfile": mtls["team-a.cert"],
                     "ssl_keyfile": mtls["team-a.key"]}
-        producer = KafkaProducer(**ssl_args, acks="all")
-        for i in range(7):
-            producer.send(name, f"kp-{i}".encode())
-        producer.flush(30)
-        producer.close()
-        reader = KafkaConsumer(name, **ssl_args, auto_offset_reset="earliest",
-                               consumer_timeout_ms=10_000, group_id=unique("g"))
-        read = [record.value for _, record in zip(range(27), reader, strict=False)]
-        reader.close()
+        kafka_python_produce(ssl_args, (f"kp-{i}".encode() for i in range(7)), name)
+        read = kafka_python_read(ssl_args, name, 27, timeout_ms=10_000)
         assert len(read) == 27 and sorted(read) == sorted([*sent, *(f"kp-{i}".encode()
                                                                    for i in range(7))])
 

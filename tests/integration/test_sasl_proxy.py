@@ -28,7 +28,15 @@ from confluent_kafka.admin import AdminClient
 from gatehouse import codecs
 from gatehouse.codecs.scram import ScramCredential
 from tests.reliability.support import GatehouseProcess, wait_until
-from tests.support.clients import consume, produce, unique, watermarks
+from tests.support.clients import (
+    consume,
+    kafka_python_produce,
+    kafka_python_read,
+    produce,
+    recv_exact,
+    unique,
+    watermarks,
+)
 from tests.support.kafka import SCRAM_MECHANISM, SCRAM_PASSWORD, SCRAM_USER, KafkaCluster
 from tests.support.ports import free_port
 from tests.support.proxythread import ProxyThread
@@ -108,21 +116,12 @@ def test_clients_authenticate_with_the_proxy(kafka_scram: KafkaCluster, users_fi
         assert proxy.sample_reaches("gatehouse_principals", 1, principal="alice") >= 1
 
         # kafka-python as bob (SCRAM-SHA-512 against a stored credential).
-        from kafka import KafkaConsumer, KafkaProducer
-
         bob_args = {"bootstrap_servers": proxy.bootstrap, "security_protocol": "SASL_PLAINTEXT",
                     "sasl_mechanism": "SCRAM-SHA-512", "sasl_plain_username": "bob",
                     "sasl_plain_password": BOB_PASSWORD}
-        producer = KafkaProducer(**bob_args, acks="all")
-        for i in range(7):
-            producer.send(topic, f"bob-{i}".encode())
-        producer.flush(30)
-        producer.close()
-        reader = KafkaConsumer(topic, **bob_args, auto_offset_reset="earliest",
-                               consumer_timeout_ms=15_000, group_id=unique("g"))
-        read = [m.value for m, _ in zip(reader, range(27), strict=False)]
-        reader.close()
-        assert sorted(read) == sorted([*sent, *(f"bob-{i}".encode() for i in range(7))])
+        bobs = [f"bob-{i}".encode() for i in range(7)]
+        kafka_python_produce(bob_args, bobs, topic)
+        assert sorted(kafka_python_read(bob_args, topic, 27)) == sorted([*sent, *bobs])
 
         # Rules see the proven user: bob may not delete the topic, alice may not be him.
         bob_admin = AdminClient(sasl_conf(proxy, "SCRAM-SHA-512", "bob", BOB_PASSWORD))
@@ -303,18 +302,9 @@ def versions_of(sock: socket.socket, correlation_id: int) -> dict[int, tuple[int
     sock.sendall(frame(codecs.Request.build(18, 3, correlation_id, "raw", codecs.api(18)
                                             .request.root.cls(client_software_name="raw",
                                                               client_software_version="1"))))
-    size = struct.unpack(">i", receive_exactly(sock, 4))[0]
-    answer = codecs.decode_response(receive_exactly(sock, size), 18, 3)
+    size = struct.unpack(">i", recv_exact(sock, 4))[0]
+    answer = codecs.decode_response(recv_exact(sock, size), 18, 3)
     return {k.api_key: (k.min_version, k.max_version) for k in answer.body.api_keys}
-
-
-def receive_exactly(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        assert chunk, "the proxy closed the connection"
-        data += chunk
-    return data
 
 
 def test_clients_outlive_the_brokers_sasl_session_limit(kafka_libs: Path, tmp_path: Path,

@@ -1,10 +1,12 @@
-"""Real-client helpers shared by the integration tests (librdkafka via confluent-kafka)."""
+"""Real-client helpers shared by the integration tests (librdkafka via confluent-kafka,
+and kafka-python)."""
 
 from __future__ import annotations
 
 import socket
 import time
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 import confluent_kafka as ck
@@ -97,3 +99,28 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
         assert chunk, "connection closed early"
         data += chunk
     return data
+
+
+def kafka_python_produce(args: dict[str, Any], values: Iterable[bytes], topic: str) -> None:
+    """``values`` produced by kafka-python (acks=all) with ``args`` (bootstrap servers,
+    security...), every one acknowledged."""
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(**args, acks="all")
+    for value in values:
+        producer.send(topic, value)
+    producer.flush(30)
+    producer.close()
+
+
+def kafka_python_read(args: dict[str, Any], topic: str, count: int,
+                      timeout_ms: int = 15_000) -> list[bytes]:
+    """The first ``count`` values of ``topic`` (from the start), read by kafka-python
+    with ``args`` in a new group; fewer if ``timeout_ms`` passes without one."""
+    from kafka import KafkaConsumer
+
+    reader = KafkaConsumer(topic, **args, auto_offset_reset="earliest",
+                           consumer_timeout_ms=timeout_ms, group_id=unique("g"))
+    read = [m.value for m, _ in zip(reader, range(count), strict=False)]
+    reader.close()
+    return read
