@@ -713,7 +713,7 @@ class ProxyConnection:
             return await self._receive_whole_request(reader, size)
         header = req.header
         self._count_request(header)
-        if trio.current_time() >= self.reauthenticate_at:
+        if self.reauthenticate_at < math.inf and trio.current_time() >= self.reauthenticate_at:
             await self._reauthenticate_upstream()
         pending = None
         if acks != 0:
@@ -833,7 +833,7 @@ class ProxyConnection:
                        ) -> None:
         """A request up to the broker: ``wire`` as it came (with its size prefix), or a
         changed frame without one (``prefixed=False``)."""
-        if trio.current_time() >= self.reauthenticate_at:
+        if self.reauthenticate_at < math.inf and trio.current_time() >= self.reauthenticate_at:
             await self._reauthenticate_upstream()
         if pending is not None:
             # Queued before the bytes go up, so the entry is there when the answer comes.
@@ -1157,8 +1157,10 @@ class ProxyConnection:
 
     def _under_quotas(self, pending: Pending) -> bool:
         policy = pending.policy
+        # The time of the last activity is recent enough for finding buckets (every
+        # answer asks: no clock read for connections under no quota).
         return (policy is not None and pending.local is None
-                and bool(policy.quota_charges(self.conn, trio.current_time())))
+                and bool(policy.quota_charges(self.conn, self.last_active)))
 
     def _answer_throttle(self, pending: Pending, size: int) -> int:
         """An answer of ``size`` bytes from the broker, under the connection's quotas: a
