@@ -54,7 +54,12 @@ def tls_secret() -> dict[str, bytes]:
 
 
 def secrets(tls_secret: dict[str, bytes]) -> dict[str, dict[str, bytes]]:
-    return {"gatehouse-edge-tls": tls_secret}
+    """The Secrets the overlays' comments tell the operator to create."""
+    made = subprocess.run([sys.executable, "-m", "gatehouse.cli", "credential", "team-a",
+                           "--iterations", "4096"], input="a-password\n", text=True,
+                          capture_output=True, check=True)
+    return {"gatehouse-edge-tls": tls_secret,
+            "gatehouse-edge-users": {"users.yaml": made.stdout.encode()}}
 
 
 # -- schemas ---------------------------------------------------------------------------------
@@ -197,6 +202,9 @@ def test_wiring(rendered: dict[str, list[dict[str, Any]]], kustomization: str,
     assert load_rules_file(config.rules_file).rules
     if config.tls_downstream is not None:
         assert config.tls_downstream.cert.read_bytes() == tls_secret["tls.crt"]
+    if config.sasl_downstream is not None:  # the users Secret lands where it is read
+        assert config.sasl_downstream.users_file.parent.parent == config_file.parent
+        assert "team-a" in config.sasl_downstream.users_file.read_text()
 
     # Container ports are exactly the config's reachable listeners.
     assert config.metrics_listen is not None and not is_loopback(config.metrics_listen.host)

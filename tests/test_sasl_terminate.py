@@ -286,3 +286,27 @@ def test_a_reload_ends_the_sessions_of_removed_users_and_changed_passwords(
     assert sessions["bob"].revoked == ["SASL user 'bob' has new credentials"]
     assert sessions["carol"].revoked == ["SASL user 'carol' removed from the users file"]
     assert not users.sessions  # each ended once
+
+
+def test_gatehouse_credential_keeps_a_users_file(tmp_path: Path) -> None:
+    path = tmp_path / "users.yaml"
+
+    def credential(user: str, password: str, *more: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "gatehouse.cli", "credential", user,
+                               "--iterations", "4096", "--file", str(path), *more],
+                              input=password + "\n", capture_output=True, text=True)
+
+    assert credential("team-a", "pw-a").returncode == 0
+    assert path.stat().st_mode & 0o777 == 0o600  # credentials: the owner's only
+    assert credential("team-b", "pw-b").returncode == 0
+    replaced = credential("team-a", "pw-a2", "--mechanism", "SCRAM-SHA-512")
+    assert replaced.returncode == 0 and "2 user(s)" in replaced.stdout
+    users = SaslUsers(path)
+    assert users.check_plain("team-a", "pw-a2") and not users.check_plain("team-a", "pw-a")
+    assert users.scram("SCRAM-SHA-256", "team-a") is None  # replaced whole
+    assert users.check_plain("team-b", "pw-b")
+    assert "pw-" not in path.read_text()
+    path.write_text("users: [\n")  # a file the proxy would refuse is left alone
+    broken = credential("team-c", "pw-c")
+    assert broken.returncode == 1 and "users.yaml:2" in broken.stderr
+    assert path.read_text() == "users: [\n"

@@ -68,6 +68,9 @@ def _parser() -> argparse.ArgumentParser:
                             "SCRAM-SHA-512"), help="repeatable (default: both)")
     credential.add_argument("--iterations", type=int, default=8192,
                             help="PBKDF2 iterations (at least 4096; default 8192)")
+    credential.add_argument("--file", metavar="USERS_FILE",
+                            help="add the user to this users file (or replace it there), "
+                            "creating the file, instead of printing the entry")
 
     report = sub.add_parser("report", help="capture files -> census, traffic and rule "
                             "impact tables and report.html (PySpark)")
@@ -93,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_top(args.metrics, interval=args.interval, once=args.once)
     if args.command == "credential":
         return _credential(args.user, args.mechanism or ["SCRAM-SHA-256", "SCRAM-SHA-512"],
-                           args.iterations)
+                           args.iterations, args.file)
     if args.command == "demo":
         from gatehouse.demo import run_demo
 
@@ -102,14 +105,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2  # pragma: no cover - argparse rejects unknown commands
 
 
-def _credential(user: str, mechanisms: Sequence[str], iterations: int) -> int:
+def _credential(user: str, mechanisms: Sequence[str], iterations: int,
+                file: str | None = None) -> int:
     """Print a users-file entry holding ``user``'s SCRAM credentials (never the
-    password), the password read from stdin (one line) or asked for at a terminal."""
+    password), the password read from stdin (one line) or asked for at a terminal; with
+    ``file``, put it in that users file instead (the other users kept as they are)."""
     import getpass
+    from pathlib import Path
 
     import yaml
 
     from gatehouse.codecs.scram import MAX_ITERATIONS, MIN_ITERATIONS, ScramCredential
+    from gatehouse.proxy.sasl import load_users
+
+    users: dict[str, object] = {}
+    if file is not None and Path(file).exists():
+        try:
+            load_users(Path(file))  # a file the proxy would refuse is not edited
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        users = dict(yaml.safe_load(Path(file).read_text(encoding="utf-8"))["users"])
 
     if not MIN_ITERATIONS <= iterations <= MAX_ITERATIONS:
         print(f"error: --iterations must be from {MIN_ITERATIONS} to {MAX_ITERATIONS}",
@@ -124,7 +140,17 @@ def _credential(user: str, mechanisms: Sequence[str], iterations: int) -> int:
         return 1
     entry = {m: ScramCredential.from_password(m, password, iterations=iterations).as_dict()
              for m in dict.fromkeys(mechanisms)}
-    print(yaml.safe_dump({"users": {user: entry}}, sort_keys=False), end="")
+    if file is None:
+        print(yaml.safe_dump({"users": {user: entry}}, sort_keys=False), end="")
+        return 0
+    users[user] = entry
+    path = Path(file)
+    staged = path.with_name(f".{path.name}.new")
+    staged.write_text(yaml.safe_dump({"users": users}, sort_keys=False), encoding="utf-8")
+    # Credentials: readable by the owner only, unless the file was already shared.
+    staged.chmod(path.stat().st_mode & 0o777 if path.exists() else 0o600)
+    staged.replace(path)  # whole or not at all: a proxy watching it never reads half
+    print(f"{file}: {user} ({', '.join(entry)}); {len(users)} user(s)")
     return 0
 
 

@@ -21,7 +21,7 @@ DEPLOY = ROOT / "deploy"
 KUBERNETES = DEPLOY / "kubernetes"
 CONTAINERFILE = DEPLOY / "container" / "Containerfile"
 KUSTOMIZATIONS = ("base/sidecar", "base/edge", "overlays/sidecar-example", "overlays/edge",
-                  "overlays/edge-sni")
+                  "overlays/edge-sni", "overlays/edge-tenants")
 INSTALL_HINT = "install it with `sh scripts/install_deploy_tools.sh` (make test does)"
 
 
