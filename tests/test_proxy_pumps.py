@@ -14,7 +14,7 @@ import trio
 import trio.testing
 
 from gatehouse import codecs
-from gatehouse.codecs.scram import SaslCredentials
+from gatehouse.codecs.scram import SaslCredentials, ScramClient
 from gatehouse.proxy.addresses import (
     BrokerAddress,
     address_apis,
@@ -84,6 +84,7 @@ async def proxied(
     tcp: bool = False,
     oauthbearer_claim: str = "sub",
     sasl_users: SaslUsers | None = None,
+    sasl_session_lifetime: float | None = None,
     upstream_session: float | None = None,
     upstream_credentials: SaslCredentials | None = None,
 ) -> AsyncIterator[Harness]:
@@ -118,6 +119,7 @@ async def proxied(
         sasl_users=sasl_users,
         sasl_mechanisms=("SCRAM-SHA-256", "PLAIN") if sasl_users is not None else (),
         upstream_credentials=upstream_credentials,
+        sasl_session_lifetime=sasl_session_lifetime,
     )
     conn = ConnectionInfo(id=1, client="127.0.0.1:5555", listener="bootstrap",
                           upstream="broker:9092")
@@ -853,3 +855,66 @@ async def test_a_failed_authentication_is_answered_after_a_delay_then_closed(
         assert h.pumps.close_reason == ("SASL authentication as 'alice' (PLAIN) failed: "
                                         "invalid credentials")
         assert h.conn.principal is None and not h.broker.received
+
+
+async def scram_login(h: Harness, user: str, password: str, first_id: int,
+                      version: int = 2) -> codecs.Response:
+    """SaslHandshake v1 then SCRAM-SHA-256 in two SaslAuthenticate (``version``); the
+    last answer."""
+    await h.client.send(request(17, 1, first_id, mechanism="SCRAM-SHA-256").encode())
+    assert codecs.decode_response(await h.client.receive(), 17, 1).body.error_code == 0
+    scram = ScramClient("SCRAM-SHA-256", user, password)
+    await h.client.send(request(36, version, first_id + 1,
+                                auth_bytes=scram.first_message()).encode())
+    first = codecs.decode_response(await h.client.receive(), 36, version)
+    assert first.body.error_code == 0, first.body
+    await h.client.send(request(36, version, first_id + 2, auth_bytes=scram.final_message(
+        bytes(first.body.auth_bytes))).encode())
+    final = codecs.decode_response(await h.client.receive(), 36, version)
+    if final.body.error_code == 0:
+        scram.check_final(bytes(final.body.auth_bytes))
+    return final
+
+
+async def test_a_client_authenticates_again_before_its_session_ends(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    """sasl.downstream.session_lifetime (KIP-368, as a broker's connections.max.reauth.ms):
+    the answer says how long the session lasts; the client authenticates again on the
+    same connection (same mechanism, same user) and goes on; a client that does not is
+    closed at its first request after the session."""
+    users_file = tmp_path / "users.yaml"
+    users_file.write_text("users:\n  alice: {password: pw}\n  bob: {password: pw2}\n")
+    users = SaslUsers(users_file)
+    async with proxied(echo_handler, sasl_users=users, sasl_session_lifetime=10.0) as h:
+        final = await scram_login(h, "alice", "pw", 1)
+        assert final.body.session_lifetime_ms == 10_000
+        await trio.sleep(8)
+        final = await scram_login(h, "alice", "pw", 4)  # again, before the end
+        assert final.body.error_code == 0 and final.body.session_lifetime_ms == 10_000
+        await trio.sleep(8)  # 16 s in: past the first session, within the second
+        await h.client.send(request(3, 12, 7).encode())
+        assert struct.unpack_from(">i", await h.client.receive())[0] == 7
+        await trio.sleep(3)  # past the second session: the next request closes it
+        await h.client.send(request(3, 12, 8).encode())
+        assert await h.client.receive() is None
+        await h.done.wait()
+        assert h.pumps.close_reason.startswith("SASL session expired")
+        assert [codecs.decode_request(r).api_key for r in h.broker.received] == [3]
+
+    # Authenticating again as someone else is refused (a connection keeps its user).
+    async with proxied(echo_handler, sasl_users=users, sasl_session_lifetime=10.0) as h:
+        await scram_login(h, "alice", "pw", 1)
+        final = await scram_login(h, "bob", "pw2", 4)
+        assert final.body.error_code == 58
+        await h.done.wait()
+        assert "re-authentication as 'bob' by a connection of 'alice'" in h.pumps.close_reason
+        assert h.conn.principal == "alice"
+
+    # Without a session lifetime there is nothing to renew: a second handshake closes.
+    async with proxied(echo_handler, sasl_users=users) as h:
+        final = await scram_login(h, "alice", "pw", 1)
+        assert final.body.session_lifetime_ms == 0
+        await h.client.send(request(17, 1, 4, mechanism="SCRAM-SHA-256").encode())
+        assert await h.client.receive() is None
+        await h.done.wait()
+        assert "asks for no re-authentication" in h.pumps.close_reason

@@ -197,12 +197,15 @@ def test_the_sasl_config(tmp_path: Path) -> None:
     assert config.sasl_downstream is not None
     assert config.sasl_downstream.mechanisms == ("SCRAM-SHA-256",)
     assert config.sasl_downstream.users_file == path
+    assert config.sasl_downstream.session_lifetime is None
     assert config.sasl_upstream is not None and config.sasl_upstream.password == "p"
     assert "'p'" not in repr(config.sasl_upstream)
     for text, line, error in [
         (f"  downstream: {{users_file: {path.name}, mechanisms: [GSSAPI]}}\n", 4,
          "'GSSAPI' is not one of PLAIN"),
         ("  downstream: {mechanisms: [PLAIN]}\n", 4, "needs 'users_file'"),
+        (f"  downstream: {{users_file: {path.name}, session_lifetime: 0}}\n", 4,
+         "session_lifetime must be positive"),
         ("  downstream: {users_file: nowhere.yaml}\n", 4, "does not exist"),
         ("  upstream: {mechanism: SCRAM-SHA-512, username: gh}\n", 4, "needs exactly one"),
         ("  upstream: {mechanism: OAUTHBEARER, username: gh, password: x}\n", 4,

@@ -134,6 +134,9 @@ class DownstreamSasl:
 
     users_file: Path
     mechanisms: tuple[str, ...] = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")
+    # Seconds after which a client must authenticate again (KIP-368, as a broker's
+    # connections.max.reauth.ms); None: never.
+    session_lifetime: float | None = None
 
 
 @dataclass(frozen=True)
@@ -424,9 +427,11 @@ def _sasl_downstream(sasl: Reader, base: Path) -> DownstreamSasl | None:
                                     line_of(mechanisms, i) or down.line_of("mechanisms"))
     if not mechanisms:
         raise down.error("mechanisms", "sasl.downstream.mechanisms must name at least one")
+    lifetime = _positive(down, "session_lifetime", None)
     down.finish()
     load_users(users_file)
-    return DownstreamSasl(users_file, tuple(dict.fromkeys(mechanisms)))
+    return DownstreamSasl(users_file, tuple(dict.fromkeys(mechanisms)),
+                          None if lifetime is None else float(lifetime))
 
 
 def _proxy_protocol(top: Reader) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:

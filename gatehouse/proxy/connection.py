@@ -154,6 +154,8 @@ class ConnectionContext:
     # sasl.downstream: the proxy authenticates clients against these users itself.
     sasl_users: SaslUsers | None = None
     sasl_mechanisms: tuple[str, ...] = ()
+    # Seconds a client's authentication lasts before it must authenticate again (KIP-368).
+    sasl_session_lifetime: float | None = None
     # sasl.upstream: broker connections are authenticated by the proxy (a client's own
     # SASL requests would find them authenticated already), and re-authenticated in the
     # middle of a client's traffic when the broker limits sessions (KIP-368).
@@ -241,6 +243,9 @@ class ProxyConnection:
         # broker's business, passed through).
         self.client_sasl = (ClientSasl(ctx.sasl_users, ctx.sasl_mechanisms)
                             if ctx.sasl_users is not None else None)
+        # sasl.downstream.session_lifetime: when the client's authentication ends unless
+        # it authenticates again (KIP-368).
+        self.client_session_ends = math.inf
         # When to authenticate to the broker again (sasl.upstream against a broker with
         # connections.max.reauth.ms): checked before each request goes up.
         self.reauthenticate_at = (trio.current_time() + upstream_session * _REAUTHENTICATE_AT
@@ -447,6 +452,12 @@ class ProxyConnection:
             self._malformed("request", exc)
         header = req.header
         self._count_request(header)
+        if self.client_session_ends < math.inf and header.api_key not in (
+                SASL_HANDSHAKE, SASL_AUTHENTICATE) and (
+                trio.current_time() >= self.client_session_ends):
+            # As a broker with connections.max.reauth.ms: no request after the session.
+            raise _Close("SASL session expired: the client did not authenticate again "
+                         "(sasl.downstream.session_lifetime)")
         if header.api_key in (SASL_HANDSHAKE, SASL_AUTHENTICATE) or (
                 self.client_sasl is not None and self.client_sasl.user is None
                 and header.api_key != API_VERSIONS):
@@ -569,7 +580,8 @@ class ProxyConnection:
         if key not in (SASL_HANDSHAKE, SASL_AUTHENTICATE):
             raise _Close(f"{api_name(key)} before SASL authentication (sasl.downstream: "
                          "the client must authenticate first)", logging.WARNING)
-        if sasl.user is not None:
+        if (sasl.user is not None and self.ctx.sasl_session_lifetime is None
+                and not sasl.reauthenticating):
             raise _Close(f"{api_name(key)} after authenticating as {sasl.user!r} (the proxy "
                          "asks for no re-authentication)", logging.WARNING)
         try:
@@ -586,7 +598,9 @@ class ProxyConnection:
             if code:
                 self.conn.refused += 1
                 self._stop_after_answers(f"SASL handshake for {mechanism!r} refused (the proxy "
-                                         f"offers {', '.join(sasl.mechanisms)})")
+                                         f"offers {', '.join(sasl.mechanisms)}; a client "
+                                         "authenticates again with the mechanism it used, "
+                                         "in SaslHandshake v1)")
             return
         await self._client_sasl_token(bytes(body.auth_bytes), req, size)
 
@@ -607,12 +621,17 @@ class ProxyConnection:
             # As a broker waits (connection.failed.authentication.delay.ms): a client
             # guessing passwords gets its answers, and new connections, more slowly.
             await trio.sleep(FAILED_AUTHENTICATION_DELAY)
+        now = trio.current_time()
+        lifetime = self.ctx.sasl_session_lifetime
         if done and failure is None:
+            again = self.conn.principal == sasl.user and self.client_session_ends < math.inf
             self.conn.principal = sasl.user
             sasl.users.sessions.add(self)  # a reload may revoke it
-            log_event(logger, logging.DEBUG, "client authenticated", **self.conn.describe(),
+            if lifetime is not None:
+                self.client_session_ends = now + lifetime
+            log_event(logger, logging.DEBUG, "client authenticated again" if again
+                      else "client authenticated", **self.conn.describe(),
                       mechanism=sasl.mechanism)
-        now = trio.current_time()
         if req is None:
             sasl.raw = not done
             if failure is None:
@@ -622,7 +641,8 @@ class ProxyConnection:
                                                    raw=True))
         else:
             header = req.header
-            reply = authenticate_answer(req, answer, None if failure is None else FAILED_MESSAGE)
+            reply = authenticate_answer(req, answer, None if failure is None else FAILED_MESSAGE,
+                                        lifetime if done else None)
             await self._answer_locally(Pending(header.correlation_id, SASL_AUTHENTICATE,
                                                header.api_version, now,
                                                local=bytes(reply.encode())))

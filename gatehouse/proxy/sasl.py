@@ -225,18 +225,30 @@ class ClientSasl:
         self.raw = False  # SaslHandshake v0: the tokens come with no Kafka header
         self.user: str | None = None
         self.claimed: str | None = None
+        self.reauthenticating = False  # KIP-368: a new exchange, the same user
         self._scram: ScramServer | None = None
+        self._in_exchange = False
 
     def handshake(self, mechanism: str, version: int) -> int:
-        """The error code for a SaslHandshake asking for ``mechanism``."""
-        if self.mechanism is not None or self.user is not None:
+        """The error code for a SaslHandshake asking for ``mechanism``: the first one,
+        or (KIP-368) one that re-authenticates an authenticated client, with the same
+        mechanism and SaslHandshake v1."""
+        if self._in_exchange:
+            return ILLEGAL_SASL_STATE
+        if self.user is not None:
+            if version == 0 or mechanism != self.mechanism:
+                return ILLEGAL_SASL_STATE  # Kafka: re-authentication keeps its mechanism
+            self.reauthenticating = True
+        elif self.mechanism is not None:
             return ILLEGAL_SASL_STATE
         if mechanism not in self.mechanisms:  # Kafka compares names exactly
             return UNSUPPORTED_SASL_MECHANISM
         self.mechanism = mechanism
         self.raw = version == 0
-        if mechanism in SCRAM_MECHANISMS:
-            self._scram = ScramServer(mechanism, partial(self.users.scram, mechanism))
+        self.claimed = None
+        self._in_exchange = True
+        self._scram = (ScramServer(mechanism, partial(self.users.scram, mechanism))
+                       if mechanism in SCRAM_MECHANISMS else None)
         return NONE
 
     @property
@@ -250,23 +262,36 @@ class ClientSasl:
         SaslError when it fails (the exchange is then over too)."""
         if self.mechanism is None:
             raise SaslError("SaslAuthenticate before a SaslHandshake")
-        if self.user is not None:
+        if not self._in_exchange:
             raise SaslError("already authenticated")
         if self._scram is None:  # PLAIN
             user, password = parse_plain(token)
             self.claimed = user
             if not self.users.check_plain(user, password):
+                self._in_exchange = False
                 raise SaslError("invalid credentials")
-            self.user = user
-            return b"", True
+            return b"", self._proved(user)
         scram = self._scram
-        if scram.claimed is None:
-            answer = scram.first(token)
-            self.claimed = scram.claimed
-            return answer, False
-        answer = scram.final(token)
-        self.user = scram.user
-        return answer, True
+        try:
+            if scram.claimed is None:
+                answer = scram.first(token)
+                self.claimed = scram.claimed
+                return answer, False
+            answer = scram.final(token)
+        except SaslError:
+            self._in_exchange = False
+            raise
+        return answer, self._proved(scram.user)
+
+    def _proved(self, user: str | None) -> bool:
+        """The exchange is over: the client is ``user`` (re-authenticating: again)."""
+        self._in_exchange = False
+        if self.reauthenticating and user != self.user:
+            raise SaslError(f"re-authentication as {user!r} by a connection of "
+                            f"{self.user!r} (a connection keeps its user)")
+        self.user = user
+        self.reauthenticating = False
+        return True
 
 
 def handshake_answer(req: codecs.Request, error_code: int,
@@ -276,12 +301,14 @@ def handshake_answer(req: codecs.Request, error_code: int,
     return codecs.Response.build(SASL_HANDSHAKE, req.api_version, req.correlation_id, body)
 
 
-def authenticate_answer(req: codecs.Request, token: bytes, error: str | None = None
-                        ) -> codecs.Response:
+def authenticate_answer(req: codecs.Request, token: bytes, error: str | None = None,
+                        session_lifetime: float | None = None) -> codecs.Response:
     """A SaslAuthenticate answer: ``token`` for the client, or ``error`` (said in the
-    answer's error message).  Session lifetime 0: the proxy asks for no
-    re-authentication (KIP-368)."""
+    answer's error message).  ``session_lifetime`` (seconds; v1+): when the client must
+    have authenticated again (KIP-368); None: never."""
     fields: dict[str, Any] = {"auth_bytes": token}
+    if session_lifetime is not None and error is None:
+        fields["session_lifetime_ms"] = round(session_lifetime * 1000)
     if error is not None:
         fields.update(error_code=SASL_AUTHENTICATION_FAILED, error_message=error)
     body = codecs.api(SASL_AUTHENTICATE).response.root.cls(**fields)

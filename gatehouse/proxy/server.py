@@ -111,6 +111,8 @@ class Proxy:
             sasl_users=self.sasl_users,
             sasl_mechanisms=(config.sasl_downstream.mechanisms
                              if config.sasl_downstream is not None else ()),
+            sasl_session_lifetime=(config.sasl_downstream.session_lifetime
+                                   if config.sasl_downstream is not None else None),
             upstream_credentials=config.sasl_upstream,
         )
 

@@ -422,3 +422,48 @@ def test_users_come_and_go_with_the_users_file(kafka_scram: KafkaCluster, users_
         wait_until(lambda: "SASL users reloaded" in process.log_text(), 10, "the reload")
         produce(dave, topic, count=4)
     assert watermarks(kafka_scram.bootstrap, topic) == (0, 9)
+
+
+def test_clients_authenticate_again_when_their_session_ends(
+        kafka_scram: KafkaCluster, users_file: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """sasl.downstream.session_lifetime: 3 s (KIP-368, as a broker's
+    connections.max.reauth.ms): librdkafka and the Java producer authenticate again on
+    their connections and go on; nothing is lost and no connection closes."""
+    caplog.set_level(logging.DEBUG, logger="gatehouse.proxy")
+    topic = unique("reauth-clients")
+    kafka_scram.create_topic(topic)
+    config = (f"sasl:\n  downstream: {{users_file: {users_file}, session_lifetime: 3}}\n")
+    with ProxyThread(kafka_scram.bootstrap, extra_config=config) as proxy:
+        errors: list[ck.KafkaError] = []
+        conf = {**sasl_conf(proxy, "SCRAM-SHA-512", "bob", BOB_PASSWORD),
+                "error_cb": errors.append, "log_level": 0}
+        producer = ck.Producer({**conf, "acks": "all", "linger.ms": 5})
+        failed: list[Any] = []
+        sent = 0
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            producer.produce(topic, f"r-{sent}".encode(),
+                             on_delivery=lambda err, _m: err and failed.append(err))
+            sent += 1
+            producer.poll(0.05)
+        assert producer.flush(30) == 0
+        settings = users_file.parent / "producer.properties"
+        settings.write_text(
+            f"bootstrap.servers={proxy.bootstrap}\nacks=all\n"
+            "security.protocol=SASL_PLAINTEXT\nsasl.mechanism=SCRAM-SHA-512\n"
+            "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule "
+            f'required username="bob" password="{BOB_PASSWORD}";\n')
+        result = kafka_scram.run_java_tool(
+            "org.apache.kafka.tools.ProducerPerformance", "--topic", topic,
+            "--num-records", "2000", "--record-size", "100", "--throughput", "250",
+            "--producer.config", str(settings), timeout=120)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert "2000 records sent" in result.stdout
+    assert not failed and not errors, (failed, errors)
+    again = logged(caplog, "client authenticated again")
+    assert len(again) >= 3, len(again)  # librdkafka for 8 s, Java for 8 s, 3 s sessions
+    assert {f["software"].split("/")[0] for f in again} >= {"confluent-kafka-python",
+                                                            "apache-kafka-java"}
+    closed = [f["reason"] for f in logged(caplog, "connection closed")]
+    assert not [r for r in closed if "expired" in r], closed
+    assert watermarks(kafka_scram.bootstrap, topic) == (0, sent + 2000)
