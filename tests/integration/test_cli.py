@@ -37,6 +37,12 @@ def test_demo_runs_on_the_embedded_broker() -> None:
     held = re.findall(r"^rule two-requests-a-second: would_throttle (\d+) requests "
                       r"\(observe mode: nothing held back\)$", result.stdout, re.M)
     assert held and int(held[-1]) > 0, result.stdout[-2000:]
+    # The clients authenticated with the proxy, and the writer's ACL (observed) would
+    # refuse its writes to the demo topic.
+    logins = re.findall(r"^authenticated with the proxy \(SASL\): (.*)$", result.stdout, re.M)
+    assert logins and "orders-writer x" in logins[-1] and "orders-reader x" in logins[-1]
+    acl = re.findall(r"^rule writer-acl: would_refuse (\d+) requests", result.stdout, re.M)
+    assert acl and int(acl[-1]) > 0, result.stdout[-2000:]
 
 
 def test_run_reload_and_sigterm(kafka: KafkaCluster, tmp_path: Path) -> None:
