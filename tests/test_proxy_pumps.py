@@ -483,6 +483,28 @@ async def test_sasl_handshake_v0_raw_tokens_pass_through() -> None:
         # Back to Kafka framing after the exchange.
         await h.client.send(request(3, 1, 5).encode())
         assert struct.unpack_from(">i", await h.client.receive())[0] == 5
+        # The broker's last answer is no SCRAM server-final message: no principal.
+        assert h.conn.principal is None
+
+
+async def test_a_raw_plain_exchange_the_broker_answers_names_the_principal() -> None:
+    """SaslHandshake v0 then one raw PLAIN token: a broker that answers it (rather than
+    closing the connection) accepted the user the token names."""
+    def handler(req: codecs.Request) -> Any:
+        if req.api_key == 17:
+            broker.raw_mode = 1
+            return response_body(17, 0, mechanisms=["PLAIN"])
+        return echo_handler(req)
+
+    recorder = Recorder()
+    async with proxied(handler, observer=recorder) as h:
+        broker = h.broker
+        await h.client.send(request(17, 0, 1, mechanism="PLAIN").encode())
+        await h.client.receive()
+        await h.client.send(b"\0alice\0secret")
+        assert await h.client.receive() == b"raw-answer:\0alice\0secret"
+        assert h.conn.principal == "alice"
+        assert recorder.responses == [1, -1]  # the raw answer is heard (the census)
 
 
 class RefuseMetadata(Policy):

@@ -239,6 +239,7 @@ class ProxyConnection:
         self.close_level = logging.INFO
         self.sasl_raw_rounds: int | None = 0  # >0: that many raw tokens; None: until Kafka
         self.sasl_mechanism: str | None = None  # the last SaslHandshake's
+        self.sasl_raw_claim: str | None = None  # the user a raw (v0) exchange claims
         # sasl.downstream: the client's exchange with the proxy (None: SASL is the
         # broker's business, passed through).
         self.client_sasl = (ClientSasl(ctx.sasl_users, ctx.sasl_mechanisms)
@@ -442,9 +443,11 @@ class ProxyConnection:
             if self.sasl_raw_rounds is None and _looks_like_request(frame):
                 self.sasl_raw_rounds = 0
             else:
+                pending = Pending(-1, -1, -1, trio.current_time(), raw=True)
                 if self.sasl_raw_rounds is not None:
                     self.sasl_raw_rounds -= 1
-                await self._forward(wire, Pending(-1, -1, -1, trio.current_time(), raw=True))
+                    self._raw_sasl_token(bytes(frame), pending)
+                await self._forward(wire, pending)
                 return
         try:
             req = decode_request(frame)
@@ -902,7 +905,11 @@ class ProxyConnection:
                              logging.WARNING)
             pending = line[0]  # forwarded: the proxy's own answers never wait at the head
             if pending.raw:
+                if pending.sasl_user is not None:
+                    self._raw_sasl_answer(memoryview(wire)[4:], pending)
                 await self._send_client(wire)
+                if pending.api_key == SASL_AUTHENTICATE:
+                    self._answered(pending, None, len(wire) - 4)
             elif pending.internal is not None:  # the proxy's own request's answer
                 frame = memoryview(wire)[4:]
                 if len(frame) < 4:
@@ -1310,11 +1317,32 @@ class ProxyConnection:
                 mechanism = self.sasl_mechanism = str(req.body.mechanism).upper()
                 if req.api_version == 0:
                     self.sasl_raw_rounds = SASL_RAW_ROUNDS.get(mechanism)
+                    self.sasl_raw_claim = None
             else:
                 pending.sasl_user = claimed_user(self.sasl_mechanism, req.body.auth_bytes,
                                                  self.ctx.oauthbearer_claim)
         except (ProtocolError, UnknownApi):
             pass
+
+    def _raw_sasl_token(self, token: bytes, pending: Pending) -> None:
+        """A raw token after SaslHandshake v0 (PLAIN, SCRAM): the first names the user
+        the client claims; the last one's answer says whether the broker took it (a
+        broker ends a failed raw exchange by closing the connection, so PLAIN's answer
+        is a yes, and SCRAM's server-final message begins with its signature, ``v=``)."""
+        if self.sasl_mechanism is None:
+            return
+        if self.sasl_raw_claim is None:
+            self.sasl_raw_claim = claimed_user(self.sasl_mechanism, token,
+                                               self.ctx.oauthbearer_claim) or ""
+        if self.sasl_raw_rounds == 0 and self.sasl_raw_claim:
+            # Its answer is the last of the exchange: under SaslAuthenticate's key, which
+            # the principal census listens for (a raw answer is never decoded).
+            pending.sasl_user, pending.api_key = self.sasl_raw_claim, SASL_AUTHENTICATE
+            self.sasl_raw_claim = None
+
+    def _raw_sasl_answer(self, answer: memoryview, pending: Pending) -> None:
+        if self.sasl_mechanism == "PLAIN" or bytes(answer[:2]) == b"v=":
+            self.conn.principal = pending.sasl_user
 
     def _authenticated(self, frame: memoryview, pending: Pending) -> None:
         """A SaslAuthenticate answer: with no error, the client is the user it claimed."""
