@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="run N proxy processes on the same ports, supervised by this one "
                      "(overrides the config's workers)")
     # A worker of a supervisor (gatehouse.proxy.workers): its end of the socket pair.
-    for hidden in ("--worker-fd", "--worker-index", "--worker-count"):
+    for hidden in ("--worker-fd", "--worker-index", "--worker-count", "--quota-fd"):
         run.add_argument(hidden, type=int, help=argparse.SUPPRESS)
 
     check = sub.add_parser("check", help="validate a config (and its rules) without running")
@@ -211,6 +211,10 @@ def _run(args: argparse.Namespace) -> int:
             from gatehouse.proxy.workers import SupervisorLink
 
             link = SupervisorLink(args.worker_fd)
+            if args.quota_fd is not None:  # the supervisor's table: quotas shared
+                from gatehouse.proxy.sharedquotas import SharedTable
+
+                policy.quota_buckets.shared = SharedTable(args.quota_fd)
         trio.run(run_configured, config, policy, args.config, link)
     except KeyboardInterrupt:  # a second Ctrl-C while draining
         return 130

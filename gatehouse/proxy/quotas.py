@@ -16,7 +16,7 @@ Buckets are plain numbers with the time passed in: the connection uses trio's cl
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final, Protocol
 
 from gatehouse.rules.model import ClientFacts, Mode, Rule
 
@@ -54,6 +54,18 @@ class Bucket:
         """Full: it remembers nothing a new bucket would not."""
         return self.wait(now) == 0.0 and self.level >= self.rate * BURST_SECONDS
 
+    def set_rate(self, rate: float, now: float) -> None:
+        """A new rate (the rules were reloaded): the debt stays, the burst follows."""
+        self.wait(now)
+        self.rate = rate
+        self.level = min(self.level, rate * BURST_SECONDS)
+
+
+class SharedBuckets(Protocol):
+    """Where buckets shared with other processes come from (``sharedquotas``)."""
+
+    def slot(self, key: str, rate: float) -> Any: ...
+
 
 @dataclass(frozen=True, slots=True)
 class Charge:
@@ -62,7 +74,7 @@ class Charge:
     rule: str
     mode: Mode
     kind: str  # rules.model.QUOTA_KINDS
-    bucket: Bucket
+    bucket: Bucket  # or a sharedquotas.SharedBucket, which behaves the same
     rate: float
 
 
@@ -73,6 +85,8 @@ class QuotaBuckets:
     def __init__(self, max_buckets: int = MAX_BUCKETS) -> None:
         self.max_buckets = max_buckets
         self.buckets: dict[tuple[str, str, str], Bucket] = {}
+        # workers: N: the supervisor's table, so that a quota is the whole proxy's.
+        self.shared: SharedBuckets | None = None
 
     def charges(self, rules: tuple[Rule, ...], facts: ClientFacts, connection: int,
                 now: float) -> tuple[Charge, ...]:
@@ -88,11 +102,11 @@ class QuotaBuckets:
                 if bucket is None:
                     if len(self.buckets) >= self.max_buckets:
                         self._evict(now)
-                    bucket = self.buckets[key] = Bucket(rate)
+                    shared = (self.shared.slot("\0".join(key), rate)
+                              if self.shared is not None else None)
+                    bucket = self.buckets[key] = shared or Bucket(rate)
                 elif bucket.rate != rate:  # the rules were reloaded with a new rate
-                    bucket.wait(now)
-                    bucket.rate = rate
-                    bucket.level = min(bucket.level, rate * BURST_SECONDS)
+                    bucket.set_rate(rate, now)
                 out.append(Charge(rule.name, rule.mode, kind, bucket, rate))
         return tuple(out)
 

@@ -42,6 +42,7 @@ import trio
 
 from gatehouse.logs import log_event
 from gatehouse.proxy.config import ProxyConfig
+from gatehouse.proxy.sharedquotas import SharedTable
 
 logger = logging.getLogger("gatehouse.workers")
 
@@ -102,6 +103,9 @@ class Supervisor:
         self.config = config
         self.worker_args = list(worker_args)
         self.workers = [_Worker(index) for index in range(config.workers)]
+        # Quota buckets every worker spends from (rules' quotas are the whole proxy's);
+        # kept open here so that a restarted worker finds the same table.
+        self.quota_table = SharedTable.create() if SharedTable.supported() else None
         self.stopping = trio.Event()
         self.failure: str | None = None
         self.restarts = 0
@@ -191,9 +195,13 @@ class Supervisor:
                    "--worker-count", str(len(self.workers))]
         if self.config.metrics_listen is not None:
             command += ["--metrics-listen", "127.0.0.1:0"]
+        passed = [theirs.fileno()]
+        if self.quota_table is not None:
+            command += ["--quota-fd", str(self.quota_table.fd)]
+            passed.append(self.quota_table.fd)
         try:
             process = await trio.lowlevel.open_process(
-                command, stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
+                command, stdin=subprocess.DEVNULL, pass_fds=tuple(passed),
                 start_new_session=True)
         finally:
             theirs.close()
