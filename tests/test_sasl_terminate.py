@@ -313,3 +313,24 @@ def test_gatehouse_credential_keeps_a_users_file(tmp_path: Path) -> None:
     broken = credential("team-c", "pw-c")
     assert broken.returncode == 1 and "users.yaml:2" in broken.stderr
     assert path.read_text() == "users: [\n"
+
+
+def test_gatehouse_check_says_what_the_proxy_does_with_sasl(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    users_file(tmp_path, "users:\n  alice: {password: a}\n  bob: {password: b}\n")
+    (tmp_path / "proxy.secret").write_text("p\n")
+    path = tmp_path / "gatehouse.yaml"
+    path.write_text("listen: 127.0.0.1:9192\nupstream: [127.0.0.1:9092]\nsasl:\n"
+                    "  downstream: {users_file: users.yaml, session_lifetime: 600}\n"
+                    "  upstream: {mechanism: SCRAM-SHA-512, username: gh, "
+                    "password_file: proxy.secret}\n")
+    assert main(["check", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert (f"sasl.downstream: clients authenticate with the proxy as one of 2 users of "
+            f"{tmp_path / 'users.yaml'} (SCRAM-SHA-512, SCRAM-SHA-256, PLAIN, session "
+            "lifetime 600 s)") in out
+    assert "sasl.upstream: the proxy authenticates to the brokers as 'gh' (SCRAM-SHA-512)" in out
+    assert "'p'" not in out
+    (tmp_path / "users.yaml").write_text("users:\n  alice: {}\n")
+    assert main(["check", "--config", str(path)]) == 1
+    assert "users.yaml:2: users.alice needs a password" in capsys.readouterr().err

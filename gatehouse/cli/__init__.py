@@ -164,6 +164,18 @@ def _check(path: str) -> int:
         return 1
     print(f"{path}: ok (listen {config.listen}, upstream "
           f"{', '.join(map(str, config.upstream))})")
+    down, up = config.sasl_downstream, config.sasl_upstream
+    if down is not None:
+        from gatehouse.proxy.sasl import load_users
+
+        lifetime = (f", session lifetime {down.session_lifetime:g} s"
+                    if down.session_lifetime is not None else "")
+        print(f"sasl.downstream: clients authenticate with the proxy as one of "
+              f"{len(load_users(down.users_file))} users of {down.users_file} "
+              f"({', '.join(down.mechanisms)}{lifetime})")
+    if up is not None:
+        print(f"sasl.upstream: the proxy authenticates to the brokers as {up.username!r} "
+              f"({up.mechanism})")
     for advice in _policy.ruleset.advice():
         print(f"warning: {advice}", file=sys.stderr)
     return 0
