@@ -94,6 +94,24 @@ def client_errors(conf: dict[str, Any], topic: str) -> list[ck.KafkaError]:
     return errors
 
 
+def java_producer_as_bob(kafka: KafkaCluster, proxy: ProxyThread, directory: Path,
+                         topic: str, records: int, throughput: int) -> None:
+    """ProducerPerformance through the proxy as bob (SCRAM-SHA-512): every record sent
+    (``throughput`` records a second; -1: as fast as it can)."""
+    settings = directory / "producer.properties"
+    settings.write_text(
+        f"bootstrap.servers={proxy.bootstrap}\nacks=all\n"
+        "security.protocol=SASL_PLAINTEXT\nsasl.mechanism=SCRAM-SHA-512\n"
+        "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule "
+        f'required username="bob" password="{BOB_PASSWORD}";\n')
+    result = kafka.run_java_tool(
+        "org.apache.kafka.tools.ProducerPerformance", "--topic", topic,
+        "--num-records", str(records), "--record-size", "100", "--throughput",
+        str(throughput), "--producer.config", str(settings), timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"{records} records sent" in result.stdout
+
+
 def no_secret_in(caplog: pytest.LogCaptureFixture) -> None:
     text = "\n".join(f"{r.getMessage()} {getattr(r, 'gatehouse_fields', '')}"
                      for r in caplog.records)
@@ -149,18 +167,7 @@ def test_clients_authenticate_with_the_proxy(kafka_scram: KafkaCluster, users_fi
         asyncio.run(with_aiokafka())
 
         # The Java producer as bob (SCRAM-SHA-512).
-        settings = users_file.parent / "producer.properties"
-        settings.write_text(
-            f"bootstrap.servers={proxy.bootstrap}\nacks=all\n"
-            "security.protocol=SASL_PLAINTEXT\nsasl.mechanism=SCRAM-SHA-512\n"
-            "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule "
-            f'required username="bob" password="{BOB_PASSWORD}";\n')
-        result = kafka_scram.run_java_tool(
-            "org.apache.kafka.tools.ProducerPerformance", "--topic", topic,
-            "--num-records", "300", "--record-size", "100", "--throughput", "-1",
-            "--producer.config", str(settings), timeout=120)
-        assert result.returncode == 0, result.stderr[-2000:]
-        assert "300 records sent" in result.stdout
+        java_producer_as_bob(kafka_scram, proxy, users_file.parent, topic, 300, -1)
         assert proxy.sample("gatehouse_responses_total", api="SaslAuthenticate",
                             error="SASL_AUTHENTICATION_FAILED") == 0
     assert watermarks(kafka_scram.bootstrap, topic) == (0, 20 + 7 + 5 + 300)
@@ -449,18 +456,7 @@ def test_clients_authenticate_again_when_their_session_ends(
             sent += 1
             producer.poll(0.05)
         assert producer.flush(30) == 0
-        settings = users_file.parent / "producer.properties"
-        settings.write_text(
-            f"bootstrap.servers={proxy.bootstrap}\nacks=all\n"
-            "security.protocol=SASL_PLAINTEXT\nsasl.mechanism=SCRAM-SHA-512\n"
-            "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule "
-            f'required username="bob" password="{BOB_PASSWORD}";\n')
-        result = kafka_scram.run_java_tool(
-            "org.apache.kafka.tools.ProducerPerformance", "--topic", topic,
-            "--num-records", "2000", "--record-size", "100", "--throughput", "250",
-            "--producer.config", str(settings), timeout=120)
-        assert result.returncode == 0, result.stderr[-2000:]
-        assert "2000 records sent" in result.stdout
+        java_producer_as_bob(kafka_scram, proxy, users_file.parent, topic, 2000, 250)
     assert not failed and not errors, (failed, errors)
     again = logged(caplog, "client authenticated again")
     assert len(again) >= 3, len(again)  # librdkafka for 8 s, Java for 8 s, 3 s sessions
