@@ -188,7 +188,8 @@ class CaptureObserver(Observer):
             return
         record["response_bytes"] = size
         record["latency_ms"] = round(elapsed * 1000.0, 3)
-        record["outcome"] = "refused" if pending.local is not None else "answered"
+        record["outcome"] = ("answered" if pending.local is None
+                             else "by_proxy" if pending.by_proxy else "refused")
         key = pending.api_key
         scan = None
         if key in SCANNED_RESPONSES and pending.decoded is None and frame is not None:

@@ -597,7 +597,8 @@ class ProxyConnection:
             code = sasl.handshake(mechanism, header.api_version)
             answer = handshake_answer(req, code, sasl.mechanisms)
             await self._answer_locally(Pending(header.correlation_id, key, header.api_version,
-                                               trio.current_time(), local=bytes(answer.encode())))
+                                               trio.current_time(), local=bytes(answer.encode()),
+                                               by_proxy=True))
             if code:
                 self.conn.refused += 1
                 self._stop_after_answers(f"SASL handshake for {mechanism!r} refused (the proxy "
@@ -641,14 +642,14 @@ class ProxyConnection:
                 # Under SaslAuthenticate's key: what the metrics' principal census
                 # listens for (a raw answer is never decoded).
                 await self._answer_locally(Pending(-1, SASL_AUTHENTICATE, 0, now, local=answer,
-                                                   raw=True))
+                                                   raw=True, by_proxy=True))
         else:
             header = req.header
             reply = authenticate_answer(req, answer, None if failure is None else FAILED_MESSAGE,
                                         lifetime if done else None)
             await self._answer_locally(Pending(header.correlation_id, SASL_AUTHENTICATE,
                                                header.api_version, now,
-                                               local=bytes(reply.encode())))
+                                               local=bytes(reply.encode()), by_proxy=True))
         if failure is not None:
             self.conn.refused += 1
             who = f" as {sasl.claimed!r}" if sasl.claimed is not None else ""

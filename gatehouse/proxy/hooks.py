@@ -67,6 +67,8 @@ class Pending:
     api_version: int
     started: float
     local: bytes | None = None  # the answer, when the proxy answers itself
+    # ``local`` is the proxy's service, not a refusal: its own SASL (sasl.downstream).
+    by_proxy: bool = False
     raw: bool = False  # a SaslHandshake v0 token: no Kafka header either way
     wants_response: bool = False  # decode the response body (rewrite or inspect)
     context: Any = None  # whatever the policy needs back with the response

@@ -190,6 +190,8 @@ def test_scram_secrets_never_reach_logs_metrics_or_capture(kafka_scram: KafkaClu
     captured = _all_bytes(capture_dir)
     assert captured, "nothing was captured"
     assert b"SaslAuthenticate" in captured
+    if at_the_proxy:  # its SASL answers are recorded as the proxy's, not as refusals
+        assert any(f'"outcome":{gap}"by_proxy"'.encode() in captured for gap in ("", " "))
     # The user the broker accepted is recorded (a name, not a secret).
     assert any(f'"principal":{gap}"{SCRAM_USER}"'.encode() in captured for gap in ("", " "))
     places = {"log": log.encode(), "metrics": page.encode(), "capture": captured}
