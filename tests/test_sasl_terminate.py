@@ -325,12 +325,20 @@ def test_gatehouse_check_says_what_the_proxy_does_with_sasl(
                     "  upstream: {mechanism: SCRAM-SHA-512, username: gh, "
                     "password_file: proxy.secret}\n")
     assert main(["check", "--config", str(path)]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert (f"sasl.downstream: clients authenticate with the proxy as one of 2 users of "
             f"{tmp_path / 'users.yaml'} (SCRAM-SHA-512, SCRAM-SHA-256, PLAIN, session "
             "lifetime 600 s)") in out
     assert "sasl.upstream: the proxy authenticates to the brokers as 'gh' (SCRAM-SHA-512)" in out
     assert "'p'" not in out
+    assert "alice, bob keep their password in the file itself" in err  # password: a / b
+    assert "offers PLAIN without tls.downstream" in err
+    (tmp_path / "alice.secret").write_text("a\n")
+    users_file(tmp_path, "users:\n  alice: {password_file: alice.secret}\n")
+    path.write_text(path.read_text().replace("session_lifetime: 600",
+                                             "mechanisms: [SCRAM-SHA-256]"))
+    assert main(["check", "--config", str(path)]) == 0
+    assert capsys.readouterr().err == ""  # nothing to warn of
     (tmp_path / "users.yaml").write_text("users:\n  alice: {}\n")
     assert main(["check", "--config", str(path)]) == 1
     assert "users.yaml:2: users.alice needs a password" in capsys.readouterr().err

@@ -170,9 +170,20 @@ def _check(path: str) -> int:
 
         lifetime = (f", session lifetime {down.session_lifetime:g} s"
                     if down.session_lifetime is not None else "")
+        users = load_users(down.users_file)
         print(f"sasl.downstream: clients authenticate with the proxy as one of "
-              f"{len(load_users(down.users_file))} users of {down.users_file} "
+              f"{len(users)} users of {down.users_file} "
               f"({', '.join(down.mechanisms)}{lifetime})")
+        written = sorted(name for name, user in users.items() if user.written_in)
+        if written:
+            print(f"warning: {down.users_file}: {', '.join(written)} keep their password in "
+                  "the file itself (password:): anyone who reads it can log in as them; "
+                  f"store SCRAM credentials instead (gatehouse credential NAME --file "
+                  f"{down.users_file.name}) or use password_file / password_env",
+                  file=sys.stderr)
+        if "PLAIN" in down.mechanisms and config.tls_downstream is None:
+            print("warning: sasl.downstream offers PLAIN without tls.downstream: clients "
+                  "send their passwords in clear text", file=sys.stderr)
     if up is not None:
         print(f"sasl.upstream: the proxy authenticates to the brokers as {up.username!r} "
               f"({up.mechanism})")

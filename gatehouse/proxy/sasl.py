@@ -73,6 +73,7 @@ class SaslUser:
     # password_env); else only SCRAM credentials, and PLAIN is checked against them.
     password: str | None = field(default=None, repr=False)
     scram: dict[str, ScramCredential] = field(default_factory=dict, repr=False)
+    written_in: bool = False  # the password is in the users file itself (``password:``)
 
     def same_secret(self, other: SaslUser | None) -> bool:
         """Whether ``other`` proves the same password (the SCRAM credentials made from a
@@ -115,6 +116,7 @@ def load_users(path: Path) -> dict[str, SaslUser]:
         if not isinstance(name, str) or not name:
             raise source.error(f"a user name must be a string, not {name!r}", line_of(raw, name))
         reader = Reader(entry, source, f"users.{name}", line_of(raw, name))
+        written_in = reader.has("password")
         password = take_password(reader, base)
         scram: dict[str, ScramCredential] = {}
         for key in list(reader.data):
@@ -137,7 +139,7 @@ def load_users(path: Path) -> dict[str, SaslUser]:
                                "prints them)")
         if password is not None:
             scram = {m: ScramCredential.from_password(m, password) for m in SCRAM_MECHANISMS}
-        users[name] = SaslUser(password, scram)
+        users[name] = SaslUser(password, scram, written_in and password is not None)
     return users
 
 
