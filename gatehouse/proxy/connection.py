@@ -437,7 +437,7 @@ class ProxyConnection:
         conn = self.conn
         frame = memoryview(wire)[4:]  # read-only view: decoding copies nothing
         if self.client_sasl is not None and self.client_sasl.raw:
-            await self._client_sasl_token(bytes(frame), None, len(frame))
+            await self._client_sasl_token(bytes(frame), None)
             return
         if self.sasl_raw_rounds != 0:
             if self.sasl_raw_rounds is None and _looks_like_request(frame):
@@ -522,6 +522,12 @@ class ProxyConnection:
             conn.refused += 1
             raise _Close(decision.reason, logging.INFO)
 
+    async def _reauthenticate_if_due(self) -> None:
+        """Before a request goes up: authenticate to the broker again if the session is
+        near its end (no clock read where the broker gave no end)."""
+        if self.reauthenticate_at < math.inf and trio.current_time() >= self.reauthenticate_at:
+            await self._reauthenticate_upstream()
+
     async def _reauthenticate_upstream(self) -> None:
         """Authenticate to the broker again before the session it gave ends (KIP-368),
         between the client's requests: once every answer owed has come (the broker takes
@@ -583,8 +589,7 @@ class ProxyConnection:
         if key not in (SASL_HANDSHAKE, SASL_AUTHENTICATE):
             raise _Close(f"{api_name(key)} before SASL authentication (sasl.downstream: "
                          "the client must authenticate first)", logging.WARNING)
-        if (sasl.user is not None and self.ctx.sasl_session_lifetime is None
-                and not sasl.reauthenticating):
+        if sasl.user is not None and self.ctx.sasl_session_lifetime is None:
             raise _Close(f"{api_name(key)} after authenticating as {sasl.user!r} (the proxy "
                          "asks for no re-authentication)", logging.WARNING)
         try:
@@ -606,9 +611,9 @@ class ProxyConnection:
                                          "authenticates again with the mechanism it used, "
                                          "in SaslHandshake v1)")
             return
-        await self._client_sasl_token(bytes(body.auth_bytes), req, size)
+        await self._client_sasl_token(bytes(body.auth_bytes), req)
 
-    async def _client_sasl_token(self, token: bytes, req: Request | None, size: int) -> None:
+    async def _client_sasl_token(self, token: bytes, req: Request | None) -> None:
         """One SASL token of a client the proxy authenticates: in a SaslAuthenticate
         (``req``) or raw after a SaslHandshake v0 (``req`` None; the answer is raw too,
         and a failure just closes, as Kafka does)."""
@@ -737,8 +742,7 @@ class ProxyConnection:
             return await self._receive_whole_request(reader, size)
         header = req.header
         self._count_request(header)
-        if self.reauthenticate_at < math.inf and trio.current_time() >= self.reauthenticate_at:
-            await self._reauthenticate_upstream()
+        await self._reauthenticate_if_due()
         pending = None
         if acks != 0:
             pending = Pending(header.correlation_id, PRODUCE, header.api_version,
@@ -857,8 +861,7 @@ class ProxyConnection:
                        ) -> None:
         """A request up to the broker: ``wire`` as it came (with its size prefix), or a
         changed frame without one (``prefixed=False``)."""
-        if self.reauthenticate_at < math.inf and trio.current_time() >= self.reauthenticate_at:
-            await self._reauthenticate_upstream()
+        await self._reauthenticate_if_due()
         if pending is not None:
             # Queued before the bytes go up, so the entry is there when the answer comes.
             await self._queue(pending)
@@ -921,7 +924,8 @@ class ProxyConnection:
                 pending.internal(bytes(frame))
             else:
                 frame = memoryview(wire)[4:]
-                throttle = self._answer_throttle(pending, len(frame))
+                charges = self._quota_charges(pending)
+                throttle = self._answer_throttle(pending, len(frame), charges) if charges else 0
                 out = await self.handle_response_frame(frame, pending)
                 if throttle:
                     out = self._with_throttle(out, pending, throttle)
@@ -960,8 +964,8 @@ class ProxyConnection:
         hold = _held_tail(pending)
         if hold is None:
             return None
-        quotas = self._under_quotas(pending)
-        if quotas and reader.buffered < _THROTTLE_HEAD:
+        charges = self._quota_charges(pending)
+        if charges and reader.buffered < _THROTTLE_HEAD:
             return None  # the throttle time may have to be written in its first bytes
         pipe = self._take_pipe() if self._splices(pending, hold) else None
         if pipe is None and size < _STREAM_MIN:
@@ -970,7 +974,7 @@ class ProxyConnection:
         (correlation_id,) = _SIZE.unpack_from(head, 4)
         if correlation_id != pending.correlation_id:
             raise _out_of_step(correlation_id, pending)
-        if quotas and (throttle := self._answer_throttle(pending, size)):
+        if charges and (throttle := self._answer_throttle(pending, size, charges)):
             head = self._with_throttle_in_head(head, pending, throttle)
         total = 4 + size
         if pipe is not None:
@@ -1183,27 +1187,28 @@ class ProxyConnection:
         size = len(frame) if size is None else size
         self.ctx.observer.response(self.conn, pending, size, now - pending.started, frame)
 
-    def _under_quotas(self, pending: Pending) -> bool:
+    def _quota_charges(self, pending: Pending) -> tuple[Charge, ...]:
+        """The quotas a broker's answer to ``pending`` falls under (usually none)."""
         policy = pending.policy
+        if policy is None or pending.local is not None:
+            return ()
         # The time of the last activity is recent enough for finding buckets (every
         # answer asks: no clock read for connections under no quota).
-        return (policy is not None and pending.local is None
-                and bool(policy.quota_charges(self.conn, self.last_active)))
+        charges: tuple[Charge, ...] = policy.quota_charges(self.conn, self.last_active)
+        return charges
 
-    def _answer_throttle(self, pending: Pending, size: int) -> int:
+    def _answer_throttle(self, pending: Pending, size: int,
+                         charges: tuple[Charge, ...]) -> int:
         """An answer of ``size`` bytes from the broker, under the connection's quotas: a
         Fetch answer's bytes are spent (the next request waits for the debt), and the
         milliseconds the client is asked to wait, as a broker's quotas ask in
         ``throttle_time_ms`` (KIP-219 clients then hold their next request back
         themselves; all report it): the longest debt of the enforced quotas of this
-        answer's kind.  0: nothing to say."""
-        if not self._under_quotas(pending):
-            return 0
-        assert pending.policy is not None
+        answer's kind (``charges``: ``_quota_charges``).  0: nothing to say."""
         now = trio.current_time()
         key = pending.api_key
         wait = 0.0
-        for charge in pending.policy.quota_charges(self.conn, now):
+        for charge in charges:
             kind = charge.kind
             if kind == "fetch_bytes":
                 if key != FETCH:
@@ -1221,14 +1226,9 @@ class ProxyConnection:
         decoded and encoded again (Produce's comes after its partitions: a small answer).
         The broker's own throttle stands when it is longer."""
         key, version = pending.api_key, pending.api_version
-        at = throttle_time_at(out, key, version)
-        if at is not None:
-            (current,) = _SIZE.unpack_from(out, at)
-            if current >= throttle:
-                return out
-            changed = bytearray(out)
-            _SIZE.pack_into(changed, at, throttle)
-            return changed
+        written = _throttle_written(out, 0, pending, throttle)
+        if written is not None:
+            return written
         try:
             resp = decode_response(out, key, version)
             if not resp.known:
@@ -1247,16 +1247,8 @@ class ProxyConnection:
         """The first bytes of a streamed answer (size prefix included) with the throttle
         time written in place (a streamed answer is a Fetch or another whose field comes
         first; if it did not fit in these bytes the hold alone applies)."""
-        view = memoryview(head)[4:]
-        at = throttle_time_at(view, pending.api_key, pending.api_version)
-        if at is None:
-            return head
-        (current,) = _SIZE.unpack_from(view, at)
-        if current >= throttle:
-            return head
-        changed = bytearray(head)
-        _SIZE.pack_into(changed, 4 + at, throttle)
-        return changed
+        written = _throttle_written(head, 4, pending, throttle)
+        return head if written is None else written
 
     async def handle_response_frame(self, frame: memoryview, pending: Pending) -> Any:
         """The response the client gets: ``frame`` itself when nothing changed."""
@@ -1404,6 +1396,23 @@ def _held_tail(pending: Pending) -> int | None:
     if pending.api_key == FETCH and address_tags(pending.api_key, pending.api_version):
         return _TAIL_HOLD
     return None
+
+
+def _throttle_written(data: Any, start: int, pending: Pending, throttle: int) -> Any:
+    """``data`` (an answer from its correlation id at ``start``) with a throttle time of
+    at least ``throttle`` ms written in place: itself when the broker's is as long, a
+    changed copy otherwise; None when the field is not the body's first (or not in
+    these bytes)."""
+    at = throttle_time_at(memoryview(data)[start:], pending.api_key, pending.api_version)
+    if at is None:
+        return None
+    at += start
+    (current,) = _SIZE.unpack_from(data, at)
+    if current >= throttle:
+        return data
+    changed = bytearray(data)
+    _SIZE.pack_into(changed, at, throttle)
+    return changed
 
 
 def _first_unknown_tag(api_key: int) -> int:
