@@ -20,7 +20,7 @@ import logging
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -138,9 +138,17 @@ def load_users(path: Path) -> dict[str, SaslUser]:
                                "(SCRAM-SHA-256, SCRAM-SHA-512: `gatehouse credential` "
                                "prints them)")
         if password is not None:
-            scram = {m: ScramCredential.from_password(m, password) for m in SCRAM_MECHANISMS}
-        users[name] = SaslUser(password, scram, written_in and password is not None)
+            scram = {m: _from_password(m, password) for m in SCRAM_MECHANISMS}
+        users[name] = SaslUser(password, scram, written_in)
     return users
+
+
+@lru_cache(maxsize=4096)
+def _from_password(mechanism: str, password: str) -> ScramCredential:
+    """A password's SCRAM credential, made once per process (PBKDF2 takes milliseconds):
+    the config's check of the users file, the proxy's own load and each reload (on the
+    event loop) find the unchanged passwords' credentials made."""
+    return ScramCredential.from_password(mechanism, password)
 
 
 class SaslUsers:
@@ -192,9 +200,6 @@ class SaslUsers:
         log_event(logger, logging.INFO, "SASL users reloaded", users=len(users),
                   file=str(self.path), connections_ended=revoked or None)
         return True
-
-    def entry(self, name: str) -> SaslUser | None:
-        return self._users.get(name)
 
     def scram(self, mechanism: str, name: str) -> ScramCredential | None:
         user = self._users.get(name)
