@@ -153,8 +153,7 @@ def _refuses(rule: Any) -> bool:
     return bool(rule.min_api_version or rule.max_api_version or rule.deny_apis
                 or rule.allow_apis is not None or rule.min_client_software
                 or rule.unknown_software == "refuse"
-                or (rule.topic_map is not None and rule.topic_map.filters)
-                or rule.api_maps is not None)
+                or any(m.filters for m in rule.maps()))
 
 
 def _census_section(data: Any) -> str:

@@ -45,8 +45,7 @@ def filters_groups(ruleset: RuleSet | None) -> bool:
     """Whether a rule restricts the group ids clients may use (``allow_groups``...):
     only then do decisions read the group a request names."""
     return ruleset is not None and any(
-        GROUP in filtered_id_kinds(m) for rule in ruleset.rules
-        for m in (rule.topic_map, *(rule.api_maps or {}).values()) if m is not None)
+        GROUP in filtered_id_kinds(m) for rule in ruleset.rules for m in rule.maps())
 
 
 def decision_columns(ruleset: RuleSet) -> tuple[str, ...]:

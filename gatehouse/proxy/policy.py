@@ -49,6 +49,7 @@ from gatehouse.rules.topics import (
     FIND_COORDINATOR,
     GROUP,
     ID_FILTER_KEYS,
+    TOPIC,
     TRANSACTION,
     carries_ids,
     carries_topics,
@@ -72,7 +73,6 @@ PRODUCE, FETCH, METADATA = 0, 1, 3
 _FOREIGN_ID = "names by id a topic outside the client's prefix"
 # The context of a request forwarded only for its answer's topic ids (``on_response``).
 _LEARN_IDS = object()
-TOPIC = "topic"  # beside the id kinds (GROUP, TRANSACTION): a name a filter refuses
 # What a broker answers a client its ACLs do not allow to use the name.
 _NOT_AUTHORIZED = {TOPIC: TOPIC_AUTHORIZATION_FAILED, GROUP: GROUP_AUTHORIZATION_FAILED,
                    TRANSACTION: TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
@@ -462,9 +462,7 @@ def _observes_ids(ruleset: RuleSet | None) -> bool:
     """Whether an observe-mode rule of ``ruleset`` would hide other tenants' topics (it
     then counts requests naming their ids: the ids are learned from the answers)."""
     return ruleset is not None and any(
-        r.mode == "observe" and any(m.hides_others for m in (
-            r.topic_map, *(r.api_maps or {}).values()) if m is not None)
-        for r in ruleset.rules)
+        r.mode == "observe" and any(m.hides_others for m in r.maps()) for r in ruleset.rules)
 
 
 def _denied_text(kind: str, name: str, rule: str) -> str:

@@ -32,11 +32,13 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import Final
+from typing import ClassVar, Final
 
 from gatehouse.codecs import APIS
 from gatehouse.rules.topics import (
     GROUP,
+    ID_FILTER_KEYS,
+    TOPIC,
     TRANSACTION,
     Chain,
     IdFilter,
@@ -47,10 +49,9 @@ from gatehouse.rules.topics import (
     names_topics,
 )
 
-TOPIC = "topic"
 KINDS: Final = (TOPIC, GROUP, TRANSACTION)
-# The rule keys of each kind of name in an entry.
-KIND_KEYS: Final = {TOPIC: "topics", GROUP: "groups", TRANSACTION: "transactional_ids"}
+# The rule keys of each kind of name in an entry (those of allow_ / deny_ lists).
+KIND_KEYS: Final = {TOPIC: "topics", **ID_FILTER_KEYS}
 OPERATIONS: Final = ("all", "read", "write", "create", "delete", "alter", "describe",
                      "describe_configs", "alter_configs")
 # Kafka's implied operations: allowing the key allows these too.
@@ -133,13 +134,13 @@ class AclEntry:
 class AclTopicFilter(TopicFilter):
     """A topic filter an ACL made: its refusals are the rule's ``acls``."""
 
-    action = "acls"
+    action: ClassVar[str | None] = "acls"
 
 
 class AclIdFilter(IdFilter):
     """A group / transactional id filter an ACL made."""
 
-    action = "acls"
+    action: ClassVar[str | None] = "acls"
 
 
 @cache
@@ -177,6 +178,8 @@ def _filter(entries: Sequence[AclEntry], kind: str, op: str) -> NameFilter:
             allow.extend(patterns)
         elif not entry.allow and (op in entry.operations or "all" in entry.operations):
             deny.extend(patterns)
+    if kind == TOPIC:
+        return AclTopicFilter(tuple(allow), tuple(deny))
     return NameFilter(tuple(allow), tuple(deny))
 
 
@@ -188,6 +191,9 @@ def compile_acls(entries: Sequence[AclEntry], then: TopicMap | None
     rule's own map applies to them)."""
     kinds = [kind for kind in KINDS if any(kind in e.names for e in entries)]
     out: dict[int, TopicMap] = {}
+    # One filter per kind and operation, shared by every API that needs it (so is what
+    # each has learnt of which names pass).
+    made: dict[tuple[str, str], NameFilter] = {}
     for api_key in APIS:
         parts: list[TopicMap] = []
         ids: dict[str, NameFilter] = {}
@@ -195,9 +201,11 @@ def compile_acls(entries: Sequence[AclEntry], then: TopicMap | None
             op = operation(api_key, kind)
             if op is None:
                 continue
-            names = _filter(entries, kind, op)
-            if kind == TOPIC:
-                parts.append(AclTopicFilter(names.allow, names.deny))
+            names = made.get((kind, op))
+            if names is None:
+                names = made[kind, op] = _filter(entries, kind, op)
+            if isinstance(names, TopicFilter):
+                parts.append(names)
             else:
                 ids[kind] = names
         if ids:

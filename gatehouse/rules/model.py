@@ -163,6 +163,11 @@ class Rule:
             return self.topic_map
         return self.api_maps.get(api_key, self.topic_map)
 
+    def maps(self) -> tuple[TopicMap, ...]:
+        """Every names map the rule applies, to some API or all: its own, then its ACLs'."""
+        own = () if self.topic_map is None else (self.topic_map,)
+        return (*own, *(self.api_maps or {}).values())
+
     @property
     def maps_names(self) -> bool:
         """Whether the rule maps or filters names for some API (a map or ACLs)."""
@@ -349,9 +354,7 @@ class RuleSet:
         ids shared."""
         out = []
         for rule in self.rules:
-            topic_map = rule.topic_map
-            if rule.api_maps and topic_map is None:
-                topic_map = next(iter(rule.api_maps.values()))  # ACLs filter names
+            topic_map = next(iter(rule.maps()), None)  # its own, else its ACLs'
             if rule.mode != "enforce" or topic_map is None or not (
                     topic_map.hides_others or topic_map.filters):
                 continue

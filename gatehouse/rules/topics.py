@@ -26,7 +26,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache, partial
-from typing import Any
+from typing import Any, ClassVar
 
 from gatehouse.codecs import (
     FieldSpec,
@@ -46,8 +46,10 @@ TOPIC_RESOURCE = 2
 PRODUCE, FIND_COORDINATOR, JOIN_GROUP, SYNC_GROUP, DESCRIBE_GROUPS = 0, 10, 11, 14, 15
 CONSUMER = consumer.CONSUMER_PROTOCOL_TYPE
 
-# The other kinds of names a prefix may map besides topics.
+# The other kinds of names a prefix may map besides topics (and topics themselves, where
+# a kind of name is asked for: a name a filter refuses, an ACL's names).
 GROUP, TRANSACTION = "group", "transactional_id"
+TOPIC = "topic"
 IdKinds = frozenset[str]
 
 
@@ -154,6 +156,9 @@ class TopicFilter(NameFilter, TopicMap):
     ``deny_topics``).  The others are hidden from every answer, their ids included
     (``hides_others``), and a request that names one is refused (``denies``)."""
 
+    # The rule key its refusals are counted under; None: ``allow_`` or ``deny_topics``.
+    action: ClassVar[str | None] = None
+
     def to_broker(self, name: str) -> str:
         return name
 
@@ -186,6 +191,7 @@ class IdFilter(TopicMap):
     pass as they are."""
 
     by_kind: dict[str, NameFilter]
+    action: ClassVar[str | None] = None  # as TopicFilter's
 
     def to_broker(self, name: str) -> str:
         return name
@@ -228,7 +234,7 @@ def denial(topic_map: TopicMap, name: str) -> str | None:
     it lets the name through."""
     for m in map_parts(topic_map):
         if isinstance(m, TopicFilter) and m.denies(name):
-            return getattr(m, "action", None) or f"{m.refused_by(name)}_topics"
+            return m.action or f"{m.refused_by(name)}_topics"
         name = m.to_broker(name)
     return None
 
@@ -244,8 +250,7 @@ def id_denial(topic_map: TopicMap, kind: str, name: str) -> str | None:
     ``deny_transactional_ids`` or ``allow_transactional_ids``; None when it passes."""
     for m in map_parts(topic_map):
         if isinstance(m, IdFilter) and m.denies_id(kind, name):
-            return (getattr(m, "action", None)
-                    or f"{m.by_kind[kind].refused_by(name)}_{ID_FILTER_KEYS[kind]}")
+            return m.action or f"{m.by_kind[kind].refused_by(name)}_{ID_FILTER_KEYS[kind]}"
         name = m.id_to_broker(kind, name)
     return None
 
