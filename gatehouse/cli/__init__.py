@@ -181,12 +181,13 @@ def _check(path: str) -> int:
                   f"store SCRAM credentials instead (gatehouse credential NAME --file "
                   f"{down.users_file.name}) or use password_file / password_env",
                   file=sys.stderr)
-        if "PLAIN" in down.mechanisms and config.tls_downstream is None:
-            print("warning: sasl.downstream offers PLAIN without tls.downstream: clients "
-                  "send their passwords in clear text", file=sys.stderr)
     if up is not None:
         print(f"sasl.upstream: the proxy authenticates to the brokers as {up.username!r} "
               f"({up.mechanism})")
+    from gatehouse.proxy.config import clear_text_warnings
+
+    for warning in clear_text_warnings(config):
+        print(f"warning: {warning}", file=sys.stderr)
     for advice in _policy.ruleset.advice():
         print(f"warning: {advice}", file=sys.stderr)
     return 0

@@ -409,6 +409,20 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
     )
 
 
+def clear_text_warnings(config: ProxyConfig) -> list[str]:
+    """Where the config has passwords cross a network in clear text (PLAIN without TLS
+    on that side): logged at every start and said by ``gatehouse check``."""
+    out = []
+    down, up = config.sasl_downstream, config.sasl_upstream
+    if down is not None and "PLAIN" in down.mechanisms and config.tls_downstream is None:
+        out.append("sasl.downstream offers PLAIN without tls.downstream: clients send "
+                   "their passwords in clear text")
+    if up is not None and up.mechanism == "PLAIN" and config.tls_upstream is None:
+        out.append("sasl.upstream uses PLAIN without tls.upstream: the password goes to "
+                   "the brokers in clear text")
+    return out
+
+
 def _sasl_downstream(sasl: Reader, base: Path) -> DownstreamSasl | None:
     """``sasl.downstream: {users_file, mechanisms}``; the users file is read now, so a
     bad one is reported by ``gatehouse check`` with its own file:line."""

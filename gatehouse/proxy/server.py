@@ -25,7 +25,7 @@ from gatehouse import codecs
 from gatehouse.codecs import Request
 from gatehouse.logs import log_event
 from gatehouse.proxy.addresses import BrokerAddress
-from gatehouse.proxy.config import Address, ProxyConfig
+from gatehouse.proxy.config import Address, ProxyConfig, clear_text_warnings
 from gatehouse.proxy.connection import ConnectionContext, ProxyConnection
 from gatehouse.proxy.hooks import CLIENT_CLOSED, ConnectionInfo, Observer, Observers, Policy
 from gatehouse.proxy.principal import certificate_principal, mapped_principal
@@ -497,15 +497,11 @@ class Proxy:
             log_event(logger, logging.INFO, "clients authenticate with the proxy "
                       "(sasl.downstream)", mechanisms=",".join(down.mechanisms),
                       users=len(self.sasl_users), file=str(down.users_file))
-            if "PLAIN" in down.mechanisms and config.tls_downstream is None:
-                log_event(logger, logging.WARNING, "sasl.downstream offers PLAIN without "
-                          "tls.downstream: clients send their passwords in clear text")
         if up is not None:
             log_event(logger, logging.INFO, "the proxy authenticates to the brokers "
                       "(sasl.upstream)", mechanism=up.mechanism, user=up.username)
-            if up.mechanism == "PLAIN" and config.tls_upstream is None:
-                log_event(logger, logging.WARNING, "sasl.upstream uses PLAIN without "
-                          "tls.upstream: the password goes to the brokers in clear text")
+        for warning in clear_text_warnings(config):
+            log_event(logger, logging.WARNING, warning)
 
     def shutdown(self) -> None:
         self.draining.set()
