@@ -49,6 +49,15 @@ def _hmac(hash_name: str, key: bytes, message: bytes) -> bytes:
     return hmac.new(key, message, hash_name).digest()
 
 
+def _keys(hash_name: str, password: bytes, salt: bytes, iterations: int
+          ) -> tuple[bytes, bytes, bytes]:
+    """(ClientKey, StoredKey, ServerKey) of a password (RFC 5802: one PBKDF2 run)."""
+    salted = hashlib.pbkdf2_hmac(hash_name, password, salt, iterations)
+    client_key = _hmac(hash_name, salted, b"Client Key")
+    return (client_key, hashlib.new(hash_name, client_key).digest(),
+            _hmac(hash_name, salted, b"Server Key"))
+
+
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
@@ -86,12 +95,10 @@ class ScramCredential:
     @classmethod
     def from_password(cls, mechanism: str, password: str, *, salt: bytes | None = None,
                       iterations: int = DEFAULT_ITERATIONS) -> ScramCredential:
-        hash_name = _hash_name(mechanism)
         salt = secrets.token_bytes(32) if salt is None else salt
-        salted = hashlib.pbkdf2_hmac(hash_name, password.encode("utf-8"), salt, iterations)
-        client_key = _hmac(hash_name, salted, b"Client Key")
-        return cls(mechanism, salt, iterations, hashlib.new(hash_name, client_key).digest(),
-                   _hmac(hash_name, salted, b"Server Key"))
+        _, stored_key, server_key = _keys(_hash_name(mechanism), password.encode("utf-8"),
+                                          salt, iterations)
+        return cls(mechanism, salt, iterations, stored_key, server_key)
 
     def check_password(self, password: str) -> bool:
         """Whether ``password`` is the one this credential was made from (one PBKDF2 run:
@@ -212,16 +219,13 @@ class ScramClient:
             raise SaslError("the server's SCRAM challenge is not valid")
         if not 0 < int(iterations) <= MAX_ITERATIONS:
             raise SaslError(f"the server asks for {iterations} SCRAM iterations")
-        salted = hashlib.pbkdf2_hmac(self.hash, self.password, _unb64(salt, "the salt"),
-                                     int(iterations))
-        client_key = _hmac(self.hash, salted, b"Client Key")
-        stored_key = hashlib.new(self.hash, client_key).digest()
+        client_key, stored_key, server_key = _keys(self.hash, self.password,
+                                                   _unb64(salt, "the salt"), int(iterations))
         without_proof = f"c=biws,r={nonce}"  # biws: base64 of "n,," (no channel binding)
         auth_message = f"{self.first_bare},{text},{without_proof}".encode()
         signature = _hmac(self.hash, stored_key, auth_message)
         proof = bytes(a ^ b for a, b in zip(client_key, signature, strict=True))
-        self._server_signature = _hmac(self.hash, _hmac(self.hash, salted, b"Server Key"),
-                                       auth_message)
+        self._server_signature = _hmac(self.hash, server_key, auth_message)
         return f"{without_proof},p={_b64(proof)}".encode()
 
     def check_final(self, server_final: bytes) -> None:
