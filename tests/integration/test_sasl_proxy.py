@@ -14,8 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import socket
-import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,16 +25,22 @@ from confluent_kafka.admin import AdminClient
 
 from gatehouse import codecs
 from gatehouse.codecs.scram import ScramCredential
-from tests.reliability.support import GatehouseProcess, wait_until
+from tests.reliability.support import (
+    GatehouseProcess,
+    api_versions_request,
+    connect,
+    read_frame,
+    wait_until,
+)
 from tests.support.clients import (
     consume,
     kafka_python_produce,
     kafka_python_read,
     produce,
-    recv_exact,
     unique,
     watermarks,
 )
+from tests.support.fakebroker import frame_bytes, request
 from tests.support.kafka import SCRAM_MECHANISM, SCRAM_PASSWORD, SCRAM_USER, KafkaCluster
 from tests.support.ports import free_port
 from tests.support.proxythread import ProxyThread
@@ -207,10 +211,12 @@ def test_a_wrong_password_is_refused_as_a_broker_refuses_it(
         assert errors and "OAUTHBEARER" in errors[0].str(), errors
 
         # Before authenticating, ApiVersions is answered and anything else closes.
-        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
-            assert versions_of(sock, 1)
-            sock.sendall(frame(codecs.Request.build(3, 12, 2, "sneaky", codecs.api(3)
-                                                    .request.root.cls(topics=None))))
+        with connect(proxy.port) as sock:
+            sock.sendall(api_versions_request(1))
+            answer = read_frame(sock)
+            assert answer is not None
+            assert codecs.decode_response(answer, 18, 3).body.api_keys
+            sock.sendall(frame_bytes(request(3, 12, 2, topics=None).encode()))
             assert sock.recv(4) == b""
         reasons = wait_for(lambda: [f["reason"] for f in logged(caplog, "connection closed")
                                     if "before SASL" in str(f["reason"])])
@@ -298,20 +304,6 @@ def requests_counted(proxy: ProxyThread, api: str, version: str | None) -> float
                for sample in family.samples
                if sample.name == "gatehouse_requests_total" and sample.labels["api"] == api
                and version in (None, sample.labels["version"]))
-
-
-def frame(req: codecs.Request) -> bytes:
-    body = req.encode()
-    return struct.pack(">i", len(body)) + bytes(body)
-
-
-def versions_of(sock: socket.socket, correlation_id: int) -> dict[int, tuple[int, int]]:
-    sock.sendall(frame(codecs.Request.build(18, 3, correlation_id, "raw", codecs.api(18)
-                                            .request.root.cls(client_software_name="raw",
-                                                              client_software_version="1"))))
-    size = struct.unpack(">i", recv_exact(sock, 4))[0]
-    answer = codecs.decode_response(recv_exact(sock, size), 18, 3)
-    return {k.api_key: (k.min_version, k.max_version) for k in answer.body.api_keys}
 
 
 def test_clients_outlive_the_brokers_sasl_session_limit(kafka_libs: Path, tmp_path: Path,
