@@ -134,8 +134,11 @@ def test_the_wheel_holds_the_package_and_nothing_else(wheel: Path) -> None:
     packaged = {n for n in names if not n.startswith(dist_info)}
     tracked = subprocess.run(["git", "ls-files", "gatehouse"], cwd=ROOT, capture_output=True,
                              text=True, check=True).stdout.split()
-    sources = {n for n in tracked if n.endswith(".py")} | {"gatehouse/py.typed"}
+    sources = {n for n in tracked if n.endswith((".py", ".pyi"))} | {"gatehouse/py.typed"}
     assert sources <= packaged, sorted(sources - packaged)
+    # The C readers are built into it (a compiler is here, as in the image's build stage).
+    assert any(re.fullmatch(r"gatehouse/codecs/_speedups\..*\.so", n) for n in packaged)
+    assert not any(n.endswith(".c") for n in packaged)  # the source stays in the sdist
     assert all(n.startswith("gatehouse/") for n in packaged), sorted(packaged)
     assert "gatehouse = gatehouse.cli:main" in entry_points
     required = {re.split(r"[<>=!; \[]", r)[0].lower() for r in metadata.get_all("Requires-Dist")

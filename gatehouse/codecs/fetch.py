@@ -18,6 +18,7 @@ from __future__ import annotations
 import struct
 from typing import Final
 
+from gatehouse.codecs._native import speedups
 from gatehouse.codecs._scan import (
     TopicCounts,
     Unexpected,
@@ -44,6 +45,8 @@ _REPLICA_STATE_SINCE: Final = 15  # ReplicaId moved into the tagged ReplicaState
 # A request's partition: Partition, CurrentLeaderEpoch, FetchOffset, LastFetchedEpoch,
 # LogStartOffset, PartitionMaxBytes (then its tag section).
 _REQUEST_PARTITION: Final = 4 + 4 + 8 + 4 + 8 + 4
+# ``_walk`` in C (gatehouse/codecs/_speedups.c), where built.
+_C_WALK: Final = None if speedups is None else speedups.fetch_walk
 
 __all__ = [
     "AnswerWalk",
@@ -142,6 +145,19 @@ def _head_end(view: memoryview) -> int:
 
 def _walk(view: memoryview, version: int, count: bool) -> tuple[dict[int, int], int, TopicCounts]:
     """The error codes, the offset of the top-level tag section, the topics' counts."""
+    if _C_WALK is not None:
+        found = _C_WALK(view, version >= TOPIC_IDS_SINCE, count)
+        if found is None:
+            raise Unexpected
+        if found is not NotImplemented:
+            return found  # type: ignore[no-any-return]
+    return _walk_python(view, version, count)
+
+
+def _walk_python(view: memoryview, version: int,
+                 count: bool) -> tuple[dict[int, int], int, TopicCounts]:
+    """``_walk`` in Python (where the C reader is not built, and the reference it is held
+    to)."""
     ids = version >= TOPIC_IDS_SINCE
     pos = _head_end(view)
     (_, top_code) = _INDEX_CODE.unpack_from(view, pos - 10)  # ThrottleTimeMs, ErrorCode

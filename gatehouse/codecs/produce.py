@@ -17,6 +17,7 @@ import struct
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
+from gatehouse.codecs._native import speedups
 from gatehouse.codecs._scan import I16 as _I16
 from gatehouse.codecs._scan import TopicCounts as TopicCounts  # re-exported
 from gatehouse.codecs._scan import Unexpected as _Unexpected
@@ -46,6 +47,9 @@ _FLEXIBLE_PARTITION: Final = struct.Struct(">iBBB8xi4xb40xi")
 FLEXIBLE_SINCE: Final = 9
 TOPIC_IDS_SINCE: Final = 13
 FIRST_VERSION: Final = 3
+# The same readers in C (gatehouse/codecs/_speedups.c), where built.
+_C_REQUEST_TOPICS: Final = None if speedups is None else speedups.produce_request_topics
+_C_RESPONSE_SCAN: Final = None if speedups is None else speedups.produce_response_scan
 
 
 def partitions_total(partitions: Iterable[Any]) -> tuple[int, int]:
@@ -80,6 +84,17 @@ def request_topics(frame: Buffer, version: int, spans: list[tuple[int, int]] | N
     without ``count`` the records are skipped, not counted (0 records, 0 bytes)."""
     if version < FIRST_VERSION:
         return None
+    if _C_REQUEST_TOPICS is not None and count and spans is None:
+        found = _C_REQUEST_TOPICS(frame, version >= FLEXIBLE_SINCE, version >= TOPIC_IDS_SINCE)
+        if found is not NotImplemented:
+            return found  # type: ignore[no-any-return]
+    return _request_topics(frame, version, spans, count)
+
+
+def _request_topics(frame: Buffer, version: int, spans: list[tuple[int, int]] | None,
+                    count: bool) -> TopicCounts | None:
+    """``request_topics`` in Python (where the C reader is not built, and the reference
+    it is held to)."""
     view = frame if type(frame) is memoryview else memoryview(frame)
     flexible = version >= FLEXIBLE_SINCE
     ids = version >= TOPIC_IDS_SINCE
@@ -228,6 +243,16 @@ def response_scan(frame: Buffer, version: int,
     on).  ``names`` gets each topic name before v13 and where it is (length included)."""
     if version < FIRST_VERSION:
         return None
+    if _C_RESPONSE_SCAN is not None and names is None:
+        found = _C_RESPONSE_SCAN(frame, version)
+        if found is not NotImplemented:
+            return found  # type: ignore[no-any-return]
+    return _response_scan(frame, version, names)
+
+
+def _response_scan(frame: Buffer, version: int,
+                   names: list[tuple[int, int, str]] | None) -> ResponseScan | None:
+    """``response_scan`` in Python (see ``_request_topics``)."""
     view = memoryview(frame)
     flexible = version >= FLEXIBLE_SINCE
     try:

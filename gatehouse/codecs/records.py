@@ -25,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from gatehouse.codecs._native import speedups
 from gatehouse.codecs.errors import RemoteProtocolError
 from gatehouse.codecs.primitives import Buffer, varint_bytes
 
@@ -40,6 +41,8 @@ _LEGACY_MIN_SIZE: Final = (14, 22)
 _COUNT: Final = struct.Struct(">i")
 _MAGIC_AT: Final = 16
 _COUNT_AT: Final = 57  # a v2 batch's record count
+# ``count_records`` in C (gatehouse/codecs/_speedups.c), where built: None where it raises.
+_C_COUNT_RECORDS: Final = None if speedups is None else speedups.count_records
 V2_HEAD: Final = struct.Struct(">8xi4xb40xi")  # length (8), magic (16), count (57)
 _CRC_DATA_FROM: Final = 21  # CRC-32C covers attributes onwards
 
@@ -345,6 +348,12 @@ def records_and_bytes(records: Buffer | None) -> tuple[int, int]:
     if records is None:
         return 0, 0
     view = memoryview(records)
+    if _C_COUNT_RECORDS is not None:
+        counted: tuple[int, int] | None = _C_COUNT_RECORDS(view, 0, len(view))
+        if counted is not None:
+            return counted
+        summary = summarize(view)
+        return summary.records, summary.bytes
     try:
         return count_records(view, 0, len(view))
     except Uncounted:

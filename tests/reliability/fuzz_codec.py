@@ -9,7 +9,9 @@ An input is a mode byte, then bytes as they come off a socket:
 
 The splitter gets the bytes in chunks whose sizes come from the input's length; every frame
 is decoded (header, then body), turned into a plain dict and built again.  The codec may
-refuse bytes only with its own ``ProtocolError``; any other exception is a crash.
+refuse bytes only with its own ``ProtocolError``; any other exception is a crash.  The
+hot path's byte readers read every Produce and Fetch frame too, in C and in Python, and
+must agree (``check_readers``).
 ``check_input`` is also what tests/reliability/test_fuzz.py replays for each saved crash.
 """
 
@@ -18,8 +20,11 @@ from __future__ import annotations
 import random
 import struct
 import sys
+from typing import Any
 
 from gatehouse import codecs
+from gatehouse.codecs import fetch, produce, records
+from gatehouse.codecs._native import speedups
 
 MAX_FRAME = 1 << 20
 REQUEST, RESPONSE = 0, 1
@@ -57,7 +62,47 @@ def _frames(stream: bytes) -> list[bytes]:
     return [wire[4:] for wire in frames]
 
 
+def _python_or_none(read: Any, *args: Any) -> Any:
+    """What a reader that raises on bytes it does not expect says, None for the raise
+    (what its callers make of it)."""
+    try:
+        return read(*args)
+    except (records.Uncounted, struct.error, IndexError, UnicodeDecodeError):
+        return None
+
+
+def check_readers(frame: bytes, api_key: int, api_version: int, request: bool) -> None:
+    """The C readers of gatehouse/codecs/_speedups.c say what the Python readers say of
+    ``frame`` (a request from its api key on, a response from its correlation id on), or
+    leave it to them (NotImplemented)."""
+    if speedups is None:
+        return
+    c: Any = NotImplemented
+    if request and api_key == 0 and api_version >= produce.FIRST_VERSION:
+        c = speedups.produce_request_topics(frame, api_version >= produce.FLEXIBLE_SINCE,
+                                            api_version >= produce.TOPIC_IDS_SINCE)
+        python = produce._request_topics(frame, api_version, None, True)
+    elif not request and api_key == 0 and api_version >= produce.FIRST_VERSION:
+        c = speedups.produce_response_scan(frame, api_version)
+        python = produce._response_scan(frame, api_version, None)
+    elif not request and api_key == 1 and api_version >= fetch.FIRST_VERSION:
+        view = memoryview(frame)
+        for count in (True, False):
+            c = speedups.fetch_walk(frame, api_version >= fetch.TOPIC_IDS_SINCE, count)
+            python = _python_or_none(fetch._walk_python, view, api_version, count)
+            assert c is NotImplemented or c == python, "C and Python Fetch walks differ"
+        return
+    assert c is NotImplemented or c == python, "C and Python readers differ"
+    for start, end in ((0, len(frame)), (len(frame) // 3, len(frame))):
+        c = speedups.count_records(frame, start, end)
+        assert c == _python_or_none(records.count_records, memoryview(frame), start, end), \
+            "C and Python record counts differ"
+
+
 def _request(frame: bytes) -> None:
+    if len(frame) >= 4:
+        api_key, api_version = _KEY_VERSION.unpack_from(frame)
+        check_readers(frame, api_key, api_version, True)
     try:
         req = codecs.decode_request(frame)
         if not req.known:
@@ -73,6 +118,7 @@ def _request(frame: bytes) -> None:
 
 
 def _response(frame: bytes, api_key: int, api_version: int) -> None:
+    check_readers(frame, api_key, api_version, False)
     try:
         resp = codecs.decode_response(frame, api_key, api_version)
         if not resp.known:

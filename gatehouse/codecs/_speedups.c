@@ -1,0 +1,707 @@
+/* The byte readers of the proxy's hot path, in C: what gatehouse.codecs.produce,
+ * gatehouse.codecs.fetch and gatehouse.codecs.records read from every Produce request and
+ * every Produce and Fetch answer for the metrics and the observation log.
+ *
+ * Each function here is a second implementation of a Python reader that stays the
+ * reference (and runs where this module is not built, or GATEHOUSE_PURE_PYTHON=1 is set):
+ * it gives the same result for every input, None where the Python reader gives None
+ * (bytes not as expected: the caller falls back to the full decoder, which reports the
+ * error), or NotImplemented for the rare valid inputs it leaves to the Python reader
+ * (tests/test_speedups.py holds the two to each other on generated, mutated and real
+ * frames).  Every read is bounds-checked against the buffer; nothing is allocated from
+ * a length the bytes declare.  Pure: no I/O, no state, the GIL held throughout.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+/* What a reader step can end in besides success. */
+#define BAD (-1)        /* not the layout the reader expects: the result is None */
+#define ERROR (-2)      /* a Python exception is set (memory) */
+#define NOT_TAKEN (-3)  /* valid, but left to the Python reader: NotImplemented */
+
+#define LOG_OVERHEAD 12     /* a batch's base offset and length */
+#define BATCH_OVERHEAD 61   /* a v2 batch's header */
+#define MAGIC_AT 16
+#define COUNT_AT 57
+#define MAX_CODES 32        /* distinct error codes counted here; more: NOT_TAKEN */
+
+typedef struct {
+    const unsigned char *p;
+    Py_ssize_t len;
+} Bytes;
+
+static inline int32_t
+be32(const unsigned char *p)
+{
+    return (int32_t)(((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) |
+                     ((uint32_t)p[2] << 8) | (uint32_t)p[3]);
+}
+
+static inline int16_t
+be16(const unsigned char *p)
+{
+    return (int16_t)(((uint16_t)p[0] << 8) | (uint16_t)p[1]);
+}
+
+/* Is [pos, pos + n) inside the buffer?  pos may already be past its end. */
+static inline int
+has(const Bytes *b, Py_ssize_t pos, Py_ssize_t n)
+{
+    return pos >= 0 && n >= 0 && pos <= b->len && n <= b->len - pos;
+}
+
+/* An unsigned varint of at most five bytes, as _scan.uvarint reads it. */
+static int
+uvarint(const Bytes *b, Py_ssize_t *pos, int64_t *value)
+{
+    Py_ssize_t at = *pos;
+    int64_t v = 0;
+    for (int shift = 0; shift <= 28; shift += 7) {
+        if (!has(b, at, 1))
+            return BAD;
+        unsigned char c = b->p[at++];
+        v |= (int64_t)(c & 0x7F) << shift;
+        if (c < 0x80) {
+            *pos = at;
+            *value = v;
+            return 0;
+        }
+    }
+    return BAD;
+}
+
+/* Skips a tag section (_scan.skip_tags). */
+static int
+skip_tags(const Bytes *b, Py_ssize_t *pos)
+{
+    int64_t count, tag, size;
+    if (uvarint(b, pos, &count) < 0)
+        return BAD;
+    for (int64_t i = 0; i < count; i++) {
+        if (uvarint(b, pos, &tag) < 0 || uvarint(b, pos, &size) < 0)
+            return BAD;
+        if (size > b->len)
+            return BAD;  /* past the end whatever follows */
+        *pos += (Py_ssize_t)size;
+    }
+    return *pos > b->len ? BAD : 0;
+}
+
+/* A tag section, nearly always empty (one zero byte). */
+static inline int
+skip_tags_fast(const Bytes *b, Py_ssize_t *pos)
+{
+    if (!has(b, *pos, 1))
+        return BAD;
+    if (b->p[*pos] == 0) {
+        *pos += 1;
+        return 0;
+    }
+    return skip_tags(b, pos);
+}
+
+/* An array's length, not null (_scan.array). */
+static int
+array_length(const Bytes *b, Py_ssize_t *pos, int flexible, int64_t *n)
+{
+    if (flexible) {
+        if (uvarint(b, pos, n) < 0)
+            return BAD;
+        *n -= 1;
+    } else {
+        if (!has(b, *pos, 4))
+            return BAD;
+        *n = be32(b->p + *pos);
+        *pos += 4;
+    }
+    return *n < 0 ? BAD : 0;
+}
+
+/* Skips a nullable string (_scan.skip_string); the end may lie past the buffer. */
+static int
+skip_string(const Bytes *b, Py_ssize_t *pos, int flexible)
+{
+    if (flexible) {
+        int64_t n;
+        if (uvarint(b, pos, &n) < 0)
+            return BAD;
+        if (n - 1 > b->len)
+            return BAD;
+        if (n > 1)
+            *pos += (Py_ssize_t)(n - 1);
+        return 0;
+    }
+    if (!has(b, *pos, 2))
+        return BAD;
+    int16_t n = be16(b->p + *pos);
+    *pos += 2 + (n > 0 ? n : 0);
+    return 0;
+}
+
+/* (records, bytes of complete batches) in [start, end): records.count_records. */
+static int
+count_records(const Bytes *b, Py_ssize_t start, Py_ssize_t end, int64_t *records,
+              int64_t *bytes)
+{
+    Py_ssize_t pos = start;
+    int64_t count = 0;
+    while (end - pos >= BATCH_OVERHEAD) {
+        const unsigned char *head = b->p + pos;
+        int64_t length = be32(head + 8);
+        if (head[MAGIC_AT] != 2)
+            break;
+        int64_t size = LOG_OVERHEAD + length;
+        if (pos + size > end) {
+            if (length < 0)
+                return BAD;
+            goto done;
+        }
+        if (size < BATCH_OVERHEAD)
+            return BAD;
+        count += be32(head + COUNT_AT);
+        pos += (Py_ssize_t)size;
+        if (pos == end)
+            goto done;
+    }
+    while (end - pos >= LOG_OVERHEAD + 5) {
+        const unsigned char *head = b->p + pos;
+        int64_t length = be32(head + 8);
+        int64_t size = LOG_OVERHEAD + length;
+        if (length < 0)
+            return BAD;
+        if (pos + size > end)
+            break;
+        unsigned char magic = head[MAGIC_AT];
+        if (magic == 2) {
+            if (size < BATCH_OVERHEAD)
+                return BAD;
+            count += be32(head + COUNT_AT);
+        } else if (magic == 0 || magic == 1) {
+            if (length < (magic == 0 ? 14 : 22))
+                return BAD;
+            count += 1;
+        } else {
+            return BAD;
+        }
+        pos += (Py_ssize_t)size;
+    }
+done:
+    *records = count;
+    *bytes = pos - start;
+    return 0;
+}
+
+/* Error code -> how often, in the order first seen (the dict the Python readers make). */
+typedef struct {
+    int n;
+    int16_t code[MAX_CODES];
+    int64_t count[MAX_CODES];
+} Codes;
+
+static inline int
+count_code(Codes *codes, int16_t code)
+{
+    for (int i = 0; i < codes->n; i++) {
+        if (codes->code[i] == code) {
+            codes->count[i] += 1;
+            return 0;
+        }
+    }
+    if (codes->n == MAX_CODES)
+        return NOT_TAKEN;
+    codes->code[codes->n] = code;
+    codes->count[codes->n] = 1;
+    codes->n += 1;
+    return 0;
+}
+
+static PyObject *
+codes_dict(const Codes *codes)
+{
+    PyObject *dict = PyDict_New();
+    if (dict == NULL)
+        return NULL;
+    for (int i = 0; i < codes->n; i++) {
+        PyObject *key = PyLong_FromLong(codes->code[i]);
+        PyObject *value = key == NULL ? NULL : PyLong_FromLongLong(codes->count[i]);
+        if (value == NULL || PyDict_SetItem(dict, key, value) < 0) {
+            Py_XDECREF(key);
+            Py_XDECREF(value);
+            Py_DECREF(dict);
+            return NULL;
+        }
+        Py_DECREF(key);
+        Py_DECREF(value);
+    }
+    return dict;
+}
+
+/* A topic's key: its 16 id bytes, or its name (not null, strict UTF-8). */
+static int
+topic_key(const Bytes *b, Py_ssize_t *pos, int ids, int flexible, PyObject **key)
+{
+    if (ids) {
+        if (!has(b, *pos, 16))
+            return BAD;
+        *key = PyBytes_FromStringAndSize((const char *)b->p + *pos, 16);
+        if (*key == NULL)
+            return ERROR;
+        *pos += 16;
+        return 0;
+    }
+    int64_t n;
+    if (flexible) {
+        if (uvarint(b, pos, &n) < 0)
+            return BAD;
+        n -= 1;
+    } else {
+        if (!has(b, *pos, 2))
+            return BAD;
+        n = be16(b->p + *pos);
+        *pos += 2;
+    }
+    if (n < 0 || !has(b, *pos, (Py_ssize_t)n))
+        return BAD;
+    *key = PyUnicode_DecodeUTF8((const char *)b->p + *pos, (Py_ssize_t)n, NULL);
+    if (*key == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+            return ERROR;
+        PyErr_Clear();
+        return BAD;
+    }
+    *pos += (Py_ssize_t)n;
+    return 0;
+}
+
+/* (key, [indexes], records, bytes), appended to ``out``; steals ``key`` and ``indexes``. */
+static int
+append_topic(PyObject *out, PyObject *key, PyObject *indexes, int64_t records, int64_t bytes)
+{
+    PyObject *item = Py_BuildValue("(NNLL)", key, indexes, (long long)records,
+                                   (long long)bytes);
+    if (item == NULL)
+        return ERROR;
+    int failed = PyList_Append(out, item);
+    Py_DECREF(item);
+    return failed ? ERROR : 0;
+}
+
+static PyObject *
+result_of(int status, PyObject *made)
+{
+    if (status == 0)
+        return made;
+    Py_XDECREF(made);
+    if (status == ERROR)
+        return NULL;
+    if (status == NOT_TAKEN)
+        Py_RETURN_NOTIMPLEMENTED;
+    Py_RETURN_NONE;
+}
+
+#define STEP(call)                                  \
+    do {                                            \
+        status = (call);                            \
+        if (status < 0)                             \
+            goto end;                               \
+    } while (0)
+#define NEED(cond)                                  \
+    do {                                            \
+        if (!(cond)) {                              \
+            status = BAD;                           \
+            goto end;                               \
+        }                                           \
+    } while (0)
+
+/* produce.request_topics(frame, version) with count and no spans. */
+static PyObject *
+produce_request_topics(PyObject *module, PyObject *args)
+{
+    Py_buffer view;
+    int flexible, ids;
+    if (!PyArg_ParseTuple(args, "y*pp", &view, &flexible, &ids))
+        return NULL;
+    Bytes buf = {view.buf, view.len};
+    const Bytes *b = &buf;
+    PyObject *out = NULL;
+    int status = 0;
+    Py_ssize_t pos;
+    int64_t topics;
+
+    NEED(has(b, 8, 2));
+    int16_t client_id = be16(b->p + 8);
+    pos = 10 + (client_id > 0 ? client_id : 0);
+    if (flexible)
+        STEP(skip_tags_fast(b, &pos));
+    /* TransactionalId, then Acks and TimeoutMs */
+    STEP(skip_string(b, &pos, flexible));
+    pos += 6;
+    STEP(array_length(b, &pos, flexible, &topics));
+    out = PyList_New(0);
+    if (out == NULL) {
+        status = ERROR;
+        goto end;
+    }
+    for (int64_t t = 0; t < topics; t++) {
+        PyObject *key = NULL;
+        int64_t partitions, records = 0, bytes = 0;
+        STEP(topic_key(b, &pos, ids, flexible, &key));
+        PyObject *indexes = PyList_New(0);
+        if (indexes == NULL) {
+            Py_DECREF(key);
+            status = ERROR;
+            goto end;
+        }
+        status = array_length(b, &pos, flexible, &partitions);
+        for (int64_t i = 0; status == 0 && i < partitions; i++) {
+            int64_t n;
+            if (!has(b, pos, 4)) {
+                status = BAD;
+                break;
+            }
+            int32_t index = be32(b->p + pos);
+            pos += 4;
+            if (flexible) {
+                if ((status = uvarint(b, &pos, &n)) < 0)
+                    break;
+                n -= 1;
+            } else {
+                if (!has(b, pos, 4)) {
+                    status = BAD;
+                    break;
+                }
+                n = be32(b->p + pos);
+                pos += 4;
+            }
+            if (n > 0) {
+                int64_t counted, sized;
+                if (pos + n > b->len) {
+                    status = BAD;
+                    break;
+                }
+                if ((status = count_records(b, pos, pos + (Py_ssize_t)n, &counted, &sized)) < 0)
+                    break;
+                records += counted;
+                bytes += sized;
+                pos += (Py_ssize_t)n;
+            }
+            if (flexible && (status = skip_tags_fast(b, &pos)) < 0)
+                break;
+            PyObject *number = PyLong_FromLong(index);
+            if (number == NULL || PyList_Append(indexes, number) < 0) {
+                Py_XDECREF(number);
+                status = ERROR;
+                break;
+            }
+            Py_DECREF(number);
+        }
+        if (status == 0 && flexible)
+            status = skip_tags_fast(b, &pos);
+        if (status < 0) {
+            Py_DECREF(key);
+            Py_DECREF(indexes);
+            goto end;
+        }
+        STEP(append_topic(out, key, indexes, records, bytes));
+    }
+    if (flexible)
+        STEP(skip_tags_fast(b, &pos));
+    NEED(pos == b->len);
+end:
+    PyBuffer_Release(&view);
+    return result_of(status, out);
+}
+
+/* The numbers of the top-level tag section at ``pos``, which must end the frame
+ * (_scan.last_tags). */
+static int
+last_tags(const Bytes *b, Py_ssize_t pos, PyObject **tags)
+{
+    int64_t count, tag, size;
+    if (!has(b, pos, 1))
+        return BAD;
+    if (b->p[pos] == 0) {
+        if (pos + 1 != b->len)
+            return BAD;
+        *tags = PyTuple_New(0);
+        return *tags == NULL ? ERROR : 0;
+    }
+    if (uvarint(b, &pos, &count) < 0)
+        return BAD;
+    if (count > b->len)
+        return BAD;  /* each tag takes two bytes at least */
+    PyObject *numbers = PyList_New(0);
+    if (numbers == NULL)
+        return ERROR;
+    for (int64_t i = 0; i < count; i++) {
+        if (uvarint(b, &pos, &tag) < 0 || uvarint(b, &pos, &size) < 0 || size > b->len) {
+            Py_DECREF(numbers);
+            return BAD;
+        }
+        pos += (Py_ssize_t)size;
+        PyObject *number = PyLong_FromLongLong(tag);
+        if (number == NULL || PyList_Append(numbers, number) < 0) {
+            Py_XDECREF(number);
+            Py_DECREF(numbers);
+            return ERROR;
+        }
+        Py_DECREF(number);
+    }
+    if (pos != b->len) {
+        Py_DECREF(numbers);
+        return BAD;
+    }
+    *tags = PyList_AsTuple(numbers);
+    Py_DECREF(numbers);
+    return *tags == NULL ? ERROR : 0;
+}
+
+/* produce.response_scan(frame, version) without names: (codes, tags, messages). */
+static PyObject *
+produce_response_scan(PyObject *module, PyObject *args)
+{
+    Py_buffer view;
+    int version;
+    if (!PyArg_ParseTuple(args, "y*i", &view, &version))
+        return NULL;
+    Bytes buf = {view.buf, view.len};
+    const Bytes *b = &buf;
+    int flexible = version >= 9;
+    int ids = version >= 13;
+    int status = 0;
+    int messages = 0;
+    Codes codes = {0};
+    PyObject *tags = NULL, *made = NULL;
+    Py_ssize_t pos = 4;  /* CorrelationId */
+    Py_ssize_t fixed = 4 + 2 + 8 + 8 + (version >= 5 ? 8 : 0);  /* Index .. LogStartOffset */
+    int64_t topics;
+
+    if (flexible)
+        STEP(skip_tags_fast(b, &pos));
+    STEP(array_length(b, &pos, flexible, &topics));
+    for (int64_t t = 0; t < topics; t++) {
+        int64_t partitions;
+        if (ids)
+            pos += 16;
+        else
+            STEP(skip_string(b, &pos, flexible));
+        STEP(array_length(b, &pos, flexible, &partitions));
+        for (int64_t i = 0; i < partitions; i++) {
+            NEED(has(b, pos + 4, 2));
+            STEP(count_code(&codes, be16(b->p + pos + 4)));
+            pos += fixed;
+            if (flexible && has(b, pos, 2) && b->p[pos] == 1 && b->p[pos + 1] == 0) {
+                pos += 2;  /* no RecordErrors, a null ErrorMessage: the usual case */
+            } else if (version >= 8) {
+                int64_t errors;
+                int null;
+                STEP(array_length(b, &pos, flexible, &errors));  /* RecordErrors */
+                for (int64_t e = 0; e < errors; e++) {
+                    pos += 4;
+                    STEP(skip_string(b, &pos, flexible));
+                    if (flexible)
+                        STEP(skip_tags(b, &pos));
+                }
+                if (flexible) {
+                    NEED(has(b, pos, 1));
+                    null = b->p[pos] == 0;
+                } else {
+                    NEED(has(b, pos, 2));
+                    null = be16(b->p + pos) < 0;
+                }
+                messages = messages || errors > 0 || !null;
+                STEP(skip_string(b, &pos, flexible));  /* ErrorMessage */
+            }
+            if (flexible)
+                STEP(skip_tags_fast(b, &pos));
+        }
+        if (flexible)
+            STEP(skip_tags_fast(b, &pos));
+    }
+    pos += 4;  /* ThrottleTimeMs */
+    if (flexible) {
+        STEP(last_tags(b, pos, &tags));
+    } else {
+        NEED(pos == b->len);
+        tags = PyTuple_New(0);
+        if (tags == NULL) {
+            status = ERROR;
+            goto end;
+        }
+    }
+    PyObject *dict = codes_dict(&codes);
+    if (dict == NULL) {
+        status = ERROR;
+        goto end;
+    }
+    made = Py_BuildValue("(NNO)", dict, tags, messages ? Py_True : Py_False);
+    tags = NULL;
+    if (made == NULL)
+        status = ERROR;
+end:
+    Py_XDECREF(tags);
+    PyBuffer_Release(&view);
+    return result_of(status, made);
+}
+
+/* fetch._walk(frame, version, count): (codes, where the top-level tags are, topics). */
+static PyObject *
+fetch_walk(PyObject *module, PyObject *args)
+{
+    Py_buffer view;
+    int ids, count;
+    if (!PyArg_ParseTuple(args, "y*pp", &view, &ids, &count))
+        return NULL;
+    Bytes buf = {view.buf, view.len};
+    const Bytes *b = &buf;
+    int status = 0;
+    Codes codes = {0};
+    PyObject *topics = NULL, *made = NULL;
+    Py_ssize_t pos = 4;  /* CorrelationId */
+    int64_t n_topics;
+
+    STEP(skip_tags_fast(b, &pos));
+    pos += 4 + 2 + 4;  /* ThrottleTimeMs, ErrorCode, SessionId */
+    NEED(has(b, pos - 6, 2));
+    STEP(count_code(&codes, be16(b->p + pos - 6)));
+    STEP(uvarint(b, &pos, &n_topics));
+    NEED(n_topics >= 1);  /* a null array: not in a broker's answer */
+    topics = PyList_New(0);
+    if (topics == NULL) {
+        status = ERROR;
+        goto end;
+    }
+    for (int64_t t = 0; t < n_topics - 1; t++) {
+        PyObject *key = NULL;
+        int64_t n_partitions, records = 0, bytes = 0;
+        STEP(topic_key(b, &pos, ids, 1, &key));
+        PyObject *indexes = PyList_New(0);
+        if (indexes == NULL) {
+            Py_DECREF(key);
+            status = ERROR;
+            goto end;
+        }
+        status = uvarint(b, &pos, &n_partitions);
+        if (status == 0 && n_partitions < 1)
+            status = BAD;
+        for (int64_t i = 0; status == 0 && i < n_partitions - 1; i++) {
+            int64_t n;
+            if (!has(b, pos, 6)) {
+                status = BAD;
+                break;
+            }
+            int32_t index = be32(b->p + pos);
+            if ((status = count_code(&codes, be16(b->p + pos + 4))) < 0)
+                break;
+            if (count) {
+                PyObject *number = PyLong_FromLong(index);
+                if (number == NULL || PyList_Append(indexes, number) < 0) {
+                    Py_XDECREF(number);
+                    status = ERROR;
+                    break;
+                }
+                Py_DECREF(number);
+            }
+            pos += 4 + 2 + 8 + 8 + 8;  /* .. LogStartOffset */
+            if ((status = uvarint(b, &pos, &n)) < 0)  /* AbortedTransactions, nullable */
+                break;
+            if (n - 1 > b->len) {
+                status = BAD;
+                break;
+            }
+            for (int64_t a = 0; status == 0 && a < n - 1; a++) {
+                pos += 8 + 8;  /* ProducerId, FirstOffset */
+                status = skip_tags_fast(b, &pos);
+            }
+            if (status < 0)
+                break;
+            pos += 4;  /* PreferredReadReplica */
+            if ((status = uvarint(b, &pos, &n)) < 0)  /* Records, nullable */
+                break;
+            n -= 1;
+            if (n > 0) {
+                if (pos + n > b->len) {
+                    status = BAD;
+                    break;
+                }
+                if (count) {
+                    int64_t counted, sized;
+                    status = count_records(b, pos, pos + (Py_ssize_t)n, &counted, &sized);
+                    if (status < 0)
+                        break;
+                    records += counted;
+                    bytes += sized;
+                }
+                pos += (Py_ssize_t)n;
+            }
+            status = skip_tags_fast(b, &pos);  /* DivergingEpoch, CurrentLeader, ... */
+        }
+        if (status == 0)
+            status = skip_tags_fast(b, &pos);
+        if (status < 0) {
+            Py_DECREF(key);
+            Py_DECREF(indexes);
+            goto end;
+        }
+        STEP(append_topic(topics, key, indexes, records, bytes));
+    }
+    PyObject *dict = codes_dict(&codes);
+    if (dict == NULL) {
+        status = ERROR;
+        goto end;
+    }
+    made = Py_BuildValue("(NnN)", dict, pos, topics);
+    topics = NULL;
+    if (made == NULL)
+        status = ERROR;
+end:
+    Py_XDECREF(topics);
+    PyBuffer_Release(&view);
+    return result_of(status, made);
+}
+
+/* records.count_records(view, start, end); None where it raises Uncounted. */
+static PyObject *
+records_count(PyObject *module, PyObject *args)
+{
+    Py_buffer view;
+    Py_ssize_t start, end;
+    if (!PyArg_ParseTuple(args, "y*nn", &view, &start, &end))
+        return NULL;
+    Bytes buf = {view.buf, view.len};
+    int64_t records, bytes;
+    int status;
+    if (start < 0 || end < start || end > buf.len)
+        status = BAD;
+    else
+        status = count_records(&buf, start, end, &records, &bytes);
+    PyBuffer_Release(&view);
+    if (status < 0)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(LL)", (long long)records, (long long)bytes);
+}
+
+static PyMethodDef methods[] = {
+    {"produce_request_topics", produce_request_topics, METH_VARARGS,
+     "produce_request_topics(frame, flexible, ids) -> TopicCounts | None | NotImplemented"},
+    {"produce_response_scan", produce_response_scan, METH_VARARGS,
+     "produce_response_scan(frame, version) -> (codes, tags, messages) | None | NotImplemented"},
+    {"fetch_walk", fetch_walk, METH_VARARGS,
+     "fetch_walk(frame, ids, count) -> (codes, tags_at, topics) | None | NotImplemented"},
+    {"count_records", records_count, METH_VARARGS,
+     "count_records(view, start, end) -> (records, bytes) | None"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "gatehouse.codecs._speedups",
+    "C versions of the hot-path byte readers (see gatehouse/codecs/_speedups.c).", -1,
+    methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    return PyModule_Create(&module);
+}

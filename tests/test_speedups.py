@@ -1,0 +1,132 @@
+"""The C byte readers (gatehouse/codecs/_speedups.c) against the Python readers they
+mirror: the same answer for every frame, valid or not, or NotImplemented (left to the
+Python reader).  Frames come from the codec's Hypothesis strategies (as in the tests that
+hold the Python readers to the full decoder), then are cut, flipped and spliced; the fuzz
+harness (tests/reliability/fuzz_codec.py) runs the same check on mutated real frames."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gatehouse import codecs
+from gatehouse.codecs import fetch, produce
+from gatehouse.codecs._native import speedups
+from tests.codec_strategies import build_message, header_tags, message_body
+from tests.reliability.fuzz_codec import check_readers, mutate
+from tests.test_metrics_produce import RECORDS, SETTINGS
+
+PRODUCE_VERSIONS = [v for v in codecs.api(0).request.valid if v >= produce.FIRST_VERSION]
+FETCH_VERSIONS = [v for v in codecs.api(1).response.valid if v >= fetch.FIRST_VERSION]
+
+
+def test_the_c_readers_are_built_and_used() -> None:
+    # `pip install -e .` builds them wherever a C compiler is (CI has one); a missing
+    # compiler must not go unnoticed here.
+    assert speedups is not None
+    assert produce._C_REQUEST_TOPICS is speedups.produce_request_topics
+    assert fetch._C_WALK is speedups.fetch_walk
+
+
+def test_gatehouse_pure_python_turns_them_off() -> None:
+    code = ("from gatehouse.codecs import _native, produce, fetch, records\n"
+            "assert _native.speedups is None\n"
+            "assert produce._C_REQUEST_TOPICS is None and fetch._C_WALK is None\n"
+            "assert records._C_COUNT_RECORDS is None\n")
+    env = {**os.environ, "GATEHOUSE_PURE_PYTHON": "1"}
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+
+
+def _mutations(frame: bytes, seed: int) -> list[bytes]:
+    rng = random.Random(seed)
+    return [frame, frame[:-1], frame + b"\x00", *(mutate(frame, rng) for _ in range(12))]
+
+
+def _check_all(frame: bytes, api_key: int, version: int, request: bool, seed: int) -> None:
+    for mutated in _mutations(frame, seed):
+        check_readers(mutated, api_key, version, request)
+
+
+def _distinct_codes(scan: Any) -> int:
+    return len(scan[0]) if scan is not None else 0
+
+
+@pytest.mark.parametrize("version", PRODUCE_VERSIONS)
+@SETTINGS
+@given(data=st.data(), seed=st.integers(0, 2**32))
+def test_produce_requests(version: int, data: st.DataObject, seed: int) -> None:
+    body = data.draw(message_body(codecs.api(0).request, version))
+    topics = []
+    for topic in body.topic_data:
+        parts = tuple(p.replace(records=data.draw(RECORDS)) for p in topic.partition_data)
+        topics.append(topic.replace(partition_data=parts))
+    body = body.replace(topic_data=tuple(topics))
+    client_id = data.draw(st.one_of(st.none(), st.text(max_size=8)))
+    frame = bytes(build_message(0, version, "request", body, client_id=client_id,
+                                tags=data.draw(header_tags(version >= 9))).encode())
+    assert speedups is not None
+    # A valid frame is always the C reader's own, and every kind of buffer reads alike.
+    c = speedups.produce_request_topics(frame, version >= 9, version >= 13)
+    assert c is not NotImplemented
+    padded = b"pad" + frame
+    for buffer in (bytearray(frame), memoryview(padded)[3:]):
+        assert speedups.produce_request_topics(buffer, version >= 9, version >= 13) == c
+    _check_all(frame, 0, version, True, seed)
+
+
+@pytest.mark.parametrize("version", PRODUCE_VERSIONS)
+@SETTINGS
+@given(data=st.data(), seed=st.integers(0, 2**32))
+def test_produce_responses(version: int, data: st.DataObject, seed: int) -> None:
+    body = data.draw(message_body(codecs.api(0).response, version))
+    frame = bytes(build_message(0, version, "response", body,
+                                tags=data.draw(header_tags(version >= 9))).encode())
+    assert speedups is not None
+    c = speedups.produce_response_scan(frame, version)
+    python = produce._response_scan(frame, version, None)
+    assert c == python or (c is NotImplemented and _distinct_codes(python) > 32)
+    _check_all(frame, 0, version, False, seed)
+
+
+@pytest.mark.parametrize("version", FETCH_VERSIONS)
+@SETTINGS
+@given(data=st.data(), seed=st.integers(0, 2**32))
+def test_fetch_responses(version: int, data: st.DataObject, seed: int) -> None:
+    body = data.draw(message_body(codecs.api(1).response, version))
+    topics = []
+    for topic in body.responses:
+        parts = tuple(p.replace(records=data.draw(RECORDS)) for p in topic.partitions)
+        topics.append(topic.replace(partitions=parts))
+    body = body.replace(responses=tuple(topics))
+    frame = bytes(build_message(1, version, "response", body,
+                                tags=data.draw(header_tags(True))).encode())
+    assert speedups is not None
+    c = speedups.fetch_walk(frame, version >= 13, True)
+    python = fetch.response_scan(frame, version)  # the public reader, on the C walk
+    if c is not None and c is not NotImplemented:
+        assert python is not None and (c[0], c[2]) == (python[0], python[2])
+    _check_all(frame, 1, version, False, seed)
+
+
+@SETTINGS
+@given(data=RECORDS, noise=st.binary(max_size=80), seed=st.integers(0, 2**32))
+def test_record_counts(data: bytes | None, noise: bytes, seed: int) -> None:
+    for records in _mutations((data or b"") + noise, seed):
+        # check_readers compares count_records over the whole buffer and a tail of it.
+        check_readers(records, 99, 0, True)
+
+
+@pytest.mark.parametrize("frame", [b"", b"\x00", b"\xff" * 9, b"\x00" * 12,
+                                   b"\x00" * 10 + b"\x80" * 8, b"\x00" * 10 + b"\xff" * 64])
+def test_short_and_hostile_frames(frame: bytes) -> None:
+    for version in (3, 8, 9, 12, 13):
+        check_readers(frame, 0, version, True)
+        check_readers(frame, 0, version, False)
+        check_readers(frame, 1, max(version, 12), False)
