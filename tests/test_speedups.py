@@ -75,6 +75,11 @@ def test_produce_requests(version: int, data: st.DataObject, seed: int) -> None:
     # A valid frame is always the C reader's own, and every kind of buffer reads alike.
     c = speedups.produce_request_topics(frame, version >= 9, version >= 13)
     assert c is not NotImplemented
+    spans: list[tuple[int, int]] = []
+    uncounted = speedups.produce_request_topics(frame, version >= 9, version >= 13, False, spans)
+    if c is not None:  # names and partitions as counted, the records skipped
+        assert uncounted == [(key, indexes, 0, 0) for key, indexes, _, _ in c]
+        assert len(spans) == (0 if version >= 13 else len(c))
     padded = b"pad" + frame
     for buffer in (bytearray(frame), memoryview(padded)[3:]):
         assert speedups.produce_request_topics(buffer, version >= 9, version >= 13) == c
@@ -92,6 +97,12 @@ def test_produce_responses(version: int, data: st.DataObject, seed: int) -> None
     c = speedups.produce_response_scan(frame, version)
     python = produce._response_scan(frame, version, None)
     assert c == python or (c is NotImplemented and _distinct_codes(python) > 32)
+    names: list[tuple[int, int, str]] = []
+    if speedups.produce_response_scan(frame, version, names) == python and version < 13:
+        # Where each topic's name is (what a rename rewrites in place).
+        assert [name for _, _, name in names] == [t.name for t in body.responses]
+        assert all(frame[end - len(name.encode()):end] == name.encode()
+                   for _, end, name in names)
     _check_all(frame, 0, version, False, seed)
 
 
@@ -126,6 +137,11 @@ def test_record_counts(data: bytes | None, noise: bytes, seed: int) -> None:
 @pytest.mark.parametrize("frame", [b"", b"\x00", b"\xff" * 9, b"\x00" * 12,
                                    b"\x00" * 10 + b"\x80" * 8, b"\x00" * 10 + b"\xff" * 64])
 def test_short_and_hostile_frames(frame: bytes) -> None:
+    assert speedups is not None
+    with pytest.raises(TypeError):
+        speedups.produce_request_topics(frame, True, False, True, ())  # spans: a list
+    with pytest.raises(TypeError):
+        speedups.produce_response_scan(frame, 9, {})
     for version in (3, 8, 9, 12, 13):
         check_readers(frame, 0, version, True)
         check_readers(frame, 0, version, False)

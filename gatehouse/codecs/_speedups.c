@@ -314,14 +314,33 @@ result_of(int status, PyObject *made)
         }                                           \
     } while (0)
 
-/* produce.request_topics(frame, version) with count and no spans. */
+/* Appends (start, end) or (start, end, name) to ``out``. */
+static int
+append_span(PyObject *out, Py_ssize_t start, Py_ssize_t end, PyObject *name)
+{
+    PyObject *item = name == NULL ? Py_BuildValue("(nn)", start, end)
+                                  : Py_BuildValue("(nnO)", start, end, name);
+    if (item == NULL)
+        return ERROR;
+    int failed = PyList_Append(out, item);
+    Py_DECREF(item);
+    return failed ? ERROR : 0;
+}
+
+/* produce.request_topics(frame, version, spans, count): ``spans`` a list or None. */
 static PyObject *
 produce_request_topics(PyObject *module, PyObject *args)
 {
     Py_buffer view;
-    int flexible, ids;
-    if (!PyArg_ParseTuple(args, "y*pp", &view, &flexible, &ids))
+    int flexible, ids, count = 1;
+    PyObject *spans = Py_None;
+    if (!PyArg_ParseTuple(args, "y*pp|pO", &view, &flexible, &ids, &count, &spans))
         return NULL;
+    if (spans != Py_None && !PyList_Check(spans)) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_TypeError, "spans must be a list or None");
+        return NULL;
+    }
     Bytes buf = {view.buf, view.len};
     const Bytes *b = &buf;
     PyObject *out = NULL;
@@ -346,7 +365,13 @@ produce_request_topics(PyObject *module, PyObject *args)
     for (int64_t t = 0; t < topics; t++) {
         PyObject *key = NULL;
         int64_t partitions, records = 0, bytes = 0;
+        Py_ssize_t start = pos;
         STEP(topic_key(b, &pos, ids, flexible, &key));
+        if (!ids && spans != Py_None && append_span(spans, start, pos, NULL) < 0) {
+            Py_DECREF(key);
+            status = ERROR;
+            goto end;
+        }
         PyObject *indexes = PyList_New(0);
         if (indexes == NULL) {
             Py_DECREF(key);
@@ -380,10 +405,13 @@ produce_request_topics(PyObject *module, PyObject *args)
                     status = BAD;
                     break;
                 }
-                if ((status = count_records(b, pos, pos + (Py_ssize_t)n, &counted, &sized)) < 0)
-                    break;
-                records += counted;
-                bytes += sized;
+                if (count) {
+                    status = count_records(b, pos, pos + (Py_ssize_t)n, &counted, &sized);
+                    if (status < 0)
+                        break;
+                    records += counted;
+                    bytes += sized;
+                }
                 pos += (Py_ssize_t)n;
             }
             if (flexible && (status = skip_tags_fast(b, &pos)) < 0)
@@ -457,14 +485,21 @@ last_tags(const Bytes *b, Py_ssize_t pos, PyObject **tags)
     return *tags == NULL ? ERROR : 0;
 }
 
-/* produce.response_scan(frame, version) without names: (codes, tags, messages). */
+/* produce.response_scan(frame, version, names): (codes, tags, messages); ``names`` a
+ * list (it gets each topic name before v13, where it is) or None. */
 static PyObject *
 produce_response_scan(PyObject *module, PyObject *args)
 {
     Py_buffer view;
     int version;
-    if (!PyArg_ParseTuple(args, "y*i", &view, &version))
+    PyObject *names = Py_None;
+    if (!PyArg_ParseTuple(args, "y*i|O", &view, &version, &names))
         return NULL;
+    if (names != Py_None && !PyList_Check(names)) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_TypeError, "names must be a list or None");
+        return NULL;
+    }
     Bytes buf = {view.buf, view.len};
     const Bytes *b = &buf;
     int flexible = version >= 9;
@@ -482,10 +517,19 @@ produce_response_scan(PyObject *module, PyObject *args)
     STEP(array_length(b, &pos, flexible, &topics));
     for (int64_t t = 0; t < topics; t++) {
         int64_t partitions;
-        if (ids)
+        if (ids) {
             pos += 16;
-        else
+        } else if (names == Py_None) {
             STEP(skip_string(b, &pos, flexible));
+        } else {
+            PyObject *name = NULL;
+            Py_ssize_t start = pos;
+            STEP(topic_key(b, &pos, 0, flexible, &name));
+            status = append_span(names, start, pos, name);
+            Py_DECREF(name);
+            if (status < 0)
+                goto end;
+        }
         STEP(array_length(b, &pos, flexible, &partitions));
         for (int64_t i = 0; i < partitions; i++) {
             NEED(has(b, pos + 4, 2));
@@ -684,9 +728,11 @@ records_count(PyObject *module, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"produce_request_topics", produce_request_topics, METH_VARARGS,
-     "produce_request_topics(frame, flexible, ids) -> TopicCounts | None | NotImplemented"},
+     "produce_request_topics(frame, flexible, ids, count=True, spans=None)"
+     " -> TopicCounts | None | NotImplemented"},
     {"produce_response_scan", produce_response_scan, METH_VARARGS,
-     "produce_response_scan(frame, version) -> (codes, tags, messages) | None | NotImplemented"},
+     "produce_response_scan(frame, version, names=None)"
+     " -> (codes, tags, messages) | None | NotImplemented"},
     {"fetch_walk", fetch_walk, METH_VARARGS,
      "fetch_walk(frame, ids, count) -> (codes, tags_at, topics) | None | NotImplemented"},
     {"count_records", records_count, METH_VARARGS,

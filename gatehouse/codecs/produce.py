@@ -84,8 +84,9 @@ def request_topics(frame: Buffer, version: int, spans: list[tuple[int, int]] | N
     without ``count`` the records are skipped, not counted (0 records, 0 bytes)."""
     if version < FIRST_VERSION:
         return None
-    if _C_REQUEST_TOPICS is not None and count and spans is None:
-        found = _C_REQUEST_TOPICS(frame, version >= FLEXIBLE_SINCE, version >= TOPIC_IDS_SINCE)
+    if _C_REQUEST_TOPICS is not None:
+        found = _C_REQUEST_TOPICS(frame, version >= FLEXIBLE_SINCE, version >= TOPIC_IDS_SINCE,
+                                  count, spans)
         if found is not NotImplemented:
             return found  # type: ignore[no-any-return]
     return _request_topics(frame, version, spans, count)
@@ -243,8 +244,8 @@ def response_scan(frame: Buffer, version: int,
     on).  ``names`` gets each topic name before v13 and where it is (length included)."""
     if version < FIRST_VERSION:
         return None
-    if _C_RESPONSE_SCAN is not None and names is None:
-        found = _C_RESPONSE_SCAN(frame, version)
+    if _C_RESPONSE_SCAN is not None:
+        found = _C_RESPONSE_SCAN(frame, version, names)
         if found is not NotImplemented:
             return found  # type: ignore[no-any-return]
     return _response_scan(frame, version, names)

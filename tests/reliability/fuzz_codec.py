@@ -79,10 +79,24 @@ def check_readers(frame: bytes, api_key: int, api_version: int, request: bool) -
         return
     c: Any = NotImplemented
     if request and api_key == 0 and api_version >= produce.FIRST_VERSION:
-        c = speedups.produce_request_topics(frame, api_version >= produce.FLEXIBLE_SINCE,
-                                            api_version >= produce.TOPIC_IDS_SINCE)
+        flexible, ids = (api_version >= produce.FLEXIBLE_SINCE,
+                         api_version >= produce.TOPIC_IDS_SINCE)
+        for count in (True, False):  # and with each name's place (topic renames)
+            c_spans: list[tuple[int, int]] = []
+            python_spans: list[tuple[int, int]] = []
+            c = speedups.produce_request_topics(frame, flexible, ids, count, c_spans)
+            python = produce._request_topics(frame, api_version, python_spans, count)
+            assert c is NotImplemented or (c, c_spans) == (python, python_spans), \
+                "C and Python Produce request readers differ"
+        c = speedups.produce_request_topics(frame, flexible, ids)
         python = produce._request_topics(frame, api_version, None, True)
     elif not request and api_key == 0 and api_version >= produce.FIRST_VERSION:
+        c_names: list[tuple[int, int, str]] = []
+        python_names: list[tuple[int, int, str]] = []
+        c = speedups.produce_response_scan(frame, api_version, c_names)
+        python = produce._response_scan(frame, api_version, python_names)
+        assert c is NotImplemented or (c, c_names) == (python, python_names), \
+            "C and Python Produce answer readers differ"
         c = speedups.produce_response_scan(frame, api_version)
         python = produce._response_scan(frame, api_version, None)
     elif not request and api_key == 1 and api_version >= fetch.FIRST_VERSION:
