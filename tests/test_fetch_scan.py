@@ -39,17 +39,23 @@ def frame_of(version: int, body: Any, tags: Any = ()) -> bytes:
     return bytes(build_message(1, version, "response", body, tags=tags).encode())
 
 
-@pytest.mark.parametrize("version", VERSIONS)
-@SETTINGS
-@given(data=st.data())
-def test_response_scan_matches_the_decoder(version: int, data: st.DataObject) -> None:
+def draw_response_frame(data: st.DataObject, version: int) -> bytes:
+    """A Fetch response of ``version`` from the codec's strategies, its records fields
+    drawn from RECORDS, its header tags drawn too."""
     body = data.draw(message_body(codecs.api(1).response, version))
     topics = []
     for topic in body.responses:
         parts = tuple(p.replace(records=data.draw(RECORDS)) for p in topic.partitions)
         topics.append(topic.replace(partitions=parts))
     body = body.replace(responses=tuple(topics))
-    frame = frame_of(version, body, data.draw(header_tags(True)))
+    return frame_of(version, body, data.draw(header_tags(True)))
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@SETTINGS
+@given(data=st.data())
+def test_response_scan_matches_the_decoder(version: int, data: st.DataObject) -> None:
+    frame = draw_response_frame(data, version)
     resp = codecs.decode_response(frame, 1, version)
     want = expected(resp)
     scan = fetch.response_scan(frame, version)

@@ -65,12 +65,10 @@ def expected_topics(req: codecs.Request) -> list[tuple[Any, list[int], int, int]
     return out
 
 
-@pytest.mark.parametrize("version", VERSIONS)
-@SETTINGS
-@given(data=st.data())
-def test_request_topics_match_the_decoder(version: int, data: st.DataObject) -> None:
-    spec = codecs.api(0).request
-    body = data.draw(message_body(spec, version))
+def draw_request_frame(data: st.DataObject, version: int) -> bytes:
+    """A Produce request of ``version`` from the codec's strategies, its records fields
+    drawn from RECORDS, its client id and header tags drawn too."""
+    body = data.draw(message_body(codecs.api(0).request, version))
     topics = []
     for topic in body.topic_data:
         parts = tuple(p.replace(records=data.draw(RECORDS)) for p in topic.partition_data)
@@ -78,8 +76,15 @@ def test_request_topics_match_the_decoder(version: int, data: st.DataObject) -> 
     body = body.replace(topic_data=tuple(topics))
     client_id = data.draw(st.one_of(st.none(), st.text(max_size=8)))
     tags = data.draw(header_tags(version >= 9))
-    frame = bytes(build_message(0, version, "request", body, client_id=client_id,
-                                tags=tags).encode())
+    return bytes(build_message(0, version, "request", body, client_id=client_id,
+                               tags=tags).encode())
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@SETTINGS
+@given(data=st.data())
+def test_request_topics_match_the_decoder(version: int, data: st.DataObject) -> None:
+    frame = draw_request_frame(data, version)
     req = codecs.decode_request(frame)
     assert produce.request_topics(frame, version) == expected_topics(req)
 

@@ -21,7 +21,8 @@ from gatehouse.codecs import fetch, produce
 from gatehouse.codecs._native import speedups
 from tests.codec_strategies import build_message, header_tags, message_body
 from tests.reliability.fuzz_codec import check_readers, mutate
-from tests.test_metrics_produce import RECORDS, SETTINGS
+from tests.test_fetch_scan import draw_response_frame
+from tests.test_metrics_produce import RECORDS, SETTINGS, draw_request_frame
 
 PRODUCE_VERSIONS = [v for v in codecs.api(0).request.valid if v >= produce.FIRST_VERSION]
 FETCH_VERSIONS = [v for v in codecs.api(1).response.valid if v >= fetch.FIRST_VERSION]
@@ -62,15 +63,7 @@ def _distinct_codes(scan: Any) -> int:
 @SETTINGS
 @given(data=st.data(), seed=st.integers(0, 2**32))
 def test_produce_requests(version: int, data: st.DataObject, seed: int) -> None:
-    body = data.draw(message_body(codecs.api(0).request, version))
-    topics = []
-    for topic in body.topic_data:
-        parts = tuple(p.replace(records=data.draw(RECORDS)) for p in topic.partition_data)
-        topics.append(topic.replace(partition_data=parts))
-    body = body.replace(topic_data=tuple(topics))
-    client_id = data.draw(st.one_of(st.none(), st.text(max_size=8)))
-    frame = bytes(build_message(0, version, "request", body, client_id=client_id,
-                                tags=data.draw(header_tags(version >= 9))).encode())
+    frame = draw_request_frame(data, version)
     assert speedups is not None
     # A valid frame is always the C reader's own, and every kind of buffer reads alike.
     c = speedups.produce_request_topics(frame, version >= 9, version >= 13)
@@ -110,14 +103,7 @@ def test_produce_responses(version: int, data: st.DataObject, seed: int) -> None
 @SETTINGS
 @given(data=st.data(), seed=st.integers(0, 2**32))
 def test_fetch_responses(version: int, data: st.DataObject, seed: int) -> None:
-    body = data.draw(message_body(codecs.api(1).response, version))
-    topics = []
-    for topic in body.responses:
-        parts = tuple(p.replace(records=data.draw(RECORDS)) for p in topic.partitions)
-        topics.append(topic.replace(partitions=parts))
-    body = body.replace(responses=tuple(topics))
-    frame = bytes(build_message(1, version, "response", body,
-                                tags=data.draw(header_tags(True))).encode())
+    frame = draw_response_frame(data, version)
     assert speedups is not None
     c = speedups.fetch_walk(frame, version >= 13, True)
     python = fetch.response_scan(frame, version)  # the public reader, on the C walk

@@ -274,6 +274,18 @@ topic_key(const Bytes *b, Py_ssize_t *pos, int ids, int flexible, PyObject **key
     return 0;
 }
 
+/* Appends ``value`` to the list ``out``. */
+static int
+append_long(PyObject *out, long long value)
+{
+    PyObject *number = PyLong_FromLongLong(value);
+    if (number == NULL)
+        return ERROR;
+    int failed = PyList_Append(out, number);
+    Py_DECREF(number);
+    return failed ? ERROR : 0;
+}
+
 /* (key, [indexes], records, bytes), appended to ``out``; steals ``key`` and ``indexes``. */
 static int
 append_topic(PyObject *out, PyObject *key, PyObject *indexes, int64_t records, int64_t bytes)
@@ -416,13 +428,7 @@ produce_request_topics(PyObject *module, PyObject *args)
             }
             if (flexible && (status = skip_tags_fast(b, &pos)) < 0)
                 break;
-            PyObject *number = PyLong_FromLong(index);
-            if (number == NULL || PyList_Append(indexes, number) < 0) {
-                Py_XDECREF(number);
-                status = ERROR;
-                break;
-            }
-            Py_DECREF(number);
+            status = append_long(indexes, index);
         }
         if (status == 0 && flexible)
             status = skip_tags_fast(b, &pos);
@@ -468,13 +474,10 @@ last_tags(const Bytes *b, Py_ssize_t pos, PyObject **tags)
             return BAD;
         }
         pos += (Py_ssize_t)size;
-        PyObject *number = PyLong_FromLongLong(tag);
-        if (number == NULL || PyList_Append(numbers, number) < 0) {
-            Py_XDECREF(number);
+        if (append_long(numbers, tag) < 0) {
             Py_DECREF(numbers);
             return ERROR;
         }
-        Py_DECREF(number);
     }
     if (pos != b->len) {
         Py_DECREF(numbers);
@@ -638,15 +641,8 @@ fetch_walk(PyObject *module, PyObject *args)
             int32_t index = be32(b->p + pos);
             if ((status = count_code(&codes, be16(b->p + pos + 4))) < 0)
                 break;
-            if (count) {
-                PyObject *number = PyLong_FromLong(index);
-                if (number == NULL || PyList_Append(indexes, number) < 0) {
-                    Py_XDECREF(number);
-                    status = ERROR;
-                    break;
-                }
-                Py_DECREF(number);
-            }
+            if (count && (status = append_long(indexes, index)) < 0)
+                break;
             pos += 4 + 2 + 8 + 8 + 8;  /* .. LogStartOffset */
             if ((status = uvarint(b, &pos, &n)) < 0)  /* AbortedTransactions, nullable */
                 break;
