@@ -10,6 +10,7 @@ import os
 import random
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +25,7 @@ from tests.reliability.fuzz_codec import check_readers, mutate
 from tests.test_fetch_scan import draw_response_frame
 from tests.test_metrics_produce import RECORDS, SETTINGS, draw_request_frame
 
+ROOT = Path(__file__).resolve().parents[1]
 PRODUCE_VERSIONS = [v for v in codecs.api(0).request.valid if v >= produce.FIRST_VERSION]
 FETCH_VERSIONS = [v for v in codecs.api(1).response.valid if v >= fetch.FIRST_VERSION]
 
@@ -36,13 +38,34 @@ def test_the_c_readers_are_built_and_used() -> None:
     assert fetch._C_WALK is speedups.fetch_walk
 
 
-def test_gatehouse_pure_python_turns_them_off() -> None:
+def _info(registry: Any) -> dict[str, str]:
+    [sample] = [s for m in registry.collect() if m.name == "gatehouse_info" for s in m.samples]
+    assert sample.value == 1
+    return dict(sample.labels)
+
+
+def test_the_metrics_say_which_readers_run() -> None:
+    from gatehouse import __version__
+    from gatehouse.metrics import ProxyMetrics
+
+    assert _info(ProxyMetrics().registry) == {"version": __version__, "byte_readers": "c"}
+
+
+def test_gatehouse_pure_python_turns_them_off(tmp_path: Path) -> None:
     code = ("from gatehouse.codecs import _native, produce, fetch, records\n"
+            "from gatehouse.metrics import ProxyMetrics\n"
+            "from tests.test_speedups import _info\n"
             "assert _native.speedups is None\n"
             "assert produce._C_REQUEST_TOPICS is None and fetch._C_WALK is None\n"
-            "assert records._C_COUNT_RECORDS is None\n")
+            "assert records._C_COUNT_RECORDS is None\n"
+            "assert _info(ProxyMetrics().registry)['byte_readers'] == 'python'\n")
     env = {**os.environ, "GATEHOUSE_PURE_PYTHON": "1"}
-    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, cwd=ROOT)
+    config = tmp_path / "gatehouse.yaml"
+    config.write_text("listen: 127.0.0.1:9192\nupstream: [127.0.0.1:9092]\n")
+    checked = subprocess.run([sys.executable, "-m", "gatehouse.cli", "check", "--config",
+                              str(config)], env=env, check=True, capture_output=True, text=True)
+    assert "byte readers: python (GATEHOUSE_PURE_PYTHON is set)" in checked.stdout
 
 
 def _mutations(frame: bytes, seed: int) -> list[bytes]:

@@ -164,6 +164,9 @@ def _check(path: str) -> int:
         return 1
     print(f"{path}: ok (listen {config.listen}, upstream "
           f"{', '.join(map(str, config.upstream))})")
+    from gatehouse.codecs._native import BYTE_READERS, python_reason
+
+    print(f"byte readers: {BYTE_READERS}" + (f" ({python_reason})" if python_reason else ""))
     down, up = config.sasl_downstream, config.sasl_upstream
     if down is not None:
         from gatehouse.proxy.sasl import load_users

@@ -6,10 +6,22 @@ from __future__ import annotations
 
 import os
 from types import ModuleType
+from typing import Final
 
 speedups: ModuleType | None = None
-if not os.environ.get("GATEHOUSE_PURE_PYTHON"):
+# Why the Python readers run (for the start-up log and `gatehouse check`); None when the
+# C ones do.
+python_reason: str | None = None
+PYTHON_ASKED: Final = bool(os.environ.get("GATEHOUSE_PURE_PYTHON"))
+if PYTHON_ASKED:
+    python_reason = "GATEHOUSE_PURE_PYTHON is set"
+else:
     try:
         from gatehouse.codecs import _speedups as speedups
-    except ImportError:  # not built here: the Python readers
+    except ImportError as exc:  # not built here: the Python readers
         speedups = None
+        python_reason = (f"the C module was not built ({exc}): install with a C compiler "
+                         "for the faster readers")
+
+# "c" or "python": the ``byte_readers`` label of gatehouse_info.
+BYTE_READERS: Final = "python" if speedups is None else "c"

@@ -26,8 +26,10 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
+from gatehouse import __version__
 from gatehouse.codecs import APIS, FlatRecords, ProtocolError, Request, Response, api_name, produce
 from gatehouse.codecs._error_codes import ERROR_NAMES
+from gatehouse.codecs._native import BYTE_READERS
 from gatehouse.logs import log_event
 from gatehouse.metrics.groups import GROUP_APIS, GROUP_RESPONSES, GroupCensus
 from gatehouse.metrics.tally import CounterFamily, HistogramFamily, Tally
@@ -192,6 +194,9 @@ class ProxyMetrics(Observer):
                                          ["side", "outcome"], registry=r)
         self.clients = Gauge("gatehouse_clients", "Live connections per client software "
                              "(KIP-511)", ["software_name", "software_version"], registry=r)
+        # What runs: which proxy release, and whether its byte readers are the C ones.
+        Gauge("gatehouse_info", "The proxy's version and byte readers (c or python)",
+              ["version", "byte_readers"], registry=r).labels(__version__, BYTE_READERS).set(1)
         self.principals = Gauge("gatehouse_principals", "Live connections per "
                                 "principal: the SASL user the brokers accepted, or the "
                                 "verified client certificate's subject", ["principal"], registry=r)

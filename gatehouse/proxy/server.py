@@ -23,6 +23,7 @@ import trio
 
 from gatehouse import codecs
 from gatehouse.codecs import Request
+from gatehouse.codecs._native import BYTE_READERS, PYTHON_ASKED, python_reason
 from gatehouse.logs import log_event
 from gatehouse.proxy.addresses import BrokerAddress
 from gatehouse.proxy.config import Address, ProxyConfig, clear_text_warnings
@@ -465,7 +466,10 @@ class Proxy:
                       brokers_by_name=(f"{sni.broker}:{self.sni_port}" if sni is not None
                                        else None),
                       upstream=",".join(map(str, self.config.upstream)),
-                      advertise=self.config.advertise_host)
+                      advertise=self.config.advertise_host, byte_readers=BYTE_READERS)
+            if python_reason is not None:  # a warning unless asked for
+                log_event(logger, logging.INFO if PYTHON_ASKED else logging.WARNING,
+                          "the Python byte readers run", reason=python_reason)
             if self.config.tls_upstream is not None and not self.config.tls_upstream.verify:
                 # Never silent: on every start, for as long as the config says so.
                 log_event(logger, logging.WARNING, "upstream TLS verification is DISABLED "
