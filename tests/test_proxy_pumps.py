@@ -296,6 +296,52 @@ async def test_produce_responses_without_node_endpoints_are_read_not_decoded(
     assert decoded is None and scan == ({0: 1, 6: 1}, (), False)
 
 
+class ReadsProduceAnswers(Policy):
+    """Wants every Produce answer, as a topic rename does; keeps what it was given."""
+
+    def __init__(self) -> None:
+        self.given: list[codecs.Response] = []
+
+    def on_request(self, conn: ConnectionInfo, req: codecs.Request) -> Any:
+        return Forward(req, wants_response=req.api_key == 0)
+
+    def on_response(self, conn: ConnectionInfo, pending: Pending,
+                    resp: codecs.Response) -> codecs.Response:
+        self.given.append(resp)
+        return resp
+
+
+@pytest.mark.parametrize("endpoints", [False, True])
+async def test_a_produce_answer_a_policy_reads_is_walked_for_addresses_only_if_it_has_some(
+        endpoints: bool) -> None:
+    """The policy gets the answer undecoded when its bytes name no brokers (the tag scan
+    says so), and decoded with the proxy's addresses when they do; the observers then
+    read the bytes they get as they would without the policy (the scan), or the answer
+    as changed (not a scan of the broker's bytes)."""
+    nodes = [{"node_id": 2, "host": "k2", "port": 9092, "rack": None}] if endpoints else []
+
+    def handler(req: codecs.Request) -> Any:
+        if req.api_key != 0:
+            return echo_handler(req)
+        return response_body(0, 12, node_endpoints=nodes)
+
+    policy = ReadsProduceAnswers()
+    recorder = ScanRecorder()
+    async with proxied(handler, policy=policy, observer=recorder) as h:
+        await h.client.send(request(0, 12, 1, acks=-1, timeout_ms=100, topic_data=[]).encode())
+        body = codecs.decode_response(await h.client.receive(), 0, 12).body
+    [given] = policy.given
+    assert given.body_decoded == endpoints
+    assert [(e.host, e.port) for e in body.node_endpoints] == (
+        [("proxy.example", 19002)] if endpoints else [])
+    [(decoded, scan)] = recorder.seen
+    if endpoints:
+        assert decoded is not None and decoded.body.node_endpoints[0].host == "proxy.example"
+        assert scan is None
+    else:
+        assert decoded is None and scan == ({}, (), False)
+
+
 async def test_api_versions_capped_and_features_kept() -> None:
     unknown_key = 999
     top = codecs.api(3).versions.hi

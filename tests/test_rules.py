@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from gatehouse import codecs
+from gatehouse.codecs import produce
 from gatehouse.configfile import ConfigError, load_yaml_text
 from gatehouse.logs import TextFormatter
 from gatehouse.proxy.hooks import Close, ConnectionInfo, Respond
@@ -541,6 +542,20 @@ def test_topic_ids_need_no_mapping_so_nothing_is_decoded_in_their_versions() -> 
     mapped = policy.on_response(conn, pending(), loud)
     message = mapped.body.responses[0].partition_responses[0].error_message
     assert message == "This server does not host orders-0"
+
+
+def test_a_produce_v13_answer_has_no_names_to_change_in_its_bytes_unless_it_has_text() -> None:
+    def frame(error_message: str | None) -> bytes:
+        partition = {"index": 0, "error_code": 3 if error_message else 0, "base_offset": 0,
+                     "error_message": error_message}
+        body = {"responses": [{"topic_id": "00000000-0000-0000-0000-0000000000aa",
+                               "partition_responses": [partition]}]}
+        return bytes(codecs.response_from_dict({"header": {"correlation_id": 1}, "body": body},
+                                               api_key=0, api_version=13).encode())
+
+    quiet = frame(None)
+    assert produce.rename_response_topics(quiet, 13, lambda name: "t-" + name) is quiet
+    assert produce.rename_response_topics(frame("not t-orders-0"), 13, lambda n: n) is None
 
 
 PRODUCE_NAMED_VERSIONS = [v for k, v in ALL_VERSIONS if k == 0 and 3 <= v <= 12]

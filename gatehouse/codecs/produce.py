@@ -408,11 +408,10 @@ def request_head_topic_id(head: Buffer, version: int) -> bytes | None:
 def rename_response_topics(frame: Buffer, version: int,
                            rename: Callable[[str], str | None]) -> Buffer | None:
     """A Produce response frame (from the correlation id on) with every topic name
-    ``rename``d in its bytes; ``frame`` itself when no name changes.  None when that
-    cannot be done in the bytes: names by id (v13), error text to map as well, a name
-    ``rename`` hides (None), or bytes the reader does not expect."""
-    if version >= TOPIC_IDS_SINCE:
-        return None
+    ``rename``d in its bytes; ``frame`` itself when no name changes (from v13, which
+    names topics by id, whenever it holds no error text).  None when that cannot be done
+    in the bytes: error text to map as well, a name ``rename`` hides (None), or bytes
+    the reader does not expect."""
     names: list[tuple[int, int, str]] = []
     scan = response_scan(frame, version, names)
     if scan is None or scan[2]:

@@ -1261,7 +1261,9 @@ class ProxyConnection:
         if pending.sasl_user is not None:
             self._authenticated(frame, pending)
         rewrite = carries_addresses(key, pending.api_version)
-        if rewrite and key in SCANNED_RESPONSES and not pending.wants_response:
+        if rewrite and key in SCANNED_RESPONSES:
+            # Read from the bytes, also when a policy will read the answer: walking a
+            # decoded answer for addresses it does not hold costs more than the scan.
             rewrite = not self._names_no_brokers(pending, frame)
         if not (rewrite or key == API_VERSIONS or pending.wants_response):
             return frame  # nothing to look at: the original bytes go through
@@ -1281,7 +1283,7 @@ class ProxyConnection:
                 if body is not None:
                     return b"".join((frame[:4], body))
         try:
-            resp = decode_response(frame, key, pending.api_version)
+            came = resp = decode_response(frame, key, pending.api_version)
             if not resp.known:
                 return frame
             if key == API_VERSIONS:
@@ -1290,7 +1292,13 @@ class ProxyConnection:
                 resp = await self._with_proxy_addresses(resp)
             if pending.wants_response:
                 resp = policy.on_response(self.conn, pending, resp)
-            pending.decoded = resp  # observers need not decode it again
+            if resp is not came:
+                pending.decoded = resp  # observers need not decode it again
+                pending.scan = None  # a scan of the broker's bytes, not of these
+            elif resp.body_decoded:
+                pending.decoded = resp
+            # else: the broker's very bytes go on, unread: observers read them as they
+            # would had no policy looked (``scanned_response``), not by a decode.
             out = resp.encode()
             if kept is not None:
                 self.ctx.remember_api_versions(kept, bytes(out[4:]))
