@@ -286,12 +286,42 @@ append_long(PyObject *out, long long value)
     return failed ? ERROR : 0;
 }
 
-/* (key, [indexes], records, bytes), appended to ``out``; steals ``key`` and ``indexes``. */
+/* One topic of a reader's TopicCounts, while its partitions are read. */
+typedef struct {
+    PyObject *key;      /* its name, or its 16 id bytes */
+    PyObject *indexes;  /* its partitions' indexes */
+    int64_t records;
+    int64_t bytes;
+} Topic;
+
+/* Reads a topic's key at ``pos`` and starts its counts; nothing to release on failure. */
 static int
-append_topic(PyObject *out, PyObject *key, PyObject *indexes, int64_t records, int64_t bytes)
+topic_begin(const Bytes *b, Py_ssize_t *pos, int ids, int flexible, Topic *topic)
 {
-    PyObject *item = Py_BuildValue("(NNLL)", key, indexes, (long long)records,
-                                   (long long)bytes);
+    int status = topic_key(b, pos, ids, flexible, &topic->key);
+    if (status < 0)
+        return status;
+    topic->indexes = PyList_New(0);
+    if (topic->indexes == NULL) {
+        Py_DECREF(topic->key);
+        return ERROR;
+    }
+    topic->records = topic->bytes = 0;
+    return 0;
+}
+
+/* Ends a topic begun by ``topic_begin``: with ``status`` 0, appends (key, [indexes],
+ * records, bytes) to ``out``; either way its references are given up. */
+static int
+topic_end(PyObject *out, Topic *topic, int status)
+{
+    if (status < 0) {
+        Py_DECREF(topic->key);
+        Py_DECREF(topic->indexes);
+        return status;
+    }
+    PyObject *item = Py_BuildValue("(NNLL)", topic->key, topic->indexes,
+                                   (long long)topic->records, (long long)topic->bytes);
     if (item == NULL)
         return ERROR;
     int failed = PyList_Append(out, item);
@@ -375,22 +405,14 @@ produce_request_topics(PyObject *module, PyObject *args)
         goto end;
     }
     for (int64_t t = 0; t < topics; t++) {
-        PyObject *key = NULL;
-        int64_t partitions, records = 0, bytes = 0;
+        Topic topic;
+        int64_t partitions;
         Py_ssize_t start = pos;
-        STEP(topic_key(b, &pos, ids, flexible, &key));
-        if (!ids && spans != Py_None && append_span(spans, start, pos, NULL) < 0) {
-            Py_DECREF(key);
-            status = ERROR;
-            goto end;
-        }
-        PyObject *indexes = PyList_New(0);
-        if (indexes == NULL) {
-            Py_DECREF(key);
-            status = ERROR;
-            goto end;
-        }
-        status = array_length(b, &pos, flexible, &partitions);
+        STEP(topic_begin(b, &pos, ids, flexible, &topic));
+        if (!ids && spans != Py_None)
+            status = append_span(spans, start, pos, NULL);
+        if (status == 0)
+            status = array_length(b, &pos, flexible, &partitions);
         for (int64_t i = 0; status == 0 && i < partitions; i++) {
             int64_t n;
             if (!has(b, pos, 4)) {
@@ -421,23 +443,18 @@ produce_request_topics(PyObject *module, PyObject *args)
                     status = count_records(b, pos, pos + (Py_ssize_t)n, &counted, &sized);
                     if (status < 0)
                         break;
-                    records += counted;
-                    bytes += sized;
+                    topic.records += counted;
+                    topic.bytes += sized;
                 }
                 pos += (Py_ssize_t)n;
             }
             if (flexible && (status = skip_tags_fast(b, &pos)) < 0)
                 break;
-            status = append_long(indexes, index);
+            status = append_long(topic.indexes, index);
         }
         if (status == 0 && flexible)
             status = skip_tags_fast(b, &pos);
-        if (status < 0) {
-            Py_DECREF(key);
-            Py_DECREF(indexes);
-            goto end;
-        }
-        STEP(append_topic(out, key, indexes, records, bytes));
+        STEP(topic_end(out, &topic, status));
     }
     if (flexible)
         STEP(skip_tags_fast(b, &pos));
@@ -620,15 +637,9 @@ fetch_walk(PyObject *module, PyObject *args)
         goto end;
     }
     for (int64_t t = 0; t < n_topics - 1; t++) {
-        PyObject *key = NULL;
-        int64_t n_partitions, records = 0, bytes = 0;
-        STEP(topic_key(b, &pos, ids, 1, &key));
-        PyObject *indexes = PyList_New(0);
-        if (indexes == NULL) {
-            Py_DECREF(key);
-            status = ERROR;
-            goto end;
-        }
+        Topic topic;
+        int64_t n_partitions;
+        STEP(topic_begin(b, &pos, ids, 1, &topic));
         status = uvarint(b, &pos, &n_partitions);
         if (status == 0 && n_partitions < 1)
             status = BAD;
@@ -641,7 +652,7 @@ fetch_walk(PyObject *module, PyObject *args)
             int32_t index = be32(b->p + pos);
             if ((status = count_code(&codes, be16(b->p + pos + 4))) < 0)
                 break;
-            if (count && (status = append_long(indexes, index)) < 0)
+            if (count && (status = append_long(topic.indexes, index)) < 0)
                 break;
             pos += 4 + 2 + 8 + 8 + 8;  /* .. LogStartOffset */
             if ((status = uvarint(b, &pos, &n)) < 0)  /* AbortedTransactions, nullable */
@@ -670,8 +681,8 @@ fetch_walk(PyObject *module, PyObject *args)
                     status = count_records(b, pos, pos + (Py_ssize_t)n, &counted, &sized);
                     if (status < 0)
                         break;
-                    records += counted;
-                    bytes += sized;
+                    topic.records += counted;
+                    topic.bytes += sized;
                 }
                 pos += (Py_ssize_t)n;
             }
@@ -679,12 +690,7 @@ fetch_walk(PyObject *module, PyObject *args)
         }
         if (status == 0)
             status = skip_tags_fast(b, &pos);
-        if (status < 0) {
-            Py_DECREF(key);
-            Py_DECREF(indexes);
-            goto end;
-        }
-        STEP(append_topic(topics, key, indexes, records, bytes));
+        STEP(topic_end(topics, &topic, status));
     }
     PyObject *dict = codes_dict(&codes);
     if (dict == NULL) {

@@ -348,14 +348,15 @@ def records_and_bytes(records: Buffer | None) -> tuple[int, int]:
     if records is None:
         return 0, 0
     view = memoryview(records)
+    counted: tuple[int, int] | None
     if _C_COUNT_RECORDS is not None:
-        counted: tuple[int, int] | None = _C_COUNT_RECORDS(view, 0, len(view))
-        if counted is not None:
-            return counted
-        summary = summarize(view)
-        return summary.records, summary.bytes
-    try:
-        return count_records(view, 0, len(view))
-    except Uncounted:
-        summary = summarize(view)
-        return summary.records, summary.bytes
+        counted = _C_COUNT_RECORDS(view, 0, len(view))
+    else:
+        try:
+            counted = count_records(view, 0, len(view))
+        except Uncounted:
+            counted = None
+    if counted is not None:
+        return counted
+    summary = summarize(view)
+    return summary.records, summary.bytes

@@ -77,7 +77,8 @@ def check_readers(frame: bytes, api_key: int, api_version: int, request: bool) -
     leave it to them (NotImplemented)."""
     if speedups is None:
         return
-    c: Any = NotImplemented
+    c: Any = NotImplemented  # stays so for frames no C reader reads
+    python: Any = None
     if request and api_key == 0 and api_version >= produce.FIRST_VERSION:
         flexible, ids = (api_version >= produce.FLEXIBLE_SINCE,
                          api_version >= produce.TOPIC_IDS_SINCE)
