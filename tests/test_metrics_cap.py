@@ -91,3 +91,31 @@ def test_made_up_api_keys_and_versions_fold_into_other() -> None:
     assert count("Produce", "3") == 1
     assert count("other", "other") == 2  # keys 300 and -5
     assert count("api-200", "3") == 1 and count("api-200", "other") == 1
+
+
+def test_produce_requests_of_versions_the_codec_does_not_know_are_not_counted() -> None:
+    """A Produce version newer than the codec's passes through, but its records are not
+    read as if it had the newest known layout."""
+    from tests.test_metrics_produce import batch
+
+    metrics = ProxyMetrics()
+    conn = ConnectionInfo(id=1, client="127.0.0.1:1", listener="bootstrap")
+    newest = max(codecs.api(0).request.valid)
+    body = {"transactional_id": None, "acks": -1, "timeout_ms": 1000, "topic_data": [
+        {"topic_id": "00000000-0000-0000-0000-0000000000aa",
+         "partition_data": [{"index": 0, "records": batch(5)}]}]}
+    frame = bytearray(codecs.request_from_dict(
+        {"header": {"api_key": 0, "api_version": newest, "correlation_id": 1,
+                    "client_id": "c"}, "body": body}).encode())
+
+    def records() -> float:
+        return metrics.registry.get_sample_value(
+            "gatehouse_topic_records_total", {"topic": "unknown", "direction": "produce"}) or 0.0
+
+    metrics.request(conn, codecs.decode_request(bytes(frame)), len(frame))
+    assert records() == 5
+    frame[2:4] = (newest + 1).to_bytes(2, "big")  # the same bytes, a version from the future
+    future = codecs.decode_request(bytes(frame))
+    assert not future.known
+    metrics.request(conn, future, len(frame))
+    assert records() == 5

@@ -383,11 +383,11 @@ class ProxyMetrics(Observer):
             counter = counters[slot] = self._request_counter(conn, key, req.api_version)
         counter.value += 1
         try:  # a malformed body is the pumps' to report, not ours
-            if key == PRODUCE:
+            if key == PRODUCE and req.known:  # a version from the future: not read
                 topics = None if req.body_decoded else produce.request_topics_of(req)
                 if topics is not None:
                     self._count_scanned(topics, self._produced, "produce")
-                elif req.known:
+                else:
                     self._count_produce(req, conn)
             elif key in GROUP_APIS and req.known:
                 self.groups.request(conn.id, req)
