@@ -1,8 +1,10 @@
-"""Only the C extension: everything else is in pyproject.toml.
+"""Only the C extensions: everything else is in pyproject.toml.
 
 ``gatehouse.codecs._speedups`` holds C versions of the byte readers on the proxy's hot
-path (gatehouse/codecs/_speedups.c).  It is optional: where no C compiler is found the
-build goes on without it and the Python readers, which give the same results, run.
+path (gatehouse/codecs/_speedups.c), ``gatehouse.metrics._counting`` the metrics' counting
+of the usual exchange (gatehouse/metrics/_counting.c).  Both are optional: where no C
+compiler is found the build goes on without them and the Python code, which gives the
+same results, runs.
 """
 
 from setuptools import Extension, setup
@@ -14,6 +16,12 @@ setup(
             sources=["gatehouse/codecs/_speedups.c"],
             optional=True,
             extra_compile_args=["-Wall", "-Wextra", "-Wno-unused-parameter"],
-        )
+        ),
+        Extension(
+            "gatehouse.metrics._counting",
+            sources=["gatehouse/metrics/_counting.c"],
+            optional=True,
+            extra_compile_args=["-Wall", "-Wextra", "-Wno-unused-parameter"],
+        ),
     ]
 )

@@ -136,8 +136,10 @@ def test_the_wheel_holds_the_package_and_nothing_else(wheel: Path) -> None:
                              text=True, check=True).stdout.split()
     sources = {n for n in tracked if n.endswith((".py", ".pyi"))} | {"gatehouse/py.typed"}
     assert sources <= packaged, sorted(sources - packaged)
-    # The C readers are built into it (a compiler is here, as in the image's build stage).
-    assert any(re.fullmatch(r"gatehouse/codecs/_speedups\..*\.so", n) for n in packaged)
+    # The C readers and counting are built into it (a compiler is here, as in the image's
+    # build stage).
+    for module in ("codecs/_speedups", "metrics/_counting"):
+        assert any(re.fullmatch(rf"gatehouse/{module}\..*\.so", n) for n in packaged), module
     assert not any(n.endswith(".c") for n in packaged)  # the source stays in the sdist
     assert all(n.startswith("gatehouse/") for n in packaged), sorted(packaged)
     assert "gatehouse = gatehouse.cli:main" in entry_points

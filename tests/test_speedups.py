@@ -58,7 +58,10 @@ def test_gatehouse_pure_python_turns_them_off(tmp_path: Path) -> None:
             "assert _native.speedups is None\n"
             "assert produce._C_REQUEST_TOPICS is None and fetch._C_WALK is None\n"
             "assert records._C_COUNT_RECORDS is None\n"
-            "assert _info(ProxyMetrics().registry)['byte_readers'] == 'python'\n")
+            "assert _info(ProxyMetrics().registry)['byte_readers'] == 'python'\n"
+            "from gatehouse.metrics import tally\n"  # the metrics count in Python too
+            "assert tally.counting is None\n"
+            "assert type(ProxyMetrics().requests.labels('a', 'b', 'c', 'd')) is tally.Tally\n")
     env = {**os.environ, "GATEHOUSE_PURE_PYTHON": "1"}
     subprocess.run([sys.executable, "-c", code], env=env, check=True, cwd=ROOT)
     config = tmp_path / "gatehouse.yaml"

@@ -261,7 +261,7 @@ class _Message:
     def read_once(self, name: str, read: Any) -> Any:
         """``read(self)``, remembered under ``name`` for this message: what a fast reader
         took from the frame (codecs.produce), for every observer that asks."""
-        # Set to None by the decoders (an unset slot would raise inside getattr: slow).
+        # Set to None by every constructor (an unset slot would raise inside getattr: slow).
         found: dict[str, Any] | None = getattr(self, "_read", None)
         if found is None:
             found = self._read = {}
@@ -339,7 +339,7 @@ class Request(_Message):
         req._body_offset = 0
         req._body = body
         req._orig_header = req._orig_body = _UNSET
-        req._spans = None
+        req._spans = req._read = None
         req.api  # noqa: B018 - validates key and version
         return req
 
@@ -355,6 +355,7 @@ class Request(_Message):
         new._orig_header = self._orig_header
         new._orig_body = self._orig_body
         new._spans = self._spans
+        new._read = None  # what was read once is of the original
         new._trailing = self.trailing
         if new._frame is not None and (
             new.header.api_key != self.api_key or new.header.api_version != self.api_version
@@ -432,7 +433,7 @@ class Response(_Message):
         resp._body_offset = 0
         resp._body = body
         resp._orig_header = resp._orig_body = _UNSET
-        resp._spans = None
+        resp._spans = resp._read = None
         resp.api  # noqa: B018 - validates key and version
         return resp
 
@@ -449,6 +450,7 @@ class Response(_Message):
         new._orig_header = self._orig_header
         new._orig_body = self._orig_body
         new._spans = self._spans
+        new._read = None  # what was read once is of the original
         return new
 
     def _encode_header(self, out: bytearray) -> None:

@@ -11,6 +11,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
+from types import ModuleType
 from typing import Any
 
 import trio
@@ -29,10 +30,11 @@ from prometheus_client.process_collector import ProcessCollector
 from gatehouse import __version__
 from gatehouse.codecs import APIS, FlatRecords, ProtocolError, Request, Response, api_name, produce
 from gatehouse.codecs._error_codes import ERROR_NAMES
-from gatehouse.codecs._native import BYTE_READERS
+from gatehouse.codecs._native import BYTE_READERS, speedups
+from gatehouse.codecs.frames import _UNSET
 from gatehouse.logs import log_event
 from gatehouse.metrics.groups import GROUP_APIS, GROUP_RESPONSES, GroupCensus
-from gatehouse.metrics.tally import CounterFamily, HistogramFamily, Tally
+from gatehouse.metrics.tally import CounterFamily, HistogramFamily, Tally, counting
 from gatehouse.proxy.config import Address
 from gatehouse.proxy.hooks import (
     CLEAN_CLOSES,
@@ -55,6 +57,10 @@ PRODUCE, FETCH, METADATA, API_VERSIONS, SASL_AUTHENTICATE = 0, 1, 3, 18, 36
 # Topic name -> its counters, including names folded into "other": past this many, a
 # folded name is looked up (and counted as a fold) again each time.
 MAX_CACHED_TOPICS = 100_000
+# What the codec reads (a range: ``in`` is cheaper than the table's own Versions).
+_PRODUCE_VERSIONS = range(APIS[PRODUCE].versions.lo, APIS[PRODUCE].versions.hi + 1)
+# Requests whose bodies the census reads (client software, groups): always in Python.
+_PYTHON_REQUESTS = frozenset({API_VERSIONS, *GROUP_APIS})
 MAX_REMEMBERED_FOLDS = 100_000  # past this, a folded value counts each time it is seen
 
 
@@ -272,6 +278,22 @@ class ProxyMetrics(Observer):
             self.tls_reloads.labels(outcome=outcome)
         # From 0, so the first refusal is an increase Prometheus sees.
         self._refused = self.connections_total.labels(side="client", outcome="refused")
+        if counting is not None:  # the usual exchange counted in C (tally.py)
+            self._count_in_c(counting)
+
+    def _count_in_c(self, counting: ModuleType) -> None:
+        """``request`` and ``response`` as the C functions over this object's tables,
+        which call the Python methods for whatever they do not take."""
+        assert speedups is not None  # counting is only loaded with the C readers
+        cls = type(self)
+        self.request = partial(  # type: ignore[method-assign]
+            counting.request,
+            (self._conn_requests, self._bytes_up, self._produced, speedups.produce_request_topics,
+             _PRODUCE_VERSIONS, _PYTHON_REQUESTS, _UNSET, cls.request.__get__(self, cls)))
+        self.response = partial(  # type: ignore[method-assign]
+            counting.response,
+            (self._bytes_out, self._bytes_down, self._durations, self._response_counters,
+             self._fetched, cls.response.__get__(self, cls)))
 
     # -- wiring ---------------------------------------------------------------------
 
@@ -364,8 +386,11 @@ class ProxyMetrics(Observer):
 
     def request(self, conn: ConnectionInfo, req: Request, size: int) -> None:
         # The hot path (every request): counters found through small per-connection and
-        # per-topic dicts with int and str keys, numbers added without method calls.
-        key = req.api_key
+        # per-topic dicts with int and str keys, numbers added without method calls, the
+        # header's fields read once (the message's properties cost more than the adds).
+        header = req.header
+        key = header.api_key
+        version = header.api_version
         self._bytes_up.value += size + 4
         counters = self._conn_requests.get(conn.id)
         if counters is None or key == API_VERSIONS:  # the client software may change
@@ -375,20 +400,21 @@ class ProxyMetrics(Observer):
                             self.software_label(conn.software_version or ""))
                 self._software_of[conn.id] = software
                 self.clients.labels(*software).inc()
-        slot = (key << 16) | (req.api_version & 0xFFFF)
+        slot = (key << 16) | (version & 0xFFFF)
         counter = counters.get(slot)
         if counter is None:
             if len(counters) >= 1024:  # bounded: a client uses a few dozen versions
                 counters.clear()
-            counter = counters[slot] = self._request_counter(conn, key, req.api_version)
+            counter = counters[slot] = self._request_counter(conn, key, version)
         counter.value += 1
         try:  # a malformed body is the pumps' to report, not ours
-            if key == PRODUCE and req.known:  # a version from the future: not read
-                topics = None if req.body_decoded else produce.request_topics_of(req)
-                if topics is not None:
-                    self._count_scanned(topics, self._produced, "produce")
-                else:
-                    self._count_produce(req, conn)
+            if key == PRODUCE:
+                if version in _PRODUCE_VERSIONS:  # a version from the future: not read
+                    topics = None if req.body_decoded else produce.request_topics_of(req)
+                    if topics is not None:
+                        self._count_scanned(topics, self._produced, "produce")
+                    else:
+                        self._count_produce(req, conn)
             elif key in GROUP_APIS and req.known:
                 self.groups.request(conn.id, req)
         except ProtocolError:
@@ -450,9 +476,10 @@ class ProxyMetrics(Observer):
     def response(self, conn: ConnectionInfo, pending: Pending, size: int, elapsed: float,
                  frame: Any = None) -> None:
         key = pending.api_key
-        self._bytes_out.value += size + 4
+        size += 4
+        self._bytes_out.value += size
         if pending.local is None:  # not the proxy's own answer
-            self._bytes_down.value += size + 4
+            self._bytes_down.value += size
             histogram = self._durations.get(key)
             if histogram is None:
                 kind = "long_poll" if key in LONG_POLL_APIS else "request"
@@ -464,7 +491,9 @@ class ProxyMetrics(Observer):
         if frame is None or pending.raw or key not in APIS:  # raw: a SASL v0 token
             return
         if key in SCANNED_RESPONSES and pending.decoded is None:
-            scan = scanned_response(pending, frame)
+            scan = pending.scan  # the proxy's own read of the answer's bytes, if it made one
+            if scan is None:
+                scan = scanned_response(pending, frame)
             if scan is not None:  # read from the bytes: no decode
                 counts = scan[0]
                 if counts:

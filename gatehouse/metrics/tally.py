@@ -13,12 +13,25 @@ The families expose what prometheus_client's ``Counter`` and ``Histogram`` would
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
-from typing import Generic, TypeVar
+from types import ModuleType
+from typing import Any, Generic, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
+
+from gatehouse.codecs._native import speedups
+
+# The metrics' counting of the usual exchange in C (_counting.c), where built, with its
+# Tally; the Python below stays the reference.  GATEHOUSE_PURE_PYTHON, which turns off
+# the C byte readers, turns this off too.
+counting: ModuleType | None = None
+if speedups is not None:
+    with contextlib.suppress(ImportError):  # not built here
+        counting = importlib.import_module("gatehouse.metrics._counting")
 
 
 class Tally:
@@ -82,9 +95,15 @@ class _Family(Generic[Child]):
         return iter(())  # the registry need not call collect() to learn the names
 
 
+# What children are: the C ones where the counting is in C (it adds to them directly),
+# else the Python ones.  Both have ``value`` and ``inc``; ``observe``, ``counts``, ``sum``.
+_NEW_TALLY: Any = Tally if counting is None else counting.Tally
+_NEW_HISTOGRAM: Any = HistogramTally if counting is None else counting.HistogramTally
+
+
 class CounterFamily(_Family[Tally]):
     def _new_child(self) -> Tally:
-        return Tally()
+        return _NEW_TALLY()  # type: ignore[no-any-return]
 
     def collect(self) -> Iterator[Metric]:
         family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
@@ -102,7 +121,7 @@ class HistogramFamily(_Family[HistogramTally]):
         self._le = [floatToGoString(b) for b in self.bounds] + ["+Inf"]  # type: ignore[no-untyped-call]
 
     def _new_child(self) -> HistogramTally:
-        return HistogramTally(self.bounds)
+        return _NEW_HISTOGRAM(self.bounds)  # type: ignore[no-any-return]
 
     def collect(self) -> Iterator[Metric]:
         family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
