@@ -803,6 +803,26 @@ def test_a_failing_observer_is_logged_and_the_others_still_see_everything(
     assert failures == ["observer Broken failed in request", "observer Broken failed in response"]
 
 
+def test_the_metrics_failing_in_c_are_logged_as_the_metrics(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from gatehouse.metrics import ProxyMetrics
+    from gatehouse.proxy.hooks import Observers
+
+    class NotARequest:  # no header: the metrics' counting (in C where built) raises
+        pass
+
+    metrics = ProxyMetrics()
+    fan_out = Observers([metrics])
+    conn = ConnectionInfo(id=1, client="127.0.0.1:5555", listener="bootstrap")
+    for req in (request(3, 12, 7), NotARequest(), request(3, 12, 8)):
+        fan_out.request(conn, req, 10)  # type: ignore[arg-type]
+    assert metrics.registry.get_sample_value("gatehouse_requests_total", {
+        "api": "Metadata", "version": "12", "client_software": "unknown",
+        "listener": "bootstrap"}) == 2
+    failures = [r.getMessage() for r in caplog.records if r.name == "gatehouse.proxy"]
+    assert failures == ["observer ProxyMetrics failed in request"]
+
+
 async def test_the_proxy_authenticates_again_before_the_brokers_session_ends(
         autojump_clock: trio.testing.MockClock) -> None:
     """sasl.upstream against a broker with connections.max.reauth.ms (KIP-368): once 85%

@@ -274,7 +274,7 @@ class Observers(Observer):
             try:
                 hook(conn, req, size)
             except Exception:
-                _observer_failed(hook.__self__, "request")
+                _observer_failed(self._owner(hook, "request"), "request")
 
     def response(self, conn: ConnectionInfo, pending: Pending, size: int, elapsed: float,
                  frame: Any = None) -> None:
@@ -282,7 +282,12 @@ class Observers(Observer):
             try:
                 hook(conn, pending, size, elapsed, frame)
             except Exception:
-                _observer_failed(hook.__self__, "response")
+                _observer_failed(self._owner(hook, "response"), "response")
+
+    def _owner(self, hook: Any, method: str) -> Any:
+        """The observer whose ``method`` ``hook`` is (a bound method, or what an observer
+        set in its place: ProxyMetrics' C functions)."""
+        return next((o for o in self.observers if getattr(o, method) == hook), hook)
 
     def upstream_failure(self, target: str, error: str) -> None:
         self._each("upstream_failure", target, error)
