@@ -69,6 +69,7 @@ def test_gatehouse_pure_python_turns_them_off(tmp_path: Path) -> None:
     checked = subprocess.run([sys.executable, "-m", "gatehouse.cli", "check", "--config",
                               str(config)], env=env, check=True, capture_output=True, text=True)
     assert "byte readers: python (GATEHOUSE_PURE_PYTHON is set)" in checked.stdout
+    assert "metrics counting: python" in checked.stdout
 
 
 def _mutations(frame: bytes, seed: int) -> list[bytes]:

@@ -167,6 +167,9 @@ def _check(path: str) -> int:
     from gatehouse.codecs._native import BYTE_READERS, python_reason
 
     print(f"byte readers: {BYTE_READERS}" + (f" ({python_reason})" if python_reason else ""))
+    from gatehouse.metrics.tally import counting
+
+    print(f"metrics counting: {'python' if counting is None else 'c'}")
     down, up = config.sasl_downstream, config.sasl_upstream
     if down is not None:
         from gatehouse.proxy.sasl import load_users
