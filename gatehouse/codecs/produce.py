@@ -65,23 +65,15 @@ def partitions_total(partitions: Iterable[Any]) -> tuple[int, int]:
 def request_topics_of(req: Any) -> TopicCounts | None:
     """``request_topics`` of a decoded Produce request's frame, read once for all who ask
     (the metrics and the observation log)."""
-    # Message.read_once and request_topics, inlined: this runs for every Produce request.
-    topics: TopicCounts | None
-    found: dict[str, Any] | None = req._read  # None until something is read once
+    # Message.read_once, inlined: this runs for every Produce request.
+    found: dict[str, Any] | None = getattr(req, "_read", None)
     if found is None:
         found = req._read = {}
-    elif (topics := found.get(_READ_KEY, found)) is not found:
-        return topics
-    frame = req._frame
-    version = req.header.api_version
-    if frame is None or version < FIRST_VERSION:
-        topics = None
-    else:
-        topics = (NotImplemented if _C_REQUEST_TOPICS is None else _C_REQUEST_TOPICS(
-            frame, version >= FLEXIBLE_SINCE, version >= TOPIC_IDS_SINCE, True, None))
-        if topics is NotImplemented:
-            topics = _request_topics(frame, version, None, True)
-    found[_READ_KEY] = topics
+    elif _READ_KEY in found:
+        return found[_READ_KEY]  # type: ignore[no-any-return]
+    frame = req.frame
+    topics = found[_READ_KEY] = (None if frame is None
+                                 else request_topics(frame, req.api_version))
     return topics
 
 

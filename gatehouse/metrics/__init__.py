@@ -491,9 +491,7 @@ class ProxyMetrics(Observer):
         if frame is None or pending.raw or key not in APIS:  # raw: a SASL v0 token
             return
         if key in SCANNED_RESPONSES and pending.decoded is None:
-            scan = pending.scan  # the proxy's own read of the answer's bytes, if it made one
-            if scan is None:
-                scan = scanned_response(pending, frame)
+            scan = scanned_response(pending, frame)
             if scan is not None:  # read from the bytes: no decode
                 counts = scan[0]
                 if counts:
