@@ -54,4 +54,4 @@ bench: install-dev kafka
 	$(BIN)/python bench/codecs.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache gatehouse/codecs/*.so gatehouse/metrics/*.so
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache gatehouse/codecs/*.so gatehouse/metrics/*.so gatehouse/capture/*.so

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 
 import gatehouse
 from gatehouse import codecs
-from gatehouse.capture.schema import encode_json
+from gatehouse.capture.schema import encode_record
 from gatehouse.capture.writer import RecordInbox
 from gatehouse.codecs import ProtocolError, Response, records
 from gatehouse.codecs._error_codes import ERROR_NAMES
@@ -509,7 +509,7 @@ class KafkaSink(RecordInbox):
         size = 0
         while queue and size < limit:
             record = queue.popleft()
-            value = encode_json(record).encode()
+            value = encode_record(record)
             size += len(value)
             if by_client == "client_id":
                 key = str(record.get("client_id") or "").encode()

@@ -36,7 +36,7 @@ from gatehouse.capture.schema import (
     RULE_FIELDS,
     SCHEMA_VERSION,
     TOPIC_FIELDS,
-    encode_json,
+    encode_lines,
 )
 from gatehouse.capture.settings import CaptureSettings
 from gatehouse.logs import log_event
@@ -303,7 +303,7 @@ class CaptureWriter(RecordInbox):
         self._abandon_file()
 
     def _write(self, batch: list[dict[str, Any]]) -> None:
-        data = ("\n".join([encode_json(r) for r in batch]) + "\n").encode()
+        data = encode_lines(batch)
         try:
             if self._out is None or self._expired():
                 self._rotate()
