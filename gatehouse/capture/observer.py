@@ -73,6 +73,9 @@ class CaptureObserver(Observer):
         self._policy: Any = None
         self._maps_of: tuple[RuleSet | None, dict[str, TopicMap]] = (None, {})
         self.topic_names: dict[uuid.UUID, str] = {}
+        # The topic ids of Produce requests and Fetch answers read from their bytes, as
+        # (id, its text): made once per topic, not per exchange.
+        self._id_texts: dict[bytes, tuple[uuid.UUID, str]] = {}
         # Every field of schema v1 (capture.schema.FIELDS), in order, with what a record
         # holds until the request and its answer say otherwise.
         self._blank: dict[str, Any] = {name: None for name, _ in FIELDS}
@@ -162,11 +165,10 @@ class CaptureObserver(Observer):
         if counted is not None:  # read from the bytes: no decode of every record set
             record["topics"] = self._counted_topics(counted)
             no_response = produce_acks(req) == 0
-        elif req.known:
+        elif req.known and key != FETCH:  # Fetch: the response says what moved (no group)
             try:
                 body = req.body
-                if key != FETCH:  # Fetch: the response says what moved
-                    record["topics"] = self._request_topics(req, body)
+                record["topics"] = self._request_topics(req, body)
                 self._group(record, key, body)
                 no_response = key == PRODUCE and produce_acks(req) == 0
             except ProtocolError:
@@ -260,12 +262,27 @@ class CaptureObserver(Observer):
 
     def _counted_topics(self, counted: produce.TopicCounts) -> list[dict[str, Any]]:
         """The topics of a Produce request or Fetch response read from its bytes."""
-        return [{"name": topic or None, "broker": None, "id": None, "partitions": indexes,
-                 "records": records_total, "bytes": bytes_total}
-                if isinstance(topic, str) else
-                self._topic_entry(None, uuid.UUID(bytes=topic), indexes, records_total,
-                                  bytes_total)
-                for topic, indexes, records_total, bytes_total in counted]
+        out = []
+        for topic, indexes, records_total, bytes_total in counted:
+            if isinstance(topic, str):
+                name, id_text = topic or None, None
+            else:
+                name, id_text = self._named_id(topic)
+            out.append({"name": name, "broker": None, "id": id_text, "partitions": indexes,
+                        "records": records_total, "bytes": bytes_total})
+        return out
+
+    def _named_id(self, raw: bytes) -> tuple[str | None, str | None]:
+        """(name, id text) of a topic id's 16 bytes; (None, None) for the zero id."""
+        known = self._id_texts.get(raw)
+        if known is None:
+            topic_id = uuid.UUID(bytes=bytes(raw))
+            if not topic_id.int:
+                return None, None
+            if len(self._id_texts) >= _MAX_TOPIC_IDS:
+                self._id_texts.clear()  # bounded, like topic_names
+            known = self._id_texts[bytes(raw)] = (topic_id, str(topic_id))
+        return self.topic_names.get(known[0]), known[1]
 
     def _records_entry(self, name: str | None, topic_id: Any, indexes: list[int],
                        partitions: Iterable[Any]) -> dict[str, Any]:
