@@ -2,8 +2,8 @@
 
 ``gatehouse.codecs._speedups`` holds C versions of the byte readers on the proxy's hot
 path (gatehouse/codecs/_speedups.c), ``gatehouse.metrics._counting`` the metrics' counting
-of the usual exchange (gatehouse/metrics/_counting.c), ``gatehouse.capture._jsonl`` the
-observation log's JSON lines (gatehouse/capture/_jsonl.c).  All are optional: where no C
+of the usual exchange (gatehouse/metrics/_counting.c), ``gatehouse.capture._records`` the
+observation log's JSON lines (gatehouse/capture/_records.c).  All are optional: where no C
 compiler is found the build goes on without them and the Python code, which gives the
 same results, runs.
 """
@@ -25,8 +25,8 @@ setup(
             extra_compile_args=["-Wall", "-Wextra", "-Wno-unused-parameter"],
         ),
         Extension(
-            "gatehouse.capture._jsonl",
-            sources=["gatehouse/capture/_jsonl.c"],
+            "gatehouse.capture._records",
+            sources=["gatehouse/capture/_records.c"],
             optional=True,
             extra_compile_args=["-Wall", "-Wextra", "-Wno-unused-parameter"],
         ),

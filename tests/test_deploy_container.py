@@ -138,7 +138,7 @@ def test_the_wheel_holds_the_package_and_nothing_else(wheel: Path) -> None:
     assert sources <= packaged, sorted(sources - packaged)
     # The C readers and counting are built into it (a compiler is here, as in the image's
     # build stage).
-    for module in ("codecs/_speedups", "metrics/_counting", "capture/_jsonl"):
+    for module in ("codecs/_speedups", "metrics/_counting", "capture/_records"):
         assert any(re.fullmatch(rf"gatehouse/{module}\..*\.so", n) for n in packaged), module
     assert not any(n.endswith(".c") for n in packaged)  # the source stays in the sdist
     assert all(n.startswith("gatehouse/") for n in packaged), sorted(packaged)

@@ -105,7 +105,7 @@ def test_check_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     out = capsys.readouterr().out
     assert "ok" in out and "byte readers: c\n" in out  # built here (tests/test_speedups.py)
     assert "metrics counting: c\n" in out
-    assert "capture encoder: c\n" in out
+    assert "capture records: c\n" in out
     bad = tmp_path / "bad.yaml"
     bad.write_text("listen: 127.0.0.1:9192\nupstream: [127.0.0.1:9092]\nrulez: []\n")
     assert main(["check", "--config", str(bad)]) == 1

@@ -63,7 +63,7 @@ def test_gatehouse_pure_python_turns_them_off(tmp_path: Path) -> None:
             "assert tally.counting is None\n"
             "assert type(ProxyMetrics().requests.labels('a', 'b', 'c', 'd')) is tally.Tally\n"
             "from gatehouse.capture import schema\n"  # and the log's records are json's
-            "assert schema.jsonl is None\n"
+            "assert schema.native is None\n"
             "assert schema.encode_lines([{'a': 1}]) == b'{\"a\":1}\\n'\n")
     env = {**os.environ, "GATEHOUSE_PURE_PYTHON": "1"}
     subprocess.run([sys.executable, "-c", code], env=env, check=True, cwd=ROOT)
@@ -73,7 +73,7 @@ def test_gatehouse_pure_python_turns_them_off(tmp_path: Path) -> None:
                               str(config)], env=env, check=True, capture_output=True, text=True)
     assert "byte readers: python (GATEHOUSE_PURE_PYTHON is set)" in checked.stdout
     assert "metrics counting: python" in checked.stdout
-    assert "capture encoder: python" in checked.stdout
+    assert "capture records: python" in checked.stdout
 
 
 def _mutations(frame: bytes, seed: int) -> list[bytes]:

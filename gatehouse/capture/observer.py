@@ -16,12 +16,15 @@ import secrets
 import time
 import uuid
 from collections.abc import Iterable, Iterator
+from functools import partial
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from gatehouse.capture.schema import FIELDS, SCHEMA_VERSION
+from gatehouse.capture.schema import FIELDS, SCHEMA_VERSION, native
 from gatehouse.capture.settings import CaptureSettings
 from gatehouse.capture.writer import CaptureStats, CaptureWriter
 from gatehouse.codecs import APIS, ProtocolError, Request, Response, api_name, produce
+from gatehouse.codecs.frames import _UNSET
 from gatehouse.codecs.peek import produce_acks
 from gatehouse.codecs.schema import FieldSpec, StructSpec
 from gatehouse.codecs.walk import rewrite
@@ -47,6 +50,9 @@ PRODUCE, FETCH, METADATA, FIND_COORDINATOR, JOIN_GROUP = 0, 1, 3, 10, 11
 _PARTITION_ARRAYS = ("partitions", "partition_indexes", "partition_data", "partition_responses")
 _PARTITION_ATTRS = ("partition_index", "index", "partition")
 _MAX_TOPIC_IDS = 10_000
+# The versions of Produce and Fetch the codec reads (``Request.known``), for the C path.
+_KNOWN_VERSIONS = tuple(range(APIS[key].versions.lo, APIS[key].versions.hi + 1)
+                        for key in (PRODUCE, FETCH))
 
 
 
@@ -83,6 +89,24 @@ class CaptureObserver(Observer):
                            error_count=0)
         if registry is not None:
             registry.register(CaptureCollector(self))
+        if native is not None:  # the usual exchange's record built in C (schema.py)
+            self._build_in_c(native)
+
+    def _build_in_c(self, native: ModuleType) -> None:
+        """``request`` and ``response`` as the C functions over this object's state,
+        which call the Python methods for whatever they do not take."""
+        cls = type(self)
+        offers = (self.writer.offer,) + ((self.kafka.offer,) if self.kafka is not None else ())
+        self.request = partial(  # type: ignore[method-assign]
+            native.request,
+            (self, self._in_flight, self._blank, self._rates, float(self._rate_default),
+             (api_name(PRODUCE), api_name(FETCH)), _KNOWN_VERSIONS, _UNSET,
+             produce.request_topics_of, produce_acks, self._id_texts, self.topic_names,
+             self._named_id, cls.request.__get__(self, cls)))
+        self.response = partial(  # type: ignore[method-assign]
+            native.response,
+            (self, self._in_flight, scanned_response, self._id_texts, self.topic_names,
+             self._named_id, offers, cls.response.__get__(self, cls)))
 
     # -- wiring ------------------------------------------------------------------------
 

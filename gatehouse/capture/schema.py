@@ -19,26 +19,26 @@ SCHEMA_VERSION = 1
 encode_json: Final[Callable[[Any], str]] = json.JSONEncoder(
     separators=(",", ":"), check_circular=False).encode
 
-# The same bytes from C (_jsonl.c), where built: the writer's thread holds the GIL while
+# The same bytes from C (_records.c), where built: the writer's thread holds the GIL while
 # it encodes, a tenth of the time.  GATEHOUSE_PURE_PYTHON, which turns off the C byte
 # readers, turns this off too.
-jsonl: Any = None
+native: Any = None
 if speedups is not None:
     with contextlib.suppress(ImportError):  # not built here
-        jsonl = importlib.import_module("gatehouse.capture._jsonl")
+        native = importlib.import_module("gatehouse.capture._records")
 
 
 def encode_lines(records: list[dict[str, Any]]) -> bytes:
     """``records`` as JSON lines (``encode_json`` each, a line feed after each)."""
-    if jsonl is not None:
-        return jsonl.encode_lines(records, encode_json)  # type: ignore[no-any-return]
+    if native is not None:
+        return native.encode_lines(records, encode_json)  # type: ignore[no-any-return]
     return "".join([encode_json(r) + "\n" for r in records]).encode()
 
 
 def encode_record(record: dict[str, Any]) -> bytes:
     """``record`` as one compact JSON document (``encode_json``'s text, encoded)."""
-    if jsonl is not None:
-        return jsonl.encode_record(record, encode_json)  # type: ignore[no-any-return]
+    if native is not None:
+        return native.encode_record(record, encode_json)  # type: ignore[no-any-return]
     return encode_json(record).encode()
 
 # (field, type) with types: string, int (32 bit), long, double, array<...>, or a struct

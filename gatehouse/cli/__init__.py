@@ -170,9 +170,9 @@ def _check(path: str) -> int:
     from gatehouse.metrics.tally import counting
 
     print(f"metrics counting: {'python' if counting is None else 'c'}")
-    from gatehouse.capture.schema import jsonl
+    from gatehouse.capture.schema import native
 
-    print(f"capture encoder: {'python' if jsonl is None else 'c'}")
+    print(f"capture records: {'python' if native is None else 'c'}")
     down, up = config.sasl_downstream, config.sasl_upstream
     if down is not None:
         from gatehouse.proxy.sasl import load_users
