@@ -332,8 +332,8 @@ encode_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
  * its bytes, a Fetch request, and their answers as read from their bytes (``scan``): a
  * copy of the blank record with the exchange's fields set, then, with the answer, the
  * rest set and the record offered to the sinks.  Why: in the proxy each exchange moves
- * tens of KiB through the caches between two calls, and the methods' bytecode ran at a
- * third of its speed in a loop (bench/RESULTS.md, issue 8).  Anything else (another API,
+ * tens of KiB through the caches between two calls, and the methods' bytecode took three
+ * to four times as long there as in a loop (bench/RESULTS.md, "Observation log").  Anything else (another API,
  * sampling, a record held for an acks=0 request, a rename's topic map, an answer the
  * proxy made or decoded) goes to the Python methods, which stay the reference: every
  * lookup is done before the record is touched, so an exchange is handled by one or the

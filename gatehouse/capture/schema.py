@@ -20,7 +20,7 @@ encode_json: Final[Callable[[Any], str]] = json.JSONEncoder(
     separators=(",", ":"), check_circular=False).encode
 
 # The same bytes from C (_records.c), where built: the writer's thread holds the GIL while
-# it encodes, a tenth of the time.  GATEHOUSE_PURE_PYTHON, which turns off the C byte
+# it encodes, a fifth of the time.  GATEHOUSE_PURE_PYTHON, which turns off the C byte
 # readers, turns this off too.
 native: Any = None
 if speedups is not None:
