@@ -9,9 +9,15 @@ metrics read its error codes without building records.
 from __future__ import annotations
 
 import copy
+import gc
 from typing import Any
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from gatehouse import codecs
+from gatehouse.codecs import _flat
 from gatehouse.metrics import error_codes
 
 METADATA = 3
@@ -131,3 +137,46 @@ def test_metrics_count_partition_errors_from_the_bytes() -> None:
     codes = error_codes(resp)
     assert sorted(codes) == sorted([0, *errors, 0])  # the response's, the topic's, the partitions'
     assert resp.body.topics[0].partitions._items is None
+
+
+_VERSIONS = [v for v in codecs.api(METADATA).response.valid if v >= 7]  # what _metadata writes
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(_VERSIONS), st.integers(3, 40), st.integers(0, 6),
+       st.integers(-(2**31), 2**31 - 1), st.integers(-(2**15), 2**15 - 1))
+def test_records_built_in_c_are_the_python_ones(version: int, n: int, replicas: int,
+                                                 big: int, error: int) -> None:
+    partitions = [{**_partition(i, replicas=replicas), "leader_epoch": big if i % 2 else -big - 1,
+                   "error_code": error, "offline_replicas": [big] * (replicas % 3)}
+                  for i in range(n)]
+    frame = _metadata(version, partitions)
+    lazy = _decoded_partitions(frame, version)
+    assert isinstance(lazy, codecs.FlatRecords)
+    in_c = lazy.records()
+    python = codecs.decode_response(frame, METADATA, version).body.topics[0].partitions
+    _flat._C_FLAT_RECORDS, saved = None, _flat._C_FLAT_RECORDS
+    try:
+        in_python = python.records()
+    finally:
+        _flat._C_FLAT_RECORDS = saved
+    assert in_c == in_python == _eager(frame, version)
+    assert [type(r) for r in in_c] == [type(r) for r in in_python]
+    assert [tuple(map(type, r)) for r in in_c] == [tuple(map(type, r)) for r in in_python]
+    # Numbers and tuples of numbers only: out of the cyclic collector's lists.
+    assert not any(gc.is_tracked(r) for r in in_c) or saved is None
+
+
+def test_the_c_builder_refuses_a_plan_that_does_not_fit() -> None:
+    if _flat._C_FLAT_RECORDS is None:
+        return  # not built: the Python builder runs (tests/test_speedups.py)
+    frame = _metadata(12, [_partition(i) for i in range(4)])
+    lazy = _decoded_partitions(frame, 12)
+    _, size, checks, _, _ = lazy._shape
+    cls = lazy.kind[0]
+    with pytest.raises(ValueError):
+        _flat._C_FLAT_RECORDS(lazy.raw, 4, size + 1, checks.plan, True, cls)
+    with pytest.raises(ValueError):
+        _flat._C_FLAT_RECORDS(lazy.raw, 5, size, checks.plan, True, cls)
+    with pytest.raises(ValueError):
+        _flat._C_FLAT_RECORDS(lazy.raw, 4, size, ((7, "x"),), True, cls)

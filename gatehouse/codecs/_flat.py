@@ -21,7 +21,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, overload
 
+from gatehouse.codecs._native import speedups
 from gatehouse.codecs.schema import FieldSpec
+
+# The records built in C (_speedups.c), where built: the same records (tests/
+# test_codec_flat_records.py), left out of the cyclic collector's lists.
+_C_FLAT_RECORDS: Final = None if speedups is None else speedups.flat_records
 
 # Distinct layouts per struct and version (a real cluster has a few: replication
 # factors, shrunk ISRs).  Past that, arrays of new layouts are read element by element:
@@ -95,12 +100,17 @@ class FlatChecks(dict[int, Probe]):
     the byte), for each length prefix and the tagged-field count; and, by element count,
     the probes ``flat_probe`` made (a dict, so the decoder's lookup is one C call)."""
 
-    __slots__ = ("size", "wanted")
+    __slots__ = ("plan", "size", "wanted")
 
-    def __init__(self, wanted: tuple[tuple[int, bytes], ...], size: int) -> None:
+    def __init__(self, wanted: tuple[tuple[int, bytes], ...], size: int,
+                 plan: tuple[Any, ...] = ()) -> None:
         super().__init__()
         self.wanted = wanted
         self.size = size
+        # For the C builder of the records (speedups.flat_records), field by field:
+        # (0, code, size) a number, (1, code, size, prefix bytes, count) an array,
+        # (2, value) a constant.
+        self.plan = plan
 
 
 def flat_probe(checks: FlatChecks, n: int) -> Probe | None:
@@ -147,22 +157,26 @@ def flat_shape(layout: FlatLayout, counts: tuple[int, ...],
     picks: list[Any] = []
     defaults: list[tuple[int, Any]] = []  # (position in picks, value)
     checks: list[tuple[int, bytes]] = []
+    plan: list[tuple[Any, ...]] = []
     offset = index = 0
     arrays = iter(counts)
     for item in layout.items:
         if item.kind == "default":
+            plan.append((2, item.default))
             if type(item.default) is tuple and not item.default:
                 picks.append(slice(0, 0))  # () is any empty slice of the row
             else:
                 defaults.append((len(picks), item.default))
                 picks.append(None)
         elif item.kind == "number":
+            plan.append((0, item.code, item.size))
             fmt.append(item.code)
             picks.append(index)
             index += 1
             offset += item.size
         else:
             count = next(arrays)
+            plan.append((1, item.code, item.size, 1 if item.prefix == "B" else 4, count))
             if item.prefix == "B":
                 checks.append((offset, bytes((count + 1,))))
                 offset += 1
@@ -185,7 +199,7 @@ def flat_shape(layout: FlatLayout, counts: tuple[int, ...],
     unpack = struct.Struct("".join(fmt))
     assert unpack.size == offset
     consts = tuple(value for _, value in defaults)
-    shape: Shape = (unpack.iter_unpack, offset, FlatChecks(tuple(checks), offset),
+    shape: Shape = (unpack.iter_unpack, offset, FlatChecks(tuple(checks), offset, tuple(plan)),
                     operator.itemgetter(*picks), consts)
     cache[counts] = shape
     return shape
@@ -223,8 +237,13 @@ class FlatRecords(Sequence[Any]):
         """The records (built on the first call)."""
         items = self._items
         if items is None:
-            cls = self.kind[0]
-            items = self._items = tuple(map(tuple.__new__, itertools.repeat(cls, self._n), self._rows()))
+            cls, layout = self.kind
+            if _C_FLAT_RECORDS is not None:
+                _, size, checks, _, _ = self._shape
+                items = _C_FLAT_RECORDS(self.raw, self._n, size, checks.plan, layout.tagged, cls)
+            else:
+                items = tuple(map(tuple.__new__, itertools.repeat(cls, self._n), self._rows()))
+            self._items = items
         return items
 
     def column(self, name: str) -> list[Any]:
