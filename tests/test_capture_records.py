@@ -26,6 +26,7 @@ from gatehouse.capture.settings import CaptureSettings
 from gatehouse.codecs import fetch, produce
 from gatehouse.proxy.hooks import ConnectionInfo, Pending, scanned_response
 from tests.codec_strategies import build_message, message_body
+from tests.support.slowcalls import CountsSlowCalls
 from tests.test_fetch_scan import draw_response_frame
 from tests.test_metrics_counting import from_the_future, metadata_answer, produce_answer, request_of
 from tests.test_metrics_produce import SETTINGS, batch, draw_request_frame
@@ -257,21 +258,8 @@ def test_the_same_records_as_the_python_methods(data: st.DataObject) -> None:
         assert in_c == in_python
 
 
-class SlowCalls(CaptureObserver):
+class SlowCalls(CountsSlowCalls, CaptureObserver):
     """Counts the calls that reach the Python methods."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.slow = {"request": 0, "response": 0}
-        super().__init__(*args, **kwargs)
-
-    def request(self, conn: ConnectionInfo, req: codecs.Request, size: int) -> None:
-        self.slow["request"] += 1
-        super().request(conn, req, size)
-
-    def response(self, conn: ConnectionInfo, pending: Pending, size: int, elapsed: float,
-                 frame: Any = None) -> None:
-        self.slow["response"] += 1
-        super().response(conn, pending, size, elapsed, frame)
 
 
 @pytest.mark.skipif(native is None, reason="not built: nothing to check")

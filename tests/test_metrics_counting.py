@@ -8,7 +8,6 @@ from __future__ import annotations
 import struct
 import uuid
 from itertools import count
-from typing import Any
 
 import pytest
 from hypothesis import given
@@ -20,6 +19,7 @@ from gatehouse.metrics import ProxyMetrics
 from gatehouse.metrics.tally import counting
 from gatehouse.proxy.hooks import ConnectionInfo, Pending, scanned_response
 from tests.codec_strategies import build_message, message_body
+from tests.support.slowcalls import CountsSlowCalls
 from tests.test_fetch_scan import draw_response_frame
 from tests.test_metrics_produce import SETTINGS, batch, draw_request_frame
 
@@ -135,21 +135,8 @@ def test_the_same_samples_as_the_python_methods(data: st.DataObject) -> None:
         k: v for k, v in expected.items() if got.get(k) != v}
 
 
-class SlowCalls(ProxyMetrics):
+class SlowCalls(CountsSlowCalls, ProxyMetrics):
     """Counts the calls that reach the Python methods."""
-
-    def __init__(self) -> None:
-        self.slow = {"request": 0, "response": 0}
-        super().__init__()
-
-    def request(self, conn: ConnectionInfo, req: codecs.Request, size: int) -> None:
-        self.slow["request"] += 1
-        super().request(conn, req, size)
-
-    def response(self, conn: ConnectionInfo, pending: Pending, size: int, elapsed: float,
-                 frame: Any = None) -> None:
-        self.slow["response"] += 1
-        super().response(conn, pending, size, elapsed, frame)
 
 
 def produce_request(topic: str, records: int) -> bytes:

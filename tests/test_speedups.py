@@ -58,6 +58,8 @@ def test_gatehouse_pure_python_turns_them_off(tmp_path: Path) -> None:
             "assert _native.speedups is None\n"
             "assert produce._C_REQUEST_TOPICS is None and fetch._C_WALK is None\n"
             "assert records._C_COUNT_RECORDS is None\n"
+            "from gatehouse.codecs import _flat\n"
+            "assert _flat._C_FLAT_RECORDS is None\n"
             "assert _info(ProxyMetrics().registry)['byte_readers'] == 'python'\n"
             "from gatehouse.metrics import tally\n"  # the metrics count in Python too
             "assert tally.counting is None\n"
