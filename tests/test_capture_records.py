@@ -183,7 +183,7 @@ def without_time(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 @given(st.data())
 @SETTINGS
 def test_the_same_records_as_the_python_methods(data: st.DataObject) -> None:
-    sample = data.draw(st.sampled_from([{}, {1: 0.5}, {0: 1.0, 1: 1.0}]))
+    sample = data.draw(st.sampled_from([{}, {1: 0.5}, {0: 1.0, 1: 1.0}, {0: 1}]))
     with tempfile.TemporaryDirectory() as tmp:
         pair = (observer(Path(tmp), sample), observer(Path(tmp), sample, python=True))
         conns = [ConnectionInfo(id=next(_ids), client="127.0.0.1:1", listener="bootstrap",

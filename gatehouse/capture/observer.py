@@ -99,7 +99,7 @@ class CaptureObserver(Observer):
         offers = (self.writer.offer,) + ((self.kafka.offer,) if self.kafka is not None else ())
         self.request = partial(  # type: ignore[method-assign]
             native.request,
-            (self, self._in_flight, self._blank, self._rates, float(self._rate_default),
+            (self, self._in_flight, self._blank, self._rates, self._rate_default,
              (api_name(PRODUCE), api_name(FETCH)), _KNOWN_VERSIONS, _UNSET,
              produce.request_topics_of, produce_acks, self._id_texts, self.topic_names,
              self._named_id, cls.request.__get__(self, cls)))
