@@ -393,12 +393,24 @@ def test_users_come_and_go_with_the_users_file(kafka_scram: KafkaCluster, users_
         alice_admin = AdminClient({**sasl_conf(proxy, "PLAIN", "alice", ALICE_PASSWORD),
                                    "log_level": 0})
         assert topic in alice_admin.list_topics(timeout=10).topics
+
+        def alice_on_a_broker_listener() -> bool:
+            # librdkafka drops its bootstrap connection once it knows the brokers and
+            # keeps one to a broker's listener: wait for that one to be authenticated
+            # (on a busy machine the reload could otherwise land between the two).
+            return bool(proxy.call(lambda: any(
+                s.sasl_user == "alice" and s.conn.listener != "bootstrap"
+                for s in list(users.sessions))))
+
+        assert wait_for(alice_on_a_broker_listener), "alice's admin client is not connected"
         users_file.write_text("users:\n  carol: {password: carols-pw}\n")  # alice removed
         assert reload()
         ended = wait_for(lambda: [f for f in logged(caplog, "connection closed")
                                   if f.get("principal") == "alice" and "removed" in
                                   str(f["reason"])])
-        assert ended and ended[0]["reason"] == "SASL user 'alice' removed from the users file"
+        assert ended and ended[0]["reason"] == "SASL user 'alice' removed from the users file", (
+            "; ".join(f"{f.get('principal')}: {f['reason']}"
+                      for f in logged(caplog, "connection closed")))
         with pytest.raises(ck.KafkaException):
             alice_admin.list_topics(timeout=5)
         errors = client_errors(sasl_conf(proxy, "PLAIN", "alice", ALICE_PASSWORD), topic)
