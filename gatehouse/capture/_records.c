@@ -461,17 +461,7 @@ wall_clock(void)
     return ns % 1000000000LL == 0 ? (double)(ns / 1000000000LL) : (double)ns / 1e9;
 }
 
-static int
-set_attr(PyObject *record, PyObject *key, PyObject *source, PyObject *name)
-{
-    PyObject *value = PyObject_GetAttr(source, name);
-    if (value == NULL)
-        return -1;
-    int r = PyDict_SetItem(record, key, value);
-    Py_DECREF(value);
-    return r;
-}
-
+/* record[key] = value, a new reference (NULL: the error of making it), given away. */
 static int
 set_new(PyObject *record, PyObject *key, PyObject *value)
 {
@@ -480,6 +470,12 @@ set_new(PyObject *record, PyObject *key, PyObject *value)
     int r = PyDict_SetItem(record, key, value);
     Py_DECREF(value);
     return r;
+}
+
+static int
+set_attr(PyObject *record, PyObject *key, PyObject *source, PyObject *name)
+{
+    return set_new(record, key, PyObject_GetAttr(source, name));
 }
 
 /* The error of a failed call, kept while the record the policy decides is reset (as the
