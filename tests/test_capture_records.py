@@ -28,7 +28,13 @@ from gatehouse.proxy.hooks import ConnectionInfo, Pending, scanned_response
 from tests.codec_strategies import build_message, message_body
 from tests.support.slowcalls import CountsSlowCalls
 from tests.test_fetch_scan import draw_response_frame
-from tests.test_metrics_counting import from_the_future, metadata_answer, produce_answer, request_of
+from tests.test_metrics_counting import (
+    from_the_future,
+    metadata_answer,
+    produce_answer,
+    request_of,
+    walked_request_of,
+)
 from tests.test_metrics_produce import SETTINGS, batch, draw_request_frame
 
 native = schema.native
@@ -142,7 +148,7 @@ PRODUCE_VERSIONS = [v for v in codecs.api(0).request.valid if v >= produce.FIRST
 FETCH_REQUEST_VERSIONS = list(codecs.api(1).request.valid)
 FETCH_VERSIONS = [v for v in codecs.api(1).response.valid if v >= fetch.FIRST_VERSION]
 EXCHANGE = st.sampled_from(["produce", "produce", "produce-decoded", "produce-future",
-                            "fetch", "fetch", "fetch-unread", "fetch-decoded", "metadata",
+                            "produce-walked", "fetch", "fetch", "fetch-unread", "fetch-decoded", "metadata",
                             "local", "no-frame", "unrecorded", "closed"])
 
 
@@ -210,8 +216,9 @@ def test_the_same_records_as_the_python_methods(data: st.DataObject) -> None:
                                     correlation_id) + frame[8:]
                 for capture in pair:
                     random.seed(step)
-                    capture.request(conn, request_of(frame, kind == "produce-decoded"),
-                                    len(frame))
+                    req = (walked_request_of(frame) if kind == "produce-walked"
+                           else request_of(frame, kind == "produce-decoded"))
+                    capture.request(conn, req, len(frame))
                 answer = memoryview(produce_answer(data, version, correlation_id))
                 for capture in pair:
                     pending = Pending(correlation_id, 0, version, 0.0)
@@ -284,8 +291,9 @@ def test_the_usual_exchange_is_recorded_in_c(tmp_path: Path) -> None:
             "responses": [{"topic_id": str(topic_id), "partition_responses": [
                 {"index": 4, "error_code": 6}]}]}}, api_key=0, api_version=13).body
     ).encode())[4:])
-    for _ in range(3):
-        capture.request(conn, codecs.decode_request(frame), len(frame))
+    for walked in (False, False, False, True):  # the last one's records went by spliced
+        capture.request(conn, walked_request_of(frame) if walked
+                        else codecs.decode_request(frame), len(frame))
         pending = Pending(2, 0, 13, 0.0)
         capture.response(conn, pending, len(answer), 0.0012345, answer)
     assert capture.slow == {"request": 1, "response": 1}  # the Metadata exchange

@@ -120,10 +120,13 @@ def test_the_proxy_scans_a_fetch_answer_once_for_itself_and_its_observers() -> N
     assert not Observers([Observer()]).reads_scans
     assert Observers([Observer(), ProxyMetrics()]).reads_scans
     assert CaptureObserver.reads_scans
-    # The same observers read Produce request bodies: large ones are then not spliced.
-    assert not Observers([Observer()]).reads_request_bodies
-    assert Observers([Observer(), ProxyMetrics()]).reads_request_bodies
-    assert CaptureObserver.reads_request_bodies
+    # The same observers count Produce requests' records, and read no more of them: a
+    # large one's records are counted on their way socket to socket.
+    assert not Observers([Observer()]).counts_request_records
+    assert Observers([Observer(), ProxyMetrics()]).counts_request_records
+    assert CaptureObserver.counts_request_records
+    assert not Observers([Observer(), ProxyMetrics()]).reads_request_bodies
+    assert not CaptureObserver.reads_request_bodies
     frame = one_partition_answer(4, 9)
     plain, observed = Pending(1, 1, 17, 0.0), Pending(1, 1, 17, 0.0)
     assert top_level_tags(plain, frame) == top_level_tags(observed, frame, whole=True) == ()

@@ -71,7 +71,16 @@ def metadata_answer(topic_id: uuid.UUID, name: str) -> bytes:
     return bytes(codecs.response_from_dict(plain, api_key=3, api_version=12).encode())
 
 
+def walked_request_of(frame: bytes) -> codecs.Request:
+    """The request as the proxy's observers get one whose records went by spliced: its
+    first bytes, with what the walk counted (``request_topics`` of the whole frame)."""
+    req = codecs.decode_request(frame[:-1])
+    produce.remember_request_topics(req, produce.request_topics(frame, req.api_version))
+    return req
+
+
 EXCHANGE = st.sampled_from(["produce", "produce", "produce-decoded", "produce-future",
+                            "produce-walked",
                             "metadata", "api-versions", "fetch", "fetch", "local", "raw",
                             "unread", "no-frame"])
 
@@ -94,7 +103,9 @@ def test_the_same_samples_as_the_python_methods(data: st.DataObject) -> None:
             if kind == "produce-future" and version >= produce.FLEXIBLE_SINCE:
                 frame = from_the_future(frame)  # a header of the same layout
             for metrics in (in_c, in_python):
-                metrics.request(conn, request_of(frame, kind == "produce-decoded"), len(frame))
+                req = (walked_request_of(frame) if kind == "produce-walked"
+                       else request_of(frame, kind == "produce-decoded"))
+                metrics.request(conn, req, len(frame))
             answer = memoryview(produce_answer(data, version, correlation_id))
             for metrics in (in_c, in_python):
                 pending = Pending(correlation_id, 0, version, 0.0)
@@ -171,6 +182,12 @@ def test_the_usual_exchange_is_counted_in_c() -> None:
     assert value("gatehouse_responses_total", {"api": "Produce", "error": "NONE"}) == 10
     assert value("gatehouse_request_duration_seconds_count",
                  {"api": "Produce", "kind": "request"}) == 10
+    # A request whose records went by spliced (its first bytes, the walk's counts).
+    for _ in range(3):
+        metrics.request(conn, walked_request_of(frame), len(frame))
+    assert metrics.slow == {"request": 1, "response": 1}
+    assert value("gatehouse_topic_records_total", {"topic": "orders",
+                                                   "direction": "produce"}) == 65
     # A new topic goes to Python once, then is counted in C too.
     for topic in ("payments", "payments"):
         new = produce_request(topic, 2)

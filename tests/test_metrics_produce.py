@@ -89,6 +89,89 @@ def test_request_topics_match_the_decoder(version: int, data: st.DataObject) -> 
     assert produce.request_topics(frame, version) == expected_topics(req)
 
 
+WALKED = [v for v in VERSIONS if v >= produce.FIRST_VERSION]
+
+
+def walk_in_pieces(frame: bytes, version: int, data: st.DataObject, size: int | None = None
+                   ) -> tuple[produce.RequestWalk, list[tuple[int, int]]]:
+    """``frame`` (of a request of ``size`` bytes, its length by default) fed to a
+    RequestWalk in random pieces, records skipped or fed at random, as a proxy would
+    (splicing some, reading others); the walk and the skipped spans."""
+    walk = produce.RequestWalk(version, len(frame) if size is None else size)
+    pos = 0
+    skipped = []
+    while pos < len(frame):
+        if walk.opaque and data.draw(st.booleans()):
+            n = data.draw(st.integers(1, min(walk.opaque, len(frame) - pos)))
+            skipped.append((pos, pos + n))
+            walk.skip(n)
+            pos += n
+            continue
+        piece = frame[pos:pos + data.draw(st.integers(1, 300))]
+        taken = walk.feed(piece)
+        assert taken == len(piece) or walk.finished
+        pos += taken
+        if taken < len(piece):
+            break
+    return walk, skipped
+
+
+@pytest.mark.parametrize("version", WALKED)
+@SETTINGS
+@given(data=st.data())
+def test_a_walk_that_skips_records_counts_what_the_reader_counts(
+        version: int, data: st.DataObject) -> None:
+    """A Produce request walked in pieces, its batches' records skipped at random, says
+    what ``request_topics`` says of the whole frame, and what it skipped holds nothing
+    the reader reads (the same frame with those bytes changed reads the same)."""
+    frame = draw_request_frame(data, version)
+    expected = produce.request_topics(frame, version)
+    try:
+        walk, skipped = walk_in_pieces(frame, version, data)
+    except records.Uncounted:  # produce's Unexpected: what the reader gives up on too
+        assert expected is None
+        return
+    assert walk.topics() == expected
+    if expected is not None:
+        assert walk.finished and not walk.opaque
+    mangled = bytearray(frame)
+    for start, end in skipped:
+        mangled[start:end] = b"\x5a" * (end - start)
+    assert produce.request_topics(bytes(mangled), version) == expected
+
+
+@pytest.mark.parametrize("version", WALKED)
+def test_a_walk_of_a_frame_cut_short_or_padded_counts_nothing(version: int) -> None:
+    topic_id = codecs.schema.uuid.UUID(int=5)
+    batch_bytes = batch(7, payload=500)
+    frame = bytes(codecs.request_from_dict({
+        "header": {"api_key": 0, "api_version": version, "correlation_id": 1,
+                   "client_id": "app"},
+        "body": {"transactional_id": None, "acks": -1, "timeout_ms": 1000,
+                 "topic_data": [{**({"topic_id": str(topic_id)} if version >= 13
+                                    else {"name": "t"}),
+                                 "partition_data": [{"index": 3, "records": batch_bytes}]}]},
+    }).encode())
+    key = topic_id.bytes if version >= 13 else "t"
+    expected = [(key, [3], 7, len(batch_bytes))]
+    assert produce.request_topics(frame, version) == expected
+    skipping = produce.RequestWalk(version, len(frame))
+    pos = skipping.feed(frame[:-400])  # the batch's header and some of its records
+    assert pos == len(frame) - 400 and skipping.opaque > 0
+    pos += skipping.opaque
+    skipping.skip(skipping.opaque)
+    assert skipping.feed(frame[pos:]) == len(frame) - pos
+    assert skipping.topics() == expected
+    short = produce.RequestWalk(version, len(frame) + 1)  # the frame said it was longer
+    assert short.feed(frame) == len(frame) and short.topics() is None
+    with pytest.raises(records.Uncounted):  # records past the frame's end
+        produce.RequestWalk(version, len(frame) - 100).feed(frame)
+    with pytest.raises(ValueError):
+        produce.RequestWalk(version, len(frame)).skip(1)  # no records to skip yet
+    with pytest.raises(ValueError):
+        produce.RequestWalk(2, len(frame))  # too old to walk
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 @SETTINGS
 @given(data=st.data())

@@ -298,3 +298,50 @@ async def test_splice_stops_short_at_eof_and_a_pipe_left_holding_bytes_is_closed
     with pytest.raises(OSError):
         os.fstat(pipe.read_fd)
     pool.close()
+
+
+@pytest.mark.parametrize("offsets", [True, False], ids=["peek-offsets", "first-byte-only"])
+async def test_peek_at_looks_ahead_and_leaves_every_byte_in_the_socket(
+        offsets: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``peek_at`` reads bytes at an offset without taking them: the next receive and
+    splice still get every byte, in order.  Nothing there yet is None, EOF is b"".  On a
+    system without TCP SO_PEEK_OFF only the first bytes can be peeked at (offset 0)."""
+    from gatehouse.proxy import fastio
+
+    if not offsets:
+        monkeypatch.setattr(fastio, "_PEEK_OFFSETS", False)
+    far, near = await tcp_pair()
+    stream = FastStream(near)
+    assert stream.peeks
+    assert stream.peek_at(0, 10) is None  # nothing sent yet
+    await far.send_all(bytes(range(100)))
+    with trio.fail_after(5):
+        await stream.wait_readable()
+    assert stream.peek_at(0, 5) == bytes(range(5))
+    assert stream.peek_at(0, 5) == bytes(range(5))  # still there
+    if offsets:
+        assert fastio._PEEK_OFFSETS is True  # this kernel takes it (Linux 6.10+)
+        assert stream.peek_at(90, 50) == bytes(range(90, 100))
+        assert stream.peek_at(100, 5) is None  # past what has come
+    else:
+        assert stream.peek_at(90, 50) is None
+    # A receive after peeks past it, then a peek from the same offset: relative to the
+    # next byte to be received, as the caller counts it.
+    assert await stream.receive_some(20) == bytes(range(20))
+    if offsets:
+        assert stream.peek_at(10, 5) == bytes(range(30, 35))
+    dst, dst_far = await tcp_pair()
+    pool = PipePool()
+    pipe = pool.take()
+    with trio.fail_after(5):
+        assert await stream.splice_to(FastStream(dst), 30, pipe, lambda n: None) == 30
+        assert await dst_far.receive_some(100) == bytes(range(20, 50))
+    assert stream.peek_at(0, 100) == bytes(range(50, 100))
+    await far.aclose()
+    assert await stream.receive_some(100) == bytes(range(50, 100))
+    assert stream.peek_at(0, 10) == b""  # EOF
+    pool.give(pipe)
+    pool.close()
+    await near.aclose()
+    with pytest.raises(trio.ClosedResourceError):
+        stream.peek_at(0, 10)

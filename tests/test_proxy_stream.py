@@ -20,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gatehouse import codecs
-from gatehouse.codecs import fetch
+from gatehouse.codecs import fetch, produce
 from gatehouse.codecs._scan import tag_fields
 from gatehouse.proxy.config import Limits
 from gatehouse.proxy.connection import _RECEIVE_SIZE, _SPLICE_READ
@@ -414,13 +414,23 @@ class Counting:
 
 
 def produce_wire(correlation_id: int, *, acks: int = -1, topics: tuple[str, ...] = ("orders",),
-                 version: int = 9) -> bytes:
-    """A Produce request with RECORDS for its first topic (a few bytes for the others)."""
+                 version: int = 9, records: tuple[bytes, ...] = ()) -> bytes:
+    """A Produce request with ``records`` for its topics, by default RECORDS for the first
+    (a few bytes for the others)."""
     return frame_bytes(request(0, version, correlation_id, transactional_id=None, acks=acks,
                                timeout_ms=1000, topic_data=[
                                    {"name": topic, "partition_data": [
-                                       {"index": 0, "records": RECORDS[:1000] if i else RECORDS}]}
+                                       {"index": 0, "records": records[i] if records
+                                        else RECORDS[:1000] if i else RECORDS}]}
                                    for i, topic in enumerate(topics)]).encode())
+
+
+def record_batch(count: int, size: int) -> bytes:
+    """A v2 record batch of ``size`` bytes whose header claims ``count`` records (what the
+    proxy counts; its records are noise it never reads)."""
+    body = struct.pack(">hiqqqhii", 0, 0, 0, 0, -1, -1, -1, count)
+    body += RECORDS[:size - 21 - len(body)]
+    return struct.pack(">qii", 0, 9 + len(body), 0) + b"\x02" + struct.pack(">I", 0) + body
 
 
 def produce_answer(req: codecs.Request) -> Any:
@@ -498,17 +508,15 @@ async def send_pieces(h: Harness, *pieces: bytes) -> None:
         await h.client.send_raw(piece)
 
 
-@pytest.mark.parametrize("reader", [None, "metrics", "rename"])
+@pytest.mark.parametrize("reader", [None, "bodies", "rename"])
 async def test_over_sockets_a_large_request_no_one_reads_goes_up_spliced(
         reader: str | None) -> None:
     """Over real sockets, a large Produce request no rule or observer reads goes up with
     its records socket to socket, after its first bytes (renamed, if a rule renames its
-    one topic); the observers hear of it (its header) first.  One that an observer (the
-    metrics) reads goes through the proxy."""
-    from gatehouse.metrics import ProxyMetrics
-
+    one topic); the observers hear of it (its header) first.  One that an observer reads
+    whole goes through the proxy."""
     recorder = Recorder()
-    observer = Observers([recorder] + ([ProxyMetrics()] if reader == "metrics" else []))
+    observer = Observers([recorder] + ([TopicsSeen()] if reader == "bodies" else []))
     policy = rename_orders() if reader == "rename" else None
     async with proxied(produce_answer, observer=observer, policy=policy, tcp=True) as h:
         wire = produce_wire(5)
@@ -528,10 +536,97 @@ async def test_over_sockets_a_large_request_no_one_reads_goes_up_spliced(
         assert h.pumps.ctx.request_budget.held == 0
         pipes = h.pumps.ctx.pipes
         assert pipes is not None
-        if reader == "metrics":
+        if reader == "bodies":
             assert pipes.spliced == 0
         else:
             assert pipes.spliced >= len(RECORDS) - _RECEIVE_SIZE
+
+
+class SendsCounted:
+    """The proxy's side of a connection, its ``send_all`` bytes added to ``seen.sent``."""
+
+    def __init__(self, io: Any, seen: CountsSeen) -> None:
+        self.io = io
+        self.seen = seen
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.io, name)
+
+    async def send_all(self, data: Any) -> None:
+        self.seen.sent += len(data)
+        await self.io.send_all(data)
+
+
+class CountsSeen(Recorder):
+    """Records what ``produce.request_topics_of`` says of the Produce requests it hears
+    of, as the metrics and the log read them, and how many of the request's bytes had
+    gone up by then (``watch``: sent or spliced)."""
+
+    counts_request_records = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: list[Any] = []
+        self.sent = 0
+        self.gone_up: list[int] = []
+        self.pipes: Any = None
+
+    def watch(self, h: Harness) -> None:
+        self.pipes = h.pumps.ctx.pipes
+        h.pumps.upstream_io = SendsCounted(h.pumps.upstream_io, self)  # type: ignore[assignment]
+
+    def request(self, conn: Any, req: codecs.Request, size: int) -> None:
+        super().request(conn, req, size)
+        if req.api_key == 0:
+            self.counts.append(produce.request_topics_of(req))
+            self.gone_up.append(self.sent + self.pipes.spliced)
+
+
+@pytest.mark.parametrize("version", [3, 8, 9, 12])
+@pytest.mark.parametrize("shape", ["batches", "noise"])
+@pytest.mark.parametrize("offsets", [True, False], ids=["peek-offsets", "first-byte-only"])
+async def test_over_sockets_a_large_request_the_metrics_count_goes_up_spliced_and_counted(
+        version: int, shape: str, offsets: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large Produce request whose records the metrics count (and nothing reads more
+    of) goes up with each batch's records socket to socket, its batch headers read on
+    the way: the broker gets the very bytes the client sent, and the observers hear of
+    it with the counts the whole frame gives, before its last bytes go up.  Records
+    that are no batches are counted as the reader counts them (and spliced too).  On a
+    system that cannot peek past the first waiting byte, the same, in more splices."""
+    from gatehouse.metrics import ProxyMetrics
+    from gatehouse.proxy import fastio
+
+    if not offsets:
+        monkeypatch.setattr(fastio, "_PEEK_OFFSETS", False)
+
+    metrics, seen = ProxyMetrics(), CountsSeen()
+    sets = ((record_batch(700, 600_000), record_batch(5, 300_000)) if shape == "batches"
+            else (RECORDS[:400_000], RECORDS[:200_000]))
+    async with proxied(produce_answer, observer=Observers([metrics, seen]), tcp=True) as h:
+        seen.watch(h)
+        wire = produce_wire(5, topics=("orders", "audit"), version=version, records=sets)
+        with trio.fail_after(5):
+            async with trio.open_nursery() as nursery:  # while the broker reads
+                nursery.start_soon(send_pieces, h, wire[:1000], wire[1000:])
+                answer = await h.client.receive()
+        assert answer is not None and struct.unpack_from(">i", answer)[0] == 5
+        assert h.broker.received == [wire[4:]]  # the very bytes the client sent
+        expected = produce.request_topics(wire[4:], version)
+        assert expected is not None and seen.counts == [expected]
+        assert 0 < seen.gone_up[0] < len(wire)  # heard of before its last bytes went up
+        assert seen.responses == [5]
+        assert h.conn.bytes_from_client == len(wire)
+        pipes = h.pumps.ctx.pipes
+        assert pipes is not None
+        # All but the first read of the frame went socket to socket.
+        assert pipes.spliced >= len(wire) - _RECEIVE_SIZE
+        if shape == "batches":
+            assert expected == [("orders", [0], 700, len(sets[0])), ("audit", [0], 5, len(sets[1]))]
+            value = metrics.registry.get_sample_value
+            assert value("gatehouse_topic_records_total",
+                         {"topic": "orders", "direction": "produce"}) == 700
+            assert value("gatehouse_topic_bytes_total",
+                         {"topic": "audit", "direction": "produce"}) == len(sets[1])
 
 
 async def test_over_sockets_a_client_gone_in_the_middle_of_a_spliced_request_closes_it(
@@ -593,11 +688,13 @@ async def test_a_large_produce_request_for_one_topic_a_rule_renames_streams_rena
         assert h.pumps.ctx.request_budget.held == 0
 
 
+@TRANSPORTS
 async def test_the_observation_log_gives_a_streamed_renamed_request_its_rule_and_broker_name(
-        tmp_path: Path) -> None:
+        tmp_path: Path, tcp: bool) -> None:
     """The rule's decision on a request that streams is taken from its first bytes, but
     reported after its observers see it whole: the observation log's record of it names
-    the rule and the topic's broker-side name, and no other record gets that outcome."""
+    the rule and the topic's broker-side name and counts its records, and no other record
+    gets that outcome.  Over sockets its records go up spliced, counted on the way."""
     from gatehouse.capture.observer import CaptureObserver
     from gatehouse.capture.settings import CaptureSettings
     from tests.test_capture import read_records
@@ -605,14 +702,20 @@ async def test_the_observation_log_gives_a_streamed_renamed_request_its_rule_and
     policy = rename_orders()
     capture = CaptureObserver(CaptureSettings(dir=tmp_path))
     capture.attach(policy)
-    async with proxied(produce_answer, policy=policy, observer=capture) as h:
+    batch = (record_batch(321, 700_000),)
+    async with proxied(produce_answer, policy=policy, observer=capture, tcp=tcp) as h:
         await h.client.send(request(3, 12, 4, topics=[{"name": "orders"}]).encode())
         with trio.fail_after(5):
             assert await h.client.receive() is not None
-            await send_pieces(h, (wire := produce_wire(5))[:1000], wire[1000:])
+            await send_pieces(h, (wire := produce_wire(5, records=batch))[:1000], wire[1000:])
             assert await h.client.receive() is not None
-        assert h.broker.received[-1] == produce_wire(5, topics=("prod.orders",))[4:]
+        assert h.broker.received[-1] == produce_wire(5, topics=("prod.orders",),
+                                                     records=batch)[4:]
+        pipes = h.pumps.ctx.pipes
+        assert (pipes is not None and pipes.spliced > len(batch[0]) - _RECEIVE_SIZE) == tcp
     assert capture.close(10)
+    produced = next(r for r in read_records(tmp_path) if r["correlation_id"] == 5)
+    assert [(t["records"], t["bytes"]) for t in produced["topics"]] == [(321, len(batch[0]))]
     records = {r["correlation_id"]: r for r in read_records(tmp_path)}
     for correlation_id, api in ((4, "Metadata"), (5, "Produce")):
         record = records[correlation_id]

@@ -62,7 +62,7 @@ class CaptureObserver(Observer):
     ``KafkaSink`` when ``capture.kafka`` is configured: see ``kafka_sink.sink_for``)."""
 
     reads_scans = True  # a Fetch response's topics, partitions, records and bytes
-    reads_request_bodies = True  # a Produce request's topics and records
+    counts_request_records = True  # a Produce request's topics and records
 
     def __init__(self, settings: CaptureSettings, writer: CaptureWriter | None = None,
                  registry: Any = None, kafka: KafkaSink | None = None) -> None:

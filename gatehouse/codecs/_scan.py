@@ -6,9 +6,10 @@ which reports the error."""
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Final
 
-from gatehouse.codecs.primitives import write_tag_section
+from gatehouse.codecs.primitives import Buffer, write_tag_section
 from gatehouse.codecs.records import Uncounted
 
 I16: Final = struct.Struct(">h")
@@ -51,6 +52,18 @@ def request_body_at(view: memoryview, flexible: bool) -> int:
 
 def skip_tags(view: memoryview, pos: int) -> int:
     return read_tag_numbers(view, pos)[1]
+
+
+def skip_tags_whole(view: memoryview, pos: int) -> int:
+    """The end of the tag section at ``pos``; IndexError when ``view`` ends inside it."""
+    count, pos = uvarint(view, pos)
+    for _ in range(count):
+        _, pos = uvarint(view, pos)
+        size, pos = uvarint(view, pos)
+        pos += size
+    if pos > len(view):
+        raise IndexError
+    return pos
 
 
 def read_tag_numbers(view: memoryview, pos: int) -> tuple[tuple[int, ...], int]:
@@ -148,3 +161,87 @@ def skip_string(view: memoryview, pos: int, flexible: bool) -> int:
         return pos + max(n - 1, 0)
     length: int = I16.unpack_from(view, pos)[0]
     return pos + 2 + max(length, 0)
+
+
+_PIECE: Final = 4096  # held bytes grow by this much while a part is short
+_Step = Callable[[memoryview], int]
+
+
+class StepWalk:
+    """Follows a frame as its bytes come, part by part, keeping none of its records: the
+    machinery of ``fetch.AnswerWalk`` and ``produce.RequestWalk``, which let a proxy pass
+    records on socket to socket (splice(2)) and still read what lies around them.
+
+    ``feed(data)`` takes the frame's next bytes (after its size prefix) and returns how
+    many it took: all of them until the walk is ``finished`` (and has no records left).
+    ``opaque`` is how many of the bytes after those fed are records: they may go by
+    unread (``skip``) or be fed.
+
+    Subclasses set ``_step``: a method that reads one part from the start of a view and
+    returns its length, or raises IndexError/struct.error when the view ends inside it (a
+    short part is held until the rest comes).  Bytes that cannot be the frame, or a part
+    that runs past its ``size``, raise ``Unexpected``.
+    """
+
+    __slots__ = ("_at", "_held", "_size", "_step", "finished", "opaque")
+
+    def __init__(self, size: int, first: _Step) -> None:
+        self._size = size  # the frame's bytes after its size prefix
+        self._at = 0  # frame offset of the next byte not taken
+        self._held = bytearray()  # the start of a part that was short
+        self._step = first
+        self.opaque = 0
+        self.finished = False
+
+    def feed(self, data: Buffer) -> int:
+        view = memoryview(data)
+        taken = 0
+        while taken < len(view) and (self.opaque or not self.finished):
+            if self.opaque:
+                n = min(self.opaque, len(view) - taken)
+                self.skip(n)
+                taken += n
+                continue
+            held = self._held
+            if held:
+                piece = view[taken:taken + _PIECE]
+                before = len(held)
+                held += piece
+                source = memoryview(held)
+            else:
+                before = 0
+                source = view[taken:]
+            try:
+                used = self._step(source)
+            except (IndexError, struct.error):  # short: the rest comes in a later feed
+                if not held:
+                    self._held = bytearray(source)
+                    taken = len(view)
+                else:
+                    taken += len(piece)
+                if self._at + len(self._held) > self._size:
+                    raise Unexpected from None  # a part runs past the frame's end
+                continue
+            finally:
+                del source
+            if held:
+                if used <= before:  # a part that was short of the held bytes is longer
+                    raise Unexpected
+                self._held = bytearray()
+            taken += used - before
+            self._at += used
+            if self._at + self.opaque > self._size:
+                raise Unexpected  # records past the frame's end
+        return taken
+
+    @property
+    def holding(self) -> int:
+        """Bytes of a part that has not all come yet, held until it has."""
+        return len(self._held)
+
+    def skip(self, n: int) -> None:
+        """``n`` bytes of records went by (not fed)."""
+        if not 0 < n <= self.opaque:
+            raise ValueError(f"{n} bytes skipped, {self.opaque} of records left")
+        self.opaque -= n
+        self._at += n

@@ -20,12 +20,14 @@ from typing import Final
 
 from gatehouse.codecs._native import speedups
 from gatehouse.codecs._scan import (
+    StepWalk,
     TopicCounts,
     Unexpected,
     fit_tag_section,
     last_tags,
     request_body_at,
     skip_tags,
+    skip_tags_whole,
     tag_fields,
     uvarint,
 )
@@ -210,10 +212,7 @@ def _walk_python(view: memoryview, version: int,
     return codes, pos, topics
 
 
-_PIECE: Final = 4096  # held bytes grow by this much while a part is short
-
-
-class AnswerWalk:
+class AnswerWalk(StepWalk):
     """Follows a Fetch response (flexible versions) as its bytes come, keeping none of its
     records: what lets a proxy pass the records on without reading them (splice(2)) and
     still find the top-level tag section, where KIP-951 names new leaders.
@@ -229,76 +228,23 @@ class AnswerWalk:
     bytes that cannot be a Fetch response of ``size`` bytes raise ``Unexpected``.
     """
 
-    __slots__ = ("_at", "_held", "_ids", "_partitions", "_size", "_step", "_topics",
-                 "head", "opaque", "tags_at")
+    __slots__ = ("_ids", "_partitions", "_topics", "head", "tags_at")
 
     def __init__(self, version: int, size: int) -> None:
         if version < FIRST_VERSION:
             raise ValueError(f"Fetch v{version} is not flexible")
+        super().__init__(size, self._head)
         self._ids = version >= TOPIC_IDS_SINCE
-        self._size = size  # the frame's bytes after its size prefix
-        self._at = 0  # frame offset of the next byte not taken
-        self._held = bytearray()  # the start of a part that was short
-        self._step = self._head
         self._topics = 0  # topics left, then partitions left in the current one
         self._partitions = 0
-        self.opaque = 0
         self.tags_at: int | None = None
         self.head = b""
-
-    def feed(self, data: Buffer) -> int:
-        view = memoryview(data)
-        taken = 0
-        while taken < len(view) and self.tags_at is None:
-            if self.opaque:
-                n = min(self.opaque, len(view) - taken)
-                self.skip(n)
-                taken += n
-                continue
-            held = self._held
-            if held:
-                piece = view[taken:taken + _PIECE]
-                before = len(held)
-                held += piece
-                source = memoryview(held)
-            else:
-                before = 0
-                source = view[taken:]
-            try:
-                used = self._step(source)
-            except (IndexError, struct.error):  # short: the rest comes in a later feed
-                if not held:
-                    self._held = bytearray(source)
-                    taken = len(view)
-                else:
-                    taken += len(piece)
-                if self._at + len(self._held) > self._size:
-                    raise Unexpected from None  # a part runs past the frame's end
-                continue
-            finally:
-                del source
-            if held:
-                if used <= before:  # a part that was short of the held bytes is longer
-                    raise Unexpected
-                self._held = bytearray()
-            taken += used - before
-            self._at += used
-            if self._at + self.opaque > self._size:
-                raise Unexpected  # records past the frame's end
-        return taken
-
-    def skip(self, n: int) -> None:
-        """``n`` bytes of records went by (not fed)."""
-        if not 0 < n <= self.opaque:
-            raise ValueError(f"{n} bytes skipped, {self.opaque} of records left")
-        self.opaque -= n
-        self._at += n
 
     # Each step reads one part from the start of ``view`` and returns its length, or
     # raises IndexError/struct.error when ``view`` ends inside it.
 
     def _head(self, view: memoryview) -> int:
-        pos = _skip_tags_whole(view, 4)  # CorrelationId, header tags
+        pos = skip_tags_whole(view, 4)  # CorrelationId, header tags
         pos += 4 + 2 + 4  # ThrottleTimeMs, ErrorCode, SessionId
         self.head = bytes(view[:pos])
         n, pos = _count(view, pos)
@@ -323,7 +269,7 @@ class AnswerWalk:
         pos = _PARTITION_FIXED
         n, pos = uvarint(view, pos)  # AbortedTransactions, nullable
         for _ in range(n - 1):
-            pos = _skip_tags_whole(view, pos + _ABORTED_TRANSACTION)
+            pos = skip_tags_whole(view, pos + _ABORTED_TRANSACTION)
         pos += 4  # PreferredReadReplica
         n, pos = uvarint(view, pos)  # Records, nullable
         if pos > len(view):
@@ -333,19 +279,20 @@ class AnswerWalk:
         return pos
 
     def _partition_end(self, view: memoryview) -> int:
-        pos = _skip_tags_whole(view, 0)  # DivergingEpoch, CurrentLeader, SnapshotId
+        pos = skip_tags_whole(view, 0)  # DivergingEpoch, CurrentLeader, SnapshotId
         self._partitions -= 1
         self._step = self._partition if self._partitions else self._topic_end
         return pos
 
     def _topic_end(self, view: memoryview) -> int:
-        pos = _skip_tags_whole(view, 0)
+        pos = skip_tags_whole(view, 0)
         self._topics -= 1
         self._step = self._topic if self._topics else self._top
         return pos
 
     def _top(self, view: memoryview) -> int:
         self.tags_at = self._at
+        self.finished = True
         return 0
 
 
@@ -355,15 +302,3 @@ def _count(view: memoryview, pos: int) -> tuple[int, int]:
     if n < 1:
         raise Unexpected
     return n - 1, pos
-
-
-def _skip_tags_whole(view: memoryview, pos: int) -> int:
-    """The end of the tag section at ``pos``; IndexError when ``view`` ends inside it."""
-    count, pos = uvarint(view, pos)
-    for _ in range(count):
-        _, pos = uvarint(view, pos)
-        size, pos = uvarint(view, pos)
-        pos += size
-    if pos > len(view):
-        raise IndexError
-    return pos

@@ -19,10 +19,11 @@ from typing import Any, Final
 
 from gatehouse.codecs._native import speedups
 from gatehouse.codecs._scan import I16 as _I16
+from gatehouse.codecs._scan import I32 as _I32
+from gatehouse.codecs._scan import StepWalk, last_tags, request_body_at, skip_tags_whole
 from gatehouse.codecs._scan import TopicCounts as TopicCounts  # re-exported
 from gatehouse.codecs._scan import Unexpected as _Unexpected
 from gatehouse.codecs._scan import array as _array
-from gatehouse.codecs._scan import last_tags, request_body_at
 from gatehouse.codecs._scan import skip_string as _skip_string
 from gatehouse.codecs._scan import skip_tags as _skip_tags
 from gatehouse.codecs._scan import uvarint as _uvarint
@@ -37,7 +38,9 @@ from gatehouse.codecs.records import (
 
 _INDEX_AND_VARINT: Final = struct.Struct(">iBBB")
 _INDEX_AND_LENGTH: Final = struct.Struct(">ii")
+Unexpected = _Unexpected  # what a RequestWalk raises, re-exported
 _READ_KEY: Final = "produce.request_topics"  # in Message.read_once's memory
+TOPICS_READ_KEY: Final = _READ_KEY  # where the metrics' C counting finds it too
 # A partition of a non-flexible version with the length, magic and record count of its
 # first batch (where a partition is one batch, all of it), in one unpack.
 _PLAIN_PARTITION: Final = struct.Struct(">ii8xi4xb40xi")
@@ -198,6 +201,250 @@ def _request_topics(frame: Buffer, version: int, spans: list[tuple[int, int]] | 
         return out
     except (_Unexpected, struct.error, IndexError, UnicodeDecodeError):
         return None
+
+
+def remember_request_topics(req: Any, topics: TopicCounts | None) -> None:
+    """Gives ``request_topics_of(req)`` its answer, read elsewhere: from a ``RequestWalk``
+    over a request whose records went by unread, whose ``req`` holds only its first bytes."""
+    found: dict[str, Any] | None = getattr(req, "_read", None)
+    if found is None:
+        found = req._read = {}
+    found[_READ_KEY] = topics
+
+
+# Where a RequestWalk is: what the next part is.
+_HEAD, _TOPIC, _PARTITION, _BATCH, _PARTITION_TAGS, _TOPIC_TAGS, _TOP = range(7)
+
+
+class RequestWalk(StepWalk):
+    """Follows a Produce request as its bytes come, reading each batch's header and none
+    of its records: what lets a proxy pass a large request's records on socket to socket
+    (splice(2)) and still count them for the metrics and the log.
+
+    Fed from the api key on (see ``StepWalk``); ``opaque`` bytes (the rest of a batch
+    after its header) may go by unread.  ``topics()`` is then what ``request_topics``
+    says of the whole frame: the same counts, or None where it gives None (a records
+    field it does not count, a frame that does not end where its parts do); bytes that
+    cannot be a Produce request raise ``Unexpected`` as they come.
+    """
+
+    __slots__ = ("_bytes", "_flexible", "_ids", "_indexes", "_key", "_left", "_out",
+                 "_partitions", "_records", "_state", "_topics")
+
+    def __init__(self, version: int, size: int) -> None:
+        if version < FIRST_VERSION:
+            raise ValueError(f"Produce v{version} is not walked")
+        super().__init__(size, self._parts)
+        self._flexible = version >= FLEXIBLE_SINCE
+        self._ids = version >= TOPIC_IDS_SINCE
+        self._state = _HEAD
+        self._topics = 0  # topics left
+        self._partitions = 0  # partitions left in the current topic
+        self._left = 0  # bytes of the current records field not yet counted
+        self._key: str | bytes = ""
+        self._indexes: list[int] = []
+        self._records = self._bytes = 0
+        self._out: TopicCounts = []
+
+    def topics(self) -> TopicCounts | None:
+        """Per topic, as ``request_topics``: once every part of the frame but the records
+        of its last batch has been walked (they end it)."""
+        if self.finished and self._at + self.opaque == self._size:
+            return self._out
+        return None
+
+    def _parts(self, view: memoryview) -> int:
+        """The step: as many whole parts from the start of ``view`` as it holds, up to
+        records or the frame's end; their length.  Each part changes the walk only once
+        it is all there (IndexError/struct.error when the first is not)."""
+        flexible = self._flexible
+        pos = 0  # the end of the last whole part
+        try:
+            while not (self.opaque or self.finished):
+                state = self._state
+                if state == _PARTITION and self._one_batch(view, pos):
+                    pos += (_FLEXIBLE_PARTITION if flexible else _PLAIN_PARTITION).size
+                elif state == _PARTITION_TAGS and view[pos] == 0:  # no tagged fields
+                    pos += 1
+                    self._partition_done()
+                elif state == _PARTITION:
+                    (index,) = _I32.unpack_from(view, pos)
+                    if flexible:
+                        n, end = _uvarint(view, pos + 4)
+                        n -= 1
+                    else:
+                        (n,) = _I32.unpack_from(view, pos + 4)
+                        end = pos + 8
+                    if n > 0 and self._at + end + n > self._size:
+                        raise _Unexpected  # records past the frame's end
+                    self._indexes.append(index)
+                    if n > 0:
+                        self._left = n
+                        self._state = _BATCH
+                    else:
+                        self._records_done()
+                    pos = end
+                elif state == _BATCH:
+                    pos = self._batch(view, pos)
+                elif state in (_PARTITION_TAGS, _TOPIC_TAGS, _TOP):
+                    pos = skip_tags_whole(view, pos)
+                    if state == _PARTITION_TAGS:
+                        self._partition_done()
+                    elif state == _TOPIC_TAGS:
+                        self._next_topic()
+                    else:
+                        self.finished = True
+                elif state == _TOPIC:
+                    pos = self._topic(view, pos)
+                else:
+                    pos = self._head(view)
+        except (IndexError, struct.error):
+            if not pos:
+                raise  # short: held until the rest comes
+        return pos
+
+    def _one_batch(self, view: memoryview, pos: int) -> bool:
+        """A partition whose records are one v2 batch (what clients send), its index,
+        records length (a three-byte varint in flexible versions: 16 KiB-2 MiB) and
+        batch header read in one unpack, as ``request_topics`` reads them; False (the
+        walk reads it part by part) for any other, or when its header is not all here."""
+        flexible = self._flexible
+        layout = _FLEXIBLE_PARTITION if flexible else _PLAIN_PARTITION
+        if pos + layout.size > len(view):
+            return False
+        if flexible:
+            index, n, b1, b2, length, magic, counted = layout.unpack_from(view, pos)
+            if n < 0x80 or b1 < 0x80 or b2 >= 0x80:
+                return False
+            n = ((n & 0x7F) | ((b1 & 0x7F) << 7) | (b2 << 14)) - 1
+            end = pos + 7
+        else:
+            index, n, length, magic, counted = layout.unpack_from(view, pos)
+            end = pos + 8
+        if magic != 2 or length + LOG_OVERHEAD != n or self._at + end + n > self._size:
+            return False
+        self._indexes.append(index)
+        self._records += counted
+        self._bytes += n
+        self.opaque = n - BATCH_OVERHEAD
+        self._records_done()
+        return True
+
+    def _head(self, view: memoryview) -> int:
+        flexible = self._flexible
+        (n,) = _I16.unpack_from(view, 8)  # the header's client id (see request_body_at)
+        pos = 10 + max(n, 0)
+        if flexible:
+            pos = skip_tags_whole(view, pos)  # IndexError, not Unexpected, when short
+        pos = _skip_string(view, pos, flexible) + 6  # TransactionalId, Acks, TimeoutMs
+        n, pos = _array(view, pos, flexible)
+        self._topics = n
+        if n:
+            self._state = _TOPIC
+        else:
+            self._topics_done()
+        return pos
+
+    def _topic(self, view: memoryview, pos: int) -> int:
+        key: str | bytes
+        if self._ids:
+            end = pos + 16
+            if len(view) < end:
+                raise IndexError
+            key = bytes(view[pos:end])
+        else:
+            if self._flexible:
+                n, end = _uvarint(view, pos)
+                n -= 1
+            else:
+                (n,) = _I16.unpack_from(view, pos)
+                end = pos + 2
+            if n < 0:
+                raise _Unexpected  # a null topic name
+            if end + n > len(view):
+                raise IndexError
+            try:
+                key = str(view[end:end + n], "utf-8")
+            except UnicodeDecodeError:
+                raise _Unexpected from None
+            end += n
+        n, end = _array(view, end, self._flexible)
+        self._key = key
+        self._partitions = n
+        self._indexes = []
+        self._records = self._bytes = 0
+        if n:
+            self._state = _PARTITION
+        else:
+            self._topic_done()
+        return end
+
+    def _batch(self, view: memoryview, pos: int) -> int:
+        """The next batch's header (its records go by as ``opaque``) or, where the rest of
+        the records field is not a v2 batch, all of it (counted by ``count_records``,
+        which goes on from there as it would over the whole field)."""
+        left = self._left
+        if left >= BATCH_OVERHEAD:
+            length, magic, counted = V2_HEAD.unpack_from(view, pos)
+            if magic == 2:
+                size = LOG_OVERHEAD + length
+                if size > left:
+                    if length < 0:
+                        raise _Unexpected
+                    # A batch cut short ends the count (as count_records' does).
+                    self.opaque = left - BATCH_OVERHEAD
+                    self._records_done()
+                    return pos + BATCH_OVERHEAD
+                if size < BATCH_OVERHEAD:
+                    raise _Unexpected
+                self._records += counted
+                self._bytes += size
+                self.opaque = size - BATCH_OVERHEAD
+                self._left = left - size
+                if not self._left:
+                    self._records_done()
+                return pos + BATCH_OVERHEAD
+        if len(view) < pos + left:
+            raise IndexError
+        counted, sized = count_records(view, pos, pos + left)
+        self._records += counted
+        self._bytes += sized
+        self._records_done()
+        return pos + left
+
+    def _records_done(self) -> None:
+        self._left = 0
+        if self._flexible:
+            self._state = _PARTITION_TAGS
+        else:
+            self._partition_done()
+
+    def _partition_done(self) -> None:
+        self._partitions -= 1
+        if self._partitions:
+            self._state = _PARTITION
+        else:
+            self._topic_done()
+
+    def _topic_done(self) -> None:
+        self._out.append((self._key, self._indexes, self._records, self._bytes))
+        if self._flexible:
+            self._state = _TOPIC_TAGS
+        else:
+            self._next_topic()
+
+    def _next_topic(self) -> None:
+        self._topics -= 1
+        if self._topics:
+            self._state = _TOPIC
+        else:
+            self._topics_done()
+
+    def _topics_done(self) -> None:
+        if self._flexible:
+            self._state = _TOP
+        else:
+            self.finished = True
 
 
 def _topics_at(view: memoryview, flexible: bool) -> tuple[int, int]:

@@ -175,7 +175,7 @@ def request_labels(key: int, version: int) -> tuple[str, str]:
 
 class ProxyMetrics(Observer):
     reads_scans = True  # Fetch records and bytes per topic, every response's codes
-    reads_request_bodies = True  # a Produce request's topics and records
+    counts_request_records = True  # a Produce request's topics and records
 
     def __init__(self, label_cap: int = 500, registry: CollectorRegistry | None = None) -> None:
         # auto_describe off: the connections gauge and the connections_total counter share
@@ -289,7 +289,8 @@ class ProxyMetrics(Observer):
         self.request = partial(  # type: ignore[method-assign]
             counting.request,
             (self._conn_requests, self._bytes_up, self._produced, speedups.produce_request_topics,
-             _PRODUCE_VERSIONS, _PYTHON_REQUESTS, _UNSET, cls.request.__get__(self, cls)))
+             _PRODUCE_VERSIONS, _PYTHON_REQUESTS, _UNSET, cls.request.__get__(self, cls),
+             produce.TOPICS_READ_KEY))
         self.response = partial(  # type: ignore[method-assign]
             counting.response,
             (self._bytes_out, self._bytes_down, self._durations, self._response_counters,

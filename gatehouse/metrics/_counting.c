@@ -27,13 +27,13 @@
 #define MAX_TOPICS 64         /* topics counted here at once; more: the Python method */
 
 static PyObject *s_value, *s_header, *s_id, *s_frame, *s_body,
-    *s_api_key, *s_local, *s_raw, *s_decoded, *s_scan;
+    *s_api_key, *s_local, *s_raw, *s_decoded, *s_scan, *s_read;
 
 /* request(state, conn, req, size) and response(state, ...): ``state`` is the tuple
  * ProxyMetrics builds (see _counting_state there), in this order. */
 enum {
     R_CONN_REQUESTS, R_BYTES_UP, R_PRODUCED, R_READER, R_PRODUCE_VERSIONS, R_SLOW_KEYS,
-    R_UNSET, R_SLOW_REQUEST, R_STATE_SIZE
+    R_UNSET, R_SLOW_REQUEST, R_READ_KEY, R_STATE_SIZE
 };
 enum {
     A_BYTES_OUT, A_BYTES_DOWN, A_DURATIONS, A_RESPONSE_COUNTERS, A_FETCHED,
@@ -281,12 +281,31 @@ request(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyObject *reader = PyTuple_GET_ITEM(state, R_READER);
         if (body != PyTuple_GET_ITEM(state, R_UNSET) || frame == Py_None || reader == Py_None)
             goto slow_path;  /* decoded by a rule, built in code: as the Python method */
-        PyObject *read_args[5] = {frame, version >= FLEXIBLE_SINCE ? Py_True : Py_False,
-                                  version >= TOPIC_IDS_SINCE ? Py_True : Py_False, Py_True,
-                                  Py_None};
-        topics = PyObject_Vectorcall(reader, read_args, 5, NULL);
-        if (topics == NULL)
-            goto done;
+        /* Read already (produce.request_topics_of's memory): a request whose records
+         * went by unread, counted by the proxy's walk, holds only its first bytes. */
+        PyObject *read = PyObject_GetAttr(req, s_read);
+        if (read == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+                goto done;
+            PyErr_Clear();
+        }
+        else if (PyDict_CheckExact(read)) {
+            topics = PyDict_GetItemWithError(read, PyTuple_GET_ITEM(state, R_READ_KEY));
+            Py_XINCREF(topics);
+            if (topics == NULL && PyErr_Occurred()) {
+                Py_DECREF(read);
+                goto done;
+            }
+        }
+        Py_XDECREF(read);
+        if (topics == NULL) {
+            PyObject *read_args[5] = {frame, version >= FLEXIBLE_SINCE ? Py_True : Py_False,
+                                      version >= TOPIC_IDS_SINCE ? Py_True : Py_False, Py_True,
+                                      Py_None};
+            topics = PyObject_Vectorcall(reader, read_args, 5, NULL);
+            if (topics == NULL)
+                goto done;
+        }
         int ok = find_topics(topics, PyTuple_GET_ITEM(state, R_PRODUCED), pairs, amounts, &found);
         if (ok < 0)
             goto done;
@@ -588,7 +607,7 @@ PyInit__counting(void)
 {
     struct { PyObject **slot; const char *text; } names[] = {
         {&s_value, "value"},
-        {&s_header, "header"}, {&s_id, "id"}, {&s_frame, "_frame"}, {&s_body, "_body"},
+        {&s_header, "header"}, {&s_id, "id"}, {&s_frame, "_frame"}, {&s_body, "_body"}, {&s_read, "_read"},
         {&s_api_key, "api_key"}, {&s_local, "local"}, {&s_raw, "raw"},
         {&s_decoded, "decoded"}, {&s_scan, "scan"},
     };

@@ -48,6 +48,7 @@ from gatehouse.codecs import (
     decode_request,
     decode_response,
     fetch,
+    produce,
     throttle_time_at,
 )
 from gatehouse.codecs.peek import produce_acks
@@ -121,6 +122,9 @@ _TAIL_HOLD = 64 * 1024
 # whole, before its last bytes go up).
 _STREAM_REQUEST_MIN = 64 * 1024
 _REQUEST_HEAD = 1024  # read for the header and acks of a request that may stream
+# Peeked at a time for the walk of a spliced request: a batch's header and the parts
+# around it (a longer part is read in more peeks).
+_PEEK_READ = 512
 # Under quotas, a streamed answer starts once this much is in: its throttle time (after
 # the correlation id and the header's tags) may have to be written in place.
 _THROTTLE_HEAD = 64
@@ -136,6 +140,9 @@ _KEPT_API_VERSIONS_ANSWERS = 256
 # Fetch answers whose layout the walk of a spliced answer knows: the flexible versions
 # of the tables (a newer one goes through the proxy's buffers, untouched).
 _WALKED_FETCH_VERSIONS = range(fetch.FIRST_VERSION, api(FETCH).versions.hi + 1)
+# Produce requests whose records the walk of a spliced request counts (``produce.RequestWalk``):
+# a newer one goes through the proxy's buffers when an observer counts its records.
+_WALKED_PRODUCE_VERSIONS = range(produce.FIRST_VERSION, api(PRODUCE).versions.hi + 1)
 _STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 
@@ -266,11 +273,11 @@ class ProxyConnection:
         # The request being received was found not to stream: not asked again at every
         # receive of its bytes.
         self.store_and_forward = False
-        # Whether large answers' records may go socket to socket (see _splices): no
-        # observer reads them and both ends are plain TCP.
-        self.splicing = (ctx.pipes is not None and not ctx.observer.reads_scans
-                         and self.client_io.socket is not None
-                         and self.upstream_io.socket is not None)
+        # Whether large frames' records may go socket to socket: both ends are plain TCP.
+        self.splices_requests = (ctx.pipes is not None and self.client_io.socket is not None
+                                 and self.upstream_io.socket is not None)
+        # And answers' (see _splices): no observer reads them.
+        self.splicing = self.splices_requests and not ctx.observer.reads_scans
         self.answer_read = _SPLICE_READ if self.splicing else _RECEIVE_SIZE
         self.stream_min = _SPLICE_READ if self.splicing else _STREAM_MIN
 
@@ -757,11 +764,18 @@ class ProxyConnection:
             # The new beginning, under the new size; the rest goes up as it came.
             new_head, end = decision.new_head
             lead, skip = struct.pack(">i", size - end + len(new_head)) + new_head, 4 + end
-        pipe = (self._take_pipe() if self.splicing
-                and not self.ctx.observer.reads_request_bodies else None)
+        # Its records go socket to socket unless an observer reads them; where observers
+        # count them, the walk does on the way (from each batch's header).
+        observer = self.ctx.observer
+        walk = None
+        if (observer.counts_request_records and req.api_version in _WALKED_PRODUCE_VERSIONS
+                and self.client_io.peeks):
+            walk = produce.RequestWalk(req.api_version, size)
+        pipe = (self._take_pipe() if self.splices_requests and not observer.reads_request_bodies
+                and (walk is not None or not observer.counts_request_records) else None)
         if pipe is not None:
-            await self._splice_request(lead + memoryview(head)[skip:] if skip else head,
-                                       total - len(head), size, decision, pending, pipe)
+            await self._splice_request(head, lead + memoryview(head)[skip:] if skip else head,
+                                       total, decision, pending, pipe, walk)
             return b""
         limit = total - 1  # the last byte waits for the observers
         if lead:
@@ -788,25 +802,78 @@ class ProxyConnection:
         if decision.report is not None:
             decision.report()
 
-    async def _splice_request(self, head: Buffer, rest: int, size: int, decision: Forward,
-                              pending: Pending | None, pipe: Pipe) -> None:
-        """A large Produce request of ``size`` bytes forwarded unread up to the broker:
-        ``head`` first (its first bytes, maybe changed), then its last ``rest`` bytes
-        moved socket to socket through ``pipe``.  No observer reads its body, so they
-        hear of it (``decision.request``: its header) before its bytes go up."""
-        self._observed(decision.request, size, decision)
-        if pending is not None:
-            pending.started = trio.current_time()
+    async def _splice_request(self, head: Buffer, sent: Buffer, total: int, decision: Forward,
+                              pending: Pending | None, pipe: Pipe,
+                              walk: produce.RequestWalk | None) -> None:
+        """A large Produce request forwarded unread up to the broker: ``sent`` first (for
+        ``head``, the frame's first bytes as they came, maybe changed), then the rest
+        socket to socket through ``pipe``.  Where no observer reads its body, they hear
+        of it (``decision.request``: its header) before its bytes go up.  Where they
+        count its records, ``walk`` reads each batch's header: the parts around the
+        records are peeked at where they lie in the client's socket (past records not yet
+        moved, where the system can: SO_PEEK_OFF), so the records usually go in one
+        splice, once the walk has seen every part but records; the observers hear of it
+        then, with what the walk counted, before its last bytes go up (so before any
+        answer).  A request the walk cannot follow goes on unread at once, reported
+        uncounted (the broker answers for it)."""
+        size = total - 4
+        gone = f"client closed the connection in the middle of a {size}-byte request"
+        counted = walk is not None
+        walking = self._walked(walk, memoryview(head)[4:])
+        client = self.client_io
+        moved = len(head)  # bytes of the frame taken from the client's socket
+        at = moved  # bytes of the frame the walk has gone past (read or skipped)
         try:
-            await self.upstream_io.send_all(head)
-            await self._splice(self.client_io, self.upstream_io, rest, pipe,
-                               self._received_from_client,
-                               f"client closed the connection in the middle of a "
-                               f"{size}-byte request")
+            while walking is not None and not walking.finished:
+                if walking.opaque:  # records: looked past, moved later
+                    at += walking.opaque
+                    walking.skip(walking.opaque)
+                    continue
+                # A long part (records that are no v2 batch, read whole) in ever
+                # larger peeks.
+                data = client.peek_at(at - moved, min(total - at,
+                                                      max(_PEEK_READ, walking.holding)))
+                if data:
+                    walking = self._walked(walking, data)
+                    at += len(data)
+                elif at > moved:  # nothing to see there yet: on with what was walked
+                    await self._splice_up(sent, at - moved, pipe, gone)
+                    sent = b""
+                    moved = at
+                elif data is None:
+                    await client.wait_readable()
+                else:
+                    raise _Close(gone, logging.WARNING)  # EOF
+            req = decision.request
+            if counted:
+                produce.remember_request_topics(req, None if walking is None
+                                                else walking.topics())
+            self._observed(req, size, decision)
+            if pending is not None:
+                pending.started = trio.current_time()
+            await self._splice_up(sent, total - moved, pipe, gone)
         finally:
             self._give_pipe(pipe)
         self._touch()
         self.mid_request = False
+
+    async def _splice_up(self, first: Buffer, n: int, pipe: Pipe, gone: str) -> None:
+        """``first`` (bytes in hand) then the client's next ``n`` bytes, up to the broker."""
+        if first:
+            await self.upstream_io.send_all(first)
+        if n:
+            await self._splice(self.client_io, self.upstream_io, n, pipe,
+                               self._received_from_client, gone)
+
+    def _walked(self, walk: produce.RequestWalk | None, data: Buffer
+                ) -> produce.RequestWalk | None:
+        """``walk`` fed ``data``; None once it cannot follow the request."""
+        if walk is not None:
+            try:
+                walk.feed(data)
+            except produce.Unexpected:
+                return None
+        return walk
 
     async def _receive_whole_request(self, reader: FrameReader, size: int) -> Buffer:
         """A large request that must be read before it goes up (a rule maps its topics,

@@ -27,8 +27,10 @@ copy in nor the copy out.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
+import socket
 import struct
 from collections.abc import Callable
 from typing import Any, Final
@@ -45,6 +47,10 @@ _SPLICE_FLAGS: Final = getattr(os, "SPLICE_F_MOVE", 0) | getattr(os, "SPLICE_F_N
 _PIPE_SIZE: Final = 1024 * 1024  # asked for; the kernel may give less (pipe-max-size)
 _F_SETPIPE_SZ: Final = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _F_GETPIPE_SZ: Final = getattr(fcntl, "F_GETPIPE_SZ", 1032)
+_SO_PEEK_OFF: Final = getattr(socket, "SO_PEEK_OFF", 42)  # Linux's number
+_UNSUPPORTED: Final = (errno.EOPNOTSUPP, errno.ENOPROTOOPT, errno.EINVAL)
+# Whether TCP sockets take SO_PEEK_OFF here (learnt from the first try; None: not yet).
+_PEEK_OFFSETS: bool | None = None
 
 
 class FastStream:
@@ -53,13 +59,16 @@ class FastStream:
     One task receives and one task sends at a time (the pumps' own discipline; trio's
     stream would raise ``BusyResourceError`` otherwise, this one does not check)."""
 
-    __slots__ = ("_ready_calls", "socket", "stream", "waiting")
+    __slots__ = ("_plain", "_ready_calls", "socket", "stream", "waiting")
 
     def __init__(self, stream: trio.abc.Stream) -> None:
         self.stream = stream
         # The trio socket, whose fileno() turns -1 when the stream is closed: checked
         # before every call, so a closed (and maybe reused) descriptor is never touched.
         self.socket: Any = stream.socket if type(stream) is trio.SocketStream else None
+        # The standard library socket under trio's, for what trio does not offer
+        # without a trip through its scheduler: recv with MSG_PEEK (peek_at).
+        self._plain: Any = getattr(self.socket, "_sock", None)
         self._ready_calls = 0
         # True only while receive_some waits for bytes: cancelling it then loses none
         # (the connection's drain cancels a client's receive only then).
@@ -83,6 +92,43 @@ class FastStream:
             view[:len(data)] = data
             return len(data)
         return await self._read(os.readv, (view,))  # type: ignore[no-any-return]
+
+    @property
+    def peeks(self) -> bool:
+        """Whether ``peek_at`` can look at the socket's bytes."""
+        return self._plain is not None
+
+    def peek_at(self, offset: int, max_bytes: int) -> bytes | None:
+        """Up to ``max_bytes`` of the bytes waiting on the socket from ``offset`` bytes
+        after the next one to be received, left there (for a later receive or splice);
+        None when there are none there yet, or the system cannot peek past the first
+        byte (TCP's SO_PEEK_OFF came with Linux 6.10) and ``offset`` is not 0; b"" at
+        EOF.  Never waits: ``wait_readable`` does.  Only where ``peeks``."""
+        global _PEEK_OFFSETS
+        plain = self._plain
+        _fd(self.socket)  # ClosedResourceError once closed
+        if _PEEK_OFFSETS is not False:
+            try:
+                # Set every time: a receive moves the offset back, a splice does not.
+                plain.setsockopt(socket.SOL_SOCKET, _SO_PEEK_OFF, offset)
+                _PEEK_OFFSETS = True
+            except OSError as exc:
+                if _PEEK_OFFSETS or exc.errno not in _UNSUPPORTED:
+                    raise trio.BrokenResourceError(exc) from exc
+                _PEEK_OFFSETS = False
+        if offset and not _PEEK_OFFSETS:
+            return None
+        try:
+            return plain.recv(max_bytes, socket.MSG_PEEK)  # type: ignore[no-any-return]
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            raise trio.BrokenResourceError(exc) from exc
+
+    async def wait_readable(self) -> None:
+        """Until the socket has bytes (or EOF) to receive."""
+        await trio.lowlevel.wait_readable(self.socket)
+        self._ready_calls = 0
 
     async def _read(self, read: Callable[[int, Any], Any], arg: Any) -> Any:
         """``read(fd, arg)`` once the socket has bytes (or EOF): ``os.read`` or ``os.readv``."""

@@ -209,6 +209,10 @@ class Observer:
     # records): if none does, such a request's body may go upstream unread (splice)
     # and ``request`` gets it with its header only.
     reads_request_bodies = False
+    # Whether ``request`` reads no more of a Produce request's body than its topics and
+    # record counts (``produce.request_topics_of``): its records may then go up unread,
+    # counted on the way from each batch's header (``produce.RequestWalk``).
+    counts_request_records = False
 
     def connection_opened(self, conn: ConnectionInfo) -> None:
         pass
@@ -252,6 +256,8 @@ class Observers(Observer):
         self._responses.append(observer.response)
         self.reads_scans = self.reads_scans or observer.reads_scans
         self.reads_request_bodies = self.reads_request_bodies or observer.reads_request_bodies
+        self.counts_request_records = (self.counts_request_records
+                                       or observer.counts_request_records)
 
     def _each(self, method: str, *args: Any) -> None:
         for observer in self.observers:
