@@ -542,6 +542,33 @@ async def test_over_sockets_a_large_request_no_one_reads_goes_up_spliced(
             assert pipes.spliced >= len(RECORDS) - _RECEIVE_SIZE
 
 
+async def test_over_sockets_after_a_spliced_request_only_the_next_ones_first_bytes_are_read(
+) -> None:
+    """Large requests back to back: after one whose records went socket to socket, the
+    proxy reads only the first bytes of the next (the rest is spliced, not copied in
+    and out); after a whole small one, it reads as much as it can again."""
+    async with proxied(produce_answer, tcp=True) as h:
+        pipes = h.pumps.ctx.pipes
+        assert pipes is not None
+        wires = [produce_wire(correlation_id) for correlation_id in (5, 6)]
+        with trio.fail_after(5):
+            async with trio.open_nursery() as nursery:  # while the broker reads
+                nursery.start_soon(send_pieces, h, *wires)
+                for correlation_id in (5, 6):
+                    answer = await h.client.receive()
+                    assert answer is not None
+                    assert struct.unpack_from(">i", answer)[0] == correlation_id
+                    if correlation_id == 5:
+                        first = pipes.spliced
+        assert h.broker.received == [wire[4:] for wire in wires]
+        assert pipes.spliced - first >= len(wires[1]) - _SPLICE_READ
+        assert h.pumps.client_read == _SPLICE_READ
+        await h.client.send(request(3, 12, 7, topics=[]).encode())
+        with trio.fail_after(5):
+            assert await h.client.receive() is not None
+        assert h.pumps.client_read == _RECEIVE_SIZE
+
+
 class SendsCounted:
     """The proxy's side of a connection, its ``send_all`` bytes added to ``seen.sent``."""
 

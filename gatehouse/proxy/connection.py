@@ -279,6 +279,10 @@ class ProxyConnection:
         # And answers' (see _splices): no observer reads them.
         self.splicing = self.splices_requests and not ctx.observer.reads_scans
         self.answer_read = _SPLICE_READ if self.splicing else _RECEIVE_SIZE
+        # The client's next read: after a request whose records went socket to socket,
+        # the next one is likely as large, and only its first bytes need reading (the
+        # rest is spliced rather than copied in and out); after a whole one, the most.
+        self.client_read = _RECEIVE_SIZE
         self.stream_min = _SPLICE_READ if self.splicing else _STREAM_MIN
 
     @property
@@ -413,7 +417,7 @@ class ProxyConnection:
             self._record_close(self.drain_reason, logging.INFO)
             return None
         with trio.CancelScope() as self.receive_scope:
-            data = await self.client_io.receive_some(_RECEIVE_SIZE)
+            data = await self.client_io.receive_some(self.client_read)
             self.conn.bytes_from_client += len(data)
             return data
         self._record_close(self.drain_reason, logging.INFO)  # cancelled: a drain
@@ -428,6 +432,7 @@ class ProxyConnection:
                 # frame that never completes (slowloris) still meets the idle timeout.
                 self._touch()
                 self.store_and_forward = False
+                self.client_read = _RECEIVE_SIZE
                 await self.handle_request_frame(wire)
                 if reserved:  # forwarded or answered here: done with its bytes
                     self.request_bytes.give(reserved)
@@ -776,6 +781,7 @@ class ProxyConnection:
         if pipe is not None:
             await self._splice_request(head, lead + memoryview(head)[skip:] if skip else head,
                                        total, decision, pending, pipe, walk)
+            self.client_read = _SPLICE_READ
             return b""
         limit = total - 1  # the last byte waits for the observers
         if lead:
