@@ -15,6 +15,7 @@ from gatehouse import codecs
 from gatehouse.codecs import ProtocolError, fetch
 from gatehouse.metrics import error_codes
 from tests.codec_strategies import build_message, header_tags, message_body
+from tests.support.walks import feed_in_pieces
 from tests.test_metrics_produce import RECORDS, SETTINGS, batch, topic_counts
 
 VERSIONS = [v for v in codecs.api(1).response.valid if v >= fetch.FIRST_VERSION]
@@ -141,23 +142,12 @@ WALK_SETTINGS = settings(SETTINGS, max_examples=40)
 def walk_in_pieces(frame: bytes, version: int, data: st.DataObject, size: int | None = None
                    ) -> tuple[fetch.AnswerWalk, list[tuple[int, int]]]:
     """``frame`` (of an answer of ``size`` bytes, its length by default) fed to an
-    AnswerWalk in random pieces, records skipped or fed at random, as a proxy would
-    (splicing some, reading others), until the walk reaches the top-level tags or the
-    bytes end; the walk and the skipped spans."""
+    AnswerWalk in random pieces, records skipped or fed at random, as a proxy would,
+    until the walk reaches the top-level tags or the bytes end; the walk and the
+    skipped spans."""
     walk = fetch.AnswerWalk(version, len(frame) if size is None else size)
-    pos = 0
-    skipped = []
-    while walk.tags_at is None and pos < len(frame):
-        if walk.opaque and data.draw(st.booleans()):
-            n = data.draw(st.integers(1, min(walk.opaque, len(frame) - pos)))
-            skipped.append((pos, pos + n))
-            walk.skip(n)
-            pos += n
-            continue
-        piece = frame[pos:pos + data.draw(st.integers(1, 300))]
-        taken = walk.feed(piece)
-        pos += taken
-        assert taken == len(piece) or walk.tags_at == pos
+    taken, skipped = feed_in_pieces(walk, frame, data)
+    assert not walk.finished or walk.tags_at == taken
     return walk, skipped
 
 

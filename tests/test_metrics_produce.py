@@ -18,6 +18,7 @@ from gatehouse import codecs
 from gatehouse.codecs import ProtocolError, produce, records
 from gatehouse.metrics import error_codes
 from tests.codec_strategies import build_message, header_tags, message_body
+from tests.support.walks import feed_in_pieces
 
 VERSIONS = list(codecs.api(0).request.valid)
 SETTINGS = settings(max_examples=80, deadline=None,
@@ -92,30 +93,6 @@ def test_request_topics_match_the_decoder(version: int, data: st.DataObject) -> 
 WALKED = [v for v in VERSIONS if v >= produce.FIRST_VERSION]
 
 
-def walk_in_pieces(frame: bytes, version: int, data: st.DataObject, size: int | None = None
-                   ) -> tuple[produce.RequestWalk, list[tuple[int, int]]]:
-    """``frame`` (of a request of ``size`` bytes, its length by default) fed to a
-    RequestWalk in random pieces, records skipped or fed at random, as a proxy would
-    (splicing some, reading others); the walk and the skipped spans."""
-    walk = produce.RequestWalk(version, len(frame) if size is None else size)
-    pos = 0
-    skipped = []
-    while pos < len(frame):
-        if walk.opaque and data.draw(st.booleans()):
-            n = data.draw(st.integers(1, min(walk.opaque, len(frame) - pos)))
-            skipped.append((pos, pos + n))
-            walk.skip(n)
-            pos += n
-            continue
-        piece = frame[pos:pos + data.draw(st.integers(1, 300))]
-        taken = walk.feed(piece)
-        assert taken == len(piece) or walk.finished
-        pos += taken
-        if taken < len(piece):
-            break
-    return walk, skipped
-
-
 @pytest.mark.parametrize("version", WALKED)
 @SETTINGS
 @given(data=st.data())
@@ -127,7 +104,8 @@ def test_a_walk_that_skips_records_counts_what_the_reader_counts(
     frame = draw_request_frame(data, version)
     expected = produce.request_topics(frame, version)
     try:
-        walk, skipped = walk_in_pieces(frame, version, data)
+        walk = produce.RequestWalk(version, len(frame))
+        _, skipped = feed_in_pieces(walk, frame, data)
     except records.Uncounted:  # produce's Unexpected: what the reader gives up on too
         assert expected is None
         return
