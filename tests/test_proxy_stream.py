@@ -24,7 +24,7 @@ from gatehouse.codecs import fetch, produce
 from gatehouse.codecs._scan import tag_fields
 from gatehouse.proxy.config import Limits
 from gatehouse.proxy.connection import _RECEIVE_SIZE, _SPLICE_READ
-from gatehouse.proxy.hooks import Forward, Observers, Policy
+from gatehouse.proxy.hooks import CLIENT_CLOSED, Forward, Observers, Policy
 from gatehouse.proxy.quotas import Bucket, Charge
 from tests.support.fakebroker import frame_bytes, request, response_body
 from tests.test_proxy_pumps import Harness, Recorder, proxied
@@ -656,10 +656,42 @@ async def test_over_sockets_a_large_request_the_metrics_count_goes_up_spliced_an
                          {"topic": "audit", "direction": "produce"}) == len(sets[1])
 
 
-async def test_over_sockets_a_client_gone_in_the_middle_of_a_spliced_request_closes_it(
+async def test_over_sockets_a_large_request_the_walk_cannot_follow_goes_up_uncounted(
 ) -> None:
-    async with proxied(produce_answer, tcp=True) as h:
-        wire = produce_wire(5)
+    """A large Produce request whose topic count says one more topic than its bytes hold:
+    the walk reaches the frame's end inside a part, so the request goes up as it came,
+    uncounted (the broker answers for it), and the connection carries on."""
+    from gatehouse.metrics import ProxyMetrics
+
+    def answer(req: codecs.Request) -> Any:
+        return None if req.api_key == 0 else req.api.response.root.default
+
+    seen = CountsSeen()
+    async with proxied(answer, observer=Observers([ProxyMetrics(), seen]), tcp=True) as h:
+        seen.watch(h)
+        wire = produce_wire(5, acks=0, records=(record_batch(10, 300_000),), version=8)
+        head = b"\x00\x00" + b"\x00\x00\x03\xe8" + b"\x00\x00\x00\x01"  # acks 0, 1 topic
+        at = wire.index(head) + len(head) - 1
+        lying = wire[:at] + b"\x02" + wire[at + 1:]  # 2 topics: the second never comes
+        assert produce.request_topics(lying[4:], 8) is None
+        with trio.fail_after(5):
+            await send_pieces(h, lying[:1000], lying[1000:])
+            await h.client.send(request(3, 12, 7, topics=[]).encode())
+            answered = await h.client.receive()
+        assert answered is not None and struct.unpack_from(">i", answered)[0] == 7
+        assert h.broker.received[0] == lying[4:]
+        assert seen.counts == [None]  # heard of, uncounted
+        assert h.pumps.close_reason == CLIENT_CLOSED  # still open
+
+
+@pytest.mark.parametrize("metered", [False, True], ids=["plain", "metered"])
+async def test_over_sockets_a_client_gone_in_the_middle_of_a_spliced_request_closes_it(
+        metered: bool) -> None:
+    from gatehouse.metrics import ProxyMetrics
+
+    observer = ProxyMetrics() if metered else None  # metered: the walk peeks ahead
+    async with proxied(produce_answer, tcp=True, observer=observer) as h:
+        wire = produce_wire(5, records=(record_batch(3, 900_000),) if metered else ())
         await h.client.send_raw(wire[:300_000])
         await h.client.stream.aclose()
         with trio.fail_after(5):

@@ -831,6 +831,9 @@ class ProxyConnection:
         at = moved  # bytes of the frame the walk has gone past (read or skipped)
         try:
             while walking is not None and not walking.finished:
+                if at >= total:  # the frame ends inside a part: not one to follow
+                    walking = None
+                    break
                 if walking.opaque:  # records: looked past, moved later
                     at += walking.opaque
                     walking.skip(walking.opaque)
