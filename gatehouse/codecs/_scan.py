@@ -42,11 +42,12 @@ def uvarint(view: memoryview, pos: int) -> tuple[int, int]:
 def request_body_at(view: memoryview, flexible: bool) -> int:
     """Where a request's body begins, its frame read from the api key on: after the
     header's client id (a nullable int16 string in every header version) and, in a
-    flexible version, the header's tag section."""
+    flexible version, the header's tag section; IndexError or struct.error when ``view``
+    ends before it (a walk then waits for more)."""
     n: int = I16.unpack_from(view, 8)[0]
     pos = 10 + max(n, 0)
     if flexible:
-        pos = skip_tags(view, pos) if view[pos] else pos + 1
+        pos = skip_tags_whole(view, pos) if view[pos] else pos + 1
     return pos
 
 

@@ -332,10 +332,7 @@ class RequestWalk(StepWalk):
 
     def _head(self, view: memoryview) -> int:
         flexible = self._flexible
-        (n,) = _I16.unpack_from(view, 8)  # the header's client id (see request_body_at)
-        pos = 10 + max(n, 0)
-        if flexible:
-            pos = skip_tags_whole(view, pos)  # IndexError, not Unexpected, when short
+        pos = request_body_at(view, flexible)
         pos = _skip_string(view, pos, flexible) + 6  # TransactionalId, Acks, TimeoutMs
         n, pos = _array(view, pos, flexible)
         self._topics = n
@@ -353,21 +350,10 @@ class RequestWalk(StepWalk):
                 raise IndexError
             key = bytes(view[pos:end])
         else:
-            if self._flexible:
-                n, end = _uvarint(view, pos)
-                n -= 1
-            else:
-                (n,) = _I16.unpack_from(view, pos)
-                end = pos + 2
-            if n < 0:
-                raise _Unexpected  # a null topic name
-            if end + n > len(view):
-                raise IndexError
             try:
-                key = str(view[end:end + n], "utf-8")
+                key, end = _topic_name(view, pos, self._flexible)
             except UnicodeDecodeError:
                 raise _Unexpected from None
-            end += n
         n, end = _array(view, end, self._flexible)
         self._key = key
         self._partitions = n
@@ -462,7 +448,8 @@ def _topics_at(view: memoryview, flexible: bool) -> tuple[int, int]:
 
 
 def _topic_name(view: memoryview, pos: int, flexible: bool) -> tuple[str, int]:
-    """The topic name at ``pos`` (not null) and where it ends."""
+    """The topic name at ``pos`` (not null) and where it ends; IndexError when ``view``
+    ends inside it (a walk then waits for more)."""
     if flexible:
         n = view[pos]
         if n < 0x80:
@@ -473,8 +460,10 @@ def _topic_name(view: memoryview, pos: int, flexible: bool) -> tuple[str, int]:
     else:
         (n,) = _I16.unpack_from(view, pos)
         pos += 2
-    if n < 0 or pos + n > len(view):
+    if n < 0:
         raise _Unexpected
+    if pos + n > len(view):
+        raise IndexError
     return str(view[pos:pos + n], "utf-8"), pos + n
 
 
