@@ -345,3 +345,70 @@ async def test_peek_at_looks_ahead_and_leaves_every_byte_in_the_socket(
     await near.aclose()
     with pytest.raises(trio.ClosedResourceError):
         stream.peek_at(0, 10)
+
+
+_NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)
+
+
+def _notsent_lowat(stream: trio.SocketStream) -> int:
+    return int(stream.getsockopt(socket.IPPROTO_TCP, _NOTSENT_LOWAT))
+
+
+async def test_a_fast_stream_gives_its_tcp_socket_the_systems_send_queue() -> None:
+    """trio's SocketStream caps what waits unsent at 16 KiB (TCP_NOTSENT_LOWAT); the
+    proxy's streams, plain or TLS over TCP, take the system's setting back (0)."""
+    a, b = await tcp_pair()
+    assert _notsent_lowat(a) == 16384  # trio's own, which the proxy undoes
+    FastStream(a)
+    assert _notsent_lowat(a) == 0
+    # TLS: the socket under the TLS stream.
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("broker.test").configure_cert(server_ctx)
+    client_ctx = ssl.create_default_context()
+    ca.configure_trust(client_ctx)
+    c, d = await tcp_pair()
+    tls = trio.SSLStream(c, client_ctx, server_hostname="broker.test")
+    assert _notsent_lowat(c) == 16384
+    FastStream(tls)
+    assert _notsent_lowat(c) == 0
+    FastStream(trio.testing.memory_stream_pair()[0])  # no socket under it: nothing to do
+    for stream in (a, b, c, d):
+        await stream.aclose()
+
+
+async def test_a_large_send_goes_to_the_kernel_whole_while_the_peer_does_not_read() -> None:
+    """512 KiB to a peer that reads nothing yet: FastStream's send completes (the send
+    buffer takes it, as a client's own socket would), where trio's 16 KiB cap stops
+    the same send at the peer's receive window and makes the sender wake for every
+    piece the peer reads."""
+    payload = b"x" * (512 * 1024)
+    a, b = await tcp_pair()
+    b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    with trio.fail_after(10):
+        await FastStream(a).send_all(payload)  # never waits for the peer
+    c, d = await tcp_pair()
+    d.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    done = False
+
+    async def send_with_trios_cap() -> None:
+        nonlocal done
+        await c.send_all(payload)
+        done = True
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send_with_trios_cap)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not done  # waiting for the peer to read
+        nursery.cancel_scope.cancel()
+    got = 0
+    while got < len(payload):  # and the first one's bytes are all there, in order
+        chunk = await b.receive_some(65536)
+        assert chunk == b"x" * len(chunk)
+        got += len(chunk)
+    for stream in (a, b, c, d):
+        await stream.aclose()

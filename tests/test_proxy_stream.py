@@ -6,9 +6,12 @@ to the broker the same way when no rule reads or changes them."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import logging
+import socket
 import struct
+import termios
 import uuid
 from pathlib import Path
 from typing import Any
@@ -104,6 +107,40 @@ async def test_a_large_answer_reaches_the_client_before_its_last_byte_leaves_the
         assert h.pumps.ctx.response_budget.held == 0  # its budget bytes are back
         assert h.pumps.conn.bytes_to_client == len(wire)
         assert_spliced(h, tcp)
+
+
+NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)
+SIOCOUTQNSD = 0x894B  # Linux: bytes in a TCP socket's send queue not yet sent
+
+
+def queued(stream: Any, request: int) -> int:
+    """Bytes waiting in a TCP socket: received, not yet read (FIONREAD), or given to
+    it, not yet sent (SIOCOUTQNSD)."""
+    got = fcntl.ioctl(stream.socket.fileno(), request, b"\0\0\0\0")
+    return int(struct.unpack("i", got)[0])
+
+
+async def test_a_large_answer_leaves_the_proxy_whole_before_the_client_reads() -> None:
+    """Over sockets the proxy hands the kernel what it relays as a client's own socket
+    takes it (not trio's 16 KiB TCP_NOTSENT_LOWAT): a 1 MiB answer goes into the
+    client's socket whole while the client reads nothing yet, rather than a piece each
+    time the client reads one, and then arrives byte for byte."""
+    async with proxied(no_answer, tcp=True) as h:
+        for stream in (h.pumps.client, h.pumps.upstream):
+            assert stream.getsockopt(socket.IPPROTO_TCP, NOTSENT_LOWAT) == 0
+        await send_fetch(h, 1)
+        wire = fetch_answer(1)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(h.broker.frames.send_raw, wire)
+            with trio.fail_after(5):
+                await trio.testing.wait_all_tasks_blocked()
+            # All of it is in the kernel, none read yet: in the client's socket or
+            # queued in the proxy's (none held in the proxy's pipe or waiting to be sent).
+            assert queued(h.client.stream, termios.FIONREAD) + queued(
+                h.pumps.client, SIOCOUTQNSD) == len(wire)
+            with trio.fail_after(5):
+                assert await receive_bytes(h, len(wire)) == wire
+        assert_spliced(h, True)
 
 
 @TRANSPORTS
@@ -544,22 +581,22 @@ async def test_over_sockets_a_large_request_no_one_reads_goes_up_spliced(
 
 async def test_over_sockets_after_a_spliced_request_only_the_next_ones_first_bytes_are_read(
 ) -> None:
-    """Large requests back to back: after one whose records went socket to socket, the
-    proxy reads only the first bytes of the next (the rest is spliced, not copied in
-    and out); after a whole small one, it reads as much as it can again."""
+    """Large requests one after the other: after one whose records went socket to
+    socket, the proxy reads only the first bytes of the next (the rest is spliced, not
+    copied in and out); after a whole small one, it reads as much as it can again."""
     async with proxied(produce_answer, tcp=True) as h:
         pipes = h.pumps.ctx.pipes
         assert pipes is not None
         wires = [produce_wire(correlation_id) for correlation_id in (5, 6)]
-        with trio.fail_after(5):
-            async with trio.open_nursery() as nursery:  # while the broker reads
-                nursery.start_soon(send_pieces, h, *wires)
-                for correlation_id in (5, 6):
+        first = 0
+        for correlation_id, wire in zip((5, 6), wires, strict=True):
+            first = pipes.spliced  # before this request
+            with trio.fail_after(5):
+                async with trio.open_nursery() as nursery:  # while the broker reads
+                    nursery.start_soon(send_pieces, h, wire)
                     answer = await h.client.receive()
-                    assert answer is not None
-                    assert struct.unpack_from(">i", answer)[0] == correlation_id
-                    if correlation_id == 5:
-                        first = pipes.spliced
+            assert answer is not None
+            assert struct.unpack_from(">i", answer)[0] == correlation_id
         assert h.broker.received == [wire[4:] for wire in wires]
         assert pipes.spliced - first >= len(wires[1]) - _SPLICE_READ
         assert h.pumps.client_read == _SPLICE_READ

@@ -16,6 +16,9 @@ keeps trio's rules otherwise:
 - errors: as ``SocketStream``'s (``ClosedResourceError`` once the stream is closed,
   ``BrokenResourceError`` for a failed send or receive).
 
+Its sockets queue what the proxy sends as the system's TCP defaults let them, not
+trio's 16 KiB (``bulk_sends``): a proxy relays bulk bytes.
+
 Anything but a plain TCP ``SocketStream`` (TLS, the tests' memory streams) goes through
 its own methods unchanged.
 
@@ -51,6 +54,7 @@ _SO_PEEK_OFF: Final = getattr(socket, "SO_PEEK_OFF", 42)  # Linux's number
 _UNSUPPORTED: Final = (errno.EOPNOTSUPP, errno.ENOPROTOOPT, errno.EINVAL)
 # Whether TCP sockets take SO_PEEK_OFF here (learnt from the first try; None: not yet).
 _PEEK_OFFSETS: bool | None = None
+_TCP_NOTSENT_LOWAT: Final = getattr(socket, "TCP_NOTSENT_LOWAT", None)
 
 
 class FastStream:
@@ -69,6 +73,7 @@ class FastStream:
         # The standard library socket under trio's, for what trio does not offer
         # without a trip through its scheduler: recv with MSG_PEEK (peek_at).
         self._plain: Any = getattr(self.socket, "_sock", None)
+        bulk_sends(stream)
         self._ready_calls = 0
         # True only while receive_some waits for bytes: cancelling it then loses none
         # (the connection's drain cancels a client's receive only then).
@@ -247,6 +252,26 @@ class FastStream:
         if self._ready_calls >= _YIELD_EVERY:
             self._ready_calls = 0
             await trio.lowlevel.checkpoint()
+
+
+def bulk_sends(stream: trio.abc.Stream) -> None:
+    """The TCP socket under ``stream`` (a TLS stream's too) takes what it is given up
+    to its send buffer again.  trio's ``SocketStream`` sets TCP_NOTSENT_LOWAT to 16 KiB
+    (its issue #72: latency for interactive streams), so the socket reports itself
+    writable only while less than that is waiting to go: relaying bulk bytes, the proxy
+    then woke and sent 64-128 KiB at a time, eight trips through the scheduler for a
+    1 MB Produce request whose broker reads more slowly than the client writes.  0 is
+    the system's own setting (net.ipv4.tcp_notsent_lowat, no limit unless an operator
+    set one); the send buffer the kernel sizes and bounds is the limit, as for a client
+    connected to its broker directly."""
+    while not isinstance(stream, trio.SocketStream):
+        inner = getattr(stream, "transport_stream", None)
+        if inner is None:
+            return  # not over TCP (the tests' memory streams)
+        stream = inner
+    if _TCP_NOTSENT_LOWAT is not None:
+        with contextlib.suppress(OSError):  # not TCP (a Unix socket): nothing to undo
+            stream.setsockopt(socket.IPPROTO_TCP, _TCP_NOTSENT_LOWAT, 0)
 
 
 def _fd(sock: Any) -> int:
