@@ -4,6 +4,7 @@ or fetched by id, and the clients go on with the topics they may use."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import confluent_kafka as ck
@@ -109,35 +110,37 @@ def test_in_a_group_of_differently_filtered_members_every_partition_is_read(
         # The unfiltered member joins first and leads; the range assignor then gives the
         # filtered one ("app-..." sorts first) the first partition of each topic it
         # subscribes to.
-        ops = member("ops-1")
-        deadline = time.monotonic() + 60
-        while not ops.assignment() and time.monotonic() < deadline:
-            poll("ops", ops)
-        app = member("app-1")
+        with contextlib.ExitStack() as members:
+            ops = member("ops-1")
+            members.callback(ops.close)
+            deadline = time.monotonic() + 60
+            while not ops.assignment() and time.monotonic() < deadline:
+                poll("ops", ops)
+            app = member("app-1")
+            members.callback(app.close)  # closed first, also after a failed assertion
 
-        def settled() -> bool:
-            """Both members hold partitions, and none twice: the rebalance is over."""
-            mine, theirs = app.assignment(), ops.assignment()
-            return bool(mine and theirs) and not mine & theirs and len(mine | theirs) >= 3
+            def settled() -> bool:
+                """Both members hold partitions, and none twice: the rebalance is over."""
+                mine, theirs = app.assignment(), ops.assignment()
+                return bool(mine and theirs) and not mine & theirs and len(mine | theirs) >= 3
 
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and not settled():
-            poll("ops", ops)
-            poll("app", app)
-        assert app.assignment() == {TopicPartition(orders, 0)}
-        assert ops.assignment() == {TopicPartition(orders, 1), TopicPartition(payroll, 0),
-                                    TopicPartition(payroll, 1)}
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline and not settled():
+                poll("ops", ops)
+                poll("app", app)
+            seen = f"app holds {app.assignment()}, ops holds {ops.assignment()}"
+            assert app.assignment() == {TopicPartition(orders, 0)}, seen
+            assert ops.assignment() == {TopicPartition(orders, 1), TopicPartition(payroll, 0),
+                                        TopicPartition(payroll, 1)}, seen
 
-        producer = ck.Producer({"bootstrap.servers": kafka.bootstrap})
-        for topic in (orders, payroll):
-            for i in range(10):
-                producer.produce(topic, f"{topic}-{i}".encode(), partition=i % 2)
-        assert producer.flush(20) == 0
-        while time.monotonic() < deadline and len(got["ops"]) + len(got["app"]) < 20:
-            poll("ops", ops)
-            poll("app", app)
-        app.close()
-        ops.close()
+            producer = ck.Producer({"bootstrap.servers": kafka.bootstrap})
+            for topic in (orders, payroll):
+                for i in range(10):
+                    producer.produce(topic, f"{topic}-{i}".encode(), partition=i % 2)
+            assert producer.flush(20) == 0
+            while time.monotonic() < deadline and len(got["ops"]) + len(got["app"]) < 20:
+                poll("ops", ops)
+                poll("app", app)
     assert sorted(v for t, v in got["ops"] if t == payroll) == sorted(
         f"{payroll}-{i}".encode() for i in range(10))
     assert {t for t, _ in got["app"]} == {orders}
