@@ -12,8 +12,9 @@ Workloads: Kafka's ProducerPerformance with 1 KiB and 100 KiB records (acks=all)
 ConsumerPerformance, and a librdkafka producer (twice the records). Reported per target: throughput ratio to
 direct, added p50/p99 of a request-response loop, CPU seconds per GB moved and millicores
 per MB/s of produce traffic (the proxy process only, from /proc), and peak RSS.
-Targets run in turn inside each round so drift hits all alike, each round starting with
-the next target; a ratio is the median over rounds of the target's rate over direct's in
+Inside each round the workloads come one by one, every target's run of a workload right
+after the last target's (this host's speed swings 2x within minutes: a target's run is
+then close in time to direct's), each round starting with the next target; a ratio is the median over rounds of the target's rate over direct's in
 the same round, printed with the rounds' range. A peer that fails under a workload is
 reported as such and left out of that workload from then on.
 """
@@ -240,28 +241,37 @@ def main() -> None:
                 proc, addr = start(kafka.bootstrap)
                 targets.append(Target(name, addr, proc,
                                       TENANT_PREFIX if name.endswith("+tenant") else ""))
+            small_mb, big_mb = args.records * 1024 / 1e6, big * 102400 / 1e6
+            # Twice the records of the Java producer's: librdkafka moves them 3-5x as
+            # fast, and a run under a second is mostly its start and its last flush
+            # (spread of 2x between rounds, direct included).
+            rd_records = args.records * 2
             for r in range(args.rounds):
-                for t in rotated(targets, r):
+                topics = {}
+                for t in targets:
                     safe = t.name.replace("+", "-")  # topic names: [a-zA-Z0-9._-]
-                    small_topic, big_topic, rd_topic = (f"peers-{kind}-{safe}-{r}"
-                                                        for kind in ("1k", "100k", "rd"))
-                    for topic in (small_topic, big_topic, rd_topic):
+                    topics[t.name] = small, large, rd = tuple(
+                        f"peers-{kind}-{safe}-{r}" for kind in ("1k", "100k", "rd"))
+                    for topic in (small, large, rd):
                         kafka.create_topic(t.topic_prefix + topic, partitions=3)
-                    small_mb, big_mb = args.records * 1024 / 1e6, big * 102400 / 1e6
-                    run_workload(t, "produce 1 KiB", lambda t=t, tp=small_topic: produce_rate(
-                        kafka, t.address, tp, args.records, 1024, timeout=120), small_mb, True, r)
-                    run_workload(t, "consume 1 KiB", lambda t=t, tp=small_topic: consume_rate(
-                        kafka, t.address, tp, args.records), small_mb, False, r)
-                    run_workload(t, "produce 100 KiB", lambda t=t, tp=big_topic: produce_rate(
-                        kafka, t.address, tp, big, 102400, timeout=120), big_mb, True, r)
-                    # Twice the records of the Java producer's: librdkafka moves them
-                    # 3-5x as fast, and a run under a second is mostly its start and its
-                    # last flush (spread of 2x between rounds, direct included).
-                    rd_records = args.records * 2
-                    run_workload(t, "librdkafka produce 1 KiB",
-                                 lambda t=t, tp=rd_topic, n=rd_records: librdkafka_rate(
-                                     t.address, tp, n),
-                                 rd_records * 1024 / 1e6, True, r)
+                # Workload by workload, every target's run of it one after the other:
+                # this host's speed swings 2x within minutes, so a target's run and
+                # direct's are paired best when they are close in time.
+                for metric, megabytes, produce, run in (
+                        ("produce 1 KiB", small_mb, True,
+                         lambda t, tp: produce_rate(kafka, t.address, tp[0], args.records,
+                                                    1024, timeout=120)),
+                        ("consume 1 KiB", small_mb, False,
+                         lambda t, tp: consume_rate(kafka, t.address, tp[0], args.records)),
+                        ("produce 100 KiB", big_mb, True,
+                         lambda t, tp: produce_rate(kafka, t.address, tp[1], big, 102400,
+                                                    timeout=120)),
+                        ("librdkafka produce 1 KiB", rd_records * 1024 / 1e6, True,
+                         lambda t, tp: librdkafka_rate(t.address, tp[2], rd_records))):
+                    for t in rotated(targets, r):
+                        run_workload(t, metric,
+                                     lambda t=t, run=run, tp=topics[t.name]: run(t, tp),
+                                     megabytes, produce, r)
             lat: dict[str, list[float]] = {}
             for t in targets:
                 try:
