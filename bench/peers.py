@@ -14,8 +14,9 @@ direct, added p50/p99 of a request-response loop, CPU seconds per GB moved and m
 per MB/s of produce traffic (the proxy process only, from /proc), and peak RSS.
 Inside each round the workloads come one by one, every target's run of a workload right
 after the last target's (this host's speed swings 2x within minutes: a target's run is
-then close in time to direct's), each round starting with the next target; a ratio is the median over rounds of the target's rate over direct's in
-the same round, printed with the rounds' range. A peer that fails under a workload is
+then close in time to direct's), each round starting with the next target; a ratio is
+the median over rounds of the target's rate over direct's in the same round, printed
+with the rounds' range. A peer that fails under a workload is
 reported as such and left out of that workload from then on.
 """
 
@@ -250,9 +251,9 @@ def main() -> None:
                 topics = {}
                 for t in targets:
                     safe = t.name.replace("+", "-")  # topic names: [a-zA-Z0-9._-]
-                    topics[t.name] = small, large, rd = tuple(
-                        f"peers-{kind}-{safe}-{r}" for kind in ("1k", "100k", "rd"))
-                    for topic in (small, large, rd):
+                    topics[t.name] = tuple(f"peers-{kind}-{safe}-{r}"
+                                           for kind in ("1k", "100k", "rd"))
+                    for topic in topics[t.name]:
                         kafka.create_topic(t.topic_prefix + topic, partitions=3)
                 # Workload by workload, every target's run of it one after the other:
                 # this host's speed swings 2x within minutes, so a target's run and

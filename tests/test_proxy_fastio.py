@@ -13,7 +13,7 @@ import trio
 import trio.testing
 
 from gatehouse.proxy.fastio import _GATHER_MIN, _YIELD_EVERY, FastStream, PipePool
-from tests.support.fakebroker import tcp_pair
+from tests.support.fakebroker import notsent_lowat, tcp_pair
 
 
 async def test_bytes_arrive_whole_past_the_socket_buffers() -> None:
@@ -347,20 +347,13 @@ async def test_peek_at_looks_ahead_and_leaves_every_byte_in_the_socket(
         stream.peek_at(0, 10)
 
 
-_NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)
-
-
-def _notsent_lowat(stream: trio.SocketStream) -> int:
-    return int(stream.getsockopt(socket.IPPROTO_TCP, _NOTSENT_LOWAT))
-
-
 async def test_a_fast_stream_gives_its_tcp_socket_the_systems_send_queue() -> None:
     """trio's SocketStream caps what waits unsent at 16 KiB (TCP_NOTSENT_LOWAT); the
     proxy's streams, plain or TLS over TCP, take the system's setting back (0)."""
     a, b = await tcp_pair()
-    assert _notsent_lowat(a) == 16384  # trio's own, which the proxy undoes
+    assert notsent_lowat(a) == 16384  # trio's own, which the proxy undoes
     FastStream(a)
-    assert _notsent_lowat(a) == 0
+    assert notsent_lowat(a) == 0
     # TLS: the socket under the TLS stream.
     import ssl
 
@@ -373,9 +366,9 @@ async def test_a_fast_stream_gives_its_tcp_socket_the_systems_send_queue() -> No
     ca.configure_trust(client_ctx)
     c, d = await tcp_pair()
     tls = trio.SSLStream(c, client_ctx, server_hostname="broker.test")
-    assert _notsent_lowat(c) == 16384
+    assert notsent_lowat(c) == 16384
     FastStream(tls)
-    assert _notsent_lowat(c) == 0
+    assert notsent_lowat(c) == 0
     FastStream(trio.testing.memory_stream_pair()[0])  # no socket under it: nothing to do
     for stream in (a, b, c, d):
         await stream.aclose()

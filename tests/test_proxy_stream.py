@@ -9,7 +9,6 @@ import contextlib
 import fcntl
 import itertools
 import logging
-import socket
 import struct
 import termios
 import uuid
@@ -29,7 +28,7 @@ from gatehouse.proxy.config import Limits
 from gatehouse.proxy.connection import _RECEIVE_SIZE, _SPLICE_READ
 from gatehouse.proxy.hooks import CLIENT_CLOSED, Forward, Observers, Policy
 from gatehouse.proxy.quotas import Bucket, Charge
-from tests.support.fakebroker import frame_bytes, request, response_body
+from tests.support.fakebroker import frame_bytes, notsent_lowat, request, response_body
 from tests.test_proxy_pumps import Harness, Recorder, proxied
 
 FETCH_VERSION = 17
@@ -109,7 +108,6 @@ async def test_a_large_answer_reaches_the_client_before_its_last_byte_leaves_the
         assert_spliced(h, tcp)
 
 
-NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)
 SIOCOUTQNSD = 0x894B  # Linux: bytes in a TCP socket's send queue not yet sent
 
 
@@ -127,7 +125,7 @@ async def test_a_large_answer_leaves_the_proxy_whole_before_the_client_reads() -
     time the client reads one, and then arrives byte for byte."""
     async with proxied(no_answer, tcp=True) as h:
         for stream in (h.pumps.client, h.pumps.upstream):
-            assert stream.getsockopt(socket.IPPROTO_TCP, NOTSENT_LOWAT) == 0
+            assert notsent_lowat(stream) == 0
         await send_fetch(h, 1)
         wire = fetch_answer(1)
         async with trio.open_nursery() as nursery:

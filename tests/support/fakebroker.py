@@ -6,6 +6,7 @@ live in tests/integration.
 
 from __future__ import annotations
 
+import socket
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -113,3 +114,9 @@ async def tcp_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
     server, _ = await listener.accept()
     listener.close()
     return trio.SocketStream(client), trio.SocketStream(server)
+
+
+def notsent_lowat(stream: trio.SocketStream) -> int:
+    """The socket's TCP_NOTSENT_LOWAT: trio sets 16384, the proxy gives back 0."""
+    option = getattr(socket, "TCP_NOTSENT_LOWAT", 25)  # Linux's number
+    return int(stream.getsockopt(socket.IPPROTO_TCP, option))
