@@ -1,7 +1,8 @@
 """Only the C extensions: everything else is in pyproject.toml.
 
 ``gatehouse.codecs._speedups`` holds C versions of the byte readers on the proxy's hot
-path (gatehouse/codecs/_speedups.c), ``gatehouse.metrics._counting`` the metrics' counting
+path (gatehouse/codecs/_speedups.c), ``gatehouse.codecs._decoder`` the compiled decoders
+(gatehouse/codecs/_decoder.c), ``gatehouse.metrics._counting`` the metrics' counting
 of the usual exchange (gatehouse/metrics/_counting.c), ``gatehouse.capture._records`` the
 observation log's JSON lines (gatehouse/capture/_records.c).  All are optional: where no C
 compiler is found the build goes on without them and the Python code, which gives the
@@ -15,6 +16,12 @@ setup(
         Extension(
             "gatehouse.codecs._speedups",
             sources=["gatehouse/codecs/_speedups.c"],
+            optional=True,
+            extra_compile_args=["-Wall", "-Wextra", "-Wno-unused-parameter"],
+        ),
+        Extension(
+            "gatehouse.codecs._decoder",
+            sources=["gatehouse/codecs/_decoder.c"],
             optional=True,
             extra_compile_args=["-Wall", "-Wextra", "-Wno-unused-parameter"],
         ),

@@ -1,9 +1,11 @@
 """Arrays of number-only structs decoded lazily (``codecs.FlatRecords``).
 
-A Metadata response's partitions are checked at decode and kept as their bytes; these
-tests hold that the lazy array is, for every reader, the tuple an eager decode gives,
-that re-encoding writes its bytes back only where they mean the same thing, and that the
-metrics read its error codes without building records.
+The generated Python decoder checks a Metadata response's partitions at decode and
+keeps them as their bytes; these tests hold that the lazy array is, for every reader,
+the tuple an eager decode gives, that re-encoding writes its bytes back only where they
+mean the same thing, and that the metrics read its error codes without building records.
+(The C decoder builds the records at once into the same FlatRecords: tests/
+test_codec_native.py; here it is turned off, ``python_decoder``.)
 """
 
 from __future__ import annotations
@@ -18,9 +20,17 @@ from hypothesis import strategies as st
 
 from gatehouse import codecs
 from gatehouse.codecs import _flat
+from gatehouse.codecs._compile import message_codec
 from gatehouse.metrics import error_codes
 
 METADATA = 3
+
+
+@pytest.fixture(autouse=True)
+def python_decoder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Metadata responses decoded by the generated Python decoder (lazy partitions)."""
+    for version in codecs.api(METADATA).response.valid:
+        monkeypatch.setattr(message_codec(codecs.api(METADATA).response, version), "decode_native", None)
 
 
 def _partition(index: int, error: int = 0, replicas: int = 3) -> dict[str, Any]:

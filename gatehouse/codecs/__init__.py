@@ -11,9 +11,11 @@ The façade::
 
 Headers are decoded eagerly, bodies on first access (``req.body``), and an unchanged
 message encodes as its original bytes.  Arrays are tuples, except arrays of three or
-more number-only structs of one layout (Metadata's partitions): those are checked at
-decode and kept as ``FlatRecords``, a read-only sequence equal to the tuple of its
-records, built when first read.  Every error is a ``ProtocolError``.
+more number-only structs (Metadata's partitions): those are ``FlatRecords``, a read-only
+sequence equal to the tuple of its records that an unchanged message writes back as its
+bytes (the C decoder, ``_decoder.c``, builds the records at once; the generated Python
+decoder checks the bytes and builds them when first read).  Every error is a
+``ProtocolError``.
 """
 
 from gatehouse.codecs import consumer, records

@@ -37,6 +37,7 @@ from gatehouse.codecs._flat import (
     flat_probe,
     flat_shape,
 )
+from gatehouse.codecs._native import decoder as _c_decoder
 from gatehouse.codecs.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from gatehouse.codecs.primitives import read_uvarint, uvarint_bytes
 from gatehouse.codecs.primitives import write_tag_section as _write_tags
@@ -230,6 +231,9 @@ class MessageCodec:
     encode_spliced: Callable[[bytearray, Any, Any, memoryview, tuple[int, ...]], None]
     # the generated functions by name (d_<struct>, e_<struct>, b_<struct>...), for tests
     functions: dict[str, Any]
+    # The same decoder in C (_decoder.c) where built: like ``decode``, or None where the
+    # bytes are not a valid message (``decode`` then says why).
+    decode_native: Callable[[memoryview], tuple[Any, int, tuple[int, ...]] | None] | None = None
 
 
 class _Compiler:
@@ -996,7 +1000,64 @@ class _Compiler:
             encode=namespace[f"e_{root.name}"],
             encode_spliced=namespace[f"es_{_ROOT}"],
             functions=namespace,
+            decode_native=self.native_decoder() if self.fast_paths else None,
         )
+
+    # -- the C decoder's programs (_decoder.c) -----------------------------------------
+
+    def native_decoder(self) -> Callable[[memoryview], Any] | None:
+        """``decode`` in C, from a program per struct made of the same tables."""
+        if _c_decoder is None:
+            return None
+        program = self.native_program(self.message.root, {})
+        return functools.partial(_c_decoder.decode, program)
+
+    def native_program(self, struct: StructSpec, made: dict[str, Any]) -> Any:
+        """The program of ``struct`` in this version (see _decoder.c: make_program)."""
+        assert _c_decoder is not None
+        program = made.get(struct.name)
+        if program is not None:
+            return program
+        v = self.version
+        ops: list[tuple[Any, ...]] = []
+        tags: list[tuple[Any, ...]] = []
+        for slot, f in enumerate(struct.fields):
+            if v not in f.versions:
+                continue
+            if f.tagged_in(v):  # a tagged value is read as in a flexible version
+                tags.append((*self.native_op(slot, f, True, made), f.tag))
+            else:
+                ops.append(self.native_op(slot, f, self.flexible_for(f), made))
+        program = made[struct.name] = _c_decoder.program(
+            struct.cls, tuple(f.default for f in struct.fields), self.flexible, tuple(ops), tuple(tags))
+        return program
+
+    def native_op(self, slot: int, f: FieldSpec, compact: bool, made: dict[str, Any]) -> tuple[Any, ...]:
+        """(slot, kind, nullable, compact, element kind, code or program, bulk kind)."""
+        if f.struct is not None:
+            kind, arg = _NATIVE_STRUCT, self.native_program(f.struct, made)
+        elif f.type == "uuid":
+            kind, arg = _NATIVE_KINDS["uuid"], None
+        elif f.type in _INTS:
+            kind, arg = _NATIVE_KINDS["number"], _FIXED[f.type][0]
+        else:
+            kind, arg = _NATIVE_KINDS[f.type], None
+        nullable = f.nullable_in(self.version)
+        if not f.is_array:
+            return (slot, kind, nullable, compact, 0, arg, None)
+        flat = None
+        if f.struct is not None and f.struct.name in self.flat:
+            self.flat_kind(f.struct)
+            flat = self.flat_kinds[f.struct.name]
+        return (slot, _NATIVE_ARRAY, nullable, compact, kind, arg, flat)
+
+
+# The kinds of _decoder.c's ops.
+_NATIVE_KINDS: Final = {"number": 0, "uuid": 1, "string": 2, "bytes": 3, "records": 4}
+_NATIVE_ARRAY: Final = 5
+_NATIVE_STRUCT: Final = 6
+if _c_decoder is not None:
+    _c_decoder.configure(uuid.UUID, _SAFE_UNKNOWN, ZERO_UUID, FlatRecords)
 
 
 _CONST_REF: Final = re.compile(r"\bK\[(\d+)\]")

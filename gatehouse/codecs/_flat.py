@@ -215,12 +215,15 @@ class FlatRecords(Sequence[Any]):
     records (and hashes like it); ``column`` reads one field of every element without
     making records, and an encoder of the same struct and version writes ``raw`` back
     as it is.  ``records()`` is that tuple.
+
+    The C decoder (_decoder.c) makes these with the records already built (``_items``
+    set, ``_shape`` None, ``raw`` a copy of the bytes), for arrays of any layouts.
     """
 
     __slots__ = ("_items", "_n", "_shape", "kind", "raw")
 
     def __init__(self, raw: Any, n: int, shape: Shape, kind: tuple[Any, FlatLayout]) -> None:
-        self.raw = raw  # the elements' bytes (a read-only view of the frame)
+        self.raw = raw  # the elements' bytes (a read-only view of the frame, or a copy)
         self._n = n
         self._shape = shape
         self.kind = kind  # (record class, layout): the same object for one struct and version
@@ -249,7 +252,8 @@ class FlatRecords(Sequence[Any]):
     def column(self, name: str) -> list[Any]:
         """Field ``name`` of every element, in order, without building the records."""
         index = self.kind[0]._fields.index(name)
-        return list(map(operator.itemgetter(index), self._rows()))
+        rows = self._items if self._items is not None else self._rows()
+        return list(map(operator.itemgetter(index), rows))
 
     def __len__(self) -> int:
         return self._n
@@ -262,7 +266,8 @@ class FlatRecords(Sequence[Any]):
         return self.records()[index]
 
     def __iter__(self) -> Iterator[Any]:
-        return iter(self.records())
+        items = self._items  # built (always, after the C decoder): no call to records()
+        return iter(items if items is not None else self.records())
 
     def __reversed__(self) -> Iterator[Any]:
         return iter(self.records()[::-1])

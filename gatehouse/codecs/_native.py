@@ -23,5 +23,16 @@ else:
         python_reason = (f"the C module was not built ({exc}): install with a C compiler "
                          "for the faster readers")
 
+# The compiled decoders in C (_decoder.c, built with _speedups), or None: then the
+# generated Python decoders run alone.  Both give the same records
+# (tests/test_codec_native.py); where the C one refuses a frame, the Python one reads it
+# again and says why.
+decoder: ModuleType | None = None
+if not PYTHON_ASKED:
+    try:
+        from gatehouse.codecs import _decoder as decoder
+    except ImportError:
+        decoder = None
+
 # "c" or "python": the ``byte_readers`` label of gatehouse_info.
 BYTE_READERS: Final = "python" if speedups is None else "c"

@@ -76,6 +76,8 @@ def _field_table(spec: Mapping[str, Any]) -> tuple[Any, ...]:
             value = spec[key]
             if key == "default":
                 value = str(value)
+            if key == "tag":  # a number; one 4.0 spec writes it as a string ("0")
+                value = int(value)
             if key in ("ignorable", "mapKey"):
                 value = bool(value)
                 if not value:

@@ -11,7 +11,8 @@ The splitter gets the bytes in chunks whose sizes come from the input's length; 
 is decoded (header, then body), turned into a plain dict and built again.  The codec may
 refuse bytes only with its own ``ProtocolError``; any other exception is a crash.  The
 hot path's byte readers read every Produce and Fetch frame too, in C and in Python, and
-must agree (``check_readers``).
+must agree (``check_readers``), and so must the C and Python decoders
+(``check_decoders``).
 ``check_input`` is also what tests/reliability/test_fuzz.py replays for each saved crash.
 """
 
@@ -114,6 +115,22 @@ def check_readers(frame: bytes, api_key: int, api_version: int, request: bool) -
             "C and Python record counts differ"
 
 
+def check_decoders(msg: codecs.Request | codecs.Response) -> None:
+    """The C decoder (gatehouse/codecs/_decoder.c) reads the body as the generated Python
+    decoder does, or refuses (None) what that one refuses."""
+    codec = msg._codec()
+    if codec.decode_native is None or msg._frame is None:
+        return
+    view = memoryview(msg._frame)[msg._body_offset:]
+    c = codec.decode_native(view)
+    try:
+        python = codec.decode(view)
+    except codecs.ProtocolError:
+        assert c is None, "the C decoder reads a body the Python decoder refuses"
+        return
+    assert c == python, "the C and Python decoders differ"
+
+
 def _request(frame: bytes) -> None:
     if len(frame) >= 4:
         api_key, api_version = _KEY_VERSION.unpack_from(frame)
@@ -122,6 +139,7 @@ def _request(frame: bytes) -> None:
         req = codecs.decode_request(frame)
         if not req.known:
             return
+        check_decoders(req)
         req.body  # noqa: B018 - the full decode is the test
     except codecs.ProtocolError:
         return
@@ -138,6 +156,7 @@ def _response(frame: bytes, api_key: int, api_version: int) -> None:
         resp = codecs.decode_response(frame, api_key, api_version)
         if not resp.known:
             return
+        check_decoders(resp)
         resp.body  # noqa: B018
     except codecs.ProtocolError:
         return
