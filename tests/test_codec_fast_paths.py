@@ -104,24 +104,30 @@ def _outcome(codec: MessageCodec, frame: bytes) -> Any:
     return (_typed(body), end, spans)
 
 
+def random_frame(codec: MessageCodec, rng: random.Random, uniform: bool) -> tuple[Any, bytes]:
+    """A random body of the codec's message and its bytes: with ``uniform``, the arrays of
+    bulk-read structs hold runs of one layout; without, arrays of 0-3 of anything."""
+    message, version = codec.message, codec.version
+    flexible = message.is_flexible(version)
+    if uniform:
+        body = _uniform_struct(message.root, version, flexible, rng, _flat_structs(message, version))
+    else:
+        body = random_struct(message.root, version, flexible, rng)
+    out = bytearray()
+    codec.encode(out, body)
+    return body, bytes(out)
+
+
 @pytest.mark.parametrize(("api_key", "version", "direction"), FAST_CASES,
                          ids=[case_id(c) for c in FAST_CASES])
 def test_fast_paths_give_the_records_and_errors_of_the_plain_decoder(
         api_key: int, version: int, direction: str) -> None:
     message = message_spec(api_key, direction)
-    flexible = message.is_flexible(version)
-    flat = _flat_structs(message, version)
     fast = message_codec(message, version)
     plain = _Compiler(message, version, fast_paths=False).compile()
     rng = random.Random(f"{api_key}/{version}/{direction}")
     for i in range(12):
-        if i % 3 == 2:  # arrays of 0-3 of anything, often empty
-            body = random_struct(message.root, version, flexible, rng)
-        else:
-            body = _uniform_struct(message.root, version, flexible, rng, flat)
-        out = bytearray()
-        fast.encode(out, body)
-        frame = bytes(out)
+        body, frame = random_frame(fast, rng, uniform=i % 3 != 2)
         decoded, end, _ = fast.decode(memoryview(frame))
         assert decoded == body and end == len(frame)
         assert _outcome(fast, frame) == _outcome(plain, frame)

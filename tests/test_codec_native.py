@@ -25,9 +25,9 @@ import pytest
 from gatehouse import codecs
 from gatehouse.codecs import _native
 from gatehouse.codecs._compile import MessageCodec, _Compiler, message_codec
-from tests.codec_strategies import ALL_CASES, case_id, message_spec, random_struct
+from tests.codec_strategies import ALL_CASES, case_id, message_spec
 from tests.reliability.fuzz_codec import mutate
-from tests.test_codec_fast_paths import _flat_structs, _metadata_response, _typed, _uniform_struct
+from tests.test_codec_fast_paths import _metadata_response, _typed, random_frame
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,19 +60,10 @@ def _native_outcome(codec: MessageCodec, frame: bytes) -> Any:
 @pytest.mark.parametrize(("api_key", "version", "direction"), ALL_CASES, ids=map(case_id, ALL_CASES))
 def test_the_c_decoder_reads_what_the_python_decoder_reads(
         api_key: int, version: int, direction: str) -> None:
-    message = message_spec(api_key, direction)
-    flexible = message.is_flexible(version)
-    flat = _flat_structs(message, version)
-    codec = message_codec(message, version)
+    codec = message_codec(message_spec(api_key, direction), version)
     rng = random.Random(f"native/{api_key}/{version}/{direction}")
     for i in range(6):
-        if i % 2:
-            body = random_struct(message.root, version, flexible, rng)
-        else:
-            body = _uniform_struct(message.root, version, flexible, rng, flat)
-        out = bytearray()
-        codec.encode(out, body)
-        frame = bytes(out)
+        _, frame = random_frame(codec, rng, uniform=i % 2 == 0)
         expected = _python(codec, frame)
         assert expected is not None and expected[1] == len(frame)
         assert _native_outcome(codec, frame) == expected
