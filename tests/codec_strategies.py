@@ -4,11 +4,13 @@ the same tables the codec compiles (so a new API version is covered automaticall
 from __future__ import annotations
 
 import random
+import struct
 import uuid
 from typing import Any
 
 from hypothesis import strategies as st
 
+from gatehouse.codecs._flat import FlatRecords
 from gatehouse.codecs.frames import Request, Response, decode_request, decode_response
 from gatehouse.codecs.plain import request_from_dict, response_from_dict
 from gatehouse.codecs.schema import APIS, FieldSpec, MessageSpec, StructSpec
@@ -195,3 +197,18 @@ def random_struct(struct: StructSpec, version: int, flexible: bool, rng: random.
 
 def random_body(message: MessageSpec, version: int, rng: random.Random) -> Any:
     return random_struct(message.root, version, message.is_flexible(version), rng)
+
+
+def exact(value: Any) -> Any:
+    """``value`` with the type of every part spelled out (True is not 1), floats by their
+    bits (a NaN is not equal to another NaN) and views by their bytes: two decoders'
+    results compare equal exactly when they are the same."""
+    if isinstance(value, float):
+        return ("float", struct.pack(">d", value))
+    if isinstance(value, FlatRecords):  # an array, maybe built when read
+        return ("tuple", tuple(exact(v) for v in value.records()))
+    if isinstance(value, tuple):
+        return (type(value).__name__, tuple(exact(v) for v in value))
+    if isinstance(value, memoryview):
+        return ("memoryview", value.tobytes())
+    return (type(value).__name__, value)

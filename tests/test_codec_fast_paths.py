@@ -24,7 +24,14 @@ from gatehouse import codecs
 from gatehouse.codecs import _flat
 from gatehouse.codecs._compile import MessageCodec, _Compiler, generated_source, message_codec
 from gatehouse.codecs.schema import MessageSpec, StructSpec
-from tests.codec_strategies import ALL_CASES, case_id, message_spec, random_scalar, random_struct
+from tests.codec_strategies import (
+    ALL_CASES,
+    case_id,
+    exact,
+    message_spec,
+    random_scalar,
+    random_struct,
+)
 
 
 def _flat_structs(message: MessageSpec, version: int) -> set[str]:
@@ -85,23 +92,12 @@ def _flat_run(struct: StructSpec, version: int, flexible: bool, rng: random.Rand
     return tuple(items)
 
 
-def _typed(value: Any) -> Any:
-    """``value`` with the type of every part spelled out (True is not 1, 1.0 is not 1)."""
-    if isinstance(value, codecs.FlatRecords):  # an array, built when read
-        return ("tuple", tuple(_typed(v) for v in value.records()))
-    if isinstance(value, tuple):
-        return (type(value).__name__, tuple(_typed(v) for v in value))
-    if isinstance(value, memoryview):
-        return ("memoryview", value.tobytes())
-    return (type(value).__name__, value)
-
-
 def _outcome(codec: MessageCodec, frame: bytes) -> Any:
     try:
         body, end, spans = codec.decode(memoryview(frame))
     except codecs.ProtocolError as exc:
         return (type(exc), exc.reason, exc.path, exc.offset)
-    return (_typed(body), end, spans)
+    return (exact(body), end, spans)
 
 
 def random_frame(codec: MessageCodec, rng: random.Random, uniform: bool) -> tuple[Any, bytes]:

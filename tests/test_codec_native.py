@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 
 from gatehouse import codecs
-from gatehouse.codecs import _native
+from gatehouse.codecs import _native, consumer
 from gatehouse.codecs._compile import MessageCodec, _Compiler, message_codec
-from tests.codec_strategies import ALL_CASES, case_id, message_spec
+from tests.codec_strategies import ALL_CASES, case_id, exact, message_spec
 from tests.reliability.fuzz_codec import mutate
-from tests.test_codec_fast_paths import _metadata_response, _typed, random_frame
+from tests.test_codec_fast_paths import _metadata_response, random_frame
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,7 +45,7 @@ def _python(codec: MessageCodec, frame: bytes) -> Any:
         body, end, spans = codec.decode(memoryview(frame))
     except codecs.ProtocolError:
         return None
-    return (_typed(body), end, spans)
+    return (exact(body), end, spans)
 
 
 def _native_outcome(codec: MessageCodec, frame: bytes) -> Any:
@@ -54,14 +54,21 @@ def _native_outcome(codec: MessageCodec, frame: bytes) -> Any:
     if decoded is None:
         return None
     body, end, spans = decoded
-    return (_typed(body), end, spans)
+    return (exact(body), end, spans)
 
 
-@pytest.mark.parametrize(("api_key", "version", "direction"), ALL_CASES, ids=map(case_id, ALL_CASES))
+# Every request and response, and the consumer protocol's payloads.
+CASES = [(message_spec(key, direction), version) for key, version, direction in ALL_CASES] + [
+    (spec, version) for spec in (consumer.SUBSCRIPTION, consumer.ASSIGNMENT) for version in spec.valid]
+IDS = [case_id(case) for case in ALL_CASES] + [f"{spec.name}-v{version}"
+                                               for spec, version in CASES[len(ALL_CASES):]]
+
+
+@pytest.mark.parametrize(("message", "version"), CASES, ids=IDS)
 def test_the_c_decoder_reads_what_the_python_decoder_reads(
-        api_key: int, version: int, direction: str) -> None:
-    codec = message_codec(message_spec(api_key, direction), version)
-    rng = random.Random(f"native/{api_key}/{version}/{direction}")
+        message: codecs.MessageSpec, version: int) -> None:
+    codec = message_codec(message, version)
+    rng = random.Random(f"native/{message.name}/{version}")
     for i in range(6):
         _, frame = random_frame(codec, rng, uniform=i % 2 == 0)
         expected = _python(codec, frame)

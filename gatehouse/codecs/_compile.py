@@ -235,6 +235,12 @@ class MessageCodec:
     # bytes are not a valid message (``decode`` then says why).
     decode_native: Callable[[memoryview], tuple[Any, int, tuple[int, ...]] | None] | None = None
 
+    def read(self, buf: memoryview) -> tuple[Any, int, tuple[int, ...]]:
+        """``decode`` by the C decoder where built; where it refuses the bytes, the Python
+        one reads them again and raises the error with its field path and offset."""
+        decoded = None if self.decode_native is None else self.decode_native(buf)
+        return self.decode(buf) if decoded is None else decoded
+
 
 class _Compiler:
     def __init__(self, message: MessageSpec, version: int, *, fast_paths: bool = True) -> None:

@@ -53,7 +53,7 @@ def _decode(spec: MessageSpec, data: Buffer) -> ConsumerProtocolData:
         raise RemoteProtocolError(f"{spec.name}: unsupported version {version}", offset=0)
     read_as = min(version, spec.valid.hi)
     try:
-        body, end, _ = message_codec(spec, read_as).decode(view[2:])
+        body, end, _ = message_codec(spec, read_as).read(view[2:])
     except ProtocolError as exc:
         if exc.offset is not None:
             exc.offset += 2

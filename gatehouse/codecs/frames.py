@@ -208,10 +208,7 @@ class _Message:
         codec = self._codec()
         view = _readonly(self._frame)[self._body_offset :]
         try:
-            # The C decoder where built; where it refuses the bytes, the Python one
-            # reads them again and raises the error with its field path.
-            decoded = None if codec.decode_native is None else codec.decode_native(view)
-            body, end, spans = codec.decode(view) if decoded is None else decoded
+            body, end, spans = codec.read(view)
         except ProtocolError as exc:
             if exc.offset is not None:
                 exc.offset += self._body_offset
