@@ -24,7 +24,7 @@ import pytest
 
 from gatehouse import codecs
 from gatehouse.codecs import _native, consumer
-from gatehouse.codecs._compile import MessageCodec, _Compiler, message_codec
+from gatehouse.codecs._compile import MessageCodec, _Compiler, message_codec, new_output
 from tests.codec_strategies import ALL_CASES, case_id, exact, message_spec
 from tests.reliability.fuzz_codec import mutate
 from tests.test_codec_fast_paths import _metadata_response, random_frame
@@ -207,3 +207,143 @@ def test_edges_the_random_frames_seldom_reach(api_key: int, version: int, frame:
     expected = _python(codec, frame)
     assert (expected is not None) == reads
     assert _native_outcome(codec, frame) == expected
+
+
+# -- the C encoder ----------------------------------------------------------------------
+
+_JUNK: list[Any] = [2**70, -(2**70), -1, 2**31, 40_000, "text", b"bytes", 1.5, None, True, (),
+                    uuid.UUID(int=1), object(), ["list"], "\udc80"]
+
+
+def _written(codec: MessageCodec, body: Any) -> tuple[str, Any]:
+    """What the C encoder makes of ``body``: ("bytes", the frame), or ("left", None) when it
+    leaves it to the Python encoder (then it must have written nothing)."""
+    assert codec.encode_native is not None
+    out = new_output()
+    out += b"head"
+    result = codec.encode_native(out, body)
+    if result is NotImplemented:
+        assert bytes(out) == b"head" and not out.holes, "a refused body left bytes behind"
+        return ("left", None)
+    assert result is None
+    return ("bytes", out.finish()[4:])
+
+
+def _python_written(codec: MessageCodec, body: Any) -> bytes | None:
+    out = new_output()
+    try:
+        codec.encode(out, body)
+    except codecs.ProtocolError:
+        return None
+    return out.finish()
+
+
+def _plain(struct: Any) -> Any:
+    """``struct`` without unknown tags and with every tagged field at its default (what
+    the C encoder writes itself), recursively."""
+    spec = type(struct)._spec
+    values = []
+    for f, value in zip(spec.fields, struct, strict=False):
+        if f.tag is not None:
+            value = f.default
+        elif isinstance(value, codecs.Record):
+            value = _plain(value)
+        elif type(value) is tuple and value and isinstance(value[0], codecs.Record):
+            value = tuple(_plain(v) for v in value)
+        values.append(value)
+    return type(struct)(*values, ())
+
+
+def _spoil(record: Any, rng: random.Random) -> Any:
+    """``record`` with one value somewhere in it replaced by junk."""
+    slot = rng.randrange(len(record))
+    value = record[slot]
+    if isinstance(value, codecs.Record) and rng.random() < 0.6:
+        value = _spoil(value, rng)
+    elif type(value) is tuple and value and isinstance(value[0], codecs.Record) and rng.random() < 0.6:
+        at = rng.randrange(len(value))
+        value = (*value[:at], _spoil(value[at], rng), *value[at + 1:])
+    else:
+        value = rng.choice(_JUNK)
+    items = list(record)
+    items[slot] = value
+    return tuple.__new__(type(record), items)
+
+
+@pytest.mark.parametrize(("message", "version"), CASES, ids=IDS)
+def test_the_c_encoder_writes_what_the_python_encoder_writes(
+        message: codecs.MessageSpec, version: int) -> None:
+    codec = message_codec(message, version)
+    rng = random.Random(f"native-encode/{message.name}/{version}")
+    taken = 0
+    for i in range(6):
+        body, frame = random_frame(codec, rng, uniform=i % 2 == 0)
+        kind, written = _written(codec, body)
+        assert kind == "left" or written == frame
+        plain = _plain(body)
+        kind, written = _written(codec, plain)
+        assert kind == "bytes" and written == _python_written(codec, plain)
+        taken += 1
+        # Decoded, then written again: FlatRecords (their bytes), views of the frame.
+        decoded = codec.read(memoryview(frame))[0]
+        kind, written = _written(codec, decoded)
+        assert kind == "left" or written == frame
+        for _ in range(6):
+            spoiled = _spoil(plain, rng)
+            kind, written = _written(codec, spoiled)
+            python = _python_written(codec, spoiled)
+            # Never bytes the Python encoder would not write: refused, or the same.
+            assert kind == "left" or written == python, (spoiled, written, python)
+    assert taken == 6
+
+
+def test_large_record_sets_stay_holes_and_flat_arrays_their_bytes() -> None:
+    payload = bytes(range(256)) * 128  # 32 KiB
+    body = {"responses": [{"topic_id": "00000000-0000-0000-0000-00000000abcd", "partitions": [
+        {"partition_index": p, "error_code": 0, "high_watermark": 10, "last_stable_offset": 10,
+         "log_start_offset": 0, "aborted_transactions": [], "preferred_read_replica": -1,
+         "records": payload} for p in range(3)]}]}
+    resp = codecs.response_from_dict({"header": {"correlation_id": 1}, "body": body},
+                                     api_key=1, api_version=18)
+    codec = message_codec(codecs.APIS[1].response, 18)
+    assert codec.encode_native is not None
+    out = new_output()
+    assert codec.encode_native(out, resp.body) is None
+    assert [len(data) for _, data in out.holes] == [len(payload)] * 3
+    assert all(data is payload for _, data in out.holes)  # referenced, not copied
+    assert out.finish() == _python_written(codec, resp.body)
+    # A Metadata answer decoded (partitions as FlatRecords), one topic renamed, written in full.
+    frame = _metadata_response([3] * 6, 13)
+    meta = message_codec(codecs.APIS[3].response, 13)
+    decoded = codecs.decode_response(frame, 3, 13).body
+    renamed = decoded.replace(topics=(decoded.topics[0].replace(name="renamed"),))
+    assert type(renamed.topics[0].partitions) is codecs.FlatRecords
+    assert _written(meta, renamed) == ("bytes", _python_written(meta, renamed))
+
+
+def test_encoding_leaks_nothing_written_or_refused() -> None:
+    codec = message_codec(codecs.APIS[1].response, 18)
+    rng = random.Random(11)
+    bodies = [_plain(random_frame(codec, rng, uniform=True)[0]) for _ in range(4)]
+    bodies += [_spoil(body, rng) for body in bodies for _ in range(10)]
+    big = codecs.response_from_dict({"header": {"correlation_id": 1}, "body": {"responses": [
+        {"topic_id": "00000000-0000-0000-0000-00000000abcd", "partitions": [
+            {"partition_index": p, "records": bytes(20_000)} for p in range(4)]}]}},
+        api_key=1, api_version=18).body
+    bodies += [big, _spoil(big, rng)]
+
+    def run() -> None:
+        for body in bodies:
+            _written(codec, body)
+
+    run()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(400):
+            run()
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    # 400 x 46 bodies, 1,600 holes: a leaked object a body or a hole would be 50+ KiB.
+    assert grown < 16 * 1024, grown

@@ -235,6 +235,16 @@ class MessageCodec:
     # bytes are not a valid message (``decode`` then says why).
     decode_native: Callable[[memoryview], tuple[Any, int, tuple[int, ...]] | None] | None = None
 
+    # The same encoder in C where built: like ``encode``, or NotImplemented (``out`` as it
+    # was) for values it leaves to ``encode`` (which writes them, or says what is wrong).
+    encode_native: Callable[[bytearray, Any], Any] | None = None
+
+    def write(self, out: bytearray, body: Any) -> None:
+        """``encode`` by the C encoder where built and it takes the values, else the
+        Python one."""
+        if self.encode_native is None or self.encode_native(out, body) is NotImplemented:
+            self.encode(out, body)
+
     def read(self, buf: memoryview) -> tuple[Any, int, tuple[int, ...]]:
         """``decode`` by the C decoder where built; where it refuses the bytes, the Python
         one reads them again and raises the error with its field path and offset."""
@@ -256,6 +266,7 @@ class _Compiler:
         self.structs: dict[str, StructSpec] = {}
         self.flat: dict[str, FlatLayout] = {}  # structs decoded in bulk in arrays
         self.flat_kinds: dict[str, tuple[Any, FlatLayout]] = {}
+        self.programs: dict[str, Any] = {}  # the C decoder's and encoder's, by struct
         self.src = _Src()
 
     # -- helpers -------------------------------------------------------------------
@@ -1007,6 +1018,7 @@ class _Compiler:
             encode_spliced=namespace[f"es_{_ROOT}"],
             functions=namespace,
             decode_native=self.native_decoder() if self.fast_paths else None,
+            encode_native=self.native_encoder() if self.fast_paths else None,
         )
 
     # -- the C decoder's programs (_decoder.c) -----------------------------------------
@@ -1015,8 +1027,13 @@ class _Compiler:
         """``decode`` in C, from a program per struct made of the same tables."""
         if _c_decoder is None:
             return None
-        program = self.native_program(self.message.root, {})
-        return functools.partial(_c_decoder.decode, program)
+        return functools.partial(_c_decoder.decode, self.native_program(self.message.root, self.programs))
+
+    def native_encoder(self) -> Callable[[bytearray, Any], Any] | None:
+        """``encode`` in C, from the same programs."""
+        if _c_decoder is None:
+            return None
+        return functools.partial(_c_decoder.encode, self.native_program(self.message.root, self.programs))
 
     def native_program(self, struct: StructSpec, made: dict[str, Any]) -> Any:
         """The program of ``struct`` in this version (see _decoder.c: make_program)."""
@@ -1034,8 +1051,12 @@ class _Compiler:
                 tags.append((*self.native_op(slot, f, True, made), f.tag))
             else:
                 ops.append(self.native_op(slot, f, self.flexible_for(f), made))
+        # Fields absent from the version that an encoder refuses to drop unless default.
+        absent = tuple(slot for slot, f in enumerate(struct.fields)
+                       if v not in f.versions and not f.ignorable)
         program = made[struct.name] = _c_decoder.program(
-            struct.cls, tuple(f.default for f in struct.fields), self.flexible, tuple(ops), tuple(tags))
+            struct.cls, tuple(f.default for f in struct.fields), self.flexible, tuple(ops), tuple(tags),
+            absent)
         return program
 
     def native_op(self, slot: int, f: FieldSpec, compact: bool, made: dict[str, Any]) -> tuple[Any, ...]:
@@ -1063,7 +1084,7 @@ _NATIVE_KINDS: Final = {"number": 0, "uuid": 1, "string": 2, "bytes": 3, "record
 _NATIVE_ARRAY: Final = 5
 _NATIVE_STRUCT: Final = 6
 if _c_decoder is not None:
-    _c_decoder.configure(uuid.UUID, _SAFE_UNKNOWN, ZERO_UUID, FlatRecords)
+    _c_decoder.configure(uuid.UUID, _SAFE_UNKNOWN, ZERO_UUID, FlatRecords, _Out)
 
 
 _CONST_REF: Final = re.compile(r"\bK\[(\d+)\]")

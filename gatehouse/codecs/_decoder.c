@@ -56,6 +56,8 @@ struct Program {
     Py_ssize_t nslots;      /* the struct's fields; the record has one more: unknown tags */
     PyObject *defaults;     /* tuple: each field's default */
     char *from_default;     /* per slot: 1 where no regular field fills it */
+    char *must_default;     /* per slot: absent from the version, not ignorable: encoding
+                             * anything but the default is an error */
     int flexible;
     Py_ssize_t nops, ntags;
     Op *ops, *tags;
@@ -99,6 +101,7 @@ program_free(PyObject *capsule)
     Py_XDECREF(pg->defaults);
     Py_XDECREF(pg->refs);
     PyMem_Free(pg->from_default);
+    PyMem_Free(pg->must_default);
     PyMem_Free(pg->ops);
     PyMem_Free(pg->tags);
     PyMem_Free(pg);
@@ -181,10 +184,11 @@ parse_op(PyObject *item, Op *op, int tagged, PyObject *refs, Py_ssize_t nslots)
 static PyObject *
 make_program(PyObject *self, PyObject *args)
 {
-    PyObject *cls, *defaults, *ops, *tags;
+    PyObject *cls, *defaults, *ops, *tags, *must = NULL;
     int flexible;
-    if (!PyArg_ParseTuple(args, "O!O!pO!O!", &PyType_Type, &cls, &PyTuple_Type, &defaults,
-                          &flexible, &PyTuple_Type, &ops, &PyTuple_Type, &tags))
+    if (!PyArg_ParseTuple(args, "O!O!pO!O!|O!", &PyType_Type, &cls, &PyTuple_Type, &defaults,
+                          &flexible, &PyTuple_Type, &ops, &PyTuple_Type, &tags,
+                          &PyTuple_Type, &must))
         return NULL;
     if (!PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type)) {
         PyErr_SetString(PyExc_TypeError, "decoder program: records must be tuples");
@@ -206,9 +210,11 @@ make_program(PyObject *self, PyObject *args)
     pg->ntags = PyTuple_GET_SIZE(tags);
     pg->refs = PyList_New(0);
     pg->from_default = PyMem_Calloc(pg->nslots + 1, 1);
+    pg->must_default = PyMem_Calloc(pg->nslots + 1, 1);
     pg->ops = PyMem_Calloc(pg->nops + 1, sizeof(Op));
     pg->tags = PyMem_Calloc(pg->ntags + 1, sizeof(Op));
-    if (pg->refs == NULL || pg->from_default == NULL || pg->ops == NULL || pg->tags == NULL) {
+    if (pg->refs == NULL || pg->from_default == NULL || pg->must_default == NULL
+            || pg->ops == NULL || pg->tags == NULL) {
         if (!PyErr_Occurred())
             PyErr_NoMemory();
         goto fail;
@@ -230,6 +236,15 @@ make_program(PyObject *self, PyObject *args)
             PyErr_SetString(PyExc_ValueError, "decoder program: a tagged field in a regular slot");
             goto fail;
         }
+    }
+    for (Py_ssize_t i = 0; must != NULL && i < PyTuple_GET_SIZE(must); i++) {
+        Py_ssize_t slot = PyLong_AsSsize_t(PyTuple_GET_ITEM(must, i));
+        if (slot < 0 || slot >= pg->nslots || !pg->from_default[slot]) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "decoder program: a bad absent slot");
+            goto fail;
+        }
+        pg->must_default[slot] = 1;
     }
     if (pg->ntags && !flexible) {
         PyErr_SetString(PyExc_ValueError, "decoder program: tagged fields in a fixed version");
@@ -695,6 +710,378 @@ done:
     return result;
 }
 
+/* ---------------------------------------------------------------------------------- */
+/* Encoding: MessageCodec.encode in C, from the same programs.  It writes what the
+ * generated Python encoder writes for the values it knows (exact ints, floats, bools,
+ * str, bytes-likes, UUIDs, tuples, FlatRecords and the struct's own records), record
+ * sets of 16 KiB or more kept by reference in an _Out's holes as the Python encoder
+ * keeps them; anything else (a value out of range, of another type, a field absent from
+ * the version set, tagged fields not at their defaults, unknown tags) is NOT_TAKEN: the
+ * output is put back as it was and the Python encoder runs, which writes it or says
+ * what is wrong. */
+
+#define NOT_TAKEN (-2)
+#define HOLE_MIN (16 * 1024)
+
+static PyObject *out_cls;       /* _compile._Out */
+static Py_ssize_t at_holes;
+
+typedef struct {
+    char *buf;
+    Py_ssize_t len, cap;
+    PyObject *out;      /* the bytearray it all goes to: on a hole, and at the end */
+    PyObject *holes;    /* out's holes (a list), or NULL when out is not an _Out */
+} Sink;
+
+static int
+reserve(Sink *k, Py_ssize_t n)
+{
+    if (n <= k->cap - k->len)
+        return 0;
+    Py_ssize_t cap = k->cap ? k->cap : 4096;
+    while (cap - k->len < n) {
+        if (cap > PY_SSIZE_T_MAX / 2) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        cap *= 2;
+    }
+    char *buf = PyMem_Realloc(k->buf, cap);
+    if (buf == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    k->buf = buf;
+    k->cap = cap;
+    return 0;
+}
+
+static inline int
+put(Sink *k, const void *p, Py_ssize_t n)
+{
+    if (reserve(k, n) < 0)
+        return -1;
+    memcpy(k->buf + k->len, p, n);
+    k->len += n;
+    return 0;
+}
+
+static inline int
+put_byte(Sink *k, unsigned char c)
+{
+    return put(k, &c, 1);
+}
+
+static int
+put_uvarint(Sink *k, uint64_t v)
+{
+    unsigned char b[10];
+    int n = 0;
+    while (v >= 0x80) {
+        b[n++] = (unsigned char)((v & 0x7F) | 0x80);
+        v >>= 7;
+    }
+    b[n++] = (unsigned char)v;
+    return put(k, b, n);
+}
+
+static int
+put_be(Sink *k, uint64_t v, int size)
+{
+    unsigned char b[8];
+    for (int i = size - 1; i >= 0; i--, v >>= 8)
+        b[i] = (unsigned char)v;
+    return put(k, b, size);
+}
+
+static int
+flush(Sink *k)
+{
+    if (k->len == 0)
+        return 0;
+    Py_ssize_t old = PyByteArray_GET_SIZE(k->out);
+    if (PyByteArray_Resize(k->out, old + k->len) < 0)
+        return -1;
+    memcpy(PyByteArray_AS_STRING(k->out) + old, k->buf, k->len);
+    k->len = 0;
+    return 0;
+}
+
+/* A length prefix (-1: null), as _Compiler.write_length. */
+static int
+put_length(Sink *k, Py_ssize_t n, int compact, int wide)
+{
+    if (compact)
+        return put_uvarint(k, (uint64_t)(n + 1));
+    if (wide)
+        return n > INT32_MAX ? NOT_TAKEN : put_be(k, (uint32_t)(int32_t)n, 4);
+    return n > 32767 ? NOT_TAKEN : put_be(k, (uint16_t)(int16_t)n, 2);
+}
+
+static int
+put_number(Sink *k, PyObject *v, char code)
+{
+    if (code == '?') {
+        if (v != Py_True && v != Py_False)
+            return NOT_TAKEN;
+        return put_byte(k, v == Py_True);
+    }
+    if (code == 'd') {
+        if (!PyFloat_CheckExact(v))
+            return NOT_TAKEN;
+        unsigned char b[8];
+        if (PyFloat_Pack8(PyFloat_AS_DOUBLE(v), (char *)b, 0) < 0)
+            return -1;
+        return put(k, b, 8);
+    }
+    if (!PyLong_Check(v))
+        return NOT_TAKEN;
+    int overflow;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow || (x == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return NOT_TAKEN;
+    }
+    switch (code) {
+    case 'b': return x < -128 || x > 127 ? NOT_TAKEN : put_be(k, (uint64_t)x, 1);
+    case 'h': return x < -32768 || x > 32767 ? NOT_TAKEN : put_be(k, (uint64_t)x, 2);
+    case 'H': return x < 0 || x > 65535 ? NOT_TAKEN : put_be(k, (uint64_t)x, 2);
+    case 'i': return x < INT32_MIN || x > INT32_MAX ? NOT_TAKEN : put_be(k, (uint64_t)x, 4);
+    case 'I': return x < 0 || x > (long long)UINT32_MAX ? NOT_TAKEN : put_be(k, (uint64_t)x, 4);
+    case 'q': return put_be(k, (uint64_t)x, 8);
+    default: return NOT_TAKEN;
+    }
+}
+
+/* The bytes of a bytes-like value the Python encoder would write as they are. */
+static int
+bytes_of(PyObject *v, const char **p, Py_ssize_t *n)
+{
+    if (PyBytes_CheckExact(v)) {
+        *p = PyBytes_AS_STRING(v);
+        *n = PyBytes_GET_SIZE(v);
+    } else if (PyByteArray_CheckExact(v)) {
+        *p = PyByteArray_AS_STRING(v);
+        *n = PyByteArray_GET_SIZE(v);
+    } else if (PyMemoryView_Check(v)) {
+        Py_buffer *b = PyMemoryView_GET_BUFFER(v);
+        if (b->ndim != 1 || b->itemsize != 1 || !PyBuffer_IsContiguous(b, 'C'))
+            return NOT_TAKEN;  /* len() would not be its bytes */
+        *p = b->buf;
+        *n = b->len;
+    } else {
+        return NOT_TAKEN;
+    }
+    return 0;
+}
+
+static int
+put_sized(Sink *k, PyObject *v, int kind, int nullable, int compact)
+{
+    if (v == Py_None)
+        return nullable ? put_length(k, -1, compact, kind != K_STRING) : NOT_TAKEN;
+    const char *p;
+    Py_ssize_t n;
+    int r;
+    if (kind == K_STRING) {
+        if (!PyUnicode_CheckExact(v))
+            return NOT_TAKEN;
+        if ((p = PyUnicode_AsUTF8AndSize(v, &n)) == NULL) {
+            PyErr_Clear();  /* not encodable (a lone surrogate): the Python encoder says so */
+            return NOT_TAKEN;
+        }
+    } else if ((r = bytes_of(v, &p, &n)) != 0) {
+        return r;
+    }
+    if ((r = put_length(k, n, compact, kind != K_STRING)) != 0)
+        return r;
+    if (kind == K_RECORDS && n >= HOLE_MIN && k->holes != NULL) {
+        /* Referenced, not copied: _Out.finish joins it once. */
+        if (flush(k) < 0)
+            return -1;
+        PyObject *hole = Py_BuildValue("(nO)", PyByteArray_GET_SIZE(k->out), v);
+        if (hole == NULL)
+            return -1;
+        r = PyList_Append(k->holes, hole);
+        Py_DECREF(hole);
+        return r;
+    }
+    return put(k, p, n);
+}
+
+static int
+put_uuid(Sink *k, PyObject *v)
+{
+    if (Py_TYPE(v) != (PyTypeObject *)uuid_cls)
+        return NOT_TAKEN;
+    PyObject *number = *(PyObject **)((char *)v + at_int);
+    unsigned char b[16];
+    if (number == NULL || !PyLong_CheckExact(number))
+        return NOT_TAKEN;
+    if (_PyLong_AsByteArray((PyLongObject *)number, b, 16, 0, 0) < 0) {
+        PyErr_Clear();
+        return NOT_TAKEN;
+    }
+    return put(k, b, 16);
+}
+
+static int put_struct(const Program *pg, Sink *k, PyObject *r);
+
+static int
+put_value(Sink *k, PyObject *v, int kind, const Op *op, int nullable, int compact)
+{
+    switch (kind) {
+    case K_NUM:
+        return put_number(k, v, op->code);
+    case K_UUID:
+        return put_uuid(k, v);
+    case K_STRING: case K_BYTES: case K_RECORDS:
+        return put_sized(k, v, kind, nullable, compact);
+    case K_STRUCT:
+        if (nullable) {
+            if (v == Py_None)
+                return put_byte(k, 255);
+            if (put_byte(k, 1) < 0)
+                return -1;
+        }
+        return put_struct(op->sub, k, v);
+    default:
+        return NOT_TAKEN;
+    }
+}
+
+static int
+put_array(Sink *k, PyObject *v, const Op *op, int compact)
+{
+    if (v == Py_None)
+        return op->nullable ? put_length(k, -1, compact, 1) : NOT_TAKEN;
+    PyObject *items = v;
+    if (flat_cls != NULL && Py_TYPE(v) == (PyTypeObject *)flat_cls) {
+        PyObject *n = *(PyObject **)((char *)v + at_n);
+        PyObject *kind = *(PyObject **)((char *)v + at_kind);
+        if (n == NULL || !PyLong_CheckExact(n))
+            return NOT_TAKEN;
+        if (op->flat != NULL && kind == op->flat) {  /* its bytes, as they came */
+            const char *p;
+            Py_ssize_t len;
+            PyObject *raw = *(PyObject **)((char *)v + at_raw);
+            int r;
+            if (raw == NULL || (r = bytes_of(raw, &p, &len)) != 0)
+                return raw == NULL ? NOT_TAKEN : r;
+            if ((r = put_length(k, PyLong_AsSsize_t(n), compact, 1)) != 0)
+                return r;
+            return put(k, p, len);
+        }
+        items = *(PyObject **)((char *)v + at_items);
+        if (items == NULL || !PyTuple_CheckExact(items))
+            return NOT_TAKEN;  /* not built yet: the Python encoder builds them */
+    } else if (!PyTuple_CheckExact(v)) {
+        return NOT_TAKEN;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(items);
+    int r = put_length(k, n, compact, 1);
+    for (Py_ssize_t i = 0; r == 0 && i < n; i++)
+        r = put_value(k, PyTuple_GET_ITEM(items, i), op->elem, op, 0, compact);
+    return r;
+}
+
+static int
+put_op(Sink *k, PyObject *v, const Op *op, int compact)
+{
+    if (op->kind == K_ARRAY)
+        return put_array(k, v, op, compact);
+    return put_value(k, v, op->kind, op, op->nullable, compact);
+}
+
+/* 1 when v is (or equals) the default, 0 when not, NOT_TAKEN when the comparison fails. */
+static int
+is_default(PyObject *v, PyObject *dflt)
+{
+    if (v == dflt)
+        return 1;
+    int same = PyObject_RichCompareBool(v, dflt, Py_EQ);
+    if (same < 0) {
+        PyErr_Clear();
+        return NOT_TAKEN;
+    }
+    return same;
+}
+
+static int
+put_struct(const Program *pg, Sink *k, PyObject *r)
+{
+    if (Py_TYPE(r) != pg->cls || PyTuple_GET_SIZE(r) != pg->nslots + 1)
+        return NOT_TAKEN;
+    for (Py_ssize_t i = 0; i < pg->nslots; i++) {
+        if (pg->must_default[i]
+                && is_default(PyTuple_GET_ITEM(r, i), PyTuple_GET_ITEM(pg->defaults, i)) != 1)
+            return NOT_TAKEN;
+    }
+    for (Py_ssize_t i = 0; i < pg->nops; i++) {
+        const Op *op = &pg->ops[i];
+        int res = put_op(k, PyTuple_GET_ITEM(r, op->slot), op, op->compact);
+        if (res != 0)
+            return res;
+    }
+    PyObject *unknown = PyTuple_GET_ITEM(r, pg->nslots);
+    if (!PyTuple_CheckExact(unknown) || PyTuple_GET_SIZE(unknown) != 0)
+        return NOT_TAKEN;
+    if (!pg->flexible)
+        return 0;
+    for (Py_ssize_t i = 0; i < pg->ntags; i++) {
+        Py_ssize_t slot = pg->tags[i].slot;
+        if (is_default(PyTuple_GET_ITEM(r, slot), PyTuple_GET_ITEM(pg->defaults, slot)) != 1)
+            return NOT_TAKEN;
+    }
+    return put_byte(k, 0);  /* no tagged fields */
+}
+
+/* encode(program, out, record) -> None | NotImplemented (out as it was: ask Python) */
+static PyObject *
+encode(PyObject *self, PyObject *args)
+{
+    PyObject *capsule, *out, *record;
+    if (!PyArg_ParseTuple(args, "OO!O", &capsule, &PyByteArray_Type, &out, &record))
+        return NULL;
+    Program *pg = as_program(capsule);
+    if (pg == NULL)
+        return NULL;
+    if (uuid_cls == NULL || out_cls == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "decoder: configure() first");
+        return NULL;
+    }
+    Sink k = {NULL, 0, 0, out, NULL};
+    if (Py_TYPE(out) == (PyTypeObject *)out_cls) {
+        k.holes = *(PyObject **)((char *)out + at_holes);
+        if (k.holes == NULL || !PyList_CheckExact(k.holes))
+            Py_RETURN_NOTIMPLEMENTED;
+    }
+    Py_ssize_t start = PyByteArray_GET_SIZE(out);
+    Py_ssize_t holes = k.holes != NULL ? PyList_GET_SIZE(k.holes) : 0;
+    int r = put_struct(pg, &k, record);
+    if (r == 0)
+        r = flush(&k);
+    PyMem_Free(k.buf);
+    if (r == 0)
+        Py_RETURN_NONE;
+    /* Put out back as it was (the Python encoder starts again, or the error stands). */
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    int undone = PyByteArray_Resize(out, start);
+    if (undone == 0 && k.holes != NULL)
+        undone = PyList_SetSlice(k.holes, holes, PyList_GET_SIZE(k.holes), NULL);
+    if (undone < 0) {
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        return NULL;
+    }
+    PyErr_Restore(type, value, tb);
+    if (r == NOT_TAKEN)
+        Py_RETURN_NOTIMPLEMENTED;
+    return NULL;
+}
+
 /* Where the object slot `name` of instances of `type` lies (a __slots__ member). */
 static int
 slot_offset(PyObject *type, const char *name, Py_ssize_t *offset)
@@ -716,8 +1103,11 @@ slot_offset(PyObject *type, const char *name, Py_ssize_t *offset)
 static PyObject *
 configure(PyObject *self, PyObject *args)
 {
-    PyObject *u, *safe, *zero, *flat;
-    if (!PyArg_ParseTuple(args, "O!OOO!", &PyType_Type, &u, &safe, &zero, &PyType_Type, &flat))
+    PyObject *u, *safe, *zero, *flat, *outc;
+    if (!PyArg_ParseTuple(args, "O!OOO!O!", &PyType_Type, &u, &safe, &zero, &PyType_Type, &flat,
+                          &PyType_Type, &outc))
+        return NULL;
+    if (slot_offset(outc, "holes", &at_holes) < 0)
         return NULL;
     if (slot_offset(u, "int", &at_int) < 0 || slot_offset(u, "is_safe", &at_is_safe) < 0
             || slot_offset(flat, "raw", &at_raw) < 0 || slot_offset(flat, "_n", &at_n) < 0
@@ -729,16 +1119,19 @@ configure(PyObject *self, PyObject *args)
     Py_XSETREF(safe_unknown, Py_NewRef(safe));
     Py_XSETREF(zero_uuid, Py_NewRef(zero));
     Py_XSETREF(flat_cls, Py_NewRef(flat));
+    Py_XSETREF(out_cls, Py_NewRef(outc));
     Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
     {"program", make_program, METH_VARARGS,
-     "program(cls, defaults, flexible, ops, tags) -> a struct's decoder program"},
+     "program(cls, defaults, flexible, ops, tags, absent=()) -> a struct's program"},
     {"decode", decode, METH_VARARGS,
      "decode(program, view) -> (record, end, spans) | None (not valid: ask the Python decoder)"},
+    {"encode", encode, METH_VARARGS,
+     "encode(program, out, record) -> None | NotImplemented (out unchanged: ask the Python encoder)"},
     {"configure", configure, METH_VARARGS,
-     "configure(uuid_cls, safe_unknown, zero_uuid, flat_records_cls)"},
+     "configure(uuid_cls, safe_unknown, zero_uuid, flat_records_cls, out_cls)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -39,7 +39,7 @@ class ConsumerProtocolData:
     def encode(self) -> bytes:
         read_as = min(self.version, self.spec.valid.hi)
         out = bytearray(_VERSION.pack(self.version))
-        message_codec(self.spec, read_as).encode(out, self.body)
+        message_codec(self.spec, read_as).write(out, self.body)
         out += self.trailing
         return bytes(out)
 

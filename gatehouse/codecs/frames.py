@@ -251,7 +251,7 @@ class _Message:
             if view is not None and self._spans is not None:
                 codec.encode_spliced(out, body, self._orig_body, view[self._body_offset :], self._spans)
             else:
-                codec.encode(out, body)
+                codec.write(out, body)
         except ProtocolError as exc:
             raise exc.at_api(self.api_key, self.api_version, self.api.name) from None
         if view is not None:
