@@ -1,5 +1,6 @@
-/* The compiled decoders of gatehouse.codecs._compile, in C: one interpreter of a
- * "program" per struct and version, made once from the same tables.
+/* The compiled decoders (and encoders) of gatehouse.codecs._compile, in C: one
+ * interpreter of a "program" per struct and version, made once from the same tables.
+ * Encoding is at the end of this file; what follows first is about decoding.
  *
  * A program says, field by field in wire order, what to read and into which slot of the
  * struct's record (a tuple subclass); slots of fields absent from the version and of
