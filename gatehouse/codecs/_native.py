@@ -31,8 +31,11 @@ decoder: ModuleType | None = None
 if not PYTHON_ASKED:
     try:
         from gatehouse.codecs import _decoder as decoder
-    except ImportError:
+    except ImportError as exc:  # built with _speedups: not here without it
         decoder = None
+        python_reason = python_reason or (f"the C decoder was not built ({exc}): install "
+                                          "with a C compiler for the faster codec")
 
-# "c" or "python": the ``byte_readers`` label of gatehouse_info.
-BYTE_READERS: Final = "python" if speedups is None else "c"
+# "c" or "python": the ``byte_readers`` label of gatehouse_info ("python" where any of
+# the C modules is not there).
+BYTE_READERS: Final = "python" if speedups is None or decoder is None else "c"
