@@ -919,7 +919,11 @@ put_uuid(Sink *k, PyObject *v)
     unsigned char b[16];
     if (number == NULL || !PyLong_CheckExact(number))
         return NOT_TAKEN;
+#if PY_VERSION_HEX >= 0x030D0000  /* 3.13 added "with_exceptions" */
+    if (_PyLong_AsByteArray((PyLongObject *)number, b, 16, 0, 0, 1) < 0) {
+#else
     if (_PyLong_AsByteArray((PyLongObject *)number, b, 16, 0, 0) < 0) {
+#endif
         PyErr_Clear();
         return NOT_TAKEN;
     }
