@@ -1021,7 +1021,7 @@ class _Compiler:
             encode_native=self.native_encoder() if self.fast_paths else None,
         )
 
-    # -- the C decoder's programs (_decoder.c) -----------------------------------------
+    # -- the C decoder's and encoder's programs (_decoder.c) ---------------------------
 
     def native_decoder(self) -> Callable[[memoryview], Any] | None:
         """``decode`` in C, from a program per struct made of the same tables."""
