@@ -266,7 +266,6 @@ class _Compiler:
         self.structs: dict[str, StructSpec] = {}
         self.flat: dict[str, FlatLayout] = {}  # structs decoded in bulk in arrays
         self.flat_kinds: dict[str, tuple[Any, FlatLayout]] = {}
-        self.programs: dict[str, Any] = {}  # the C decoder's and encoder's, by struct
         self.src = _Src()
 
     # -- helpers -------------------------------------------------------------------
@@ -1006,6 +1005,13 @@ class _Compiler:
         code = compile(source, f"<gatehouse.codecs {self.message.name} v{self.version}>", "exec")
         exec(code, namespace)
         root_decoder = namespace[f"d_{_ROOT}"]
+        # The same in C, from a program per struct made of the same tables.
+        decode_native: Callable[[memoryview], Any] | None = None
+        encode_native: Callable[[bytearray, Any], Any] | None = None
+        if _c_decoder is not None and self.fast_paths:
+            program = self.native_program(root, {})
+            decode_native = functools.partial(_c_decoder.decode, program)
+            encode_native = functools.partial(_c_decoder.encode, program)
 
         def decode(buf: Any) -> Any:
             return root_decoder(buf, 0)
@@ -1017,23 +1023,11 @@ class _Compiler:
             encode=namespace[f"e_{root.name}"],
             encode_spliced=namespace[f"es_{_ROOT}"],
             functions=namespace,
-            decode_native=self.native_decoder() if self.fast_paths else None,
-            encode_native=self.native_encoder() if self.fast_paths else None,
+            decode_native=decode_native,
+            encode_native=encode_native,
         )
 
     # -- the C decoder's and encoder's programs (_decoder.c) ---------------------------
-
-    def native_decoder(self) -> Callable[[memoryview], Any] | None:
-        """``decode`` in C, from a program per struct made of the same tables."""
-        if _c_decoder is None:
-            return None
-        return functools.partial(_c_decoder.decode, self.native_program(self.message.root, self.programs))
-
-    def native_encoder(self) -> Callable[[bytearray, Any], Any] | None:
-        """``encode`` in C, from the same programs."""
-        if _c_decoder is None:
-            return None
-        return functools.partial(_c_decoder.encode, self.native_program(self.message.root, self.programs))
 
     def native_program(self, struct: StructSpec, made: dict[str, Any]) -> Any:
         """The program of ``struct`` in this version (see _decoder.c: make_program)."""

@@ -1,5 +1,5 @@
 # The compiled decoders and encoders in C (_decoder.c); see gatehouse/codecs/_compile.py:
-# native_decoder, native_encoder.
+# _Compiler.compile and native_program.
 from typing import Any
 
 def program(cls: type, defaults: tuple[Any, ...], flexible: bool, ops: tuple[tuple[Any, ...], ...],
