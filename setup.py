@@ -16,12 +16,14 @@ setup(
         Extension(
             "gatehouse.codecs._speedups",
             sources=["gatehouse/codecs/_speedups.c"],
+            depends=["gatehouse/codecs/_wire.h"],
             optional=True,
             extra_compile_args=["-Wall", "-Wextra", "-Wno-unused-parameter"],
         ),
         Extension(
             "gatehouse.codecs._decoder",
             sources=["gatehouse/codecs/_decoder.c"],
+            depends=["gatehouse/codecs/_wire.h"],
             optional=True,
             extra_compile_args=["-Wall", "-Wextra", "-Wno-unused-parameter"],
         ),

@@ -33,6 +33,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_wire.h"
+
 enum {
     K_NUM = 0, K_UUID = 1, K_STRING = 2, K_BYTES = 3, K_RECORDS = 4, K_ARRAY = 5, K_STRUCT = 6,
 };
@@ -266,45 +268,13 @@ fail:
 static inline int
 has(const Src *s, Py_ssize_t pos, Py_ssize_t n)
 {
-    return pos >= 0 && n >= 0 && pos <= s->end && n <= s->end - pos;
+    return wire_has(s->end, pos, n);
 }
 
-/* An unsigned varint of at most five bytes (primitives.read_uvarint). */
-static int
+static inline int
 uvarint(const Src *s, Py_ssize_t *pos, int64_t *value)
 {
-    Py_ssize_t at = *pos;
-    int64_t v = 0;
-    for (int shift = 0; shift <= 28; shift += 7) {
-        if (at >= s->end)
-            return -1;
-        unsigned char c = s->p[at++];
-        v |= (int64_t)(c & 0x7F) << shift;
-        if (c < 0x80) {
-            *pos = at;
-            *value = v;
-            return 0;
-        }
-    }
-    return -1;
-}
-
-static inline uint16_t
-be16(const unsigned char *p)
-{
-    return (uint16_t)(((unsigned)p[0] << 8) | p[1]);
-}
-
-static inline uint32_t
-be32(const unsigned char *p)
-{
-    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
-}
-
-static inline uint64_t
-be64(const unsigned char *p)
-{
-    return ((uint64_t)be32(p) << 32) | be32(p + 4);
+    return wire_uvarint(s->p, s->end, pos, value);
 }
 
 /* A length prefix: a varint minus one (compact), else an int16 (strings) or int32. */
@@ -320,7 +290,7 @@ length(const Src *s, Py_ssize_t *pos, int compact, int wide, int64_t *n)
     Py_ssize_t size = wide ? 4 : 2;
     if (!has(s, *pos, size))
         return -1;
-    *n = wide ? (int32_t)be32(s->p + *pos) : (int16_t)be16(s->p + *pos);
+    *n = wide ? (int32_t)wire_u32(s->p + *pos) : (int16_t)wire_u16(s->p + *pos);
     *pos += size;
     return 0;
 }
@@ -331,11 +301,11 @@ number(const unsigned char *p, char code)
     switch (code) {
     case 'b': return PyLong_FromLong((int8_t)p[0]);
     case '?': return Py_NewRef(p[0] ? Py_True : Py_False);
-    case 'h': return PyLong_FromLong((int16_t)be16(p));
-    case 'H': return PyLong_FromLong(be16(p));
-    case 'i': return PyLong_FromLong((int32_t)be32(p));
-    case 'I': return PyLong_FromUnsignedLong(be32(p));
-    case 'q': return PyLong_FromLongLong((int64_t)be64(p));
+    case 'h': return PyLong_FromLong((int16_t)wire_u16(p));
+    case 'H': return PyLong_FromLong(wire_u16(p));
+    case 'i': return PyLong_FromLong((int32_t)wire_u32(p));
+    case 'I': return PyLong_FromUnsignedLong(wire_u32(p));
+    case 'q': return PyLong_FromLongLong((int64_t)wire_u64(p));
     case 'd': return PyFloat_FromDouble(PyFloat_Unpack8((const char *)p, 0));
     default:
         PyErr_SetString(PyExc_SystemError, "decoder: a bad number code");

@@ -15,6 +15,8 @@
 #include <Python.h>
 #include <stdint.h>
 
+#include "_wire.h"
+
 /* What a reader step can end in besides success. */
 #define BAD (-1)        /* not the layout the reader expects: the result is None */
 #define ERROR (-2)      /* a Python exception is set (memory) */
@@ -34,41 +36,27 @@ typedef struct {
 static inline int32_t
 be32(const unsigned char *p)
 {
-    return (int32_t)(((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) |
-                     ((uint32_t)p[2] << 8) | (uint32_t)p[3]);
+    return (int32_t)wire_u32(p);
 }
 
 static inline int16_t
 be16(const unsigned char *p)
 {
-    return (int16_t)(((uint16_t)p[0] << 8) | (uint16_t)p[1]);
+    return (int16_t)wire_u16(p);
 }
 
 /* Is [pos, pos + n) inside the buffer?  pos may already be past its end. */
 static inline int
 has(const Bytes *b, Py_ssize_t pos, Py_ssize_t n)
 {
-    return pos >= 0 && n >= 0 && pos <= b->len && n <= b->len - pos;
+    return wire_has(b->len, pos, n);
 }
 
 /* An unsigned varint of at most five bytes, as _scan.uvarint reads it. */
 static int
 uvarint(const Bytes *b, Py_ssize_t *pos, int64_t *value)
 {
-    Py_ssize_t at = *pos;
-    int64_t v = 0;
-    for (int shift = 0; shift <= 28; shift += 7) {
-        if (!has(b, at, 1))
-            return BAD;
-        unsigned char c = b->p[at++];
-        v |= (int64_t)(c & 0x7F) << shift;
-        if (c < 0x80) {
-            *pos = at;
-            *value = v;
-            return 0;
-        }
-    }
-    return BAD;
+    return wire_uvarint(b->p, b->len, pos, value) < 0 ? BAD : 0;
 }
 
 /* Skips a tag section (_scan.skip_tags). */
