@@ -11,33 +11,18 @@ same results, runs.
 
 from setuptools import Extension, setup
 
+
+def optional_c(name: str, *depends: str) -> Extension:
+    """The C module ``name`` from the .c file of that path; skipped where it cannot build."""
+    return Extension(name, sources=[name.replace(".", "/") + ".c"], depends=list(depends),
+                     optional=True, extra_compile_args=["-Wall", "-Wextra", "-Wno-unused-parameter"])
+
+
 setup(
     ext_modules=[
-        Extension(
-            "gatehouse.codecs._speedups",
-            sources=["gatehouse/codecs/_speedups.c"],
-            depends=["gatehouse/codecs/_wire.h"],
-            optional=True,
-            extra_compile_args=["-Wall", "-Wextra", "-Wno-unused-parameter"],
-        ),
-        Extension(
-            "gatehouse.codecs._decoder",
-            sources=["gatehouse/codecs/_decoder.c"],
-            depends=["gatehouse/codecs/_wire.h"],
-            optional=True,
-            extra_compile_args=["-Wall", "-Wextra", "-Wno-unused-parameter"],
-        ),
-        Extension(
-            "gatehouse.metrics._counting",
-            sources=["gatehouse/metrics/_counting.c"],
-            optional=True,
-            extra_compile_args=["-Wall", "-Wextra", "-Wno-unused-parameter"],
-        ),
-        Extension(
-            "gatehouse.capture._records",
-            sources=["gatehouse/capture/_records.c"],
-            optional=True,
-            extra_compile_args=["-Wall", "-Wextra", "-Wno-unused-parameter"],
-        ),
+        optional_c("gatehouse.codecs._speedups", "gatehouse/codecs/_wire.h"),
+        optional_c("gatehouse.codecs._decoder", "gatehouse/codecs/_wire.h"),
+        optional_c("gatehouse.metrics._counting"),
+        optional_c("gatehouse.capture._records"),
     ]
 )
