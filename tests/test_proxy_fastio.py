@@ -7,6 +7,7 @@ import fcntl
 import os
 import socket
 import struct
+from typing import Any
 
 import pytest
 import trio
@@ -405,3 +406,75 @@ async def test_a_large_send_goes_to_the_kernel_whole_while_the_peer_does_not_rea
         got += len(chunk)
     for stream in (a, b, c, d):
         await stream.aclose()
+
+
+def _walk_state(walk: Any) -> tuple[Any, ...]:
+    return (walk.opaque, walk.finished, walk._at, walk._state, walk._out, bytes(walk._held))
+
+
+@pytest.mark.parametrize("version", [8, 12])
+@pytest.mark.parametrize("shape", ["batches", "noise"])
+async def test_peek_walk_walks_a_request_where_it_lies_in_c_as_in_python(
+        version: int, shape: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``peek_walk`` feeds a Produce request's walk the parts around its records from the
+    socket, taking nothing from it: as far as the bytes have come (EMPTY), to the walk's
+    end (WALKED), to EOF, or to a frame that ends inside a part (PAST_END); a walk's
+    refusal is raised.  The C loop and the Python one end in the same place, the walk
+    in the same state, for each; then every byte is still there to be received."""
+    from gatehouse.codecs import produce
+    from gatehouse.proxy import fastio
+    from tests.test_proxy_stream import RECORDS, produce_wire, record_batch
+
+    c_loop = fastio._C_PEEK_WALK
+    assert c_loop is not None  # built here (Linux 6.10+, a C compiler)
+    sets = ((record_batch(700, 200_000), record_batch(5, 90_000)) if shape == "batches"
+            else (RECORDS[:150_000], RECORDS[:3_000]))
+    wire = produce_wire(5, topics=("orders", "audit"), version=version, records=sets)
+    topics_at = wire.index(b"\x00\x06orders") - 4 if version < 9 else -1
+    lying = (wire[:topics_at] + b"\x00\x00\x00\x03" + wire[topics_at + 4:]) if version < 9 else None
+    refused = (wire[:topics_at] + b"\xff\xff\xff\xfe" + wire[topics_at + 4:]) if version < 9 else None
+    cases = [(wire[:120_000], False, fastio.EMPTY), (wire, False, fastio.WALKED),
+             (wire[:120_000], True, fastio.EOF)]
+    if lying is not None and refused is not None:
+        cases += [(lying, False, fastio.PAST_END), (refused, False, "refused")]
+
+    async def walk_with(loop: str, sent: bytes, close: bool) -> tuple[Any, ...]:
+        monkeypatch.setattr(fastio, "_C_PEEK_WALK", None if loop == "python" else c_loop)
+        far, near = await tcp_pair()
+        near.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 21)  # the whole frame
+        stream = FastStream(near)
+        with trio.fail_after(5):
+            await far.send_all(sent)
+            if close:
+                await far.aclose()
+            assert await stream.receive_some(4) == wire[:4]  # the size prefix: moved
+            # Every byte sent has arrived (no event says so: the socket is asked).
+            while stream.peek_at(len(sent) - 5, 1) is None and not close:
+                await trio.sleep(0.001)
+            walk = produce.RequestWalk(version, len(wire) - 4)
+            try:
+                outcome: Any = stream.peek_walk(walk, 4, 4, len(wire))
+            except produce.Unexpected:
+                outcome = "refused"
+            left = b""
+            while len(left) < len(sent) - 4:
+                left += await stream.receive_some(1 << 20)
+        assert left == sent[4:]  # nothing taken
+        if not close:
+            await far.aclose()
+        await near.aclose()
+        return outcome, _walk_state(walk), walk.topics()
+
+    for sent, close, reached in cases:
+        c = await walk_with("c", sent, close)
+        assert fastio._PEEK_OFFSETS is True
+        python = await walk_with("python", sent, close)
+        assert c == python
+        outcome, _, topics = c
+        assert outcome == "refused" if reached == "refused" else outcome[1] == reached
+        if reached == fastio.WALKED:
+            assert outcome[0] <= len(wire)
+            assert topics == produce.request_topics(wire[4:], version) is not None
+        if reached in (fastio.EMPTY, fastio.EOF):
+            # Stopped at the first part not there (records before it skipped unseen).
+            assert 4 < outcome[0] < len(wire) and topics is None

@@ -646,9 +646,10 @@ class CountsSeen(Recorder):
 
 @pytest.mark.parametrize("version", [3, 8, 9, 12])
 @pytest.mark.parametrize("shape", ["batches", "noise"])
-@pytest.mark.parametrize("offsets", [True, False], ids=["peek-offsets", "first-byte-only"])
+@pytest.mark.parametrize("offsets", ["c", "python", False],
+                         ids=["peek-offsets-c", "peek-offsets-python", "first-byte-only"])
 async def test_over_sockets_a_large_request_the_metrics_count_goes_up_spliced_and_counted(
-        version: int, shape: str, offsets: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+        version: int, shape: str, offsets: str | bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """A large Produce request whose records the metrics count (and nothing reads more
     of) goes up with each batch's records socket to socket, its batch headers read on
     the way: the broker gets the very bytes the client sent, and the observers hear of
@@ -660,6 +661,11 @@ async def test_over_sockets_a_large_request_the_metrics_count_goes_up_spliced_an
 
     if not offsets:
         monkeypatch.setattr(fastio, "_PEEK_OFFSETS", False)
+    else:  # the peeks' loop in C (_peeking.c) or in Python, from the first request on
+        assert fastio._C_PEEK_WALK is not None
+        monkeypatch.setattr(fastio, "_PEEK_OFFSETS", True)
+        if offsets == "python":
+            monkeypatch.setattr(fastio, "_C_PEEK_WALK", None)
 
     metrics, seen = ProxyMetrics(), CountsSeen()
     sets = ((record_batch(700, 600_000), record_batch(5, 300_000)) if shape == "batches"

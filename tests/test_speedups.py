@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from gatehouse import codecs
 from gatehouse.codecs import fetch, produce
 from gatehouse.codecs._native import speedups
+from gatehouse.codecs._scan import StepWalk
 from tests.codec_strategies import build_message, header_tags, message_body
 from tests.reliability.fuzz_codec import check_readers, mutate
 from tests.test_fetch_scan import draw_response_frame
@@ -36,6 +37,10 @@ def test_the_c_readers_are_built_and_used() -> None:
     assert speedups is not None
     assert produce._C_REQUEST_TOPICS is speedups.produce_request_topics
     assert fetch._C_WALK is speedups.fetch_walk
+    assert produce._C_WALK_FEED is speedups.produce_walk_feed
+    from gatehouse.proxy import fastio
+
+    assert fastio._C_PEEK_WALK is not None  # Linux with SO_PEEK_OFF's number in its headers
 
 
 def _info(registry: Any) -> dict[str, str]:
@@ -57,7 +62,9 @@ def test_gatehouse_pure_python_turns_them_off(tmp_path: Path) -> None:
             "from tests.test_speedups import _info\n"
             "assert _native.speedups is None\n"
             "assert produce._C_REQUEST_TOPICS is None and fetch._C_WALK is None\n"
-            "assert records._C_COUNT_RECORDS is None\n"
+            "assert records._C_COUNT_RECORDS is None and produce._C_WALK_FEED is None\n"
+            "from gatehouse.proxy import fastio\n"
+            "assert fastio._C_PEEK_WALK is None\n"
             "from gatehouse.codecs import _flat\n"
             "assert _flat._C_FLAT_RECORDS is None\n"
             "assert _info(ProxyMetrics().registry)['byte_readers'] == 'python'\n"
@@ -165,3 +172,88 @@ def test_short_and_hostile_frames(frame: bytes) -> None:
         check_readers(frame, 0, version, True)
         check_readers(frame, 0, version, False)
         check_readers(frame, 1, max(version, 12), False)
+
+
+_WALK_SLOTS = ("opaque", "finished", "_at", "_size", "_state", "_topics", "_partitions",
+               "_left", "_key", "_indexes", "_records", "_bytes", "_out", "_held")
+
+
+def _walk_state(walk: produce.RequestWalk) -> tuple[Any, ...]:
+    return tuple(getattr(walk, slot) for slot in _WALK_SLOTS)
+
+
+def _feed_alike(walks: tuple[produce.RequestWalk, produce.RequestWalk], piece: bytes
+                ) -> int | None:
+    """``piece`` to both walks, the first through RequestWalk.feed (C where it can), the
+    second through the Python steps alone: the same bytes taken, the same state after,
+    the same refusal.  How many they took; None once they refused."""
+    outcomes = []
+    for walk, feed in zip(walks, (produce.RequestWalk.feed, StepWalk.feed), strict=True):
+        try:
+            outcomes.append(feed(walk, piece))
+        except produce.Unexpected:
+            outcomes.append("refused")
+    assert outcomes[0] == outcomes[1]
+    if outcomes[0] == "refused":
+        return None  # a refused walk is dropped, whatever state it was left in
+    assert _walk_state(walks[0]) == _walk_state(walks[1])
+    return int(outcomes[0])
+
+
+@pytest.mark.parametrize("version", PRODUCE_VERSIONS)
+@SETTINGS
+@given(data=st.data(), seed=st.integers(0, 2**32), lie=st.sampled_from([0, 0, 0, -1, 1, -70]))
+def test_request_walks_in_c_move_as_in_python(version: int, data: st.DataObject, seed: int,
+                                              lie: int) -> None:
+    """A Produce request (as drawn, cut, flipped, its size misstated) fed in random pieces,
+    records skipped at random, to a walk that reads its usual parts in C and to one that
+    reads every part in Python: after every piece the two are in the same state."""
+    for frame in _mutations(draw_request_frame(data, version), seed)[:4]:
+        size = max(len(frame) + lie, 0)
+        walks = (produce.RequestWalk(version, size), produce.RequestWalk(version, size))
+        pos = 0
+        while pos < len(frame) and (walks[0].opaque or not walks[0].finished):
+            if walks[0].opaque and data.draw(st.booleans()):
+                n = data.draw(st.integers(1, min(walks[0].opaque, len(frame) - pos)))
+                for walk in walks:
+                    walk.skip(n)
+                pos += n
+                continue
+            piece = frame[pos:pos + data.draw(st.sampled_from([1, 7, 70, 512, 1 << 20]))]
+            taken = _feed_alike(walks, piece)
+            if taken is None:
+                break
+            pos += taken
+        assert walks[0].topics() == walks[1].topics()
+
+
+def test_a_usual_request_is_walked_in_c() -> None:
+    """One batch per partition, empty tag sections: every part read in C, as one piece
+    and in the pieces a proxy peeks at."""
+    from tests.test_metrics_produce import batch
+
+    for version in (8, 9, 12, 13):
+        topic = ({"topic_id": "00000000-0000-0000-0000-000000000005"} if version >= 13
+                 else {"name": "orders"})
+        frame = bytes(codecs.request_from_dict({
+            "header": {"api_key": 0, "api_version": version, "correlation_id": 1,
+                       "client_id": "app"},
+            "body": {"transactional_id": None, "acks": -1, "timeout_ms": 1000,
+                     "topic_data": [{**topic, "partition_data": [
+                         {"index": i, "records": batch(3, payload=100_000)}
+                         for i in range(3)]}]},
+        }).encode())
+        walk = produce.RequestWalk(version, len(frame))
+        assert speedups.produce_walk_feed(walk, frame) == len(frame)
+        assert walk.finished and walk.topics() == produce.request_topics(frame, version)
+        walk = produce.RequestWalk(version, len(frame))
+        pos = 0
+        while not walk.finished:
+            if walk.opaque:
+                pos += walk.opaque
+                walk.skip(walk.opaque)
+                continue
+            taken = speedups.produce_walk_feed(walk, frame[pos:pos + 512])
+            assert taken == len(frame[pos:pos + 512])  # all in C
+            pos += taken
+        assert walk.topics() == produce.request_topics(frame, version)

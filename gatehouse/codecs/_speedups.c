@@ -9,7 +9,8 @@
  * error), or NotImplemented for the rare valid inputs it leaves to the Python reader
  * (tests/test_speedups.py holds the two to each other on generated, mutated and real
  * frames).  Every read is bounds-checked against the buffer; nothing is allocated from
- * a length the bytes declare.  Pure: no I/O, no state, the GIL held throughout.
+ * a length the bytes declare.  No I/O, no state of their own (produce_walk_feed moves
+ * the RequestWalk it is given, as its Python steps would), the GIL held throughout.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -895,6 +896,291 @@ done:
     return result;
 }
 
+/* produce.RequestWalk's usual parts read in C: the request's head, topic keys,
+ * partitions whose records are one v2 batch, and empty tag sections, each changing the
+ * walk as RequestWalk._parts does; the records after a batch's header skipped as
+ * StepWalk.feed skips them.  Stops at the first part it does not take (any other
+ * layout, a part not all in ``data``, bytes RequestWalk would refuse): RequestWalk.feed
+ * gives the rest to the Python walk, which holds a short part or raises.  Returns how
+ * many bytes of ``data`` it took.  The walk's states, as produce.py numbers them: */
+enum { W_HEAD, W_TOPIC, W_PARTITION, W_BATCH, W_PARTITION_TAGS, W_TOPIC_TAGS, W_TOP };
+
+typedef struct {
+    long long opaque, at, size, topics, partitions, left, records, bytes;
+    int state, finished, flexible, ids;
+    PyObject *key, *indexes, *out;  /* new references while the walk is read here */
+} Walk;
+
+static PyObject *walk_names[15];
+static const char *const walk_fields[15] = {
+    "opaque", "_at", "_size", "_topics", "_partitions", "_left", "_records", "_bytes",
+    "_state", "finished", "_flexible", "_ids", "_key", "_indexes", "_out",
+};
+
+static int
+walk_load(PyObject *obj, Walk *w)
+{
+    long long *numbers[] = {&w->opaque, &w->at, &w->size, &w->topics, &w->partitions,
+                            &w->left, &w->records, &w->bytes};
+    int *flags[] = {NULL, &w->finished, &w->flexible, &w->ids};
+    PyObject **refs[] = {&w->key, &w->indexes, &w->out};
+    w->key = w->indexes = w->out = NULL;
+    for (int i = 0; i < 15; i++) {
+        if (walk_names[i] == NULL
+                && (walk_names[i] = PyUnicode_InternFromString(walk_fields[i])) == NULL)
+            return ERROR;
+        PyObject *value = PyObject_GetAttr(obj, walk_names[i]);
+        if (value == NULL)
+            return ERROR;
+        if (i >= 12) {
+            *refs[i - 12] = value;
+            continue;
+        }
+        long long number = PyLong_AsLongLong(value);  /* a bool is an int too */
+        Py_DECREF(value);
+        if (number == -1 && PyErr_Occurred())
+            return ERROR;
+        if (i < 8)
+            *numbers[i] = number;
+        else if (i == 8)
+            w->state = (int)number;
+        else
+            *flags[i - 8] = number != 0;
+    }
+    return PyList_Check(w->indexes) && PyList_Check(w->out) ? 0 : BAD;
+}
+
+static int
+walk_store(PyObject *obj, const Walk *w)
+{
+    long long numbers[] = {w->opaque, w->at, w->size, w->topics, w->partitions, w->left,
+                           w->records, w->bytes, w->state};
+    for (int i = 0; i < 9; i++) {
+        if (i == 2)
+            continue;  /* the size does not change */
+        PyObject *value = PyLong_FromLongLong(numbers[i]);
+        if (value == NULL || PyObject_SetAttr(obj, walk_names[i], value) < 0) {
+            Py_XDECREF(value);
+            return ERROR;
+        }
+        Py_DECREF(value);
+    }
+    if (PyObject_SetAttr(obj, walk_names[9], w->finished ? Py_True : Py_False) < 0
+            || PyObject_SetAttr(obj, walk_names[12], w->key) < 0
+            || PyObject_SetAttr(obj, walk_names[13], w->indexes) < 0)
+        return ERROR;
+    return 0;
+}
+
+/* The transitions of RequestWalk's _records_done and what follows it. */
+static int
+walk_topic_done(Walk *w)
+{
+    PyObject *item = Py_BuildValue("(OOLL)", w->key, w->indexes, w->records, w->bytes);
+    if (item == NULL)
+        return ERROR;
+    int failed = PyList_Append(w->out, item);
+    Py_DECREF(item);
+    if (failed)
+        return ERROR;
+    if (w->flexible) {
+        w->state = W_TOPIC_TAGS;
+    } else if (--w->topics) {
+        w->state = W_TOPIC;
+    } else {
+        w->finished = 1;
+    }
+    return 0;
+}
+
+static int
+walk_partition_done(Walk *w)
+{
+    if (--w->partitions) {
+        w->state = W_PARTITION;
+        return 0;
+    }
+    return walk_topic_done(w);
+}
+
+static int
+walk_records_done(Walk *w)
+{
+    w->left = 0;
+    if (w->flexible) {
+        w->state = W_PARTITION_TAGS;
+        return 0;
+    }
+    return walk_partition_done(w);
+}
+
+/* One part at ``pos``: 0 and its end in *end, BAD where it is left to the Python walk. */
+static int
+walk_part(Walk *w, const Bytes *b, Py_ssize_t pos, Py_ssize_t *end)
+{
+    int flexible = w->flexible;
+    Py_ssize_t p = pos;
+    int64_t n;
+    switch (w->state) {
+    case W_HEAD:
+        if (!has(b, 8, 2) || pos != 0)
+            return BAD;
+        n = be16(b->p + 8);
+        p = 10 + (n > 0 ? (Py_ssize_t)n : 0);
+        if (flexible && skip_tags_fast(b, &p) < 0)
+            return BAD;
+        if (skip_string(b, &p, flexible) < 0)  /* TransactionalId */
+            return BAD;
+        p += 6;  /* Acks, TimeoutMs */
+        if (array_length(b, &p, flexible, &n) < 0 || p > w->size)
+            return BAD;
+        w->topics = n;
+        if (n) {
+            w->state = W_TOPIC;
+        } else if (flexible) {
+            w->state = W_TOP;
+        } else {
+            w->finished = 1;
+        }
+        break;
+    case W_TOPIC: {
+        PyObject *key = NULL, *indexes;
+        int status = topic_key(b, &p, w->ids, flexible, &key);
+        if (status < 0)
+            return status;
+        if (array_length(b, &p, flexible, &n) < 0 || w->at + (p - pos) > w->size) {
+            Py_DECREF(key);
+            return BAD;
+        }
+        indexes = PyList_New(0);
+        if (indexes == NULL) {
+            Py_DECREF(key);
+            return ERROR;
+        }
+        Py_SETREF(w->key, key);
+        Py_SETREF(w->indexes, indexes);
+        w->partitions = n;
+        w->records = w->bytes = 0;
+        if (n) {
+            w->state = W_PARTITION;
+        } else if (walk_topic_done(w) < 0) {
+            return ERROR;
+        }
+        break;
+    }
+    case W_PARTITION: {
+        if (!has(b, p, 4))
+            return BAD;
+        int32_t index = be32(b->p + p);
+        p += 4;
+        if (flexible) {
+            if (uvarint(b, &p, &n) < 0)
+                return BAD;
+            n -= 1;
+        } else {
+            if (!has(b, p, 4))
+                return BAD;
+            n = be32(b->p + p);
+            p += 4;
+        }
+        /* One v2 batch, all the records field, its header here. */
+        if (n < BATCH_OVERHEAD || !has(b, p, BATCH_OVERHEAD) || b->p[p + MAGIC_AT] != 2
+                || be32(b->p + p + 8) + (int64_t)LOG_OVERHEAD != n
+                || w->at + (p - pos) + n > w->size)
+            return BAD;
+        if (append_long(w->indexes, index) < 0)
+            return ERROR;
+        w->records += be32(b->p + p + COUNT_AT);
+        w->bytes += n;
+        w->opaque = n - BATCH_OVERHEAD;
+        p += BATCH_OVERHEAD;
+        if (walk_records_done(w) < 0)
+            return ERROR;
+        break;
+    }
+    case W_PARTITION_TAGS:
+    case W_TOPIC_TAGS:
+    case W_TOP:
+        if (!has(b, p, 1) || b->p[p] != 0 || w->at + 1 > w->size)
+            return BAD;
+        p += 1;
+        if (w->state == W_PARTITION_TAGS) {
+            if (walk_partition_done(w) < 0)
+                return ERROR;
+        } else if (w->state == W_TOPIC_TAGS) {
+            if (--w->topics) {
+                w->state = W_TOPIC;
+            } else {
+                w->state = W_TOP;
+            }
+        } else {
+            w->finished = 1;
+        }
+        break;
+    default:  /* W_BATCH: a records field that is not one v2 batch */
+        return BAD;
+    }
+    *end = p;
+    return 0;
+}
+
+static PyObject *
+produce_walk_feed(PyObject *module, PyObject *args)
+{
+    PyObject *obj, *held;
+    Py_buffer view;
+    if (!PyArg_ParseTuple(args, "Oy*", &obj, &view))
+        return NULL;
+    Bytes whole = {view.buf, view.len};
+    Walk w;
+    Py_ssize_t taken = 0;
+    int status = walk_load(obj, &w), changed = 0;
+    if (status == 0) {
+        held = PyObject_GetAttrString(obj, "_held");
+        if (held == NULL) {
+            status = ERROR;
+        } else {
+            if (PyObject_Length(held) != 0)
+                status = BAD;  /* a short part is the Python walk's to finish */
+            Py_DECREF(held);
+            if (PyErr_Occurred())
+                status = ERROR;
+        }
+    }
+    while (status == 0 && taken < whole.len && (w.opaque || !w.finished)) {
+        if (w.opaque) {
+            Py_ssize_t n = whole.len - taken;
+            if (w.opaque < n)
+                n = (Py_ssize_t)w.opaque;
+            w.opaque -= n;
+            w.at += n;
+            taken += n;
+            changed = 1;
+            continue;
+        }
+        /* The part is read from its own start, as the Python walk reads it. */
+        Bytes part = {whole.p + taken, whole.len - taken};
+        Py_ssize_t end;
+        status = walk_part(&w, &part, 0, &end);  /* BAD: w as it was */
+        if (status < 0)
+            break;
+        w.at += end;
+        taken += end;
+        changed = 1;
+    }
+    if (status == BAD)
+        status = 0;
+    if (status == 0 && changed)
+        status = walk_store(obj, &w);
+    Py_XDECREF(w.key);
+    Py_XDECREF(w.indexes);
+    Py_XDECREF(w.out);
+    PyBuffer_Release(&view);
+    if (status < 0)
+        return NULL;
+    return PyLong_FromSsize_t(taken);
+}
+
 static PyMethodDef methods[] = {
     {"produce_request_topics", produce_request_topics, METH_VARARGS,
      "produce_request_topics(frame, flexible, ids, count=True, spans=None)"
@@ -904,6 +1190,8 @@ static PyMethodDef methods[] = {
      " -> (codes, tags, messages) | None | NotImplemented"},
     {"fetch_walk", fetch_walk, METH_VARARGS,
      "fetch_walk(frame, ids, count) -> (codes, tags_at, topics) | None | NotImplemented"},
+    {"produce_walk_feed", produce_walk_feed, METH_VARARGS,
+     "produce_walk_feed(walk, data) -> bytes of data taken (RequestWalk.feed's usual parts)"},
     {"count_records", records_count, METH_VARARGS,
      "count_records(view, start, end) -> (records, bytes) | None"},
     {"flat_records", flat_records, METH_VARARGS,

@@ -53,6 +53,7 @@ FIRST_VERSION: Final = 3
 # The same readers in C (gatehouse/codecs/_speedups.c), where built.
 _C_REQUEST_TOPICS: Final = None if speedups is None else speedups.produce_request_topics
 _C_RESPONSE_SCAN: Final = None if speedups is None else speedups.produce_response_scan
+_C_WALK_FEED: Final = None if speedups is None else speedups.produce_walk_feed
 
 
 def partitions_total(partitions: Iterable[Any]) -> tuple[int, int]:
@@ -245,6 +246,16 @@ class RequestWalk(StepWalk):
         self._indexes: list[int] = []
         self._records = self._bytes = 0
         self._out: TopicCounts = []
+
+    def feed(self, data: Buffer) -> int:
+        """``StepWalk.feed``: the usual parts (the head, topic keys, partitions of one v2
+        batch, empty tag sections) read in C where it is built, any other in Python."""
+        if _C_WALK_FEED is None:
+            return StepWalk.feed(self, data)
+        taken: int = _C_WALK_FEED(self, data)
+        if taken < len(data) and (self.opaque or not self.finished):
+            taken += StepWalk.feed(self, memoryview(data)[taken:])
+        return taken
 
     def topics(self) -> TopicCounts | None:
         """Per topic, as ``request_topics``: once every part of the frame but the records

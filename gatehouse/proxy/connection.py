@@ -57,6 +57,7 @@ from gatehouse.codecs.reader import FrameReader
 from gatehouse.codecs.sasl import claimed_user
 from gatehouse.codecs.scram import SaslCredentials, SaslError
 from gatehouse.logs import log_event
+from gatehouse.proxy import fastio
 from gatehouse.proxy.addresses import (
     AddressMapper,
     BrokerAddress,
@@ -122,9 +123,6 @@ _TAIL_HOLD = 64 * 1024
 # whole, before its last bytes go up).
 _STREAM_REQUEST_MIN = 64 * 1024
 _REQUEST_HEAD = 1024  # read for the header and acks of a request that may stream
-# Peeked at a time for the walk of a spliced request: a batch's header and the parts
-# around it (a longer part is read in more peeks).
-_PEEK_READ = 512
 # Under quotas, a streamed answer starts once this much is in: its throttle time (after
 # the correlation id and the header's tags) may have to be written in place.
 _THROTTLE_HEAD = 64
@@ -831,25 +829,20 @@ class ProxyConnection:
         at = moved  # bytes of the frame the walk has gone past (read or skipped)
         try:
             while walking is not None and not walking.finished:
-                if at >= total:  # the frame ends inside a part: not one to follow
-                    walking = None
+                try:
+                    at, reached = client.peek_walk(walking, at, moved, total)
+                except produce.Unexpected:
+                    walking = None  # not a request the walk can follow
                     break
-                if walking.opaque:  # records: looked past, moved later
-                    at += walking.opaque
-                    walking.skip(walking.opaque)
-                    continue
-                # A long part (records that are no v2 batch, read whole) in ever
-                # larger peeks.
-                data = client.peek_at(at - moved, min(total - at,
-                                                      max(_PEEK_READ, walking.holding)))
-                if data:
-                    walking = self._walked(walking, data)
-                    at += len(data)
-                elif at > moved:  # nothing to see there yet: on with what was walked
+                if reached == fastio.PAST_END:  # the frame ends inside a part
+                    walking = None
+                elif reached == fastio.WALKED:
+                    break
+                elif at > moved:  # nothing more to see yet: on with what was walked
                     await self._splice_up(sent, at - moved, pipe, gone)
                     sent = b""
                     moved = at
-                elif data is None:
+                elif reached == fastio.EMPTY:
                     await client.wait_readable()
                 else:
                     raise _Close(gone, logging.WARNING)  # EOF

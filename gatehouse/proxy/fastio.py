@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import importlib
 import os
 import socket
 import struct
@@ -39,6 +40,8 @@ from collections.abc import Callable
 from typing import Any, Final
 
 import trio
+
+from gatehouse.codecs._native import speedups
 
 _YIELD_EVERY: Final = 16  # calls that did not wait, then one yield
 # A frame this large goes out with its size prefix in one writev from where it lies; a
@@ -55,6 +58,18 @@ _UNSUPPORTED: Final = (errno.EOPNOTSUPP, errno.ENOPROTOOPT, errno.EINVAL)
 # Whether TCP sockets take SO_PEEK_OFF here (learnt from the first try; None: not yet).
 _PEEK_OFFSETS: bool | None = None
 _TCP_NOTSENT_LOWAT: Final = getattr(socket, "TCP_NOTSENT_LOWAT", None)
+# Peeked at a time by ``peek_walk``: a batch's header and the parts around it (a longer
+# part is read in more peeks).
+PEEK_READ: Final = 512
+# Where ``peek_walk`` stopped: the walk finished; no bytes there yet (or the system
+# cannot peek that far); the socket at EOF; the frame ends inside a part.
+WALKED, EMPTY, EOF, PAST_END = range(4)
+# peek_walk's loop in C (_peeking.c), where built; off with the C byte readers
+# (GATEHOUSE_PURE_PYTHON).  The Python loop below stays the reference.
+_C_PEEK_WALK: Any = None
+if speedups is not None:
+    with contextlib.suppress(ImportError):  # not built here
+        _C_PEEK_WALK = importlib.import_module("gatehouse.proxy._peeking").peek_walk
 
 
 class FastStream:
@@ -129,6 +144,38 @@ class FastStream:
             return None
         except OSError as exc:
             raise trio.BrokenResourceError(exc) from exc
+
+    def peek_walk(self, walk: Any, at: int, moved: int, total: int) -> tuple[int, int]:
+        """Feeds ``walk`` (a ``StepWalk`` over a frame ``total`` bytes long, size prefix
+        included, fed up to frame offset ``at``) the frame's next bytes where they lie in
+        the socket, ``moved`` of the frame's bytes having been received from it: each
+        part peeked at (``peek_at``), the records it calls ``opaque`` skipped, until the
+        walk is finished (WALKED), nothing is there yet or the system cannot peek that
+        far (EMPTY), the socket is at EOF (EOF), or the frame ends inside a part
+        (PAST_END).  Returns the frame offset reached and which; raises what
+        ``walk.feed`` raises.  Never waits.  Only where ``peeks``."""
+        if _C_PEEK_WALK is not None and _PEEK_OFFSETS:
+            try:
+                return _C_PEEK_WALK(_fd(self.socket), walk, at, moved, total,  # type: ignore[no-any-return]
+                                    PEEK_READ)
+            except OSError as exc:
+                raise trio.BrokenResourceError(exc) from exc
+        while not walk.finished:
+            if at >= total:
+                return at, PAST_END
+            if walk.opaque:  # records: looked past, moved later
+                at += walk.opaque
+                walk.skip(walk.opaque)
+                continue
+            # A long part (records that are no v2 batch, read whole) in ever larger peeks.
+            data = self.peek_at(at - moved, min(total - at, max(PEEK_READ, walk.holding)))
+            if data is None:
+                return at, EMPTY
+            if not data:
+                return at, EOF
+            walk.feed(data)
+            at += len(data)
+        return at, WALKED
 
     async def wait_readable(self) -> None:
         """Until the socket has bytes (or EOF) to receive."""
