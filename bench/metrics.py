@@ -71,8 +71,8 @@ def side_by_side(kafka: KafkaCluster, targets: dict[str, str], *, records: int, 
     for r in range(rounds):
         windows: dict[str, list[float]] = {name: [] for name in targets}
         threads = []
-        for name, addr in targets.items():
-            topic = f"side-{size}-{name}-{r}"
+        topics = [f"side-{size}-{name}-{r}" for name in targets]
+        for (name, addr), topic in zip(targets.items(), topics, strict=True):
             kafka.create_topic(topic, partitions=3)
             threads.append(threading.Thread(target=produce_rate, args=(
                 kafka, addr, topic, records, size), kwargs={"timeout": 900,
@@ -81,6 +81,7 @@ def side_by_side(kafka: KafkaCluster, targets: dict[str, str], *, records: int, 
             thread.start()
         for thread in threads:
             thread.join()
+        kafka.delete_topics(topics)  # the disk stays bounded
         both = range(2, min(len(w) for w in windows.values()) - 1)
         if not both:
             raise RuntimeError("the producers ran side by side for under 4 s: more records")

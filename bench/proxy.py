@@ -161,6 +161,7 @@ def compare_throughput(kafka: KafkaCluster, targets: dict[str, str], *, records:
                     if pid and cpu is not None:
                         cpu.setdefault(name, {}).setdefault(metric, []).append(
                             (cpu_seconds(pid) - before) / (n * size / 1e6))
+                kafka.delete_topics([broker_topic(topic)])  # the disk stays bounded
     return results
 
 
@@ -270,6 +271,7 @@ def main() -> None:
                         if size == 1024:
                             c = consume_rate(kafka, addr, topic, records)
                             results[name].setdefault("consume 1 KiB MB/s", []).append(c)
+                        kafka.delete_topics([topic])  # the disk stays bounded
             lat = {name: latencies(addr) for name, addr in targets.items() if name not in broken}
             # Added producer latency at half the direct 1 KiB throughput (records/s).
             half = int(statistics.median(results["direct"]["produce 1 KiB MB/s"])
@@ -283,6 +285,7 @@ def main() -> None:
                     kafka.create_topic(topic, partitions=3)
                     at_half.setdefault(name, []).append(
                         produce_latency(kafka, addr, topic, half * 20, 1024, half))
+                    kafka.delete_topics([topic])
             before, after = rss_with_idle_connections(gate, gate_addr)
         finally:
             for proc in (gate, tansu):

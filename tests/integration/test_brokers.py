@@ -47,6 +47,27 @@ def test_java_tool_producer_performance(kafka: KafkaCluster) -> None:
     assert watermarks(kafka.bootstrap, topic) == (0, 500)
 
 
+def test_deleted_topics_leave_the_broker_and_its_disk(kafka: KafkaCluster) -> None:
+    # What keeps a long benchmark's disk bounded: the topic and, a second later, its files.
+    topic = unique("deleted")
+    kafka.create_topic(topic, partitions=2)
+    produce({"bootstrap.servers": kafka.bootstrap}, topic, count=200)
+    data = Path(kafka.nodes[0].data_dir)
+
+    def files() -> list[Path]:
+        return [p for p in data.iterdir() if p.name.startswith(f"{topic}-")]
+
+    assert sorted(p.name for p in files()) == [f"{topic}-0", f"{topic}-1"]
+    kafka.delete_topics([topic, unique("never-created")])
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    assert topic not in admin.list_topics(timeout=10).topics
+    deadline = time.monotonic() + 30
+    while files() and time.monotonic() < deadline:  # no event to await: a file's removal
+        time.sleep(0.1)
+    assert files() == []
+    kafka.delete_topics([topic])  # gone already: no error
+
+
 def test_cluster_spreads_partitions(kafka_cluster: KafkaCluster) -> None:
     topic = unique("spread")
     kafka_cluster.create_topic(topic, partitions=3, replication=3)
