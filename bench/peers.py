@@ -25,8 +25,10 @@ round's data at most (~23 GB at 900,000 records).
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -68,6 +70,8 @@ def start_full_gatehouse(upstream: str, rules: str = "") -> tuple[subprocess.Pop
     """Gatehouse with rules (and ``rules``), metrics and the observation log."""
     extra = FULL_INSPECTION + rules + f"metrics: {{listen: 127.0.0.1:{free_port()}}}\n"
     capture_dir = tempfile.mkdtemp(prefix="gatehouse-capture-")
+    # ~100 MB a run: gone when the bench ends (its proxies are stopped before then).
+    atexit.register(shutil.rmtree, capture_dir, True)
     try:
         from gatehouse.proxy.config import config_from_text
 
