@@ -89,21 +89,30 @@ def produce_rate(kafka: KafkaCluster, bootstrap: str, topic: str, records: int,
     return float(match.group(3))
 
 
+# ProducerPerformance's summary line; the producer's own metric (--print-metrics).
+PERCENTILES = re.compile(r"([\d.]+) ms avg latency.*?([\d.]+) ms 50th, [\d.]+ ms 95th, "
+                         r"([\d.]+) ms 99th")
+REQUEST_LATENCY = re.compile(r"^producer-metrics:request-latency-avg:.*: ([\d.]+)$", re.M)
+
+
 def produce_latency(kafka: KafkaCluster, bootstrap: str, topic: str, records: int,
-                    size: int, rate: int) -> tuple[float, float]:
-    """ProducerPerformance throttled to ``rate`` records/s: its steady-state (p50, p99)
-    latency in ms; the first quarter of the records (JIT warm-up, connections) is left out."""
+                    size: int, rate: int) -> tuple[float, float, float, float]:
+    """ProducerPerformance throttled to ``rate`` records/s: its steady-state record
+    latency (p50, p99, average; the first quarter of the records, JIT warm-up and
+    connections, left out: whole milliseconds but the average) and the producer's own
+    average request latency (its ``request-latency-avg`` metric, over the run), in ms."""
     result = kafka.run_java_tool(PERF, "--topic", topic, "--num-records", str(records),
                                  "--warmup-records", str(records // 4),
                                  "--record-size", str(size), "--throughput", str(rate),
+                                 "--print-metrics",
                                  "--producer-props", f"bootstrap.servers={bootstrap}",
                                  "acks=all", "linger.ms=0", timeout=600)
-    found = re.findall(r"([\d.]+) ms 50th, ([\d.]+) ms 95th, ([\d.]+) ms 99th",
-                       result.stdout or "")
+    found = PERCENTILES.findall(result.stdout or "")
     match = found[-1] if found else None  # the steady-state summary comes last
-    if result.returncode != 0 or match is None:
+    request = REQUEST_LATENCY.search(result.stdout or "")
+    if result.returncode != 0 or match is None or request is None:
         raise RuntimeError(f"ProducerPerformance failed: {result.stderr[-1500:]}")
-    return float(match[0]), float(match[2])
+    return float(match[1]), float(match[2]), float(match[0]), float(request[1])
 
 
 def consume_rate(kafka: KafkaCluster, bootstrap: str, topic: str, records: int) -> float:
@@ -276,7 +285,7 @@ def main() -> None:
             # Added producer latency at half the direct 1 KiB throughput (records/s).
             half = int(statistics.median(results["direct"]["produce 1 KiB MB/s"])
                        * 1e6 / 1024 / 2)
-            at_half: dict[str, list[tuple[float, float]]] = {}
+            at_half: dict[str, list[tuple[float, float, float, float]]] = {}
             for r in range(args.rounds):
                 for name, addr in rotated(list(targets.items()), r):
                     if name in broken:
@@ -303,12 +312,12 @@ def main() -> None:
         direct = pct(lat["direct"], q)
         added = {n: f"{1000 * (pct(v, q) - direct):.3f}" for n, v in lat.items() if n != "direct"}
         print(f"added latency p{q} (ms): {added} (direct p{q} {1000 * direct:.3f})")
-    for q, i in ((50, 0), (99, 1)):
+    for what, i in (("p50", 0), ("p99", 1), ("avg", 2), ("request avg", 3)):
         direct_q = statistics.median(v[i] for v in at_half["direct"])
         added_q = {n: f"{statistics.median(v[i] for v in vals) - direct_q:.2f}"
                    for n, vals in at_half.items() if n != "direct"}
-        print(f"added producer latency p{q} at {half} records/s (half the direct rate), ms: "
-              f"{added_q} (direct p{q} {direct_q:.2f})")
+        print(f"added producer latency {what} at {half} records/s (half the direct rate), "
+              f"ms: {added_q} (direct {what} {direct_q:.2f})")
     for name, why in broken.items():
         print(f"{name}: failed under load: {why}")
     print(f"gatehouse RSS: {before:.1f} MiB idle, {after:.1f} MiB with 1000 idle connections")
