@@ -266,21 +266,22 @@ def main() -> None:
                                                                         500))):
                 for r in range(args.rounds):
                     for name, addr in rotated(list(targets.items()), r):
-                        topic = f"bench-{size}-{name}-{r}"
-                        kafka.create_topic(topic, partitions=3)
                         if name in broken:
                             continue
+                        topic = f"bench-{size}-{name}-{r}"
+                        kafka.create_topic(topic, partitions=3)
                         try:
                             mbs = produce_rate(kafka, addr, topic, records, size, timeout=180)
                         except Exception as exc:  # a peer that cannot carry the load
                             broken[name] = str(exc).splitlines()[0][:200]
-                            continue
-                        results[name].setdefault(f"produce {size // 1024} KiB MB/s",
-                                                 []).append(mbs)
-                        if size == 1024:
-                            c = consume_rate(kafka, addr, topic, records)
-                            results[name].setdefault("consume 1 KiB MB/s", []).append(c)
-                        kafka.delete_topics([topic])  # the disk stays bounded
+                        else:
+                            results[name].setdefault(f"produce {size // 1024} KiB MB/s",
+                                                     []).append(mbs)
+                            if size == 1024:
+                                c = consume_rate(kafka, addr, topic, records)
+                                results[name].setdefault("consume 1 KiB MB/s", []).append(c)
+                        finally:
+                            kafka.delete_topics([topic])  # the disk stays bounded
             lat = {name: latencies(addr) for name, addr in targets.items() if name not in broken}
             # Added producer latency at half the direct 1 KiB throughput (records/s).
             half = int(statistics.median(results["direct"]["produce 1 KiB MB/s"])
