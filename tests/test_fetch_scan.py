@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
@@ -40,13 +41,22 @@ def frame_of(version: int, body: Any, tags: Any = ()) -> bytes:
     return bytes(build_message(1, version, "response", body, tags=tags).encode())
 
 
+# What a broker's answer holds: whole v2 batches, the last maybe cut short (at any byte:
+# inside its header or after it), besides what RECORDS draws.
+FETCHED_RECORDS = st.one_of(RECORDS, st.tuples(
+    st.lists(st.builds(batch, st.integers(0, 500), st.just(2), st.integers(0, 200)), max_size=4),
+    st.builds(batch, st.integers(1, 9), st.just(2), st.integers(0, 300)),
+    st.integers(1, 400),
+).map(lambda parts: b"".join(parts[0]) + parts[1][:min(parts[2], len(parts[1]) - 1)]))
+
+
 def draw_response_frame(data: st.DataObject, version: int) -> bytes:
     """A Fetch response of ``version`` from the codec's strategies, its records fields
-    drawn from RECORDS, its header tags drawn too."""
+    drawn from FETCHED_RECORDS, its header tags drawn too."""
     body = data.draw(message_body(codecs.api(1).response, version))
     topics = []
     for topic in body.responses:
-        parts = tuple(p.replace(records=data.draw(RECORDS)) for p in topic.partitions)
+        parts = tuple(p.replace(records=data.draw(FETCHED_RECORDS)) for p in topic.partitions)
         topics.append(topic.replace(partitions=parts))
     body = body.replace(responses=tuple(topics))
     return frame_of(version, body, data.draw(header_tags(True)))
@@ -218,3 +228,58 @@ def test_a_walk_refuses_records_or_parts_past_the_frames_end() -> None:
         fetch.AnswerWalk(11, len(frame))  # not flexible: not walked
     with pytest.raises(ValueError):
         fetch.AnswerWalk(17, len(frame)).skip(1)  # no records to skip yet
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("batches_in_c", [True, False], ids=["c", "python"])
+@WALK_SETTINGS
+@given(data=st.data())
+def test_a_counting_walk_that_skips_records_says_what_the_scan_says(
+        version: int, batches_in_c: bool, data: st.DataObject) -> None:
+    """An answer walked with ``count`` in pieces, the rest of each batch skipped at
+    random, says what ``response_scan`` says of the whole frame (its codes, tags and
+    counts; None where the scan gives up), and what it skipped holds nothing the scan
+    reads (the same frame with those bytes changed scans the same); with the batch
+    headers read in C (``_speedups.batches_feed``) or in Python."""
+    if batches_in_c:
+        assert fetch._C_BATCHES is not None
+    frame = draw_response_frame(data, version)
+    expected = fetch.response_scan(frame, version)
+    walk = fetch.AnswerWalk(version, len(frame), count=True)
+    try:
+        with mock.patch.object(fetch, "_C_BATCHES", fetch._C_BATCHES if batches_in_c else None):
+            taken, skipped = feed_in_pieces(walk, frame, data)
+    except fetch.Unexpected:
+        assert expected is None  # not an answer's structure: the scan gives up too
+        return
+    assert walk.finished and walk.tags_at == taken and not walk.opaque
+    assert walk.scan(frame[taken:]) == expected
+    if expected is not None:
+        mangled = bytearray(frame)
+        for start, end in skipped:
+            mangled[start:end] = b"\x5a" * (end - start)
+        assert fetch.response_scan(bytes(mangled), version) == expected
+    # Without ``count`` the walk reaches the same place and scans nothing.
+    plain = fetch.AnswerWalk(version, len(frame))
+    assert plain.feed(frame) == taken and plain.scan(frame[taken:]) is None
+
+
+def test_a_counting_walk_reads_batch_headers_and_skips_the_rest_of_each_batch() -> None:
+    frame = one_partition_answer(4, 9)
+    records = batch(7)
+    start = frame.index(records)
+    walk = fetch.AnswerWalk(17, len(frame), count=True)
+    assert walk.feed(frame[:start + 61]) == start + 61  # up to the batch's header's end
+    assert walk.opaque == len(records) - 61  # the rest of the batch: not read
+    walk.skip(walk.opaque)
+    assert walk.feed(frame[start + len(records):]) == len(frame) - start - len(records) - 1
+    assert walk.scan(frame[walk.tags_at:]) == fetch.response_scan(frame, 17) == (
+        {0: 2}, (), [(codecs.schema.uuid.UUID(int=9).bytes, [4], 7, len(records))])
+    assert walk.scan(b"") is None and walk.scan(b"\x00\x00") is None  # not the tag section
+    # Records the scan does not count (a batch shorter than its header): no scan, and
+    # the walk goes on past them to the tags.
+    bad = bytearray(frame)
+    bad[start + 8:start + 12] = (20).to_bytes(4, "big")
+    odd = fetch.AnswerWalk(17, len(bad), count=True)
+    assert odd.feed(bytes(bad)) == len(bad) - 1 and odd.uncounted
+    assert odd.scan(b"\x00") is None and fetch.response_scan(bytes(bad), 17) is None

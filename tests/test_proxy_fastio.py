@@ -301,6 +301,22 @@ async def test_splice_stops_short_at_eof_and_a_pipe_left_holding_bytes_is_closed
     pool.close()
 
 
+def test_whether_sockets_peek_past_their_first_byte_is_tried_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``peeks_at_offsets`` tries TCP SO_PEEK_OFF on a loopback connection the first time
+    (this kernel takes it: Linux 6.10+), and after that, or after a peek found out,
+    says what was found."""
+    from gatehouse.proxy import fastio
+
+    monkeypatch.setattr(fastio, "_PEEK_OFFSETS", None)
+    assert fastio.peeks_at_offsets() is True and fastio._PEEK_OFFSETS is True
+    monkeypatch.setattr(fastio, "_PEEK_OFFSETS", False)
+    assert fastio.peeks_at_offsets() is False
+    monkeypatch.setattr(fastio, "_PEEK_OFFSETS", None)
+    monkeypatch.setattr(fastio, "_SO_PEEK_OFF", 0x7FFF)  # an option no system has
+    assert fastio.peeks_at_offsets() is False and fastio._PEEK_OFFSETS is False
+
+
 @pytest.mark.parametrize("offsets", [True, False], ids=["peek-offsets", "first-byte-only"])
 async def test_peek_at_looks_ahead_and_leaves_every_byte_in_the_socket(
         offsets: bool, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -26,7 +26,7 @@ from gatehouse.codecs import fetch, produce
 from gatehouse.codecs._scan import tag_fields
 from gatehouse.proxy.config import Limits
 from gatehouse.proxy.connection import _RECEIVE_SIZE, _SPLICE_READ
-from gatehouse.proxy.hooks import CLIENT_CLOSED, Forward, Observers, Policy
+from gatehouse.proxy.hooks import CLIENT_CLOSED, Forward, Observer, Observers, Policy
 from gatehouse.proxy.quotas import Bucket, Charge
 from tests.support.fakebroker import frame_bytes, notsent_lowat, request, response_body
 from tests.test_proxy_pumps import Harness, Recorder, proxied
@@ -36,6 +36,18 @@ FETCH_VERSION = 17
 # large answer's records socket to socket (splice): the same tests hold for both.
 TRANSPORTS = pytest.mark.parametrize("tcp", [False, True], ids=["memory", "tcp"])
 RECORDS = bytes(range(256)) * 4096  # 1 MiB: several receives through the proxy
+# With the metrics on, which read what Fetch answers carry, a large one's records still
+# go socket to socket, counted on the way: the same tests hold with and without them.
+METERED = pytest.mark.parametrize("metered", [False, True], ids=["plain", "metered"])
+
+
+def watching(metered: bool, recorder: Recorder | None = None) -> Observer:
+    """The connection's observers: ``recorder`` (a new one by default), with the metrics
+    where ``metered``."""
+    from gatehouse.metrics import ProxyMetrics
+
+    recorder = recorder or Recorder()
+    return Observers([ProxyMetrics(), recorder]) if metered else recorder
 
 
 def no_answer(req: codecs.Request) -> Any:
@@ -54,14 +66,15 @@ def fetch_answer(correlation_id: int, *, node_endpoints: list[dict[str, Any]] | 
          "preferred_read_replica": -1, "records": None,
          **({"current_leader": {"leader_id": 2, "leader_epoch": 7}} if partition_error else {})},
     ]
+    topic = {"topic": "orders"} if version < 13 else {"topic_id": str(uuid.UUID(int=7))}
+    leaders = {"node_endpoints": node_endpoints or []} if version >= 16 else {}
     body = response_body(1, version, throttle_time_ms=0, error_code=0, session_id=0,
-                         responses=[{"topic_id": str(uuid.UUID(int=7)), "partitions": partitions}],
-                         node_endpoints=node_endpoints or [])
+                         responses=[{**topic, "partitions": partitions}], **leaders)
     return frame_bytes(codecs.Response.build(1, version, correlation_id, body).encode())
 
 
-async def send_fetch(h: Harness, correlation_id: int) -> None:
-    await h.client.send(request(1, FETCH_VERSION, correlation_id, max_wait_ms=0,
+async def send_fetch(h: Harness, correlation_id: int, version: int = FETCH_VERSION) -> None:
+    await h.client.send(request(1, version, correlation_id, max_wait_ms=0,
                                 min_bytes=1, max_bytes=50 << 20, topics=[]).encode())
 
 
@@ -85,10 +98,12 @@ async def relay(h: Harness, *pieces: bytes) -> bytes:
         return await receive_bytes(h, sum(map(len, pieces)))
 
 
+@METERED
 @TRANSPORTS
-async def test_a_large_answer_reaches_the_client_before_its_last_byte_leaves_the_broker(tcp: bool) -> None:
+async def test_a_large_answer_reaches_the_client_before_its_last_byte_leaves_the_broker(
+        tcp: bool, metered: bool) -> None:
     recorder = Recorder()
-    async with proxied(no_answer, observer=recorder, tcp=tcp) as h:
+    async with proxied(no_answer, observer=watching(metered, recorder), tcp=tcp) as h:
         await send_fetch(h, 1)
         wire = fetch_answer(1)
         half = len(wire) // 2
@@ -197,11 +212,12 @@ async def test_with_no_pipe_to_be_had_large_frames_go_through_the_buffers(
         assert h.pumps.close_reason == "client closed"
 
 
-async def test_a_spliced_answer_that_is_no_fetch_answer_closes_the_connection() -> None:
+@METERED
+async def test_a_spliced_answer_that_is_no_fetch_answer_closes_the_connection(metered: bool) -> None:
     """A broker whose large Fetch answer turns out malformed after its first bytes went
     on (here: the answer ends inside its records, with a size that says so): the
     connection closes with a line naming the broker, and the client sees the close."""
-    async with proxied(no_answer, tcp=True) as h:
+    async with proxied(no_answer, observer=watching(metered), tcp=True) as h:
         await send_fetch(h, 1)
         wire = fetch_answer(1)
         cut = wire[4:len(wire) - 100_000]  # records of 1 MiB in an answer too short for them
@@ -254,9 +270,11 @@ async def test_answers_behind_a_streamed_one_follow_it_in_order(tcp: bool) -> No
                 assert await receive_bytes(h, len(wires)) == wires
 
 
+@METERED
 @TRANSPORTS
-async def test_a_broker_gone_in_the_middle_of_a_streamed_answer_closes_the_client(tcp: bool) -> None:
-    async with proxied(no_answer, tcp=tcp) as h:
+async def test_a_broker_gone_in_the_middle_of_a_streamed_answer_closes_the_client(
+        tcp: bool, metered: bool) -> None:
+    async with proxied(no_answer, observer=watching(metered), tcp=tcp) as h:
         await send_fetch(h, 1)
         wire = fetch_answer(1)
         await h.broker.frames.send_raw(wire[:300_000])
@@ -286,9 +304,11 @@ async def test_a_fetch_answer_newer_than_the_codec_streams_through_untouched(tcp
 LONG_HOST = "broker-2.kafka.internal.example.com"  # longer than the proxy's address
 
 
+@METERED
 @TRANSPORTS
-async def test_a_streamed_fetch_answers_leaders_are_rewritten_in_a_section_of_the_same_size(tcp: bool) -> None:
-    async with proxied(no_answer, tcp=tcp) as h:
+async def test_a_streamed_fetch_answers_leaders_are_rewritten_in_a_section_of_the_same_size(
+        tcp: bool, metered: bool) -> None:
+    async with proxied(no_answer, observer=watching(metered), tcp=tcp) as h:
         await send_fetch(h, 1)
         wire = fetch_answer(1, partition_error=6, node_endpoints=[
             {"node_id": 2, "host": LONG_HOST, "port": 9092, "rack": "r1"}])
@@ -307,9 +327,11 @@ async def test_a_streamed_fetch_answers_leaders_are_rewritten_in_a_section_of_th
         assert_spliced(h, tcp)
 
 
+@METERED
 @TRANSPORTS
-async def test_leaders_that_do_not_fit_are_left_out_and_the_answer_keeps_its_size(tcp: bool) -> None:
-    async with proxied(no_answer, tcp=tcp) as h:
+async def test_leaders_that_do_not_fit_are_left_out_and_the_answer_keeps_its_size(
+        tcp: bool, metered: bool) -> None:
+    async with proxied(no_answer, observer=watching(metered), tcp=tcp) as h:
         await send_fetch(h, 1)
         wire = fetch_answer(1, partition_error=6, node_endpoints=[
             {"node_id": 2, "host": "k2", "port": 9092, "rack": None}])
@@ -1042,3 +1064,172 @@ async def test_a_streamed_answer_over_a_quota_asks_the_client_to_wait(tcp: bool)
         assert abs(throttle - debt * 1000) < 100, (throttle, debt)
         assert got[:at] + got[at + 4:] == wire[:at] + wire[at + 4:]
         assert_spliced(h, tcp)
+
+
+class ScansSeen(Recorder):
+    """Records, for each Fetch answer, what the observers that read what answers carry
+    find of it (``scanned_response``), and whether its bytes came with it."""
+
+    reads_scans = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scans: list[Any] = []
+        self.framed: list[bool] = []
+
+    def response(self, conn: Any, pending: Any, size: int, elapsed: float,
+                 frame: Any = None) -> None:
+        from gatehouse.proxy.hooks import scanned_response
+
+        super().response(conn, pending, size, elapsed, frame)
+        self.scans.append(scanned_response(pending, frame))
+        self.framed.append(frame is not None)
+
+
+# 29 batches of 40,000 bytes (435 records), then a batch cut short (a broker's answer
+# may end inside one): the records field of a partition in a consumer's answer.
+FETCHED = b"".join(record_batch(n, 40_000) for n in range(1, 30)) + record_batch(99, 50_000)[:20_000]
+
+
+@pytest.mark.parametrize("version", [12, 13, 16, FETCH_VERSION])
+@pytest.mark.parametrize("shape", ["batches", "noise"])
+@pytest.mark.parametrize("offsets", ["c", "python", False],
+                         ids=["peek-offsets-c", "peek-offsets-python", "first-byte-only"])
+async def test_over_sockets_a_large_fetch_answer_the_metrics_count_goes_on_spliced_and_counted(
+        version: int, shape: str, offsets: str | bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large Fetch answer, with the metrics on, goes to the client with its records
+    socket to socket, each batch's header read on the way where it lies in the broker's
+    socket: the client gets the very bytes the broker sent, and the observers find what
+    the whole frame's scan gives (every error code, each topic's records and bytes) and
+    count it.  Records that are no batches are read as the scan reads them (and spliced
+    too).  On a system that cannot peek past the first waiting byte (a splice for every
+    batch), the answer goes through the proxy's buffers instead, counted the same."""
+    from gatehouse.metrics import ProxyMetrics
+    from gatehouse.proxy import fastio
+
+    if not offsets:
+        monkeypatch.setattr(fastio, "_PEEK_OFFSETS", False)
+    else:  # the peeks' loop in C (_peeking.c) or in Python, from the first answer on
+        assert fastio._C_PEEK_WALK is not None
+        monkeypatch.setattr(fastio, "_PEEK_OFFSETS", True)
+        if offsets == "python":
+            monkeypatch.setattr(fastio, "_C_PEEK_WALK", None)
+
+    metrics, seen = ProxyMetrics(), ScansSeen()
+    records = FETCHED if shape == "batches" else RECORDS
+    async with proxied(no_answer, observer=Observers([metrics, seen]), tcp=True) as h:
+        await send_fetch(h, 1, version)
+        wire = fetch_answer(1, records=records, version=version, partition_error=6)
+        with trio.fail_after(5):
+            assert await relay(h, wire[:5000], wire[5000:]) == wire  # the very bytes
+        expected = fetch.response_scan(wire[4:], version)
+        assert expected is not None and seen.scans == [expected]
+        pipes = h.pumps.ctx.pipes
+        assert pipes is not None
+        if offsets:
+            assert seen.framed == [False]  # its bytes went by unread
+            assert pipes.spliced >= len(records) - _SPLICE_READ
+        else:
+            assert seen.framed == [True] and pipes.spliced == 0
+        assert h.pumps.conn.bytes_to_client == len(wire)
+        value = metrics.registry.get_sample_value
+        assert value("gatehouse_responses_total", {"api": "Fetch", "error": "NONE"}) == 2
+        assert value("gatehouse_responses_total",
+                     {"api": "Fetch", "error": "NOT_LEADER_OR_FOLLOWER"}) == 1
+        topic = {"topic": "orders" if version < 13 else "unknown", "direction": "fetch"}
+        if shape == "batches":
+            size = 29 * 40_000  # the cut batch's bytes are not a whole batch's: uncounted
+            assert expected[2][0][1:] == ([0, 1], 435, size)
+            assert value("gatehouse_topic_records_total", topic) == 435
+            assert value("gatehouse_topic_bytes_total", topic) == size
+        else:
+            assert expected[2][0][1:] == ([0, 1], 0, 0)
+            assert value("gatehouse_topic_records_total", topic) is None
+        # The connection goes on: the next answer, small, comes whole to the observers.
+        await send_fetch(h, 2, version)
+        small = fetch_answer(2, records=record_batch(3, 500), version=version)
+        with trio.fail_after(5):
+            assert await relay(h, small) == small
+        assert seen.framed[1:] == [True] and seen.scans[1][2][0][2] == 3
+
+
+async def test_over_sockets_a_large_fetch_answer_the_walk_cannot_count_goes_on_uncounted(
+) -> None:
+    """A large Fetch answer whose records the scan does not count (a batch whose length
+    is shorter than a batch header): it goes to the client as it came, its bytes
+    counted but not its records or codes (the observers find no scan), and the
+    connection carries on."""
+    from gatehouse.metrics import ProxyMetrics
+
+    metrics, seen = ProxyMetrics(), ScansSeen()
+    bad = bytearray(FETCHED)
+    bad[40_000 + 8:40_000 + 12] = (20).to_bytes(4, "big")  # the second batch's length
+    async with proxied(no_answer, observer=Observers([metrics, seen]), tcp=True) as h:
+        await send_fetch(h, 1)
+        wire = fetch_answer(1, records=bytes(bad))
+        assert fetch.response_scan(wire[4:], FETCH_VERSION) is None
+        with trio.fail_after(5):
+            assert await relay(h, wire[:5000], wire[5000:]) == wire
+        assert seen.scans == [None] and seen.framed == [False]
+        value = metrics.registry.get_sample_value
+        assert value("gatehouse_responses_total", {"api": "Fetch", "error": "NONE"}) is None
+        assert value("gatehouse_bytes_total", {"direction": "proxy_to_client"}) == len(wire)
+        await send_fetch(h, 2)
+        small = fetch_answer(2)
+        with trio.fail_after(5):
+            assert await relay(h, small[:5000], small[5000:]) == small
+        assert seen.scans[1] == fetch.response_scan(small[4:], FETCH_VERSION)
+        assert h.pumps.close_reason == CLIENT_CLOSED  # still open
+
+
+async def test_over_sockets_with_the_metrics_on_a_large_answer_of_another_api_comes_whole(
+) -> None:
+    """With the metrics on, only Fetch answers are spliced (counted on the way): a large
+    answer of another API goes through the proxy's buffers, so the observers get its
+    bytes and count its error codes."""
+    from gatehouse.metrics import ProxyMetrics
+
+    metrics, seen = ProxyMetrics(), ScansSeen()
+    async with proxied(no_answer, observer=Observers([metrics, seen]), tcp=True) as h:
+        await h.client.send(request(32, 4, 1, resources=[], include_synonyms=False,
+                                    include_documentation=False).encode())
+        big = response_body(32, 4, throttle_time_ms=0, results=[
+            {"error_code": 0, "error_message": None, "resource_type": 2, "resource_name": "a",
+             "configs": [{"name": "x", "value": "v" * 200_000, "read_only": False,
+                          "config_source": 1, "is_sensitive": False, "synonyms": [],
+                          "config_type": 2, "documentation": None}]},
+            {"error_code": 29, "error_message": None, "resource_type": 2, "resource_name": "b",
+             "configs": []}])
+        wire = frame_bytes(codecs.Response.build(32, 4, 1, big).encode())
+        with trio.fail_after(5):
+            assert await relay(h, wire[:5000], wire[5000:]) == wire
+        assert seen.framed == [True]
+        pipes = h.pumps.ctx.pipes
+        assert pipes is not None and pipes.spliced == 0
+        value = metrics.registry.get_sample_value
+        assert value("gatehouse_responses_total",
+                     {"api": "DescribeConfigs", "error": "TOPIC_AUTHORIZATION_FAILED"}) == 1
+
+
+@pytest.mark.parametrize("python", [False, True], ids=["c", "python"])
+async def test_over_sockets_the_observation_log_records_a_spliced_fetch_answers_topics(
+        python: bool, tmp_path: Path) -> None:
+    """The observation log, which reads what Fetch answers carry, lets a large one go
+    socket to socket too: its record has the answer's topics, partitions, records and
+    bytes as counted on the way, and its error codes (with the log's usual record in C,
+    or its Python methods)."""
+    from tests.test_capture_records import observer
+
+    capture = observer(tmp_path, {}, python=python)
+    async with proxied(no_answer, observer=capture, tcp=True) as h:
+        await send_fetch(h, 1)
+        wire = fetch_answer(1, records=FETCHED, partition_error=6)
+        with trio.fail_after(5):
+            assert await relay(h, wire[:5000], wire[5000:]) == wire
+        pipes = h.pumps.ctx.pipes
+        assert pipes is not None and pipes.spliced >= len(FETCHED) - _SPLICE_READ
+    (record,) = [r for r in capture.writer.records if r["api_key"] == 1]  # type: ignore[attr-defined]
+    assert record["response_bytes"] == len(wire) - 4
+    assert record["errors"] == [6] and record["error_count"] == 1
+    assert record["topics"] == [{"name": None, "broker": None, "id": str(uuid.UUID(int=7)),
+                                 "partitions": [0, 1], "records": 435, "bytes": 29 * 40_000}]

@@ -709,7 +709,7 @@ record_response(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     held = PyObject_GetAttr(observer, a_held);
     if (held == NULL)
         goto done;
-    if (held != Py_None || frame == Py_None)
+    if (held != Py_None)  /* with no frame (a spliced answer), the scan made on the way */
         goto slow_path;
     local = PyObject_GetAttr(pending, a_local);
     if (local == NULL)

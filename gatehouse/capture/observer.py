@@ -218,8 +218,8 @@ class CaptureObserver(Observer):
                              else "by_proxy" if pending.by_proxy else "refused")
         key = pending.api_key
         scan = None
-        if key in SCANNED_RESPONSES and pending.decoded is None and frame is not None:
-            scan = scanned_response(pending, frame)
+        if key in SCANNED_RESPONSES and pending.decoded is None:
+            scan = scanned_response(pending, frame)  # with no frame: counted on the way
         if scan is not None:  # read from the bytes (the proxy did not decode it)
             codes = scan[0]
             errors = [code for code in codes if code]

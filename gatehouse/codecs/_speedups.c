@@ -717,6 +717,60 @@ records_count(PyObject *module, PyObject *args)
     return Py_BuildValue("(LL)", (long long)records, (long long)bytes);
 }
 
+/* records.batch_step over as many batches of a records field as ``data`` holds, the
+ * rest of each batch (``opaque``) skipped where it lies in ``data``: the walk of a Fetch
+ * answer's records (fetch.AnswerWalk with count), one batch's header per call as the
+ * proxy peeks at it.  (taken, records, bytes, left, opaque); it stops, having taken
+ * what it read, at the field's end or where batch_step would do more than read a
+ * header (the field's last bytes, a legacy message, a length it refuses): the Python
+ * step goes on from there. */
+static PyObject *
+batches_feed(PyObject *module, PyObject *args)
+{
+    Py_buffer view;
+    long long left, opaque;
+    if (!PyArg_ParseTuple(args, "y*LL", &view, &left, &opaque))
+        return NULL;
+    const unsigned char *p = view.buf;
+    Py_ssize_t len = view.len, pos = 0;
+    long long records = 0, bytes = 0;
+    if (left < 0 || opaque < 0) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "negative left or opaque");
+        return NULL;
+    }
+    for (;;) {
+        if (opaque) {
+            long long n = len - pos < opaque ? len - pos : opaque;
+            opaque -= n;
+            pos += (Py_ssize_t)n;
+            if (opaque)
+                break;  /* the data ends inside the batch */
+            continue;
+        }
+        if (left < BATCH_OVERHEAD || len - pos < BATCH_OVERHEAD || p[pos + MAGIC_AT] != 2)
+            break;
+        int32_t length = be32(p + pos + 8);
+        long long size = LOG_OVERHEAD + (long long)length;
+        if (size > left) {
+            if (length < 0)
+                break;  /* Uncounted: the Python step says so */
+            opaque = left - BATCH_OVERHEAD;  /* a batch cut short ends the count */
+            left = 0;
+        } else {
+            if (size < BATCH_OVERHEAD)
+                break;
+            records += be32(p + pos + COUNT_AT);
+            bytes += size;
+            opaque = size - BATCH_OVERHEAD;
+            left -= size;
+        }
+        pos += BATCH_OVERHEAD;
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(nLLLL)", pos, records, bytes, left, opaque);
+}
+
 /* ---- Flat records: FlatRecords.records() in C ----------------------------------------
  *
  * The records of an array of flat structs (gatehouse/codecs/_flat.py: Metadata's
@@ -1192,6 +1246,8 @@ static PyMethodDef methods[] = {
      "fetch_walk(frame, ids, count) -> (codes, tags_at, topics) | None | NotImplemented"},
     {"produce_walk_feed", produce_walk_feed, METH_VARARGS,
      "produce_walk_feed(walk, data) -> bytes of data taken (RequestWalk.feed's usual parts)"},
+    {"batches_feed", batches_feed, METH_VARARGS,
+     "batches_feed(data, left, opaque) -> (taken, records, bytes, left, opaque)"},
     {"count_records", records_count, METH_VARARGS,
      "count_records(view, start, end) -> (records, bytes) | None"},
     {"flat_records", flat_records, METH_VARARGS,

@@ -19,6 +19,7 @@ import struct
 from typing import Final
 
 from gatehouse.codecs._native import speedups
+from gatehouse.codecs._scan import I16 as _I16
 from gatehouse.codecs._scan import (
     StepWalk,
     TopicCounts,
@@ -32,7 +33,7 @@ from gatehouse.codecs._scan import (
     uvarint,
 )
 from gatehouse.codecs.primitives import Buffer
-from gatehouse.codecs.records import count_records
+from gatehouse.codecs.records import Uncounted, batch_step, count_records
 
 FIRST_VERSION: Final = 12  # the first flexible version
 TOPIC_IDS_SINCE: Final = 13
@@ -47,8 +48,10 @@ _REPLICA_STATE_SINCE: Final = 15  # ReplicaId moved into the tagged ReplicaState
 # A request's partition: Partition, CurrentLeaderEpoch, FetchOffset, LastFetchedEpoch,
 # LogStartOffset, PartitionMaxBytes (then its tag section).
 _REQUEST_PARTITION: Final = 4 + 4 + 8 + 4 + 8 + 4
-# ``_walk`` in C (gatehouse/codecs/_speedups.c), where built.
+# ``_walk`` in C (gatehouse/codecs/_speedups.c), where built; and AnswerWalk's reads of
+# a records field's batch headers.
 _C_WALK: Final = None if speedups is None else speedups.fetch_walk
+_C_BATCHES: Final = None if speedups is None else speedups.batches_feed
 
 __all__ = [
     "AnswerWalk",
@@ -224,21 +227,65 @@ class AnswerWalk(StepWalk):
     unread (``skip``) or be fed.  ``head`` is the frame up to its topics array (the
     correlation id, header tags, throttle time, error code, session id).
 
+    With ``count``, the walk also reads what ``response_scan`` reads: every error code
+    and each batch's header (only the rest of a batch is ``opaque``), so that ``scan``
+    of the tag section gives what ``response_scan`` gives of the whole frame.
+
     A short part (a partition header split between reads) is held until the rest comes;
     bytes that cannot be a Fetch response of ``size`` bytes raise ``Unexpected``.
     """
 
-    __slots__ = ("_ids", "_partitions", "_topics", "head", "tags_at")
+    __slots__ = ("_bytes", "_codes", "_count", "_ids", "_indexes", "_key", "_left", "_out",
+                 "_partitions", "_records", "_topics", "head", "tags_at", "uncounted")
 
-    def __init__(self, version: int, size: int) -> None:
+    def __init__(self, version: int, size: int, count: bool = False) -> None:
         if version < FIRST_VERSION:
             raise ValueError(f"Fetch v{version} is not flexible")
         super().__init__(size, self._head)
         self._ids = version >= TOPIC_IDS_SINCE
+        self._count = count
         self._topics = 0  # topics left, then partitions left in the current one
         self._partitions = 0
         self.tags_at: int | None = None
         self.head = b""
+        # What ``count`` reads: the codes, the current topic's key, partitions, records
+        # and bytes, the records field's bytes not yet walked, the topics done.
+        self._codes: dict[int, int] = {}
+        self._key: str | bytes = b""
+        self._indexes: list[int] = []
+        self._records = self._bytes = self._left = 0
+        self._out: TopicCounts = []
+        # A records field or topic name ``response_scan`` would not take: no scan then.
+        self.uncounted = False
+
+    def feed(self, data: Buffer) -> int:
+        """``StepWalk.feed``: in a records field (``count``), its batches' headers read in
+        C where it is built (``records.batch_step`` over as many as ``data`` holds), any
+        other part in Python."""
+        if not self._left or self._held or _C_BATCHES is None:
+            return StepWalk.feed(self, data)
+        taken: int
+        taken, records, size, self._left, self.opaque = _C_BATCHES(data, self._left,
+                                                                   self.opaque)
+        self._at += taken
+        self._records += records
+        self._bytes += size
+        if not self._left:
+            self._step = self._partition_end
+        if taken < len(data):
+            taken += StepWalk.feed(self, memoryview(data)[taken:])
+        return taken
+
+    def scan(self, tail: Buffer) -> ResponseScan | None:
+        """With ``count``, once the walk reached the tag section (``tail``, the frame's
+        last bytes): what ``response_scan`` says of the whole frame; None where it says
+        None (or without ``count``)."""
+        if not (self._count and self.finished) or self.uncounted:
+            return None
+        try:
+            return self._codes, last_tags(memoryview(tail), 0), self._out
+        except (Unexpected, IndexError):
+            return None
 
     # Each step reads one part from the start of ``view`` and returns its length, or
     # raises IndexError/struct.error when ``view`` ends inside it.
@@ -246,24 +293,37 @@ class AnswerWalk(StepWalk):
     def _head(self, view: memoryview) -> int:
         pos = skip_tags_whole(view, 4)  # CorrelationId, header tags
         pos += 4 + 2 + 4  # ThrottleTimeMs, ErrorCode, SessionId
+        n, end = _count(view, pos)
         self.head = bytes(view[:pos])
-        n, pos = _count(view, pos)
+        if self._count:
+            self._codes[_I16.unpack_from(view, pos - 6)[0]] = 1
         self._topics = n
         self._step = self._topic if n else self._top
-        return pos
+        return end
 
     def _topic(self, view: memoryview) -> int:
+        start = 0  # the name's or id's first byte
         if self._ids:
             pos = 16
         else:
-            n, pos = uvarint(view, 0)
+            n, start = uvarint(view, 0)
             if n < 1:
                 raise Unexpected  # a null topic name: not in a broker's answer
-            pos += n - 1
-        n, pos = _count(view, pos)
+            pos = start + n - 1
+        n, end = _count(view, pos)
+        if self._count:
+            if self._ids:
+                self._key = bytes(view[:16])
+            else:
+                try:
+                    self._key = str(view[start:pos], "utf-8")
+                except UnicodeDecodeError:
+                    self.uncounted = True
+            self._indexes = []
+            self._records = self._bytes = 0
         self._partitions = n
         self._step = self._partition if n else self._topic_end
-        return pos
+        return end
 
     def _partition(self, view: memoryview) -> int:
         pos = _PARTITION_FIXED
@@ -274,8 +334,38 @@ class AnswerWalk(StepWalk):
         n, pos = uvarint(view, pos)  # Records, nullable
         if pos > len(view):
             raise IndexError
-        self.opaque = max(n - 1, 0)
+        n = max(n - 1, 0)
         self._step = self._partition_end
+        if self._count:
+            index, code = _INDEX_CODE.unpack_from(view, 0)
+            codes = self._codes
+            codes[code] = codes.get(code, 0) + 1
+            self._indexes.append(index)
+            if n:
+                if self._at + pos + n > self._size:
+                    raise Unexpected  # records past the frame's end
+                self._left = n
+                self._step = self._batch
+                return pos
+        self.opaque = n
+        return pos
+
+    def _batch(self, view: memoryview) -> int:
+        """With ``count``: the next batch's header of a records field (the rest of the
+        batch is ``opaque``), or the rest of the field (``records.batch_step``)."""
+        left = self._left
+        try:
+            pos, records, size, self.opaque, self._left = batch_step(view, 0, left)
+        except Uncounted:
+            # Not a records field response_scan counts: the rest of it goes by unread.
+            self.uncounted = True
+            pos = min(len(view), left)
+            self.opaque, self._left = left - pos, 0
+        else:
+            self._records += records
+            self._bytes += size
+        if not self._left:
+            self._step = self._partition_end
         return pos
 
     def _partition_end(self, view: memoryview) -> int:
@@ -287,6 +377,8 @@ class AnswerWalk(StepWalk):
     def _topic_end(self, view: memoryview) -> int:
         pos = skip_tags_whole(view, 0)
         self._topics -= 1
+        if self._count:
+            self._out.append((self._key, self._indexes, self._records, self._bytes))
         self._step = self._topic if self._topics else self._top
         return pos
 

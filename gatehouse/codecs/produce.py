@@ -32,6 +32,7 @@ from gatehouse.codecs.records import (
     BATCH_OVERHEAD,
     LOG_OVERHEAD,
     V2_HEAD,
+    batch_step,
     count_records,
     records_and_bytes,
 )
@@ -378,36 +379,13 @@ class RequestWalk(StepWalk):
 
     def _batch(self, view: memoryview, pos: int) -> int:
         """The next batch's header (its records go by as ``opaque``) or, where the rest of
-        the records field is not a v2 batch, all of it (counted by ``count_records``,
-        which goes on from there as it would over the whole field)."""
-        left = self._left
-        if left >= BATCH_OVERHEAD:
-            length, magic, counted = V2_HEAD.unpack_from(view, pos)
-            if magic == 2:
-                size = LOG_OVERHEAD + length
-                if size > left:
-                    if length < 0:
-                        raise _Unexpected
-                    # A batch cut short ends the count (as count_records' does).
-                    self.opaque = left - BATCH_OVERHEAD
-                    self._records_done()
-                    return pos + BATCH_OVERHEAD
-                if size < BATCH_OVERHEAD:
-                    raise _Unexpected
-                self._records += counted
-                self._bytes += size
-                self.opaque = size - BATCH_OVERHEAD
-                self._left = left - size
-                if not self._left:
-                    self._records_done()
-                return pos + BATCH_OVERHEAD
-        if len(view) < pos + left:
-            raise IndexError
-        counted, sized = count_records(view, pos, pos + left)
-        self._records += counted
-        self._bytes += sized
-        self._records_done()
-        return pos + left
+        the records field is not a v2 batch, all of it (``records.batch_step``)."""
+        pos, records, size, self.opaque, self._left = batch_step(view, pos, self._left)
+        self._records += records
+        self._bytes += size
+        if not self._left:
+            self._records_done()
+        return pos
 
     def _records_done(self) -> None:
         self._left = 0

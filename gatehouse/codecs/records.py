@@ -340,6 +340,33 @@ def count_records(view: memoryview, start: int, end: int) -> tuple[int, int]:
     return count, pos - start
 
 
+def batch_step(view: memoryview, pos: int, left: int) -> tuple[int, int, int, int, int]:
+    """One step of a walk through a records field as its bytes come (``count_records``
+    over the field, in pieces): ``left`` of the field's bytes, from ``pos`` in ``view``,
+    not yet walked.  A v2 batch's header is read and the rest of the batch is left
+    unread; anything else (the field's last bytes, too few for a header, or a legacy
+    message) takes the rest of the field, read whole.  Returns where what was read ends,
+    the records and bytes it counts, the bytes after it that may go by unread, and the
+    field's bytes left after those.  A batch cut short (a Fetch answer's last) ends the
+    count, as in ``count_records``; IndexError or struct.error when ``view`` ends before
+    what must be read; ``Uncounted`` as ``count_records``."""
+    if left >= BATCH_OVERHEAD:
+        length, magic, records = V2_HEAD.unpack_from(view, pos)
+        if magic == 2:
+            size = LOG_OVERHEAD + length
+            if size > left:
+                if length < 0:
+                    raise Uncounted
+                return pos + BATCH_OVERHEAD, 0, 0, left - BATCH_OVERHEAD, 0
+            if size < BATCH_OVERHEAD:
+                raise Uncounted
+            return pos + BATCH_OVERHEAD, records, size, size - BATCH_OVERHEAD, left - size
+    if len(view) < pos + left:
+        raise IndexError
+    records, size = count_records(view, pos, pos + left)
+    return pos + left, records, size, 0, 0
+
+
 def records_and_bytes(records: Buffer | None) -> tuple[int, int]:
     """(records, bytes of complete batches) of a records field, as ``summarize`` counts
     them but without the rest of its summary (the metrics' and the capture's hot path);

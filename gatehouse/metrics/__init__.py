@@ -489,10 +489,10 @@ class ProxyMetrics(Observer):
             histogram.observe(elapsed)
         if key == SASL_AUTHENTICATE and conn.principal is not None:
             self._authenticated(conn)
-        if frame is None or pending.raw or key not in APIS:  # raw: a SASL v0 token
+        if pending.raw or key not in APIS:  # raw: a SASL v0 token
             return
         if key in SCANNED_RESPONSES and pending.decoded is None:
-            scan = scanned_response(pending, frame)
+            scan = scanned_response(pending, frame)  # with no frame: counted on the way
             if scan is not None:  # read from the bytes: no decode
                 counts = scan[0]
                 if counts:
@@ -507,6 +507,8 @@ class ProxyMetrics(Observer):
                 if key == FETCH:
                     self._count_scanned(scan[2], self._fetched, "fetch")
                 return
+        if frame is None:  # its bytes went by unread, uncounted
+            return
         try:
             resp = decoded_response(pending, frame)  # once for every observer
             if not resp.known:

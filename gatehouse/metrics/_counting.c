@@ -474,7 +474,8 @@ response(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "response(state, conn, pending, size, elapsed, frame=None)");
         return NULL;
     }
-    PyObject *frame = nargs == 6 ? args[5] : Py_None;
+    /* The frame is not read: the scan the proxy made is (of the frame, or on the way
+     * where the answer went socket to socket and there is no frame). */
     PyObject *state = args[0], *pending = args[2];
     PyObject *local = NULL, *raw = NULL, *decoded = NULL, *scan = NULL, *result = NULL;
     PyObject *histogram = NULL;
@@ -492,7 +493,7 @@ response(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (nbytes == -1 && PyErr_Occurred())
         return NULL;
     double elapsed = PyFloat_Check(args[4]) ? PyFloat_AS_DOUBLE(args[4]) : -1.0;
-    if ((key != PRODUCE && key != FETCH) || nbytes < 0 || elapsed < 0 || frame == Py_None)
+    if ((key != PRODUCE && key != FETCH) || nbytes < 0 || elapsed < 0)
         goto slow_path;
     if ((local = PyObject_GetAttr(pending, s_local)) == NULL
             || (raw = PyObject_GetAttr(pending, s_raw)) == NULL

@@ -1,5 +1,6 @@
-/* The proxy's walk of a large Produce request through the client's socket, in C: the
- * loop of fastio.FastStream.peek_walk, which stays the reference (and runs where this
+/* The proxy's walk of a large frame through a socket (a Produce request's through the
+ * client's, a Fetch answer's through the broker's), in C: the loop of
+ * fastio.FastStream.peek_walk, which stays the reference (and runs where this
  * module is not built, where the system cannot peek at an offset, or with
  * GATEHOUSE_PURE_PYTHON=1).  It peeks at the parts around the records where they lie in
  * the socket (SO_PEEK_OFF, Linux 6.10+ for TCP), feeds them to the walk and skips the
@@ -108,8 +109,13 @@ peek_walk(PyObject *module, PyObject *args)
         Py_DECREF(data);
         if (fed == NULL)
             return NULL;  /* the walk's refusal (Unexpected), for the caller */
+        /* All it was given, but where the walk ends before the frame does (a Fetch
+         * answer's walk stops at its top-level tag section). */
+        long long taken = PyLong_AsLongLong(fed);
         Py_DECREF(fed);
-        at += got;
+        if (taken == -1 && PyErr_Occurred())
+            return NULL;
+        at += taken;
     }
 }
 

@@ -274,8 +274,13 @@ class ProxyConnection:
         # Whether large frames' records may go socket to socket: both ends are plain TCP.
         self.splices_requests = (ctx.pipes is not None and self.client_io.socket is not None
                                  and self.upstream_io.socket is not None)
-        # And answers' (see _splices): no observer reads them.
-        self.splicing = self.splices_requests and not ctx.observer.reads_scans
+        # And answers' (see _splices): where observers read what Fetch answers carry
+        # (metrics, capture), only those, counted on the way from the batch headers
+        # peeked at in the broker's socket; not where the system cannot peek past the
+        # first waiting byte (a splice for every batch would cost more than a copy).
+        self.counts_answers = ctx.observer.reads_scans
+        self.splicing = self.splices_requests and (
+            not self.counts_answers or (self.upstream_io.peeks and fastio.peeks_at_offsets()))
         self.answer_read = _SPLICE_READ if self.splicing else _RECEIVE_SIZE
         # The client's next read: after a request whose records went socket to socket,
         # the next one is likely as large, and only its first bytes need reading (the
@@ -1047,8 +1052,13 @@ class ProxyConnection:
             head = self._with_throttle_in_head(head, pending, throttle)
         total = 4 + size
         if pipe is not None:
-            walk = None if not hold else fetch.AnswerWalk(pending.api_version, size)
-            await self._splice_response(head, total, pending, walk, pipe)
+            version = pending.api_version
+            if self.counts_answers:
+                await self._splice_counted_response(
+                    head, total, pending, fetch.AnswerWalk(version, size, count=True), pipe, hold)
+            else:
+                await self._splice_response(
+                    head, total, pending, fetch.AnswerWalk(version, size) if hold else None, pipe)
             self._answered(pending, None, size)
             await self._answer_sent()
             return b""
@@ -1099,9 +1109,12 @@ class ProxyConnection:
     def _splices(self, pending: Pending, hold: int) -> bool:
         """Whether a streamed answer's bytes may go socket to socket: the connection
         splices, and the proxy can find the answer's tag section without its records
-        (a Fetch answer's) or need not look (no addresses in it)."""
-        return self.splicing and (not hold or (pending.api_key == FETCH
-                                               and pending.api_version in _WALKED_FETCH_VERSIONS))
+        (a Fetch answer's) or need not look (no addresses in it); where observers read
+        what answers carry, only a Fetch answer (its records counted on the way)."""
+        if not self.splicing:
+            return False
+        walked = pending.api_key == FETCH and pending.api_version in _WALKED_FETCH_VERSIONS
+        return walked or not (hold or self.counts_answers)
 
     async def _splice_response(self, head: Buffer, total: int, pending: Pending,
                                walk: fetch.AnswerWalk | None, pipe: Pipe) -> None:
@@ -1151,6 +1164,54 @@ class ProxyConnection:
                 got += len(data)
                 tail += data
             await self._send_client(await self._tail_with_proxy_addresses(pending, walk.head, tail))
+        finally:
+            self._give_pipe(pipe)
+
+    async def _splice_counted_response(self, head: Buffer, total: int, pending: Pending,
+                                       walk: fetch.AnswerWalk, pipe: Pipe, hold: int) -> None:
+        """A large Fetch answer sent on as ``_splice_response`` sends it, its records
+        counted on the way for the observers that read what answers carry: ``walk``
+        (``count``) reads every part but the records, batch headers included, peeked at
+        where they lie in the broker's socket (as a spliced Produce request's parts are
+        in the client's), so the records usually go in a few long splices.  The
+        top-level tag section is received, rewritten where ``hold`` says it may name
+        leaders, and sent last; what the walk read is left in ``pending.scan``."""
+        gone = f"broker {self.conn.upstream} closed the connection in the middle of an answer"
+        upstream = self.upstream_io
+        try:
+            view = memoryview(head)
+            moved = len(head)  # bytes of the frame taken from the broker's socket
+            try:
+                at = 4 + walk.feed(view[4:])  # bytes of the frame the walk has gone past
+                await self._send_client(view[:at])
+                while not walk.finished:
+                    at, reached = upstream.peek_walk(walk, at, moved, total)
+                    if reached == fastio.WALKED:
+                        break
+                    if reached == fastio.PAST_END:
+                        raise self._bad_answer()  # the frame ends inside a part
+                    if at > moved:  # nothing more to see yet: on with what was walked
+                        await self._splice(upstream, self.client_io, at - moved, pipe,
+                                           self._spliced_to_client, gone)
+                        moved = at
+                    elif reached == fastio.EMPTY:
+                        await upstream.wait_readable()
+                    else:
+                        raise _Close(gone, logging.WARNING)  # EOF
+            except fetch.Unexpected:
+                raise self._bad_answer() from None
+            if at > moved:
+                await self._splice(upstream, self.client_io, at - moved, pipe,
+                                   self._spliced_to_client, gone)
+                moved = at
+            tail = bytearray(view[at:])  # the tag section, which ends the answer
+            while moved < total:
+                data = await self._answer_bytes(total - moved, gone)
+                moved += len(data)
+                tail += data
+            pending.scan = walk.scan(tail)
+            await self._send_client(await self._tail_with_proxy_addresses(pending, walk.head, tail)
+                                    if hold else tail)
         finally:
             self._give_pipe(pipe)
 

@@ -72,6 +72,23 @@ if speedups is not None:
         _C_PEEK_WALK = importlib.import_module("gatehouse.proxy._peeking").peek_walk
 
 
+def peeks_at_offsets() -> bool:
+    """Whether TCP sockets here can be peeked at past their first waiting byte
+    (SO_PEEK_OFF, Linux 6.10+): tried once, on a loopback connection, unless a peek has
+    already found out.  Where they cannot, a walk through a socket (``peek_walk``) sees
+    one part at a time, moving the bytes before it first."""
+    global _PEEK_OFFSETS
+    if _PEEK_OFFSETS is None:
+        try:
+            with socket.create_server(("127.0.0.1", 0)) as server, \
+                    socket.create_connection(server.getsockname()) as client:
+                client.setsockopt(socket.SOL_SOCKET, _SO_PEEK_OFF, 0)
+            _PEEK_OFFSETS = True
+        except OSError:
+            _PEEK_OFFSETS = False  # no such option for TCP here (or no loopback to try)
+    return _PEEK_OFFSETS
+
+
 class FastStream:
     """``receive_some`` and ``send_all`` of a ``trio.abc.Stream``, direct on TCP sockets.
 
@@ -152,7 +169,8 @@ class FastStream:
         part peeked at (``peek_at``), the records it calls ``opaque`` skipped, until the
         walk is finished (WALKED), nothing is there yet or the system cannot peek that
         far (EMPTY), the socket is at EOF (EOF), or the frame ends inside a part
-        (PAST_END).  Returns the frame offset reached and which; raises what
+        (PAST_END).  Returns the frame offset reached (where the walk ended, when it ends
+        before the frame: a Fetch answer's top-level tag section) and which; raises what
         ``walk.feed`` raises.  Never waits.  Only where ``peeks``."""
         if _C_PEEK_WALK is not None and _PEEK_OFFSETS:
             try:
@@ -173,8 +191,7 @@ class FastStream:
                 return at, EMPTY
             if not data:
                 return at, EOF
-            walk.feed(data)
-            at += len(data)
+            at += walk.feed(data)  # all of it, unless the walk ends before the frame
         return at, WALKED
 
     async def wait_readable(self) -> None:

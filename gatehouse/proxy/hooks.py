@@ -74,7 +74,9 @@ class Pending:
     context: Any = None  # whatever the policy needs back with the response
     policy: Any = None  # the policy that decided: in-flight requests finish under it
     decoded: Response | None = None  # the response as sent, if the proxy decoded it
-    # A Produce or Fetch response read from its bytes instead (``scanned_response``).
+    # A Produce or Fetch response read from its bytes instead (``scanned_response``);
+    # for a Fetch answer whose records went by unread (``Observer.response`` with no
+    # frame), what the proxy's walk read of them on the way, when it could.
     scan: Any = None
     sasl_user: str | None = None  # a SaslAuthenticate's: the user the client claims
     # The proxy's own request (re-authenticating to the broker, KIP-368): its answer goes
@@ -121,9 +123,10 @@ def scanned_response(pending: Pending, frame: Any) -> Any:
     """A Produce or Fetch response read from its bytes (``codecs.produce.response_scan``,
     ``codecs.fetch.response_scan``: error codes and top-level tags first), once for the
     proxy and every observer.  None for other APIs and when the bytes are not what the
-    reader expects (the decoder then takes over)."""
+    reader expects (the decoder then takes over); with no ``frame`` (its bytes went by
+    unread), what the proxy read of them on the way, if anything."""
     scan = pending.scan
-    if scan is None:
+    if scan is None and frame is not None:
         reader = _RESPONSE_SCANS.get(pending.api_key)
         if reader is not None:
             scan = pending.scan = reader(frame, pending.api_version)
@@ -230,7 +233,10 @@ class Observer:
         self, conn: ConnectionInfo, pending: Pending, size: int, elapsed: float,
         frame: Any = None,
     ) -> None:
-        """``frame``: the response as sent to the client (after any rewrite)."""
+        """``frame``: the response as sent to the client (after any rewrite); None when
+        its bytes went by unread (socket to socket): for a Fetch answer, an observer that
+        ``reads_scans`` then finds what moved in ``pending.scan``, counted on the way
+        (None where the proxy could not count it)."""
 
     def upstream_failure(self, target: str, error: str) -> None:
         pass

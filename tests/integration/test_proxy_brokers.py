@@ -257,17 +257,19 @@ def test_large_produce_requests_go_up_as_they_arrive_and_land_intact(
     assert consume({"bootstrap.servers": kafka.bootstrap}, topic, count) == values
 
 
-def test_plain_proxy_splices_large_frames_and_every_record_arrives_intact(
-        kafka: KafkaCluster) -> None:
-    """With nothing reading their bytes (no metrics, no observation log), large Produce
-    requests and Fetch answers go socket to socket through pipes (splice(2)): the pool
-    counts the bytes it moved, and every record still lands and comes back byte for byte
-    for librdkafka and kafka-python."""
+@pytest.mark.parametrize("metrics", [False, True], ids=["plain", "metered"])
+def test_large_frames_are_spliced_and_every_record_arrives_intact(
+        kafka: KafkaCluster, metrics: bool) -> None:
+    """Large Produce requests and Fetch answers go socket to socket through pipes
+    (splice(2)): the pool counts the bytes it moved, and every record still lands and
+    comes back byte for byte for librdkafka and kafka-python.  With the metrics on, the
+    batch headers are read on the way: every record and byte is counted, per topic, in
+    both directions."""
 
     count = 2000
     values = [f"{i:05d}-".encode() + bytes((i * 3 + j) % 241 for j in range(1024))
               for i in range(count)]
-    with ProxyThread(kafka.bootstrap, metrics=False) as proxy:
+    with ProxyThread(kafka.bootstrap, metrics=metrics) as proxy:
         pipes = proxy.proxy.ctx.pipes
         assert pipes is not None and pipes.spliced == 0
         topic = unique("spliced")
@@ -280,9 +282,23 @@ def test_plain_proxy_splices_large_frames_and_every_record_arrives_intact(
         assert consume({"bootstrap.servers": proxy.bootstrap}, topic, count) == values
         after_librdkafka = pipes.spliced
         assert after_librdkafka - after_produce >= count * 1024 // 2  # answers' records
+        if metrics:
+            produced = proxy.sample("gatehouse_topic_bytes_total", topic=topic,
+                                    direction="produce")
+            assert proxy.sample("gatehouse_topic_records_total", topic=topic,
+                                direction="produce") == count
+            assert proxy.sample("gatehouse_topic_records_total", topic=topic,
+                                direction="fetch") == count
+            # The same batches the broker stored, each counted once, whole.
+            assert proxy.sample("gatehouse_topic_bytes_total", topic=topic,
+                                direction="fetch") == produced > count * 1024
 
         assert kafka_python_read({"bootstrap_servers": proxy.bootstrap}, topic, count) == values
         assert pipes.spliced - after_librdkafka >= count * 1024 // 2
+        if metrics:  # kafka-python fetches some offsets again: what crossed is counted
+            assert proxy.sample("gatehouse_topic_records_total", topic=topic,
+                                direction="fetch") >= 2 * count
+            assert proxy.sample("gatehouse_responses_total", api="Fetch", error="NONE") > 0
     # What went up through the proxy is what the broker stored, read directly.
     assert consume({"bootstrap.servers": kafka.bootstrap}, topic, count) == values
 
