@@ -626,6 +626,25 @@ async def test_over_sockets_after_a_spliced_request_only_the_next_ones_first_byt
         assert h.pumps.client_read == _RECEIVE_SIZE
 
 
+# How the proxy peeks at a socket's bytes: past the first waiting byte with the loop in
+# C (_peeking.c) or in Python, or (a system without TCP SO_PEEK_OFF) at the first only.
+PEEKS = pytest.mark.parametrize("offsets", ["c", "python", False],
+                                ids=["peek-offsets-c", "peek-offsets-python", "first-byte-only"])
+
+
+def peek_as(offsets: str | bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The proxy's peeks as ``PEEKS`` names them, from the connection's first frame on."""
+    from gatehouse.proxy import fastio
+
+    if not offsets:
+        monkeypatch.setattr(fastio, "_PEEK_OFFSETS", False)
+        return
+    assert fastio._C_PEEK_WALK is not None
+    monkeypatch.setattr(fastio, "_PEEK_OFFSETS", True)
+    if offsets == "python":
+        monkeypatch.setattr(fastio, "_C_PEEK_WALK", None)
+
+
 class SendsCounted:
     """The proxy's side of a connection, its ``send_all`` bytes added to ``seen.sent``."""
 
@@ -668,8 +687,7 @@ class CountsSeen(Recorder):
 
 @pytest.mark.parametrize("version", [3, 8, 9, 12])
 @pytest.mark.parametrize("shape", ["batches", "noise"])
-@pytest.mark.parametrize("offsets", ["c", "python", False],
-                         ids=["peek-offsets-c", "peek-offsets-python", "first-byte-only"])
+@PEEKS
 async def test_over_sockets_a_large_request_the_metrics_count_goes_up_spliced_and_counted(
         version: int, shape: str, offsets: str | bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """A large Produce request whose records the metrics count (and nothing reads more
@@ -679,16 +697,8 @@ async def test_over_sockets_a_large_request_the_metrics_count_goes_up_spliced_an
     that are no batches are counted as the reader counts them (and spliced too).  On a
     system that cannot peek past the first waiting byte, the same, in more splices."""
     from gatehouse.metrics import ProxyMetrics
-    from gatehouse.proxy import fastio
 
-    if not offsets:
-        monkeypatch.setattr(fastio, "_PEEK_OFFSETS", False)
-    else:  # the peeks' loop in C (_peeking.c) or in Python, from the first request on
-        assert fastio._C_PEEK_WALK is not None
-        monkeypatch.setattr(fastio, "_PEEK_OFFSETS", True)
-        if offsets == "python":
-            monkeypatch.setattr(fastio, "_C_PEEK_WALK", None)
-
+    peek_as(offsets, monkeypatch)
     metrics, seen = ProxyMetrics(), CountsSeen()
     sets = ((record_batch(700, 600_000), record_batch(5, 300_000)) if shape == "batches"
             else (RECORDS[:400_000], RECORDS[:200_000]))
@@ -1093,8 +1103,7 @@ FETCHED = b"".join(record_batch(n, 40_000) for n in range(1, 30)) + record_batch
 
 @pytest.mark.parametrize("version", [12, 13, 16, FETCH_VERSION])
 @pytest.mark.parametrize("shape", ["batches", "noise"])
-@pytest.mark.parametrize("offsets", ["c", "python", False],
-                         ids=["peek-offsets-c", "peek-offsets-python", "first-byte-only"])
+@PEEKS
 async def test_over_sockets_a_large_fetch_answer_the_metrics_count_goes_on_spliced_and_counted(
         version: int, shape: str, offsets: str | bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """A large Fetch answer, with the metrics on, goes to the client with its records
@@ -1105,16 +1114,8 @@ async def test_over_sockets_a_large_fetch_answer_the_metrics_count_goes_on_splic
     too).  On a system that cannot peek past the first waiting byte (a splice for every
     batch), the answer goes through the proxy's buffers instead, counted the same."""
     from gatehouse.metrics import ProxyMetrics
-    from gatehouse.proxy import fastio
 
-    if not offsets:
-        monkeypatch.setattr(fastio, "_PEEK_OFFSETS", False)
-    else:  # the peeks' loop in C (_peeking.c) or in Python, from the first answer on
-        assert fastio._C_PEEK_WALK is not None
-        monkeypatch.setattr(fastio, "_PEEK_OFFSETS", True)
-        if offsets == "python":
-            monkeypatch.setattr(fastio, "_C_PEEK_WALK", None)
-
+    peek_as(offsets, monkeypatch)
     metrics, seen = ProxyMetrics(), ScansSeen()
     records = FETCHED if shape == "batches" else RECORDS
     async with proxied(no_answer, observer=Observers([metrics, seen]), tcp=True) as h:
