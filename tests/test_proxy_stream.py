@@ -1056,13 +1056,15 @@ class FetchQuota(Policy):
         return (self.charge,)
 
 
+@METERED
 @TRANSPORTS
-async def test_a_streamed_answer_over_a_quota_asks_the_client_to_wait(tcp: bool) -> None:
+async def test_a_streamed_answer_over_a_quota_asks_the_client_to_wait(
+        tcp: bool, metered: bool) -> None:
     """A 1 MiB Fetch answer under a 100 kB/s quota: its bytes are spent as it starts,
     and its throttle_time_ms, the first field, is written in its first bytes before they
     go (streamed, or spliced over sockets); every other byte is the broker's."""
     policy = FetchQuota()
-    async with proxied(no_answer, policy=policy, tcp=tcp) as h:
+    async with proxied(no_answer, policy=policy, observer=watching(metered), tcp=tcp) as h:
         await send_fetch(h, 1)
         wire = fetch_answer(1)
         with trio.fail_after(5):
