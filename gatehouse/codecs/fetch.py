@@ -268,10 +268,7 @@ class AnswerWalk(StepWalk):
         taken, records, size, self._left, self.opaque = _C_BATCHES(data, self._left,
                                                                    self.opaque)
         self._at += taken
-        self._records += records
-        self._bytes += size
-        if not self._left:
-            self._step = self._partition_end
+        self._counted(records, size)
         if taken < len(data):
             taken += StepWalk.feed(self, memoryview(data)[taken:])
         return taken
@@ -312,13 +309,10 @@ class AnswerWalk(StepWalk):
             pos = start + n - 1
         n, end = _count(view, pos)
         if self._count:
-            if self._ids:
-                self._key = bytes(view[:16])
-            else:
-                try:
-                    self._key = str(view[start:pos], "utf-8")
-                except UnicodeDecodeError:
-                    self.uncounted = True
+            try:
+                self._key = bytes(view[start:pos]) if self._ids else str(view[start:pos], "utf-8")
+            except UnicodeDecodeError:
+                self.uncounted = True
             self._indexes = []
             self._records = self._bytes = 0
         self._partitions = n
@@ -361,12 +355,17 @@ class AnswerWalk(StepWalk):
             self.uncounted = True
             pos = min(len(view), left)
             self.opaque, self._left = left - pos, 0
-        else:
-            self._records += records
-            self._bytes += size
+            records = size = 0
+        self._counted(records, size)
+        return pos
+
+    def _counted(self, records: int, size: int) -> None:
+        """Batches of the current records field read (by ``_batch`` or in C): their
+        records and bytes added; the partition's end next once the field's are all read."""
+        self._records += records
+        self._bytes += size
         if not self._left:
             self._step = self._partition_end
-        return pos
 
     def _partition_end(self, view: memoryview) -> int:
         pos = skip_tags_whole(view, 0)  # DivergingEpoch, CurrentLeader, SnapshotId

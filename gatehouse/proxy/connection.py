@@ -1159,10 +1159,7 @@ class ProxyConnection:
                 return
             if tail is None:
                 raise self._bad_answer()  # ended before its tag section
-            while got < total:
-                data = await self._answer_bytes(total - got, gone)
-                got += len(data)
-                tail += data
+            await self._receive_rest(tail, total - got, gone)
             await self._send_client(await self._tail_with_proxy_addresses(pending, walk.head, tail))
         finally:
             self._give_pipe(pipe)
@@ -1205,15 +1202,20 @@ class ProxyConnection:
                                    self._spliced_to_client, gone)
                 moved = at
             tail = bytearray(view[at:])  # the tag section, which ends the answer
-            while moved < total:
-                data = await self._answer_bytes(total - moved, gone)
-                moved += len(data)
-                tail += data
+            await self._receive_rest(tail, total - moved, gone)
             pending.scan = walk.scan(tail)
             await self._send_client(await self._tail_with_proxy_addresses(pending, walk.head, tail)
                                     if hold else tail)
         finally:
             self._give_pipe(pipe)
+
+    async def _receive_rest(self, tail: bytearray, n: int, gone: str) -> None:
+        """The last ``n`` bytes of an answer being spliced (its tag section), added to
+        ``tail``; the broker closing first raises ``gone``."""
+        while n > 0:
+            data = await self._answer_bytes(n, gone)
+            n -= len(data)
+            tail += data
 
     async def _answer_bytes(self, max_bytes: int, gone: str) -> bytes | bytearray:
         """The next bytes of an answer being spliced (at most ``max_bytes``); the broker
