@@ -156,15 +156,16 @@ async def test_a_large_answer_leaves_the_proxy_whole_before_the_client_reads() -
         assert_spliced(h, True)
 
 
+@METERED
 @TRANSPORTS
 async def test_a_mid_sized_answer_is_spliced_and_one_the_walk_cannot_read_is_not(
-        tcp: bool) -> None:
+        tcp: bool, metered: bool) -> None:
     """Over sockets an answer of 100 KiB is spliced too (its first 16 KiB read, the rest
     socket to socket); a Fetch answer newer than the codec is never spliced (the walk
     does not know its layout) nor streamed at 30 KiB: it goes through whole and
     untouched, the broker's leaders with it."""
     records = RECORDS[:100 * 1024]
-    async with proxied(no_answer, tcp=tcp) as h:
+    async with proxied(no_answer, observer=watching(metered), tcp=tcp) as h:
         await send_fetch(h, 1)
         wire = fetch_answer(1, records=records, version=16)
         with trio.fail_after(5):
