@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 from collections import Counter
+from functools import partial
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 
 from gatehouse import codecs
 from gatehouse.codecs import ProtocolError, produce, records
+from gatehouse.codecs._native import speedups
 from gatehouse.metrics import error_codes
 from tests.codec_strategies import build_message, header_tags, message_body
 from tests.support.walks import feed_in_pieces
@@ -148,6 +150,53 @@ def test_a_walk_of_a_frame_cut_short_or_padded_counts_nothing(version: int) -> N
         produce.RequestWalk(version, len(frame)).skip(1)  # no records to skip yet
     with pytest.raises(ValueError):
         produce.RequestWalk(2, len(frame))  # too old to walk
+
+
+@pytest.mark.parametrize("version", [v for v in WALKED if v >= produce.FLEXIBLE_SINCE])
+@pytest.mark.parametrize("reader", ["c", "python"])
+def test_a_flexible_walk_ends_at_the_last_batch_header(version: int, reader: str) -> None:
+    """In flexible versions the walk ends at the header of the last topic's last
+    partition's batch, the frame's three last bytes (its empty tag sections) skipped with
+    the records: nothing after the records is read, so a proxy need not peek past them.
+    ``request_topics`` takes those three bytes as read too, well-formed or not (the
+    broker's to refuse), and reads a longer tail as ever."""
+    if reader == "c" and speedups is None:
+        pytest.skip("the C readers are not built here")
+    topics = [{**({"topic_id": str(codecs.schema.uuid.UUID(int=n))} if version >= 13
+                  else {"name": name}),
+               "partition_data": [{"index": i, "records": batch(7 + i, payload=900)}
+                                  for i in range(n)]}
+              for n, name in ((2, "a"), (1, "b"))]
+    frame = bytes(codecs.request_from_dict({
+        "header": {"api_key": 0, "api_version": version, "correlation_id": 1,
+                   "client_id": "app"},
+        "body": {"transactional_id": None, "acks": -1, "timeout_ms": 1000,
+                 "topic_data": topics},
+    }).encode())
+    assert frame[-3:] == b"\x00\x00\x00"
+    reads = ((lambda f: produce._request_topics(f, version, None, True)) if reader == "python"
+             else (lambda f: produce.request_topics(f, version)))
+    expected = reads(frame)
+    assert expected is not None and [t[2] for t in expected] == [15, 7]
+    last = len(frame) - 3 - (len(batch(7, payload=900)) - records.BATCH_OVERHEAD)
+    walk = produce.RequestWalk(version, len(frame))
+    feed = walk.feed if reader == "c" else partial(produce.StepWalk.feed, walk)
+    at = 0
+    for _ in range(3):  # the parts between the records, the records skipped
+        at += feed(frame[at:last])
+        if walk.finished:
+            break
+        at += walk.opaque
+        walk.skip(walk.opaque)
+    assert walk.finished and at == last and walk.opaque == len(frame) - last  # the last records and tail
+    walk.skip(walk.opaque)
+    assert walk.topics() == expected
+    for tail in (b"\x01\x00\x00", b"\xff\xff\xff"):  # not well-formed: not looked at
+        assert reads(frame[:-3] + tail) == expected
+    assert reads(frame + b"\x00") is None  # four bytes after the records: read, refused
+    tagged = frame[:-1] + b"\x01\x05\x01\x00"  # a tagged field of its own: read
+    assert reads(tagged) == expected
+    assert reads(tagged[:-1] + b"\x02\x00") is None
 
 
 @pytest.mark.parametrize("version", VERSIONS)

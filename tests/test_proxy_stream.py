@@ -730,6 +730,47 @@ async def test_over_sockets_a_large_request_the_metrics_count_goes_up_spliced_an
                          {"topic": "audit", "direction": "produce"}) == len(sets[1])
 
 
+@pytest.mark.parametrize("version", [8, 9, 12])
+@PEEKS
+async def test_over_sockets_a_large_request_for_one_partition_is_counted_from_its_first_read(
+        version: int, offsets: str | bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large Produce request for one partition (what a producer sends a topic of one
+    partition): its batch's header comes in the first read and nothing after its records
+    but the frame's three empty tag sections (flexible versions: produce.EMPTY_TAIL), so
+    the observers hear of it counted before any of it goes up, and the rest goes up in
+    one splice, nothing peeked at."""
+    from gatehouse.metrics import ProxyMetrics
+    from gatehouse.proxy import fastio
+
+    peek_as(offsets, monkeypatch)
+    peeks: list[int] = []
+    peek_walk = fastio.FastStream.peek_walk
+
+    def counting(stream: Any, walk: Any, at: int, moved: int, total: int) -> tuple[int, int]:
+        peeks.append(at)
+        return peek_walk(stream, walk, at, moved, total)
+
+    monkeypatch.setattr(fastio.FastStream, "peek_walk", counting)
+    metrics, seen = ProxyMetrics(), CountsSeen()
+    async with proxied(produce_answer, observer=Observers([metrics, seen]), tcp=True) as h:
+        seen.watch(h)
+        sets = (record_batch(700, 600_000),)
+        wire = produce_wire(5, version=version, records=sets)
+        with trio.fail_after(5):
+            async with trio.open_nursery() as nursery:  # while the broker reads
+                nursery.start_soon(send_pieces, h, wire[:1000], wire[1000:])
+                answer = await h.client.receive()
+        assert answer is not None and struct.unpack_from(">i", answer)[0] == 5
+        assert h.broker.received == [wire[4:]]  # the very bytes the client sent
+        assert seen.counts == [[("orders", [0], 700, len(sets[0]))]]
+        assert seen.gone_up == [0]  # counted before any of it went up
+        assert peeks == []
+        assert metrics.registry.get_sample_value(
+            "gatehouse_topic_records_total", {"topic": "orders", "direction": "produce"}) == 700
+        pipes = h.pumps.ctx.pipes
+        assert pipes is not None and pipes.spliced >= len(wire) - _RECEIVE_SIZE
+
+
 async def test_over_sockets_a_large_request_the_walk_cannot_follow_goes_up_uncounted(
 ) -> None:
     """A large Produce request whose topic count says one more topic than its bytes hold:

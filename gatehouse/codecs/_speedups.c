@@ -25,6 +25,7 @@
 
 #define LOG_OVERHEAD 12     /* a batch's base offset and length */
 #define BATCH_OVERHEAD 61   /* a v2 batch's header */
+#define EMPTY_TAIL 3        /* produce.EMPTY_TAIL: three empty tag sections end a request */
 #define MAGIC_AT 16
 #define COUNT_AT 57
 #define MAX_CODES 32        /* distinct error codes counted here; more: NOT_TAKEN */
@@ -375,7 +376,7 @@ produce_request_topics(PyObject *module, PyObject *args)
     Bytes buf = {view.buf, view.len};
     const Bytes *b = &buf;
     PyObject *out = NULL;
-    int status = 0;
+    int status = 0, tail = 0;  /* tail: the last three bytes taken as read */
     Py_ssize_t pos;
     int64_t topics;
 
@@ -437,15 +438,20 @@ produce_request_topics(PyObject *module, PyObject *args)
                 }
                 pos += (Py_ssize_t)n;
             }
-            if (flexible && (status = skip_tags_fast(b, &pos)) < 0)
+            if (flexible && pos + EMPTY_TAIL == b->len && t == topics - 1
+                    && i == partitions - 1) {
+                pos = b->len;  /* taken as read (produce.EMPTY_TAIL) */
+                tail = 1;
+            } else if (flexible && (status = skip_tags_fast(b, &pos)) < 0) {
                 break;
+            }
             status = append_long(topic.indexes, index);
         }
-        if (status == 0 && flexible)
+        if (status == 0 && flexible && !tail)
             status = skip_tags_fast(b, &pos);
         STEP(topic_end(out, &topic, status));
     }
-    if (flexible)
+    if (flexible && !tail)
         STEP(skip_tags_fast(b, &pos));
     NEED(pos == b->len);
 end:
@@ -1057,15 +1063,25 @@ walk_partition_done(Walk *w)
     return walk_topic_done(w);
 }
 
+/* ``end``: where the records field ends in the frame.  The frame's last three bytes
+ * after the last one are skipped with its records and end the walk (produce.EMPTY_TAIL). */
 static int
-walk_records_done(Walk *w)
+walk_records_done(Walk *w, long long end)
 {
     w->left = 0;
-    if (w->flexible) {
-        w->state = W_PARTITION_TAGS;
+    if (!w->flexible)
+        return walk_partition_done(w);
+    if (w->partitions == 1 && w->topics == 1 && end + EMPTY_TAIL == w->size) {
+        w->opaque += EMPTY_TAIL;
+        if (walk_partition_done(w) < 0)  /* the topic's counts appended */
+            return ERROR;
+        w->topics = 0;
+        w->state = W_TOP;
+        w->finished = 1;
         return 0;
     }
-    return walk_partition_done(w);
+    w->state = W_PARTITION_TAGS;
+    return 0;
 }
 
 /* One part at ``pos``: 0 and its end in *end, BAD where it is left to the Python walk. */
@@ -1147,8 +1163,9 @@ walk_part(Walk *w, const Bytes *b, Py_ssize_t pos, Py_ssize_t *end)
         w->records += be32(b->p + p + COUNT_AT);
         w->bytes += n;
         w->opaque = n - BATCH_OVERHEAD;
+        long long records_end = w->at + (p - pos) + n;
         p += BATCH_OVERHEAD;
-        if (walk_records_done(w) < 0)
+        if (walk_records_done(w, records_end) < 0)
             return ERROR;
         break;
     }

@@ -51,6 +51,13 @@ _FLEXIBLE_PARTITION: Final = struct.Struct(">iBBB8xi4xb40xi")
 FLEXIBLE_SINCE: Final = 9
 TOPIC_IDS_SINCE: Final = 13
 FIRST_VERSION: Final = 3
+# The bytes after the last records of a flexible request when its last partition's, last
+# topic's and own tag sections are empty: one count of 0 each.  Three bytes cannot hold
+# any tagged field (a count other than 0 needs a tag and a size after it), so a frame
+# whose last records end three bytes before it does ends in those or is not well-formed
+# (the broker's to refuse): the readers here take them as read, unlooked-at, which lets a
+# walk end at the last batch's header and a proxy pass the rest on without peeking at it.
+EMPTY_TAIL: Final = 3
 # The same readers in C (gatehouse/codecs/_speedups.c), where built.
 _C_REQUEST_TOPICS: Final = None if speedups is None else speedups.produce_request_topics
 _C_RESPONSE_SCAN: Final = None if speedups is None else speedups.produce_response_scan
@@ -86,7 +93,9 @@ def request_topics(frame: Buffer, version: int, spans: list[tuple[int, int]] | N
                    count: bool = True) -> TopicCounts | None:
     """Per topic: (name, or the 16 topic id bytes from v13; partition indexes; records;
     record bytes).  ``spans`` gets where each name is, its length prefix included;
-    without ``count`` the records are skipped, not counted (0 records, 0 bytes)."""
+    without ``count`` the records are skipped, not counted (0 records, 0 bytes).  The
+    three bytes that end a flexible frame right after its last records are its empty
+    tag sections, not read (EMPTY_TAIL)."""
     if version < FIRST_VERSION:
         return None
     if _C_REQUEST_TOPICS is not None:
@@ -111,7 +120,8 @@ def _request_topics(frame: Buffer, version: int, spans: list[tuple[int, int]] | 
         topics, pos = _topics_at(view, flexible)
         end = len(view)
         out: TopicCounts = []
-        for _ in range(topics):
+        tail = False  # the last three bytes taken as read (EMPTY_TAIL)
+        for t in range(topics):
             key: str | bytes
             if ids:
                 key = bytes(view[pos:pos + 16])
@@ -130,7 +140,8 @@ def _request_topics(frame: Buffer, version: int, spans: list[tuple[int, int]] | 
                 partitions, pos = _array(view, pos, flexible)
             records = size = 0
             indexes = []
-            for _ in range(partitions):
+            last_topic = topics - t == 1
+            for i in range(partitions):
                 if flexible and pos + _FLEXIBLE_PARTITION.size <= end:
                     # The index, the records' length and the first batch's header at once,
                     # where the length is a three-byte varint (a batch of 16 KiB-2 MiB:
@@ -191,12 +202,16 @@ def _request_topics(frame: Buffer, version: int, spans: list[tuple[int, int]] | 
                         size += sized
                     pos += n
                 if flexible:
-                    pos = _skip_tags(view, pos) if view[pos] else pos + 1
+                    if pos + EMPTY_TAIL == end and last_topic and partitions - i == 1:
+                        pos = end
+                        tail = True
+                    else:
+                        pos = _skip_tags(view, pos) if view[pos] else pos + 1
                 indexes.append(index)
-            if flexible:
+            if flexible and not tail:
                 pos = _skip_tags(view, pos) if view[pos] else pos + 1
             out.append((key, indexes, records, size))
-        if flexible:
+        if flexible and not tail:
             pos = _skip_tags(view, pos) if view[pos] else pos + 1
         if pos != end:
             raise _Unexpected
@@ -294,7 +309,7 @@ class RequestWalk(StepWalk):
                         self._left = n
                         self._state = _BATCH
                     else:
-                        self._records_done()
+                        self._records_done(self._at + end)
                     pos = end
                 elif state == _BATCH:
                     pos = self._batch(view, pos)
@@ -339,7 +354,7 @@ class RequestWalk(StepWalk):
         self._records += counted
         self._bytes += n
         self.opaque = n - BATCH_OVERHEAD
-        self._records_done()
+        self._records_done(self._at + end + n)
         return True
 
     def _head(self, view: memoryview) -> int:
@@ -384,15 +399,24 @@ class RequestWalk(StepWalk):
         self._records += records
         self._bytes += size
         if not self._left:
-            self._records_done()
+            self._records_done(self._at + pos + self.opaque)
         return pos
 
-    def _records_done(self) -> None:
+    def _records_done(self, end: int) -> None:
+        """A partition's records field walked (``end``: where it ends in the frame).
+        Where the frame's last three bytes follow the last one, the walk ends here, those
+        bytes skipped with the records (EMPTY_TAIL), as ``request_topics`` does."""
         self._left = 0
-        if self._flexible:
-            self._state = _PARTITION_TAGS
-        else:
+        if not self._flexible:
             self._partition_done()
+        elif (self._partitions == 1 and self._topics == 1
+                and end + EMPTY_TAIL == self._size):
+            self.opaque += EMPTY_TAIL
+            self._partition_done()
+            self._next_topic()
+            self.finished = True
+        else:
+            self._state = _PARTITION_TAGS
 
     def _partition_done(self) -> None:
         self._partitions -= 1
