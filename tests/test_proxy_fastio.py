@@ -494,3 +494,74 @@ async def test_peek_walk_walks_a_request_where_it_lies_in_c_as_in_python(
         if reached in (fastio.EMPTY, fastio.EOF):
             # Stopped at the first part not there (records before it skipped unseen).
             assert 4 < outcome[0] < len(wire) and topics is None
+
+
+@pytest.mark.parametrize("version", [12, 16])
+async def test_peek_walk_counts_an_answers_batches_in_c_as_in_python(
+        version: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Fetch answer's counting walk through a socket: the C loop takes runs of whole
+    batches itself (their headers peeked at, the walk told once: ``batches_walked``), the
+    Python loop feeds each header; wherever the bytes stop (inside a batch's header, at
+    its end, inside the batch cut short that ends the records), both stop at the same
+    place, the walk in the same state, and at the end the walk's scan is the whole
+    frame's (``response_scan``)."""
+    from gatehouse.codecs import fetch
+    from gatehouse.proxy import fastio
+    from tests.test_proxy_stream import FETCHED, fetch_answer, record_batch
+
+    c_loop = fastio._C_PEEK_WALK
+    assert c_loop is not None  # built here (Linux 6.10+, a C compiler)
+    wire = fetch_answer(1, records=FETCHED, version=version, partition_error=6)
+    first = wire.index(FETCHED[:61])
+    cuts = [first + 30, first + 40_000, first + 40_000 + 61, first + 5 * 40_000 + 7,
+            first + 29 * 40_000 + 10, len(wire)]
+    runs: list[int] = []
+    batches_walked = fetch.AnswerWalk.batches_walked
+
+    def counting(walk: Any, walked: int, records: int, size: int, left: int) -> None:
+        runs.append(walked)
+        batches_walked(walk, walked, records, size, left)
+
+    monkeypatch.setattr(fetch.AnswerWalk, "batches_walked", counting)
+
+    async def walk_with(loop: str, sent: bytes) -> tuple[Any, ...]:
+        monkeypatch.setattr(fastio, "_C_PEEK_WALK", None if loop == "python" else c_loop)
+        far, near = await tcp_pair()
+        near.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)  # the whole frame
+        stream = FastStream(near)
+        with trio.fail_after(5):
+            await far.send_all(sent)
+            assert await stream.receive_some(4) == wire[:4]  # the size prefix: moved
+            while stream.peek_at(len(sent) - 5, 1) is None:  # every byte sent arrived
+                await trio.sleep(0.001)
+            walk = fetch.AnswerWalk(version, len(wire) - 4, count=True)
+            outcome = stream.peek_walk(walk, 4, 4, len(wire))
+        await far.aclose()
+        await near.aclose()
+        state = (walk.opaque, walk.finished, walk._at, walk._left, walk._records,
+                 walk._bytes, walk._codes, walk._out, bytes(walk._held), walk.uncounted)
+        tail = wire[4 + walk.tags_at:] if walk.finished else b""
+        return outcome, state, walk.scan(tail)
+
+    for cut in cuts:
+        runs.clear()
+        c = await walk_with("c", wire[:cut])
+        walked_in_c = list(runs)
+        python = await walk_with("python", wire[:cut])
+        assert runs == walked_in_c  # the Python loop never calls it
+        assert c == python
+        assert c[0][1] == (fastio.WALKED if cut == len(wire) else fastio.EMPTY)
+        # The first batch's header comes in the walk's first peek, with the answer's
+        # head; the C loop takes the batches after it whose headers are all there.
+        whole = max(0, min(cut - first - 61, 29 * 40_000 - 61) // 40_000)
+        assert sum(walked_in_c) == whole * 40_000
+    assert c[2] == fetch.response_scan(wire[4:], version) is not None
+    assert c[2][2][0][2:] == (435, 29 * 40_000)
+    # Not a batch it takes (a magic other than 2): left to the walk's own step.
+    odd = record_batch(5, 40_000)
+    odd = odd[:16] + b"\x01" + odd[17:]
+    wire = fetch_answer(1, records=odd + FETCHED, version=version)
+    runs.clear()
+    c = await walk_with("c", wire)
+    assert runs == [] and c[0][1] == fastio.WALKED
+    assert c == await walk_with("python", wire)

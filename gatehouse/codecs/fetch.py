@@ -273,6 +273,17 @@ class AnswerWalk(StepWalk):
             taken += StepWalk.feed(self, memoryview(data)[taken:])
         return taken
 
+    def batches_walked(self, walked: int, records: int, size: int, left: int) -> None:
+        """Whole v2 batches of the current records field (``count``) went by, ``walked``
+        bytes holding ``records`` records, their headers read by the caller (the proxy's
+        peek loop in C, which reads them where they lie in a socket): as if their headers
+        had been fed and the rest skipped, ``left`` bytes of the field to go."""
+        if self.opaque or self._held or not 0 < walked <= self._left or left != self._left - walked:
+            raise ValueError(f"{walked} bytes of batches walked, {self._left} of the field left")
+        self._at += walked
+        self._left = left
+        self._counted(records, size)
+
     def scan(self, tail: Buffer) -> ResponseScan | None:
         """With ``count``, once the walk reached the tag section (``tail``, the frame's
         last bytes): what ``response_scan`` says of the whole frame; None where it says

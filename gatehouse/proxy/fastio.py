@@ -171,7 +171,9 @@ class FastStream:
         far (EMPTY), the socket is at EOF (EOF), or the frame ends inside a part
         (PAST_END).  Returns the frame offset reached (where the walk ended, when it ends
         before the frame: a Fetch answer's top-level tag section) and which; raises what
-        ``walk.feed`` raises.  Never waits.  Only where ``peeks``."""
+        ``walk.feed`` raises.  Never waits.  Only where ``peeks``.  The loop in C
+        (_peeking.c) ends the same way, the walk in the same state; it reads a counting
+        walk's runs of whole batches itself (``batches_walked``)."""
         if _C_PEEK_WALK is not None and _PEEK_OFFSETS:
             try:
                 return _C_PEEK_WALK(_fd(self.socket), walk, at, moved, total,  # type: ignore[no-any-return]
