@@ -24,6 +24,6 @@ setup(
         optional_c("gatehouse.codecs._decoder", "gatehouse/codecs/_wire.h"),
         optional_c("gatehouse.metrics._counting"),
         optional_c("gatehouse.capture._records"),
-        optional_c("gatehouse.proxy._peeking"),
+        optional_c("gatehouse.proxy._peeking", "gatehouse/codecs/_wire.h"),
     ]
 )

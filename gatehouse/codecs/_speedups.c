@@ -23,11 +23,7 @@
 #define ERROR (-2)      /* a Python exception is set (memory) */
 #define NOT_TAKEN (-3)  /* valid, but left to the Python reader: NotImplemented */
 
-#define LOG_OVERHEAD 12     /* a batch's base offset and length */
-#define BATCH_OVERHEAD 61   /* a v2 batch's header */
 #define EMPTY_TAIL 3        /* produce.EMPTY_TAIL: three empty tag sections end a request */
-#define MAGIC_AT 16
-#define COUNT_AT 57
 #define MAX_CODES 32        /* distinct error codes counted here; more: NOT_TAKEN */
 
 typedef struct {

@@ -1,10 +1,20 @@
 /* Reads of the Kafka wire's numbers shared by the C modules of gatehouse.codecs
- * (_speedups.c, _decoder.c): big-endian integers and KIP-482 unsigned varints, each
- * bounds-checked by its caller against what it may read.  Include after Python.h. */
+ * (_speedups.c, _decoder.c) and the proxy's peek loop (gatehouse/proxy/_peeking.c):
+ * big-endian integers and KIP-482 unsigned varints, each bounds-checked by its caller
+ * against what it may read, and where a record batch's header keeps its numbers.
+ * Include after Python.h. */
 #ifndef GATEHOUSE_CODECS_WIRE_H
 #define GATEHOUSE_CODECS_WIRE_H
 
 #include <stdint.h>
+
+/* A v2 record batch's header (gatehouse.codecs.records): its base offset and length
+ * fields, all of it, and where its length, magic byte and record count lie. */
+#define LOG_OVERHEAD 12
+#define BATCH_OVERHEAD 61
+#define LENGTH_AT 8
+#define MAGIC_AT 16
+#define COUNT_AT 57
 
 static inline uint16_t
 wire_u16(const unsigned char *p)

@@ -16,8 +16,9 @@
 #include <Python.h>
 
 #include <errno.h>
-#include <stdint.h>
 #include <sys/socket.h>
+
+#include "../codecs/_wire.h"
 
 #ifndef SO_PEEK_OFF
 #error "no SO_PEEK_OFF here: the Python loop runs (the module is optional)"
@@ -28,21 +29,6 @@ enum { WALKED, EMPTY, AT_EOF, PAST_END };
 
 static PyObject *name_finished, *name_opaque, *name_holding, *name_skip, *name_feed;
 static PyObject *name_left, *name_batches_walked;
-
-/* A v2 record batch's header (gatehouse.codecs.records): its length after its base
- * offset and length fields, its magic byte and its record count. */
-#define LOG_OVERHEAD 12
-#define BATCH_OVERHEAD 61
-#define LENGTH_AT 8
-#define MAGIC_AT 16
-#define COUNT_AT 57
-
-static long long
-be32(const unsigned char *p)
-{
-    return (int32_t)((uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8
-                     | (uint32_t)p[3]);
-}
 
 static int
 long_attr(PyObject *obj, PyObject *name, long long *value)
@@ -113,10 +99,10 @@ walk_batches(int fd, PyObject *walk, long long at, long long moved, long long to
             *empty = got == -1;
             break;  /* EOF or a header not all there: the general loop says which */
         }
-        long long size = LOG_OVERHEAD + be32(header + LENGTH_AT);
+        long long size = LOG_OVERHEAD + (int32_t)wire_u32(header + LENGTH_AT);
         if (header[MAGIC_AT] != 2 || size < BATCH_OVERHEAD || size > left)
             break;
-        records += be32(header + COUNT_AT);
+        records += (int32_t)wire_u32(header + COUNT_AT);
         bytes += size;
         walked += size;
         left -= size;
