@@ -424,6 +424,23 @@ async def test_a_large_send_goes_to_the_kernel_whole_while_the_peer_does_not_rea
         await stream.aclose()
 
 
+async def frame_in_socket(sent: bytes, close: bool = False) -> tuple[Any, Any, FastStream]:
+    """A TCP connection whose receiving end (the FastStream) holds ``sent``, a frame or its
+    first bytes, every byte arrived and its size prefix taken; with ``close`` the sending
+    end closed after them."""
+    far, near = await tcp_pair()
+    near.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)  # the whole frame
+    stream = FastStream(near)
+    await far.send_all(sent)
+    if close:
+        await far.aclose()
+    assert await stream.receive_some(4) == sent[:4]  # the size prefix: moved
+    # Every byte sent has arrived (no event says so: the socket is asked).
+    while stream.peek_at(len(sent) - 5, 1) is None and not close:
+        await trio.sleep(0.001)
+    return far, near, stream
+
+
 def _walk_state(walk: Any) -> tuple[Any, ...]:
     return (walk.opaque, walk.finished, walk._at, walk._state, walk._out, bytes(walk._held))
 
@@ -456,17 +473,8 @@ async def test_peek_walk_walks_a_request_where_it_lies_in_c_as_in_python(
 
     async def walk_with(loop: str, sent: bytes, close: bool) -> tuple[Any, ...]:
         monkeypatch.setattr(fastio, "_C_PEEK_WALK", None if loop == "python" else c_loop)
-        far, near = await tcp_pair()
-        near.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 21)  # the whole frame
-        stream = FastStream(near)
         with trio.fail_after(5):
-            await far.send_all(sent)
-            if close:
-                await far.aclose()
-            assert await stream.receive_some(4) == wire[:4]  # the size prefix: moved
-            # Every byte sent has arrived (no event says so: the socket is asked).
-            while stream.peek_at(len(sent) - 5, 1) is None and not close:
-                await trio.sleep(0.001)
+            far, near, stream = await frame_in_socket(sent, close)
             walk = produce.RequestWalk(version, len(wire) - 4)
             try:
                 outcome: Any = stream.peek_walk(walk, 4, 4, len(wire))
@@ -526,14 +534,8 @@ async def test_peek_walk_counts_an_answers_batches_in_c_as_in_python(
 
     async def walk_with(loop: str, sent: bytes) -> tuple[Any, ...]:
         monkeypatch.setattr(fastio, "_C_PEEK_WALK", None if loop == "python" else c_loop)
-        far, near = await tcp_pair()
-        near.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)  # the whole frame
-        stream = FastStream(near)
         with trio.fail_after(5):
-            await far.send_all(sent)
-            assert await stream.receive_some(4) == wire[:4]  # the size prefix: moved
-            while stream.peek_at(len(sent) - 5, 1) is None:  # every byte sent arrived
-                await trio.sleep(0.001)
+            far, near, stream = await frame_in_socket(sent)
             walk = fetch.AnswerWalk(version, len(wire) - 4, count=True)
             outcome = stream.peek_walk(walk, 4, 4, len(wire))
         await far.aclose()

@@ -686,6 +686,17 @@ class CountsSeen(Recorder):
             self.gone_up.append(self.sent + self.pipes.spliced)
 
 
+async def produce_through(h: Harness, wire: bytes) -> None:
+    """``wire`` (a Produce request, correlation id 5) sent in two pieces while the broker
+    reads; its answer reaches the client, and the broker got the very bytes sent."""
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:  # while the broker reads
+            nursery.start_soon(send_pieces, h, wire[:1000], wire[1000:])
+            answer = await h.client.receive()
+    assert answer is not None and struct.unpack_from(">i", answer)[0] == 5
+    assert h.broker.received == [wire[4:]]  # the very bytes the client sent
+
+
 @pytest.mark.parametrize("version", [3, 8, 9, 12])
 @pytest.mark.parametrize("shape", ["batches", "noise"])
 @PEEKS
@@ -706,12 +717,7 @@ async def test_over_sockets_a_large_request_the_metrics_count_goes_up_spliced_an
     async with proxied(produce_answer, observer=Observers([metrics, seen]), tcp=True) as h:
         seen.watch(h)
         wire = produce_wire(5, topics=("orders", "audit"), version=version, records=sets)
-        with trio.fail_after(5):
-            async with trio.open_nursery() as nursery:  # while the broker reads
-                nursery.start_soon(send_pieces, h, wire[:1000], wire[1000:])
-                answer = await h.client.receive()
-        assert answer is not None and struct.unpack_from(">i", answer)[0] == 5
-        assert h.broker.received == [wire[4:]]  # the very bytes the client sent
+        await produce_through(h, wire)
         expected = produce.request_topics(wire[4:], version)
         assert expected is not None and seen.counts == [expected]
         assert 0 < seen.gone_up[0] < len(wire)  # heard of before its last bytes went up
@@ -756,12 +762,7 @@ async def test_over_sockets_a_large_request_for_one_partition_is_counted_from_it
         seen.watch(h)
         sets = (record_batch(700, 600_000),)
         wire = produce_wire(5, version=version, records=sets)
-        with trio.fail_after(5):
-            async with trio.open_nursery() as nursery:  # while the broker reads
-                nursery.start_soon(send_pieces, h, wire[:1000], wire[1000:])
-                answer = await h.client.receive()
-        assert answer is not None and struct.unpack_from(">i", answer)[0] == 5
-        assert h.broker.received == [wire[4:]]  # the very bytes the client sent
+        await produce_through(h, wire)
         assert seen.counts == [[("orders", [0], 700, len(sets[0]))]]
         assert seen.gone_up == [0]  # counted before any of it went up
         assert peeks == []
