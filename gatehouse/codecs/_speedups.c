@@ -750,19 +750,17 @@ batches_feed(PyObject *module, PyObject *args)
                 break;  /* the data ends inside the batch */
             continue;
         }
-        if (left < BATCH_OVERHEAD || len - pos < BATCH_OVERHEAD || p[pos + MAGIC_AT] != 2)
+        if (left < BATCH_OVERHEAD || len - pos < BATCH_OVERHEAD)
             break;
-        int32_t length = be32(p + pos + 8);
-        long long size = LOG_OVERHEAD + (long long)length;
-        if (size > left) {
-            if (length < 0)
-                break;  /* Uncounted: the Python step says so */
+        long long size, counted;
+        int batch = wire_batch(p + pos, left, &size, &counted);
+        if (batch == WIRE_NOT_BATCH)
+            break;  /* a legacy message, or Uncounted: the Python step says which */
+        if (batch == WIRE_BATCH_CUT) {
             opaque = left - BATCH_OVERHEAD;  /* a batch cut short ends the count */
             left = 0;
         } else {
-            if (size < BATCH_OVERHEAD)
-                break;
-            records += be32(p + pos + COUNT_AT);
+            records += counted;
             bytes += size;
             opaque = size - BATCH_OVERHEAD;
             left -= size;

@@ -62,4 +62,24 @@ wire_uvarint(const unsigned char *p, Py_ssize_t len, Py_ssize_t *pos, int64_t *v
     return -1;
 }
 
+/* What the v2 batch header at ``h`` is, ``left`` bytes of its records field to go (as
+ * records.batch_step reads it): a whole batch inside the field (*size, *records), one
+ * the field ends inside, or none it counts (another magic, a length it refuses). */
+enum { WIRE_BATCH, WIRE_BATCH_CUT, WIRE_NOT_BATCH };
+
+static inline int
+wire_batch(const unsigned char *h, long long left, long long *size, long long *records)
+{
+    if (h[MAGIC_AT] != 2)
+        return WIRE_NOT_BATCH;
+    int32_t length = (int32_t)wire_u32(h + LENGTH_AT);
+    *size = LOG_OVERHEAD + (long long)length;
+    if (*size > left)
+        return length < 0 ? WIRE_NOT_BATCH : WIRE_BATCH_CUT;
+    if (*size < BATCH_OVERHEAD)
+        return WIRE_NOT_BATCH;
+    *records = (int32_t)wire_u32(h + COUNT_AT);
+    return WIRE_BATCH;
+}
+
 #endif

@@ -85,8 +85,8 @@ peek(int fd, long long at, long long moved, char *buf, long long want)
  * or not all there yet.  Returns how far it got (0: not a batch it takes, or no bytes
  * there: *empty then says which), -1 with an exception set. */
 static long long
-walk_batches(int fd, PyObject *walk, long long at, long long moved, long long total,
-             long long left, int *empty)
+walk_batches(int fd, PyObject *batches_walked, long long at, long long moved,
+             long long total, long long left, int *empty)
 {
     unsigned char header[BATCH_OVERHEAD];
     long long walked = 0, records = 0, bytes = 0;
@@ -99,17 +99,17 @@ walk_batches(int fd, PyObject *walk, long long at, long long moved, long long to
             *empty = got == -1;
             break;  /* EOF or a header not all there: the general loop says which */
         }
-        long long size = LOG_OVERHEAD + (int32_t)wire_u32(header + LENGTH_AT);
-        if (header[MAGIC_AT] != 2 || size < BATCH_OVERHEAD || size > left)
+        long long size, counted;
+        if (wire_batch(header, left, &size, &counted) != WIRE_BATCH)
             break;
-        records += (int32_t)wire_u32(header + COUNT_AT);
+        records += counted;
         bytes += size;
         walked += size;
         left -= size;
     }
     if (walked) {
-        PyObject *done = PyObject_CallMethod(walk, "batches_walked", "LLLL", walked, records,
-                                             bytes, left);
+        PyObject *done = PyObject_CallFunction(batches_walked, "LLLL", walked, records,
+                                               bytes, left);
         if (done == NULL)
             return -1;
         Py_DECREF(done);
@@ -117,24 +117,11 @@ walk_batches(int fd, PyObject *walk, long long at, long long moved, long long to
     return walked;
 }
 
-/* peek_walk(fd, walk, at, moved, total, read) -> (at, WALKED | EMPTY | EOF | PAST_END) */
+/* peek_walk's loop; ``batches_walked``: the walk's method of that name, or NULL. */
 static PyObject *
-peek_walk(PyObject *module, PyObject *args)
+walk_through(int fd, PyObject *walk, PyObject *batches_walked, long long at,
+             long long moved, long long total, long long read)
 {
-    int fd;
-    PyObject *walk;
-    long long at, moved, total, read;
-    if (!PyArg_ParseTuple(args, "iOLLLL", &fd, &walk, &at, &moved, &total, &read))
-        return NULL;
-    /* A walk that counts batches (fetch.AnswerWalk) takes whole runs of them at once. */
-    PyObject *method = PyObject_GetAttr(walk, name_batches_walked);
-    int counts_batches = method != NULL;
-    Py_XDECREF(method);
-    if (method == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
-            return NULL;
-        PyErr_Clear();
-    }
     for (;;) {
         long long finished, opaque, holding;
         if (long_attr(walk, name_finished, &finished) < 0)
@@ -159,13 +146,14 @@ peek_walk(PyObject *module, PyObject *args)
         }
         if (long_attr(walk, name_holding, &holding) < 0)
             return NULL;
-        if (counts_batches && !holding) {
+        if (batches_walked != NULL && !holding) {
             long long left;
             if (long_attr(walk, name_left, &left) < 0)
                 return NULL;
             if (left) {
                 int empty;
-                long long walked = walk_batches(fd, walk, at, moved, total, left, &empty);
+                long long walked = walk_batches(fd, batches_walked, at, moved, total, left,
+                                                &empty);
                 if (walked < 0)
                     return NULL;
                 if (walked) {
@@ -204,6 +192,27 @@ peek_walk(PyObject *module, PyObject *args)
             return NULL;
         at += taken;
     }
+}
+
+/* peek_walk(fd, walk, at, moved, total, read) -> (at, WALKED | EMPTY | EOF | PAST_END) */
+static PyObject *
+peek_walk(PyObject *module, PyObject *args)
+{
+    int fd;
+    PyObject *walk;
+    long long at, moved, total, read;
+    if (!PyArg_ParseTuple(args, "iOLLLL", &fd, &walk, &at, &moved, &total, &read))
+        return NULL;
+    /* A walk that counts batches (fetch.AnswerWalk) takes whole runs of them at once. */
+    PyObject *batches_walked = PyObject_GetAttr(walk, name_batches_walked);
+    if (batches_walked == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return NULL;
+        PyErr_Clear();
+    }
+    PyObject *result = walk_through(fd, walk, batches_walked, at, moved, total, read);
+    Py_XDECREF(batches_walked);
+    return result;
 }
 
 static PyMethodDef methods[] = {
