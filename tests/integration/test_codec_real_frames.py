@@ -118,11 +118,19 @@ def test_old_protocol_levels_of_kafka_python(kafka: KafkaCluster,
 
     tap = FrameTap()
     with ProxyThread(kafka.bootstrap, observers=[tap]) as proxy:
+        producer = None
         try:
+            # The record expires after 4 s, so that close() can end the producer: its
+            # sender thread would otherwise go on retrying into later tests (and draw
+            # from the random module under their Hypothesis strategies).
             producer = KafkaProducer(bootstrap_servers=proxy.bootstrap,
-                                     api_version=api_version, max_block_ms=5000)
+                                     api_version=api_version, max_block_ms=5000,
+                                     request_timeout_ms=3000, delivery_timeout_ms=4000)
             producer.send(unique("old"), b"x").get(timeout=10)
         except KafkaError:
             pass  # Kafka 4 rejects old versions; here only the frames matter
+        finally:
+            if producer is not None:
+                producer.close(timeout=10)
     assert tap.requests
     check_frames(tap)

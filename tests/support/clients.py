@@ -107,10 +107,12 @@ def kafka_python_produce(args: dict[str, Any], values: Iterable[bytes], topic: s
     from kafka import KafkaProducer
 
     producer = KafkaProducer(**args, acks="all")
-    for value in values:
-        producer.send(topic, value)
-    producer.flush(30)
-    producer.close()
+    try:
+        for value in values:
+            producer.send(topic, value)
+        producer.flush(30)
+    finally:
+        producer.close(timeout=5)  # its threads go, whatever happened
 
 
 def kafka_python_read(args: dict[str, Any], topic: str, count: int,
@@ -121,6 +123,7 @@ def kafka_python_read(args: dict[str, Any], topic: str, count: int,
 
     reader = KafkaConsumer(topic, **args, auto_offset_reset="earliest",
                            consumer_timeout_ms=timeout_ms, group_id=unique("g"))
-    read = [m.value for m, _ in zip(reader, range(count), strict=False)]
-    reader.close()
-    return read
+    try:
+        return [m.value for m, _ in zip(reader, range(count), strict=False)]
+    finally:
+        reader.close()

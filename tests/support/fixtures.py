@@ -14,6 +14,7 @@ A test that stops or pauses a node of a shared cluster must bring it back.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,12 +25,29 @@ from tests.support.kafka import KafkaCluster
 from tests.support.tansu import TansuBroker
 
 KAFKA_FIXTURES = frozenset({"kafka_libs", "kafka", "kafka_cluster", "kafka_scram"})
+# The threads of a kafka-python client (its network thread, its I/O loop).
+KAFKA_PYTHON_THREADS = ("kafka-python-", "kafka-io-kafka-python")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if KAFKA_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.kafka)
+
+
+@pytest.fixture(autouse=True)
+def no_kafka_python_client_left_open() -> Iterator[None]:
+    """A kafka-python client a test leaves open keeps reconnecting in its threads through
+    the tests after it (and draws from the random module under their Hypothesis
+    strategies): each test closes the ones it opens."""
+    before = set(threading.enumerate())
+    yield
+    left = [t for t in threading.enumerate()
+            if t not in before and t.name.startswith(KAFKA_PYTHON_THREADS)]
+    for thread in left:
+        thread.join(2)  # a client closed at the very end may still be stopping
+    names = [t.name for t in left if t.is_alive()]
+    assert not names, f"kafka-python clients left open by this test: {names}"
 
 
 @pytest.fixture(scope="session")
