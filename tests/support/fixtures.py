@@ -8,6 +8,9 @@ Fixtures:
     tansu          TansuBroker
     tls_files      {"ca", "cert", "key"}: PEM paths of a CA and a localhost/127.0.0.1 certificate
 
+Every test: ``no_kafka_python_client_left_open`` fails one that leaves a kafka-python
+client's threads running.
+
 Tests that use the Kafka fixtures get the ``kafka`` marker (``pytest -m "not kafka"``).
 A test that stops or pauses a node of a shared cluster must bring it back.
 """
