@@ -19,6 +19,7 @@ from tests.support.clients import (
     consume,
     kafka_python_produce,
     kafka_python_read,
+    kafka_python_send_one,
     produce,
     recv_exact,
     unique,
@@ -408,25 +409,14 @@ def test_broker_stopped_mid_stream_clients_recover(kafka_cluster: KafkaCluster) 
 
 
 def test_min_api_version_refuses_old_kafka_python_but_not_librdkafka(kafka: KafkaCluster) -> None:
-    from kafka import KafkaProducer
     from kafka.errors import KafkaError
 
     rules = "- name: modern-metadata\n  min_api_version: {Metadata: 4}\n"
     with ProxyThread(kafka.bootstrap, rules_yaml=rules) as proxy:
         topic = unique("rules")
         kafka.create_topic(topic)
-        old = None
-        try:
-            with pytest.raises(KafkaError):
-                # The record expires after 4 s, so that close() can end the producer
-                # (its sender thread would go on retrying into later tests).
-                old = KafkaProducer(bootstrap_servers=proxy.bootstrap,
-                                    api_version=(0, 10, 1), max_block_ms=5000,
-                                    request_timeout_ms=3000, delivery_timeout_ms=4000)
-                old.send(topic, b"x").get(timeout=10)
-        finally:
-            if old is not None:
-                old.close(timeout=10)
+        refused = kafka_python_send_one(proxy.bootstrap, (0, 10, 1), topic)
+        assert isinstance(refused, KafkaError)
         assert proxy.sample("gatehouse_rule_decisions_total", rule="modern-metadata",
                             action="refuse") >= 1
         assert proxy.sample("gatehouse_responses_total", api="Metadata",

@@ -115,6 +115,30 @@ def kafka_python_produce(args: dict[str, Any], values: Iterable[bytes], topic: s
         producer.close(timeout=5)  # its threads go, whatever happened
 
 
+def kafka_python_send_one(bootstrap: str, api_version: tuple[int, ...], topic: str
+                          ) -> Exception | None:
+    """One record sent by a kafka-python producer pinned to ``api_version``; the
+    KafkaError that stopped it (a broker or proxy refusing that protocol level), or None.
+    The record expires after 4 s, so that the producer can be closed either way: its
+    sender thread would otherwise go on retrying into later tests (and draw from the
+    random module under their Hypothesis strategies)."""
+    from kafka import KafkaProducer
+    from kafka.errors import KafkaError
+
+    producer = None
+    try:
+        producer = KafkaProducer(bootstrap_servers=bootstrap, api_version=api_version,
+                                 max_block_ms=5000, request_timeout_ms=3000,
+                                 delivery_timeout_ms=4000)
+        producer.send(topic, b"x").get(timeout=10)
+    except KafkaError as exc:
+        return exc
+    finally:
+        if producer is not None:
+            producer.close(timeout=10)
+    return None
+
+
 def kafka_python_read(args: dict[str, Any], topic: str, count: int,
                       timeout_ms: int = 15_000) -> list[bytes]:
     """The first ``count`` values of ``topic`` (from the start), read by kafka-python
