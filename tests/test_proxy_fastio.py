@@ -7,14 +7,28 @@ import fcntl
 import os
 import socket
 import struct
+import uuid
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
 
+from gatehouse import codecs
+from gatehouse.codecs import fetch, produce
+from gatehouse.proxy import fastio
+from gatehouse.proxy.connection import _WALKED_PRODUCE_VERSIONS
 from gatehouse.proxy.fastio import _GATHER_MIN, _YIELD_EVERY, FastStream, PipePool
-from tests.support.fakebroker import notsent_lowat, tcp_pair
+from tests.support.fakebroker import (
+    frame_bytes,
+    notsent_lowat,
+    request,
+    response_body,
+    tcp_pair,
+)
+from tests.test_proxy_stream import RECORDS, record_batch
 
 
 async def test_bytes_arrive_whole_past_the_socket_buffers() -> None:
@@ -567,3 +581,188 @@ async def test_peek_walk_counts_an_answers_batches_in_c_as_in_python(
     c = await walk_with("c", wire)
     assert runs == [] and c[0][1] == fastio.WALKED
     assert c == await walk_with("python", wire)
+
+
+# --- peek_walk's two loops on random and mutated frames ----------------------------------
+
+
+def _sync_frame_in_socket(sent: bytes, head: int, close: bool) -> tuple[socket.socket, FastStream]:
+    """``frame_in_socket`` without trio's loop: a loopback TCP connection whose receiving
+    end holds ``sent`` past its first ``head`` bytes (received), every byte arrived; the
+    sending end closed after them with ``close``.  Returns the sending end (open or not)
+    and the receiving end as a FastStream."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        # Room for the whole frame, from the handshake on (the window scale is set there).
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
+        far = socket.create_connection(server.getsockname())
+        near, _ = server.accept()
+    far.sendall(sent)
+    if close:
+        far.shutdown(socket.SHUT_WR)
+    assert near.recv(head, socket.MSG_WAITALL) == sent[:head]
+    # Until every byte sent is there (no event says so: the socket is asked).
+    while len(_waiting(near)) < len(sent) - head:
+        pass
+    return far, FastStream(trio.SocketStream(trio.socket.from_stdlib_socket(near)))
+
+
+def _waiting(sock: socket.socket) -> bytes:
+    """The bytes waiting in ``sock``, left there."""
+    sock.setsockopt(socket.SOL_SOCKET, fastio._SO_PEEK_OFF, 0)
+    try:
+        return sock.recv(1 << 22, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return b""
+
+
+def _slots_state(walk: Any) -> dict[str, Any]:
+    """Every field of a walk (its step, a bound method, by name)."""
+    state: dict[str, Any] = {}
+    for cls in type(walk).__mro__:
+        for name in getattr(cls, "__slots__", ()):
+            value = getattr(walk, name)
+            state[name] = (value.__name__ if name == "_step"
+                           else bytes(value) if isinstance(value, bytearray) else value)
+    return state
+
+
+@st.composite
+def _record_sets(draw: st.DrawFn) -> bytes | None:
+    """A records field: whole v2 batches (some cut short, some of another magic), noise,
+    empty or null."""
+    shape = draw(st.sampled_from(["batches", "batches", "batches", "noise", "empty", "null"]))
+    if shape == "null":
+        return None
+    if shape == "noise":
+        return RECORDS[:draw(st.integers(0, 3000))]
+    if shape == "empty":
+        return b""
+    batches = b""
+    for _ in range(draw(st.integers(1, 5))):
+        batch = record_batch(draw(st.integers(-2, (1 << 31) - 1)),
+                             draw(st.sampled_from([61, 62, 200, 4096, 16_384, 40_000])))
+        if draw(st.integers(0, 9)) == 0:
+            batch = batch[:16] + bytes([draw(st.integers(0, 3))]) + batch[17:]
+        batches += batch
+    if draw(st.booleans()) and draw(st.booleans()):
+        batches = batches[:draw(st.integers(0, len(batches)))]
+    return batches
+
+
+@st.composite
+def _walked_frames(draw: st.DrawFn) -> tuple[str, int, bytes]:
+    """A Produce request or a Fetch answer as the proxy walks them: ("produce" | "fetch",
+    version, the frame with its size prefix)."""
+    kind = draw(st.sampled_from(["produce", "fetch"]))
+    topics = draw(st.integers(1, 3))
+    if kind == "produce":
+        version = draw(st.sampled_from(list(_WALKED_PRODUCE_VERSIONS)))
+        key = ((lambda i: {"topic_id": str(uuid.UUID(int=i + 1))})
+               if version >= produce.TOPIC_IDS_SINCE else (lambda i: {"name": f"topic-{i}"}))
+        msg = request(0, version, 7, transactional_id=None, acks=-1, timeout_ms=1000,
+                      topic_data=[{**key(i), "partition_data": [
+                          {"index": p, "records": draw(_record_sets())}
+                          for p in range(draw(st.integers(1, 3)))]} for i in range(topics)])
+        return kind, version, frame_bytes(msg.encode())
+    version = draw(st.integers(fetch.FIRST_VERSION, 18))
+    key = ((lambda i: {"topic_id": str(uuid.UUID(int=i + 1))})
+           if version >= fetch.TOPIC_IDS_SINCE else (lambda i: {"topic": f"topic-{i}"}))
+    body = response_body(1, version, throttle_time_ms=0, error_code=0, session_id=0,
+                         responses=[{**key(i), "partitions": [
+                             {"partition_index": p, "error_code": draw(st.sampled_from([0, 0, 6])),
+                              "high_watermark": 10, "last_stable_offset": 10,
+                              "log_start_offset": 0, "aborted_transactions": [],
+                              "preferred_read_replica": -1, "records": draw(_record_sets())}
+                             for p in range(draw(st.integers(1, 3)))]} for i in range(topics)])
+    return kind, version, frame_bytes(codecs.Response.build(1, version, 7, body).encode())
+
+
+def _batches_at(wire: bytes) -> list[int]:
+    """Where the v2 batches ``record_batch`` makes begin in ``wire`` (their first 8 and
+    their leader epoch's 4 bytes 0, magic 2)."""
+    at, found = 0, []
+    while (at := wire.find(b"\x00\x00\x00\x00\x02", at + 1)) >= 0:
+        if at >= 12 and wire[at - 12:at - 4] == bytes(8):
+            found.append(at - 12)
+    return found
+
+
+_REACHED = {fastio.WALKED: "walked", fastio.EMPTY: "empty", fastio.EOF: "eof",
+            fastio.PAST_END: "past the end"}
+
+
+@settings(max_examples=500, deadline=None)
+@given(frame=_walked_frames(), data=st.data())
+def test_peek_walk_in_c_and_in_python_agree_on_random_and_mutated_frames(
+        frame: tuple[str, int, bytes], data: st.DataObject) -> None:
+    """The C loop (_peeking.c) reads sizes a client or a broker wrote: on random frames,
+    some with bytes overwritten (lengths, counts, magics), cut anywhere or followed by
+    the next one's first bytes, the sender open or closed, walked from after a head
+    already received, it ends where the Python loop ends, with the same outcome or the
+    same exception, the walk in the same state, and every byte still in the socket."""
+    c_loop = fastio._C_PEEK_WALK
+    assert c_loop is not None and fastio.peeks_at_offsets()  # built here (Linux 6.10+, a C compiler)
+    kind, version, wire = frame
+    batches = _batches_at(wire)
+    # The last of a records field's batches, whose length can run past the field's end.
+    lasts = [at for at in batches if at + 12 + struct.unpack_from(">i", wire, at + 8)[0]
+             not in batches] or batches
+    mutated = bytearray(wire)
+    for _ in range(data.draw(st.sampled_from([0, 0, 1, 2, 4]))):
+        if batches and data.draw(st.integers(0, 2)):  # a batch's length a little off
+            at = data.draw(st.sampled_from(data.draw(st.sampled_from([batches, lasts])))) + 8
+            (length,) = struct.unpack_from(">i", mutated, at)
+            struct.pack_into(">i", mutated, at, length + data.draw(st.sampled_from([-1, 1, 1, 61])))
+            continue
+        at = data.draw(st.integers(4, len(wire) - 1))
+        patch = data.draw(st.sampled_from([b"\x00", b"\xff", b"\x02", b"\x7f\xff\xff\xff",
+                                           b"\x00\x00\x00\x3d", b"\xff\xff\xff\xff"]))
+        mutated[at:at + len(patch)] = patch
+    sent = bytes(mutated[:len(wire)])
+    near_a_batch = (st.builds(lambda at, k: min(len(sent), max(5, at + k)),
+                              st.sampled_from(batches), st.sampled_from([-1, 0, 1, 60, 61, 62]))
+                    if batches else st.nothing())
+    cut = data.draw(st.one_of(st.just(len(sent)), st.integers(5, len(sent)), near_a_batch))
+    head = data.draw(st.sampled_from([4, 4, min(cut, 4 + data.draw(st.integers(1, 64)))]))
+    # Behind a frame all there, the next one's first bytes (pipelined): never the walk's.
+    after = b""
+    if cut == len(sent):
+        after = data.draw(st.sampled_from([b"", b"\x00\x00\x01\x00" + RECORDS[:200]]))
+    close = data.draw(st.booleans())
+    count = kind == "produce" or data.draw(st.integers(0, 3)) > 0  # a Fetch answer's walk counts or not
+
+    def walk_with(loop: Any) -> tuple[Any, dict[str, Any], Any]:
+        far, stream = _sync_frame_in_socket(sent[:cut] + after, head, close)
+        try:
+            walk = (produce.RequestWalk(version, len(sent) - 4) if kind == "produce"
+                    else fetch.AnswerWalk(version, len(sent) - 4, count=count))
+            fastio._C_PEEK_WALK = loop
+            try:
+                at = 4 + walk.feed(memoryview(sent)[4:head])
+                outcome: Any = stream.peek_walk(walk, at, head, len(sent))
+            except (produce.Unexpected, fetch.Unexpected, ValueError) as exc:
+                outcome = (type(exc).__name__, str(exc))
+            finally:
+                fastio._C_PEEK_WALK = c_loop
+            assert _waiting(stream._plain) == sent[head:cut] + after  # nothing taken
+            result = (walk.topics() if kind == "produce" else
+                      walk.scan(sent[4 + walk.tags_at:]) if walk.finished else None)
+            return outcome, _slots_state(walk), result
+        finally:
+            far.close()
+            stream._plain.close()
+
+    c = walk_with(c_loop)
+    python = walk_with(None)
+    assert c == python
+    outcome = c[0]
+    event(f"{kind}: {outcome[0] if isinstance(outcome[0], str) else _REACHED[outcome[1]]}")
+    if sent == wire and cut == len(wire):
+        # The frame as built, all there: walked to its end and read as the frame's
+        # readers read it, or refused where they give nothing (a batch's magic not 2).
+        whole = (produce.request_topics(wire[4:], version) if kind == "produce"
+                 else fetch.response_scan(wire[4:], version) if count else None)
+        if isinstance(outcome[0], str):
+            assert whole is None
+        else:
+            assert outcome[1] == fastio.WALKED and c[2] == whole
