@@ -218,6 +218,36 @@ def test_find_coordinator_v4_error_response_has_one_entry_per_key() -> None:
     assert [(c.key, c.error_code) for c in body.coordinators] == [("g1", 31), ("g2", 31)]
 
 
+def test_answers_by_position_have_one_result_per_thing_asked() -> None:
+    """Answers the specs cannot match to their requests by key: as Kafka's
+    ``getErrorResponse`` builds them (a client counts on one result per thing asked;
+    Java's admin client reports a missing one as an unknown server error)."""
+    acl = {"resource_type": 2, "resource_name": "a", "resource_pattern_type": 3,
+           "principal": "User:a", "host": "*", "operation": 3, "permission_type": 3}
+    body = error_response(req(30, 3, creations=[acl, acl]), 31, "no").body
+    assert [(r.error_code, r.error_message) for r in body.results] == [(31, "no")] * 2
+    acl_filter = {"resource_type_filter": 2, "resource_name_filter": "a",
+                  "pattern_type_filter": 3, "principal_filter": None, "host_filter": None,
+                  "operation": 3, "permission_type": 3}
+    body = error_response(req(31, 3, filters=[acl_filter]), 31).body
+    assert [(r.error_code, r.matching_acls) for r in body.filter_results] == [(31, ())]
+    scram = {"mechanism": 1, "iterations": 4096, "salt": b"s", "salted_password": b"p"}
+    body = error_response(req(51, 0, deletions=[{"name": "bob", "mechanism": 1}],
+                              upsertions=[{"name": "al", **scram}, {"name": "bob", **scram}]),
+                          31).body
+    assert [(r.user, r.error_code) for r in body.results] == [("al", 31), ("bob", 31)]
+    body = error_response(req(49, 1, entries=[{"entity": [{"entity_type": "user",
+                                                           "entity_name": "al"}],
+                                                "ops": []}], validate_only=False), 31).body
+    assert [([(e.entity_type, e.entity_name) for e in r.entity], r.error_code)
+            for r in body.entries] == [([("user", "al")], 31)]
+    body = error_response(req(34, 2, dirs=[{"path": "/d", "topics": [
+        {"name": "t", "partitions": [0, 1]}]}, {"path": "/e", "topics": [
+            {"name": "u", "partitions": [2]}]}]), 31).body
+    assert [(t.topic_name, [(p.partition_index, p.error_code) for p in t.partitions])
+            for t in body.results] == [("t", [(0, 31), (1, 31)]), ("u", [(2, 31)])]
+
+
 # -- topic names everywhere, generated from the tables -------------------------------
 
 TOPIC_REQUESTS = [(k, v) for k, v in ALL_VERSIONS if carries_topics(codecs.api(k).request)

@@ -11,7 +11,12 @@ API and version is covered, new ones included:
 * an array of structs in the response is matched to the request array it answers
   (same key fields: ``name``/``topic_id``/``partition_index``..., the same
   ``entityType``, or a plain list of keys such as FindCoordinator's
-  ``CoordinatorKeys``), and gets one entry per request entry with the keys copied.
+  ``CoordinatorKeys``), and gets one entry per request entry with the keys copied;
+* the few answers whose entries answer the request's by position or under another
+  name, which the specs cannot tell (CreateAcls, DeleteAcls, AlterClientQuotas,
+  AlterUserScramCredentials, AlterReplicaLogDirs), are filled as Kafka's
+  ``getErrorResponse`` fills them (``_BY_POSITION``): a client counts on one result
+  per ACL, filter, quota entry, user or partition it asked about.
 """
 
 from __future__ import annotations
@@ -164,6 +169,53 @@ def _fill(resp_struct: StructSpec, req_struct: StructSpec, req_value: Any, versi
 _EMPTY = StructSpec(name="<none>", message="<none>")
 
 
+def _array_entry(struct: StructSpec, attr: str, version: int) -> StructSpec:
+    """The struct of the entries of ``struct``'s array ``attr``."""
+    for f in struct.fields:
+        if f.attr == attr and f.struct is not None and version in f.versions:
+            return f.struct
+    raise KeyError(attr)
+
+
+def _by_position(api: Any, version: int, body: Any, code: int, message: str | None
+                 ) -> dict[str, Any]:
+    """The answers' arrays that ``_fill`` cannot match to the request's (see the module's
+    docstring), as Kafka's error responses have them."""
+    root = api.response.root
+    name = api.name
+    if name in ("CreateAcls", "DeleteAcls"):
+        attr, asked = (("results", body.creations) if name == "CreateAcls"
+                       else ("filter_results", body.filters))
+        entry = _array_entry(root, attr, version).default.replace(
+            error_code=code, error_message=message)
+        return {attr: (entry,) * len(asked)}
+    if name == "AlterUserScramCredentials":
+        users = sorted({u.name for u in (*body.deletions, *body.upsertions)})
+        entry = _array_entry(root, "results", version).default
+        return {"results": tuple(entry.replace(user=user, error_code=code,
+                                               error_message=message) for user in users)}
+    if name == "AlterClientQuotas":
+        entry = _array_entry(root, "entries", version)
+        entity = _array_entry(entry, "entity", version).default
+        return {"entries": tuple(entry.default.replace(
+            entity=tuple(entity.replace(entity_type=e.entity_type, entity_name=e.entity_name)
+                         for e in asked.entity),
+            error_code=code, error_message=message) for asked in body.entries)}
+    if name == "AlterReplicaLogDirs":
+        topic = _array_entry(root, "results", version)
+        partition = _array_entry(topic, "partitions", version).default
+        return {"results": tuple(topic.default.replace(
+            topic_name=t.name,
+            partitions=tuple(partition.replace(partition_index=p, error_code=code)
+                             for p in t.partitions))
+            for d in body.dirs for t in d.topics)}
+    return {}
+
+
+_BY_POSITION = frozenset({"CreateAcls", "DeleteAcls", "AlterUserScramCredentials",
+                          "AlterClientQuotas", "AlterReplicaLogDirs"})
+
+
 def error_response(req: Request, code: int, message: str | None = None,
                    within: str | None = None) -> Response:
     """``req``'s API's response at ``req``'s version with ``code`` everywhere it fits;
@@ -174,6 +226,8 @@ def error_response(req: Request, code: int, message: str | None = None,
     version = req.api_version
     body = _fill(api.response.root, api.request.root, req.body, version, code, message,
                  within, within is None)
+    if api.name in _BY_POSITION and req.body is not None:
+        body = body.replace(**_by_position(api, version, req.body, code, message))
     return Response.build(req.api_key, version, req.correlation_id, body)
 
 
