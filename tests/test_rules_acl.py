@@ -12,7 +12,14 @@ from gatehouse import codecs
 from gatehouse.configfile import ConfigError
 from gatehouse.proxy.hooks import Forward, Pending, Respond
 from gatehouse.proxy.policy import RulesPolicy
-from gatehouse.rules.acl import API_OPERATIONS, operation
+from gatehouse.rules import ClientFacts
+from gatehouse.rules.acl import (
+    API_OPERATIONS,
+    CLUSTER_OPERATIONS,
+    NO_CLUSTER_CHECK,
+    cluster_operation,
+    operation,
+)
 from tests.test_rules import req, rules
 from tests.test_rules_topic_filter import conn, listening, metadata_answer, produce
 
@@ -130,6 +137,12 @@ def test_in_observe_mode_the_acls_only_count() -> None:
     ("  acls:\n    - {allow: [], topics: [x]}\n", 3, "at least one operation"),
     ("  acls:\n    - {allow: [read], topics: ['(']}\n", 3, "not a regular expression"),
     ("  acls:\n    - {allow: [read], clusters: [x], topics: [x]}\n", 3, "unknown key"),
+    ("  acls:\n    - {allow: [read], cluster: true}\n", 3,
+     "'read' is not an operation on the cluster"),
+    ("  acls:\n    - {allow: [cluster_action], topics: [x]}\n", 3,
+     "'cluster_action' is not an operation on names"),
+    ("  acls:\n    - {allow: [describe], cluster: false}\n", 3, "or cluster: true"),
+    ("  acls:\n    - {allow: [describe], cluster: yes-please}\n", 3, "cluster"),
     ("  allow_topics: [x]\n  acls:\n    - {allow: [read], topics: [x]}\n", 3,
      "both acls and allow_"),
 ])
@@ -168,3 +181,175 @@ def test_the_impact_report_counts_what_the_acls_would_refuse() -> None:
     assert decide(ruleset, row(API["Fetch"], "billing.eu")) == []
     assert [d[6] for d in decide(ruleset, row(API["Fetch"], "team-b.orders"))] == [
         ["team-b.orders"]]
+
+
+CLUSTER_ACLS = ('- name: ops\n  match: {client_id: "^ops"}\n  acls:\n'
+                '    - {allow: [describe], cluster: true}\n'
+                '    - {allow: [alter_configs], cluster: true}\n'
+                '    - {allow: [write], topics: ["ops\\\\..*"]}\n')
+CLUSTER_AUTHORIZATION_FAILED = 31
+
+
+def test_the_clusters_apis_need_their_operation_on_it() -> None:
+    assert cluster_operation(API["DescribeAcls"], 3) == "describe"
+    assert cluster_operation(API["CreateAcls"], 3) == "alter"
+    assert cluster_operation(API["DescribeClientQuotas"], 1) == "describe_configs"
+    assert cluster_operation(API["AlterClientQuotas"], 1) == "alter_configs"
+    assert cluster_operation(API["DescribeLogDirs"], 4) == "describe"
+    assert cluster_operation(API["WriteTxnMarkers"], 1) == "cluster_action"
+    # A client's AddPartitionsToTxn (v3 and below) needs nothing on the cluster; the
+    # brokers' own (v4+) need cluster_action.
+    assert cluster_operation(API["AddPartitionsToTxn"], 3) is None
+    assert cluster_operation(API["AddPartitionsToTxn"], 4) == "cluster_action"
+    for name in ("Produce", "Fetch", "Metadata", "DescribeCluster", "ApiVersions",
+                 "CreateTopics", "InitProducerId", "JoinGroup"):
+        assert cluster_operation(API[name], 0) is None, name
+    # An API no table names that holds no names (a newer one) needs alter there.
+    assert cluster_operation(API["UnregisterController"], 0) == "alter"
+    # Every name in the tables is one the codec knows (no misspelt key opens a hole).
+    assert set(CLUSTER_OPERATIONS) <= set(API)
+    assert set(NO_CLUSTER_CHECK) <= set(API)
+
+
+def test_the_cluster_acls_refuse_what_no_entry_allows_on_it() -> None:
+    ruleset = rules(CLUSTER_ACLS)
+    facts = ClientFacts(client_id="ops-1")
+
+    def refusal(api: str, version: int, client: str = "ops-1") -> tuple[str, int, str] | None:
+        found = ruleset.evaluate(ClientFacts(client_id=client),
+                                 req(API[api], version, client)).refusal
+        return None if found is None else (found.action, found.code, found.message)
+
+    assert refusal("DescribeAcls", 3) is None  # describe: allowed
+    assert refusal("DescribeUserScramCredentials", 0) is None
+    assert refusal("AlterClientQuotas", 1) is None  # alter_configs: allowed
+    assert refusal("DescribeClientQuotas", 1) is None  # implied by alter_configs
+    assert refusal("CreateAcls", 3) == (
+        "acls", CLUSTER_AUTHORIZATION_FAILED, "CreateAcls needs alter on the cluster (rule ops)")
+    assert refusal("AlterUserScramCredentials", 0) is not None
+    assert refusal("ElectLeaders", 2) is not None
+    assert refusal("WriteTxnMarkers", 1) is not None
+    assert refusal("DescribeCluster", 1) is None and refusal("ApiVersions", 3) is None
+    assert refusal("CreateAcls", 3, client="app") is None  # not this rule's client
+    assert ruleset.evaluate(facts, req(API["AddPartitionsToTxn"], 3, "ops-1")).refusal is None
+    # A rule whose entries never name the cluster leaves its APIs to the brokers.
+    [plain] = rules(ACLS).rules
+    assert not plain.cluster_refused
+
+
+@pytest.mark.parametrize(("entries", "allowed", "refused"), [
+    ("    - {allow: [all], cluster: true}\n", ["CreateAcls", "DescribeLogDirs"], []),
+    ("    - {allow: [all], cluster: true}\n    - {deny: [alter], cluster: true}\n",
+     ["DescribeAcls", "DescribeClientQuotas"], ["CreateAcls", "AlterPartitionReassignments"]),
+    ("    - {allow: [alter], cluster: true}\n", ["CreateAcls", "DescribeAcls"],
+     ["DescribeClientQuotas", "WriteTxnMarkers"]),
+    ("    - {allow: [all], cluster: true}\n    - {deny: [all], cluster: true}\n",
+     [], ["DescribeAcls", "UpdateFeatures"]),
+])
+def test_the_clusters_operations_imply_as_kafkas_do(entries: str, allowed: list[str],
+                                                     refused: list[str]) -> None:
+    ruleset = rules("- name: r\n  acls:\n" + entries)
+    for api in allowed + refused:
+        version = codecs.APIS[API[api]].versions.lo
+        found = ruleset.evaluate(ClientFacts(), req(API[api], version)).refusal
+        assert (found is not None) == (api in refused), api
+
+
+def test_create_on_the_cluster_creates_any_topic() -> None:
+    """Kafka's rule: the cluster's create is enough, whatever the topic's ACLs say."""
+    topics_only = '    - {allow: [create], topics: ["ops\\\\..*"]}\n'
+    [narrow] = rules("- name: r\n  acls:\n" + topics_only).rules
+    creates = narrow.map_for(API["CreateTopics"])
+    assert creates is not None and creates.denies("billing") and not creates.denies("ops.x")
+    [wide] = rules("- name: r\n  acls:\n" + topics_only
+                   + "    - {allow: [create, describe], cluster: true}\n").rules
+    creates = wide.map_for(API["CreateTopics"])
+    assert creates is None or not creates.denies("billing")
+    # Other APIs keep their topic ACLs.
+    produce_map = wide.map_for(API["Produce"])
+    assert produce_map is not None and produce_map.denies("ops.x")
+
+
+def test_a_cluster_api_refused_is_answered_with_its_own_error_response() -> None:
+    policy = RulesPolicy(rules(CLUSTER_ACLS))
+    counted, refused = listening(policy)
+    # An ACL for a group (the rule's entries say nothing of groups: only the cluster).
+    create = req(API["CreateAcls"], 3, "ops-1", creations=[{
+        "resource_type": 3, "resource_name": "ops-g", "resource_pattern_type": 3,
+        "principal": "User:app", "host": "*", "operation": 3, "permission_type": 3}])
+    decision = policy.on_request(conn(), create)
+    assert isinstance(decision, Respond)
+    answer = codecs.decode_response(memoryview(bytes(decision.response.encode())),
+                                    API["CreateAcls"], 3)
+    assert [r.error_code for r in answer.body.results] == [CLUSTER_AUTHORIZATION_FAILED]
+    assert refused == [("ops", "refuse")]
+    assert ("ops", "acls", "refuse") in [(o.rule, o.action, o.effect) for o in counted]
+    describe = req(API["DescribeAcls"], 3, "ops-1", resource_type_filter=1,
+                   resource_name_filter=None, pattern_type_filter=1, principal_filter=None,
+                   host_filter=None, operation=1, permission_type=1)
+    assert isinstance(policy.on_request(conn(), describe), Forward)
+    # Observe mode: counted, forwarded.
+    policy = RulesPolicy(rules(CLUSTER_ACLS.replace("match:", "mode: observe\n  match:")))
+    counted, refused = listening(policy)
+    assert isinstance(policy.on_request(conn(), create), Forward)
+    assert refused == [("ops", "would_refuse")]
+
+
+def test_the_clusters_configs_need_its_configs_operations() -> None:
+    """A broker's, a broker logger's or a client-metrics subscription's configs are the
+    cluster's: a request naming one is refused whole without describe_configs /
+    alter_configs there; one naming only topics is the topic ACLs' to decide."""
+    policy = RulesPolicy(rules(CLUSTER_ACLS))  # describe and alter_configs on the cluster
+    counted, refused = listening(policy)
+
+    def describe(*resources: tuple[int, str]) -> codecs.Request:
+        return req(API["DescribeConfigs"], 4, "ops-1", include_synonyms=False,
+                   include_documentation=False, resources=[
+                       {"resource_type": t, "resource_name": n, "configuration_keys": None}
+                       for t, n in resources])
+
+    # alter_configs implies describe_configs: a broker's configs may be read.
+    assert isinstance(policy.on_request(conn(), describe((4, "0"))), Forward)
+    ruleset = rules('- name: ops\n  match: {client_id: "^ops"}\n  acls:\n'
+                    '    - {allow: [describe], cluster: true}\n'
+                    '    - {allow: [describe_configs], topics: ["ops\\\\..*"]}\n')
+    [rule] = ruleset.rules
+    policy = RulesPolicy(ruleset)
+    counted, refused = listening(policy)
+    for resources in ([(4, "0")], [(2, "ops.x"), (8, "1")], [(16, "subscription")]):
+        decision = policy.on_request(conn(), describe(*resources))
+        assert isinstance(decision, Respond), resources
+        answer = codecs.decode_response(memoryview(bytes(decision.response.encode())),
+                                        API["DescribeConfigs"], 4)
+        assert [(r.resource_type, r.error_code) for r in answer.body.results] == [
+            (t, CLUSTER_AUTHORIZATION_FAILED) for t, _ in resources]
+    assert refused == [("ops", "refuse")] * 3
+    assert [(o.rule, o.action, o.effect) for o in counted][-1] == ("ops", "acls", "refuse")
+    assert isinstance(policy.on_request(conn(), describe((2, "ops.x"))), Forward)
+    alter = req(API["IncrementalAlterConfigs"], 1, "ops-1", validate_only=False, resources=[
+        {"resource_type": 4, "resource_name": "", "configs": [
+            {"name": "log.cleaner.threads", "config_operation": 0, "value": "2"}]}])
+    assert isinstance(policy.on_request(conn(), alter), Respond)
+    assert rule.cluster_configs == {API["DescribeConfigs"]: "describe_configs",
+                                    API["AlterConfigs"]: "alter_configs",
+                                    API["IncrementalAlterConfigs"]: "alter_configs"}
+    # Observe mode: counted and logged as it would refuse, forwarded.
+    policy = RulesPolicy(rules('- name: ops\n  mode: observe\n  match: {client_id: "^ops"}\n'
+                               '  acls:\n    - {allow: [describe], cluster: true}\n'))
+    counted, refused = listening(policy)
+    assert isinstance(policy.on_request(conn(), describe((4, "0"))), Forward)
+    assert refused == [("ops", "would_refuse")]
+    assert ("ops", "acls", "refuse", "observe") in [
+        (o.rule, o.action, o.effect, o.mode) for o in counted]
+    # Rules that never name the cluster leave its configs to the brokers.
+    assert not rules(ACLS).rules[0].cluster_configs
+
+
+def test_the_impact_report_counts_what_the_cluster_acls_would_refuse() -> None:
+    from gatehouse.pipeline.impact import decide
+
+    row = {"client_id": "ops-1", "api_key": API["CreateAcls"], "api_version": 3,
+           "topic_names": []}
+    assert [(d[0], d[2], d[3]) for d in decide(rules(CLUSTER_ACLS), row)] == [
+        ("ops", "acls", "refuse")]
+    assert decide(rules(CLUSTER_ACLS), {**row, "api_key": API["DescribeAcls"]}) == []

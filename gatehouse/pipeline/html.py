@@ -152,6 +152,7 @@ def _software(row: Any) -> str:
 def _refuses(rule: Any) -> bool:
     return bool(rule.min_api_version or rule.max_api_version or rule.deny_apis
                 or rule.allow_apis is not None or rule.min_client_software
+                or rule.cluster_refused or rule.cluster_configs
                 or rule.unknown_software == "refuse"
                 or any(m.filters for m in rule.maps()))
 

@@ -37,6 +37,7 @@ from gatehouse.rules import (
     map_response,
     parse_rules,
 )
+from gatehouse.rules.acl import names_cluster_configs
 from gatehouse.rules.errors import (
     GROUP_AUTHORIZATION_FAILED,
     INVALID_REQUEST,
@@ -159,7 +160,8 @@ class RulesPolicy(Policy):
         if not ruleset:
             return Forward(req)
         evaluation = _evaluated(ruleset, facts_of(conn, req), req, conn.state)
-        refused = (self._refused_ids(conn, req, evaluation)
+        refused = (self._refused_cluster_configs(conn, req, evaluation)
+                   or self._refused_ids(conn, req, evaluation)
                    or self._refused_topics(conn, req, evaluation, ruleset))
         self._emit(evaluation.outcomes if refused is None else refused[1])
         observed = evaluation.observed_map
@@ -310,6 +312,30 @@ class RulesPolicy(Policy):
                 known.clear()
             found = known[facts] = (adjust,)
         return found
+
+    def _refused_cluster_configs(self, conn: ConnectionInfo, req: Request,
+                                 evaluation: Evaluation
+                                 ) -> tuple[Decision, tuple[Outcome, ...]] | None:
+        """A config API's request that names the cluster's configs (a broker's, say)
+        where a rule's cluster ACLs do not allow it: its answer and the outcomes to
+        count (that rule refused it; observe-mode rules that would have, counted and
+        logged here); None lets the request go on."""
+        if ((evaluation.config_refusal is None and not evaluation.config_would_refuse)
+                or evaluation.refusal is not None or not req.known
+                or not names_cluster_configs(req)):
+            return None
+        extra: list[Outcome] = []
+        for would in evaluation.config_would_refuse:
+            self._log_refusal(conn, req, would.rule, would.message, observe=True)
+            extra.append(Outcome(would.rule, would.action, "refuse", "observe"))
+        refusal = evaluation.config_refusal
+        if refusal is None:
+            self._emit(tuple(extra))
+            return None
+        self._log_refusal(conn, req, refusal.rule, refusal.message, observe=False)
+        outcomes = (*(o for o in evaluation.outcomes if o.rule != refusal.rule), *extra,
+                    Outcome(refusal.rule, refusal.action, "refuse", "enforce"))
+        return _refused(req, refusal.message, refusal.code, refusal.message), outcomes
 
     def _refused_ids(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation
                      ) -> tuple[Decision, tuple[Outcome, ...]] | None:

@@ -156,6 +156,11 @@ class Rule:
     # ``acls`` (rules.acl), compiled per API: the filters of the operation each API
     # needs, then ``topic_map``; APIs not in it get ``topic_map`` alone.  None: no ACLs.
     api_maps: Mapping[int, TopicMap] | None = None
+    # ``acls`` on the cluster: API key -> (the operation on the cluster its requests
+    # need, from which version) for the APIs the entries refuse.
+    cluster_refused: Mapping[int, tuple[str, int]] = field(default_factory=dict)
+    # ... and config API key -> operation, for requests naming the cluster's configs.
+    cluster_configs: Mapping[int, str] = field(default_factory=dict)
 
     def map_for(self, api_key: int) -> TopicMap | None:
         """The names map this rule applies to requests of ``api_key`` and their answers."""
@@ -199,6 +204,10 @@ class Evaluation:
     topic_map: TopicMap | None = None  # enforced renames/prefixes, composed
     observed_map: TopicMap | None = None  # observe-mode maps (count, don't apply)
     outcomes: tuple[Outcome, ...] = ()
+    # Refusals that hold only for a request naming the cluster's configs (a broker's,
+    # say): its body decides (``rules.acl.names_cluster_configs``); enforced, observed.
+    config_refusal: Refusal | None = None
+    config_would_refuse: tuple[Refusal, ...] = ()
 
 
 def parse_version(text: str | None) -> tuple[int, ...] | None:
@@ -283,6 +292,8 @@ class RuleSet:
         maps: list[TopicMap] = []
         observed: list[TopicMap] = []
         outcomes: list[Outcome] = []
+        config_refusal: Refusal | None = None
+        config_would: list[Refusal] = []
         for rule in self.matching(facts):
             found: list[Refusal] = []
             bound = rule.min_api_version.get(key)
@@ -301,11 +312,25 @@ class RuleSet:
                 found.append(Refusal(rule.name, "deny_apis" if key in rule.deny_apis
                                      else "allow_apis", CLUSTER_AUTHORIZATION_FAILED,
                                      f"{api_name} is not allowed here (rule {rule.name})"))
+            cluster = rule.cluster_refused.get(key)
+            if cluster is not None and version >= cluster[1]:
+                found.append(Refusal(rule.name, "acls", CLUSTER_AUTHORIZATION_FAILED,
+                                     f"{api_name} needs {cluster[0]} on the cluster "
+                                     f"(rule {rule.name})"))
             if rule.min_client_software and key != API_VERSIONS:
                 refusal_text = _software_refusal(rule, facts)
                 if refusal_text is not None:
                     found.append(Refusal(rule.name, "min_client_software", UNSUPPORTED_VERSION,
                                          refusal_text))
+            config_op = rule.cluster_configs.get(key)
+            if config_op is not None:
+                conditional = Refusal(rule.name, "acls", CLUSTER_AUTHORIZATION_FAILED,
+                                      f"{api_name} of the cluster's configs needs "
+                                      f"{config_op} on the cluster (rule {rule.name})")
+                if rule.mode == "observe":
+                    config_would.append(conditional)
+                elif config_refusal is None:
+                    config_refusal = conditional
             for r in found:
                 outcomes.append(_outcome(rule.name, r.action, "refuse", rule.mode))
             if rule.mode == "enforce":
@@ -319,7 +344,8 @@ class RuleSet:
                 outcomes.append(_outcome(rule.name, "topics", "rewrite", rule.mode))
             if not found and topic_map is None:
                 outcomes.append(_outcome(rule.name, "match", "pass", rule.mode))
-        if refusal is None and not would and not maps and not observed:
+        if (refusal is None and not would and not maps and not observed
+                and config_refusal is None and not config_would):
             return _passed(tuple(outcomes))  # nearly every request: one shared answer
         return Evaluation(
             refusal=refusal,
@@ -327,6 +353,8 @@ class RuleSet:
             topic_map=_compose(maps),
             observed_map=_compose(observed),
             outcomes=tuple(outcomes),
+            config_refusal=config_refusal,
+            config_would_refuse=tuple(config_would),
         )
 
     def version_ranges(self, facts: ClientFacts, api_key: int, lo: int,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from gatehouse.codecs import API_KEYS_BY_NAME, APIS
@@ -15,7 +16,15 @@ from gatehouse.configfile import (
     line_of,
     load_yaml_file,
 )
-from gatehouse.rules.acl import KIND_KEYS, OPERATIONS, AclEntry, compile_acls
+from gatehouse.rules.acl import (
+    CLUSTER_OPS,
+    KIND_KEYS,
+    OPERATIONS,
+    AclEntry,
+    cluster_config_refusals,
+    cluster_refusals,
+    compile_acls,
+)
 from gatehouse.rules.model import (
     API_VERSIONS,
     PRODUCE,
@@ -245,12 +254,16 @@ def _rule(data: Any, source: Source, line: int | None, index: int) -> Rule:
         topic_map = parts[0] if len(parts) == 1 else Chain(parts)
     acls_raw = reader.take("acls", list)
     api_maps = None
+    cluster_refused: dict[int, tuple[str, int]] = {}
+    cluster_configs: dict[int, str] = {}
     if acls_raw is not None:
         if filters:
             raise reader.error("acls", "one rule cannot have both acls and allow_/deny_ "
                                "lists: say it in the acls (or use two rules)")
         entries = _acl_entries(acls_raw, source, reader.line_of("acls"))
         api_maps = compile_acls(entries, topic_map)
+        cluster_refused = cluster_refusals(entries)
+        cluster_configs = cluster_config_refusals(entries)
     quota_raw = reader.take("quota", dict)
     quota = (None if quota_raw is None
              else _quota(Reader(quota_raw, source, "quota", reader.line_of("quota"))))
@@ -260,12 +273,15 @@ def _rule(data: Any, source: Source, line: int | None, index: int) -> Rule:
                 allow_apis=allow, min_client_software=software,
                 min_client_software_text=software_text,
                 unknown_software=unknown,
-                topic_map=topic_map, quota=quota, line=line, api_maps=api_maps)
+                topic_map=topic_map, quota=quota, line=line, api_maps=api_maps,
+                cluster_refused=MappingProxyType(cluster_refused),
+                cluster_configs=MappingProxyType(cluster_configs))
 
 
 def _acl_entries(raw: list[Any], source: Source, line: int | None) -> list[AclEntry]:
     """``acls``: entries of ``allow`` or ``deny`` (operations) and ``topics``,
-    ``groups``, ``transactional_ids`` (regular expressions over whole names)."""
+    ``groups``, ``transactional_ids`` (regular expressions over whole names) or
+    ``cluster: true``; each operation one that every resource the entry names has."""
     if not raw:
         raise source.error("acls needs at least one entry", line)
     entries = []
@@ -276,22 +292,31 @@ def _acl_entries(raw: list[Any], source: Source, line: int | None) -> list[AclEn
         if len(given) != 1:
             raise entry.error(given[1] if given else None,
                               f"{what} needs exactly one of allow or deny (operations: "
-                              f"{', '.join(OPERATIONS)})")
+                              f"{', '.join(OPERATIONS)}; on the cluster: "
+                              f"{', '.join(CLUSTER_OPS)})")
         ops_raw = entry.take(given[0], (list, str))
         ops = [ops_raw] if isinstance(ops_raw, str) else ops_raw
         if not ops:
             raise entry.error(given[0], f"{what}.{given[0]} needs at least one operation")
-        for op in ops:
-            if op not in OPERATIONS:
-                raise entry.error(given[0], f"{what}.{given[0]}: {op!r} is not an operation "
-                                  f"({', '.join(OPERATIONS)})")
         names = {kind: patterns for kind, key in KIND_KEYS.items()
                  if (patterns := _name_patterns(entry, key)) is not None}
+        cluster = entry.take("cluster", bool, False)
+        for op in ops:
+            if names and op not in OPERATIONS:
+                raise entry.error(given[0], f"{what}.{given[0]}: {op!r} is not an operation "
+                                  f"on names ({', '.join(OPERATIONS)})")
+            if cluster and op not in CLUSTER_OPS:
+                raise entry.error(given[0], f"{what}.{given[0]}: {op!r} is not an operation "
+                                  f"on the cluster ({', '.join(CLUSTER_OPS)})")
+            if not names and not cluster and op not in OPERATIONS + CLUSTER_OPS:
+                raise entry.error(given[0], f"{what}.{given[0]}: {op!r} is not an operation "
+                                  f"({', '.join(OPERATIONS)}; on the cluster: "
+                                  f"{', '.join(CLUSTER_OPS)})")
         entry.finish()
-        if not names:
+        if not names and not cluster:
             raise entry.error(None, f"{what} needs topics, groups or transactional_ids "
-                              "(regular expressions over whole names)")
-        entries.append(AclEntry(given[0] == "allow", frozenset(ops), names))
+                              "(regular expressions over whole names), or cluster: true")
+        entries.append(AclEntry(given[0] == "allow", frozenset(ops), names, cluster))
     return entries
 
 

@@ -19,7 +19,13 @@ from gatehouse.codecs import Request
 from gatehouse.proxy.hooks import ConnectionInfo, Observer, Pending, decoded_response
 from scripts.fetch_kafka import classpath, ensure_kafka_streams, java_binary, log4j2_config
 from tests.support.clients import produce, unique
-from tests.support.kafka import TOOL_JVM_OPTS, KafkaCluster, register_process, stop_process
+from tests.support.kafka import (
+    JAVA_SOURCES,
+    TOOL_JVM_OPTS,
+    KafkaCluster,
+    register_process,
+    stop_process,
+)
 from tests.support.proxythread import ProxyThread
 
 
@@ -145,7 +151,6 @@ def test_rename_rule_decodes_pre_kip559_payloads_with_the_fallback(
 
 # -- share and streams groups: Java members started from tests/support/java ------------------
 
-JAVA_SOURCES = Path(__file__).resolve().parents[1] / "support" / "java"
 SHARE_HEARTBEAT, STREAMS_HEARTBEAT = 76, 88
 
 

@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from tests.support.clients import consume, produce, unique, watermarks
-from tests.support.kafka import KafkaCluster
+from tests.support.kafka import JAVA_SOURCES, KafkaCluster
 from tests.support.proxythread import ProxyThread
 
 RULES = ("- name: alice-acl\n  match: {principal: '^alice$'}\n  acls:\n"
@@ -93,3 +93,72 @@ def test_the_proxys_acls_keep_each_user_to_what_it_may_do(kafka: KafkaCluster,
     assert watermarks(kafka.bootstrap, billing) == (0, 13)
     assert billing in AdminClient({"bootstrap.servers": kafka.bootstrap}).list_topics(
         timeout=10).topics
+
+
+CLUSTER_RULES = ("- name: ops-acl\n  match: {client_id: '^ops-'}\n  acls:\n"
+                 "    - {allow: [describe, create], cluster: true}\n"
+                 "    - {allow: [write], topics: ['ops\\..*']}\n")
+
+
+def test_the_clusters_acls_at_the_proxy(kafka: KafkaCluster, tmp_path: Path) -> None:
+    """``cluster: true`` entries: what the cluster's APIs need there, refused with
+    CLUSTER_AUTHORIZATION_FAILED as seen by librdkafka's and Java's admin clients; what
+    the entries allow reaches the broker."""
+    user = unique("scram-user")
+    broker_id = str(kafka.nodes[0].node_id)
+    with ProxyThread(kafka.bootstrap, rules_yaml=CLUSTER_RULES) as proxy:
+        ops = AdminClient({"bootstrap.servers": proxy.bootstrap, "client.id": "ops-admin"})
+        # describe is allowed: the broker answers (no such user).
+        described = ops.describe_user_scram_credentials([user])[user]
+        with pytest.raises(ck.KafkaException) as caught:
+            described.result(timeout=30)
+        assert caught.value.args[0].code() == ck.KafkaError.RESOURCE_NOT_FOUND
+        # alter is not: refused at the proxy, the user never made.
+        upsert = ck.admin.UserScramCredentialUpsertion(
+            user, ck.admin.ScramCredentialInfo(ck.admin.ScramMechanism.SCRAM_SHA_256, 4096),
+            b"secret")
+        altered = ops.alter_user_scram_credentials([upsert])[user]
+        with pytest.raises(ck.KafkaException) as caught:
+            altered.result(timeout=30)
+        assert caught.value.args[0].code() == ck.KafkaError.CLUSTER_AUTHORIZATION_FAILED
+        # ACLs are the cluster's to alter: one error per binding asked for.
+        bindings = [ck.admin.AclBinding(ck.admin.ResourceType.GROUP, f"ops-{i}",
+                                        ck.admin.ResourcePatternType.LITERAL, "User:app",
+                                        "*", ck.admin.AclOperation.READ,
+                                        ck.admin.AclPermissionType.ALLOW) for i in range(2)]
+        for future in ops.create_acls(bindings, request_timeout=30).values():
+            with pytest.raises(ck.KafkaException) as caught:
+                future.result(timeout=30)
+            assert caught.value.args[0].code() == ck.KafkaError.CLUSTER_AUTHORIZATION_FAILED
+        # A broker's configs are the cluster's: describe_configs is not allowed there.
+        broker = ck.admin.ConfigResource(ck.admin.ResourceType.BROKER, broker_id)
+        with pytest.raises(ck.KafkaException) as caught:
+            ops.describe_configs([broker])[broker].result(timeout=30)
+        assert caught.value.args[0].code() == ck.KafkaError.CLUSTER_AUTHORIZATION_FAILED
+        # Java's admin client reads the same answers: one error per binding asked for
+        # (a missing one would be an UnknownServerException), the SCRAM upsert refused,
+        # the describe answered by the broker.
+        java = kafka.run_java_tool(str(JAVA_SOURCES / "ClusterAdmin.java"), proxy.bootstrap,
+                                   "ops-java", user, broker_id, timeout=180)
+        assert java.stdout.splitlines() == [
+            "createAcls ClusterAuthorizationException",
+            "createAcls ClusterAuthorizationException",
+            "alterUserScramCredentials ClusterAuthorizationException",
+            "describeUserScramCredentials ResourceNotFoundException",
+            "describeConfigs ClusterAuthorizationException"], java
+        # create on the cluster creates any topic, whatever the topic entries say.
+        billing = unique("billing")
+        ops.create_topics([ck.admin.NewTopic(billing, 1)])[billing].result(timeout=30)
+        # Someone the rule does not match: the broker decides (SCRAM on this broker).
+        other = AdminClient({"bootstrap.servers": proxy.bootstrap, "client.id": "app"})
+        other.alter_user_scram_credentials([upsert])[user].result(timeout=30)
+        assert other.describe_configs([broker])[broker].result(timeout=30)
+        # One refusal a request: three from each admin client.
+        assert proxy.sample("gatehouse_rule_decisions_total", rule="ops-acl",
+                            action="refuse") == 6
+    direct = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    assert billing in direct.list_topics(timeout=10).topics
+    # Only the unmatched client's upsert reached the broker.
+    credentials = direct.describe_user_scram_credentials([user])[user].result(timeout=30)
+    assert [c.mechanism for c in credentials.scram_credential_infos] == [
+        ck.admin.ScramMechanism.SCRAM_SHA_256]

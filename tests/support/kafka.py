@@ -43,6 +43,9 @@ BROKER_JVM_OPTS = (
     "-Xmx384m", "-Xms128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
     "-XX:-UsePerfData", "-Djava.awt.headless=true",
 )
+# Java programs of the tests' own (Java's single-file source launcher runs them on the
+# Kafka jars' classpath: run_java_tool(libs, str(JAVA_SOURCES / "X.java"), ...)).
+JAVA_SOURCES = Path(__file__).resolve().parent / "java"
 TOOL_JVM_OPTS = (
     "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:-UsePerfData",
     "-Djava.awt.headless=true",
