@@ -236,6 +236,8 @@ def test_answers_by_position_have_one_result_per_thing_asked() -> None:
                               upsertions=[{"name": "al", **scram}, {"name": "bob", **scram}]),
                           31).body
     assert [(r.user, r.error_code) for r in body.results] == [("al", 31), ("bob", 31)]
+    body = error_response(req(50, 0, users=[{"name": "al"}, {"name": "bob"}]), 31).body
+    assert body.error_code == 31 and [r.error_code for r in body.results] == [31, 31]
     body = error_response(req(49, 1, entries=[{"entity": [{"entity_type": "user",
                                                            "entity_name": "al"}],
                                                 "ops": []}], validate_only=False), 31).body

@@ -14,7 +14,7 @@ API and version is covered, new ones included:
   ``CoordinatorKeys``), and gets one entry per request entry with the keys copied;
 * the few answers whose entries answer the request's by position or under another
   name, which the specs cannot tell (CreateAcls, DeleteAcls, AlterClientQuotas,
-  AlterUserScramCredentials, AlterReplicaLogDirs), are filled as Kafka's
+  Describe/AlterUserScramCredentials, AlterReplicaLogDirs), are filled as Kafka's
   ``getErrorResponse`` fills them (``_BY_POSITION``): a client counts on one result
   per ACL, filter, quota entry, user or partition it asked about.
 """
@@ -189,6 +189,10 @@ def _by_position(api: Any, version: int, body: Any, code: int, message: str | No
         entry = _array_entry(root, attr, version).default.replace(
             error_code=code, error_message=message)
         return {attr: (entry,) * len(asked)}
+    if name == "DescribeUserScramCredentials":  # Kafka names no user in them
+        entry = _array_entry(root, "results", version).default.replace(
+            error_code=code, error_message=message)
+        return {"results": (entry,) * len(body.users or ())}
     if name == "AlterUserScramCredentials":
         users = sorted({u.name for u in (*body.deletions, *body.upsertions)})
         entry = _array_entry(root, "results", version).default
@@ -212,8 +216,9 @@ def _by_position(api: Any, version: int, body: Any, code: int, message: str | No
     return {}
 
 
-_BY_POSITION = frozenset({"CreateAcls", "DeleteAcls", "AlterUserScramCredentials",
-                          "AlterClientQuotas", "AlterReplicaLogDirs"})
+_BY_POSITION = frozenset({"CreateAcls", "DeleteAcls", "DescribeUserScramCredentials",
+                          "AlterUserScramCredentials", "AlterClientQuotas",
+                          "AlterReplicaLogDirs"})
 
 
 def error_response(req: Request, code: int, message: str | None = None,

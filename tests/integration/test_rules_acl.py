@@ -97,7 +97,9 @@ def test_the_proxys_acls_keep_each_user_to_what_it_may_do(kafka: KafkaCluster,
 
 CLUSTER_RULES = ("- name: ops-acl\n  match: {client_id: '^ops-'}\n  acls:\n"
                  "    - {allow: [describe, create], cluster: true}\n"
-                 "    - {allow: [write], topics: ['ops\\..*']}\n")
+                 "    - {allow: [write], topics: ['ops\\..*']}\n"
+                 "- name: nobody-acl\n  match: {client_id: '^nobody-'}\n  acls:\n"
+                 "    - {deny: [all], cluster: true}\n")
 
 
 def test_the_clusters_acls_at_the_proxy(kafka: KafkaCluster, tmp_path: Path) -> None:
@@ -149,13 +151,26 @@ def test_the_clusters_acls_at_the_proxy(kafka: KafkaCluster, tmp_path: Path) -> 
         # create on the cluster creates any topic, whatever the topic entries say.
         billing = unique("billing")
         ops.create_topics([ck.admin.NewTopic(billing, 1)])[billing].result(timeout=30)
-        # Someone the rule does not match: the broker decides (SCRAM on this broker).
+        # Nothing on the cluster, not even a look: every call refused, the SCRAM
+        # describe too (answered as Kafka's brokers answer it: Java reads it; this
+        # librdkafka crashes on that answer, whoever sends it, so it is not asked).
+        java = kafka.run_java_tool(str(JAVA_SOURCES / "ClusterAdmin.java"), proxy.bootstrap,
+                                   "nobody-java", user, broker_id, timeout=180)
+        assert java.stdout.splitlines() == [
+            "createAcls ClusterAuthorizationException",
+            "createAcls ClusterAuthorizationException",
+            "alterUserScramCredentials ClusterAuthorizationException",
+            "describeUserScramCredentials ClusterAuthorizationException",
+            "describeConfigs ClusterAuthorizationException"], java
+        # Someone no rule matches: the broker decides (SCRAM on this broker).
         other = AdminClient({"bootstrap.servers": proxy.bootstrap, "client.id": "app"})
         other.alter_user_scram_credentials([upsert])[user].result(timeout=30)
         assert other.describe_configs([broker])[broker].result(timeout=30)
         # One refusal a request: three from each admin client.
         assert proxy.sample("gatehouse_rule_decisions_total", rule="ops-acl",
                             action="refuse") == 6
+        assert proxy.sample("gatehouse_rule_decisions_total", rule="nobody-acl",
+                            action="refuse") == 4
     direct = AdminClient({"bootstrap.servers": kafka.bootstrap})
     assert billing in direct.list_topics(timeout=10).topics
     # Only the unmatched client's upsert reached the broker.
