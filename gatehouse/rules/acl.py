@@ -66,7 +66,6 @@ from gatehouse.rules.topics import (
 )
 
 KINDS: Final = (TOPIC, GROUP, TRANSACTION)
-CLUSTER: Final = "cluster"
 # The rule keys of each kind of name in an entry (those of allow_ / deny_ lists).
 KIND_KEYS: Final = {TOPIC: "topics", **ID_FILTER_KEYS}
 OPERATIONS: Final = ("all", "read", "write", "create", "delete", "alter", "describe",
@@ -350,7 +349,6 @@ def compile_acls(entries: Sequence[AclEntry], then: TopicMap | None
 
 __all__ = [
     "API_OPERATIONS",
-    "CLUSTER",
     "CLUSTER_CONFIG_OPERATIONS",
     "CLUSTER_CONFIG_RESOURCES",
     "CLUSTER_OPERATIONS",
