@@ -206,3 +206,32 @@ def test_a_worker_keeps_its_share_of_the_observation_logs_disk(tmp_path: Path) -
     assert worker.capture.max_total_bytes == 250_000
     assert worker.capture.rotate_bytes == 250_000  # a file is at most the budget
     assert worker.capture.dir == config.capture.dir
+
+
+def test_check_advises_cluster_acls_where_the_brokers_see_one_user(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With sasl.upstream every client reaches the brokers as the proxy's user: a rule
+    whose acls keep a client to some topics but say nothing of the cluster leaves it
+    that user's rights on the cluster, which `gatehouse check` says, with the line."""
+    (tmp_path / "proxy.secret").write_text("p\n")
+    rules = ("rules:\n"
+             "  - name: team-a\n    match: {principal: '^a$'}\n    acls:\n"
+             "      - {allow: [read, write], topics: ['a\\\\..*']}\n"
+             "  - name: team-b\n    match: {principal: '^b$'}\n    acls:\n"
+             "      - {allow: [read, write], topics: ['b\\\\..*']}\n"
+             "      - {allow: [describe], cluster: true}\n")
+    path = tmp_path / "proxy.yaml"
+    path.write_text("listen: 127.0.0.1:9192\nupstream: [127.0.0.1:9092]\nsasl:\n"
+                    "  upstream: {mechanism: SCRAM-SHA-512, username: gh,"
+                    " password_file: proxy.secret}\n" + rules)
+    assert main(["check", "--config", str(path)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"warning: {path}:6: rule team-a: its acls say nothing of the cluster, "
+                   "and with sasl.upstream the brokers see the proxy's user for every "
+                   "client: the cluster's APIs (ACLs, SCRAM credentials, quotas, the "
+                   "brokers' configs) are whatever that user may do; add an entry with "
+                   "cluster: true (allow: [describe], say)"], err
+    # Without sasl.upstream the brokers tell the clients apart themselves: no warning.
+    path.write_text("listen: 127.0.0.1:9192\nupstream: [127.0.0.1:9092]\n" + rules)
+    assert main(["check", "--config", str(path)]) == 0
+    assert capsys.readouterr().err == ""

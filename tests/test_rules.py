@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import struct
 from pathlib import Path
 from typing import Any
@@ -13,10 +14,10 @@ from hypothesis import strategies as st
 from gatehouse import codecs
 from gatehouse.codecs import produce
 from gatehouse.configfile import ConfigError, load_yaml_text
-from gatehouse.logs import TextFormatter
+from gatehouse.logs import FIELDS_ATTR, TextFormatter
 from gatehouse.proxy.hooks import Close, ConnectionInfo, Respond
 from gatehouse.proxy.policy import Reloader, RulesPolicy, RulesSource
-from gatehouse.rules import ClientFacts, Prefix, Rename, parse_rules
+from gatehouse.rules import ClientFacts, Prefix, Rename, RuleSet, parse_rules
 from gatehouse.rules.errors import error_response
 from gatehouse.rules.topics import (
     RewriteStats,
@@ -474,6 +475,23 @@ def test_bad_reload_keeps_old_rules(tmp_path: Path) -> None:
     path.write_text("rules:\n  - name: only\n    deny_apis: [Metadata]\n")
     assert reloader.reload()
     assert [r.name for r in policy.ruleset.rules] == ["only"]
+
+
+def test_a_reload_where_the_brokers_see_one_user_advises_cluster_acls(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text("rules:\n  - name: a\n    match: {principal: '^a$'}\n    acls:\n"
+                    "      - {allow: [read], topics: [x]}\n")
+    for shared, advised in ((False, 0), (True, 1)):
+        caplog.clear()
+        reloader = Reloader(RulesPolicy(RuleSet()), RulesSource(None, path),
+                            shared_identity=shared)
+        with caplog.at_level(logging.WARNING, logger="gatehouse"):
+            assert reloader.reload()
+        advice = [getattr(r, FIELDS_ATTR)["advice"] for r in caplog.records
+                  if r.getMessage() == "rules advice"]
+        assert len(advice) == advised and all(
+            "rule a: its acls say nothing of the cluster" in text for text in advice), advice
 
 
 # One rule per thing a rule can look at (and two that look at no fact of the client).

@@ -199,6 +199,9 @@ def _check(path: str) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     for advice in _policy.ruleset.advice():
         print(f"warning: {advice}", file=sys.stderr)
+    if up is not None:
+        for advice in _policy.ruleset.shared_identity_advice():
+            print(f"warning: {advice}", file=sys.stderr)
     return 0
 
 
@@ -231,6 +234,9 @@ def _run(args: argparse.Namespace) -> int:
         setup_logging(args.log_level or config.log_level, args.log_json or config.log_json)
         for advice in policy.ruleset.advice():
             log_event(logger, logging.WARNING, "rules advice", advice=advice)
+        if config.sasl_upstream is not None:
+            for advice in policy.ruleset.shared_identity_advice():
+                log_event(logger, logging.WARNING, "rules advice", advice=advice)
     try:
         if config.workers > 1:
             from gatehouse.proxy.workers import serve_workers

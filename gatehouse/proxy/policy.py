@@ -560,9 +560,12 @@ class RulesSource:
 class Reloader:
     """Validates and swaps rules; a bad file keeps the old rules in force."""
 
-    def __init__(self, policy: RulesPolicy, source: RulesSource) -> None:
+    def __init__(self, policy: RulesPolicy, source: RulesSource,
+                 shared_identity: bool = False) -> None:
         self.policy = policy
         self.source = source
+        # The brokers see the proxy's one user for every client (sasl.upstream).
+        self.shared_identity = shared_identity
         self.succeeded = 0
         self.failed = 0
         self.last_error: str | None = None
@@ -592,8 +595,11 @@ class Reloader:
         self.last_error = None
         log_event(logger, logging.INFO, "rules reloaded", rules=len(ruleset.rules),
                   source=ruleset.source)
-        for advice in ruleset.advice():
-            log_event(logger, logging.WARNING, "rules advice", advice=advice)
+        advice = ruleset.advice()
+        if self.shared_identity:
+            advice += ruleset.shared_identity_advice()
+        for text in advice:
+            log_event(logger, logging.WARNING, "rules advice", advice=text)
         for listener in self.listeners:
             listener(True)
         return True

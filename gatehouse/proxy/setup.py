@@ -112,7 +112,8 @@ async def run_configured(config: ProxyConfig, policy: RulesPolicy, path: str | P
     a worker of a supervisor (``workers: N``), which it reports to."""
     from gatehouse.cli import handle_signals
 
-    reloader = Reloader(policy, rules_source(config, path))
+    reloader = Reloader(policy, rules_source(config, path),
+                        shared_identity=config.sasl_upstream is not None)
     observers = build_observers(config, policy, reloader)
     proxy = Proxy(config, policy, observers)
     if config.metrics_listen is not None:

@@ -161,6 +161,7 @@ class Rule:
     cluster_refused: Mapping[int, tuple[str, int]] = field(default_factory=dict)
     # ... and config API key -> operation, for requests naming the cluster's configs.
     cluster_configs: Mapping[int, str] = field(default_factory=dict)
+    acls_name_cluster: bool = False  # some ``acls`` entry names the cluster
 
     def map_for(self, api_key: int) -> TopicMap | None:
         """The names map this rule applies to requests of ``api_key`` and their answers."""
@@ -403,6 +404,23 @@ class RuleSet:
                 out.append(f"{where}: rule {rule.name}: hides other tenants' topics but "
                            f"their {' and '.join(shared).replace('_', ' ')} stay shared: "
                            f"add {', '.join(key + ': true' for key in shared)}")
+        return out
+
+    def shared_identity_advice(self) -> list[str]:
+        """Where every client reaches the brokers as the proxy's one user
+        (``sasl.upstream``): warnings about enforced rules whose ``acls`` keep clients to
+        some names but say nothing of the cluster, whose APIs (ACLs, SCRAM credentials,
+        quotas, the brokers' configs) are then whatever that user may do."""
+        out = []
+        for rule in self.rules:
+            if rule.mode != "enforce" or rule.api_maps is None or rule.acls_name_cluster:
+                continue
+            where = f"{self.source}:{rule.line}" if rule.line is not None else self.source
+            out.append(f"{where}: rule {rule.name}: its acls say nothing of the cluster, and "
+                       "with sasl.upstream the brokers see the proxy's user for every "
+                       "client: the cluster's APIs (ACLs, SCRAM credentials, quotas, the "
+                       "brokers' configs) are whatever that user may do; add an entry with "
+                       "cluster: true (allow: [describe], say)")
         return out
 
     @property

@@ -256,6 +256,7 @@ def _rule(data: Any, source: Source, line: int | None, index: int) -> Rule:
     api_maps = None
     cluster_refused: dict[int, tuple[str, int]] = {}
     cluster_configs: dict[int, str] = {}
+    names_cluster = False
     if acls_raw is not None:
         if filters:
             raise reader.error("acls", "one rule cannot have both acls and allow_/deny_ "
@@ -264,6 +265,7 @@ def _rule(data: Any, source: Source, line: int | None, index: int) -> Rule:
         api_maps = compile_acls(entries, topic_map)
         cluster_refused = cluster_refusals(entries)
         cluster_configs = cluster_config_refusals(entries)
+        names_cluster = any(e.cluster for e in entries)
     quota_raw = reader.take("quota", dict)
     quota = (None if quota_raw is None
              else _quota(Reader(quota_raw, source, "quota", reader.line_of("quota"))))
@@ -275,7 +277,8 @@ def _rule(data: Any, source: Source, line: int | None, index: int) -> Rule:
                 unknown_software=unknown,
                 topic_map=topic_map, quota=quota, line=line, api_maps=api_maps,
                 cluster_refused=MappingProxyType(cluster_refused),
-                cluster_configs=MappingProxyType(cluster_configs))
+                cluster_configs=MappingProxyType(cluster_configs),
+                acls_name_cluster=names_cluster)
 
 
 def _acl_entries(raw: list[Any], source: Source, line: int | None) -> list[AclEntry]:

@@ -97,3 +97,31 @@ def test_run_reload_and_sigterm(kafka: KafkaCluster, tmp_path: Path) -> None:
     log = proc.stderr.read() if proc.stderr else ""
     assert f"{rules}:3: unknown API name 'Nope'" in log
     assert '"event": "shutting down: draining connections"' in log
+
+
+def test_run_advises_cluster_acls_where_the_brokers_see_one_user(tmp_path: Path) -> None:
+    """`gatehouse run` logs what `gatehouse check` prints: with sasl.upstream, a rule whose
+    acls say nothing of the cluster leaves every client the proxy's user's rights there."""
+    port = free_port()
+    (tmp_path / "proxy.secret").write_text("p\n")
+    config = tmp_path / "gatehouse.yaml"
+    config.write_text(f"listen: 127.0.0.1:{port}\nupstream: [127.0.0.1:{free_port()}]\n"
+                      "brokers: {start_port: 0}\nlog: {json: true}\nsasl:\n"
+                      "  upstream: {mechanism: SCRAM-SHA-512, username: gh,"
+                      " password_file: proxy.secret}\n"
+                      "rules:\n  - name: team-a\n    match: {principal: '^a$'}\n    acls:\n"
+                      "      - {allow: [read], topics: ['a\\\\..*']}\n")
+    proc = subprocess.Popen([*GATEHOUSE, "run", "--config", str(config)], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        wait_listening(port, proc)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log = proc.stderr.read() if proc.stderr else ""
+    advice = [line for line in log.splitlines() if '"event": "rules advice"' in line]
+    assert len(advice) == 1 and "rule team-a: its acls say nothing of the cluster" in advice[0]
