@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -9,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from tests.support.clients import consume, produce, unique
@@ -16,6 +18,21 @@ from tests.support.kafka import KafkaCluster
 from tests.support.ports import free_port, wait_listening
 
 GATEHOUSE = [sys.executable, "-m", "gatehouse.cli"]
+
+
+@contextlib.contextmanager
+def gatehouse_run(config: Path) -> Iterator[subprocess.Popen[str]]:
+    """`gatehouse run --config CONFIG` as a user runs it, its output piped (unbuffered);
+    killed on the way out if it is still running."""
+    proc = subprocess.Popen([*GATEHOUSE, "run", "--config", str(config)], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_demo_runs_on_the_embedded_broker() -> None:
@@ -55,10 +72,7 @@ def test_run_reload_and_sigterm(kafka: KafkaCluster, tmp_path: Path) -> None:
                       f"rules_file: {rules}\nlog: {{json: true}}\n")
     assert subprocess.run([*GATEHOUSE, "check", "--config", str(config)],
                           capture_output=True, timeout=60).returncode == 0
-    proc = subprocess.Popen([*GATEHOUSE, "run", "--config", str(config)], text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
+    with gatehouse_run(config) as proc:
         wait_listening(port, proc)
         wait_listening(metrics_port, proc)
         topic = unique("cli")
@@ -90,10 +104,6 @@ def test_run_reload_and_sigterm(kafka: KafkaCluster, tmp_path: Path) -> None:
         assert b'gatehouse_rules_reloads_total{outcome="failed"} 0.0' not in text
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     log = proc.stderr.read() if proc.stderr else ""
     assert f"{rules}:3: unknown API name 'Nope'" in log
     assert '"event": "shutting down: draining connections"' in log
@@ -111,17 +121,10 @@ def test_run_advises_cluster_acls_where_the_brokers_see_one_user(tmp_path: Path)
                       " password_file: proxy.secret}\n"
                       "rules:\n  - name: team-a\n    match: {principal: '^a$'}\n    acls:\n"
                       "      - {allow: [read], topics: ['a\\\\..*']}\n")
-    proc = subprocess.Popen([*GATEHOUSE, "run", "--config", str(config)], text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
+    with gatehouse_run(config) as proc:
         wait_listening(port, proc)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     log = proc.stderr.read() if proc.stderr else ""
     advice = [line for line in log.splitlines() if '"event": "rules advice"' in line]
     assert len(advice) == 1 and "rule team-a: its acls say nothing of the cluster" in advice[0]
