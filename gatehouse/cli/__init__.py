@@ -197,11 +197,8 @@ def _check(path: str) -> int:
 
     for warning in clear_text_warnings(config):
         print(f"warning: {warning}", file=sys.stderr)
-    for advice in _policy.ruleset.advice():
+    for advice in _policy.ruleset.advice(shared_identity=up is not None):
         print(f"warning: {advice}", file=sys.stderr)
-    if up is not None:
-        for advice in _policy.ruleset.shared_identity_advice():
-            print(f"warning: {advice}", file=sys.stderr)
     return 0
 
 
@@ -232,11 +229,9 @@ def _run(args: argparse.Namespace) -> int:
                       worker=args.worker_index)
     else:
         setup_logging(args.log_level or config.log_level, args.log_json or config.log_json)
-        for advice in policy.ruleset.advice():
+        for advice in policy.ruleset.advice(
+                shared_identity=config.sasl_upstream is not None):
             log_event(logger, logging.WARNING, "rules advice", advice=advice)
-        if config.sasl_upstream is not None:
-            for advice in policy.ruleset.shared_identity_advice():
-                log_event(logger, logging.WARNING, "rules advice", advice=advice)
     try:
         if config.workers > 1:
             from gatehouse.proxy.workers import serve_workers

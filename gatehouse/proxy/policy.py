@@ -595,11 +595,8 @@ class Reloader:
         self.last_error = None
         log_event(logger, logging.INFO, "rules reloaded", rules=len(ruleset.rules),
                   source=ruleset.source)
-        advice = ruleset.advice()
-        if self.shared_identity:
-            advice += ruleset.shared_identity_advice()
-        for text in advice:
-            log_event(logger, logging.WARNING, "rules advice", advice=text)
+        for advice in ruleset.advice(shared_identity=self.shared_identity):
+            log_event(logger, logging.WARNING, "rules advice", advice=advice)
         for listener in self.listeners:
             listener(True)
         return True

@@ -376,18 +376,19 @@ class RuleSet:
             return None
         return lo, hi
 
-    def advice(self) -> list[str]:
+    def advice(self, shared_identity: bool = False) -> list[str]:
         """Warnings about rules that do what they say but may not do what is meant
         (``file:line: rule NAME: ...``): a prefix that hides other tenants but trusts
         the client id to tell tenants apart, or leaves their groups and transactional
-        ids shared."""
+        ids shared; with ``shared_identity`` (the brokers see the proxy's one user for
+        every client: ``sasl.upstream``), acls that say nothing of the cluster."""
         out = []
         for rule in self.rules:
             topic_map = next(iter(rule.maps()), None)  # its own, else its ACLs'
             if rule.mode != "enforce" or topic_map is None or not (
                     topic_map.hides_others or topic_map.filters):
                 continue
-            where = f"{self.source}:{rule.line}" if rule.line is not None else self.source
+            where = self._where(rule)
             match = rule.match
             if match.principal is None and not match.sources and (
                     match.client_id is not None or match.software_name is not None
@@ -404,19 +405,22 @@ class RuleSet:
                 out.append(f"{where}: rule {rule.name}: hides other tenants' topics but "
                            f"their {' and '.join(shared).replace('_', ' ')} stay shared: "
                            f"add {', '.join(key + ': true' for key in shared)}")
+        if shared_identity:
+            out += self._shared_identity_advice()
         return out
 
-    def shared_identity_advice(self) -> list[str]:
-        """Where every client reaches the brokers as the proxy's one user
-        (``sasl.upstream``): warnings about enforced rules whose ``acls`` keep clients to
-        some names but say nothing of the cluster, whose APIs (ACLs, SCRAM credentials,
-        quotas, the brokers' configs) are then whatever that user may do."""
+    def _where(self, rule: Rule) -> str:
+        return f"{self.source}:{rule.line}" if rule.line is not None else self.source
+
+    def _shared_identity_advice(self) -> list[str]:
+        """Enforced rules whose ``acls`` keep clients to some names but say nothing of
+        the cluster, whose APIs (ACLs, SCRAM credentials, quotas, the brokers' configs)
+        are then whatever the proxy's user may do."""
         out = []
         for rule in self.rules:
             if rule.mode != "enforce" or rule.api_maps is None or rule.acls_name_cluster:
                 continue
-            where = f"{self.source}:{rule.line}" if rule.line is not None else self.source
-            out.append(f"{where}: rule {rule.name}: its acls say nothing of the cluster, and "
+            out.append(f"{self._where(rule)}: rule {rule.name}: its acls say nothing of the cluster, and "
                        "with sasl.upstream the brokers see the proxy's user for every "
                        "client: the cluster's APIs (ACLs, SCRAM credentials, quotas, the "
                        "brokers' configs) are whatever that user may do; add an entry with "
