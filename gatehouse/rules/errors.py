@@ -15,7 +15,7 @@ API and version is covered, new ones included:
 * the few answers whose entries answer the request's by position or under another
   name, which the specs cannot tell (CreateAcls, DeleteAcls, AlterClientQuotas,
   Describe/AlterUserScramCredentials, AlterReplicaLogDirs), are filled as Kafka's
-  ``getErrorResponse`` fills them (``_BY_POSITION``): a client counts on one result
+  ``getErrorResponse`` fills them (``_by_position``): a client counts on one result
   per ACL, filter, quota entry, user or partition it asked about.
 """
 
@@ -180,7 +180,7 @@ def _array_entry(struct: StructSpec, attr: str, version: int) -> StructSpec:
 def _by_position(api: Any, version: int, body: Any, code: int, message: str | None
                  ) -> dict[str, Any]:
     """The answers' arrays that ``_fill`` cannot match to the request's (see the module's
-    docstring), as Kafka's error responses have them."""
+    docstring), as Kafka's error responses have them; none for the other APIs."""
     root = api.response.root
     name = api.name
     if name in ("CreateAcls", "DeleteAcls"):
@@ -216,11 +216,6 @@ def _by_position(api: Any, version: int, body: Any, code: int, message: str | No
     return {}
 
 
-_BY_POSITION = frozenset({"CreateAcls", "DeleteAcls", "DescribeUserScramCredentials",
-                          "AlterUserScramCredentials", "AlterClientQuotas",
-                          "AlterReplicaLogDirs"})
-
-
 def error_response(req: Request, code: int, message: str | None = None,
                    within: str | None = None) -> Response:
     """``req``'s API's response at ``req``'s version with ``code`` everywhere it fits;
@@ -231,8 +226,10 @@ def error_response(req: Request, code: int, message: str | None = None,
     version = req.api_version
     body = _fill(api.response.root, api.request.root, req.body, version, code, message,
                  within, within is None)
-    if api.name in _BY_POSITION and req.body is not None:
-        body = body.replace(**_by_position(api, version, req.body, code, message))
+    if req.body is not None:
+        by_position = _by_position(api, version, req.body, code, message)
+        if by_position:
+            body = body.replace(**by_position)
     return Response.build(req.api_key, version, req.correlation_id, body)
 
 
