@@ -203,7 +203,7 @@ def test_the_sasl_config(tmp_path: Path) -> None:
     for text, line, error in [
         (f"  downstream: {{users_file: {path.name}, mechanisms: [GSSAPI]}}\n", 4,
          "'GSSAPI' is not one of PLAIN"),
-        ("  downstream: {mechanisms: [PLAIN]}\n", 4, "needs 'users_file'"),
+        ("  downstream: {mechanisms: [PLAIN]}\n", 4, "needs users_file"),
         (f"  downstream: {{users_file: {path.name}, session_lifetime: 0}}\n", 4,
          "session_lifetime must be positive"),
         ("  downstream: {users_file: nowhere.yaml}\n", 4, "does not exist"),

@@ -179,17 +179,34 @@ def _check(path: str) -> int:
 
         lifetime = (f", session lifetime {down.session_lifetime:g} s"
                     if down.session_lifetime is not None else "")
-        users = load_users(down.users_file)
-        print(f"sasl.downstream: clients authenticate with the proxy as one of "
-              f"{len(users)} users of {down.users_file} "
-              f"({', '.join(down.mechanisms)}{lifetime})")
-        written = sorted(name for name, user in users.items() if user.written_in)
-        if written:
-            print(f"warning: {down.users_file}: {', '.join(written)} keep their password in "
-                  "the file itself (password:): anyone who reads it can log in as them; "
-                  f"store SCRAM credentials instead (gatehouse credential NAME --file "
-                  f"{down.users_file.name}) or use password_file / password_env",
-                  file=sys.stderr)
+        if down.users_file is not None:
+            users = load_users(down.users_file)
+            print(f"sasl.downstream: clients authenticate with the proxy as one of "
+                  f"{len(users)} users of {down.users_file} "
+                  f"({', '.join(m for m in down.mechanisms if m != 'OAUTHBEARER')}{lifetime})")
+            written = sorted(name for name, user in users.items() if user.written_in)
+            if written:
+                print(f"warning: {down.users_file}: {', '.join(written)} keep their password "
+                      "in the file itself (password:): anyone who reads it can log in as "
+                      f"them; store SCRAM credentials instead (gatehouse credential NAME "
+                      f"--file {down.users_file.name}) or use password_file / password_env",
+                      file=sys.stderr)
+        oauth = down.oauthbearer
+        if oauth is not None and "OAUTHBEARER" in down.mechanisms:
+            from gatehouse.proxy.oauth import load_jwks_file
+
+            keys = (f"the {load_jwks_file(oauth.jwks_file).count} keys of {oauth.jwks_file}"
+                    if oauth.jwks_file is not None else
+                    f"the keys at {oauth.jwks_url} (fetched at start and every "
+                    f"{oauth.jwks_refresh:g} s)")
+            checks = "".join(
+                f", {what} {value}" for what, value in (
+                    ("issuer", oauth.expected_issuer),
+                    ("audience", " or ".join(oauth.expected_audience) or None))
+                if value is not None)
+            print(f"sasl.downstream: OAUTHBEARER tokens checked against {keys}; the "
+                  f"principal is their {oauth.principal_claim!r} claim{checks}; a session "
+                  f"lasts no longer than its token{lifetime}")
     if up is not None:
         print(f"sasl.upstream: the proxy authenticates to the brokers as {up.username!r} "
               f"({up.mechanism})")

@@ -14,6 +14,8 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
+from dataclasses import dataclass, field
 
 PLAIN = "PLAIN"
 SCRAM = ("SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -53,6 +55,64 @@ def claimed_user(mechanism: str | None, token: bytes | memoryview,
     except UnicodeDecodeError:
         return None
     return None
+
+
+@dataclass(frozen=True)
+class BearerMessage:
+    """An OAUTHBEARER client's first message (RFC 7628 section 3.1), read for a proxy
+    that validates the token itself."""
+
+    token: str = field(repr=False)
+    authzid: str | None = None  # the identity it asks to act as ("a=" in the gs2 header)
+    extensions: dict[str, str] = field(default_factory=dict)  # SASL extensions (KIP-342)
+
+
+# RFC 7628: key = 1*(ALPHA); value = *(VCHAR / SP / HTAB / CR / LF); the token is b64token
+# (RFC 6750: letters, digits and -._~+/ then any '=' padding).
+_KEY = re.compile(r"[A-Za-z]+")
+_VALUE = re.compile(r"[\x21-\x7e \t\r\n]*")
+_TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
+# What a client sends after it has been told its token is bad (RFC 7628 section 3.2.3).
+BEARER_ACKNOWLEDGE = b"\x01"
+
+
+def parse_bearer_message(data: bytes) -> BearerMessage:
+    """The client's first OAUTHBEARER message (``gs2-header \x01 auth=Bearer <token>
+    \x01 [key=value \x01]... \x01``); ValueError naming what is wrong (never the
+    token) if it is not one."""
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError:
+        raise ValueError("the OAUTHBEARER message is not ASCII") from None
+    header, sep, rest = text.partition("\x01")
+    parts = header.split(",")
+    if not sep or len(parts) != 3 or parts[0] not in ("n", "y") or parts[2]:
+        raise ValueError("the OAUTHBEARER message does not begin with a gs2 header "
+                         "('n,,' or 'n,a=NAME,')")
+    authzid = None
+    if parts[1]:
+        if not parts[1].startswith("a=") or len(parts[1]) == 2:
+            raise ValueError("the OAUTHBEARER gs2 header's authorization id is malformed")
+        authzid = parts[1][2:].replace("=2C", ",").replace("=3D", "=")
+    if not rest.endswith("\x01\x01"):
+        raise ValueError("the OAUTHBEARER message does not end with two \\x01")
+    token: str | None = None
+    extensions: dict[str, str] = {}
+    for pair in rest[:-2].split("\x01"):
+        key, eq, value = pair.partition("=")
+        if not eq or not _KEY.fullmatch(key) or not _VALUE.fullmatch(value):
+            raise ValueError("the OAUTHBEARER message holds a malformed key=value pair")
+        if key in extensions or (key == "auth" and token is not None):
+            raise ValueError(f"the OAUTHBEARER message gives {key!r} twice")
+        if key != "auth":
+            extensions[key] = value
+            continue
+        scheme, _, token = value.partition(" ")
+        if scheme.lower() != "bearer" or not _TOKEN.fullmatch(token):
+            raise ValueError("the OAUTHBEARER message's auth is not 'Bearer <token>'")
+    if token is None:
+        raise ValueError("the OAUTHBEARER message has no auth=Bearer token")
+    return BearerMessage(token, authzid, extensions)
 
 
 def _bearer_subject(data: bytes, claim: str) -> str | None:

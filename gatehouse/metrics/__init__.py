@@ -230,6 +230,13 @@ class ProxyMetrics(Observer):
                                         "last TLS certificate reload failed (the old "
                                         "certificates stay in force)", registry=r)
         self.tls_last_reload_ok.set(1)
+        self.jwks_loads = Counter("gatehouse_jwks_loads", "Loads of the keys OAUTHBEARER "
+                                  "tokens are checked against (a JWKS file reloaded, a JWKS "
+                                  "URL fetched)", ["outcome"], registry=r)
+        self.jwks_last_load_ok = Gauge("gatehouse_jwks_last_load_success", "1 unless the "
+                                       "last load of the JWKS failed (the keys before it "
+                                       "stay in force)", registry=r)
+        self.jwks_last_load_ok.set(1)
         self.upstream_failures = Counter("gatehouse_upstream_failures", "Failed connections "
                                          "to brokers", ["broker"], registry=r)
         self.malformed_frames = Counter("gatehouse_malformed_frames", "Frames that could not be "
@@ -276,6 +283,7 @@ class ProxyMetrics(Observer):
         for outcome in ("ok", "failed"):
             self.reloads.labels(outcome=outcome)
             self.tls_reloads.labels(outcome=outcome)
+            self.jwks_loads.labels(outcome=outcome)
         # From 0, so the first refusal is an increase Prometheus sees.
         self._refused = self.connections_total.labels(side="client", outcome="refused")
         if counting is not None:  # the usual exchange counted in C (tally.py)
@@ -309,6 +317,14 @@ class ProxyMetrics(Observer):
     def _tls_reloaded(self, ok: bool) -> None:
         self.tls_reloads.labels(outcome="ok" if ok else "failed").inc()
         self.tls_last_reload_ok.set(1 if ok else 0)
+
+    def watch_jwks(self, tokens: Any) -> None:
+        """Count the loads of the OAUTHBEARER keys (gatehouse.proxy.oauth.TokenValidator)."""
+        tokens.listeners.append(self._jwks_loaded)
+
+    def _jwks_loaded(self, ok: bool) -> None:
+        self.jwks_loads.labels(outcome="ok" if ok else "failed").inc()
+        self.jwks_last_load_ok.set(1 if ok else 0)
 
     def attach(self, policy: Any, reloader: Any) -> None:
         """Subscribe to the rules' decisions and reloads."""

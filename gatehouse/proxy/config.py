@@ -26,6 +26,7 @@ from gatehouse.configfile import (
     load_yaml_text,
     read_sasl_credentials,
 )
+from gatehouse.proxy.oauth import OAUTHBEARER, OAuthSettings, load_jwks_file
 from gatehouse.proxy.principal import MappingRule, PrincipalMappingError, parse_principal_mapping
 from gatehouse.proxy.sasl import load_users
 
@@ -132,11 +133,13 @@ class UpstreamTls:
 class DownstreamSasl:
     """The proxy authenticates clients itself (gatehouse.proxy.sasl)."""
 
-    users_file: Path
+    users_file: Path | None  # PLAIN and SCRAM's users; None: OAUTHBEARER only
     mechanisms: tuple[str, ...] = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")
     # Seconds after which a client must authenticate again (KIP-368, as a broker's
-    # connections.max.reauth.ms); None: never.
+    # connections.max.reauth.ms); None: never (an OAUTHBEARER session still ends with
+    # its token).
     session_lifetime: float | None = None
+    oauthbearer: OAuthSettings | None = None  # where OAUTHBEARER tokens are checked
 
 
 @dataclass(frozen=True)
@@ -355,7 +358,7 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
     if not claim:
         raise sasl.error("oauthbearer_sub_claim_name", "sasl.oauthbearer_sub_claim_name "
                          "must name a claim")
-    sasl_downstream = _sasl_downstream(sasl, base)
+    sasl_downstream = _sasl_downstream(sasl, base, claim)
     sasl_upstream = (read_sasl_credentials(sasl.child("upstream"), base, MECHANISMS)
                      if sasl.has("upstream") else None)
     sasl.finish()
@@ -423,29 +426,76 @@ def clear_text_warnings(config: ProxyConfig) -> list[str]:
     return out
 
 
-def _sasl_downstream(sasl: Reader, base: Path) -> DownstreamSasl | None:
-    """``sasl.downstream: {users_file, mechanisms}``; the users file is read now, so a
-    bad one is reported by ``gatehouse check`` with its own file:line."""
+def _sasl_downstream(sasl: Reader, base: Path, claim: str) -> DownstreamSasl | None:
+    """``sasl.downstream: {users_file, mechanisms, session_lifetime, oauthbearer}``; the
+    users file and a JWKS file are read now, so a bad one is reported by ``gatehouse
+    check`` with its own file:line."""
     if not sasl.has("downstream"):
         return None
     down = sasl.child("downstream")
-    users_file = _path(down, "users_file", base, required=True)
-    assert users_file is not None
-    mechanisms = down.take("mechanisms", (list, str), list(DownstreamSasl.mechanisms))
+    users_file = _path(down, "users_file", base)
+    oauth = _oauthbearer(down.child("oauthbearer"), base, claim) if down.has("oauthbearer") else None
+    offered = [m for m in DownstreamSasl.mechanisms if users_file is not None]
+    if oauth is not None:
+        offered.append(OAUTHBEARER)
+    if not offered:
+        raise down.error(None, "sasl.downstream needs users_file (PLAIN, SCRAM) or "
+                         "oauthbearer (OAUTHBEARER), or both")
+    mechanisms = down.take("mechanisms", (list, str), offered)
     if isinstance(mechanisms, str):
         mechanisms = [mechanisms]
     for i, mechanism in enumerate(mechanisms):
-        if mechanism not in MECHANISMS:
+        line = line_of(mechanisms, i) or down.line_of("mechanisms")
+        if mechanism not in (*MECHANISMS, OAUTHBEARER):
             raise sasl.source.error(f"sasl.downstream.mechanisms: {mechanism!r} is not one of "
-                                    f"{', '.join(MECHANISMS)}",
-                                    line_of(mechanisms, i) or down.line_of("mechanisms"))
+                                    f"{', '.join((*MECHANISMS, OAUTHBEARER))}", line)
+        if mechanism == OAUTHBEARER and oauth is None:
+            raise sasl.source.error("sasl.downstream.mechanisms: OAUTHBEARER needs "
+                                    "sasl.downstream.oauthbearer (where the token signing "
+                                    "keys are)", line)
+        if mechanism != OAUTHBEARER and users_file is None:
+            raise sasl.source.error(f"sasl.downstream.mechanisms: {mechanism} needs "
+                                    "sasl.downstream.users_file", line)
     if not mechanisms:
         raise down.error("mechanisms", "sasl.downstream.mechanisms must name at least one")
     lifetime = _positive(down, "session_lifetime", None)
     down.finish()
-    load_users(users_file)
+    if users_file is not None:
+        load_users(users_file)
     return DownstreamSasl(users_file, tuple(dict.fromkeys(mechanisms)),
-                          None if lifetime is None else float(lifetime))
+                          None if lifetime is None else float(lifetime), oauth)
+
+
+def _oauthbearer(section: Reader, base: Path, claim: str) -> OAuthSettings:
+    """``sasl.downstream.oauthbearer: {jwks_file | jwks_url, jwks_refresh,
+    expected_issuer, expected_audience, clock_skew}`` (a JWKS file is read now)."""
+    jwks_file = _path(section, "jwks_file", base)
+    jwks_url = section.take("jwks_url", str)
+    if (jwks_file is None) == (jwks_url is None):
+        raise section.error(None, "sasl.downstream.oauthbearer needs one of jwks_file and "
+                            "jwks_url: the identity provider's public keys (a JWKS)")
+    if jwks_url is not None and not jwks_url.startswith(("https://", "http://")):
+        raise section.error("jwks_url", "sasl.downstream.oauthbearer.jwks_url must be an "
+                            f"https:// (or http://) URL, not {jwks_url!r}")
+    refresh = _positive(section, "jwks_refresh", 3600.0)
+    issuer = section.take("expected_issuer", str)
+    audience = section.take("expected_audience", (str, list), [])
+    if isinstance(audience, str):
+        audience = [audience]
+    for i, each in enumerate(audience):
+        if not isinstance(each, str) or not each:
+            raise section.source.error("sasl.downstream.oauthbearer.expected_audience: "
+                                       f"{each!r} is not an audience name",
+                                       line_of(audience, i) or section.line_of("expected_audience"))
+    skew = section.take("clock_skew", (int, float), 30)
+    if skew < 0:
+        raise section.error("clock_skew", "sasl.downstream.oauthbearer.clock_skew must not "
+                            f"be negative, not {skew}")
+    section.finish()
+    if jwks_file is not None:
+        load_jwks_file(jwks_file)
+    return OAuthSettings(jwks_file, jwks_url, float(refresh), issuer or None,
+                         tuple(audience), claim, float(skew))
 
 
 def _proxy_protocol(top: Reader) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:

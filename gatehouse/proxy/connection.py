@@ -84,6 +84,7 @@ from gatehouse.proxy.hooks import (
     Respond,
     top_level_tags,
 )
+from gatehouse.proxy.oauth import OAUTHBEARER, TokenValidator, UnknownSigningKey
 from gatehouse.proxy.quotas import Charge
 from gatehouse.proxy.sasl import (
     FAILED_AUTHENTICATION_DELAY,
@@ -129,6 +130,10 @@ _THROTTLE_HEAD = 64
 # sasl.upstream: the proxy authenticates to the broker again once this much of the
 # session the broker gave has passed (Kafka's clients pick 85-95%).
 _REAUTHENTICATE_AT = 0.85
+# Seconds of session given to an OAUTHBEARER token that expires sooner (or has just
+# expired, within the clock skew allowed): the client is told to authenticate again at
+# once (a session lifetime of 0 would mean "never").
+_SHORTEST_SESSION = 1.0
 # Where answers' records go socket to socket (splice), the first read of an answer and the
 # reads of its structure (partition headers, tags) take at most this much, and an answer
 # this big that has not all arrived is spliced: the rest never enters the proxy.
@@ -159,6 +164,8 @@ class ConnectionContext:
     # sasl.downstream: the proxy authenticates clients against these users itself.
     sasl_users: SaslUsers | None = None
     sasl_mechanisms: tuple[str, ...] = ()
+    # sasl.downstream.oauthbearer: the keys OAUTHBEARER clients' tokens are checked against.
+    sasl_tokens: TokenValidator | None = None
     # Seconds a client's authentication lasts before it must authenticate again (KIP-368).
     sasl_session_lifetime: float | None = None
     # sasl.upstream: broker connections are authenticated by the proxy (a client's own
@@ -247,10 +254,10 @@ class ProxyConnection:
         self.sasl_raw_claim: str | None = None  # the user a raw (v0) exchange claims
         # sasl.downstream: the client's exchange with the proxy (None: SASL is the
         # broker's business, passed through).
-        self.client_sasl = (ClientSasl(ctx.sasl_users, ctx.sasl_mechanisms)
-                            if ctx.sasl_users is not None else None)
-        # sasl.downstream.session_lifetime: when the client's authentication ends unless
-        # it authenticates again (KIP-368).
+        self.client_sasl = (ClientSasl(ctx.sasl_users, ctx.sasl_mechanisms, ctx.sasl_tokens)
+                            if ctx.sasl_mechanisms else None)
+        # sasl.downstream.session_lifetime or the client's OAUTHBEARER token's expiry:
+        # when the client's authentication ends unless it authenticates again (KIP-368).
         self.client_session_ends = math.inf
         # When to authenticate to the broker again (sasl.upstream against a broker with
         # connections.max.reauth.ms): checked before each request goes up.
@@ -475,7 +482,7 @@ class ProxyConnection:
                 trio.current_time() >= self.client_session_ends):
             # As a broker with connections.max.reauth.ms: no request after the session.
             raise _Close("SASL session expired: the client did not authenticate again "
-                         "(sasl.downstream.session_lifetime)")
+                         "(sasl.downstream.session_lifetime, or its token's expiry)")
         if header.api_key in (SASL_HANDSHAKE, SASL_AUTHENTICATE) or (
                 self.client_sasl is not None and self.client_sasl.user is None
                 and header.api_key != API_VERSIONS):
@@ -604,7 +611,7 @@ class ProxyConnection:
         if key not in (SASL_HANDSHAKE, SASL_AUTHENTICATE):
             raise _Close(f"{api_name(key)} before SASL authentication (sasl.downstream: "
                          "the client must authenticate first)", logging.WARNING)
-        if sasl.user is not None and self.ctx.sasl_session_lifetime is None:
+        if sasl.user is not None and self.client_session_ends == math.inf:
             raise _Close(f"{api_name(key)} after authenticating as {sasl.user!r} (the proxy "
                          "asks for no re-authentication)", logging.WARNING)
         try:
@@ -638,7 +645,19 @@ class ProxyConnection:
             if sasl.slow_step:  # PBKDF2 (PLAIN against SCRAM credentials): off the loop
                 answer, done = await trio.to_thread.run_sync(sasl.step, token)
             else:
-                answer, done = sasl.step(token)
+                try:
+                    answer, done = sasl.step(token)
+                except UnknownSigningKey as unknown:
+                    # The identity provider may have a new key: its JWKS fetched again
+                    # (not too often), then the token checked once more.
+                    assert sasl.tokens is not None
+                    if await sasl.tokens.fetch_for_unknown_key():
+                        try:
+                            answer, done = sasl.step(token)
+                        except UnknownSigningKey as still:
+                            answer, done = sasl.refuse_unknown_key(still)
+                    else:
+                        answer, done = sasl.refuse_unknown_key(unknown)
             failure = None
         except SaslError as exc:
             answer, done, failure = b"", True, str(exc)
@@ -650,7 +669,11 @@ class ProxyConnection:
         if done and failure is None:
             again = self.conn.principal == sasl.user and self.client_session_ends < math.inf
             self.conn.principal = sasl.user
-            sasl.users.sessions.add(self)  # a reload may revoke it
+            if sasl.expires is not None:  # OAUTHBEARER: no longer than the token
+                left = max(sasl.expires - time.time(), _SHORTEST_SESSION)
+                lifetime = left if lifetime is None else min(lifetime, left)
+            elif sasl.users is not None:
+                sasl.users.sessions.add(self)  # a users file reload may revoke it
             if lifetime is not None:
                 self.client_session_ends = now + lifetime
             log_event(logger, logging.DEBUG, "client authenticated again" if again
@@ -665,7 +688,7 @@ class ProxyConnection:
                                                    raw=True, by_proxy=True))
         else:
             header = req.header
-            reply = authenticate_answer(req, answer, None if failure is None else FAILED_MESSAGE,
+            reply = authenticate_answer(req, answer, _failure_message(sasl.mechanism, failure),
                                         lifetime if done else None)
             await self._answer_locally(Pending(header.correlation_id, SASL_AUTHENTICATE,
                                                header.api_version, now,
@@ -1581,3 +1604,14 @@ async def _aclose_quietly(stream: trio.abc.AsyncResource) -> None:
 
 def elapsed_ms(started: float) -> float:
     return round((time.monotonic() - started) * 1000, 3) if math.isfinite(started) else 0.0
+
+
+def _failure_message(mechanism: str | None, failure: str | None) -> str | None:
+    """What a client whose authentication failed is told: which check its token failed
+    (OAUTHBEARER: nothing secret, and the client's operator needs it), else Kafka's
+    words, the same for an unknown user and a wrong password."""
+    if failure is None:
+        return None
+    if mechanism == OAUTHBEARER:
+        return f"Authentication failed: {failure}"
+    return FAILED_MESSAGE

@@ -3,7 +3,8 @@ termination) and the proxy authenticated to the brokers with its own credentials
 (``sasl.upstream``, origination).
 
 Termination: the client's SaslHandshake and SaslAuthenticate are answered here, against
-a users file of SCRAM credentials (``SaslUsers``), and never reach the brokers; the user
+a users file of SCRAM credentials (``SaslUsers``) or, for OAUTHBEARER, an identity
+provider's public keys (``gatehouse.proxy.oauth``), and never reach the brokers; the user
 the client proved it is becomes its principal, which rules, quotas, metrics and logs
 use.  Until then the client may only ask for ApiVersions, as on a broker's SASL
 listener.  Origination: each upstream connection authenticates right after it opens
@@ -28,6 +29,7 @@ import trio
 
 from gatehouse import codecs
 from gatehouse.codecs._error_codes import ERROR_NAMES
+from gatehouse.codecs.sasl import BEARER_ACKNOWLEDGE, claimed_user, parse_bearer_message
 from gatehouse.codecs.scram import (
     MECHANISMS,
     PLAIN,
@@ -50,6 +52,7 @@ from gatehouse.configfile import (
     take_password,
 )
 from gatehouse.logs import log_event
+from gatehouse.proxy.oauth import OAUTHBEARER, TokenRefused, TokenValidator, UnknownSigningKey
 
 logger = logging.getLogger("gatehouse.proxy")
 
@@ -220,21 +223,31 @@ class SaslUsers:
 # -- one client's exchange with the proxy (termination) -------------------------------------
 
 
+# The challenge that tells an OAUTHBEARER client its token was refused (RFC 7628 section
+# 3.2.2, Kafka's words): the client answers with BEARER_ACKNOWLEDGE, and then fails.
+_BEARER_REFUSED = b'{"status":"invalid_token"}'
+
+
 class ClientSasl:
     """One client connection's SASL exchange with the proxy: ``handshake`` takes its
     SaslHandshake, ``step`` each of its tokens; ``user`` is set once it has proved who
-    it is.  ``claimed`` is the name it gave, for the log when it fails."""
+    it is (with OAUTHBEARER, ``expires`` says until when).  ``claimed`` is the name it
+    gave, for the log when it fails."""
 
-    def __init__(self, users: SaslUsers, mechanisms: Sequence[str]) -> None:
+    def __init__(self, users: SaslUsers | None, mechanisms: Sequence[str],
+                 tokens: TokenValidator | None = None) -> None:
         self.users = users
+        self.tokens = tokens
         self.mechanisms = tuple(mechanisms)
         self.mechanism: str | None = None
         self.raw = False  # SaslHandshake v0: the tokens come with no Kafka header
         self.user: str | None = None
         self.claimed: str | None = None
+        self.expires: float | None = None  # OAUTHBEARER: the token's exp (epoch seconds)
         self.reauthenticating = False  # KIP-368: a new exchange, the same user
         self._scram: ScramServer | None = None
         self._in_exchange = False
+        self._bearer_refused: str | None = None  # why, once the client has been told
 
     def handshake(self, mechanism: str, version: int) -> int:
         """The error code for a SaslHandshake asking for ``mechanism``: the first one,
@@ -254,8 +267,9 @@ class ClientSasl:
         self.raw = version == 0
         self.claimed = None
         self._in_exchange = True
+        self._bearer_refused = None
         self._scram = (ScramServer(mechanism, partial(self.users.scram, mechanism))
-                       if mechanism in SCRAM_MECHANISMS else None)
+                       if mechanism in SCRAM_MECHANISMS and self.users is not None else None)
         return NONE
 
     @property
@@ -271,7 +285,10 @@ class ClientSasl:
             raise SaslError("SaslAuthenticate before a SaslHandshake")
         if not self._in_exchange:
             raise SaslError("already authenticated")
+        if self.mechanism == OAUTHBEARER:
+            return self._bearer_step(token)
         if self._scram is None:  # PLAIN
+            assert self.users is not None
             user, password = parse_plain(token)
             self.claimed = user
             if not self.users.check_plain(user, password):
@@ -289,6 +306,45 @@ class ClientSasl:
             self._in_exchange = False
             raise
         return answer, self._proved(scram.user)
+
+    def _bearer_step(self, message: bytes) -> tuple[bytes, bool]:
+        """OAUTHBEARER (RFC 7628, as Kafka's server): a good token ends the exchange; a
+        refused one is answered with an error challenge, and the client's
+        acknowledgement of it then fails the exchange.  UnknownSigningKey propagates
+        with nothing changed, so the caller may fetch the keys again and retry."""
+        assert self.tokens is not None
+        if self._bearer_refused is not None:
+            self._in_exchange = False
+            if message != BEARER_ACKNOWLEDGE:
+                raise SaslError(f"{self._bearer_refused} (and the client did not "
+                                "acknowledge the refusal)")
+            raise SaslError(self._bearer_refused)
+        try:
+            bearer = parse_bearer_message(message)
+        except ValueError as exc:
+            self._in_exchange = False
+            raise SaslError(str(exc)) from None
+        self.claimed = claimed_user(OAUTHBEARER, message, self.tokens.settings.principal_claim)
+        try:
+            verified = self.tokens.verify(bearer.token)
+        except UnknownSigningKey:
+            raise  # the caller's to retry after a fetch (before the wider clause below)
+        except TokenRefused as exc:
+            self._bearer_refused = str(exc)
+            return _BEARER_REFUSED, False
+        if bearer.authzid is not None and bearer.authzid != verified.principal:
+            self._in_exchange = False
+            raise SaslError(f"the client asks to act as {bearer.authzid!r} with a token of "
+                            f"{verified.principal!r}")
+        done = self._proved(verified.principal)
+        self.expires = verified.expires
+        return b"", done
+
+    def refuse_unknown_key(self, refusal: UnknownSigningKey) -> tuple[bytes, bool]:
+        """The answer to a token whose key id the keys lack even after a fetch: refused
+        like any other bad token."""
+        self._bearer_refused = str(refusal)
+        return _BEARER_REFUSED, False
 
     def _proved(self, user: str | None) -> bool:
         """The exchange is over: the client is ``user`` (re-authenticating: again)."""

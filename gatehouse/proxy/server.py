@@ -14,7 +14,7 @@ import itertools
 import logging
 import socket
 import ssl
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -29,6 +29,7 @@ from gatehouse.proxy.addresses import BrokerAddress
 from gatehouse.proxy.config import Address, ProxyConfig, clear_text_warnings
 from gatehouse.proxy.connection import ConnectionContext, ProxyConnection
 from gatehouse.proxy.hooks import CLIENT_CLOSED, ConnectionInfo, Observer, Observers, Policy
+from gatehouse.proxy.oauth import TokenValidator
 from gatehouse.proxy.principal import certificate_principal, mapped_principal
 from gatehouse.proxy.proxyprotocol import ProxyHeaderError, read_proxy_header
 from gatehouse.proxy.sasl import SaslError, SaslUsers, authenticate_upstream, roundtrip
@@ -92,9 +93,14 @@ class Proxy:
         self._refusing: set[str] = set()  # hosts at max_connections_per_ip, logged
         self._balancers = config.proxy_protocol_from  # peers that send a PROXY header
         self.tls = TlsContexts(config)
-        # sasl.downstream: the users clients authenticate as (reloaded like the rules).
-        self.sasl_users = (SaslUsers(config.sasl_downstream.users_file)
-                           if config.sasl_downstream is not None else None)
+        # sasl.downstream: the users clients authenticate as (reloaded like the rules)
+        # and the keys OAUTHBEARER tokens are checked against (a file reloaded the same
+        # way, a URL fetched again by serve).
+        down = config.sasl_downstream
+        self.sasl_users = (SaslUsers(down.users_file)
+                           if down is not None and down.users_file is not None else None)
+        self.sasl_tokens = (TokenValidator(down.oauthbearer)
+                            if down is not None and down.oauthbearer is not None else None)
         self._principal_rules = (config.tls_downstream.principal_mapping
                                  if config.tls_downstream is not None else ())
         self._listener_lock = trio.Lock()
@@ -110,6 +116,7 @@ class Proxy:
             get_policy=lambda: self.policy,
             oauthbearer_claim=config.oauthbearer_sub_claim,
             sasl_users=self.sasl_users,
+            sasl_tokens=self.sasl_tokens,
             sasl_mechanisms=(config.sasl_downstream.mechanisms
                              if config.sasl_downstream is not None else ()),
             sasl_session_lifetime=(config.sasl_downstream.session_lifetime
@@ -477,10 +484,17 @@ class Proxy:
                           "not checked; anyone on the path can impersonate the brokers",
                           upstream=",".join(map(str, self.config.upstream)))
             self._log_sasl()
+            keys_fetch = trio.CancelScope()
+            if self.sasl_tokens is not None and self.sasl_tokens.settings.jwks_url is not None:
+                # Before clients come (a failure is logged, and tried again soon).
+                fetched = await self.sasl_tokens.fetch()
+                nursery.start_soon(_run_in, keys_fetch,
+                                   partial(self.sasl_tokens.keep_fresh, fetched))
             await self.discover()
             self.ready.set()
             task_status.started()
             await self.draining.wait()
+            keys_fetch.cancel()
             # Stop accepting now; connections finish their in-flight requests.
             outer.cancel_scope.deadline = trio.current_time() + self.config.limits.shutdown_grace
             for entry in self.brokers.values():
@@ -497,10 +511,13 @@ class Proxy:
         a network in clear text."""
         config = self.config
         down, up = config.sasl_downstream, config.sasl_upstream
-        if down is not None and self.sasl_users is not None:
+        if down is not None:
+            tokens = self.sasl_tokens
             log_event(logger, logging.INFO, "clients authenticate with the proxy "
                       "(sasl.downstream)", mechanisms=",".join(down.mechanisms),
-                      users=len(self.sasl_users), file=str(down.users_file))
+                      users=None if self.sasl_users is None else len(self.sasl_users),
+                      file=None if down.users_file is None else str(down.users_file),
+                      jwks=None if tokens is None else tokens.settings.jwks_source)
         if up is not None:
             log_event(logger, logging.INFO, "the proxy authenticates to the brokers "
                       "(sasl.upstream)", mechanism=up.mechanism, user=up.username)
@@ -509,6 +526,13 @@ class Proxy:
 
     def shutdown(self) -> None:
         self.draining.set()
+
+
+async def _run_in(scope: trio.CancelScope, job: Callable[[], Awaitable[None]]) -> None:
+    """``job`` until it ends or ``scope`` is cancelled (a background task that must not
+    keep a nursery open)."""
+    with scope:
+        await job()
 
 
 async def open_listeners(port: int, host: str, reuse_port: bool = False

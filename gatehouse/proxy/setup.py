@@ -120,11 +120,15 @@ async def run_configured(config: ProxyConfig, policy: RulesPolicy, path: str | P
         observers[0].watch_buffers(proxy.ctx.request_budget,  # type: ignore[attr-defined]
                                    proxy.ctx.response_budget)
         observers[0].watch_tls(proxy.tls)  # type: ignore[attr-defined]
+        if proxy.sasl_tokens is not None:
+            observers[0].watch_jwks(proxy.sasl_tokens)  # type: ignore[attr-defined]
     try:
         async with trio.open_nursery() as nursery:
             watched: list[Reloadable] = [reloader, proxy.tls]
             if proxy.sasl_users is not None:
                 watched.append(proxy.sasl_users)
+            if proxy.sasl_tokens is not None:
+                watched.append(proxy.sasl_tokens)
             nursery.start_soon(handle_signals, proxy, partial(reload_all, *watched))
             nursery.start_soon(watch_files, *watched)
             nursery.start_soon(freeze_heap_when_ready, proxy)

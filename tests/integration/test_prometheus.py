@@ -35,6 +35,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 
 from tests.support.clients import unique
 from tests.support.kafka import KafkaCluster
+from tests.support.oauth import rsa_key, write_jwks
 from tests.support.ports import free_port, wait_listening
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -181,7 +182,7 @@ def test_alert_rules_parse_with_promtool() -> None:
     result = subprocess.run([tool("promtool"), "check", "rules", str(ALERTS)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 8 rules found" in result.stdout
+    assert "SUCCESS: 9 rules found" in result.stdout
 
 
 def keep_traffic_flowing(bootstrap: str, dead_bootstrap: str, topic: str,
@@ -250,9 +251,13 @@ def test_every_dashboard_and_alert_expression_returns_data(
         tmp_path, "sasl", kafka_scram.sasl_bootstrap, rules,
         f"tls: {{downstream: {{cert: {tls['cert']}, key: {tls['key']}}}}}\n")
     processes.append(sasl)
-    # One connection per client address: a second one is refused.
+    # One connection per client address: a second one is refused.  Its clients would
+    # log in with OAUTHBEARER tokens: a reload of the keys will fail.
+    jwks = write_jwks(tmp_path / "jwks.json", rsa_key())
     crowded, crowded_port, crowded_metrics, _ = start_gatehouse(
-        tmp_path, "crowded", kafka.bootstrap, rules, "limits: {max_connections_per_ip: 1}\n")
+        tmp_path, "crowded", kafka.bootstrap, rules,
+        "limits: {max_connections_per_ip: 1}\n"
+        f"sasl:\n  downstream:\n    oauthbearer: {{jwks_file: {jwks}}}\n")
     processes.append(crowded)
     # A supervisor of two workers (one endpoint for both): one of them will die.
     # ... whose clients have a quota of two requests a second.
@@ -315,6 +320,9 @@ def test_every_dashboard_and_alert_expression_returns_data(
         # A certificate rotation that goes wrong: the old certificate stays, the alert fires.
         Path(tls["cert"]).write_text("-----BEGIN CERTIFICATE-----\nhalf written\n")
         sasl.send_signal(signal.SIGHUP)
+        # The identity provider's keys replaced by something that is not a JWKS.
+        jwks.write_text('{"keys": "half written')
+        crowded.send_signal(signal.SIGHUP)
         # Clients with a wrong password: the broker refuses each (SASL passed through).
         # One first, scraped, so that the next ones are an increase of a known counter.
         for attempt in range(7):
@@ -394,6 +402,7 @@ def test_every_dashboard_and_alert_expression_returns_data(
             assert firing[name] == {live_instance}, name
         assert firing["GatehouseTlsReloadFailed"] == {sasl_instance}
         assert firing["GatehouseConnectionsRefused"] == {f"127.0.0.1:{crowded_metrics}"}
+        assert firing["GatehouseJwksLoadFailed"] == {f"127.0.0.1:{crowded_metrics}"}
         assert firing["GatehouseWorkerRestarted"] == {f"127.0.0.1:{workers_metrics}"}
         assert firing["GatehouseSaslAuthenticationFailures"] == {sasl_instance}
         # The authenticated client's connection, and new ones, still work.

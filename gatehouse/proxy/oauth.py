@@ -1,0 +1,358 @@
+"""OAUTHBEARER at the proxy (``sasl.downstream.oauthbearer``): clients log in with a JSON
+Web Token that the proxy checks itself, against the identity provider's public keys (a
+JWKS, from a file or a URL), as a broker's ``sasl.oauthbearer.jwks.endpoint.url``
+validator does: signature, ``exp`` and ``iat`` present and in date (with a clock skew),
+issuer and audience if configured, and the principal claim (``sub`` unless
+``sasl.oauthbearer_sub_claim_name`` says otherwise), which becomes the client's
+principal.  A session lasts no longer than its token.
+
+Tokens are never logged or kept: the log says which check failed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, TypeGuard
+
+import trio
+
+from gatehouse.codecs.scram import SaslError
+from gatehouse.configfile import ConfigError, FileWatch, Source
+from gatehouse.logs import log_event
+
+logger = logging.getLogger("gatehouse.proxy")
+
+OAUTHBEARER: Final = "OAUTHBEARER"
+# The signature algorithms each kind of public key verifies (RFC 7518, RFC 8037).  No
+# "none", no HMAC: a JWKS is public, so a key in it must not be able to sign.
+_ALGORITHMS: Final[dict[str, tuple[str, ...]]] = {
+    "RSA": ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512"),
+    "EC": ("ES256", "ES384", "ES512", "ES256K"),
+    "OKP": ("EdDSA",),
+}
+_CURVES: Final = {"P-256": "ES256", "P-384": "ES384", "P-521": "ES512", "secp256k1": "ES256K"}
+# A JWKS URL is fetched for a token whose key id it lacks (a provider's new key) at most
+# this often, so tokens with made-up ids cannot make the proxy hammer the provider.
+MIN_REFETCH_SECONDS: Final = 10.0
+FETCH_TIMEOUT_SECONDS: Final = 10.0
+MAX_JWKS_BYTES: Final = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class OAuthSettings:
+    """``sasl.downstream.oauthbearer``: where the signing keys are and what a token must
+    say (the brokers' ``sasl.oauthbearer.*`` settings of the same names)."""
+
+    jwks_file: Path | None = None
+    jwks_url: str | None = None
+    jwks_refresh: float = 3600.0  # seconds between fetches of jwks_url
+    expected_issuer: str | None = None
+    expected_audience: tuple[str, ...] = ()  # any one of them; empty: not checked
+    principal_claim: str = "sub"
+    clock_skew: float = 30.0
+
+    @property
+    def jwks_source(self) -> str:
+        return str(self.jwks_file) if self.jwks_file is not None else str(self.jwks_url)
+
+
+@dataclass(frozen=True)
+class VerifiedToken:
+    principal: str
+    expires: float  # seconds since the epoch: the token's exp
+
+
+class TokenRefused(SaslError):
+    """The token failed a check; the message says which, never the token."""
+
+
+class UnknownSigningKey(TokenRefused):
+    """No key of the JWKS has the token's key id (the provider may have a new one)."""
+
+
+@dataclass(frozen=True)
+class _Key:
+    key: Any  # a PyJWK
+    algorithms: tuple[str, ...]
+
+
+class SigningKeys:
+    """The public keys of a JWKS document, by key id."""
+
+    def __init__(self, keys: Sequence[tuple[str | None, _Key]] = ()) -> None:
+        self._by_id: dict[str | None, list[_Key]] = {}
+        for kid, key in keys:
+            self._by_id.setdefault(kid, []).append(key)
+        self.count = len(keys)
+
+    def for_token(self, kid: str | None, algorithm: str) -> list[_Key]:
+        """The keys that may have signed a token with this header and verify its
+        algorithm: those with its key id and those without one (a token without one:
+        every key)."""
+        if kid is None:
+            found = [k for keys in self._by_id.values() for k in keys]
+        else:
+            found = self._by_id.get(kid, []) + self._by_id.get(None, [])
+        return [k for k in found if algorithm in k.algorithms]
+
+    def has_id(self, kid: str | None) -> bool:
+        """Whether a token naming ``kid`` has keys to try (keys without an id count)."""
+        return kid is None or kid in self._by_id or None in self._by_id
+
+
+def parse_jwks(data: bytes, source: str) -> SigningKeys:
+    """A JWKS document's signing keys (``{"keys": [...]}``, RFC 7517); ConfigError with
+    the source (and the line, for bad JSON) if it is not one or holds a key that could
+    not be used (a secret key, an unknown type)."""
+    import jwt  # PyJWT; imported here so configs without OAUTHBEARER do not load it
+
+    src = Source(source)
+    try:
+        document = json.loads(data)
+    except UnicodeDecodeError:
+        raise src.error("the JWKS is not UTF-8 text", None) from None
+    except json.JSONDecodeError as exc:
+        raise src.error(f"the JWKS is not JSON: {exc.msg}", exc.lineno) from None
+    entries = document.get("keys") if isinstance(document, dict) else None
+    if not isinstance(entries, list):
+        raise src.error('the JWKS needs "keys": a list of keys (RFC 7517)', None)
+    keys: list[tuple[str | None, _Key]] = []
+    for i, entry in enumerate(entries):
+        where = f"keys[{i}]"
+        if not isinstance(entry, dict):
+            raise src.error(f"{where} is not a JSON object", None)
+        if entry.get("use", "sig") != "sig":
+            continue  # an encryption key: signs nothing
+        kty = entry.get("kty")
+        if kty == "oct":
+            raise src.error(f"{where} is a secret (oct) key: a JWKS is public, and a key "
+                            "anyone can read must not be able to sign tokens", None)
+        if kty not in _ALGORITHMS:
+            raise src.error(f"{where}: key type {kty!r} is not one of "
+                            f"{', '.join(_ALGORITHMS)}", None)
+        algorithms = _ALGORITHMS[kty]
+        if kty == "EC" and entry.get("crv") in _CURVES:
+            algorithms = (_CURVES[entry["crv"]],)
+        alg = entry.get("alg")
+        if alg is not None:
+            if alg not in algorithms:
+                raise src.error(f"{where}: algorithm {alg!r} does not go with a {kty} key "
+                                f"(one of {', '.join(algorithms)})", None)
+            algorithms = (alg,)
+        try:
+            key = jwt.PyJWK(entry, algorithms[0])
+        except (jwt.PyJWKError, jwt.InvalidKeyError, ValueError, TypeError, KeyError) as exc:
+            raise src.error(f"{where} is not a usable {kty} key: {exc}", None) from None
+        kid = entry.get("kid")
+        keys.append((kid if isinstance(kid, str) else None, _Key(key, algorithms)))
+    if not keys:
+        raise src.error("the JWKS holds no signing key", None)
+    return SigningKeys(keys)
+
+
+def _fetch(url: str) -> bytes:
+    """The document at ``url`` (blocking: run in a thread)."""
+    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    with urllib.request.urlopen(request, timeout=FETCH_TIMEOUT_SECONDS) as answer:
+        data: bytes = answer.read(MAX_JWKS_BYTES + 1)
+    if len(data) > MAX_JWKS_BYTES:
+        raise ValueError(f"the answer is larger than {MAX_JWKS_BYTES} bytes")
+    return data
+
+
+class TokenValidator:
+    """Checks OAUTHBEARER tokens against the signing keys of a JWKS: a file (read again
+    when it changes, or on SIGHUP: a bad file keeps the keys before it) or a URL
+    (fetched at start, every ``jwks_refresh`` seconds and for a token whose key id it
+    lacks; a failed fetch keeps the keys before it, and says so)."""
+
+    def __init__(self, settings: OAuthSettings) -> None:
+        self.settings = settings
+        self.keys = SigningKeys()
+        self.last_error: str | None = None
+        self.fetches = self.failed_fetches = 0
+        # Told whether each load of the keys (a reload, a fetch) worked: the metrics.
+        self.listeners: list[Callable[[bool], None]] = []
+        self._watch: FileWatch | None = None
+        if settings.jwks_file is not None:
+            self.keys = load_jwks_file(settings.jwks_file)  # at start a bad file is fatal
+            self._watch = FileWatch((settings.jwks_file,))
+        self._refetched_at = -math.inf  # the last fetch for an unknown key id
+        self._fetch_lock = trio.Lock()
+        self._wake = trio.Event()
+
+    # -- the keys -----------------------------------------------------------------------
+
+    def changed(self) -> bool:
+        return self._watch is not None and self._watch.changed()
+
+    def reload(self) -> bool:
+        """The file read again (a URL: fetched again soon, by ``keep_fresh``)."""
+        if self.settings.jwks_file is None:
+            self._wake.set()
+            return True
+        try:
+            keys = load_jwks_file(self.settings.jwks_file)
+        except ConfigError as exc:
+            self.last_error = str(exc)
+            log_event(logger, logging.ERROR, "JWKS reload failed: keeping the old keys",
+                      error=self.last_error)
+            return self._loaded(False)
+        self.keys, self.last_error = keys, None
+        log_event(logger, logging.INFO, "JWKS reloaded", keys=keys.count,
+                  file=str(self.settings.jwks_file))
+        return self._loaded(True)
+
+    def _loaded(self, ok: bool) -> bool:
+        for listener in self.listeners:
+            listener(ok)
+        return ok
+
+    async def fetch(self) -> bool:
+        """``jwks_url`` fetched now (off the event loop); whether the keys were taken."""
+        url = self.settings.jwks_url
+        assert url is not None
+        async with self._fetch_lock:
+            self.fetches += 1
+            try:
+                data = await trio.to_thread.run_sync(_fetch, url, abandon_on_cancel=True)
+                keys = parse_jwks(data, url)
+            except (OSError, ValueError, ConfigError) as exc:
+                self.failed_fetches += 1
+                self.last_error = f"{url}: {exc}"
+                log_event(logger, logging.ERROR, "JWKS fetch failed: keeping the keys "
+                          "before it" if self.keys.count else "JWKS fetch failed: no keys, "
+                          "OAUTHBEARER clients are refused", url=url, error=str(exc))
+                return self._loaded(False)
+            first = self.keys.count == 0
+            self.keys, self.last_error = keys, None
+            log_event(logger, logging.INFO if first else logging.DEBUG, "JWKS fetched",
+                      url=url, keys=keys.count)
+            return self._loaded(True)
+
+    async def fetch_for_unknown_key(self) -> bool:
+        """A token named a key id the keys lack: fetch again, unless a fetch for that
+        reason was made in the last MIN_REFETCH_SECONDS; whether the keys are new."""
+        if self.settings.jwks_url is None:
+            return False
+        now = trio.current_time()
+        if now - self._refetched_at < MIN_REFETCH_SECONDS:
+            return False
+        self._refetched_at = now
+        return await self.fetch()
+
+    async def keep_fresh(self, fetched: bool) -> None:
+        """Fetch ``jwks_url`` every ``jwks_refresh`` seconds (sooner after a failure,
+        and on SIGHUP) until cancelled; ``fetched``: whether the caller's first fetch
+        worked."""
+        if self.settings.jwks_url is None:
+            return
+        ok = fetched
+        while True:
+            wait = self.settings.jwks_refresh if ok else min(self.settings.jwks_refresh,
+                                                             MIN_REFETCH_SECONDS)
+            with trio.move_on_after(wait):
+                await self._wake.wait()
+            self._wake = trio.Event()
+            ok = await self.fetch()
+
+    # -- tokens -------------------------------------------------------------------------
+
+    def verify(self, token: str) -> VerifiedToken:
+        """The token's principal and expiry if it passes every check; TokenRefused
+        (UnknownSigningKey: no key has its key id) saying which failed."""
+        import jwt
+
+        settings = self.settings
+        try:
+            header = jwt.get_unverified_header(token)
+        except jwt.DecodeError:
+            raise TokenRefused("not a signed JSON Web Token (JWS compact form)") from None
+        algorithm = header.get("alg")
+        if not isinstance(algorithm, str) or algorithm.lower() == "none":
+            raise TokenRefused("the token is not signed (alg none)")
+        kid = header.get("kid") if isinstance(header.get("kid"), str) else None
+        if not self.keys.has_id(kid):
+            raise UnknownSigningKey(f"no key of the JWKS has the token's key id {kid!r}")
+        candidates = self.keys.for_token(kid, algorithm)
+        if not candidates:
+            raise TokenRefused(f"no key of the JWKS verifies algorithm {algorithm!r}"
+                               + (f" under key id {kid!r}" if kid is not None else ""))
+        claim = settings.principal_claim
+        # iat must be there but may be in the future, as for Kafka's validator (jose4j
+        # checks exp and nbf against the clock, not iat).
+        options: Any = {"require": ["exp", "iat", claim], "verify_iat": False,
+                        "verify_aud": bool(settings.expected_audience)}
+        claims: dict[str, Any] | None = None
+        failure = "bad signature"
+        for candidate in candidates:
+            try:
+                claims = jwt.decode(
+                    token, candidate.key, algorithms=list(candidate.algorithms),
+                    audience=list(settings.expected_audience) or None,
+                    issuer=settings.expected_issuer, leeway=settings.clock_skew,
+                    options=options)
+                break
+            except jwt.InvalidSignatureError:
+                continue
+            except jwt.ExpiredSignatureError:
+                failure = "expired"
+            except jwt.ImmatureSignatureError:
+                failure = "not valid yet (nbf)"
+            except jwt.InvalidAudienceError:
+                failure = "not for this audience (aud)"
+            except jwt.InvalidIssuerError:
+                failure = "from another issuer (iss)"
+            except jwt.MissingRequiredClaimError as exc:
+                failure = f"no {exc.claim!r} claim"
+            except jwt.InvalidTokenError as exc:
+                failure = f"invalid: {exc}"
+            raise TokenRefused(f"the token is {failure}" if " claim" not in failure
+                               else f"the token has {failure}")
+        if claims is None:
+            raise TokenRefused("the token's signature does not verify")
+        principal = claims.get(claim)
+        if not isinstance(principal, str) or not principal.strip():
+            raise TokenRefused(f"the token's {claim!r} claim is not a name")
+        expires, issued = claims.get("exp"), claims.get("iat")
+        if not _is_number(expires) or not _is_number(issued):
+            raise TokenRefused("the token's 'exp' or 'iat' claim is not a number")
+        return VerifiedToken(principal, float(expires))
+
+
+def _is_number(value: object) -> TypeGuard[int | float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def load_jwks_file(path: Path) -> SigningKeys:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the JWKS: {exc.strerror or exc}", file=str(path)) from None
+    return parse_jwks(data, str(path))
+
+
+def seconds_left(token: VerifiedToken) -> float:
+    """Seconds until the token expires (from the wall clock, as its ``exp`` is)."""
+    return token.expires - time.time()
+
+
+__all__ = [
+    "OAUTHBEARER",
+    "OAuthSettings",
+    "SigningKeys",
+    "TokenRefused",
+    "TokenValidator",
+    "UnknownSigningKey",
+    "VerifiedToken",
+    "load_jwks_file",
+    "parse_jwks",
+    "seconds_left",
+]
