@@ -247,32 +247,33 @@ def read_sasl_credentials(reader: Reader, base: Path, mechanisms: Sequence[str]
     return SaslCredentials(mechanism.upper(), username, password)
 
 
-def take_password(reader: Reader, base: Path) -> str | None:
+def take_password(reader: Reader, base: Path, key: str = "password") -> str | None:
     """The one of ``password``, ``password_file`` (relative to ``base``; one trailing
-    line end dropped) or ``password_env`` that ``reader`` has; None if it has none."""
+    line end dropped) or ``password_env`` that ``reader`` has; None if it has none.
+    ``key`` names another secret read the same three ways (``client_secret``...)."""
     what = reader.what
-    given = [key for key in ("password", "password_file", "password_env") if reader.has(key)]
+    keys = (key, f"{key}_file", f"{key}_env")
+    given = [k for k in keys if reader.has(k)]
     if len(given) > 1:
-        raise reader.error(given[1], f"{what} needs exactly one of password, password_file, "
-                           "password_env")
+        raise reader.error(given[1], f"{what} needs exactly one of {', '.join(keys)}")
     if not given:
         return None
     source = given[0]
     value: str = reader.take(source, str)
-    if source == "password_file":
+    if source == keys[1]:
         path = Path(value) if Path(value).is_absolute() else base / value
         try:
             password = path.read_text(encoding="utf-8").rstrip("\r\n")
         except (OSError, UnicodeDecodeError) as exc:
-            raise reader.error(source, f"{what}.password_file: cannot read {str(path)!r}: "
+            raise reader.error(source, f"{what}.{source}: cannot read {str(path)!r}: "
                                f"{getattr(exc, 'strerror', None) or exc}") from None
-    elif source == "password_env":
+    elif source == keys[2]:
         password = os.environ.get(value, "")
     else:
         password = value
     if not password:
         hint = (f": the environment variable {value!r} is not set or empty"
-                if source == "password_env" else " is empty")
+                if source == keys[2] else " is empty")
         raise reader.error(source, f"{what}.{source}{hint}")
     return password
 

@@ -7,18 +7,21 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import jwt
 import pytest
 import trio
 
-from gatehouse.codecs.sasl import parse_bearer_message
+from gatehouse.codecs.sasl import bearer_message, parse_bearer_message
 from gatehouse.codecs.scram import SaslError
 from gatehouse.configfile import ConfigError
-from gatehouse.proxy.config import config_from_text
+from gatehouse.proxy.config import clear_text_warnings, config_from_text
 from gatehouse.proxy.oauth import (
+    OAuthClient,
     OAuthSettings,
     TokenRefused,
+    TokenSource,
     TokenValidator,
     UnknownSigningKey,
     parse_jwks,
@@ -28,7 +31,7 @@ from tests.support.oauth import (
     AUDIENCE,
     ISSUER,
     JwksServer,
-    bearer_message,
+    TokenEndpoint,
     ec_key,
     ed_key,
     hmac_over_the_public_key,
@@ -41,6 +44,13 @@ RSA = rsa_key()
 OTHER = rsa_key("rsa-1")  # the same key id, another key: a forged signature
 EC = ec_key()
 ED = ed_key()
+
+
+def validator_for(*keys: object) -> TokenValidator:
+    """A validator with ``keys`` held in memory (no file)."""
+    tokens = TokenValidator(OAuthSettings())
+    tokens.keys = parse_jwks(json.dumps(jwks(*keys)).encode(), "keys")  # type: ignore[arg-type]
+    return tokens
 
 
 def validator(tmp_path: Path, *keys: object, **settings: object) -> TokenValidator:
@@ -383,7 +393,9 @@ def test_gatehouse_check_says_where_tokens_are_checked(
             f"{tmp_path / 'jwks.json'}; the principal is their 'sub' claim, issuer "
             f"{ISSUER}, audience kafka or ops; a session lasts no longer than its token, "
             "session lifetime 600 s") in out
-    assert err == ""
+    # A bearer token is as good as a password to whoever sees it.
+    assert err == ("warning: sasl.downstream offers OAUTHBEARER without tls.downstream: "
+                   "clients send their tokens in clear text\n")
     path.write_text(path.read_text().replace("jwks_file: jwks.json",
                                              "jwks_url: 'https://idp/jwks'"))
     assert main(["check", "--config", str(path)]) == 0
@@ -394,3 +406,97 @@ def test_gatehouse_check_says_where_tokens_are_checked(
                                              "jwks_file: jwks.json"))
     assert main(["check", "--config", str(path)]) == 1
     assert "jwks.json: keys[0] is a secret (oct) key" in capsys.readouterr().err
+
+
+# -- the proxy's own tokens (sasl.upstream) -------------------------------------------------
+
+
+def test_the_upstream_oauthbearer_config(tmp_path: Path) -> None:
+    (tmp_path / "client.secret").write_text("s3cret\n")
+    head = "listen: 127.0.0.1:0\nupstream: [127.0.0.1:9092]\nsasl:\n"
+    config = config_from_text(
+        head + "  upstream: {mechanism: OAUTHBEARER, token_endpoint_url: 'https://idp/token', "
+        "client_id: gh, client_secret_file: client.secret, scope: kafka}\n", base=tmp_path)
+    assert config.sasl_upstream == OAuthClient("https://idp/token", "gh", "s3cret", "kafka")
+    assert "s3cret" not in repr(config.sasl_upstream)
+    (tmp_path / "token.jwt").write_text("x")
+    config = config_from_text(
+        head + "  upstream: {mechanism: oauthbearer, token_file: token.jwt}\n", base=tmp_path)
+    assert config.sasl_upstream == OAuthClient(token_file=tmp_path / "token.jwt")
+    for text, error in [
+        ("{mechanism: OAUTHBEARER}", "needs one of token_endpoint_url"),
+        ("{mechanism: OAUTHBEARER, token_endpoint_url: 'https://x', token_file: token.jwt}",
+         "needs one of token_endpoint_url"),
+        ("{mechanism: OAUTHBEARER, token_endpoint_url: 'https://x', client_id: gh}",
+         "needs client_id and one of client_secret"),
+        ("{mechanism: OAUTHBEARER, token_endpoint_url: 'ftp://x', client_id: a, "
+         "client_secret: b}", "https://"),
+        ("{mechanism: OAUTHBEARER, token_file: token.jwt, client_id: gh}",
+         "takes no client_id"),
+        ("{mechanism: OAUTHBEARER, token_file: token.jwt, username: gh}", "unknown key"),
+        ("{mechanism: OAUTHBEARER, token_endpoint_url: 'https://x', client_id: a, "
+         "client_secret: b, client_secret_env: B}", "exactly one of client_secret"),
+    ]:
+        with pytest.raises(ConfigError, match=error) as caught:
+            config_from_text(head + f"  upstream: {text}\n", "proxy.yaml", base=tmp_path)
+        assert caught.value.line == 4, (text, caught.value)
+    warned = clear_text_warnings(config_from_text(
+        head + "  upstream: {mechanism: OAUTHBEARER, token_endpoint_url: 'http://idp/t', "
+        "client_id: a, client_secret: b}\n", base=tmp_path))
+    assert warned == ["sasl.upstream uses OAUTHBEARER without tls.upstream: the token goes to "
+                      "the brokers in clear text", "sasl.upstream.token_endpoint_url is "
+                      "http://: the client secret goes to the token endpoint in clear text"]
+
+
+async def test_a_token_source_fetches_once_for_many_logins() -> None:
+    endpoint = TokenEndpoint(RSA, "gh", "s3cret", lifetime=600)
+    with endpoint.running():
+        source = TokenSource(OAuthClient(endpoint.url, "gh", "s3cret", "kafka read"))
+        first = await source.token()
+        assert await source.token() == first and source.fetches == 1
+        assert endpoint.scopes == ["kafka read"]
+        assert validator_for(RSA).verify(first).principal == "gatehouse"
+        source._renew_at = trio.current_time()  # 80% of its life gone: fetched again
+        await source.token()
+        assert source.fetches == 2 and len(endpoint.issued) == 2
+        with pytest.raises(SaslError, match=r"answered 401 \(invalid_client: bad client "):
+            await TokenSource(OAuthClient(endpoint.url, "gh", "guess")).token()
+    with pytest.raises(SaslError, match="cannot reach the token endpoint"):
+        await TokenSource(OAuthClient(endpoint.url, "gh", "s3cret")).token()
+
+
+async def test_the_proxy_logs_in_with_a_token_as_a_broker_expects() -> None:
+    """``authenticate_upstream`` with OAUTHBEARER against a broker that answers as RFC
+    7628 says (an error challenge, then a failure once acknowledged) or as Kafka does."""
+    from gatehouse import codecs
+    from gatehouse.proxy.sasl import authenticate_upstream
+
+    endpoint = TokenEndpoint(RSA, "gh", "s3cret", lifetime=600)
+    sent: list[bytes] = []
+
+    def broker(refuse: str | None) -> Any:
+        async def call(req: codecs.Request) -> codecs.Response:
+            cls = codecs.api(req.api_key).response.root.cls
+            if req.api_key == 17:
+                body = cls(error_code=0, mechanisms=("OAUTHBEARER",))
+            else:
+                sent.append(bytes(req.body.auth_bytes))
+                if refuse == "challenge" and sent[-1] != b"\x01":
+                    body = cls(auth_bytes=b'{"status":"invalid_token"}')
+                elif refuse is not None:
+                    body = cls(error_code=58, error_message="Authentication failed")
+                else:
+                    body = cls(auth_bytes=b"", session_lifetime_ms=4000)
+            return codecs.Response.build(req.api_key, req.api_version, req.correlation_id, body)
+        return call
+
+    with endpoint.running():
+        source = TokenSource(OAuthClient(endpoint.url, "gh", "s3cret"))
+        assert await authenticate_upstream(broker(None), source) == 4.0
+        assert parse_bearer_message(sent[0]).token == endpoint.issued[0]
+        sent.clear()
+        with pytest.raises(SaslError, match=r"the broker refused 'gh' .*Authentication failed"):
+            await authenticate_upstream(broker("challenge"), source)
+        assert sent[1] == b"\x01"  # the challenge acknowledged, as RFC 7628 says
+        with pytest.raises(SaslError, match="the broker refused 'gh'"):
+            await authenticate_upstream(broker("at once"), source)

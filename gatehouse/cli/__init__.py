@@ -207,7 +207,14 @@ def _check(path: str) -> int:
             print(f"sasl.downstream: OAUTHBEARER tokens checked against {keys}; the "
                   f"principal is their {oauth.principal_claim!r} claim{checks}; a session "
                   f"lasts no longer than its token{lifetime}")
-    if up is not None:
+    from gatehouse.proxy.oauth import OAuthClient
+
+    if isinstance(up, OAuthClient):
+        source = (f"of client {up.client_id!r} from {up.token_endpoint_url}"
+                  if up.token_endpoint_url is not None else f"read from {up.token_file}")
+        print(f"sasl.upstream: the proxy authenticates to the brokers with OAUTHBEARER "
+              f"tokens {source}")
+    elif up is not None:
         print(f"sasl.upstream: the proxy authenticates to the brokers as {up.username!r} "
               f"({up.mechanism})")
     from gatehouse.proxy.config import clear_text_warnings

@@ -76,6 +76,13 @@ _TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
 BEARER_ACKNOWLEDGE = b"\x01"
 
 
+def bearer_message(token: str, authzid: str | None = None, **extensions: str) -> bytes:
+    """A client's first OAUTHBEARER message for ``token``, as Kafka's clients write it."""
+    header = "n,," if authzid is None else f"n,a={authzid.replace('=', '=3D').replace(',', '=2C')},"
+    pairs = "".join(f"\x01{key}={value}" for key, value in extensions.items())
+    return f"{header}\x01auth=Bearer {token}{pairs}\x01\x01".encode("ascii")
+
+
 def parse_bearer_message(data: bytes) -> BearerMessage:
     """The client's first OAUTHBEARER message (``gs2-header \x01 auth=Bearer <token>
     \x01 [key=value \x01]... \x01``); ValueError naming what is wrong (never the

@@ -25,8 +25,9 @@ from gatehouse.configfile import (
     load_yaml_file,
     load_yaml_text,
     read_sasl_credentials,
+    take_password,
 )
-from gatehouse.proxy.oauth import OAUTHBEARER, OAuthSettings, load_jwks_file
+from gatehouse.proxy.oauth import OAUTHBEARER, OAuthClient, OAuthSettings, load_jwks_file
 from gatehouse.proxy.principal import MappingRule, PrincipalMappingError, parse_principal_mapping
 from gatehouse.proxy.sasl import load_users
 
@@ -188,7 +189,7 @@ class ProxyConfig:
     # SASL termination (the proxy authenticates clients) and origination (the proxy
     # authenticates to the brokers as one user); None: neither (SASL passes through).
     sasl_downstream: DownstreamSasl | None = None
-    sasl_upstream: SaslCredentials | None = None
+    sasl_upstream: SaslCredentials | OAuthClient | None = None
     # Several proxy processes on the same ports (SO_REUSEPORT): the kernel spreads new
     # connections over them, one event loop per process, to use more than one core.
     reuse_port: bool = False
@@ -359,8 +360,7 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
         raise sasl.error("oauthbearer_sub_claim_name", "sasl.oauthbearer_sub_claim_name "
                          "must name a claim")
     sasl_downstream = _sasl_downstream(sasl, base, claim)
-    sasl_upstream = (read_sasl_credentials(sasl.child("upstream"), base, MECHANISMS)
-                     if sasl.has("upstream") else None)
+    sasl_upstream = _sasl_upstream(sasl.child("upstream"), base) if sasl.has("upstream") else None
     sasl.finish()
 
     log = top.child("log")
@@ -413,16 +413,22 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
 
 
 def clear_text_warnings(config: ProxyConfig) -> list[str]:
-    """Where the config has passwords cross a network in clear text (PLAIN without TLS
-    on that side): logged at every start and said by ``gatehouse check``."""
+    """Where the config has passwords or bearer tokens (which anyone who sees them can
+    use) cross a network in clear text: logged at every start and said by ``gatehouse
+    check``."""
     out = []
     down, up = config.sasl_downstream, config.sasl_upstream
-    if down is not None and "PLAIN" in down.mechanisms and config.tls_downstream is None:
-        out.append("sasl.downstream offers PLAIN without tls.downstream: clients send "
-                   "their passwords in clear text")
-    if up is not None and up.mechanism == "PLAIN" and config.tls_upstream is None:
-        out.append("sasl.upstream uses PLAIN without tls.upstream: the password goes to "
-                   "the brokers in clear text")
+    for mechanism, what in (("PLAIN", "passwords"), (OAUTHBEARER, "tokens")):
+        if down is not None and mechanism in down.mechanisms and config.tls_downstream is None:
+            out.append(f"sasl.downstream offers {mechanism} without tls.downstream: clients "
+                       f"send their {what} in clear text")
+    if up is not None and up.mechanism in ("PLAIN", OAUTHBEARER) and config.tls_upstream is None:
+        what = "password" if up.mechanism == "PLAIN" else "token"
+        out.append(f"sasl.upstream uses {up.mechanism} without tls.upstream: the {what} goes "
+                   "to the brokers in clear text")
+    if isinstance(up, OAuthClient) and (up.token_endpoint_url or "").startswith("http://"):
+        out.append("sasl.upstream.token_endpoint_url is http://: the client secret goes to "
+                   "the token endpoint in clear text")
     return out
 
 
@@ -464,6 +470,36 @@ def _sasl_downstream(sasl: Reader, base: Path, claim: str) -> DownstreamSasl | N
         load_users(users_file)
     return DownstreamSasl(users_file, tuple(dict.fromkeys(mechanisms)),
                           None if lifetime is None else float(lifetime), oauth)
+
+
+def _sasl_upstream(up: Reader, base: Path) -> SaslCredentials | OAuthClient:
+    """``sasl.upstream``: a user and password (PLAIN, SCRAM), or where OAUTHBEARER tokens
+    come from: ``{mechanism: OAUTHBEARER, token_endpoint_url, client_id, client_secret
+    | client_secret_file | client_secret_env, scope}`` or ``{..., token_file}``."""
+    mechanism = up.data.get("mechanism") if isinstance(up.data, dict) else None
+    if not isinstance(mechanism, str) or mechanism.upper() != OAUTHBEARER:
+        return read_sasl_credentials(up, base, (*MECHANISMS, OAUTHBEARER))
+    up.take("mechanism", str)
+    url = up.take("token_endpoint_url", str)
+    token_file = _path(up, "token_file", base)
+    if (url is None) == (token_file is None):
+        raise up.error(None, "sasl.upstream with OAUTHBEARER needs one of token_endpoint_url "
+                       "(the identity provider's, with client_id and client_secret) and "
+                       "token_file (a token something else keeps fresh)")
+    if url is not None and not url.startswith(("https://", "http://")):
+        raise up.error("token_endpoint_url", "sasl.upstream.token_endpoint_url must be an "
+                       f"https:// (or http://) URL, not {url!r}")
+    client_id = up.take("client_id", str)
+    secret = take_password(up, base, "client_secret")
+    scope = up.take("scope", str)
+    if url is not None and (not client_id or secret is None):
+        raise up.error(None, "sasl.upstream.token_endpoint_url needs client_id and one of "
+                       "client_secret, client_secret_file, client_secret_env")
+    if token_file is not None and (client_id is not None or secret is not None or scope):
+        raise up.error(None, "sasl.upstream.token_file takes no client_id, client_secret "
+                       "or scope (they are the token endpoint's)")
+    up.finish()
+    return OAuthClient(url, client_id, secret, scope or None, token_file)
 
 
 def _oauthbearer(section: Reader, base: Path, claim: str) -> OAuthSettings:

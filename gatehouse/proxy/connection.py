@@ -84,7 +84,7 @@ from gatehouse.proxy.hooks import (
     Respond,
     top_level_tags,
 )
-from gatehouse.proxy.oauth import OAUTHBEARER, TokenValidator, UnknownSigningKey
+from gatehouse.proxy.oauth import OAUTHBEARER, TokenSource, TokenValidator, UnknownSigningKey
 from gatehouse.proxy.quotas import Charge
 from gatehouse.proxy.sasl import (
     FAILED_AUTHENTICATION_DELAY,
@@ -171,7 +171,7 @@ class ConnectionContext:
     # sasl.upstream: broker connections are authenticated by the proxy (a client's own
     # SASL requests would find them authenticated already), and re-authenticated in the
     # middle of a client's traffic when the broker limits sessions (KIP-368).
-    upstream_credentials: SaslCredentials | None = None
+    upstream_credentials: SaslCredentials | TokenSource | None = None
     request_budget: ByteBudget = field(init=False)
     response_budget: ByteBudget = field(init=False)
     frame_buffers: BufferPool = field(init=False)

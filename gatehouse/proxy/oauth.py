@@ -1,4 +1,6 @@
-"""OAUTHBEARER at the proxy (``sasl.downstream.oauthbearer``): clients log in with a JSON
+"""OAUTHBEARER at the proxy.
+
+Termination (``sasl.downstream.oauthbearer``): clients log in with a JSON
 Web Token that the proxy checks itself, against the identity provider's public keys (a
 JWKS, from a file or a URL), as a broker's ``sasl.oauthbearer.jwks.endpoint.url``
 validator does: signature, ``exp`` and ``iat`` present and in date (with a clock skew),
@@ -6,18 +8,28 @@ issuer and audience if configured, and the principal claim (``sub`` unless
 ``sasl.oauthbearer_sub_claim_name`` says otherwise), which becomes the client's
 principal.  A session lasts no longer than its token.
 
-Tokens are never logged or kept: the log says which check failed.
+Origination (``sasl.upstream`` with ``mechanism: OAUTHBEARER``): the proxy logs in to
+the brokers with a token of its own, from the identity provider's token endpoint (the
+client credentials grant, RFC 6749 section 4.4, as Kafka's
+``sasl.oauthbearer.token.endpoint.url`` login) or from a file something else keeps
+fresh (``TokenSource``).
+
+Tokens and secrets are never logged: the log says which check failed.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import logging
 import math
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TypeGuard
 
@@ -344,11 +356,147 @@ def seconds_left(token: VerifiedToken) -> float:
     return token.expires - time.time()
 
 
+# -- the proxy's own tokens (origination) ---------------------------------------------------
+
+# A token is fetched again once this share of its lifetime has passed (Kafka's login
+# refreshes at sasl.login.refresh.window.factor, 0.8).
+RENEW_AT: Final = 0.8
+# A token whose lifetime cannot be told (no expires_in, no exp) is used this long.
+UNKNOWN_LIFETIME: Final = 60.0
+
+
+@dataclass(frozen=True)
+class OAuthClient:
+    """``sasl.upstream`` with OAUTHBEARER: where the proxy's own tokens come from, a
+    token endpoint (client credentials) or a file."""
+
+    token_endpoint_url: str | None = None
+    client_id: str | None = None
+    client_secret: str | None = field(default=None, repr=False)
+    scope: str | None = None
+    token_file: Path | None = None
+    mechanism: str = OAUTHBEARER
+
+    @property
+    def username(self) -> str:
+        """Who the proxy is to the identity provider, for the log."""
+        return self.client_id if self.client_id is not None else f"the token in {self.token_file}"
+
+
+def _client_credentials(client: OAuthClient) -> tuple[str, float | None]:
+    """A token from the endpoint (blocking: run in a thread) and the seconds it lasts
+    (``expires_in``; None if not said); SaslError saying why not, never the secret."""
+    url = client.token_endpoint_url
+    assert url is not None and client.client_id is not None and client.client_secret is not None
+    form = {"grant_type": "client_credentials"}
+    if client.scope:
+        form["scope"] = client.scope
+    # RFC 6749 section 2.3.1: id and secret form-encoded, then HTTP Basic.
+    pair = f"{urllib.parse.quote(client.client_id)}:{urllib.parse.quote(client.client_secret)}"
+    request = urllib.request.Request(
+        url, data=urllib.parse.urlencode(form).encode(), method="POST",
+        headers={"Authorization": "Basic " + base64.b64encode(pair.encode()).decode(),
+                 "Content-Type": "application/x-www-form-urlencoded",
+                 "Accept": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=FETCH_TIMEOUT_SECONDS) as answer:
+            body = answer.read(MAX_JWKS_BYTES)
+    except urllib.error.HTTPError as exc:
+        said = _oauth_error(exc.read(4096))
+        raise SaslError(f"the token endpoint {url} answered {exc.code}"
+                        + (f" ({said})" if said else "")) from None
+    except (OSError, ValueError) as exc:
+        raise SaslError(f"cannot reach the token endpoint {url}: "
+                        f"{getattr(exc, 'reason', None) or exc}") from None
+    try:
+        document = json.loads(body)
+        token = document["access_token"]
+        expires_in = document.get("expires_in")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise SaslError(f"the token endpoint {url} did not answer with an access_token") from None
+    if not isinstance(token, str) or not token:
+        raise SaslError(f"the token endpoint {url} did not answer with an access_token")
+    return token, float(expires_in) if _is_number(expires_in) else None
+
+
+def _oauth_error(body: bytes) -> str | None:
+    """An OAuth error answer's words (RFC 6749 section 5.2), if it has them."""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(document, dict):
+        return None
+    words = [str(document[k]) for k in ("error", "error_description") if document.get(k)]
+    return ": ".join(words) or None
+
+
+def _lifetime_of(token: str) -> float | None:
+    """Seconds until a JWT's exp (read, not verified: it is the proxy's own token)."""
+    try:
+        payload = token.split(".")[1]
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    except (IndexError, ValueError, binascii.Error):
+        return None
+    expires = claims.get("exp") if isinstance(claims, dict) else None
+    return expires - time.time() if _is_number(expires) else None
+
+
+class TokenSource:
+    """The proxy's token for the brokers: fetched from the endpoint and kept until
+    RENEW_AT of its lifetime has passed (one fetch for every broker connection that
+    opens meanwhile), or read from the file at every login."""
+
+    def __init__(self, client: OAuthClient) -> None:
+        self.client = client
+        self.fetches = 0
+        self._token: str | None = None
+        self._renew_at = -math.inf
+        self._lock = trio.Lock()
+
+    @property
+    def mechanism(self) -> str:
+        return OAUTHBEARER
+
+    @property
+    def username(self) -> str:
+        return self.client.username
+
+    async def token(self) -> str:
+        """A token to log in with now; SaslError saying why there is none."""
+        path = self.client.token_file
+        if path is not None:
+            try:
+                token = (await trio.to_thread.run_sync(path.read_text)).strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise SaslError(f"cannot read the token file {path}: "
+                                f"{getattr(exc, 'strerror', None) or exc}") from None
+            if not token:
+                raise SaslError(f"the token file {path} is empty")
+            return token
+        async with self._lock:  # connections opening together share one fetch
+            if self._token is not None and trio.current_time() < self._renew_at:
+                return self._token
+            self.fetches += 1
+            token, lifetime = await trio.to_thread.run_sync(
+                _client_credentials, self.client, abandon_on_cancel=True)
+            if lifetime is None:
+                lifetime = _lifetime_of(token)
+            self._token = token
+            self._renew_at = trio.current_time() + RENEW_AT * (
+                lifetime if lifetime is not None and lifetime > 0 else UNKNOWN_LIFETIME)
+            log_event(logger, logging.DEBUG, "OAUTHBEARER token fetched",
+                      endpoint=self.client.token_endpoint_url, seconds=lifetime)
+            return token
+
+
 __all__ = [
     "OAUTHBEARER",
+    "OAuthClient",
     "OAuthSettings",
     "SigningKeys",
     "TokenRefused",
+    "TokenSource",
     "TokenValidator",
     "UnknownSigningKey",
     "VerifiedToken",

@@ -29,7 +29,12 @@ import trio
 
 from gatehouse import codecs
 from gatehouse.codecs._error_codes import ERROR_NAMES
-from gatehouse.codecs.sasl import BEARER_ACKNOWLEDGE, claimed_user, parse_bearer_message
+from gatehouse.codecs.sasl import (
+    BEARER_ACKNOWLEDGE,
+    bearer_message,
+    claimed_user,
+    parse_bearer_message,
+)
 from gatehouse.codecs.scram import (
     MECHANISMS,
     PLAIN,
@@ -52,7 +57,13 @@ from gatehouse.configfile import (
     take_password,
 )
 from gatehouse.logs import log_event
-from gatehouse.proxy.oauth import OAUTHBEARER, TokenRefused, TokenValidator, UnknownSigningKey
+from gatehouse.proxy.oauth import (
+    OAUTHBEARER,
+    TokenRefused,
+    TokenSource,
+    TokenValidator,
+    UnknownSigningKey,
+)
 
 logger = logging.getLogger("gatehouse.proxy")
 
@@ -410,8 +421,10 @@ _OWN_IDS = range(-2, -12, -1)
 Call = Callable[[codecs.Request], Awaitable[codecs.Response]]
 
 
-async def authenticate_upstream(call: Call, credentials: SaslCredentials) -> float | None:
-    """Authenticate a broker connection as ``credentials`` say, each request sent and its
+async def authenticate_upstream(call: Call, credentials: SaslCredentials | TokenSource
+                                ) -> float | None:
+    """Authenticate a broker connection as ``credentials`` say (a user and password, or
+    OAUTHBEARER tokens from a ``TokenSource``), each request sent and its
     answer read by ``call`` (a new connection's ``roundtrip``; an open one's line of
     requests when it re-authenticates, KIP-368); the seconds the broker gives the session
     (``connections.max.reauth.ms``), None for no limit.  SaslError says why the broker
@@ -436,7 +449,12 @@ async def authenticate_upstream(call: Call, credentials: SaslCredentials) -> flo
                             f"{body.error_message or ERROR_NAMES.get(body.error_code, body.error_code)}")
         return bytes(body.auth_bytes), body.session_lifetime_ms
 
-    if mechanism == PLAIN:
+    if isinstance(credentials, TokenSource):
+        challenge, lifetime = await step(bearer_message(await credentials.token()))
+        if challenge:  # RFC 7628's error challenge: acknowledged, the broker then refuses
+            await step(BEARER_ACKNOWLEDGE)
+            raise SaslError(f"the broker refused the token of {credentials.username!r}")
+    elif mechanism == PLAIN:
         _, lifetime = await step(plain_token(credentials.username, credentials.password))
     else:
         scram = ScramClient(mechanism, credentials.username, credentials.password)

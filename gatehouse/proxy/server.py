@@ -24,12 +24,13 @@ import trio
 from gatehouse import codecs
 from gatehouse.codecs import Request
 from gatehouse.codecs._native import BYTE_READERS, PYTHON_ASKED, python_reason
+from gatehouse.codecs.scram import SaslCredentials
 from gatehouse.logs import log_event
 from gatehouse.proxy.addresses import BrokerAddress
 from gatehouse.proxy.config import Address, ProxyConfig, clear_text_warnings
 from gatehouse.proxy.connection import ConnectionContext, ProxyConnection
 from gatehouse.proxy.hooks import CLIENT_CLOSED, ConnectionInfo, Observer, Observers, Policy
-from gatehouse.proxy.oauth import TokenValidator
+from gatehouse.proxy.oauth import OAuthClient, TokenSource, TokenValidator
 from gatehouse.proxy.principal import certificate_principal, mapped_principal
 from gatehouse.proxy.proxyprotocol import ProxyHeaderError, read_proxy_header
 from gatehouse.proxy.sasl import SaslError, SaslUsers, authenticate_upstream, roundtrip
@@ -101,6 +102,11 @@ class Proxy:
                            if down is not None and down.users_file is not None else None)
         self.sasl_tokens = (TokenValidator(down.oauthbearer)
                             if down is not None and down.oauthbearer is not None else None)
+        # sasl.upstream: what the proxy logs in to the brokers with (OAUTHBEARER: one
+        # token source for every broker connection, so they share its fetches).
+        up = config.sasl_upstream
+        self.upstream_credentials: SaslCredentials | TokenSource | None = (
+            TokenSource(up) if isinstance(up, OAuthClient) else up)
         self._principal_rules = (config.tls_downstream.principal_mapping
                                  if config.tls_downstream is not None else ())
         self._listener_lock = trio.Lock()
@@ -121,7 +127,7 @@ class Proxy:
                              if config.sasl_downstream is not None else ()),
             sasl_session_lifetime=(config.sasl_downstream.session_lifetime
                                    if config.sasl_downstream is not None else None),
-            upstream_credentials=config.sasl_upstream,
+            upstream_credentials=self.upstream_credentials,
         )
 
     # -- broker map ---------------------------------------------------------------------
@@ -217,9 +223,9 @@ class Proxy:
                         await tls_stream.do_handshake()
                         stream = tls_stream
                     lifetime = None
-                    if self.config.sasl_upstream is not None:
+                    if self.upstream_credentials is not None:
                         lifetime = await authenticate_upstream(partial(roundtrip, stream),
-                                                               self.config.sasl_upstream)
+                                                               self.upstream_credentials)
                 self.upstream_reachable = True
                 return Upstream(stream, target, lifetime)
             except trio.TooSlowError:

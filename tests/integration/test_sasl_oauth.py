@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +33,13 @@ from tests.support.clients import (
     unique,
     watermarks,
 )
-from tests.support.kafka import JAVA_SOURCES, KafkaCluster, run_java_tool
+from tests.support.kafka import BROKER_JVM_OPTS, JAVA_SOURCES, KafkaCluster, run_java_tool
 from tests.support.oauth import (
     AUDIENCE,
     ISSUER,
     JwksServer,
     SigningKey,
+    TokenEndpoint,
     ec_key,
     ed_key,
     hmac_over_the_public_key,
@@ -343,3 +345,124 @@ def test_the_proxy_checks_tokens_as_kafkas_own_validator_does(
     assert {name: ours(token) for name, token in tokens.items()} == verdicts
     assert verdicts["RS256"] == "OK alice" and verdicts["unsigned"] == "REFUSED"
 
+
+
+# -- the proxy's own tokens (sasl.upstream with OAUTHBEARER) --------------------------------
+
+IDP_KEY = rsa_key("idp-1")
+CLIENT_ID, CLIENT_SECRET = "gatehouse-proxy", "s3cret-8d1f"
+
+
+@pytest.fixture(scope="module")
+def kafka_oauth(kafka_libs: Path, tmp_path_factory: pytest.TempPathFactory
+                ) -> Iterator[KafkaCluster]:
+    """A broker whose SASL listener checks OAUTHBEARER tokens with Kafka's own validator
+    against IDP_KEY's JWKS, and ends sessions after 4 s (connections.max.reauth.ms)."""
+    jwks = write_jwks(tmp_path_factory.mktemp("idp") / "jwks.json", IDP_KEY)
+    handler = "org.apache.kafka.common.security.oauthbearer.OAuthBearerValidatorCallbackHandler"
+    with KafkaCluster(1, sasl_scram=True, libs=kafka_libs, extra_config={
+            "listener.name.sasl_plaintext.oauthbearer.sasl.server.callback.handler.class":
+                handler,
+            "sasl.oauthbearer.jwks.endpoint.url": jwks.as_uri(),
+            "sasl.oauthbearer.expected.audience": AUDIENCE,
+            "sasl.oauthbearer.expected.issuer": ISSUER,
+            "connections.max.reauth.ms": 4000,
+    }, jvm_opts=(*BROKER_JVM_OPTS,
+                 f"-Dorg.apache.kafka.sasl.oauthbearer.allowed.urls={jwks.as_uri()}")
+    ) as cluster:
+        yield cluster
+
+
+def originating(url: str, secret: str = CLIENT_SECRET) -> str:
+    return (f"sasl:\n  upstream: {{mechanism: OAUTHBEARER, token_endpoint_url: '{url}', "
+            f"client_id: {CLIENT_ID}, client_secret: {secret}, scope: kafka}}\n")
+
+
+def test_the_proxy_logs_in_to_the_brokers_with_its_own_tokens(
+        kafka_oauth: KafkaCluster, caplog: pytest.LogCaptureFixture) -> None:
+    """Clients with no SASL at all reach a broker that takes only tokens: the proxy
+    gets one from the token endpoint (once for all its broker connections), logs in
+    with it, and, as the broker's 4 s sessions end, logs in again on each connection
+    with a fresh one (tokens of 6 s), between the clients' requests: nothing is lost."""
+    caplog.set_level(logging.DEBUG, logger="gatehouse.proxy")
+    topic = unique("oauth-up")
+    kafka_oauth.create_topic(topic)
+    endpoint = TokenEndpoint(IDP_KEY, CLIENT_ID, CLIENT_SECRET, lifetime=6)
+    with endpoint.running(), ProxyThread(kafka_oauth.sasl_bootstrap,
+                                         extra_config=originating(endpoint.url)) as proxy:
+        conf = {"bootstrap.servers": proxy.bootstrap}
+        sent = produce(conf, topic, count=30)
+        assert len(endpoint.issued) == 1 and endpoint.scopes == ["kafka"]
+        assert sorted(consume(conf, topic, 30)) == sorted(sent)
+        errors: list[ck.KafkaError] = []
+        producer = ck.Producer({**conf, "acks": "all", "linger.ms": 5,
+                                "error_cb": errors.append, "log_level": 0})
+        failed: list[Any] = []
+        count = 0
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            producer.produce(topic, f"r-{count}".encode(),
+                             on_delivery=lambda err, _m: err and failed.append(err))
+            count += 1
+            producer.poll(0.05)
+        assert producer.flush(30) == 0
+        assert not failed and not errors, (failed, errors)
+    assert watermarks(kafka_oauth.bootstrap, topic) == (0, 30 + count)
+    again = logged(caplog, "re-authenticated to the broker")
+    assert len(again) >= 2, len(again)
+    assert len(endpoint.issued) >= 2  # a fresh token once 80% of one had passed
+    closed = [f["reason"] for f in logged(caplog, "connection closed")]
+    assert not [r for r in closed if "authentic" in r], closed
+    no_token_in(caplog, endpoint.issued)
+    text = "\n".join(f"{r.getMessage()} {getattr(r, 'gatehouse_fields', '')}"
+                     for r in caplog.records)
+    assert CLIENT_SECRET not in text
+
+
+def test_the_proxys_token_trouble_is_reported_naming_the_broker(
+        kafka_oauth: KafkaCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="gatehouse.proxy")
+    topic = unique("oauth-up-refused")
+    kafka_oauth.create_topic(topic)
+    broker = kafka_oauth.sasl_bootstrap
+
+    def reasons_after_a_client_tries(proxy: ProxyThread) -> list[str]:
+        errors: list[ck.KafkaError] = []
+        producer = ck.Producer({"bootstrap.servers": proxy.bootstrap, "log_level": 0,
+                                "error_cb": errors.append, "message.timeout.ms": 3000})
+        producer.produce(topic, b"never")
+        producer.flush(10)
+        assert errors  # the client is let go, not left hanging
+        assert proxy.sample("gatehouse_upstream_failures_total", broker=broker) >= 1
+        assert not proxy.proxy.upstream_reachable
+        return [str(f.get("reason")) for f in logged(caplog, "connection closed")
+                if "SASL authentication failed" in str(f.get("reason"))]
+
+    # The identity provider does not know the proxy's secret.
+    endpoint = TokenEndpoint(IDP_KEY, CLIENT_ID, CLIENT_SECRET)
+    with endpoint.running(), ProxyThread(broker, extra_config=originating(
+            endpoint.url, "wrong-secret")) as proxy:
+        failures = reasons_after_a_client_tries(proxy)
+    assert any(f"{broker}: SASL authentication failed: the token endpoint {endpoint.url} "
+               "answered 401 (invalid_client: bad client credentials)" in r
+               for r in failures), failures
+    caplog.clear()
+    # The broker refuses the token it gets (meant for another audience).
+    endpoint = TokenEndpoint(IDP_KEY, CLIENT_ID, CLIENT_SECRET, aud="billing")
+    with endpoint.running(), ProxyThread(broker, extra_config=originating(endpoint.url)) as proxy:
+        failures = reasons_after_a_client_tries(proxy)
+    # Kafka answers with SASL_AUTHENTICATION_FAILED at once, RFC 7628's words inside.
+    assert any(f"{broker}: SASL authentication failed: the broker refused {CLIENT_ID!r} "
+               '(OAUTHBEARER): {"status":"invalid_token"}' in r for r in failures), failures
+    caplog.clear()
+    # A token kept fresh in a file by something else: read at every login.
+    token_file = tmp_path / "token.jwt"
+    token_file.write_text(IDP_KEY.token("gatehouse") + "\n")
+    with ProxyThread(broker, extra_config="sasl:\n  upstream: {mechanism: OAUTHBEARER, "
+                     f"token_file: {token_file}}}\n") as proxy:
+        sent = produce({"bootstrap.servers": proxy.bootstrap}, topic, count=5)
+        token_file.write_text("")  # emptied: the next broker connection cannot log in
+        failures = reasons_after_a_client_tries(proxy)
+    assert any(f"the token file {token_file} is empty" in r for r in failures), failures
+    assert len(sent) == 5
+    assert watermarks(kafka_oauth.bootstrap, topic) == (0, 5)

@@ -10,11 +10,12 @@ import http.server
 import json
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import jwt
 from cryptography.hazmat.primitives import serialization
@@ -80,7 +81,25 @@ def write_jwks(path: Path, *keys: SigningKey) -> Path:
     return path
 
 
-class JwksServer:
+class _Served:
+    """An HTTP service of the test's on a real socket (``_server``), served from a
+    thread while ``running``."""
+
+    _server: http.server.ThreadingHTTPServer
+
+    @contextmanager
+    def running(self) -> Iterator[Self]:
+        thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            self._server.shutdown()
+            self._server.server_close()
+            thread.join()
+
+
+class JwksServer(_Served):
     """A JWKS served at ``url`` from a real socket; ``keys`` may be changed (rotation),
     ``requests`` counts the fetches, ``down`` answers 503."""
 
@@ -109,24 +128,6 @@ class JwksServer:
         self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}/jwks.json"
 
-    @contextmanager
-    def running(self) -> Iterator[JwksServer]:
-        thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        thread.start()
-        try:
-            yield self
-        finally:
-            self._server.shutdown()
-            self._server.server_close()
-            thread.join()
-
-
-def bearer_message(token: str, authzid: str | None = None, **extensions: str) -> bytes:
-    """An OAUTHBEARER client's first message, as Kafka's clients write it."""
-    header = "n,," if authzid is None else f"n,a={authzid},"
-    pairs = "".join(f"\x01{k}={v}" for k, v in extensions.items())
-    return f"{header}\x01auth=Bearer {token}{pairs}\x01\x01".encode()
-
 
 def hmac_over_the_public_key(key: SigningKey, subject: str = "mallory") -> str:
     """The algorithm confusion attack: a token "signed" with HS256 keyed by the RSA
@@ -142,3 +143,49 @@ def hmac_over_the_public_key(key: SigningKey, subject: str = "mallory") -> str:
     head = b64(json.dumps({"alg": "HS256", "kid": key.kid}).encode())
     body = f"{head}.{b64(json.dumps(claims).encode())}"
     return f"{body}.{b64(hmac.new(pem, body.encode(), hashlib.sha256).digest())}"
+
+
+class TokenEndpoint(_Served):
+    """An identity provider's token endpoint (the client credentials grant, RFC 6749
+    section 4.4) on a real socket: ``client_id``/``client_secret`` get a token of
+    ``subject`` signed with ``key``, lasting ``lifetime`` seconds; others get 401.
+    ``issued`` counts the tokens given; ``claims`` are added to each."""
+
+    def __init__(self, key: SigningKey, client_id: str, client_secret: str, *,
+                 subject: str = "gatehouse", lifetime: float = 3600, **claims: Any) -> None:
+        self.key, self.subject, self.lifetime, self.claims = key, subject, lifetime, claims
+        self.issued: list[str] = []
+        self.scopes: list[str | None] = []
+        expected = "Basic " + base64.b64encode(f"{client_id}:{client_secret}".encode()).decode()
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                form = dict(urllib.parse.parse_qsl(self.rfile.read(length).decode()))
+                if self.headers.get("Authorization") != expected:
+                    self._answer(401, {"error": "invalid_client",
+                                       "error_description": "bad client credentials"})
+                    return
+                if form.get("grant_type") != "client_credentials":
+                    self._answer(400, {"error": "unsupported_grant_type"})
+                    return
+                token = outer.key.token(outer.subject, lifetime=outer.lifetime, **outer.claims)
+                outer.issued.append(token)
+                outer.scopes.append(form.get("scope"))
+                self._answer(200, {"access_token": token, "token_type": "Bearer",
+                                   "expires_in": int(outer.lifetime)})
+
+            def _answer(self, status: int, document: dict[str, Any]) -> None:
+                body = json.dumps(document).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/oauth2/token"
