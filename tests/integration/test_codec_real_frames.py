@@ -3,14 +3,19 @@ re-encode byte for byte (also through the plain-dict path)."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
 
 from gatehouse import codecs
 from gatehouse.proxy.hooks import ConnectionInfo, Observer, Pending
-from tests.support.clients import consume, kafka_python_send_one, produce, unique
+from tests.support.clients import (
+    aiokafka_produce,
+    consume,
+    kafka_python_send_one,
+    produce,
+    unique,
+)
 from tests.support.kafka import KafkaCluster
 from tests.support.proxythread import ProxyThread
 
@@ -72,17 +77,8 @@ def test_librdkafka_java_kafka_python_aiokafka_frames(kafka: KafkaCluster) -> No
         assert any(m.value == b"from kafka-python" for m in consumer)
         consumer.close()
 
-        async def aio() -> None:
-            from aiokafka import AIOKafkaProducer
-
-            p = AIOKafkaProducer(bootstrap_servers=proxy.bootstrap, client_id="aio-tap")
-            await p.start()
-            try:
-                await p.send_and_wait(topic, b"from aiokafka")
-            finally:
-                await p.stop()
-
-        asyncio.run(aio())
+        aiokafka_produce([b"from aiokafka"], topic, bootstrap_servers=proxy.bootstrap,
+                         client_id="aio-tap")
         result = kafka.run_java_tool(
             "org.apache.kafka.tools.ProducerPerformance", "--topic", topic, "--num-records",
             "50", "--record-size", "64", "--throughput", "-1", "--producer-props",

@@ -11,7 +11,6 @@ key is fetched when a token first names it.  No token reaches the log.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Iterator
@@ -26,10 +25,12 @@ from confluent_kafka.admin import AdminClient
 from gatehouse.proxy.oauth import OAuthSettings, TokenRefused, TokenValidator
 from tests.integration.test_sasl_proxy import client_errors, logged
 from tests.support.clients import (
+    aiokafka_produce,
     consume,
     kafka_python_produce,
     kafka_python_read,
     produce,
+    produce_for,
     unique,
     watermarks,
 )
@@ -154,27 +155,16 @@ def test_clients_log_in_with_tokens_the_proxy_checks(
         kafka_python_produce(args, legacy, topic)
         assert sorted(kafka_python_read(args, topic, 28)) == sorted([*sent, b"live", *legacy])
 
-        async def with_aiokafka() -> None:
-            from aiokafka import AIOKafkaProducer
-            from aiokafka.abc import AbstractTokenProvider
+        from aiokafka.abc import AbstractTokenProvider
 
-            class AioTokens(AbstractTokenProvider):
-                async def token(self) -> str:
-                    minted.append(ec.token("svc-async"))
-                    return minted[-1]
+        class AioTokens(AbstractTokenProvider):
+            async def token(self) -> str:
+                minted.append(ec.token("svc-async"))
+                return minted[-1]
 
-            producer = AIOKafkaProducer(bootstrap_servers=proxy.bootstrap,
-                                        security_protocol="SASL_PLAINTEXT",
-                                        sasl_mechanism="OAUTHBEARER",
-                                        sasl_oauth_token_provider=AioTokens())
-            await producer.start()
-            try:
-                for i in range(5):
-                    await producer.send_and_wait(topic, f"aio-{i}".encode())
-            finally:
-                await producer.stop()
-
-        asyncio.run(with_aiokafka())
+        aiokafka_produce([f"aio-{i}".encode() for i in range(5)], topic,
+                         bootstrap_servers=proxy.bootstrap, security_protocol="SASL_PLAINTEXT",
+                         sasl_mechanism="OAUTHBEARER", sasl_oauth_token_provider=AioTokens())
 
         # Kafka's own login module, with its token read from a file.
         java_token = rsa.token("svc-java")
@@ -239,19 +229,7 @@ def test_a_session_ends_with_its_token(kafka: KafkaCluster, tmp_path: Path,
     kafka.create_topic(topic)
     with ProxyThread(kafka.bootstrap, extra_config=oauth_config(str(jwks))) as proxy:
         minter = Minter(rsa, "svc-orders", lifetime=4)
-        errors: list[ck.KafkaError] = []
-        producer = ck.Producer({**oauth_conf(proxy, minter), "acks": "all", "linger.ms": 5,
-                                "error_cb": errors.append, "log_level": 0})
-        failed: list[Any] = []
-        sent = 0
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            producer.produce(topic, f"r-{sent}".encode(),
-                             on_delivery=lambda err, _m: err and failed.append(err))
-            sent += 1
-            producer.poll(0.05)
-        assert producer.flush(30) == 0
-    assert not failed and not errors, (failed, errors)
+        sent = produce_for(oauth_conf(proxy, minter), topic, 10)
     assert len(minter.tokens) >= 3  # a new token before each 4 s runs out
     again = logged(caplog, "client authenticated again")
     assert len(again) >= 2, len(again)
@@ -394,19 +372,7 @@ def test_the_proxy_logs_in_to_the_brokers_with_its_own_tokens(
         sent = produce(conf, topic, count=30)
         assert len(endpoint.issued) == 1 and endpoint.scopes == ["kafka"]
         assert sorted(consume(conf, topic, 30)) == sorted(sent)
-        errors: list[ck.KafkaError] = []
-        producer = ck.Producer({**conf, "acks": "all", "linger.ms": 5,
-                                "error_cb": errors.append, "log_level": 0})
-        failed: list[Any] = []
-        count = 0
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            producer.produce(topic, f"r-{count}".encode(),
-                             on_delivery=lambda err, _m: err and failed.append(err))
-            count += 1
-            producer.poll(0.05)
-        assert producer.flush(30) == 0
-        assert not failed and not errors, (failed, errors)
+        count = produce_for(conf, topic, 10)
     assert watermarks(kafka_oauth.bootstrap, topic) == (0, 30 + count)
     again = logged(caplog, "re-authenticated to the broker")
     assert len(again) >= 2, len(again)

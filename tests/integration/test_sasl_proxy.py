@@ -11,7 +11,6 @@ listener as the proxy's user; a wrong proxy password is reported, naming the bro
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import signal
 import time
@@ -33,10 +32,12 @@ from tests.reliability.support import (
     wait_until,
 )
 from tests.support.clients import (
+    aiokafka_produce,
     consume,
     kafka_python_produce,
     kafka_python_read,
     produce,
+    produce_for,
     unique,
     watermarks,
 )
@@ -153,22 +154,10 @@ def test_clients_authenticate_with_the_proxy(kafka_scram: KafkaCluster, users_fi
         assert topic in AdminClient(kafka_scram.client_config()).list_topics(timeout=10).topics
 
         # aiokafka as alice (SCRAM-SHA-256).
-        async def with_aiokafka() -> None:
-            from aiokafka import AIOKafkaProducer
-
-            p = AIOKafkaProducer(bootstrap_servers=proxy.bootstrap,
-                                 security_protocol="SASL_PLAINTEXT",
-                                 sasl_mechanism="SCRAM-SHA-256",
-                                 sasl_plain_username="alice",
-                                 sasl_plain_password=ALICE_PASSWORD)
-            await p.start()
-            try:
-                for i in range(5):
-                    await p.send_and_wait(topic, f"aio-{i}".encode())
-            finally:
-                await p.stop()
-
-        asyncio.run(with_aiokafka())
+        aiokafka_produce([f"aio-{i}".encode() for i in range(5)], topic,
+                         bootstrap_servers=proxy.bootstrap, security_protocol="SASL_PLAINTEXT",
+                         sasl_mechanism="SCRAM-SHA-256", sasl_plain_username="alice",
+                         sasl_plain_password=ALICE_PASSWORD)
 
         # The Java producer as bob (SCRAM-SHA-512).
         java_producer_as_bob(kafka_scram, proxy, users_file.parent, topic, 300, -1)
@@ -447,21 +436,8 @@ def test_clients_authenticate_again_when_their_session_ends(
     kafka_scram.create_topic(topic)
     config = (f"sasl:\n  downstream: {{users_file: {users_file}, session_lifetime: 3}}\n")
     with ProxyThread(kafka_scram.bootstrap, extra_config=config) as proxy:
-        errors: list[ck.KafkaError] = []
-        conf = {**sasl_conf(proxy, "SCRAM-SHA-512", "bob", BOB_PASSWORD),
-                "error_cb": errors.append, "log_level": 0}
-        producer = ck.Producer({**conf, "acks": "all", "linger.ms": 5})
-        failed: list[Any] = []
-        sent = 0
-        deadline = time.monotonic() + 8
-        while time.monotonic() < deadline:
-            producer.produce(topic, f"r-{sent}".encode(),
-                             on_delivery=lambda err, _m: err and failed.append(err))
-            sent += 1
-            producer.poll(0.05)
-        assert producer.flush(30) == 0
+        sent = produce_for(sasl_conf(proxy, "SCRAM-SHA-512", "bob", BOB_PASSWORD), topic, 8)
         java_producer_as_bob(kafka_scram, proxy, users_file.parent, topic, 2000, 250)
-    assert not failed and not errors, (failed, errors)
     again = logged(caplog, "client authenticated again")
     assert len(again) >= 3, len(again)  # librdkafka for 8 s, Java for 8 s, 3 s sessions
     assert {f["software"].split("/")[0] for f in again} >= {"confluent-kafka-python",

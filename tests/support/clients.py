@@ -49,6 +49,26 @@ def round_trip(kafka: Any, bootstrap: str, prefix: str, count: int
     return topic, conf, sent
 
 
+def produce_for(conf: dict[str, Any], topic: str, seconds: float) -> int:
+    """A librdkafka producer sending a record every 50 ms or so for ``seconds`` (across
+    whatever happens meanwhile: re-authentication, sessions ending); how many it sent.
+    Fails on any delivery failure or client error."""
+    errors: list[Any] = []
+    failed: list[Any] = []
+    producer = ck.Producer({**conf, "acks": "all", "linger.ms": 5,
+                            "error_cb": errors.append, "log_level": 0})
+    sent = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        producer.produce(topic, f"r-{sent}".encode(),
+                         on_delivery=lambda err, _m: err and failed.append(err))
+        sent += 1
+        producer.poll(0.05)
+    assert producer.flush(30) == 0
+    assert not failed and not errors, (failed, errors)
+    return sent
+
+
 def consume(conf: dict[str, Any], topic: str, count: int, timeout: float = 30.0,
             group: str = "g") -> list[bytes]:
     """Consume ``count`` messages of ``topic`` from the beginning, in a new consumer group
@@ -99,6 +119,25 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
         assert chunk, "connection closed early"
         data += chunk
     return data
+
+
+def aiokafka_produce(values: Iterable[bytes], topic: str, **client: Any) -> None:
+    """``values`` produced by aiokafka, each acknowledged before the next (``client``:
+    AIOKafkaProducer's arguments: bootstrap servers, security...)."""
+    import asyncio
+
+    from aiokafka import AIOKafkaProducer
+
+    async def send_all() -> None:
+        producer = AIOKafkaProducer(**client)
+        await producer.start()
+        try:
+            for value in values:
+                await producer.send_and_wait(topic, value)
+        finally:
+            await producer.stop()
+
+    asyncio.run(send_all())
 
 
 def kafka_python_produce(args: dict[str, Any], values: Iterable[bytes], topic: str) -> None:

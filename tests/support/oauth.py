@@ -81,11 +81,28 @@ def write_jwks(path: Path, *keys: SigningKey) -> Path:
     return path
 
 
-class _Served:
-    """An HTTP service of the test's on a real socket (``_server``), served from a
-    thread while ``running``."""
+class _JsonHandler(http.server.BaseHTTPRequestHandler):
+    """A request handler that answers JSON and logs nothing."""
 
-    _server: http.server.ThreadingHTTPServer
+    def answer(self, status: int, document: Any) -> None:
+        body = json.dumps(document).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+class _Served:
+    """An HTTP service of the test's at ``url`` on a real socket, served from a thread
+    while ``running``."""
+
+    def __init__(self, handler: type[_JsonHandler], path: str) -> None:
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}{path}"
 
     @contextmanager
     def running(self) -> Iterator[Self]:
@@ -109,24 +126,15 @@ class JwksServer(_Served):
         self.down = False
         outer = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
+        class Handler(_JsonHandler):
             def do_GET(self) -> None:
                 outer.requests += 1
                 if outer.down or self.path != "/jwks.json":
                     self.send_error(503 if outer.down else 404)
                     return
-                body = json.dumps(jwks(*outer.keys)).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                self.answer(200, jwks(*outer.keys))
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/jwks.json"
+        super().__init__(Handler, "/jwks.json")
 
 
 def hmac_over_the_public_key(key: SigningKey, subject: str = "mallory") -> str:
@@ -159,33 +167,21 @@ class TokenEndpoint(_Served):
         expected = "Basic " + base64.b64encode(f"{client_id}:{client_secret}".encode()).decode()
         outer = self
 
-        class Handler(http.server.BaseHTTPRequestHandler):
+        class Handler(_JsonHandler):
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", "0"))
                 form = dict(urllib.parse.parse_qsl(self.rfile.read(length).decode()))
                 if self.headers.get("Authorization") != expected:
-                    self._answer(401, {"error": "invalid_client",
-                                       "error_description": "bad client credentials"})
+                    self.answer(401, {"error": "invalid_client",
+                                      "error_description": "bad client credentials"})
                     return
                 if form.get("grant_type") != "client_credentials":
-                    self._answer(400, {"error": "unsupported_grant_type"})
+                    self.answer(400, {"error": "unsupported_grant_type"})
                     return
                 token = outer.key.token(outer.subject, lifetime=outer.lifetime, **outer.claims)
                 outer.issued.append(token)
                 outer.scopes.append(form.get("scope"))
-                self._answer(200, {"access_token": token, "token_type": "Bearer",
-                                   "expires_in": int(outer.lifetime)})
+                self.answer(200, {"access_token": token, "token_type": "Bearer",
+                                  "expires_in": int(outer.lifetime)})
 
-            def _answer(self, status: int, document: dict[str, Any]) -> None:
-                body = json.dumps(document).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/oauth2/token"
+        super().__init__(Handler, "/oauth2/token")
