@@ -23,7 +23,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from gatehouse.proxy.oauth import OAuthSettings, TokenRefused, TokenValidator
-from tests.integration.test_sasl_proxy import client_errors, logged
+from tests.integration.test_sasl_proxy import client_errors, logged, requests_counted
 from tests.support.clients import (
     aiokafka_produce,
     consume,
@@ -432,3 +432,52 @@ def test_the_proxys_token_trouble_is_reported_naming_the_broker(
     assert any(f"the token file {token_file} is empty" in r for r in failures), failures
     assert len(sent) == 5
     assert watermarks(kafka_oauth.bootstrap, topic) == (0, 5)
+
+
+def test_an_old_client_logs_in_with_raw_tokens(kafka: KafkaCluster, tmp_path: Path,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    """SaslHandshake v0 (kafka-python pinned below 1.0): the OAUTHBEARER message and the
+    proxy's answer travel with no Kafka header; a refused token's challenge too, and the
+    connection then closes."""
+    from kafka import KafkaProducer
+    from kafka.errors import KafkaError
+    from kafka.net.sasl.oauth import AbstractTokenProvider as KafkaPythonProvider
+
+    caplog.set_level(logging.INFO, logger="gatehouse.proxy")
+    rsa = rsa_key()
+    jwks = write_jwks(tmp_path / "jwks.json", rsa)
+    topic = unique("oauth-raw")
+    kafka.create_topic(topic)
+
+    class Tokens(KafkaPythonProvider):
+        def __init__(self, token: str) -> None:
+            self._token = token
+
+        def token(self) -> str:
+            return self._token
+
+    def producer(token: str) -> Any:
+        return KafkaProducer(bootstrap_servers=proxy.bootstrap, api_version=(0, 11),
+                             security_protocol="SASL_PLAINTEXT", sasl_mechanism="OAUTHBEARER",
+                             sasl_oauth_token_provider=Tokens(token), acks="all",
+                             max_block_ms=5000)
+
+    with ProxyThread(kafka.bootstrap, extra_config=oauth_config(str(jwks))) as proxy:
+        good = producer(rsa.token("svc-old"))
+        for i in range(5):
+            good.send(topic, f"old-{i}".encode())
+        good.flush(30)
+        assert proxy.sample_reaches("gatehouse_principals", 1, principal="svc-old") >= 1
+        good.close()
+        # The exchange took the raw path: SaslHandshake v0, no SaslAuthenticate.
+        assert requests_counted(proxy, "SaslHandshake", "0") >= 2  # bootstrap, broker
+        assert requests_counted(proxy, "SaslAuthenticate", None) == 0
+        bad = producer(rsa.token("svc-stale", aud="billing"))
+        with pytest.raises(KafkaError):
+            bad.send(topic, b"never").get(timeout=10)
+        bad.close()
+    assert watermarks(kafka.bootstrap, topic) == (0, 5)
+    failures = [f["reason"] for f in logged(caplog, "connection closed")
+                if "SASL authentication" in str(f["reason"])]
+    assert failures and all("as 'svc-stale' (OAUTHBEARER) failed: the token is not for "
+                            "this audience (aud)" in r for r in failures), failures
