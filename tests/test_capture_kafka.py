@@ -33,6 +33,7 @@ from gatehouse.codecs import records
 from gatehouse.configfile import ConfigError
 from gatehouse.metrics import ProxyMetrics
 from gatehouse.proxy.config import Address, config_from_text
+from gatehouse.proxy.oauth import OAuthClient
 from tests.reliability.support import FakeBrokerServer
 from tests.support.fakebroker import response_body
 from tests.support.ports import LOCALHOST
@@ -74,6 +75,12 @@ def test_kafka_sink_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     sasl = parse("  kafka: {sasl: {mechanism: PLAIN, username: u, password_env: "
                  "CAPTURE_PASSWORD}}\n", tmp_path).sasl
     assert (sasl.mechanism, sasl.password) == ("PLAIN", "from-env")
+    (tmp_path / "idp.secret").write_text("idp-s3cret\n")
+    sasl = parse("  kafka:\n    sasl: {mechanism: OAUTHBEARER, token_endpoint_url: "
+                 "'https://idp/token', client_id: cap, client_secret_file: idp.secret}\n",
+                 tmp_path).sasl
+    assert sasl == OAuthClient("https://idp/token", "cap", "idp-s3cret")
+    assert "idp-s3cret" not in repr(sasl)
 
 
 @pytest.mark.parametrize(("text", "line", "message"), [
@@ -99,6 +106,8 @@ def test_kafka_sink_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     ("  kafka:\n    sasl: {mechanism: PLAIN, username: u, password_file: missing}\n", 6,
      "cannot read"),
     ("  kafka:\n    sasl: {mechanism: PLAIN, password: p}\n", 6, "needs 'username'"),
+    ("  kafka:\n    sasl: {mechanism: OAUTHBEARER, token_endpoint_url: 'https://x'}\n", 6,
+     "config.capture.kafka.sasl.token_endpoint_url needs client_id"),
 ])
 def test_kafka_sink_config_errors_point_at_the_line(tmp_path: Path, text: str, line: int,
                                                     message: str) -> None:

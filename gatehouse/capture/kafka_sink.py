@@ -15,6 +15,7 @@
         timeout: 10                          # seconds: connect, each request, acks
         key: connection                      # or client_id: what keeps records in order
         sasl: {mechanism: SCRAM-SHA-512, username: capture, password_file: capture.secret}
+        # or {mechanism: OAUTHBEARER, token_endpoint_url, client_id, client_secret_file}
 
 The sink connects straight to the brokers named in ``upstream`` (and then to the
 partition leaders their Metadata names), never through the proxy: it does not observe
@@ -60,15 +61,16 @@ from gatehouse.capture.schema import encode_record
 from gatehouse.capture.writer import RecordInbox
 from gatehouse.codecs import ProtocolError, Response, records
 from gatehouse.codecs._error_codes import ERROR_NAMES
+from gatehouse.codecs.sasl import BEARER_ACKNOWLEDGE, bearer_message
 from gatehouse.codecs.scram import (
-    MECHANISMS,
     SaslCredentials,
     SaslError,
     ScramClient,
     plain_token,
 )
-from gatehouse.configfile import Reader, line_of, read_sasl_credentials
+from gatehouse.configfile import Reader, line_of
 from gatehouse.logs import log_event
+from gatehouse.proxy.oauth import OAuthClient, fetch_token, read_client_sasl
 
 if TYPE_CHECKING:
     from gatehouse.proxy.config import Address, ProxyConfig, UpstreamTls
@@ -125,7 +127,7 @@ class KafkaSinkSettings:
     retries: int = 5
     timeout: float = 10.0
     key: str = "connection"
-    sasl: SaslCredentials | None = None
+    sasl: SaslCredentials | OAuthClient | None = None
 
 
 def parse_kafka_sink(reader: Reader, base: Path) -> KafkaSinkSettings:
@@ -157,8 +159,7 @@ def parse_kafka_sink(reader: Reader, base: Path) -> KafkaSinkSettings:
     retries = positive("retries", KafkaSinkSettings.retries, zero=True)
     timeout = float(positive("timeout", KafkaSinkSettings.timeout, False))
     key = _choice(reader, what, "key", KEYS, "connection")
-    sasl = (read_sasl_credentials(reader.child("sasl"), base, MECHANISMS)
-            if reader.has("sasl") else None)
+    sasl = read_client_sasl(reader.child("sasl"), base) if reader.has("sasl") else None
     reader.finish()
     return KafkaSinkSettings(topic=topic, create=create, partitions=partitions,
                              replication=replication, topic_config=topic_config, acks=acks,
@@ -254,7 +255,8 @@ class BrokerConnection:
 
     @classmethod
     def open(cls, host: str, port: int, *, timeout: float, ssl_context: ssl.SSLContext | None,
-             server_hostname: str | None, sasl: SaslCredentials | None) -> BrokerConnection:
+             server_hostname: str | None, sasl: SaslCredentials | OAuthClient | None
+             ) -> BrokerConnection:
         address = f"{host}:{port}"
         try:
             sock = socket.create_connection((host, port), timeout=timeout)
@@ -351,12 +353,22 @@ class BrokerConnection:
             if low <= high and key.api_key in codecs.APIS:
                 self.versions[key.api_key] = high
 
-    def _authenticate(self, sasl: SaslCredentials) -> None:
+    def _authenticate(self, sasl: SaslCredentials | OAuthClient) -> None:
         body = self.call(SASL_HANDSHAKE, {"mechanism": sasl.mechanism})
         if body.error_code:
             offered = ", ".join(body.mechanisms) or "none"
             raise SaslError(f"{self.address}: SASL {sasl.mechanism}: "
                             f"{error_name(body.error_code)} (the broker offers {offered})")
+        if isinstance(sasl, OAuthClient):
+            try:
+                token, _ = fetch_token(sasl)
+            except SaslError as exc:
+                raise SaslError(f"{self.address}: SASL OAUTHBEARER: {exc}") from None
+            if self._sasl_step(bearer_message(token)):  # RFC 7628's error challenge
+                self._sasl_step(BEARER_ACKNOWLEDGE)  # the broker's refusal raises here
+                raise SaslError(f"{self.address}: SASL authentication failed: the broker "
+                                "refused the token")
+            return
         if sasl.mechanism == "PLAIN":
             self._sasl_step(plain_token(sasl.username, sasl.password))
             return
@@ -417,9 +429,12 @@ class KafkaSink(RecordInbox):
 
             self._ssl_context = upstream_ssl_context(tls)
             self._server_hostname = tls.server_hostname
-        if settings.sasl is not None and settings.sasl.mechanism == "PLAIN" and tls is None:
-            log_event(logger, logging.WARNING, "capture kafka: SASL PLAIN without "
-                      "tls.upstream sends the password in clear text")
+        if settings.sasl is not None and settings.sasl.mechanism in ("PLAIN", "OAUTHBEARER") \
+                and tls is None:
+            log_event(logger, logging.WARNING, f"capture kafka: SASL {settings.sasl.mechanism} "
+                      "without tls.upstream sends the "
+                      f"{'password' if settings.sasl.mechanism == 'PLAIN' else 'token'} "
+                      "in clear text")
         self._connect_timeout = connect_timeout or settings.timeout
         self._open_inbox(settings.queue, max(1, min(1000, settings.queue // 4)),
                          "capture kafka: queue full, records dropped")

@@ -24,10 +24,14 @@ from gatehouse.configfile import (
     line_of,
     load_yaml_file,
     load_yaml_text,
-    read_sasl_credentials,
-    take_password,
 )
-from gatehouse.proxy.oauth import OAUTHBEARER, OAuthClient, OAuthSettings, load_jwks_file
+from gatehouse.proxy.oauth import (
+    OAUTHBEARER,
+    OAuthClient,
+    OAuthSettings,
+    load_jwks_file,
+    read_client_sasl,
+)
 from gatehouse.proxy.principal import MappingRule, PrincipalMappingError, parse_principal_mapping
 from gatehouse.proxy.sasl import load_users
 
@@ -360,7 +364,8 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
         raise sasl.error("oauthbearer_sub_claim_name", "sasl.oauthbearer_sub_claim_name "
                          "must name a claim")
     sasl_downstream = _sasl_downstream(sasl, base, claim)
-    sasl_upstream = _sasl_upstream(sasl.child("upstream"), base) if sasl.has("upstream") else None
+    sasl_upstream = (read_client_sasl(sasl.child("upstream"), base) if sasl.has("upstream")
+                     else None)
     sasl.finish()
 
     log = top.child("log")
@@ -470,36 +475,6 @@ def _sasl_downstream(sasl: Reader, base: Path, claim: str) -> DownstreamSasl | N
         load_users(users_file)
     return DownstreamSasl(users_file, tuple(dict.fromkeys(mechanisms)),
                           None if lifetime is None else float(lifetime), oauth)
-
-
-def _sasl_upstream(up: Reader, base: Path) -> SaslCredentials | OAuthClient:
-    """``sasl.upstream``: a user and password (PLAIN, SCRAM), or where OAUTHBEARER tokens
-    come from: ``{mechanism: OAUTHBEARER, token_endpoint_url, client_id, client_secret
-    | client_secret_file | client_secret_env, scope}`` or ``{..., token_file}``."""
-    mechanism = up.data.get("mechanism") if isinstance(up.data, dict) else None
-    if not isinstance(mechanism, str) or mechanism.upper() != OAUTHBEARER:
-        return read_sasl_credentials(up, base, (*MECHANISMS, OAUTHBEARER))
-    up.take("mechanism", str)
-    url = up.take("token_endpoint_url", str)
-    token_file = _path(up, "token_file", base)
-    if (url is None) == (token_file is None):
-        raise up.error(None, "sasl.upstream with OAUTHBEARER needs one of token_endpoint_url "
-                       "(the identity provider's, with client_id and client_secret) and "
-                       "token_file (a token something else keeps fresh)")
-    if url is not None and not url.startswith(("https://", "http://")):
-        raise up.error("token_endpoint_url", "sasl.upstream.token_endpoint_url must be an "
-                       f"https:// (or http://) URL, not {url!r}")
-    client_id = up.take("client_id", str)
-    secret = take_password(up, base, "client_secret")
-    scope = up.take("scope", str)
-    if url is not None and (not client_id or secret is None):
-        raise up.error(None, "sasl.upstream.token_endpoint_url needs client_id and one of "
-                       "client_secret, client_secret_file, client_secret_env")
-    if token_file is not None and (client_id is not None or secret is not None or scope):
-        raise up.error(None, "sasl.upstream.token_file takes no client_id, client_secret "
-                       "or scope (they are the token endpoint's)")
-    up.finish()
-    return OAuthClient(url, client_id, secret, scope or None, token_file)
 
 
 def _oauthbearer(section: Reader, base: Path, claim: str) -> OAuthSettings:

@@ -35,8 +35,15 @@ from typing import Any, Final, TypeGuard
 
 import trio
 
-from gatehouse.codecs.scram import SaslError
-from gatehouse.configfile import ConfigError, FileWatch, Source
+from gatehouse.codecs.scram import MECHANISMS, SaslCredentials, SaslError
+from gatehouse.configfile import (
+    ConfigError,
+    FileWatch,
+    Reader,
+    Source,
+    read_sasl_credentials,
+    take_password,
+)
 from gatehouse.logs import log_event
 
 logger = logging.getLogger("gatehouse.proxy")
@@ -383,6 +390,61 @@ class OAuthClient:
         return self.client_id if self.client_id is not None else f"the token in {self.token_file}"
 
 
+def read_client_sasl(up: Reader, base: Path) -> SaslCredentials | OAuthClient:
+    """What a client side of the proxy's (``sasl.upstream``, ``capture.kafka.sasl``)
+    logs in with: a user and password (PLAIN, SCRAM), or where OAUTHBEARER tokens come
+    from: ``{mechanism: OAUTHBEARER, token_endpoint_url, client_id, client_secret |
+    client_secret_file | client_secret_env, scope}`` or ``{..., token_file}``."""
+    what = up.what
+    mechanism = up.data.get("mechanism") if isinstance(up.data, dict) else None
+    if not isinstance(mechanism, str) or mechanism.upper() != OAUTHBEARER:
+        return read_sasl_credentials(up, base, (*MECHANISMS, OAUTHBEARER))
+    up.take("mechanism", str)
+    url = up.take("token_endpoint_url", str)
+    token_file = up.take("token_file", str)
+    if (url is None) == (token_file is None):
+        raise up.error(None, f"{what} with OAUTHBEARER needs one of token_endpoint_url (the "
+                       "identity provider's, with client_id and client_secret) and "
+                       "token_file (a token something else keeps fresh)")
+    if url is not None and not url.startswith(("https://", "http://")):
+        raise up.error("token_endpoint_url", f"{what}.token_endpoint_url must be an "
+                       f"https:// (or http://) URL, not {url!r}")
+    path = None
+    if token_file is not None:
+        path = Path(token_file) if Path(token_file).is_absolute() else base / token_file
+        if not path.exists():
+            raise up.error("token_file", f"{what}.token_file: file {str(path)!r} does not exist")
+    client_id = up.take("client_id", str)
+    secret = take_password(up, base, "client_secret")
+    scope = up.take("scope", str)
+    if url is not None and (not client_id or secret is None):
+        raise up.error(None, f"{what}.token_endpoint_url needs client_id and one of "
+                       "client_secret, client_secret_file, client_secret_env")
+    if path is not None and (client_id is not None or secret is not None or scope):
+        raise up.error(None, f"{what}.token_file takes no client_id, client_secret or scope "
+                       "(they are the token endpoint's)")
+    up.finish()
+    return OAuthClient(url, client_id, secret, scope or None, path)
+
+
+def fetch_token(client: OAuthClient) -> tuple[str, float | None]:
+    """A token to log in with (blocking: run in a thread) and the seconds it lasts
+    (None: not known, or a file's, read again at every login); SaslError saying why
+    there is none."""
+    path = client.token_file
+    if path is not None:
+        try:
+            token = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SaslError(f"cannot read the token file {path}: "
+                            f"{getattr(exc, 'strerror', None) or exc}") from None
+        if not token:
+            raise SaslError(f"the token file {path} is empty")
+        return token, None
+    token, lifetime = _client_credentials(client)
+    return token, lifetime if lifetime is not None else _lifetime_of(token)
+
+
 def _client_credentials(client: OAuthClient) -> tuple[str, float | None]:
     """A token from the endpoint (blocking: run in a thread) and the seconds it lasts
     (``expires_in``; None if not said); SaslError saying why not, never the secret."""
@@ -464,24 +526,15 @@ class TokenSource:
 
     async def token(self) -> str:
         """A token to log in with now; SaslError saying why there is none."""
-        path = self.client.token_file
-        if path is not None:
-            try:
-                token = (await trio.to_thread.run_sync(path.read_text)).strip()
-            except (OSError, UnicodeDecodeError) as exc:
-                raise SaslError(f"cannot read the token file {path}: "
-                                f"{getattr(exc, 'strerror', None) or exc}") from None
-            if not token:
-                raise SaslError(f"the token file {path} is empty")
+        if self.client.token_file is not None:  # read at every login: no caching
+            token, _ = await trio.to_thread.run_sync(fetch_token, self.client)
             return token
         async with self._lock:  # connections opening together share one fetch
             if self._token is not None and trio.current_time() < self._renew_at:
                 return self._token
             self.fetches += 1
             token, lifetime = await trio.to_thread.run_sync(
-                _client_credentials, self.client, abandon_on_cancel=True)
-            if lifetime is None:
-                lifetime = _lifetime_of(token)
+                fetch_token, self.client, abandon_on_cancel=True)
             self._token = token
             self._renew_at = trio.current_time() + RENEW_AT * (
                 lifetime if lifetime is not None and lifetime > 0 else UNKNOWN_LIFETIME)
@@ -500,7 +553,9 @@ __all__ = [
     "TokenValidator",
     "UnknownSigningKey",
     "VerifiedToken",
+    "fetch_token",
     "load_jwks_file",
     "parse_jwks",
+    "read_client_sasl",
     "seconds_left",
 ]

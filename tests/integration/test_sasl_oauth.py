@@ -11,6 +11,7 @@ key is fetched when a token first names it.  No token reaches the log.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterator
@@ -481,3 +482,39 @@ def test_an_old_client_logs_in_with_raw_tokens(kafka: KafkaCluster, tmp_path: Pa
                 if "SASL authentication" in str(f["reason"])]
     assert failures and all("as 'svc-stale' (OAUTHBEARER) failed: the token is not for "
                             "this audience (aud)" in r for r in failures), failures
+
+
+def test_the_capture_sink_logs_in_with_a_token(kafka_oauth: KafkaCluster,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    """capture.kafka.sasl with OAUTHBEARER: the observation log reaches a topic on a
+    cluster that takes only tokens; a client secret the endpoint refuses is counted and
+    explained, the secret not in the log."""
+    from gatehouse.capture.kafka_sink import KafkaSink, KafkaSinkSettings
+    from gatehouse.proxy.config import Address
+    from gatehouse.proxy.oauth import OAuthClient
+    from tests.integration.test_capture_kafka import observations
+
+    obs = unique("observations")
+    address = Address("127.0.0.1", kafka_oauth.nodes[0].sasl_port or 0)
+    endpoint = TokenEndpoint(IDP_KEY, CLIENT_ID, CLIENT_SECRET)
+    with endpoint.running():
+        sink = KafkaSink(KafkaSinkSettings(topic=obs, linger_seconds=0, sasl=OAuthClient(
+            endpoint.url, CLIENT_ID, CLIENT_SECRET)), [address])
+        for i in range(20):
+            sink.offer({"v": 1, "time": time.time(), "conn": i})
+        assert sink.close(30)
+        assert sink.statistics().written == 20
+        assert endpoint.issued  # logged in with the endpoint's token
+        caplog.clear()
+        refused = KafkaSink(KafkaSinkSettings(topic=obs, retries=0, linger_seconds=0,
+                                              sasl=OAuthClient(endpoint.url, CLIENT_ID,
+                                                               "wrong-secret")), [address])
+        refused.offer({"v": 1, "time": time.time(), "conn": 1})
+        assert refused.close(30)
+        assert (refused.statistics().written, refused.statistics().write_errors) == (0, 1)
+    text = "\n".join(str(r.__dict__.get("gatehouse_fields")) for r in caplog.records)
+    assert "answered 401 (invalid_client: bad client credentials)" in text
+    assert "wrong-secret" not in text
+    values = [json.loads(m.value()) for m in observations({"bootstrap.servers":
+                                                           kafka_oauth.bootstrap}, obs, 20)]
+    assert sorted(v["conn"] for v in values) == list(range(20))
