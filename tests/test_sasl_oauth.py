@@ -101,6 +101,14 @@ def test_a_jwks_of_rsa_ec_and_edwards_keys() -> None:
     del bare["alg"]
     assert parse_jwks(json.dumps({"keys": [bare]}).encode(), "x").for_token(
         "ec-1", "ES256")
+    # An RSA key without "alg" verifies RS* and PS* tokens alike.
+    no_alg = {k: v for k, v in RSA.jwk().items() if k != "alg"}
+    tokens = TokenValidator(OAuthSettings())
+    tokens.keys = parse_jwks(json.dumps({"keys": [no_alg]}).encode(), "x")
+    ps_signed = jwt.encode({"sub": "p", "iat": int(time.time()), "exp": int(time.time()) + 60},
+                           RSA.private, algorithm="PS256", headers={"kid": RSA.kid})
+    assert tokens.verify(ps_signed).principal == "p"
+    assert tokens.verify(RSA.token("r")).principal == "r"
     # Encryption keys sign nothing: skipped.
     both = {"keys": [{**RSA.jwk(), "use": "enc", "kid": "e"}, RSA.jwk()]}
     assert parse_jwks(json.dumps(both).encode(), "x").count == 1

@@ -98,8 +98,13 @@ class UnknownSigningKey(TokenRefused):
 
 @dataclass(frozen=True)
 class _Key:
-    key: Any  # a PyJWK
-    algorithms: tuple[str, ...]
+    # The key as PyJWT verifies it, once per algorithm it may sign with (a PyJWK
+    # verifies with its own algorithm, whatever the token's header says).
+    by_algorithm: dict[str, Any]
+
+    @property
+    def algorithms(self) -> tuple[str, ...]:
+        return tuple(self.by_algorithm)
 
 
 class SigningKeys:
@@ -166,11 +171,11 @@ def parse_jwks(data: bytes, source: str) -> SigningKeys:
                                 f"(one of {', '.join(algorithms)})", None)
             algorithms = (alg,)
         try:
-            key = jwt.PyJWK(entry, algorithms[0])
+            key = _Key({algorithm: jwt.PyJWK(entry, algorithm) for algorithm in algorithms})
         except (jwt.PyJWKError, jwt.InvalidKeyError, ValueError, TypeError, KeyError) as exc:
             raise src.error(f"{where} is not a usable {kty} key: {exc}", None) from None
         kid = entry.get("kid")
-        keys.append((kid if isinstance(kid, str) else None, _Key(key, algorithms)))
+        keys.append((kid if isinstance(kid, str) else None, key))
     if not keys:
         raise src.error("the JWKS holds no signing key", None)
     return SigningKeys(keys)
@@ -314,7 +319,7 @@ class TokenValidator:
         for candidate in candidates:
             try:
                 claims = jwt.decode(
-                    token, candidate.key, algorithms=list(candidate.algorithms),
+                    token, candidate.by_algorithm[algorithm], algorithms=[algorithm],
                     audience=list(settings.expected_audience) or None,
                     issuer=settings.expected_issuer, leeway=settings.clock_skew,
                     options=options)
