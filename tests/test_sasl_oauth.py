@@ -16,7 +16,7 @@ import trio
 from gatehouse.codecs.sasl import bearer_message, parse_bearer_message
 from gatehouse.codecs.scram import SaslError
 from gatehouse.configfile import ConfigError
-from gatehouse.proxy.config import clear_text_warnings, config_from_text
+from gatehouse.proxy.config import config_from_text, security_warnings
 from gatehouse.proxy.oauth import (
     OAuthClient,
     OAuthSettings,
@@ -448,7 +448,7 @@ def test_the_upstream_oauthbearer_config(tmp_path: Path) -> None:
         with pytest.raises(ConfigError, match=error) as caught:
             config_from_text(head + f"  upstream: {text}\n", "proxy.yaml", base=tmp_path)
         assert caught.value.line == 4, (text, caught.value)
-    warned = clear_text_warnings(config_from_text(
+    warned = security_warnings(config_from_text(
         head + "  upstream: {mechanism: OAUTHBEARER, token_endpoint_url: 'http://idp/t', "
         "client_id: a, client_secret: b}\n", base=tmp_path))
     assert warned == ["sasl.upstream uses OAUTHBEARER without tls.upstream: the token goes to "
@@ -508,3 +508,23 @@ async def test_the_proxy_logs_in_with_a_token_as_a_broker_expects() -> None:
         assert sent[1] == b"\x01"  # the challenge acknowledged, as RFC 7628 says
         with pytest.raises(SaslError, match="the broker refused 'gh'"):
             await authenticate_upstream(broker("at once"), source)
+
+
+def test_open_doors_in_the_oauthbearer_config_are_warned_of(tmp_path: Path) -> None:
+    tls = tmp_path / "tls"
+    tls.mkdir()
+    head = "listen: 127.0.0.1:0\nupstream: [127.0.0.1:9092]\nsasl:\n"
+    warned = security_warnings(config_from_text(
+        head + "  downstream:\n    oauthbearer: {jwks_url: 'http://idp/jwks'}\n",
+        base=tmp_path))
+    assert warned == [
+        "sasl.downstream offers OAUTHBEARER without tls.downstream: clients send their "
+        "tokens in clear text",
+        "sasl.downstream.oauthbearer.jwks_url is http://: anyone on the path to the identity "
+        "provider can hand the proxy keys of their own and forge tokens for any principal",
+        "sasl.downstream.oauthbearer has no expected_audience: a token the identity provider "
+        "issued for any other service is taken too"]
+    warned = security_warnings(config_from_text(
+        head + "  downstream:\n    oauthbearer: {jwks_url: 'https://idp/jwks', "
+        "expected_audience: kafka}\n", base=tmp_path))
+    assert warned == [warned[0]] and "clear text" in warned[0]  # only the missing TLS

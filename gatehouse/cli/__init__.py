@@ -217,9 +217,9 @@ def _check(path: str) -> int:
     elif up is not None:
         print(f"sasl.upstream: the proxy authenticates to the brokers as {up.username!r} "
               f"({up.mechanism})")
-    from gatehouse.proxy.config import clear_text_warnings
+    from gatehouse.proxy.config import security_warnings
 
-    for warning in clear_text_warnings(config):
+    for warning in security_warnings(config):
         print(f"warning: {warning}", file=sys.stderr)
     for advice in _policy.ruleset.advice(shared_identity=up is not None):
         print(f"warning: {advice}", file=sys.stderr)

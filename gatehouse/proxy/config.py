@@ -417,10 +417,11 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
     )
 
 
-def clear_text_warnings(config: ProxyConfig) -> list[str]:
-    """Where the config has passwords or bearer tokens (which anyone who sees them can
-    use) cross a network in clear text: logged at every start and said by ``gatehouse
-    check``."""
+def security_warnings(config: ProxyConfig) -> list[str]:
+    """Where the config leaves a door open: passwords or bearer tokens (which anyone who
+    sees them can use) crossing a network in clear text, token signing keys fetched
+    where anyone on the path could replace them, tokens for other services taken.
+    Logged at every start and said by ``gatehouse check``."""
     out = []
     down, up = config.sasl_downstream, config.sasl_upstream
     for mechanism, what in (("PLAIN", "passwords"), (OAUTHBEARER, "tokens")):
@@ -434,6 +435,14 @@ def clear_text_warnings(config: ProxyConfig) -> list[str]:
     if isinstance(up, OAuthClient) and (up.token_endpoint_url or "").startswith("http://"):
         out.append("sasl.upstream.token_endpoint_url is http://: the client secret goes to "
                    "the token endpoint in clear text")
+    oauth = down.oauthbearer if down is not None and OAUTHBEARER in down.mechanisms else None
+    if oauth is not None and (oauth.jwks_url or "").startswith("http://"):
+        out.append("sasl.downstream.oauthbearer.jwks_url is http://: anyone on the path to "
+                   "the identity provider can hand the proxy keys of their own and forge "
+                   "tokens for any principal")
+    if oauth is not None and not oauth.expected_audience:
+        out.append("sasl.downstream.oauthbearer has no expected_audience: a token the "
+                   "identity provider issued for any other service is taken too")
     return out
 
 

@@ -27,7 +27,7 @@ from gatehouse.codecs._native import BYTE_READERS, PYTHON_ASKED, python_reason
 from gatehouse.codecs.scram import SaslCredentials
 from gatehouse.logs import log_event
 from gatehouse.proxy.addresses import BrokerAddress
-from gatehouse.proxy.config import Address, ProxyConfig, clear_text_warnings
+from gatehouse.proxy.config import Address, ProxyConfig, security_warnings
 from gatehouse.proxy.connection import ConnectionContext, ProxyConnection
 from gatehouse.proxy.hooks import CLIENT_CLOSED, ConnectionInfo, Observer, Observers, Policy
 from gatehouse.proxy.oauth import OAuthClient, TokenSource, TokenValidator
@@ -527,7 +527,7 @@ class Proxy:
         if up is not None:
             log_event(logger, logging.INFO, "the proxy authenticates to the brokers "
                       "(sasl.upstream)", mechanism=up.mechanism, user=up.username)
-        for warning in clear_text_warnings(config):
+        for warning in security_warnings(config):
             log_event(logger, logging.WARNING, warning)
 
     def shutdown(self) -> None:
