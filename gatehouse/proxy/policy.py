@@ -45,6 +45,7 @@ from gatehouse.rules.errors import (
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     UNKNOWN_TOPIC_ID,
 )
+from gatehouse.rules.produce import POLICY_VIOLATION, produce_violation
 from gatehouse.rules.topicids import TopicIds, checks_ids, teaches_ids
 from gatehouse.rules.topics import (
     FIND_COORDINATOR,
@@ -161,6 +162,7 @@ class RulesPolicy(Policy):
             return Forward(req)
         evaluation = _evaluated(ruleset, facts_of(conn, req), req, conn.state)
         refused = (self._refused_cluster_configs(conn, req, evaluation)
+                   or self._refused_produce(conn, req, evaluation)
                    or self._refused_ids(conn, req, evaluation)
                    or self._refused_topics(conn, req, evaluation, ruleset))
         self._emit(evaluation.outcomes if refused is None else refused[1])
@@ -221,8 +223,9 @@ class RulesPolicy(Policy):
         # and the Java producer send it to a broker for one topic).
         evaluation = _evaluated(ruleset, facts_of(conn, req), req, conn.state)
         if (evaluation.refusal is not None or evaluation.would_refuse
-                or evaluation.observed_map is not None):
-            return None
+                or evaluation.observed_map is not None or evaluation.produce_policies
+                or evaluation.produce_observed):
+            return None  # produce_policy: the batch headers are read in the whole request
         topic_map = evaluation.topic_map
         report = partial(self._emit, evaluation.outcomes)
         if topic_map is None:
@@ -336,6 +339,34 @@ class RulesPolicy(Policy):
         outcomes = (*(o for o in evaluation.outcomes if o.rule != refusal.rule), *extra,
                     Outcome(refusal.rule, refusal.action, "refuse", "enforce"))
         return _refused(req, refusal.message, refusal.code, refusal.message), outcomes
+
+    def _refused_produce(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation
+                         ) -> tuple[Decision, tuple[Outcome, ...]] | None:
+        """A Produce request that breaks a rule's ``produce_policy`` (its acks, its
+        batches' compression or producer id: ``rules.produce``): POLICY_VIOLATION on
+        every partition, saying what to change, and the outcomes to count; observe-mode
+        policies it breaks are counted and logged.  None lets the request go on."""
+        if ((not evaluation.produce_policies and not evaluation.produce_observed)
+                or evaluation.refusal is not None or not req.known):
+            return None
+        body = req.body
+        extra: list[Outcome] = []
+        for rule, policy in evaluation.produce_observed:
+            broken = produce_violation(policy, body)
+            if broken is not None:
+                self._log_refusal(conn, req, rule, f"{broken} (rule {rule})", observe=True)
+                extra.append(Outcome(rule, "produce_policy", "refuse", "observe"))
+        for rule, policy in evaluation.produce_policies:
+            broken = produce_violation(policy, body)
+            if broken is None:
+                continue
+            message = f"{broken} (rule {rule})"
+            self._log_refusal(conn, req, rule, message, observe=False)
+            outcomes = (*(o for o in evaluation.outcomes if o.rule != rule), *extra,
+                        Outcome(rule, "produce_policy", "refuse", "enforce"))
+            return _refused(req, message, POLICY_VIOLATION, message), outcomes
+        self._emit(tuple(extra))
+        return None
 
     def _refused_ids(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation
                      ) -> tuple[Decision, tuple[Outcome, ...]] | None:

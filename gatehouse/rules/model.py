@@ -21,6 +21,7 @@ from gatehouse.rules.errors import (
     CLUSTER_AUTHORIZATION_FAILED,
     UNSUPPORTED_VERSION,
 )
+from gatehouse.rules.produce import ProducePolicy
 from gatehouse.rules.topics import (
     GROUP,
     TRANSACTION,
@@ -162,6 +163,8 @@ class Rule:
     # ... and config API key -> operation, for requests naming the cluster's configs.
     cluster_configs: Mapping[int, str] = field(default_factory=dict)
     acls_name_cluster: bool = False  # some ``acls`` entry names the cluster
+    # ``produce_policy``: what the client's Produce requests must be (rules.produce).
+    produce_policy: ProducePolicy | None = None
 
     def map_for(self, api_key: int) -> TopicMap | None:
         """The names map this rule applies to requests of ``api_key`` and their answers."""
@@ -209,6 +212,10 @@ class Evaluation:
     # say): its body decides (``rules.acl.names_cluster_configs``); enforced, observed.
     config_refusal: Refusal | None = None
     config_would_refuse: tuple[Refusal, ...] = ()
+    # Produce requests: the policies their bytes are held to, by rule name; enforced,
+    # observed (rules.produce).
+    produce_policies: tuple[tuple[str, ProducePolicy], ...] = ()
+    produce_observed: tuple[tuple[str, ProducePolicy], ...] = ()
 
 
 def parse_version(text: str | None) -> tuple[int, ...] | None:
@@ -295,6 +302,8 @@ class RuleSet:
         outcomes: list[Outcome] = []
         config_refusal: Refusal | None = None
         config_would: list[Refusal] = []
+        policies: list[tuple[str, ProducePolicy]] = []
+        policies_observed: list[tuple[str, ProducePolicy]] = []
         for rule in self.matching(facts):
             found: list[Refusal] = []
             bound = rule.min_api_version.get(key)
@@ -332,6 +341,9 @@ class RuleSet:
                     config_would.append(conditional)
                 elif config_refusal is None:
                     config_refusal = conditional
+            if key == PRODUCE and rule.produce_policy is not None:
+                (policies if rule.mode == "enforce" else policies_observed).append(
+                    (rule.name, rule.produce_policy))
             for r in found:
                 outcomes.append(_outcome(rule.name, r.action, "refuse", rule.mode))
             if rule.mode == "enforce":
@@ -346,7 +358,8 @@ class RuleSet:
             if not found and topic_map is None:
                 outcomes.append(_outcome(rule.name, "match", "pass", rule.mode))
         if (refusal is None and not would and not maps and not observed
-                and config_refusal is None and not config_would):
+                and config_refusal is None and not config_would and not policies
+                and not policies_observed):
             return _passed(tuple(outcomes))  # nearly every request: one shared answer
         return Evaluation(
             refusal=refusal,
@@ -356,6 +369,8 @@ class RuleSet:
             outcomes=tuple(outcomes),
             config_refusal=config_refusal,
             config_would_refuse=tuple(config_would),
+            produce_policies=tuple(policies),
+            produce_observed=tuple(policies_observed),
         )
 
     def version_ranges(self, facts: ClientFacts, api_key: int, lo: int,

@@ -36,6 +36,7 @@ from gatehouse.rules.model import (
     VersionBound,
     parse_version,
 )
+from gatehouse.rules.produce import ACKS_NAMES, COMPRESSION_NAMES, ProducePolicy
 from gatehouse.rules.topics import (
     ID_FILTER_KEYS,
     Chain,
@@ -269,6 +270,9 @@ def _rule(data: Any, source: Source, line: int | None, index: int) -> Rule:
     quota_raw = reader.take("quota", dict)
     quota = (None if quota_raw is None
              else _quota(Reader(quota_raw, source, "quota", reader.line_of("quota"))))
+    policy_raw = reader.take("produce_policy", dict)
+    produce_policy = (None if policy_raw is None else _produce_policy(
+        Reader(policy_raw, source, "produce_policy", reader.line_of("produce_policy"))))
     reader.finish()
     return Rule(name=name, match=match, mode=mode,
                 min_api_version=minimum, max_api_version=maximum, deny_apis=deny,
@@ -278,7 +282,47 @@ def _rule(data: Any, source: Source, line: int | None, index: int) -> Rule:
                 topic_map=topic_map, quota=quota, line=line, api_maps=api_maps,
                 cluster_refused=MappingProxyType(cluster_refused),
                 cluster_configs=MappingProxyType(cluster_configs),
-                acls_name_cluster=names_cluster)
+                acls_name_cluster=names_cluster, produce_policy=produce_policy)
+
+
+def _produce_policy(reader: Reader) -> ProducePolicy:
+    """``produce_policy: {acks, compression, idempotent}``: what the rule's clients'
+    Produce requests must be (at least one of the three)."""
+    acks: frozenset[int] | None = None
+    raw = reader.take("acks", (str, int, list))
+    if raw is not None:
+        values = raw if isinstance(raw, list) else [raw]
+        parsed = set()
+        for i, value in enumerate(values):
+            code = ACKS_NAMES.get(str(value).lower())
+            if code is None or isinstance(value, bool):
+                raise reader.source.error(
+                    f"produce_policy.acks: {value!r} is not all, 1 or 0",
+                    line_of(values, i) if isinstance(raw, list) else reader.line_of("acks"))
+            parsed.add(code)
+        if not parsed:
+            raise reader.error("acks", "produce_policy.acks must name at least one value")
+        acks = frozenset(parsed)
+    compression: frozenset[str] | None = None
+    raw = reader.take("compression", (str, list))
+    if raw is not None:
+        names = raw if isinstance(raw, list) else [raw]
+        for i, name in enumerate(names):
+            if str(name).lower() not in COMPRESSION_NAMES:
+                raise reader.source.error(
+                    f"produce_policy.compression: {name!r} is not one of "
+                    f"{', '.join(COMPRESSION_NAMES)}",
+                    line_of(names, i) if isinstance(raw, list) else reader.line_of("compression"))
+        if not names:
+            raise reader.error("compression", "produce_policy.compression must name at least "
+                               "one codec")
+        compression = frozenset(str(n).lower() for n in names)
+    idempotent = reader.take("idempotent", bool, False)
+    if acks is None and compression is None and not idempotent:
+        raise reader.error(None, "produce_policy needs at least one of acks, compression, "
+                           "idempotent: true")
+    reader.finish()
+    return ProducePolicy(acks, compression, idempotent)
 
 
 def _acl_entries(raw: list[Any], source: Source, line: int | None) -> list[AclEntry]:
