@@ -25,7 +25,7 @@ from gatehouse import codecs
 from gatehouse.codecs import Request
 from gatehouse.codecs._native import BYTE_READERS, PYTHON_ASKED, python_reason
 from gatehouse.codecs.scram import SaslCredentials
-from gatehouse.logs import log_event
+from gatehouse.logs import FIELDS_ATTR, log_event
 from gatehouse.proxy.addresses import BrokerAddress
 from gatehouse.proxy.config import Address, ProxyConfig, security_warnings
 from gatehouse.proxy.connection import ConnectionContext, ProxyConnection
@@ -37,6 +37,7 @@ from gatehouse.proxy.sasl import SaslError, SaslUsers, authenticate_upstream, ro
 from gatehouse.proxy.tls import TlsContexts, accept_tls
 
 logger = logging.getLogger("gatehouse.proxy")
+_KEPT_ERRORS = 16  # internal errors remembered (each is logged)
 
 _STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
@@ -87,6 +88,9 @@ class Proxy:
         self.ready = trio.Event()
         self.bootstrap_ports: list[int] = []
         self.upstream_reachable = False  # for /readyz: the last connect attempt worked
+        # The last internal errors (bugs) that ended a connection: logged, and kept for
+        # the tests to fail on.
+        self.internal_errors: list[Exception] = []
         self._ids = itertools.count(1)
         self._rotate = itertools.count()
         self._connections = 0
@@ -385,6 +389,17 @@ class Proxy:
             finally:
                 reason, level = pumps.close_reason, pumps.close_level
                 self.observer.connection_closed(conn, reason)
+        except Exception as exc:
+            # A bug (ours): it ends this connection, logged with its traceback, and
+            # the proxy serves every other one on (one connection's failure never
+            # touches another's).
+            reason, level = f"internal error: {_innermost(exc)!r}", logging.ERROR
+            self.internal_errors.append(exc)
+            del self.internal_errors[:-_KEPT_ERRORS]
+            logger.error("internal error: the connection is closed (a bug: please report "
+                         "it with this traceback)", exc_info=exc,
+                         extra={FIELDS_ATTR: conn.describe()})
+            await _aclose(client)
         finally:
             self._connections -= 1
             left = self._per_host.pop(host, 1) - 1
@@ -532,6 +547,13 @@ class Proxy:
 
     def shutdown(self) -> None:
         self.draining.set()
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    """The one error inside nurseries' groups of one (what went wrong, to name it)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
 
 
 async def _run_in(scope: trio.CancelScope, job: Callable[[], Awaitable[None]]) -> None:

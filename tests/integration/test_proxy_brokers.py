@@ -14,7 +14,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from gatehouse import codecs
-from gatehouse.proxy.hooks import AGE_LIMIT, ConnectionInfo, Observer
+from gatehouse.proxy.hooks import AGE_LIMIT, ConnectionInfo, Observer, Policy
 from tests.support.clients import (
     consume,
     kafka_python_produce,
@@ -555,3 +555,49 @@ def test_connections_past_their_age_reconnect_and_nothing_is_lost(
             f", {len(sent)} records")
         assert sorted(consume(conf, topic, len(sent), timeout=60)) == sorted(sent)
     assert sum(watermarks(kafka.bootstrap, topic, p)[1] for p in (0, 1)) == len(sent)
+
+
+class _BuggyPolicy(Policy):
+    """A policy with a bug that a client named ``trips-the-bug`` finds."""
+
+    def on_request(self, conn: ConnectionInfo, req: codecs.Request) -> Any:
+        if req.header.client_id == "trips-the-bug":
+            raise KeyError("a bug in a policy")
+        return super().on_request(conn, req)
+
+
+def test_an_internal_error_ends_only_its_own_connection(
+        kafka: KafkaCluster, caplog: pytest.LogCaptureFixture) -> None:
+    """A bug met while serving one connection (here a policy's) closes that connection,
+    logged at ERROR with its traceback and the client; every other connection, open or
+    new, is served on."""
+    topic = unique("contained")
+    kafka.create_topic(topic)
+    proxy = ProxyThread(kafka.bootstrap, policy=_BuggyPolicy()).start()
+    try:
+        conf = {"bootstrap.servers": proxy.bootstrap}
+        steady = ck.Producer({**conf, "acks": "all", "linger.ms": 0})
+        steady.produce(topic, b"before")
+        assert steady.flush(30) == 0
+        port = proxy.proxy.bootstrap_ports[0]
+        buggy = socket.create_connection(("127.0.0.1", port), timeout=20)
+        req = codecs.Request.build(3, 12, 9, "trips-the-bug",
+                                   codecs.api(3).request.root.cls(topics=()))
+        frame = bytes(req.encode())
+        buggy.sendall(struct.pack(">i", len(frame)) + frame)
+        assert buggy.recv(10) == b""  # closed, unanswered
+        buggy.close()
+        steady.produce(topic, b"after")  # the open connection goes on
+        assert steady.flush(30) == 0
+        assert produce(conf, topic, count=5)  # and new ones are served
+    finally:
+        with pytest.raises(RuntimeError, match="internal error"):  # the tests still fail on it
+            proxy.stop()
+    [record] = [r for r in caplog.records if r.getMessage().startswith("internal error")]
+    assert record.levelname == "ERROR" and record.exc_info is not None
+    assert record.gatehouse_fields["client_id"] == "trips-the-bug"  # type: ignore[attr-defined]
+    [closed] = [r.gatehouse_fields for r in caplog.records  # type: ignore[attr-defined]
+                if r.getMessage() == "connection closed"
+                and r.gatehouse_fields.get("client_id") == "trips-the-bug"]
+    assert closed["reason"] == "internal error: KeyError('a bug in a policy')"
+    assert watermarks(kafka.bootstrap, topic) == (0, 2 + 5)

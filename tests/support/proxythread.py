@@ -107,6 +107,9 @@ class ProxyThread:
         assert not self._thread.is_alive(), "the proxy did not stop"
         if self.error is not None:
             raise RuntimeError("the proxy crashed") from self.error
+        if self.proxy.internal_errors:  # contained to their connections, but bugs
+            raise RuntimeError("the proxy hit an internal error") from (
+                self.proxy.internal_errors[0])
 
     def sample(self, name: str, **labels: str) -> float:
         assert self.metered, "this proxy has no metrics observer: every sample would be 0"
