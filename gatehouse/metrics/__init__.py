@@ -241,6 +241,9 @@ class ProxyMetrics(Observer):
                                          "to brokers", ["broker"], registry=r)
         self.malformed_frames = Counter("gatehouse_malformed_frames", "Frames that could not be "
                                  "decoded", ["direction"], registry=r)
+        self.internal_errors = Counter("gatehouse_internal_errors", "Connections a bug of the "
+                                       "proxy's ended (each logged with its traceback)",
+                                       registry=r)
         self.folded = Counter("gatehouse_label_values_folded", "Label values folded into "
                               "'other' by the cardinality cap", ["label"], registry=r)
         self.consumer_groups = Gauge("gatehouse_consumer_groups", "Groups with a live member "
@@ -591,6 +594,9 @@ class ProxyMetrics(Observer):
 
     def malformed(self, conn: ConnectionInfo, direction: str, error: str) -> None:
         self.malformed_frames.labels(direction=direction).inc()
+
+    def internal_error(self, conn: ConnectionInfo, error: str) -> None:
+        self.internal_errors.inc()
 
 
 class _ConnectionsGauge:

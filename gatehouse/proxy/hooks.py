@@ -244,6 +244,9 @@ class Observer:
     def malformed(self, conn: ConnectionInfo, direction: str, error: str) -> None:
         pass
 
+    def internal_error(self, conn: ConnectionInfo, error: str) -> None:
+        """A bug ended ``conn`` (the proxy served every other connection on)."""
+
 
 class Observers(Observer):
     """Fan-out to several observers; one failing observer is logged, never fatal."""
@@ -306,6 +309,9 @@ class Observers(Observer):
 
     def malformed(self, conn: ConnectionInfo, direction: str, error: str) -> None:
         self._each("malformed", conn, direction, error)
+
+    def internal_error(self, conn: ConnectionInfo, error: str) -> None:
+        self._each("internal_error", conn, error)
 
 
 def _observer_failed(observer: Any, method: str) -> None:

@@ -396,6 +396,7 @@ class Proxy:
             reason, level = f"internal error: {_innermost(exc)!r}", logging.ERROR
             self.internal_errors.append(exc)
             del self.internal_errors[:-_KEPT_ERRORS]
+            self.observer.internal_error(conn, reason)
             logger.error("internal error: the connection is closed (a bug: please report "
                          "it with this traceback)", exc_info=exc,
                          extra={FIELDS_ATTR: conn.describe()})

@@ -590,6 +590,7 @@ def test_an_internal_error_ends_only_its_own_connection(
         steady.produce(topic, b"after")  # the open connection goes on
         assert steady.flush(30) == 0
         assert produce(conf, topic, count=5)  # and new ones are served
+        assert proxy.sample("gatehouse_internal_errors_total") == 1
     finally:
         with pytest.raises(RuntimeError, match="internal error"):  # the tests still fail on it
             proxy.stop()
