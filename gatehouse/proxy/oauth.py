@@ -315,7 +315,6 @@ class TokenValidator:
         options: Any = {"require": ["exp", "iat", claim], "verify_iat": False,
                         "verify_aud": bool(settings.expected_audience)}
         claims: dict[str, Any] | None = None
-        failure = "bad signature"
         for candidate in candidates:
             try:
                 claims = jwt.decode(
@@ -327,19 +326,18 @@ class TokenValidator:
             except jwt.InvalidSignatureError:
                 continue
             except jwt.ExpiredSignatureError:
-                failure = "expired"
+                failure = "is expired"
             except jwt.ImmatureSignatureError:
-                failure = "not valid yet (nbf)"
+                failure = "is not valid yet (nbf)"
             except jwt.InvalidAudienceError:
-                failure = "not for this audience (aud)"
+                failure = "is not for this audience (aud)"
             except jwt.InvalidIssuerError:
-                failure = "from another issuer (iss)"
+                failure = "is from another issuer (iss)"
             except jwt.MissingRequiredClaimError as exc:
-                failure = f"no {exc.claim!r} claim"
+                failure = f"has no {exc.claim!r} claim"
             except jwt.InvalidTokenError as exc:
-                failure = f"invalid: {exc}"
-            raise TokenRefused(f"the token is {failure}" if " claim" not in failure
-                               else f"the token has {failure}")
+                failure = f"is invalid: {exc}"
+            raise TokenRefused(f"the token {failure}")
         if claims is None:
             raise TokenRefused("the token's signature does not verify")
         principal = claims.get(claim)
@@ -361,11 +359,6 @@ def load_jwks_file(path: Path) -> SigningKeys:
     except OSError as exc:
         raise ConfigError(f"cannot read the JWKS: {exc.strerror or exc}", file=str(path)) from None
     return parse_jwks(data, str(path))
-
-
-def seconds_left(token: VerifiedToken) -> float:
-    """Seconds until the token expires (from the wall clock, as its ``exp`` is)."""
-    return token.expires - time.time()
 
 
 # -- the proxy's own tokens (origination) ---------------------------------------------------
@@ -562,5 +555,4 @@ __all__ = [
     "load_jwks_file",
     "parse_jwks",
     "read_client_sasl",
-    "seconds_left",
 ]
