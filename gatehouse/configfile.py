@@ -199,6 +199,18 @@ class Reader:
             raise self.error(None, f"{self.what} needs {key!r}")
         return self.take(key, types)
 
+    def take_each(self, key: str, types: type | tuple[type, ...]
+                  ) -> list[tuple[Any, int | None]] | None:
+        """One value of ``types`` or a list of values, each with its line (an item of a
+        block list: its own; else the key's), for a check that names the one it
+        refuses; None when absent.  The items' own types are the caller's to check."""
+        raw = self.take(key, (list, *_as_tuple(types)))
+        if raw is None:
+            return None
+        if not isinstance(raw, list):
+            return [(raw, self.line_of(key))]
+        return [(item, line_of(raw, i) or self.line_of(key)) for i, item in enumerate(raw)]
+
     def take_networks(self, key: str, what: str
                       ) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] | None:
         """A CIDR (``10.0.0.0/8``; a bare address is a /32 or /128) or a list of them;

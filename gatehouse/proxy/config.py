@@ -461,11 +461,9 @@ def _sasl_downstream(sasl: Reader, base: Path, claim: str) -> DownstreamSasl | N
     if not offered:
         raise down.error(None, "sasl.downstream needs users_file (PLAIN, SCRAM) or "
                          "oauthbearer (OAUTHBEARER), or both")
-    mechanisms = down.take("mechanisms", (list, str), offered)
-    if isinstance(mechanisms, str):
-        mechanisms = [mechanisms]
-    for i, mechanism in enumerate(mechanisms):
-        line = line_of(mechanisms, i) or down.line_of("mechanisms")
+    given = down.take_each("mechanisms", str)
+    named = [(m, None) for m in offered] if given is None else given
+    for mechanism, line in named:
         if mechanism not in (*MECHANISMS, OAUTHBEARER):
             raise sasl.source.error(f"sasl.downstream.mechanisms: {mechanism!r} is not one of "
                                     f"{', '.join((*MECHANISMS, OAUTHBEARER))}", line)
@@ -476,8 +474,9 @@ def _sasl_downstream(sasl: Reader, base: Path, claim: str) -> DownstreamSasl | N
         if mechanism != OAUTHBEARER and users_file is None:
             raise sasl.source.error(f"sasl.downstream.mechanisms: {mechanism} needs "
                                     "sasl.downstream.users_file", line)
-    if not mechanisms:
+    if not named:
         raise down.error("mechanisms", "sasl.downstream.mechanisms must name at least one")
+    mechanisms = [m for m, _ in named]
     lifetime = _positive(down, "session_lifetime", None)
     down.finish()
     if users_file is not None:
@@ -499,14 +498,12 @@ def _oauthbearer(section: Reader, base: Path, claim: str) -> OAuthSettings:
                             f"https:// (or http://) URL, not {jwks_url!r}")
     refresh = _positive(section, "jwks_refresh", 3600.0)
     issuer = section.take("expected_issuer", str)
-    audience = section.take("expected_audience", (str, list), [])
-    if isinstance(audience, str):
-        audience = [audience]
-    for i, each in enumerate(audience):
+    audience = []
+    for each, line in section.take_each("expected_audience", str) or ():
         if not isinstance(each, str) or not each:
             raise section.source.error("sasl.downstream.oauthbearer.expected_audience: "
-                                       f"{each!r} is not an audience name",
-                                       line_of(audience, i) or section.line_of("expected_audience"))
+                                       f"{each!r} is not an audience name", line)
+        audience.append(each)
     skew = section.take("clock_skew", (int, float), 30)
     if skew < 0:
         raise section.error("clock_skew", "sasl.downstream.oauthbearer.clock_skew must not "

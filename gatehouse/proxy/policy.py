@@ -336,9 +336,8 @@ class RulesPolicy(Policy):
             self._emit(tuple(extra))
             return None
         self._log_refusal(conn, req, refusal.rule, refusal.message, observe=False)
-        outcomes = (*(o for o in evaluation.outcomes if o.rule != refusal.rule), *extra,
-                    Outcome(refusal.rule, refusal.action, "refuse", "enforce"))
-        return _refused(req, refusal.message, refusal.code, refusal.message), outcomes
+        return (_refused(req, refusal.message, refusal.code, refusal.message),
+                _refusing(evaluation, refusal.rule, refusal.action, extra))
 
     def _refused_produce(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation
                          ) -> tuple[Decision, tuple[Outcome, ...]] | None:
@@ -362,9 +361,8 @@ class RulesPolicy(Policy):
                 continue
             message = f"{broken} (rule {rule})"
             self._log_refusal(conn, req, rule, message, observe=False)
-            outcomes = (*(o for o in evaluation.outcomes if o.rule != rule), *extra,
-                        Outcome(rule, "produce_policy", "refuse", "enforce"))
-            return _refused(req, message, POLICY_VIOLATION, message), outcomes
+            return (_refused(req, message, POLICY_VIOLATION, message),
+                    _refusing(evaluation, rule, "produce_policy", extra))
         self._emit(tuple(extra))
         return None
 
@@ -545,6 +543,15 @@ def _filter_rule(ruleset: RuleSet, outcomes: tuple[Outcome, ...], mode: str, kin
     fallback = next((r.name for r in applied if (m := r.map_for(api_key)) is not None
                      and m.filters), "topic-filter")
     return fallback, "deny_topics" if kind == TOPIC else f"deny_{ID_FILTER_KEYS[kind]}"
+
+
+def _refusing(evaluation: Evaluation, rule: str, action: str,
+              observed: Sequence[Outcome]) -> tuple[Outcome, ...]:
+    """The outcomes of a request an enforced ``rule`` refused on its body: that rule's
+    refusal in place of what the header-only evaluation said of it, the others' as they
+    were, and the ``observed`` observe-mode refusals."""
+    return (*(o for o in evaluation.outcomes if o.rule != rule), *observed,
+            Outcome(rule, action, "refuse", "enforce"))
 
 
 def _refused(req: Request, reason: str, code: int, message: str | None = None,

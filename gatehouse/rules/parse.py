@@ -145,13 +145,11 @@ def _match(reader: Reader) -> Match:
 def _name_patterns(reader: Reader, key: str) -> tuple[re.Pattern[str], ...] | None:
     """``allow_topics`` / ``deny_topics`` (``_groups``, ``_transactional_ids``): regular
     expressions over whole names."""
-    raw = reader.take(key, (list, str))
-    if raw is None:
+    items = reader.take_each(key, str)
+    if items is None:
         return None
-    items = [raw] if isinstance(raw, str) else raw
     patterns = []
-    for i, item in enumerate(items):
-        line = (line_of(raw, i) if isinstance(raw, list) else None) or reader.line_of(key)
+    for item, line in items:
         if not isinstance(item, str):
             raise reader.source.error(f"{key}: {item!r} is not a regular expression", line)
         try:
@@ -289,34 +287,29 @@ def _produce_policy(reader: Reader) -> ProducePolicy:
     """``produce_policy: {acks, compression, idempotent}``: what the rule's clients'
     Produce requests must be (at least one of the three)."""
     acks: frozenset[int] | None = None
-    raw = reader.take("acks", (str, int, list))
-    if raw is not None:
-        values = raw if isinstance(raw, list) else [raw]
+    values = reader.take_each("acks", (str, int))
+    if values is not None:
         parsed = set()
-        for i, value in enumerate(values):
+        for value, line in values:
             code = ACKS_NAMES.get(str(value).lower())
             if code is None or isinstance(value, bool):
-                raise reader.source.error(
-                    f"produce_policy.acks: {value!r} is not all, 1 or 0",
-                    line_of(values, i) if isinstance(raw, list) else reader.line_of("acks"))
+                raise reader.source.error(f"produce_policy.acks: {value!r} is not all, 1 or 0",
+                                          line)
             parsed.add(code)
         if not parsed:
             raise reader.error("acks", "produce_policy.acks must name at least one value")
         acks = frozenset(parsed)
     compression: frozenset[str] | None = None
-    raw = reader.take("compression", (str, list))
-    if raw is not None:
-        names = raw if isinstance(raw, list) else [raw]
-        for i, name in enumerate(names):
+    names = reader.take_each("compression", str)
+    if names is not None:
+        for name, line in names:
             if str(name).lower() not in COMPRESSION_NAMES:
-                raise reader.source.error(
-                    f"produce_policy.compression: {name!r} is not one of "
-                    f"{', '.join(COMPRESSION_NAMES)}",
-                    line_of(names, i) if isinstance(raw, list) else reader.line_of("compression"))
+                raise reader.source.error(f"produce_policy.compression: {name!r} is not one "
+                                          f"of {', '.join(COMPRESSION_NAMES)}", line)
         if not names:
             raise reader.error("compression", "produce_policy.compression must name at least "
                                "one codec")
-        compression = frozenset(str(n).lower() for n in names)
+        compression = frozenset(str(name).lower() for name, _ in names)
     idempotent = reader.take("idempotent", bool, False)
     if acks is None and compression is None and not idempotent:
         raise reader.error(None, "produce_policy needs at least one of acks, compression, "
