@@ -12,6 +12,11 @@ and rules need counts and sizes, never payloads, so this module reads headers on
 A Fetch response may end with a partial batch (the broker cuts at max bytes); that tail
 is reported as ``truncated_bytes``, not as an error.
 
+``iter_records`` reads the records themselves (key, value, headers) for the one rule that
+needs them (``validate_records``), from a batch's records section once the caller has
+decompressed it (compression is not the codec's business: it imports no codec library);
+``iter_legacy_records`` does the same for a legacy message set.
+
 ``encode_batch`` goes the other way for a producer of our own (the capture's Kafka
 sink): records in, one batch v2 out, CRC-32C computed, optionally gzip-compressed.
 """
@@ -27,7 +32,7 @@ from typing import Final
 
 from gatehouse.codecs._native import speedups
 from gatehouse.codecs.errors import RemoteProtocolError
-from gatehouse.codecs.primitives import Buffer, varint_bytes
+from gatehouse.codecs.primitives import Buffer, read_varint, read_varlong, varint_bytes
 
 BATCH_HEADER: Final = struct.Struct(">qiibIhiqqqhii")
 BATCH_OVERHEAD: Final = BATCH_HEADER.size  # 61
@@ -165,6 +170,99 @@ class RecordsSummary:
     compressions: frozenset[str]
 
 
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One record (K ``DefaultRecord``; or a legacy message's key and value)."""
+
+    index: int  # its place in its batch, from 0: what KIP-467's record_errors name
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+
+
+def records_section(records: Buffer, batch: RecordBatch) -> memoryview:
+    """A v2 batch's records, after its header: compressed as ``batch.compression`` says."""
+    view = memoryview(records)
+    return view[batch.position + BATCH_OVERHEAD : batch.position + batch.size]
+
+
+def iter_records(data: Buffer, count: int) -> Iterator[Record]:
+    """The ``count`` records of a v2 batch's records section (decompressed).
+
+    Raises ``RemoteProtocolError`` for records that do not parse: a length running past
+    the section, a record whose fields do not fill its length, fewer records than
+    ``count`` or bytes left over after them.
+    """
+    buf = bytes(data)
+    end = len(buf)
+    pos = 0
+    for index in range(count):
+        length, pos = read_varint(buf, pos)
+        stop = pos + length
+        if length < 0 or stop > end:
+            raise RemoteProtocolError(f"record {index}: length {length} runs past its batch",
+                                      offset=pos)
+        pos += 1  # attributes: unused
+        _, pos = read_varlong(buf, pos)  # timestamp delta
+        _, pos = read_varint(buf, pos)  # offset delta
+        key, pos = _read_bytes(buf, pos, stop, index, "key")
+        value, pos = _read_bytes(buf, pos, stop, index, "value")
+        header_count, pos = read_varint(buf, pos)
+        if header_count < 0:
+            raise RemoteProtocolError(f"record {index}: {header_count} headers", offset=pos)
+        headers = []
+        for _ in range(header_count):
+            name, pos = _read_bytes(buf, pos, stop, index, "header key")
+            if name is None:
+                raise RemoteProtocolError(f"record {index}: a header with a null key", offset=pos)
+            header_value, pos = _read_bytes(buf, pos, stop, index, "header value")
+            try:
+                headers.append((name.decode(), header_value))
+            except UnicodeDecodeError:
+                raise RemoteProtocolError(f"record {index}: a header key that is not UTF-8",
+                                          offset=pos) from None
+        if pos != stop:
+            raise RemoteProtocolError(f"record {index}: its fields do not fill its length "
+                                      f"{length}", offset=pos)
+        yield Record(index, key, value, tuple(headers))
+    if pos != end:
+        raise RemoteProtocolError(f"{end - pos} bytes after the batch's {count} records",
+                                  offset=pos)
+
+
+def _read_bytes(buf: bytes, pos: int, stop: int, index: int, what: str
+                ) -> tuple[bytes | None, int]:
+    length, pos = read_varint(buf, pos)
+    if length < 0:
+        return None, pos
+    if pos + length > stop:
+        raise RemoteProtocolError(f"record {index}: its {what} runs past the record",
+                                  offset=pos)
+    return buf[pos : pos + length], pos + length
+
+
+def legacy_key_value(records: Buffer, message: LegacyMessage) -> tuple[bytes | None, bytes | None]:
+    """A legacy message's key and value (a compressed wrapper's value is its compressed
+    inner message set)."""
+    view = memoryview(records)
+    pos = message.position + LOG_OVERHEAD + (_LEGACY_MIN_SIZE[message.magic] - 8)
+    end = message.position + message.size
+    values: list[bytes | None] = []
+    for what in ("key", "value"):
+        if pos + 4 > end:
+            raise RemoteProtocolError(f"legacy message: its {what} runs past it", offset=pos)
+        (length,) = _COUNT.unpack_from(view, pos)
+        pos += 4
+        if length < 0:
+            values.append(None)
+            continue
+        if pos + length > end:
+            raise RemoteProtocolError(f"legacy message: its {what} runs past it", offset=pos)
+        values.append(bytes(view[pos : pos + length]))
+        pos += length
+    return values[0], values[1]
+
+
 def iter_batches(records: Buffer | None) -> Iterator[RecordBatch | LegacyMessage]:
     """The batches (and legacy messages) of a records field, in order.
 
@@ -252,8 +350,10 @@ def encode_batch(
     producer_epoch: int = -1,
     base_sequence: int = -1,
     partition_leader_epoch: int = -1,
+    headers: Sequence[Sequence[tuple[str, bytes | None]]] | None = None,
 ) -> bytes:
-    """One record batch v2 of ``(timestamp_ms, key, value)`` records (CreateTime, no headers).
+    """One record batch v2 of ``(timestamp_ms, key, value)`` records (CreateTime), with
+    ``headers`` per record if given.
 
     ``compression`` is ``none`` or ``gzip`` (the only codec in the standard library).
     The defaults are a plain producer's: no idempotence, no transaction; the broker
@@ -274,7 +374,7 @@ def encode_batch(
             varint_bytes(offset_delta),
             _NULL if key is None else varint_bytes(len(key)) + key,
             _NULL if value is None else varint_bytes(len(value)) + value,
-            _NO_HEADERS,
+            _NO_HEADERS if not headers else _headers(headers[offset_delta]),
         ))
         parts.append(varint_bytes(len(body)))
         parts.append(body)
@@ -290,6 +390,15 @@ def encode_batch(
     length = 4 + 1 + 4 + len(after_crc)
     return _BEFORE_CRC.pack(base_offset, length, partition_leader_epoch, 2,
                             crc32c(after_crc)) + after_crc
+
+
+def _headers(headers: Sequence[tuple[str, bytes | None]]) -> bytes:
+    parts = [varint_bytes(len(headers))]
+    for name, value in headers:
+        raw = name.encode()
+        parts += (varint_bytes(len(raw)), raw,
+                  _NULL if value is None else varint_bytes(len(value)) + value)
+    return b"".join(parts)
 
 
 class Uncounted(Exception):

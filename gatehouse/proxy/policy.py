@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from gatehouse.codecs import Request, Response, api_name, produce
+from gatehouse.compression import DecompressionError, decompress
 from gatehouse.configfile import ConfigError, FileWatch, load_yaml_file
 from gatehouse.logs import log_event
 from gatehouse.proxy.apiversions import RangeAdjuster
@@ -46,6 +48,17 @@ from gatehouse.rules.errors import (
     UNKNOWN_TOPIC_ID,
 )
 from gatehouse.rules.produce import POLICY_VIOLATION, produce_violation
+from gatehouse.rules.records import (
+    PartitionKey,
+    PartitionVerdict,
+    RecordValidation,
+    client_topic_names,
+    merged,
+    topic_key,
+    verdict,
+    withheld_answer,
+    without,
+)
 from gatehouse.rules.topicids import TopicIds, checks_ids, teaches_ids
 from gatehouse.rules.topics import (
     FIND_COORDINATOR,
@@ -75,6 +88,10 @@ PRODUCE, FETCH, METADATA = 0, 1, 3
 _FOREIGN_ID = "names by id a topic outside the client's prefix"
 # The context of a request forwarded only for its answer's topic ids (``on_response``).
 _LEARN_IDS = object()
+# The verdict on the partitions of a topic named by an id not learned yet (rules.records).
+_UNSEEN_ID = PartitionVerdict(
+    UNKNOWN_TOPIC_ID, "names by id a topic not yet seen in a Metadata answer (the client "
+    "refreshes its metadata, through the proxy, and retries)")
 # What a broker answers a client its ACLs do not allow to use the name.
 _NOT_AUTHORIZED = {TOPIC: TOPIC_AUTHORIZATION_FAILED, GROUP: GROUP_AUTHORIZATION_FAILED,
                    TRANSACTION: TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
@@ -165,7 +182,14 @@ class RulesPolicy(Policy):
                    or self._refused_produce(conn, req, evaluation)
                    or self._refused_ids(conn, req, evaluation)
                    or self._refused_topics(conn, req, evaluation, ruleset))
-        self._emit(evaluation.outcomes if refused is None else refused[1])
+        outcomes, withheld = evaluation.outcomes, None
+        if refused is None and (evaluation.record_validations or evaluation.records_observed):
+            checked = self._checked_records(conn, req, evaluation)
+            if isinstance(checked, _Withholding):
+                req, withheld, outcomes = checked.rest, checked.answer, checked.outcomes
+            else:
+                refused = checked
+        self._emit(outcomes if refused is None else refused[1])
         observed = evaluation.observed_map
         if observed is not None and observed.filters:
             self._emit(self._would_refuse_topics(conn, req, evaluation, ruleset))
@@ -183,6 +207,19 @@ class RulesPolicy(Policy):
                              "the codec has no table for that version to build its error "
                              "response, so the connection is closed")
             return _refused(req, refusal.message, refusal.code, refusal.message)
+        decision = self._forwarded(conn, req, evaluation, ruleset)
+        if withheld is None or not isinstance(decision, Forward):
+            return decision
+        # The broker answers the partitions sent on; the proxy adds the ones it withheld.
+        inner = decision.context if decision.wants_response else None
+        return Forward(decision.request, wants_response=True,
+                       context=_Withheld(inner, withheld))
+
+    def _forwarded(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation,
+                   ruleset: RuleSet) -> Decision:
+        """A request no rule refused, forwarded: mapped under a topic map, sent for its
+        answer where the answer needs mapping or teaches topic ids."""
+        observed = evaluation.observed_map
         if evaluation.observed_map is not None and req.known:
             try:
                 changed = map_request(req, evaluation.observed_map, {}, RewriteStats())
@@ -193,9 +230,11 @@ class RulesPolicy(Policy):
                           api=req.api.name)
         topic_map = evaluation.topic_map
         if topic_map is None:
-            if (observed is not None and observed.hides_others
+            if ((ruleset.validates_by_topic
+                 or (observed is not None and observed.hides_others))
                     and teaches_ids(req.api.response, req.api_version)):
-                # Its answer teaches topic ids, which the observe-mode id check reads.
+                # Its answer teaches topic ids, which the observe-mode id check and
+                # validate_records (Produce v13 names topics by id) read.
                 return Forward(req, wants_response=True, context=_LEARN_IDS)
             return Forward(req)
         regex = regex_subscription(req)
@@ -223,9 +262,10 @@ class RulesPolicy(Policy):
         # and the Java producer send it to a broker for one topic).
         evaluation = _evaluated(ruleset, facts_of(conn, req), req, conn.state)
         if (evaluation.refusal is not None or evaluation.would_refuse
-                or evaluation.observed_map is not None or evaluation.produce_policies
-                or evaluation.produce_observed):
-            return None  # produce_policy: the batch headers are read in the whole request
+                or evaluation.observed_map is not None or evaluation.reads_produce):
+            return None  # produce_policy, validate_records: read in the whole request
+        if ruleset.validates_by_topic and teaches_ids(req.api.response, req.api_version):
+            return None  # its answer teaches the topic ids validate_records matches by
         topic_map = evaluation.topic_map
         report = partial(self._emit, evaluation.outcomes)
         if topic_map is None:
@@ -245,7 +285,16 @@ class RulesPolicy(Policy):
                        context=topic_map, new_head=new_head, report=report)
 
     def on_response(self, conn: ConnectionInfo, pending: Pending, resp: Response) -> Response:
-        topic_map, lookup = pending.context, None
+        context = pending.context
+        if isinstance(context, _Withheld):
+            return merged(self._answered(conn, pending, context.inner, resp), context.answer)
+        return self._answered(conn, pending, context, resp)
+
+    def _answered(self, conn: ConnectionInfo, pending: Pending, context: Any,
+                  resp: Response) -> Response:
+        """The broker's answer as the client gets it, for a request forwarded with
+        ``context`` (a topic map, what a FindCoordinator looked up, ``_LEARN_IDS``)."""
+        topic_map, lookup = context, None
         if topic_map is _LEARN_IDS:
             self.topic_ids.learn(resp)
             return resp
@@ -253,7 +302,8 @@ class RulesPolicy(Policy):
             topic_map, lookup = topic_map
         if not isinstance(topic_map, TopicMap):
             return resp
-        if ((topic_map.hides_others or _observes_ids(self.ruleset))
+        if ((topic_map.hides_others or _observes_ids(self.ruleset)
+             or self.ruleset.validates_by_topic)
                 and teaches_ids(resp.api.response, resp.api_version)):
             # Broker-side names, before they are mapped: read by a map that hides other
             # tenants' topics, enforced or observed.
@@ -366,6 +416,81 @@ class RulesPolicy(Policy):
         self._emit(tuple(extra))
         return None
 
+    def _checked_records(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation
+                         ) -> _Withholding | tuple[Decision, tuple[Outcome, ...]] | None:
+        """A Produce request's records held to the rules' ``validate_records``
+        (``rules.records``): None when every partition passes (observe-mode rules that
+        would refuse some counted and logged); else the partitions that pass, to send
+        on, with the answer for the others (``_Withholding``), or, when none passes (or
+        the request is acks=0, which has no answer to carry the errors), the request's
+        answer, with the outcomes to count."""
+        if evaluation.refusal is not None or not req.known:
+            return None
+        extra: list[Outcome] = []
+        for rule, validation in evaluation.records_observed:
+            judged = self._verdicts(validation, req, evaluation, observe=True)
+            if judged:
+                (where, first), *_ = judged.items()
+                self._log_refusal(conn, req, rule, f"{_place(where)}: {first.message} "
+                                  f"(rule {rule})", observe=True, once=f"records {where[0]}")
+                extra.append(Outcome(rule, "validate_records", "refuse", "observe"))
+        withheld: dict[PartitionKey, PartitionVerdict] = {}
+        refusing = None
+        for rule, validation in evaluation.record_validations:
+            for where, found in self._verdicts(validation, req, evaluation).items():
+                if where not in withheld:
+                    withheld[where] = PartitionVerdict(
+                        found.code, f"{found.message} (rule {rule})", found.record_errors)
+                    if refusing is None:
+                        refusing = rule
+                        self._log_refusal(conn, req, rule,
+                                          f"{_place(where)}: {withheld[where].message}",
+                                          observe=False, once=f"records {where[0]}")
+        if refusing is None:
+            self._emit(tuple(extra))
+            return None
+        outcomes = _refusing(evaluation, refusing, "validate_records", extra)
+        if _acks(req) == 0:
+            return (Close(f"refused records of an acks=0 Produce ({_place(next(iter(withheld)))}"
+                          "): no response exists to carry the error, so the connection is "
+                          "closed"), outcomes)
+        answer = withheld_answer(req, withheld)
+        rest = without(req, withheld)
+        if rest is None:
+            return Respond(answer), outcomes
+        return _Withholding(rest, answer, outcomes)
+
+    def _verdicts(self, validation: RecordValidation, req: Request, evaluation: Evaluation,
+                  observe: bool = False) -> dict[PartitionKey, PartitionVerdict]:
+        """``validation``'s verdict on each partition of a Produce request it refuses.
+        A topic named by an id not learned yet, when the validation names topics: its
+        partitions get ``_UNSEEN_ID`` (observe mode: left out, not counted)."""
+        topic_map = evaluation.topic_map
+        names = self.topic_ids.names
+
+        def client_name(topic_id: bytes) -> str | None:
+            name = names.get(topic_id)
+            if name is None or topic_map is None:
+                return name
+            return topic_map.to_client(name)
+
+        out: dict[PartitionKey, PartitionVerdict] = {}
+        for topic, name in client_topic_names(req.body, client_name):
+            key = topic_key(topic)
+            if validation.topics is not None:
+                if name is None:
+                    if not observe:
+                        out.update(((key, p.index), _UNSEEN_ID) for p in topic.partition_data)
+                    continue
+                if not validation.applies_to(name):
+                    continue
+            for partition in topic.partition_data:
+                found = verdict(validation, partition.records, decompress,
+                                (DecompressionError,))
+                if found is not None:
+                    out[(key, partition.index)] = found
+        return out
+
     def _refused_ids(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation
                      ) -> tuple[Decision, tuple[Outcome, ...]] | None:
         """Under a map that hides other tenants' topics (see ``rules.topicids``), the
@@ -465,11 +590,13 @@ class RulesPolicy(Policy):
         return (Outcome(rule, action, "refuse", "observe"),)
 
     def _log_refusal(self, conn: ConnectionInfo, req: Request, rule: str, message: str,
-                     observe: bool) -> None:
+                     observe: bool, once: str | None = None) -> None:
+        """Logged once per connection, API, rule and reason (``once``: what stands for
+        the reason, where messages differ request by request)."""
         for listener in self.refusal_listeners:
             listener(conn, req, rule, "would_refuse" if observe else "refuse")
         logged = conn.state.setdefault("refusals_logged", set())
-        key = (req.api_key, rule, observe, message)
+        key = (req.api_key, rule, observe, message if once is None else once)
         if key in logged:
             return  # once per connection, API, rule and reason
         logged.add(key)
@@ -562,6 +689,31 @@ def _refused(req: Request, reason: str, code: int, message: str | None = None,
         return Close(f"refused acks=0 Produce ({reason}): no response exists to carry the "
                      "error, so the connection is closed")
     return Respond(error_response(req, code, message, within))
+
+
+def _place(where: PartitionKey) -> str:
+    topic, partition = where
+    named = topic if isinstance(topic, str) else f"id {topic.hex()}"
+    return f"topic {named} partition {partition}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Withholding:
+    """A Produce request's partitions that pass ``validate_records`` (``rest``), the
+    proxy's ``answer`` for the others, and the outcomes to count."""
+
+    rest: Request
+    answer: Response
+    outcomes: tuple[Outcome, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Withheld:
+    """The context of a Produce request sent on without some partitions: the context
+    the rest of the policy gave it (``inner``) and the answer for those partitions."""
+
+    inner: Any
+    answer: Response
 
 
 def _acks(req: Request) -> int:

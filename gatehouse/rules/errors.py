@@ -169,7 +169,7 @@ def _fill(resp_struct: StructSpec, req_struct: StructSpec, req_value: Any, versi
 _EMPTY = StructSpec(name="<none>", message="<none>")
 
 
-def _array_entry(struct: StructSpec, attr: str, version: int) -> StructSpec:
+def array_entry(struct: StructSpec, attr: str, version: int) -> StructSpec:
     """The struct of the entries of ``struct``'s array ``attr``."""
     for f in struct.fields:
         if f.attr == attr and f.struct is not None and version in f.versions:
@@ -186,28 +186,28 @@ def _by_position(api: Any, version: int, body: Any, code: int, message: str | No
     if name in ("CreateAcls", "DeleteAcls"):
         attr, asked = (("results", body.creations) if name == "CreateAcls"
                        else ("filter_results", body.filters))
-        entry = _array_entry(root, attr, version).default.replace(
+        entry = array_entry(root, attr, version).default.replace(
             error_code=code, error_message=message)
         return {attr: (entry,) * len(asked)}
     if name == "DescribeUserScramCredentials":  # Kafka names no user in them
-        entry = _array_entry(root, "results", version).default.replace(
+        entry = array_entry(root, "results", version).default.replace(
             error_code=code, error_message=message)
         return {"results": (entry,) * len(body.users or ())}
     if name == "AlterUserScramCredentials":
         users = sorted({u.name for u in (*body.deletions, *body.upsertions)})
-        entry = _array_entry(root, "results", version).default
+        entry = array_entry(root, "results", version).default
         return {"results": tuple(entry.replace(user=user, error_code=code,
                                                error_message=message) for user in users)}
     if name == "AlterClientQuotas":
-        entry = _array_entry(root, "entries", version)
-        entity = _array_entry(entry, "entity", version).default
+        entry = array_entry(root, "entries", version)
+        entity = array_entry(entry, "entity", version).default
         return {"entries": tuple(entry.default.replace(
             entity=tuple(entity.replace(entity_type=e.entity_type, entity_name=e.entity_name)
                          for e in asked.entity),
             error_code=code, error_message=message) for asked in body.entries)}
     if name == "AlterReplicaLogDirs":
-        topic = _array_entry(root, "results", version)
-        partition = _array_entry(topic, "partitions", version).default
+        topic = array_entry(root, "results", version)
+        partition = array_entry(topic, "partitions", version).default
         return {"results": tuple(topic.default.replace(
             topic_name=t.name,
             partitions=tuple(partition.replace(partition_index=p, error_code=code)

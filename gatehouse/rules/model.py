@@ -22,6 +22,7 @@ from gatehouse.rules.errors import (
     UNSUPPORTED_VERSION,
 )
 from gatehouse.rules.produce import ProducePolicy
+from gatehouse.rules.records import RecordValidation
 from gatehouse.rules.topics import (
     GROUP,
     TRANSACTION,
@@ -165,6 +166,8 @@ class Rule:
     acls_name_cluster: bool = False  # some ``acls`` entry names the cluster
     # ``produce_policy``: what the client's Produce requests must be (rules.produce).
     produce_policy: ProducePolicy | None = None
+    # ``validate_records``: what the records the client produces must hold (rules.records).
+    validate_records: RecordValidation | None = None
 
     def map_for(self, api_key: int) -> TopicMap | None:
         """The names map this rule applies to requests of ``api_key`` and their answers."""
@@ -216,6 +219,15 @@ class Evaluation:
     # observed (rules.produce).
     produce_policies: tuple[tuple[str, ProducePolicy], ...] = ()
     produce_observed: tuple[tuple[str, ProducePolicy], ...] = ()
+    # ... and the record validations their records are held to (rules.records).
+    record_validations: tuple[tuple[str, RecordValidation], ...] = ()
+    records_observed: tuple[tuple[str, RecordValidation], ...] = ()
+
+    @property
+    def reads_produce(self) -> bool:
+        """Whether a Produce request's body decides (its acks, batches or records)."""
+        return bool(self.produce_policies or self.produce_observed
+                    or self.record_validations or self.records_observed)
 
 
 def parse_version(text: str | None) -> tuple[int, ...] | None:
@@ -292,6 +304,13 @@ class RuleSet:
     def has_quotas(self) -> bool:
         return any(r.quota is not None for r in self.rules)
 
+    @functools.cached_property
+    def validates_by_topic(self) -> bool:
+        """Whether some rule validates the records of some topics only: Produce v13
+        names topics by id, so the proxy learns ids from the answers (rules.records)."""
+        return any(r.validate_records is not None and r.validate_records.topics is not None
+                   for r in self.rules)
+
     def evaluate(self, facts: ClientFacts, req: Request) -> Evaluation:
         key, version = req.api_key, req.api_version
         api_name = APIS[key].name if key in APIS else f"api-{key}"
@@ -304,6 +323,8 @@ class RuleSet:
         config_would: list[Refusal] = []
         policies: list[tuple[str, ProducePolicy]] = []
         policies_observed: list[tuple[str, ProducePolicy]] = []
+        validations: list[tuple[str, RecordValidation]] = []
+        validations_observed: list[tuple[str, RecordValidation]] = []
         for rule in self.matching(facts):
             found: list[Refusal] = []
             bound = rule.min_api_version.get(key)
@@ -344,6 +365,9 @@ class RuleSet:
             if key == PRODUCE and rule.produce_policy is not None:
                 (policies if rule.mode == "enforce" else policies_observed).append(
                     (rule.name, rule.produce_policy))
+            if key == PRODUCE and rule.validate_records is not None:
+                (validations if rule.mode == "enforce" else validations_observed).append(
+                    (rule.name, rule.validate_records))
             for r in found:
                 outcomes.append(_outcome(rule.name, r.action, "refuse", rule.mode))
             if rule.mode == "enforce":
@@ -359,7 +383,7 @@ class RuleSet:
                 outcomes.append(_outcome(rule.name, "match", "pass", rule.mode))
         if (refusal is None and not would and not maps and not observed
                 and config_refusal is None and not config_would and not policies
-                and not policies_observed):
+                and not policies_observed and not validations and not validations_observed):
             return _passed(tuple(outcomes))  # nearly every request: one shared answer
         return Evaluation(
             refusal=refusal,
@@ -371,6 +395,8 @@ class RuleSet:
             config_would_refuse=tuple(config_would),
             produce_policies=tuple(policies),
             produce_observed=tuple(policies_observed),
+            record_validations=tuple(validations),
+            records_observed=tuple(validations_observed),
         )
 
     def version_ranges(self, facts: ClientFacts, api_key: int, lo: int,

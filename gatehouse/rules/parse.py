@@ -37,6 +37,12 @@ from gatehouse.rules.model import (
     parse_version,
 )
 from gatehouse.rules.produce import ACKS_NAMES, COMPRESSION_NAMES, ProducePolicy
+from gatehouse.rules.records import (
+    DEFAULT_MAX_DECOMPRESSED,
+    FORMATS,
+    FieldCheck,
+    RecordValidation,
+)
 from gatehouse.rules.topics import (
     ID_FILTER_KEYS,
     Chain,
@@ -271,6 +277,9 @@ def _rule(data: Any, source: Source, line: int | None, index: int) -> Rule:
     policy_raw = reader.take("produce_policy", dict)
     produce_policy = (None if policy_raw is None else _produce_policy(
         Reader(policy_raw, source, "produce_policy", reader.line_of("produce_policy"))))
+    validation_raw = reader.take("validate_records", dict)
+    validation = (None if validation_raw is None else _validate_records(
+        Reader(validation_raw, source, "validate_records", reader.line_of("validate_records"))))
     reader.finish()
     return Rule(name=name, match=match, mode=mode,
                 min_api_version=minimum, max_api_version=maximum, deny_apis=deny,
@@ -280,7 +289,61 @@ def _rule(data: Any, source: Source, line: int | None, index: int) -> Rule:
                 topic_map=topic_map, quota=quota, line=line, api_maps=api_maps,
                 cluster_refused=MappingProxyType(cluster_refused),
                 cluster_configs=MappingProxyType(cluster_configs),
-                acls_name_cluster=names_cluster, produce_policy=produce_policy)
+                acls_name_cluster=names_cluster, produce_policy=produce_policy,
+                validate_records=validation)
+
+
+def _validate_records(reader: Reader) -> RecordValidation:
+    """``validate_records: {topics, key, value, headers, max_decompressed_bytes}``: what
+    the records the rule's clients produce must hold (at least one of key, value,
+    headers)."""
+    topics = _name_patterns(reader, "topics")
+    if topics is not None and not topics:
+        raise reader.error("topics", "validate_records.topics must name at least one "
+                           "topic (leave it out for every topic)")
+    key = _field_check(reader, "key")
+    value = _field_check(reader, "value")
+    headers: list[str] = []
+    for header, line in reader.take_each("headers", str) or ():
+        if not isinstance(header, str) or not header:
+            raise reader.source.error(f"validate_records.headers: {header!r} is not a header "
+                                      "key", line)
+        headers.append(header)
+    limit = reader.take("max_decompressed_bytes", int, DEFAULT_MAX_DECOMPRESSED)
+    if limit < 1:
+        raise reader.error("max_decompressed_bytes", "validate_records.max_decompressed_bytes "
+                           "must be a positive number of bytes")
+    if key == FieldCheck() and value == FieldCheck() and not headers:
+        raise reader.error(None, "validate_records needs at least one of key, value, headers "
+                           "to check")
+    reader.finish()
+    return RecordValidation(topics, key, value, tuple(headers), limit)
+
+
+def _field_check(reader: Reader, what: str) -> FieldCheck:
+    """``key`` / ``value``: a format name, or ``{required, format, max_bytes}``."""
+    raw = reader.take(what, (str, dict))
+    if raw is None:
+        return FieldCheck()
+    where = f"validate_records.{what}"
+    if isinstance(raw, str):
+        if raw not in FORMATS:
+            raise reader.error(what, f"{where}: {raw!r} is not one of {', '.join(FORMATS)}")
+        return FieldCheck(format=raw)  # type: ignore[arg-type]
+    sub = Reader(raw, reader.source, where, reader.line_of(what))
+    required = sub.take("required", bool, False)
+    fmt = sub.take("format", str)
+    if fmt is not None and fmt not in FORMATS:
+        raise sub.error("format", f"{where}.format: {fmt!r} is not one of {', '.join(FORMATS)}")
+    max_bytes = sub.take("max_bytes", int)
+    if max_bytes is not None and max_bytes < 0:
+        raise sub.error("max_bytes", f"{where}.max_bytes must be a number of bytes")
+    sub.finish()
+    check = FieldCheck(required, fmt, max_bytes)
+    if check == FieldCheck():
+        raise reader.error(what, f"{where} needs at least one of required: true, format, "
+                           "max_bytes")
+    return check
 
 
 def _produce_policy(reader: Reader) -> ProducePolicy:

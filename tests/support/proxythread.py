@@ -116,6 +116,13 @@ class ProxyThread:
         value = self.metrics.registry.get_sample_value(name, labels)
         return value or 0.0
 
+    def summed(self, name: str, **labels: str) -> float:
+        """``sample`` over every label set that holds ``labels`` (the others any)."""
+        assert self.metered, "this proxy has no metrics observer: every sample would be 0"
+        return sum(s.value for metric in self.metrics.registry.collect()
+                   for s in metric.samples
+                   if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
     def sample_reaches(self, name: str, minimum: float, timeout: float = 10.0,
                        **labels: str) -> float:
         """``sample``, read again until it reaches ``minimum`` (or ``timeout`` passes):

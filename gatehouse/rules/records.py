@@ -1,0 +1,307 @@
+"""``validate_records``: what the records a client produces must hold (pure).
+
+The brokers take any bytes as a key or a value; a platform team wants the ``orders``
+topic to hold JSON, every record of ``payments`` to carry a key and a ``trace-id``
+header, values framed for the Schema Registry.  A rule says so per topic, and the proxy
+reads each Produce request's records (decompressing its batches: the caller's
+``decompress``) and holds each record to it.
+
+A partition whose batch holds a record that breaks the rule is answered as a broker
+answers a record it will not take (KIP-467): INVALID_RECORD, with ``record_errors``
+naming each bad record by its index in the batch and saying what is wrong (never what
+the record holds: payloads stay out of errors and logs), and none of its records is
+written.  The request's other partitions go on to the broker; their answers and the
+refusals are merged into one response.  A batch that does not parse or decompress is
+answered CORRUPT_MESSAGE, as the broker would.
+
+Topics are matched by the names the client uses; a request naming a topic by its id
+(Produce v13) is matched through the names the proxy learned from the answers that pair
+ids with names (``rules.topicids.TopicIds``); an id not learned yet is answered
+UNKNOWN_TOPIC_ID on its partitions, which makes the client refresh its metadata (through
+the proxy, which learns the id) and try again.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from gatehouse.codecs import Request, Response, StructSpec
+from gatehouse.codecs.errors import ProtocolError, RemoteProtocolError
+from gatehouse.codecs.primitives import Buffer
+from gatehouse.codecs.records import (
+    Record,
+    RecordBatch,
+    iter_batches,
+    iter_records,
+    legacy_key_value,
+    records_section,
+)
+from gatehouse.rules.errors import array_entry, error_response
+
+INVALID_RECORD: Final = 87
+CORRUPT_MESSAGE: Final = 2
+UNKNOWN_TOPIC_ID: Final = 100
+FORMATS: Final = ("json", "utf8", "schema_registry")
+MAX_RECORD_ERRORS: Final = 100  # listed per partition; the count says how many more
+DEFAULT_MAX_DECOMPRESSED: Final = 64 * 1024 * 1024
+
+Format = Literal["json", "utf8", "schema_registry"]
+Decompress = Callable[[str, Buffer, int], bytes]
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # Python's json takes NaN and Infinity
+
+
+@dataclass(frozen=True)
+class FieldCheck:
+    """What a record's key or its value must be."""
+
+    required: bool = False  # not null
+    format: Format | None = None  # of a value that is not null
+    max_bytes: int | None = None
+
+    def problem(self, data: bytes | None, what: str) -> str | None:
+        if data is None:
+            return f"its {what} is null" if self.required else None
+        if self.max_bytes is not None and len(data) > self.max_bytes:
+            return f"its {what} is {len(data)} bytes, above {self.max_bytes}"
+        if self.format == "json":
+            try:
+                json.loads(data.decode("utf-8"), parse_constant=_not_json)
+            except UnicodeDecodeError:
+                return f"its {what} is not JSON (not UTF-8 text)"
+            except ValueError as exc:
+                # The parser's reason and place, never the text it read.
+                if isinstance(exc, json.JSONDecodeError):
+                    return f"its {what} is not JSON ({exc.msg} at byte {exc.pos})"
+                return f"its {what} is not JSON ({exc})"
+        elif self.format == "utf8":
+            try:
+                data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return f"its {what} is not UTF-8 text (byte {exc.start})"
+        elif self.format == "schema_registry" and (len(data) < 5 or data[0] != 0):
+            return (f"its {what} is not in the Schema Registry's framing (a zero byte, "
+                    "then a 4-byte schema id)")
+        return None
+
+
+@dataclass(frozen=True)
+class RecordValidation:
+    """``validate_records`` of one rule."""
+
+    topics: tuple[re.Pattern[str], ...] | None = None  # whole client-side names; None: all
+    key: FieldCheck = FieldCheck()
+    value: FieldCheck = FieldCheck()
+    headers: tuple[str, ...] = ()  # header keys every record must carry
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED
+
+    def applies_to(self, topic: str) -> bool:
+        return self.topics is None or any(p.fullmatch(topic) for p in self.topics)
+
+    def problem(self, record: Record) -> str | None:
+        """What is wrong with ``record`` (None: nothing)."""
+        found = self.key.problem(record.key, "key") or self.value.problem(record.value, "value")
+        if found is None and self.headers:
+            present = {name for name, _ in record.headers}
+            missing = [name for name in self.headers if name not in present]
+            if missing:
+                found = f"it has no {', '.join(repr(m) for m in missing)} header"
+        return found
+
+
+@dataclass(frozen=True)
+class PartitionVerdict:
+    """Why one partition's records are refused: its error code, message and the bad
+    records ((index in the batch, what is wrong), at most ``MAX_RECORD_ERRORS``)."""
+
+    code: int
+    message: str
+    record_errors: tuple[tuple[int, str], ...] = ()
+
+
+def read_records(records: Buffer | None, decompress: Decompress, limit: int
+                 ) -> Iterator[Record]:
+    """Every record of a Produce partition's records field, in order (control batches
+    left out: clients never send them); ``RemoteProtocolError`` for bytes that are not
+    whole batches.  A legacy message set's records are indexed in
+    the order they come, a compressed wrapper's inner messages included."""
+    if records is None:
+        return
+    index = covered = 0
+    for batch in iter_batches(records):
+        covered = batch.position + batch.size
+        if isinstance(batch, RecordBatch):
+            if batch.is_control:
+                continue
+            data: Buffer = records_section(records, batch)
+            if batch.compression != "none":
+                data = decompress(batch.compression, data, limit)
+            yield from iter_records(data, batch.record_count)
+            continue
+        key, value = legacy_key_value(records, batch)
+        if batch.compression == "none":
+            yield Record(index, key, value, ())
+            index += 1
+            continue
+        inner = decompress(batch.compression, value or b"", limit)
+        for message in iter_batches(inner):
+            if not isinstance(message, RecordBatch):
+                key, value = legacy_key_value(inner, message)
+                yield Record(index, key, value, ())
+                index += 1
+    if covered != len(records):
+        # A Fetch answer may end inside a batch; a Produce request may not (and what
+        # the proxy did not read, it must not send on).
+        raise RemoteProtocolError(f"the records end inside a batch ({len(records) - covered} "
+                                  "bytes after the last whole one)", offset=covered)
+
+
+def verdict(validation: RecordValidation, records: Buffer | None, decompress: Decompress,
+            unreadable: tuple[type[Exception], ...] = ()) -> PartitionVerdict | None:
+    """Why ``validation`` refuses one partition's ``records`` (None: it takes them all).
+    ``unreadable``: the exceptions of ``decompress`` that mean the batch cannot be read."""
+    errors: list[tuple[int, str]] = []
+    bad = 0
+    cannot_read: tuple[type[Exception], ...] = (ProtocolError, *unreadable)
+    try:
+        for record in read_records(records, decompress, validation.max_decompressed_bytes):
+            problem = validation.problem(record)
+            if problem is not None:
+                bad += 1
+                if len(errors) < MAX_RECORD_ERRORS:
+                    errors.append((record.index, problem))
+    except cannot_read as exc:
+        return PartitionVerdict(CORRUPT_MESSAGE, f"the records cannot be read: {exc}")
+    if not errors:
+        return None
+    first_index, first = errors[0]
+    more = f" ({bad} records in all)" if bad > 1 else ""
+    return PartitionVerdict(INVALID_RECORD, f"record {first_index}: {first}{more}",
+                            tuple(errors))
+
+
+def client_topic_names(body: Any, id_names: Callable[[bytes], str | None]
+                       ) -> Iterator[tuple[Any, str | None]]:
+    """Each topic entry of a Produce request's body with the name the client knows it
+    by: its ``name``, or for a topic named by id (v13) ``id_names(id bytes)``, None when
+    not known."""
+    for topic in body.topic_data:
+        name = getattr(topic, "name", None)
+        if name:
+            yield topic, name
+            continue
+        topic_id = getattr(topic, "topic_id", None)
+        yield topic, None if topic_id is None else id_names(topic_id.bytes)
+
+
+PartitionKey = tuple[Any, int]  # (topic name or id bytes, partition index)
+
+
+def topic_key(topic: Any) -> Any:
+    """How a Produce request or response names a topic entry: its name, or its id's
+    bytes (v13)."""
+    name = getattr(topic, "name", None)
+    if name:
+        return name
+    topic_id = getattr(topic, "topic_id", None)
+    return None if topic_id is None else topic_id.bytes
+
+
+def without(req: Request, withheld: Mapping[PartitionKey, Any]) -> Request | None:
+    """``req`` without the ``withheld`` partitions (topics left empty dropped); None
+    when nothing is left to send."""
+    topics = []
+    for topic in req.body.topic_data:
+        key = topic_key(topic)
+        kept = tuple(p for p in topic.partition_data if (key, p.index) not in withheld)
+        if len(kept) == len(topic.partition_data):
+            topics.append(topic)
+        elif kept:
+            topics.append(topic.replace(partition_data=kept))
+    if not topics:
+        return None
+    return req.replace(body=req.body.replace(topic_data=tuple(topics)))
+
+
+def withheld_answer(req: Request, withheld: Mapping[PartitionKey, PartitionVerdict]
+                    ) -> Response:
+    """The Produce response answering ``req``'s ``withheld`` partitions (and only them)
+    with their verdicts: the code, at v8+ the message and the bad records' indexes."""
+    topics = []
+    for topic in req.body.topic_data:
+        key = topic_key(topic)
+        mine = tuple(p for p in topic.partition_data if (key, p.index) in withheld)
+        if mine:
+            topics.append(topic.replace(partition_data=mine))
+    answer = error_response(req.replace(body=req.body.replace(topic_data=tuple(topics))), 0)
+    version = req.api_version
+    root = req.api.response.root
+    topic_struct = array_entry(root, "responses", version)
+    partition_struct = array_entry(topic_struct, "partition_responses", version)
+    has_message = _has(partition_struct, "error_message", version)
+    error_struct = (array_entry(partition_struct, "record_errors", version)
+                    if _has(partition_struct, "record_errors", version) else None)
+    out = []
+    for topic in answer.body.responses:
+        key = topic_key(topic)
+        partitions = []
+        for partition in topic.partition_responses:
+            found = withheld[(key, partition.index)]
+            changes: dict[str, Any] = {"error_code": found.code}
+            if has_message:
+                changes["error_message"] = found.message
+            if error_struct is not None and found.record_errors:
+                changes["record_errors"] = tuple(
+                    error_struct.default.replace(batch_index=index,
+                                                 batch_index_error_message=text)
+                    for index, text in found.record_errors)
+            partitions.append(partition.replace(**changes))
+        out.append(topic.replace(partition_responses=tuple(partitions)))
+    return answer.replace(body=answer.body.replace(responses=tuple(out)))
+
+
+def merged(resp: Response, answer: Response) -> Response:
+    """The broker's Produce response ``resp`` with the proxy's ``answer`` for the
+    partitions it withheld added (into the same topic entry where the broker answered
+    others of that topic)."""
+    topics = list(resp.body.responses)
+    where = {topic_key(t): i for i, t in enumerate(topics)}
+    for topic in answer.body.responses:
+        i = where.get(topic_key(topic))
+        if i is None:
+            where[topic_key(topic)] = len(topics)
+            topics.append(topic)
+        else:
+            topics[i] = topics[i].replace(partition_responses=(
+                *topics[i].partition_responses, *topic.partition_responses))
+    return resp.replace(body=resp.body.replace(responses=tuple(topics)))
+
+
+def _has(struct: StructSpec, attr: str, version: int) -> bool:
+    return any(f.attr == attr and version in f.versions for f in struct.fields)
+
+
+__all__ = [
+    "CORRUPT_MESSAGE",
+    "DEFAULT_MAX_DECOMPRESSED",
+    "FORMATS",
+    "INVALID_RECORD",
+    "MAX_RECORD_ERRORS",
+    "UNKNOWN_TOPIC_ID",
+    "FieldCheck",
+    "PartitionVerdict",
+    "RecordValidation",
+    "client_topic_names",
+    "merged",
+    "read_records",
+    "topic_key",
+    "verdict",
+    "withheld_answer",
+    "without",
+]

@@ -1,0 +1,129 @@
+"""``validate_records`` on a real Apache Kafka broker, with real producers: librdkafka in
+every codec and the Java producer (which names topics by id, Produce v13).  A partition
+holding a record that breaks the rule is refused with INVALID_RECORD, as each client
+reports it, and never written; the request's other partitions are written; what is
+consumed afterwards is exactly the good records; the log says which record and why,
+never what it held."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import confluent_kafka as ck
+import pytest
+
+from tests.integration.test_sasl_proxy import logged
+from tests.support.clients import consume, unique, watermarks
+from tests.support.kafka import KafkaCluster
+from tests.support.proxythread import ProxyThread
+
+RULES = """\
+- name: orders
+  validate_records:
+    topics: ['orders-.*']
+    key: {required: true}
+    value: json
+- name: events
+  validate_records:
+    topics: ['events-.*']
+    value: {format: json, max_bytes: 200}
+"""
+SECRET = b'{"card": "4111-SECRET-1111"'  # not JSON (no closing brace), never to be logged
+
+
+def send(proxy: ProxyThread, topic: str, records: list[tuple[int, bytes | None, bytes]],
+         **settings: Any) -> list[tuple[int | None, ck.KafkaError | None]]:
+    """(partition, delivery error) for each (partition, key, value) a librdkafka
+    producer sends, all in one flush (so partitions share Produce requests)."""
+    reports: list[tuple[int | None, ck.KafkaError | None]] = []
+    producer = ck.Producer({"bootstrap.servers": proxy.bootstrap, "log_level": 0,
+                            "message.timeout.ms": 15000, "linger.ms": 50, **settings})
+    for partition, key, value in records:
+        producer.produce(topic, value, key, partition=partition,
+                         on_delivery=lambda err, m: reports.append((m.partition(), err)))
+    producer.flush(30)
+    return sorted(reports, key=lambda r: r[0] or 0)
+
+
+@pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4", "zstd"])
+def test_librdkafka_bad_partitions_refused_the_rest_written(
+        kafka: KafkaCluster, codec: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="gatehouse.rules")
+    topic = unique("orders")
+    kafka.create_topic(topic, partitions=2)
+    good = [(0, b"k%d" % i, json.dumps({"n": i}).encode()) for i in range(20)]
+    bad = [(1, b"k", b'{"n": 1}'), (1, b"k", SECRET), (1, None, b'{"n": 3}')]
+    with ProxyThread(kafka.bootstrap, rules_yaml=RULES) as proxy:
+        reports = send(proxy, topic, good + bad, **{"compression.type": codec})
+        assert [err for p, err in reports if p == 0] == [None] * 20
+        # The batch is refused whole, as a broker refuses it; librdkafka reads KIP-467's
+        # record errors: the records named get INVALID_RECORD, the one beside them
+        # "a different record in the batch was invalid".
+        refused = [None if e is None else e.code() for p, e in reports if p == 1]
+        assert refused == [ck.KafkaError._INVALID_DIFFERENT_RECORD,
+                           ck.KafkaError.INVALID_RECORD, ck.KafkaError.INVALID_RECORD]
+        # A topic the rule does not name takes anything.
+        other = unique("audit")
+        kafka.create_topic(other)
+        assert send(proxy, other, [(0, None, SECRET)]) == [(0, None)]
+        assert proxy.sample("gatehouse_rule_decisions_total", rule="orders",
+                            action="refuse") >= 1
+        assert proxy.sample("gatehouse_responses_total", api="Produce",
+                            error="INVALID_RECORD") >= 1
+    assert watermarks(kafka.bootstrap, topic, 0) == (0, 20)
+    assert watermarks(kafka.bootstrap, topic, 1) == (0, 0)
+    assert sorted(consume({"bootstrap.servers": kafka.bootstrap}, topic, 20)) == sorted(
+        v for _, _, v in good)
+    reasons = [str(f.get("reason")) for f in logged(caplog, "refused")]
+    assert any(f"topic {topic} partition 1: record 1: its value is not JSON" in r
+               and "(3 records in all)" not in r and "(2 records in all) (rule orders)" in r
+               for r in reasons), reasons
+    assert b"SECRET".decode() not in caplog.text
+
+
+def java_producer(kafka: KafkaCluster, proxy: ProxyThread, topic: str, payloads: Path,
+                  *settings: str) -> Any:
+    return kafka.run_java_tool(
+        "org.apache.kafka.tools.ProducerPerformance", "--topic", topic, "--num-records", "50",
+        "--payload-file", str(payloads), "--throughput", "-1", "--producer-props",
+        f"bootstrap.servers={proxy.bootstrap}", "linger.ms=5", *settings, timeout=120)
+
+
+def test_the_java_producer_by_topic_id(kafka: KafkaCluster, tmp_path: Path) -> None:
+    """The Java producer names topics by id (Produce v13): the proxy learns the ids from
+    the Metadata answers it passes, and holds the records to the rule of the topic's
+    name; JSON is written, anything else refused with the record's reason."""
+    topic = unique("events")
+    kafka.create_topic(topic)
+    good = tmp_path / "good.txt"
+    good.write_text("\n".join(json.dumps({"event": i, "kind": "click"}) for i in range(10)))
+    bad = tmp_path / "bad.txt"
+    bad.write_text("\n".join(["{\"event\": 1}", "click", json.dumps({"pad": "x" * 300})]))
+    with ProxyThread(kafka.bootstrap, rules_yaml=RULES) as proxy:
+        written = java_producer(kafka, proxy, topic, good, "compression.type=lz4")
+        assert written.returncode == 0 and "50 records sent" in written.stdout, (
+            written.stdout[-2000:] + written.stderr[-2000:])
+        refused = java_producer(kafka, proxy, topic, bad, "compression.type=zstd")
+        out = refused.stdout + refused.stderr
+        assert "InvalidRecordException" in out, out[-3000:]
+        assert ("its value is not JSON" in out or "above 200" in out), out[-3000:]
+        assert proxy.sample("gatehouse_responses_total", api="Produce",
+                            error="INVALID_RECORD") >= 1
+        assert proxy.summed("gatehouse_requests_total", api="Produce", version="13") >= 1
+    assert watermarks(kafka.bootstrap, topic) == (0, 50)  # only the good run's
+
+
+def test_in_observe_mode_bad_records_are_written_and_counted(kafka: KafkaCluster) -> None:
+    topic = unique("orders")
+    kafka.create_topic(topic)
+    rules = RULES.replace("- name: orders\n", "- name: orders\n  mode: observe\n")
+    with ProxyThread(kafka.bootstrap, rules_yaml=rules) as proxy:
+        assert send(proxy, topic, [(0, None, b"not json")] * 5) == [(0, None)] * 5
+        assert proxy.sample("gatehouse_rule_decisions_total", rule="orders",
+                            action="would_refuse") >= 1
+        assert proxy.sample("gatehouse_rule_decisions_total", rule="orders",
+                            action="refuse") == 0
+    assert watermarks(kafka.bootstrap, topic) == (0, 5)
