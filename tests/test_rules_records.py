@@ -158,12 +158,12 @@ def test_what_a_value_must_be(check: FieldCheck, data: bytes | None,
 def test_records_read_from_a_batch_with_their_headers() -> None:
     data = batch(GOOD, (None, b"x"), headers=[("trace-id", b"1"), ("empty", None)])
     records = list(read_records(data, decompress, 1 << 20))
-    assert [(r.index, r.key, r.value, r.headers) for r in records] == [
+    assert [(r.batch_index, r.key, r.value, r.headers) for r in records] == [
         (0, b"k", b'{"total": 12}', (("trace-id", b"1"), ("empty", None))),
         (1, None, b"x", (("trace-id", b"1"), ("empty", None)))]
     # Legacy messages (magic 1): indexed in order, no headers.
     old = legacy(b"a", b"1") + legacy(None, b"2", offset=1)
-    assert [(r.index, r.key, r.value) for r in read_records(old, decompress, 1 << 20)] == [
+    assert [(r.batch_index, r.key, r.value) for r in read_records(old, decompress, 1 << 20)] == [
         (0, b"a", b"1"), (1, None, b"2")]
 
 

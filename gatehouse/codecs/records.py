@@ -28,7 +28,7 @@ import struct
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 from gatehouse.codecs._native import speedups
 from gatehouse.codecs.errors import RemoteProtocolError
@@ -170,11 +170,11 @@ class RecordsSummary:
     compressions: frozenset[str]
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One record (K ``DefaultRecord``; or a legacy message's key and value)."""
+class Record(NamedTuple):
+    """One record (K ``DefaultRecord``; or a legacy message's key and value).  A named
+    tuple: built once per record read, where a frozen dataclass costs twice as much."""
 
-    index: int  # its place in its batch, from 0: what KIP-467's record_errors name
+    batch_index: int  # its place in its batch, from 0: what KIP-467's record_errors name
     key: bytes | None
     value: bytes | None
     headers: tuple[tuple[str, bytes | None], ...]
@@ -196,43 +196,77 @@ def iter_records(data: Buffer, count: int) -> Iterator[Record]:
     buf = bytes(data)
     end = len(buf)
     pos = 0
-    for index in range(count):
-        length, pos = read_varint(buf, pos)
-        stop = pos + length
-        if length < 0 or stop > end:
-            raise RemoteProtocolError(f"record {index}: length {length} runs past its batch",
-                                      offset=pos)
-        pos += 1  # attributes: unused
-        _, pos = read_varlong(buf, pos)  # timestamp delta
-        _, pos = read_varint(buf, pos)  # offset delta
-        key, pos = _read_bytes(buf, pos, stop, index, "key")
-        value, pos = _read_bytes(buf, pos, stop, index, "value")
-        header_count, pos = read_varint(buf, pos)
-        if header_count < 0:
-            raise RemoteProtocolError(f"record {index}: {header_count} headers", offset=pos)
-        headers = []
-        for _ in range(header_count):
-            name, pos = _read_bytes(buf, pos, stop, index, "header key")
-            if name is None:
-                raise RemoteProtocolError(f"record {index}: a header with a null key", offset=pos)
-            header_value, pos = _read_bytes(buf, pos, stop, index, "header value")
-            try:
-                headers.append((name.decode(), header_value))
-            except UnicodeDecodeError:
-                raise RemoteProtocolError(f"record {index}: a header key that is not UTF-8",
-                                          offset=pos) from None
-        if pos != stop:
-            raise RemoteProtocolError(f"record {index}: its fields do not fill its length "
-                                      f"{length}", offset=pos)
-        yield Record(index, key, value, tuple(headers))
+    try:
+        for index in range(count):
+            # Most of a record's varints are one byte (zig-zag: -64..63): read inline.
+            length, pos = _varint(buf, pos)
+            stop = pos + length
+            if length < 0 or stop > end:
+                raise RemoteProtocolError(f"record {index}: length {length} runs past its "
+                                          "batch", offset=pos)
+            pos += 1  # attributes: unused
+            if buf[pos] < 0x80:
+                pos += 1  # timestamp delta
+            else:
+                _, pos = read_varlong(buf, pos)
+            if buf[pos] < 0x80:
+                pos += 1  # offset delta
+            else:
+                _, pos = read_varint(buf, pos)
+            key, pos = _read_bytes(buf, pos, stop, index, "key")
+            value, pos = _read_bytes(buf, pos, stop, index, "value")
+            b = buf[pos]
+            if b < 0x80:
+                header_count, pos = (b >> 1) ^ -(b & 1), pos + 1
+            else:
+                header_count, pos = read_varint(buf, pos)
+            headers: tuple[tuple[str, bytes | None], ...] = ()
+            if header_count:
+                headers, pos = _read_headers(buf, pos, stop, index, header_count)
+            if pos != stop:
+                raise RemoteProtocolError(f"record {index}: its fields do not fill its "
+                                          f"length {length}", offset=pos)
+            yield Record(index, key, value, headers)
+    except IndexError:
+        raise RemoteProtocolError("the batch's records end inside a record", offset=pos) from None
     if pos != end:
         raise RemoteProtocolError(f"{end - pos} bytes after the batch's {count} records",
                                   offset=pos)
 
 
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    """``read_varint`` with its one- and two-byte cases (lengths up to 8 KiB) inline."""
+    b = buf[pos]
+    if b < 0x80:
+        return (b >> 1) ^ -(b & 1), pos + 1
+    c = buf[pos + 1]
+    if c < 0x80:
+        raw = (b & 0x7F) | (c << 7)
+        return (raw >> 1) ^ -(raw & 1), pos + 2
+    return read_varint(buf, pos)
+
+
+def _read_headers(buf: bytes, pos: int, stop: int, index: int, count: int
+                  ) -> tuple[tuple[tuple[str, bytes | None], ...], int]:
+    if count < 0:
+        raise RemoteProtocolError(f"record {index}: {count} headers", offset=pos)
+    headers = []
+    for _ in range(count):
+        name, pos = _read_bytes(buf, pos, stop, index, "header key")
+        if name is None:
+            raise RemoteProtocolError(f"record {index}: a header with a null key", offset=pos)
+        value, pos = _read_bytes(buf, pos, stop, index, "header value")
+        try:
+            headers.append((name.decode(), value))
+        except UnicodeDecodeError:
+            raise RemoteProtocolError(f"record {index}: a header key that is not UTF-8",
+                                      offset=pos) from None
+    return tuple(headers), pos
+
+
 def _read_bytes(buf: bytes, pos: int, stop: int, index: int, what: str
                 ) -> tuple[bytes | None, int]:
-    length, pos = read_varint(buf, pos)
+    length, pos = _varint(buf, pos)
     if length < 0:
         return None, pos
     if pos + length > stop:

@@ -175,7 +175,7 @@ def verdict(validation: RecordValidation, records: Buffer | None, decompress: De
             if problem is not None:
                 bad += 1
                 if len(errors) < MAX_RECORD_ERRORS:
-                    errors.append((record.index, problem))
+                    errors.append((record.batch_index, problem))
     except cannot_read as exc:
         return PartitionVerdict(CORRUPT_MESSAGE, f"the records cannot be read: {exc}")
     if not errors:
