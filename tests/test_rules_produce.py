@@ -11,11 +11,16 @@ import pytest
 from gatehouse import codecs
 from gatehouse.codecs.records import encode_batch
 from gatehouse.configfile import ConfigError
-from gatehouse.proxy.hooks import Close, Forward, Respond
+from gatehouse.proxy.hooks import Close, Forward, Pending, Respond
 from gatehouse.proxy.policy import RulesPolicy
-from gatehouse.rules.produce import POLICY_VIOLATION, ProducePolicy, produce_violation
+from gatehouse.rules.produce import (
+    POLICY_VIOLATION,
+    UNKNOWN_TOPIC_ID,
+    ProducePolicy,
+    produce_violation,
+)
 from tests.test_rules import req, rules
-from tests.test_rules_topic_filter import conn, listening
+from tests.test_rules_topic_filter import conn, listening, metadata_answer
 
 STRICT = ("- name: strict-producers\n  match: {client_id: '^app'}\n  produce_policy:\n"
           "    acks: all\n    compression: [gzip, zstd]\n    idempotent: true\n")
@@ -62,25 +67,32 @@ def test_a_bad_policy_is_refused_with_its_line(policy: str, line: int, error: st
     assert caught.value.line == line
 
 
+def broken(policy: ProducePolicy, body: object) -> str | None:
+    """What ``body`` breaks of ``policy``: always a POLICY_VIOLATION here (no topics)."""
+    found = produce_violation(policy, body)
+    assert found is None or found[0] == POLICY_VIOLATION
+    return None if found is None else found[1]
+
+
 def test_what_a_request_breaks() -> None:
     strict = rules(STRICT).rules[0].produce_policy
     assert strict is not None
-    assert produce_violation(strict, produce().body) is None
-    assert produce_violation(strict, produce(acks=1).body) == (
+    assert broken(strict, produce().body) is None
+    assert broken(strict, produce(acks=1).body) == (
         "acks=1 is not allowed (use acks=all)")
-    assert produce_violation(strict, produce(compression="none").body) == (
+    assert broken(strict, produce(compression="none").body) == (
         "topic orders partition 0: batches compressed with none are not allowed "
         "(compression.type: gzip, zstd)")
-    assert produce_violation(strict, produce(producer_id=-1).body) == (
+    assert broken(strict, produce(producer_id=-1).body) == (
         "topic orders partition 0: the producer is not idempotent (enable.idempotence=true, "
         "or a transactional producer)")
-    assert produce_violation(strict, produce(producer_id=-1, version=13).body) == (
+    assert broken(strict, produce(producer_id=-1, version=13).body) == (
         f"topic id {ORDERS_ID} partition 0: the producer is not idempotent "
         "(enable.idempotence=true, or a transactional producer)")
     either = ProducePolicy(acks=frozenset({-1, 1}))
-    assert produce_violation(either, produce(acks=0).body) == (
+    assert broken(either, produce(acks=0).body) == (
         "acks=0 is not allowed (use acks=all or 1)")
-    assert produce_violation(either, produce(acks=1, compression="none").body) is None
+    assert broken(either, produce(acks=1, compression="none").body) is None
 
 
 def test_a_request_that_breaks_it_is_refused_whole() -> None:
@@ -125,3 +137,52 @@ def test_a_policy_keeps_its_clients_produce_requests_off_the_streaming_path() ->
     policy = RulesPolicy(rules(STRICT))
     assert policy.forwards_unread(conn(), produce()) is None
     assert policy.forwards_unread(conn(), produce(client_id="batch-job")) is not None
+
+
+SCOPED = ("- name: orders-compressed\n  produce_policy:\n    topics: ['ord.*']\n"
+          "    compression: gzip\n    acks: all\n")
+
+
+def only_audit(acks: int = 1, version: int = 9) -> codecs.Request:
+    audit = {"topic_id": uuid.UUID(int=7)} if version >= 13 else {"name": "audit"}
+    return req(0, version, "app-1", acks=acks, timeout_ms=1000, topic_data=[
+        {**audit, "partition_data": [{"index": 0, "records": encode_batch(RECORDS)}]}])
+
+
+def test_a_policy_for_some_topics() -> None:
+    """Only the batches of the topics it names are held to it, and only a request
+    writing to one of them to its acks; topics named by id are matched through the ids
+    learned from Metadata answers, an id not learned yet answered UNKNOWN_TOPIC_ID."""
+    [rule] = rules(SCOPED).rules
+    assert rule.produce_policy is not None
+    assert [p.pattern for p in rule.produce_policy.topics or ()] == ["ord.*"]
+    with pytest.raises(ConfigError, match=r"produce_policy\.topics must name at least one"):
+        rules("- name: r\n  produce_policy: {acks: all, topics: []}\n")
+    policy = RulesPolicy(rules(SCOPED))
+    assert isinstance(policy.on_request(conn(), only_audit()), Forward)  # acks=1, none
+    decision = policy.on_request(conn(), produce(compression="none"))
+    assert isinstance(decision, Respond)
+    [message] = {p.error_message for t in decision.response.body.responses
+                 for p in t.partition_responses}
+    assert message == ("topic orders partition 0: batches compressed with none are not "
+                       "allowed (compression.type: gzip) (rule orders-compressed)")
+    assert isinstance(policy.on_request(conn(), produce(compression="gzip")), Forward)
+    # Produce v13: ids.  Not learned yet, every topic is answered UNKNOWN_TOPIC_ID...
+    unseen = policy.on_request(conn(), only_audit(version=13))
+    assert isinstance(unseen, Respond)
+    assert {p.error_code for t in unseen.response.body.responses
+            for p in t.partition_responses} == {UNKNOWN_TOPIC_ID}
+    # ... and once the Metadata answer that pairs them with names went by, matched.
+    metadata = req(3, 12, "app-1", topics=None, allow_auto_topic_creation=False,
+                   include_topic_authorized_operations=False)
+    learning = policy.on_request(conn(), metadata)
+    assert isinstance(learning, Forward) and learning.wants_response
+    policy.on_response(conn(), Pending(1, 3, 12, 0.0, context=learning.context),
+                       metadata_answer(("orders", ORDERS_ID), ("audit", uuid.UUID(int=7))))
+    assert isinstance(policy.on_request(conn(), only_audit(version=13)), Forward)
+    refused = policy.on_request(conn(), produce(compression="none", version=13))
+    assert isinstance(refused, Respond)
+    assert {p.error_code for t in refused.response.body.responses
+            for p in t.partition_responses} == {POLICY_VIOLATION}
+    assert isinstance(policy.on_request(conn(), produce(compression="gzip", version=13)),
+                      Forward)

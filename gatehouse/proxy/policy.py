@@ -47,12 +47,11 @@ from gatehouse.rules.errors import (
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     UNKNOWN_TOPIC_ID,
 )
-from gatehouse.rules.produce import POLICY_VIOLATION, produce_violation
+from gatehouse.rules.produce import UNSEEN_ID, IdNames, client_topic_names, produce_violation
 from gatehouse.rules.records import (
     PartitionKey,
     PartitionVerdict,
     RecordValidation,
-    client_topic_names,
     merged,
     topic_key,
     verdict,
@@ -89,9 +88,7 @@ _FOREIGN_ID = "names by id a topic outside the client's prefix"
 # The context of a request forwarded only for its answer's topic ids (``on_response``).
 _LEARN_IDS = object()
 # The verdict on the partitions of a topic named by an id not learned yet (rules.records).
-_UNSEEN_ID = PartitionVerdict(
-    UNKNOWN_TOPIC_ID, "names by id a topic not yet seen in a Metadata answer (the client "
-    "refreshes its metadata, through the proxy, and retries)")
+_UNSEEN_ID = PartitionVerdict(UNKNOWN_TOPIC_ID, UNSEEN_ID)
 # What a broker answers a client its ACLs do not allow to use the name.
 _NOT_AUTHORIZED = {TOPIC: TOPIC_AUTHORIZATION_FAILED, GROUP: GROUP_AUTHORIZATION_FAILED,
                    TRANSACTION: TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
@@ -230,7 +227,7 @@ class RulesPolicy(Policy):
                           api=req.api.name)
         topic_map = evaluation.topic_map
         if topic_map is None:
-            if ((ruleset.validates_by_topic
+            if ((ruleset.scopes_produce_by_topic
                  or (observed is not None and observed.hides_others))
                     and teaches_ids(req.api.response, req.api_version)):
                 # Its answer teaches topic ids, which the observe-mode id check and
@@ -264,7 +261,7 @@ class RulesPolicy(Policy):
         if (evaluation.refusal is not None or evaluation.would_refuse
                 or evaluation.observed_map is not None or evaluation.reads_produce):
             return None  # produce_policy, validate_records: read in the whole request
-        if ruleset.validates_by_topic and teaches_ids(req.api.response, req.api_version):
+        if ruleset.scopes_produce_by_topic and teaches_ids(req.api.response, req.api_version):
             return None  # its answer teaches the topic ids validate_records matches by
         topic_map = evaluation.topic_map
         report = partial(self._emit, evaluation.outcomes)
@@ -303,7 +300,7 @@ class RulesPolicy(Policy):
         if not isinstance(topic_map, TopicMap):
             return resp
         if ((topic_map.hides_others or _observes_ids(self.ruleset)
-             or self.ruleset.validates_by_topic)
+             or self.ruleset.scopes_produce_by_topic)
                 and teaches_ids(resp.api.response, resp.api_version)):
             # Broker-side names, before they are mapped: read by a map that hides other
             # tenants' topics, enforced or observed.
@@ -399,19 +396,21 @@ class RulesPolicy(Policy):
                 or evaluation.refusal is not None or not req.known):
             return None
         body = req.body
+        id_names = self._id_names(evaluation)
         extra: list[Outcome] = []
         for rule, policy in evaluation.produce_observed:
-            broken = produce_violation(policy, body)
-            if broken is not None:
-                self._log_refusal(conn, req, rule, f"{broken} (rule {rule})", observe=True)
+            broken = produce_violation(policy, body, id_names)
+            if broken is not None and broken[0] != UNKNOWN_TOPIC_ID:
+                self._log_refusal(conn, req, rule, f"{broken[1]} (rule {rule})", observe=True)
                 extra.append(Outcome(rule, "produce_policy", "refuse", "observe"))
         for rule, policy in evaluation.produce_policies:
-            broken = produce_violation(policy, body)
+            broken = produce_violation(policy, body, id_names)
             if broken is None:
                 continue
-            message = f"{broken} (rule {rule})"
+            code, reason = broken
+            message = f"{reason} (rule {rule})"
             self._log_refusal(conn, req, rule, message, observe=False)
-            return (_refused(req, message, POLICY_VIOLATION, message),
+            return (_refused(req, message, code, message),
                     _refusing(evaluation, rule, "produce_policy", extra))
         self._emit(tuple(extra))
         return None
@@ -465,17 +464,8 @@ class RulesPolicy(Policy):
         """``validation``'s verdict on each partition of a Produce request it refuses.
         A topic named by an id not learned yet, when the validation names topics: its
         partitions get ``_UNSEEN_ID`` (observe mode: left out, not counted)."""
-        topic_map = evaluation.topic_map
-        names = self.topic_ids.names
-
-        def client_name(topic_id: bytes) -> str | None:
-            name = names.get(topic_id)
-            if name is None or topic_map is None:
-                return name
-            return topic_map.to_client(name)
-
         out: dict[PartitionKey, PartitionVerdict] = {}
-        for topic, name in client_topic_names(req.body, client_name):
+        for topic, name in client_topic_names(req.body, self._id_names(evaluation)):
             key = topic_key(topic)
             if validation.topics is not None:
                 if name is None:
@@ -490,6 +480,20 @@ class RulesPolicy(Policy):
                 if found is not None:
                     out[(key, partition.index)] = found
         return out
+
+    def _id_names(self, evaluation: Evaluation) -> IdNames:
+        """A topic id -> the name the client knows the topic by (None: not learned):
+        the broker's name for it, mapped by the evaluation's topic map if there is one."""
+        topic_map = evaluation.topic_map
+        names = self.topic_ids.names
+
+        def client_name(topic_id: bytes) -> str | None:
+            name = names.get(topic_id)
+            if name is None or topic_map is None:
+                return name
+            return topic_map.to_client(name)
+
+        return client_name
 
     def _refused_ids(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation
                      ) -> tuple[Decision, tuple[Outcome, ...]] | None:

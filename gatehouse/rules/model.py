@@ -305,10 +305,12 @@ class RuleSet:
         return any(r.quota is not None for r in self.rules)
 
     @functools.cached_property
-    def validates_by_topic(self) -> bool:
-        """Whether some rule validates the records of some topics only: Produce v13
-        names topics by id, so the proxy learns ids from the answers (rules.records)."""
-        return any(r.validate_records is not None and r.validate_records.topics is not None
+    def scopes_produce_by_topic(self) -> bool:
+        """Whether some rule's ``produce_policy`` or ``validate_records`` holds some
+        topics only: Produce v13 names topics by id, so the proxy learns ids from the
+        answers (rules.produce, rules.records)."""
+        return any((r.validate_records is not None and r.validate_records.topics is not None)
+                   or (r.produce_policy is not None and r.produce_policy.topics is not None)
                    for r in self.rules)
 
     def evaluate(self, facts: ClientFacts, req: Request) -> Evaluation:

@@ -297,10 +297,7 @@ def _validate_records(reader: Reader) -> RecordValidation:
     """``validate_records: {topics, key, value, headers, max_decompressed_bytes}``: what
     the records the rule's clients produce must hold (at least one of key, value,
     headers)."""
-    topics = _name_patterns(reader, "topics")
-    if topics is not None and not topics:
-        raise reader.error("topics", "validate_records.topics must name at least one "
-                           "topic (leave it out for every topic)")
+    topics = _topic_scope(reader, "validate_records")
     key = _field_check(reader, "key")
     value = _field_check(reader, "value")
     headers: list[str] = []
@@ -377,8 +374,18 @@ def _produce_policy(reader: Reader) -> ProducePolicy:
     if acks is None and compression is None and not idempotent:
         raise reader.error(None, "produce_policy needs at least one of acks, compression, "
                            "idempotent: true")
+    topics = _topic_scope(reader, "produce_policy")
     reader.finish()
-    return ProducePolicy(acks, compression, idempotent)
+    return ProducePolicy(acks, compression, idempotent, topics)
+
+
+def _topic_scope(reader: Reader, what: str) -> tuple[re.Pattern[str], ...] | None:
+    """``topics`` of a part of a rule that holds some topics only (None: all)."""
+    topics = _name_patterns(reader, "topics")
+    if topics is not None and not topics:
+        raise reader.error("topics", f"{what}.topics must name at least one topic (leave "
+                           "it out for every topic)")
+    return topics
 
 
 def _acl_entries(raw: list[Any], source: Source, line: int | None) -> list[AclEntry]:

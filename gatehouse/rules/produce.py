@@ -6,6 +6,12 @@ codecs the cluster is sized for, producers that are idempotent (or transactional
 retry never writes a record twice.  Each is read from the request's own bytes: its
 ``acks`` and each record batch's header (compression, producer id), never a record.
 
+With ``topics`` (regular expressions over whole names, as the client names them), only
+the batches of those topics are held to it, and only a request writing to one of them
+to its ``acks``.  A request naming topics by id (Produce v13) is matched through the
+names the caller learned for those ids; an id not learned yet refuses the request with
+UNKNOWN_TOPIC_ID (the client refreshes its metadata, through the proxy, and retries).
+
 A request that breaks the policy is refused whole (every partition answers
 POLICY_VIOLATION, saying what to change): these are producer settings, so all of one
 producer's requests break them alike.  An acks=0 request has no answer to carry the
@@ -14,7 +20,8 @@ error: its connection is closed, as a broker does when such a write fails.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -25,11 +32,18 @@ ACKS_NAMES: Final = {"all": -1, "-1": -1, "1": 1, "0": 0}
 _ACKS_TEXT: Final = {-1: "all", 1: "1", 0: "0"}
 
 
+UNKNOWN_TOPIC_ID: Final = 100
+UNSEEN_ID: Final = ("names by id a topic not yet seen in a Metadata answer (the client "
+                    "refreshes its metadata, through the proxy, and retries)")
+IdNames = Callable[[bytes], "str | None"]  # a topic id's bytes -> its client-side name
+
+
 @dataclass(frozen=True)
 class ProducePolicy:
     acks: frozenset[int] | None = None  # acks values allowed (-1 is all); None: any
     compression: frozenset[str] | None = None  # batch codecs allowed ("none"...); None: any
     idempotent: bool = False  # batches must carry a producer id
+    topics: tuple[re.Pattern[str], ...] | None = None  # client-side names; None: all
 
     def violation(self, acks: int, batches: Iterable[tuple[str, RecordBatch | LegacyMessage]]
                   ) -> str | None:
@@ -49,12 +63,38 @@ class ProducePolicy:
         return None
 
 
-def produce_batches(body: Any) -> Iterable[tuple[str, RecordBatch | LegacyMessage]]:
-    """Every batch of a Produce request's body, with where it goes ("topic t partition
-    p", by id where the request names topics by id)."""
+def client_topic_names(body: Any, id_names: IdNames) -> Iterator[tuple[Any, str | None]]:
+    """Each topic entry of a Produce request's body with the name the client knows it
+    by: its ``name``, or for a topic named by id (v13) ``id_names(id bytes)``, None when
+    not known."""
     for topic in body.topic_data:
         name = getattr(topic, "name", None)
-        if not name:
+        if name:
+            yield topic, name
+            continue
+        topic_id = getattr(topic, "topic_id", None)
+        yield topic, None if topic_id is None else id_names(topic_id.bytes)
+
+
+def in_scope(topics: tuple[re.Pattern[str], ...] | None, name: str) -> bool:
+    """Whether a rule part limited to ``topics`` (None: all) applies to ``name``."""
+    return topics is None or any(p.fullmatch(name) for p in topics)
+
+
+def _unknown(_: bytes) -> None:
+    return None
+
+
+def produce_batches(body: Any, topics: tuple[re.Pattern[str], ...] | None = None,
+                    id_names: IdNames = _unknown
+                    ) -> Iterable[tuple[str, RecordBatch | LegacyMessage]]:
+    """Every batch of a Produce request's body (of ``topics`` only, if given), with
+    where it goes ("topic t partition p", by id where the request names topics by id
+    and the name is not known)."""
+    for topic, name in client_topic_names(body, id_names):
+        if topics is not None and (name is None or not in_scope(topics, name)):
+            continue
+        if name is None:
             topic_id = getattr(topic, "topic_id", None)
             name = f"id {topic_id}" if topic_id is not None else "?"  # a UUID
         for partition in topic.partition_data:
@@ -63,16 +103,31 @@ def produce_batches(body: Any) -> Iterable[tuple[str, RecordBatch | LegacyMessag
                 yield where, batch
 
 
-def produce_violation(policy: ProducePolicy, body: Any) -> str | None:
-    """What a Produce request's ``body`` breaks of ``policy`` (None: nothing)."""
-    return policy.violation(body.acks, produce_batches(body))
+def produce_violation(policy: ProducePolicy, body: Any, id_names: IdNames = _unknown
+                      ) -> tuple[int, str] | None:
+    """What a Produce request's ``body`` breaks of ``policy``, as (error code, message)
+    (None: nothing): POLICY_VIOLATION, or UNKNOWN_TOPIC_ID for a policy limited to some
+    topics and a request naming one by an id ``id_names`` does not know."""
+    if policy.topics is not None:
+        named = list(client_topic_names(body, id_names))
+        if any(name is None for _, name in named):
+            return UNKNOWN_TOPIC_ID, UNSEEN_ID
+        if not any(in_scope(policy.topics, name) for _, name in named if name is not None):
+            return None
+    broken = policy.violation(body.acks, produce_batches(body, policy.topics, id_names))
+    return None if broken is None else (POLICY_VIOLATION, broken)
 
 
 __all__ = [
     "ACKS_NAMES",
     "COMPRESSION_NAMES",
     "POLICY_VIOLATION",
+    "UNKNOWN_TOPIC_ID",
+    "UNSEEN_ID",
+    "IdNames",
     "ProducePolicy",
+    "client_topic_names",
+    "in_scope",
     "produce_batches",
     "produce_violation",
 ]

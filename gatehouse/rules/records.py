@@ -41,10 +41,10 @@ from gatehouse.codecs.records import (
     records_section,
 )
 from gatehouse.rules.errors import array_entry, error_response
+from gatehouse.rules.produce import UNKNOWN_TOPIC_ID, client_topic_names, in_scope
 
 INVALID_RECORD: Final = 87
 CORRUPT_MESSAGE: Final = 2
-UNKNOWN_TOPIC_ID: Final = 100
 FORMATS: Final = ("json", "utf8", "schema_registry")
 MAX_RECORD_ERRORS: Final = 100  # listed per partition; the count says how many more
 DEFAULT_MAX_DECOMPRESSED: Final = 64 * 1024 * 1024
@@ -102,7 +102,7 @@ class RecordValidation:
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED
 
     def applies_to(self, topic: str) -> bool:
-        return self.topics is None or any(p.fullmatch(topic) for p in self.topics)
+        return in_scope(self.topics, topic)
 
     def problem(self, record: Record) -> str | None:
         """What is wrong with ``record`` (None: nothing)."""
@@ -184,20 +184,6 @@ def verdict(validation: RecordValidation, records: Buffer | None, decompress: De
     more = f" ({bad} records in all)" if bad > 1 else ""
     return PartitionVerdict(INVALID_RECORD, f"record {first_index}: {first}{more}",
                             tuple(errors))
-
-
-def client_topic_names(body: Any, id_names: Callable[[bytes], str | None]
-                       ) -> Iterator[tuple[Any, str | None]]:
-    """Each topic entry of a Produce request's body with the name the client knows it
-    by: its ``name``, or for a topic named by id (v13) ``id_names(id bytes)``, None when
-    not known."""
-    for topic in body.topic_data:
-        name = getattr(topic, "name", None)
-        if name:
-            yield topic, name
-            continue
-        topic_id = getattr(topic, "topic_id", None)
-        yield topic, None if topic_id is None else id_names(topic_id.bytes)
 
 
 PartitionKey = tuple[Any, int]  # (topic name or id bytes, partition index)

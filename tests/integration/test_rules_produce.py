@@ -102,3 +102,23 @@ def test_in_observe_mode_the_policy_only_counts(kafka: KafkaCluster) -> None:
         assert proxy.sample("gatehouse_rule_decisions_total", rule="strict-producers",
                             action="refuse") == 0
     assert watermarks(kafka.bootstrap, topic) == (0, 10)
+
+
+def test_a_policy_for_some_topics_with_the_java_producer(kafka: KafkaCluster) -> None:
+    """The Java producer names topics by id (Produce v13): a policy limited to some
+    topics is matched through the ids the proxy learned from the Metadata answers."""
+    held, free = unique("held"), unique("free")
+    for topic in (held, free):
+        kafka.create_topic(topic)
+    rules = "- name: held-topics\n  produce_policy:\n    topics: ['held-.*']\n    compression: zstd\n"
+    with ProxyThread(kafka.bootstrap, rules_yaml=rules) as proxy:
+        loose = java_producer(kafka, proxy, free, "any-java", "compression.type=lz4")
+        assert loose.returncode == 0 and "50 records sent" in loose.stdout, loose.stderr[-2000:]
+        refused = java_producer(kafka, proxy, held, "any-java", "compression.type=lz4")
+        out = refused.stdout + refused.stderr
+        assert "PolicyViolationException" in out, out[-3000:]
+        kept = java_producer(kafka, proxy, held, "any-java", "compression.type=zstd")
+        assert kept.returncode == 0 and "50 records sent" in kept.stdout, kept.stderr[-2000:]
+        assert proxy.summed("gatehouse_requests_total", api="Produce", version="13") >= 1
+    assert watermarks(kafka.bootstrap, free) == (0, 50)
+    assert watermarks(kafka.bootstrap, held) == (0, 50)
