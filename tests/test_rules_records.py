@@ -7,9 +7,11 @@ learned."""
 from __future__ import annotations
 
 import gzip
+import json
 import struct
 import uuid
 import zlib
+from pathlib import Path
 from typing import Any
 
 import cramjam
@@ -21,8 +23,8 @@ from gatehouse.codecs.records import crc32c, encode_batch, iter_records, records
 from gatehouse.compression import DecompressionError, DecompressionLimit, decompress
 from gatehouse.configfile import ConfigError
 from gatehouse.proxy.hooks import Close, Forward, Pending, Respond
-from gatehouse.proxy.policy import RulesPolicy
-from gatehouse.rules import error_response
+from gatehouse.proxy.policy import Reloader, RulesPolicy, RulesSource
+from gatehouse.rules import error_response, load_rules_file
 from gatehouse.rules.records import (
     CORRUPT_MESSAGE,
     INVALID_RECORD,
@@ -321,3 +323,87 @@ def test_a_validation_keeps_its_clients_produce_requests_off_the_streaming_path(
     policy = RulesPolicy(rules(ORDERS))
     assert policy.forwards_unread(conn(), produce([batch(GOOD)])) is None
     assert policy.forwards_unread(conn(), produce([batch(GOOD)], client_id="other")) is not None
+
+
+ORDER_SCHEMA = {"type": "object", "required": ["id", "total"],
+                "properties": {"id": {"type": "string"},
+                               "total": {"type": "number", "minimum": 0}},
+                "additionalProperties": False}
+SCHEMA_RULES = ("- name: orders-schema\n  validate_records:\n    value: {schema: "
+                "schemas/order.json, required: true}\n")
+
+
+def schema_rules(tmp_path: Path, schema: Any = ORDER_SCHEMA) -> Path:
+    (tmp_path / "schemas").mkdir(exist_ok=True)
+    (tmp_path / "schemas" / "order.json").write_text(json.dumps(schema))
+    path = tmp_path / "rules.yaml"
+    path.write_text(SCHEMA_RULES)
+    return path
+
+
+def test_values_held_to_a_json_schema(tmp_path: Path) -> None:
+    """The schema is read beside the rules file; a value that does not match is refused
+    saying where and which keyword, never what the value held."""
+    [rule] = load_rules_file(schema_rules(tmp_path)).rules
+    assert rule.validate_records is not None
+    check = rule.validate_records.value
+    assert check.format == "json" and check.schema is not None
+    assert check.schema.path == tmp_path / "schemas" / "order.json"
+    assert check.problem(b'{"id": "a-1", "total": 12.5}', "value") is None
+    assert check.problem(b'{"id": "a-1", "total": -4}', "value") == (
+        "its value does not match order.json: at $.total, minimum 0")
+    assert check.problem(b'{"id": "SECRET-7", "total": "SECRET"}', "value") == (
+        'its value does not match order.json: at $.total, type "number"')
+    assert check.problem(b'{"id": "a-1"}', "value") == (
+        'its value does not match order.json: at $, required ["id","total"]')
+    assert check.problem(b'[1]', "value") == (
+        'its value does not match order.json: at $, type "object"')
+    assert check.problem(b'{"id": 1', "value") == (
+        "its value is not JSON (Expecting ',' delimiter at byte 8)")
+    # Through the policy: the record's index and the schema's complaint.
+    policy = RulesPolicy(load_rules_file(tmp_path / "rules.yaml"))
+    decision = policy.on_request(conn(), produce([batch(
+        (None, b'{"id": "a", "total": 1}'), (None, b'{"id": "b", "total": "SECRET"}'))]))
+    assert isinstance(decision, Respond)
+    [only] = partitions(decision.response).values()
+    assert [(e.batch_index, e.batch_index_error_message) for e in only.record_errors] == [
+        (1, 'its value does not match order.json: at $.total, type "number"')]
+    assert "SECRET" not in only.error_message
+
+
+@pytest.mark.parametrize(("schema_text", "value", "error"), [
+    (None, "{schema: schemas/missing.json}", "cannot read .*missing.json"),
+    ("{not json", "{schema: schemas/order.json}", "order.json is not JSON"),
+    ('{"type": 5}', "{schema: schemas/order.json}", "is not a valid JSON Schema: 5 is not"),
+    ('[1, 2]', "{schema: schemas/order.json}", "holds no JSON Schema"),
+    ('{}', "{schema: schemas/order.json, format: utf8}", "its format is json, not utf8"),
+])
+def test_a_bad_schema_is_refused_with_its_line(tmp_path: Path, schema_text: str | None,
+                                               value: str, error: str) -> None:
+    (tmp_path / "schemas").mkdir()
+    if schema_text is not None:
+        (tmp_path / "schemas" / "order.json").write_text(schema_text)
+    path = tmp_path / "rules.yaml"
+    path.write_text(f"- name: r\n  validate_records:\n\n    value: {value}\n")
+    with pytest.raises(ConfigError, match=error) as caught:
+        load_rules_file(path)
+    assert caught.value.line == 4 and caught.value.file == str(path)
+
+
+def test_a_changed_schema_reloads_the_rules(tmp_path: Path) -> None:
+    """The schema file is watched with the rules file: a change reloads them; a schema
+    made invalid keeps the old rules in force."""
+    path = schema_rules(tmp_path)
+    policy = RulesPolicy(load_rules_file(path))
+    reloader = Reloader(policy, RulesSource(None, path))
+    assert not reloader.changed()
+    cheap = produce([batch((None, b'{"id": "a", "total": 1, "note": "x"}'))])
+    assert isinstance(policy.on_request(conn(), cheap), Respond)  # additionalProperties
+    looser = {**ORDER_SCHEMA, "additionalProperties": True, "description": "v2"}
+    (tmp_path / "schemas" / "order.json").write_text(json.dumps(looser))
+    assert reloader.changed() and reloader.reload()
+    assert isinstance(policy.on_request(conn(), cheap), Forward)
+    (tmp_path / "schemas" / "order.json").write_text('{"type": "no-such-type", "x": 1}')
+    assert reloader.changed() and not reloader.reload()
+    assert reloader.last_error is not None and "not a valid JSON Schema" in reloader.last_error
+    assert isinstance(policy.on_request(conn(), cheap), Forward)  # the old rules hold

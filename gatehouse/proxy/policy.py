@@ -764,8 +764,12 @@ class Reloader:
         self.failed = 0
         self.last_error: str | None = None
         self.listeners: list[Callable[[bool], None]] = []
+        self._watch = self._watching(policy.ruleset)
+
+    def _watching(self, ruleset: RuleSet) -> FileWatch:
+        """The rules' own file and the files they read (JSON Schemas)."""
         watched = self.source.watched
-        self._watch = FileWatch(() if watched is None else (watched,))
+        return FileWatch((*(() if watched is None else (watched,)), *ruleset.files))
 
     def changed(self) -> bool:
         return self._watch.changed()
@@ -785,6 +789,8 @@ class Reloader:
                 listener(False)
             return False
         self.policy.ruleset = ruleset  # atomic swap: new requests see the new rules
+        if ruleset.files != self._watch.paths[1 if self.source.watched else 0:]:
+            self._watch = self._watching(ruleset)
         self.succeeded += 1
         self.last_error = None
         log_event(logger, logging.INFO, "rules reloaded", rules=len(ruleset.rules),

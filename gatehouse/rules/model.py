@@ -13,6 +13,7 @@ import ipaddress
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
 
@@ -303,6 +304,19 @@ class RuleSet:
     @functools.cached_property
     def has_quotas(self) -> bool:
         return any(r.quota is not None for r in self.rules)
+
+    @functools.cached_property
+    def files(self) -> tuple[Path, ...]:
+        """The files these rules read besides their own (validate_records' JSON
+        Schemas): a change to one reloads the rules, as a change to theirs does."""
+        found: dict[Path, None] = {}
+        for rule in self.rules:
+            validation = rule.validate_records
+            if validation is not None:
+                for check in (validation.key, validation.value):
+                    if check.schema is not None:
+                        found[check.schema.path] = None
+        return tuple(found)
 
     @functools.cached_property
     def scopes_produce_by_topic(self) -> bool:

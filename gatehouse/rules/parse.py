@@ -42,6 +42,7 @@ from gatehouse.rules.records import (
     FORMATS,
     FieldCheck,
     RecordValidation,
+    load_json_schema,
 )
 from gatehouse.rules.topics import (
     ID_FILTER_KEYS,
@@ -335,11 +336,25 @@ def _field_check(reader: Reader, what: str) -> FieldCheck:
     max_bytes = sub.take("max_bytes", int)
     if max_bytes is not None and max_bytes < 0:
         raise sub.error("max_bytes", f"{where}.max_bytes must be a number of bytes")
+    schema = None
+    schema_file = sub.take("schema", str)
+    if schema_file is not None:
+        if fmt not in (None, "json"):
+            raise sub.error("schema", f"{where}.schema is a JSON Schema: its format is json, "
+                            f"not {fmt}")
+        fmt = "json"
+        path = Path(schema_file)
+        if not path.is_absolute() and not reader.source.file.startswith("<"):
+            path = Path(reader.source.file).parent / path  # beside the rules' file
+        try:
+            schema = load_json_schema(path)
+        except ValueError as exc:
+            raise sub.error("schema", f"{where}.schema: {exc}") from None
     sub.finish()
-    check = FieldCheck(required, fmt, max_bytes)
+    check = FieldCheck(required, fmt, max_bytes, schema)
     if check == FieldCheck():
         raise reader.error(what, f"{where} needs at least one of required: true, format, "
-                           "max_bytes")
+                           "max_bytes, schema")
     return check
 
 

@@ -27,7 +27,12 @@ import json
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final, Literal
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError, best_match
+from jsonschema.validators import validator_for
 
 from gatehouse.codecs import Request, Response, StructSpec
 from gatehouse.codecs.errors import ProtocolError, RemoteProtocolError
@@ -41,7 +46,7 @@ from gatehouse.codecs.records import (
     records_section,
 )
 from gatehouse.rules.errors import array_entry, error_response
-from gatehouse.rules.produce import UNKNOWN_TOPIC_ID, client_topic_names, in_scope
+from gatehouse.rules.produce import UNKNOWN_TOPIC_ID, in_scope
 
 INVALID_RECORD: Final = 87
 CORRUPT_MESSAGE: Final = 2
@@ -57,6 +62,56 @@ def _not_json(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")  # Python's json takes NaN and Infinity
 
 
+@dataclass(frozen=True, eq=False)
+class JsonSchema:
+    """A JSON Schema a key or value must match, read from ``path`` (``validator``: a
+    ``jsonschema`` validator for the schema's own draft, 2020-12 when it names none)."""
+
+    path: Path
+    validator: Any
+
+    def problem(self, document: Any, what: str) -> str | None:
+        if self.validator.is_valid(document):
+            return None
+        error = best_match(self.validator.iter_errors(document))
+        # Where in the document and which keyword of the schema, with the keyword's
+        # value (the schema's): never the record's own values.
+        expected = json.dumps(error.validator_value, separators=(",", ":"))
+        if len(expected) > 80:
+            expected = expected[:77] + "..."
+        return (f"its {what} does not match {self.path.name}: at {error.json_path}, "
+                f"{error.validator} {expected}")
+
+
+def load_json_schema(path: Path) -> JsonSchema:
+    """The schema in ``path`` (JSON, or YAML for .yaml/.yml), checked against its draft's
+    meta-schema; ``ValueError`` saying what is wrong."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from None
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            schema = yaml.safe_load(text)
+        else:
+            schema = json.loads(text)
+    except ValueError as exc:  # json's and yaml's errors say where
+        raise ValueError(f"{path} is not JSON: {exc}") from None
+    except Exception as exc:
+        raise ValueError(f"{path} is not YAML: {exc}") from None
+    if not isinstance(schema, dict):
+        raise ValueError(f"{path} holds no JSON Schema (an object)")
+    cls = validator_for(schema, default=Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+    except SchemaError as exc:
+        raise ValueError(f"{path} is not a valid JSON Schema: {exc.message} (at "
+                         f"{exc.json_path})") from None
+    return JsonSchema(path, cls(schema))
+
+
 @dataclass(frozen=True)
 class FieldCheck:
     """What a record's key or its value must be."""
@@ -64,6 +119,7 @@ class FieldCheck:
     required: bool = False  # not null
     format: Format | None = None  # of a value that is not null
     max_bytes: int | None = None
+    schema: JsonSchema | None = None  # format json, matching this schema
 
     def problem(self, data: bytes | None, what: str) -> str | None:
         if data is None:
@@ -72,14 +128,18 @@ class FieldCheck:
             return f"its {what} is {len(data)} bytes, above {self.max_bytes}"
         if self.format == "json":
             try:
-                json.loads(data.decode("utf-8"), parse_constant=_not_json)
+                document = json.loads(data.decode("utf-8"), parse_constant=_not_json)
             except UnicodeDecodeError:
                 return f"its {what} is not JSON (not UTF-8 text)"
+            except RecursionError:
+                return f"its {what} is not JSON this proxy reads (nested too deeply)"
             except ValueError as exc:
                 # The parser's reason and place, never the text it read.
                 if isinstance(exc, json.JSONDecodeError):
                     return f"its {what} is not JSON ({exc.msg} at byte {exc.pos})"
                 return f"its {what} is not JSON ({exc})"
+            if self.schema is not None:
+                return self.schema.problem(document, what)
         elif self.format == "utf8":
             try:
                 data.decode("utf-8")
@@ -281,9 +341,10 @@ __all__ = [
     "MAX_RECORD_ERRORS",
     "UNKNOWN_TOPIC_ID",
     "FieldCheck",
+    "JsonSchema",
     "PartitionVerdict",
     "RecordValidation",
-    "client_topic_names",
+    "load_json_schema",
     "merged",
     "read_records",
     "topic_key",
