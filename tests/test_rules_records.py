@@ -360,6 +360,12 @@ def test_values_held_to_a_json_schema(tmp_path: Path) -> None:
         'its value does not match order.json: at $, type "object"')
     assert check.problem(b'{"id": 1', "value") == (
         "its value is not JSON (Expecting ',' delimiter at byte 8)")
+    deep = b'{"id": "a", "total": 1, "x": ' + b"[" * 900 + b"]" * 900 + b"}"
+    assert check.problem(deep, "value") in (
+        "its value is nested too deeply to check against order.json",
+        'its value does not match order.json: at $, additionalProperties false')
+    assert check.problem(b"[" * 100_000 + b"]" * 100_000, "value") == (
+        "its value is not JSON this proxy reads (nested too deeply)")
     # Through the policy: the record's index and the schema's complaint.
     policy = RulesPolicy(load_rules_file(tmp_path / "rules.yaml"))
     decision = policy.on_request(conn(), produce([batch(

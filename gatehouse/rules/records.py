@@ -71,9 +71,12 @@ class JsonSchema:
     validator: Any
 
     def problem(self, document: Any, what: str) -> str | None:
-        if self.validator.is_valid(document):
-            return None
-        error = best_match(self.validator.iter_errors(document))
+        try:
+            if self.validator.is_valid(document):
+                return None
+            error = best_match(self.validator.iter_errors(document))
+        except RecursionError:
+            return f"its {what} is nested too deeply to check against {self.path.name}"
         # Where in the document and which keyword of the schema, with the keyword's
         # value (the schema's): never the record's own values.
         expected = json.dumps(error.validator_value, separators=(",", ":"))
