@@ -38,7 +38,8 @@ def _parser() -> argparse.ArgumentParser:
                      help="run N proxy processes on the same ports, supervised by this one "
                      "(overrides the config's workers)")
     # A worker of a supervisor (gatehouse.proxy.workers): its end of the socket pair.
-    for hidden in ("--worker-fd", "--worker-index", "--worker-count", "--quota-fd"):
+    for hidden in ("--worker-fd", "--worker-index", "--worker-count", "--quota-fd",
+                   "--connections-fd"):
         run.add_argument(hidden, type=int, help=argparse.SUPPRESS)
 
     check = sub.add_parser("check", help="validate a config (and its rules) without running")
@@ -265,6 +266,7 @@ def _run(args: argparse.Namespace) -> int:
             passed += ["--log-json"] if args.log_json else []
             return serve_workers(config, passed)
         link = None
+        host_counts = None
         if worker:
             from gatehouse.proxy.workers import SupervisorLink
 
@@ -273,7 +275,13 @@ def _run(args: argparse.Namespace) -> int:
                 from gatehouse.proxy.sharedquotas import SharedTable
 
                 policy.quota_buckets.shared = SharedTable(args.quota_fd)
-        trio.run(run_configured, config, policy, args.config, link)
+            if args.connections_fd is not None:  # connections per address: shared too
+                from gatehouse.proxy.hostcounts import HostTable, SharedHostCounts
+
+                host_counts = SharedHostCounts(
+                    HostTable(args.connections_fd, args.worker_count or 1),
+                    args.worker_index or 0)
+        trio.run(run_configured, config, policy, args.config, link, host_counts)
     except KeyboardInterrupt:  # a second Ctrl-C while draining
         return 130
     except (OSError, BaseExceptionGroup) as exc:

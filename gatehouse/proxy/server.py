@@ -30,6 +30,7 @@ from gatehouse.proxy.addresses import BrokerAddress
 from gatehouse.proxy.config import Address, ProxyConfig, security_warnings
 from gatehouse.proxy.connection import ConnectionContext, ProxyConnection
 from gatehouse.proxy.hooks import CLIENT_CLOSED, ConnectionInfo, Observer, Observers, Policy
+from gatehouse.proxy.hostcounts import HostCounts
 from gatehouse.proxy.oauth import OAuthClient, TokenSource, TokenValidator
 from gatehouse.proxy.principal import certificate_principal, mapped_principal
 from gatehouse.proxy.proxyprotocol import ProxyHeaderError, read_proxy_header
@@ -78,6 +79,7 @@ class Proxy:
         config: ProxyConfig,
         policy: Policy | None = None,
         observers: Sequence[Observer] = (),
+        host_counts: HostCounts | None = None,
     ) -> None:
         self.config = config
         self.policy = policy or Policy()
@@ -94,7 +96,8 @@ class Proxy:
         self._ids = itertools.count(1)
         self._rotate = itertools.count()
         self._connections = 0
-        self._per_host: dict[str, int] = {}  # open connections per client address
+        # Open connections per client address (a worker's: over all the workers).
+        self.host_counts = host_counts or HostCounts()
         self._refusing: set[str] = set()  # hosts at max_connections_per_ip, logged
         self._balancers = config.proxy_protocol_from  # peers that send a PROXY header
         self.tls = TlsContexts(config)
@@ -290,12 +293,12 @@ class Proxy:
         """Counts a connection of ``host`` unless it is at ``max_connections_per_ip``
         (then the refusal is counted and logged, and False)."""
         per_ip = self.config.limits.max_connections_per_ip
-        if per_ip is not None and self._per_host.get(host, 0) >= per_ip:
+        if not self.host_counts.admit(host, per_ip):
+            assert per_ip is not None
             self._refuse(client, "per-address limit reached", per_ip,
                          logged=host in self._refusing)
             self._refusing.add(host)
             return False
-        self._per_host[host] = self._per_host.get(host, 0) + 1
         return True
 
     async def _admit_from_balancer(self, stream: trio.SocketStream, listener: str,
@@ -403,9 +406,7 @@ class Proxy:
             await _aclose(client)
         finally:
             self._connections -= 1
-            left = self._per_host.pop(host, 1) - 1
-            if left:
-                self._per_host[host] = left
+            self.host_counts.release(host)
             self._refusing.discard(host)
             log_event(logger, level, "connection closed", **conn.describe(),
                       upstream=conn.upstream, reason=reason,

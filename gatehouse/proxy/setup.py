@@ -11,6 +11,7 @@ import trio
 
 from gatehouse.proxy.config import ProxyConfig, load_config
 from gatehouse.proxy.hooks import Observer, Policy
+from gatehouse.proxy.hostcounts import HostCounts
 from gatehouse.proxy.policy import Reloader, RulesPolicy, RulesSource
 from gatehouse.proxy.server import Proxy
 from gatehouse.rules import RuleSet, load_rules_file, parse_rules
@@ -107,15 +108,17 @@ async def _report_ready(proxy: Proxy, link: SupervisorLink) -> None:
 
 
 async def run_configured(config: ProxyConfig, policy: RulesPolicy, path: str | Path,
-                         link: SupervisorLink | None = None) -> None:
+                         link: SupervisorLink | None = None,
+                         host_counts: HostCounts | None = None) -> None:
     """Run the proxy a config describes until it is stopped; ``link``: this process is
-    a worker of a supervisor (``workers: N``), which it reports to."""
+    a worker of a supervisor (``workers: N``), which it reports to, and
+    ``host_counts`` the connections per address it counts with the other workers."""
     from gatehouse.cli import handle_signals
 
     reloader = Reloader(policy, rules_source(config, path),
                         shared_identity=config.sasl_upstream is not None)
     observers = build_observers(config, policy, reloader)
-    proxy = Proxy(config, policy, observers)
+    proxy = Proxy(config, policy, observers, host_counts)
     if config.metrics_listen is not None:
         observers[0].watch_buffers(proxy.ctx.request_budget,  # type: ignore[attr-defined]
                                    proxy.ctx.response_budget)

@@ -42,6 +42,7 @@ import trio
 
 from gatehouse.logs import log_event
 from gatehouse.proxy.config import ProxyConfig
+from gatehouse.proxy.hostcounts import HostTable
 from gatehouse.proxy.sharedquotas import SharedTable
 
 logger = logging.getLogger("gatehouse.workers")
@@ -106,6 +107,10 @@ class Supervisor:
         # Quota buckets every worker spends from (rules' quotas are the whole proxy's);
         # kept open here so that a restarted worker finds the same table.
         self.quota_table = SharedTable.create() if SharedTable.supported() else None
+        # Connections per client address, counted over all workers (each its own column,
+        # zeroed before a worker is started again).
+        self.host_table = (HostTable.create(config.workers)
+                           if HostTable.supported() and config.workers > 1 else None)
         self.stopping = trio.Event()
         self.failure: str | None = None
         self.restarts = 0
@@ -199,6 +204,10 @@ class Supervisor:
         if self.quota_table is not None:
             command += ["--quota-fd", str(self.quota_table.fd)]
             passed.append(self.quota_table.fd)
+        if self.host_table is not None:
+            self.host_table.forget(worker.index)  # what a dead one held is closed
+            command += ["--connections-fd", str(self.host_table.fd)]
+            passed.append(self.host_table.fd)
         try:
             process = await trio.lowlevel.open_process(
                 command, stdin=subprocess.DEVNULL, pass_fds=tuple(passed),

@@ -280,3 +280,66 @@ def test_a_quota_is_the_whole_proxys_not_each_workers(kafka: KafkaCluster,
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
+
+
+def test_connections_per_address_are_counted_over_all_workers(kafka: KafkaCluster,
+                                                              tmp_path: Path) -> None:
+    """``max_connections_per_ip: 4`` with two workers: 4 connections from 127.0.0.1 in
+    all, wherever the kernel puts them (not 4 per worker); a worker killed with some of
+    them open gives them back (the supervisor zeroes its counts before its successor
+    starts), so the address may open as many again."""
+    from gatehouse import codecs
+    from tests.support.clients import recv_exact
+
+    port, metrics = free_port(), free_port()
+    config = write_config(kafka, tmp_path, port=port, metrics=metrics)
+    config.write_text(config.read_text().replace(
+        "limits: {shutdown_grace: 5}", "limits: {shutdown_grace: 5, max_connections_per_ip: 4}"))
+    log = tmp_path / "supervisor.log"
+    proc = start(config, log)
+    request = codecs.Request.build(18, 3, 1, "per-ip", codecs.api(18).request.root.cls(
+        client_software_name="test", client_software_version="1")).encode()
+    wire = len(request).to_bytes(4, "big") + bytes(request)
+
+    def answered(sock: socket.socket) -> bool:
+        """An ApiVersions answer (admitted), or the connection closed (turned away)."""
+        try:
+            sock.sendall(wire)
+            size = recv_exact(sock, 4)
+        except (AssertionError, OSError):  # closed first (recv_exact asserts)
+            return False
+        return len(size) == 4 and len(recv_exact(sock, int.from_bytes(size, "big"))) > 0
+
+    opened: list[socket.socket] = []
+    try:
+        wait_for(lambda: ready(metrics), "/readyz", proc, log)
+        opened += [socket.create_connection(("127.0.0.1", port), timeout=10)
+                   for _ in range(12)]
+        admitted = [s for s in opened if answered(s)]
+        assert len(admitted) == 4
+        refused = by_worker(scrape(metrics), "gatehouse_connections_total", side="client",
+                            outcome="refused")
+        assert sum(refused.values()) == 8, refused
+        served = by_worker(scrape(metrics), "gatehouse_connections_total", side="client",
+                           outcome="opened")
+        assert set(served) | set(refused) == {"0", "1"}  # the kernel used both workers
+
+        # The worker holding most of the admitted connections (one holds at least 2).
+        holding = by_worker(scrape(metrics), "gatehouse_connections", side="client")
+        index = max(holding, key=lambda w: holding[w])
+        assert holding[index] >= 2, holding
+        victim = next(pid for pid, w in worker_pids(log).items() if str(w) == index)
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: total(scrape(metrics), "gatehouse_worker_restarts_total") == 1
+                 and ready(metrics), "a replacement worker", proc, log)
+        survivors = [s for s in admitted if answered(s)]
+        assert len(survivors) == 4 - holding[index]
+        more = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(8)]
+        opened += more
+        assert sum(answered(s) for s in more) == 4 - len(survivors)
+    finally:
+        for sock in opened:
+            sock.close()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
