@@ -231,7 +231,8 @@ class RulesPolicy(Policy):
                  or (observed is not None and observed.hides_others))
                     and teaches_ids(req.api.response, req.api_version)):
                 # Its answer teaches topic ids, which the observe-mode id check and
-                # validate_records (Produce v13 names topics by id) read.
+                # produce rules limited to some topics (Produce v13 names topics by
+                # id) read.
                 return Forward(req, wants_response=True, context=_LEARN_IDS)
             return Forward(req)
         regex = regex_subscription(req)
@@ -262,7 +263,7 @@ class RulesPolicy(Policy):
                 or evaluation.observed_map is not None or evaluation.reads_produce):
             return None  # produce_policy, validate_records: read in the whole request
         if ruleset.scopes_produce_by_topic and teaches_ids(req.api.response, req.api_version):
-            return None  # its answer teaches the topic ids validate_records matches by
+            return None  # its answer teaches the ids rules limited to some topics match by
         topic_map = evaluation.topic_map
         report = partial(self._emit, evaluation.outcomes)
         if topic_map is None:
@@ -303,7 +304,8 @@ class RulesPolicy(Policy):
              or self.ruleset.scopes_produce_by_topic)
                 and teaches_ids(resp.api.response, resp.api_version)):
             # Broker-side names, before they are mapped: read by a map that hides other
-            # tenants' topics, enforced or observed.
+            # tenants' topics, enforced or observed, and by produce rules limited to
+            # some topics (Produce v13 names topics by id).
             self.topic_ids.learn(resp)
         if pending.api_key == PRODUCE and not names_topics(resp.api.response, resp.api_version):
             # Produce v13 names topics by id: only error text could need mapping, and the
@@ -427,7 +429,11 @@ class RulesPolicy(Policy):
             return None
         extra: list[Outcome] = []
         for rule, validation in evaluation.records_observed:
-            judged = self._verdicts(validation, req, evaluation, observe=True)
+            try:
+                judged = self._verdicts(validation, req, evaluation, observe=True)
+            except Exception:  # observe mode must never break traffic
+                logger.debug("observe-mode validate_records failed", exc_info=True)
+                continue
             if judged:
                 (where, first), *_ = judged.items()
                 self._log_refusal(conn, req, rule, f"{_place(where)}: {first.message} "
