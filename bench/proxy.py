@@ -180,6 +180,35 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def compare_rules(name: str, rules: str, *, records: int, rounds: int,
+                  sizes: tuple[int, ...], broker_topic: Callable[[str], str] = lambda t: t,
+                  cpu: dict[str, dict[str, list[float]]] | None = None,
+                  ) -> dict[str, dict[str, list[float]]]:
+    """``compare_throughput`` of direct, Gatehouse without rules ("no-rules") and
+    Gatehouse with ``rules`` (``name``), on a broker of its own: what the rules cost."""
+    with KafkaCluster(1) as kafka:
+        plain, plain_addr = start_gatehouse(kafka.bootstrap)
+        ruled, ruled_addr = start_gatehouse(kafka.bootstrap, rules)
+        try:
+            return compare_throughput(
+                kafka, {"direct": kafka.bootstrap, "no-rules": plain_addr, name: ruled_addr},
+                records=records, rounds=rounds, sizes=sizes, broker_topic=broker_topic,
+                pids={"no-rules": plain.pid, name: ruled.pid}, cpu=cpu)
+        finally:
+            for proc in (plain, ruled):
+                proc.terminate()
+                proc.wait(15)
+
+
+def print_against(results: dict[str, dict[str, list[float]]], name: str,
+                  baseline: str) -> None:
+    """One line: ``name``'s median over ``baseline``'s, per metric (what a feature costs
+    against the proxy without it)."""
+    print(f"{name}/{baseline}: " + ", ".join(
+        f"{metric} {statistics.median(results[name][metric]) / statistics.median(results[baseline][metric]):.3f}"
+        for metric in results[baseline]))
+
+
 def print_ratios(results: dict[str, dict[str, list[float]]], baseline: str = "direct") -> None:
     """Median MB/s per target and metric, and each target's ratio to the baseline."""
     names = list(results)

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.proxy import compare_throughput, print_ratios, start_gatehouse
-from tests.support.kafka import KafkaCluster
+from bench.proxy import compare_rules, print_against, print_ratios
 
 SIZES = (1024, 100 * 1024)
 
@@ -38,23 +36,10 @@ def main() -> None:
                for size in SIZES for r in range(args.rounds)}
     rules = "rules:\n  - name: rename\n    rename_topics:\n" + "".join(
         f"      {alias}: {real}\n" for alias, real in aliases.items())
-    with KafkaCluster(1) as kafka:
-        plain, plain_addr = start_gatehouse(kafka.bootstrap)
-        renaming, renaming_addr = start_gatehouse(kafka.bootstrap, rules)
-        try:
-            results = compare_throughput(
-                kafka, {"direct": kafka.bootstrap, "no-rules": plain_addr,
-                        "rename": renaming_addr},
-                records=args.records, rounds=args.rounds, sizes=SIZES, topic_for=topic_for,
-                broker_topic=lambda t: aliases.get(t, t))
-        finally:
-            for proc in (plain, renaming):
-                proc.terminate()
-                proc.wait(15)
+    results = compare_rules("rename", rules, records=args.records, rounds=args.rounds,
+                            sizes=SIZES, broker_topic=lambda t: aliases.get(t, t))
     print_ratios(results)
-    print("rename/no-rules: " + ", ".join(
-        f"{metric} {statistics.median(results['rename'][metric]) / statistics.median(results['no-rules'][metric]):.3f}"
-        for metric in results["direct"]))
+    print_against(results, "rename", "no-rules")
 
 
 

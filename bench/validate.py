@@ -19,8 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.proxy import compare_throughput, print_ratios, start_gatehouse
-from tests.support.kafka import KafkaCluster
+from bench.proxy import compare_rules, print_against, print_ratios
 
 SIZES = (1024, 100 * 1024)
 RULES = ("rules:\n  - name: text-only\n    validate_records:\n"
@@ -33,24 +32,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     os.environ.setdefault("GATEHOUSE_KAFKA_VERSION", "4.4.0")
-    with KafkaCluster(1) as kafka:
-        plain, plain_addr = start_gatehouse(kafka.bootstrap)
-        checking, checking_addr = start_gatehouse(kafka.bootstrap, RULES)
-        cpu: dict[str, dict[str, list[float]]] = {}
-        try:
-            results = compare_throughput(
-                kafka, {"direct": kafka.bootstrap, "no-rules": plain_addr,
-                        "validate": checking_addr},
-                records=args.records, rounds=args.rounds, sizes=SIZES,
-                pids={"no-rules": plain.pid, "validate": checking.pid}, cpu=cpu)
-        finally:
-            for proc in (plain, checking):
-                proc.terminate()
-                proc.wait(15)
+    cpu: dict[str, dict[str, list[float]]] = {}
+    results = compare_rules("validate", RULES, records=args.records, rounds=args.rounds,
+                            sizes=SIZES, cpu=cpu)
     print_ratios(results)
-    print("validate/no-rules: " + ", ".join(
-        f"{metric} {statistics.median(results['validate'][metric]) / statistics.median(results['no-rules'][metric]):.3f}"
-        for metric in results["direct"]))
+    print_against(results, "validate", "no-rules")
     for name, metrics in cpu.items():
         print(f"{name} CPU s/MB: " + ", ".join(
             f"{metric.removesuffix(' MB/s')} {statistics.median(values):.4f}"
