@@ -1006,3 +1006,39 @@ async def test_a_client_authenticates_again_before_its_session_ends(
         assert await h.client.receive() is None
         await h.done.wait()
         assert "asks for no re-authentication" in h.pumps.close_reason
+
+
+async def test_a_policys_long_work_runs_off_the_event_loop() -> None:
+    """``Policy.offload``'s work runs in a thread before ``on_request``: while it waits
+    (here on the test, which only the event loop can reach) the loop serves on; run on
+    the loop itself, it would hold the test and time out instead."""
+    import threading
+
+    started, release = threading.Event(), threading.Event()
+    ran: list[tuple[bool, bool]] = []  # (in a thread of its own, released)
+
+    class Slow(Policy):
+        def offload(self, conn: ConnectionInfo, req: codecs.Request) -> Any:
+            if req.api_key != 3:
+                return None
+
+            def work() -> None:
+                started.set()
+                ran.append((threading.current_thread() is not threading.main_thread(),
+                            release.wait(10)))
+                conn.state["seen"] = req
+
+            return work
+
+        def on_request(self, conn: ConnectionInfo, req: codecs.Request) -> Any:
+            assert req.api_key != 3 or conn.state.get("seen") is req  # after the work
+            return Forward(req)
+
+    async with proxied(echo_handler, policy=Slow()) as h:
+        await h.client.send(request(3, 12, 1, topics=[]).encode())
+        await trio.to_thread.run_sync(started.wait)
+        await trio.sleep(0)  # the loop goes on while the work waits
+        release.set()
+        answer = await h.client.receive()
+        assert answer is not None and struct.unpack_from(">i", answer)[0] == 1
+    assert ran == [(True, True)]

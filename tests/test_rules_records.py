@@ -413,3 +413,37 @@ def test_a_changed_schema_reloads_the_rules(tmp_path: Path) -> None:
     assert reloader.changed() and not reloader.reload()
     assert reloader.last_error is not None and "not a valid JSON Schema" in reloader.last_error
     assert isinstance(policy.on_request(conn(), cheap), Forward)  # the old rules hold
+
+
+def test_a_large_requests_records_are_read_off_the_event_loop(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """From 64 KiB on, ``offload`` gives the proxy the reading to run in a thread; what
+    it found is what ``on_request`` answers with, without reading the records again."""
+    import gatehouse.proxy.policy as policy_module
+
+    calls: list[int] = []
+    real = policy_module.verdict
+
+    def counted(*args: Any) -> Any:
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(policy_module, "verdict", counted)
+    policy = RulesPolicy(rules(ORDERS))
+    small = produce([batch(GOOD)])
+    assert policy.offload(conn(), small) is None
+    big_good = batch(*[GOOD] * 400)
+    assert len(big_good) > 4096
+    large = produce([big_good] * 10 + [batch(GOOD, (None, b"{}"))] * 10)
+    assert len(large.frame or b"") >= 64 * 1024
+    assert policy.offload(conn(), produce([big_good] * 20, client_id="other")) is None
+    connection = conn()
+    work = policy.offload(connection, large)
+    assert work is not None
+    work()
+    assert len(calls) == 20
+    decision = policy.on_request(connection, large)
+    assert len(calls) == 20  # read once, in the work
+    assert isinstance(decision, Forward)
+    assert [len(t.partition_data) for t in decision.request.body.topic_data] == [10]
+    assert "record_verdicts" not in connection.state  # nothing held after the request

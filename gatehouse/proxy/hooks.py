@@ -172,6 +172,14 @@ class Policy:
     def on_request(self, conn: ConnectionInfo, req: Request) -> Decision:
         return Forward(req)
 
+    def offload(self, conn: ConnectionInfo, req: Request) -> Callable[[], None] | None:
+        """Work on a whole request that may take long (reading every record of a large
+        Produce request), for the caller to run in a thread before ``on_request``, so
+        the event loop serves the other connections meanwhile (the work holds the GIL
+        only in turns).  It keeps what it finds for ``on_request`` (in ``conn.state``)
+        and touches nothing else the loop uses.  None: nothing to do."""
+        return None
+
     def forwards_unread(self, conn: ConnectionInfo, req: Request) -> Forward | None:
         """The decision for a request that has begun to arrive (``req.frame`` holds its
         first bytes: its header at least) if ``on_request`` would forward it, whatever

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -87,6 +87,8 @@ PRODUCE, FETCH, METADATA = 0, 1, 3
 _FOREIGN_ID = "names by id a topic outside the client's prefix"
 # The context of a request forwarded only for its answer's topic ids (``on_response``).
 _LEARN_IDS = object()
+# Produce requests from this size on have their records read in a thread (``offload``).
+_OFFLOAD_BYTES = 64 * 1024
 # The verdict on the partitions of a topic named by an id not learned yet (rules.records).
 _UNSEEN_ID = PartitionVerdict(UNKNOWN_TOPIC_ID, UNSEEN_ID)
 # What a broker answers a client its ACLs do not allow to use the name.
@@ -175,13 +177,17 @@ class RulesPolicy(Policy):
         if not ruleset:
             return Forward(req)
         evaluation = _evaluated(ruleset, facts_of(conn, req), req, conn.state)
+        # What ``offload``'s work found for this request (never held past it).
+        offloaded = conn.state.pop("record_verdicts", None)
         refused = (self._refused_cluster_configs(conn, req, evaluation)
                    or self._refused_produce(conn, req, evaluation)
                    or self._refused_ids(conn, req, evaluation)
                    or self._refused_topics(conn, req, evaluation, ruleset))
         outcomes, withheld = evaluation.outcomes, None
         if refused is None and (evaluation.record_validations or evaluation.records_observed):
-            checked = self._checked_records(conn, req, evaluation)
+            checked = self._checked_records(
+                conn, req, evaluation,
+                offloaded[1] if offloaded is not None and offloaded[0] is req else {})
             if isinstance(checked, _Withholding):
                 req, withheld, outcomes = checked.rest, checked.answer, checked.outcomes
             else:
@@ -417,20 +423,23 @@ class RulesPolicy(Policy):
         self._emit(tuple(extra))
         return None
 
-    def _checked_records(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation
+    def _checked_records(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation,
+                         found: Mapping[tuple[str, bool], dict[PartitionKey, PartitionVerdict]]
                          ) -> _Withholding | tuple[Decision, tuple[Outcome, ...]] | None:
         """A Produce request's records held to the rules' ``validate_records``
         (``rules.records``): None when every partition passes (observe-mode rules that
         would refuse some counted and logged); else the partitions that pass, to send
         on, with the answer for the others (``_Withholding``), or, when none passes (or
         the request is acks=0, which has no answer to carry the errors), the request's
-        answer, with the outcomes to count."""
+        answer, with the outcomes to count.  ``found``: the verdicts ``offload``'s work
+        reached, by (rule, observe mode)."""
         if evaluation.refusal is not None or not req.known:
             return None
         extra: list[Outcome] = []
         for rule, validation in evaluation.records_observed:
             try:
-                judged = self._verdicts(validation, req, evaluation, observe=True)
+                judged = (found[(rule, True)] if (rule, True) in found
+                          else self._verdicts(validation, req, evaluation, observe=True))
             except Exception:  # observe mode must never break traffic
                 logger.debug("observe-mode validate_records failed", exc_info=True)
                 continue
@@ -442,10 +451,13 @@ class RulesPolicy(Policy):
         withheld: dict[PartitionKey, PartitionVerdict] = {}
         refusing = None
         for rule, validation in evaluation.record_validations:
-            for where, found in self._verdicts(validation, req, evaluation).items():
+            judged = (found[(rule, False)] if (rule, False) in found
+                      else self._verdicts(validation, req, evaluation))
+            for where, partition in judged.items():
                 if where not in withheld:
                     withheld[where] = PartitionVerdict(
-                        found.code, f"{found.message} (rule {rule})", found.record_errors)
+                        partition.code, f"{partition.message} (rule {rule})",
+                        partition.record_errors)
                     if refusing is None:
                         refusing = rule
                         self._log_refusal(conn, req, rule,
@@ -464,6 +476,32 @@ class RulesPolicy(Policy):
         if rest is None:
             return Respond(answer), outcomes
         return _Withholding(rest, answer, outcomes)
+
+    def offload(self, conn: ConnectionInfo, req: Request) -> Callable[[], None] | None:
+        """A large Produce request's records read and judged (``validate_records``) in a
+        thread: a batch of megabytes takes milliseconds to seconds (JSON Schemas), which
+        the other connections would otherwise wait out."""
+        ruleset = self.ruleset
+        if (req.api_key != PRODUCE or not ruleset or req.frame is None
+                or len(req.frame) < _OFFLOAD_BYTES or not req.known):
+            return None
+        evaluation = _evaluated(ruleset, facts_of(conn, req), req, conn.state)
+        if evaluation.refusal is not None or not (evaluation.record_validations
+                                                  or evaluation.records_observed):
+            return None
+
+        def work() -> None:
+            found: dict[tuple[str, bool], dict[PartitionKey, PartitionVerdict]] = {}
+            for rule, validation in evaluation.record_validations:
+                found[(rule, False)] = self._verdicts(validation, req, evaluation)
+            for rule, validation in evaluation.records_observed:
+                try:
+                    found[(rule, True)] = self._verdicts(validation, req, evaluation, True)
+                except Exception:  # observe mode must never break traffic
+                    logger.debug("observe-mode validate_records failed", exc_info=True)
+            conn.state["record_verdicts"] = (req, found)
+
+        return work
 
     def _verdicts(self, validation: RecordValidation, req: Request, evaluation: Evaluation,
                   observe: bool = False) -> dict[PartitionKey, PartitionVerdict]:

@@ -15,6 +15,10 @@ from typing import Any
 import confluent_kafka as ck
 import pytest
 
+from gatehouse.configfile import load_yaml_text
+from gatehouse.proxy.hooks import ConnectionInfo
+from gatehouse.proxy.policy import RulesPolicy
+from gatehouse.rules import parse_rules
 from tests.integration.test_sasl_proxy import logged
 from tests.support.clients import consume, unique, watermarks
 from tests.support.kafka import KafkaCluster
@@ -129,6 +133,17 @@ def test_in_observe_mode_bad_records_are_written_and_counted(kafka: KafkaCluster
     assert watermarks(kafka.bootstrap, topic) == (0, 5)
 
 
+class Offloads(RulesPolicy):
+    """The rules, counting the requests whose records were read in a thread."""
+
+    offloaded = 0
+
+    def offload(self, conn: ConnectionInfo, req: Any) -> Any:
+        work = super().offload(conn, req)
+        self.offloaded += work is not None
+        return work
+
+
 def test_values_held_to_a_json_schema(kafka: KafkaCluster, tmp_path: Path) -> None:
     schema = tmp_path / "reading.json"
     schema.write_text(json.dumps({
@@ -139,16 +154,19 @@ def test_values_held_to_a_json_schema(kafka: KafkaCluster, tmp_path: Path) -> No
              f"    value: {{schema: '{schema}'}}\n")
     topic = unique("readings")
     kafka.create_topic(topic, partitions=2)
-    good = [(0, None, json.dumps({"sensor": f"s{i}", "celsius": i}).encode())
-            for i in range(10)]
+    # Enough records for requests past 64 KiB: read in a thread (Policy.offload).
+    good = [(0, None, json.dumps({"sensor": f"s{i}", "celsius": i % 60}).encode())
+            for i in range(3000)]
     bad = [(1, None, json.dumps({"sensor": "s1", "celsius": 21}).encode()),
            (1, None, json.dumps({"sensor": "s2", "celsius": 900}).encode())]
-    with ProxyThread(kafka.bootstrap, rules_yaml=rules) as proxy:
-        reports = send(proxy, topic, good + bad, **{"compression.type": "zstd"})
-    assert [e for p, e in reports if p == 0] == [None] * 10
+    policy = Offloads(parse_rules(load_yaml_text(rules, "rules.yaml"), "rules.yaml"))
+    with ProxyThread(kafka.bootstrap, policy=policy) as proxy:
+        reports = send(proxy, topic, good + bad)
+    assert policy.offloaded >= 1  # a request past 64 KiB: its records read in a thread
+    assert [e for p, e in reports if p == 0] == [None] * 3000
     # One record error: librdkafka (2.x) gives the partition's INVALID_RECORD to every
     # record of the batch (with two or more it tells them apart, as the test above shows).
     assert [None if e is None else e.code() for p, e in reports if p == 1] == [
         ck.KafkaError.INVALID_RECORD] * 2
-    assert watermarks(kafka.bootstrap, topic, 0) == (0, 10)
+    assert watermarks(kafka.bootstrap, topic, 0) == (0, 3000)
     assert watermarks(kafka.bootstrap, topic, 1) == (0, 0)
