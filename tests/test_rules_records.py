@@ -447,3 +447,16 @@ def test_a_large_requests_records_are_read_off_the_event_loop(
     assert isinstance(decision, Forward)
     assert [len(t.partition_data) for t in decision.request.body.topic_data] == [10]
     assert "record_verdicts" not in connection.state  # nothing held after the request
+
+
+def test_records_checked_against_a_schema_are_read_off_the_loop_sooner(
+        tmp_path: Path) -> None:
+    """A JSON Schema costs a hundred times the other checks a record: requests from
+    4 KiB on are read in a thread under it (64 KiB for the others)."""
+    doc = (None, b'{"id": "a", "total": 1}')
+    medium = produce([batch(*[doc] * 300)])
+    assert 4096 <= len(medium.frame or b"") < 64 * 1024
+    assert RulesPolicy(load_rules_file(schema_rules(tmp_path))).offload(conn(), medium)
+    assert RulesPolicy(rules(ORDERS)).offload(conn(), medium) is None
+    assert RulesPolicy(load_rules_file(schema_rules(tmp_path))).offload(
+        conn(), produce([batch(doc)])) is None

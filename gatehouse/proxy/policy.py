@@ -89,6 +89,7 @@ _FOREIGN_ID = "names by id a topic outside the client's prefix"
 _LEARN_IDS = object()
 # Produce requests from this size on have their records read in a thread (``offload``).
 _OFFLOAD_BYTES = 64 * 1024
+_OFFLOAD_SCHEMA_BYTES = 4 * 1024  # ... and from this size on when a JSON Schema checks them
 # The verdict on the partitions of a topic named by an id not learned yet (rules.records).
 _UNSEEN_ID = PartitionVerdict(UNKNOWN_TOPIC_ID, UNSEEN_ID)
 # What a broker answers a client its ACLs do not allow to use the name.
@@ -483,11 +484,13 @@ class RulesPolicy(Policy):
         the other connections would otherwise wait out."""
         ruleset = self.ruleset
         if (req.api_key != PRODUCE or not ruleset or req.frame is None
-                or len(req.frame) < _OFFLOAD_BYTES or not req.known):
+                or len(req.frame) < _OFFLOAD_SCHEMA_BYTES or not req.known):
             return None
         evaluation = _evaluated(ruleset, facts_of(conn, req), req, conn.state)
-        if evaluation.refusal is not None or not (evaluation.record_validations
-                                                  or evaluation.records_observed):
+        validations = (*evaluation.record_validations, *evaluation.records_observed)
+        if evaluation.refusal is not None or not validations or (
+                len(req.frame) < _OFFLOAD_BYTES
+                and not any(v.has_schema for _, v in validations)):
             return None
 
         def work() -> None:
