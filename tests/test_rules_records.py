@@ -223,6 +223,8 @@ def test_bad_records_refused_and_the_rest_sent_on() -> None:
     the broker, and the client gets one answer with all three."""
     policy = RulesPolicy(rules(ORDERS))
     counted, refused = listening(policy)
+    invalid: list[tuple[str, str, str, int]] = []
+    policy.invalid_records_listeners.append(lambda *heard: invalid.append(heard))
     bad = batch(GOOD, (b"k", b"{oops"), (None, b"{}"), GOOD)
     request = produce([bad, batch(GOOD)], audit=batch((None, b"not json")))
     decision = policy.on_request(conn(), request)
@@ -245,6 +247,7 @@ def test_bad_records_refused_and_the_rest_sent_on() -> None:
         (1, "its value is not JSON (Expecting property name enclosed in double quotes at "
             "byte 1)"), (2, "its key is null")]
     assert refused == [("orders-json", "refuse")]
+    assert invalid == [("orders-json", "orders.eu", "enforce", 2)]  # audit: not validated
     assert ("orders-json", "validate_records", "refuse", "enforce") in [
         (o.rule, o.action, o.effect, o.mode) for o in counted]
 
@@ -310,11 +313,14 @@ def test_topics_named_by_id_are_matched_through_the_ids_learned() -> None:
 def test_in_observe_mode_bad_records_are_only_counted() -> None:
     policy = RulesPolicy(rules(ORDERS.replace("  match:", "  mode: observe\n  match:")))
     counted, refused = listening(policy)
+    invalid: list[tuple[str, str, str, int]] = []
+    policy.invalid_records_listeners.append(lambda *heard: invalid.append(heard))
     request = produce([batch((None, b"x"))])
     decision = policy.on_request(conn(), request)
     assert isinstance(decision, Forward) and decision.request is request
     assert not decision.wants_response
     assert refused == [("orders-json", "would_refuse")]
+    assert invalid == [("orders-json", "orders.eu", "observe", 1)]
     assert ("orders-json", "validate_records", "refuse", "observe") in [
         (o.rule, o.action, o.effect, o.mode) for o in counted]
 

@@ -220,6 +220,10 @@ class ProxyMetrics(Observer):
         self.throttle_seconds = Counter("gatehouse_throttle_seconds", "Time client requests "
                                         "were held back by rules' quotas", ["rule"],
                                         registry=r)
+        self.invalid_records = Counter("gatehouse_invalid_records", "Records a rule's "
+                                       "validate_records found invalid (enforced: refused "
+                                       "with their batch; observe mode: written)",
+                                       ["rule", "topic", "mode"], registry=r)
         self.last_reload_ok = Gauge("gatehouse_rules_last_reload_success", "1 unless the "
                                     "last rules reload failed (the old rules stay in force)",
                                     registry=r)
@@ -335,6 +339,8 @@ class ProxyMetrics(Observer):
             policy.outcome_listeners.append(self._outcome)
         if hasattr(policy, "throttle_listeners"):
             policy.throttle_listeners.append(self._throttled)
+        if hasattr(policy, "invalid_records_listeners"):
+            policy.invalid_records_listeners.append(self._invalid_records)
         stats = getattr(policy, "stats", None)
         if stats is not None and hasattr(stats, "protocol_fallbacks"):
             self.registry.register(_RewriteStatsCollector(stats))
@@ -344,6 +350,10 @@ class ProxyMetrics(Observer):
     def _reloaded(self, ok: bool) -> None:
         self.reloads.labels(outcome="ok" if ok else "failed").inc()
         self.last_reload_ok.set(1 if ok else 0)
+
+    def _invalid_records(self, rule: str, topic: str, mode: str, count: int) -> None:
+        self.invalid_records.labels(rule=rule, topic=self.topic_label(topic),
+                                    mode=mode).inc(count)
 
     def _throttled(self, rule: str, seconds: float) -> None:
         self.throttle_seconds.labels(rule=rule).inc(seconds)

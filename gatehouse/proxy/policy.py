@@ -164,6 +164,9 @@ class RulesPolicy(Policy):
         self.quota_buckets = QuotaBuckets()
         self.throttle_listeners: list[Callable[[str, float], None]] = []
         self.refusal_listeners: list[Callable[[ConnectionInfo, Request, str, str], None]] = []
+        # Who hears of records validate_records found invalid: (rule, topic as the
+        # client names it, mode, how many).
+        self.invalid_records_listeners: list[Callable[[str, str, str, int], None]] = []
         # The rules and, per client facts, their ApiVersions adjusters.
         self._adjusters: tuple[RuleSet | None, dict[ClientFacts, tuple[RangeAdjuster, ...]]] = (
             None, {})
@@ -445,6 +448,7 @@ class RulesPolicy(Policy):
                 logger.debug("observe-mode validate_records failed", exc_info=True)
                 continue
             if judged:
+                self._count_invalid(rule, "observe", judged, evaluation)
                 (where, first), *_ = judged.items()
                 self._log_refusal(conn, req, rule, f"{_place(where)}: {first.message} "
                                   f"(rule {rule})", observe=True, once=f"records {where[0]}")
@@ -454,6 +458,9 @@ class RulesPolicy(Policy):
         for rule, validation in evaluation.record_validations:
             judged = (found[(rule, False)] if (rule, False) in found
                       else self._verdicts(validation, req, evaluation))
+            self._count_invalid(rule, "enforce", {
+                where: partition for where, partition in judged.items()
+                if where not in withheld}, evaluation)
             for where, partition in judged.items():
                 if where not in withheld:
                     withheld[where] = PartitionVerdict(
@@ -477,6 +484,22 @@ class RulesPolicy(Policy):
         if rest is None:
             return Respond(answer), outcomes
         return _Withholding(rest, answer, outcomes)
+
+    def _count_invalid(self, rule: str, mode: str,
+                       judged: Mapping[PartitionKey, PartitionVerdict],
+                       evaluation: Evaluation) -> None:
+        """Tell the listeners how many records of each topic ``rule`` found invalid."""
+        if not self.invalid_records_listeners:
+            return
+        by_topic: dict[str, int] = {}
+        id_names = self._id_names(evaluation)
+        for (topic, _), found in judged.items():
+            if found.invalid:
+                name = topic if isinstance(topic, str) else id_names(topic) or "unknown"
+                by_topic[name] = by_topic.get(name, 0) + found.invalid
+        for name, count in by_topic.items():
+            for listener in self.invalid_records_listeners:
+                listener(rule, name, mode, count)
 
     def offload(self, conn: ConnectionInfo, req: Request) -> Callable[[], None] | None:
         """A large Produce request's records read and judged (``validate_records``) in a

@@ -192,6 +192,7 @@ class PartitionVerdict:
     code: int
     message: str
     record_errors: tuple[tuple[int, str], ...] = ()
+    invalid: int = 0  # records found invalid (record_errors lists the first 100)
 
 
 def read_records(records: Buffer | None, decompress: Decompress, limit: int
@@ -252,7 +253,7 @@ def verdict(validation: RecordValidation, records: Buffer | None, decompress: De
     first_index, first = errors[0]
     more = f" ({bad} records in all)" if bad > 1 else ""
     return PartitionVerdict(INVALID_RECORD, f"record {first_index}: {first}{more}",
-                            tuple(errors))
+                            tuple(errors), bad)
 
 
 PartitionKey = tuple[Any, int]  # (topic name or id bytes, partition index)

@@ -182,7 +182,7 @@ def test_alert_rules_parse_with_promtool() -> None:
     result = subprocess.run([tool("promtool"), "check", "rules", str(ALERTS)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 9 rules found" in result.stdout
+    assert "SUCCESS: 10 rules found" in result.stdout
 
 
 def keep_traffic_flowing(bootstrap: str, dead_bootstrap: str, topic: str,
@@ -237,7 +237,10 @@ def test_every_dashboard_and_alert_expression_returns_data(
     prometheus = tool("prometheus")
     topic = unique("dash")
     kafka.create_topic(topic, partitions=2)
-    rules = "rules:\n  - name: no-describe-configs\n    deny_apis: [DescribeConfigs]\n"
+    # Every proxy refuses DescribeConfigs, and counts the values that are not JSON (an
+    # observe-mode validate_records: written all the same).
+    rules = ("rules:\n  - name: no-describe-configs\n    deny_apis: [DescribeConfigs]\n"
+             "  - name: json-values\n    mode: observe\n    validate_records: {value: json}\n")
     live, port, live_metrics, rules_file = start_gatehouse(tmp_path, "live", kafka.bootstrap,
                                                            rules)
     processes.append(live)
@@ -405,6 +408,7 @@ def test_every_dashboard_and_alert_expression_returns_data(
         assert firing["GatehouseJwksLoadFailed"] == {f"127.0.0.1:{crowded_metrics}"}
         assert firing["GatehouseWorkerRestarted"] == {f"127.0.0.1:{workers_metrics}"}
         assert firing["GatehouseSaslAuthenticationFailures"] == {sasl_instance}
+        assert live_instance in firing["GatehouseInvalidRecords"]
         # The authenticated client's connection, and new ones, still work.
         assert authenticated.list_topics(timeout=30).topics is not None
     finally:

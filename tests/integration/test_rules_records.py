@@ -77,6 +77,8 @@ def test_librdkafka_bad_partitions_refused_the_rest_written(
                             action="refuse") >= 1
         assert proxy.sample("gatehouse_responses_total", api="Produce",
                             error="INVALID_RECORD") >= 1
+        assert proxy.sample("gatehouse_invalid_records_total", rule="orders", topic=topic,
+                            mode="enforce") == 2
     assert watermarks(kafka.bootstrap, topic, 0) == (0, 20)
     assert watermarks(kafka.bootstrap, topic, 1) == (0, 0)
     assert sorted(consume({"bootstrap.servers": kafka.bootstrap}, topic, 20)) == sorted(
@@ -117,6 +119,9 @@ def test_the_java_producer_by_topic_id(kafka: KafkaCluster, tmp_path: Path) -> N
         assert proxy.sample("gatehouse_responses_total", api="Produce",
                             error="INVALID_RECORD") >= 1
         assert proxy.summed("gatehouse_requests_total", api="Produce", version="13") >= 1
+        # Named by id on the wire, counted by name (the id learned from Metadata).
+        assert proxy.sample("gatehouse_invalid_records_total", rule="events", topic=topic,
+                            mode="enforce") >= 1
     assert watermarks(kafka.bootstrap, topic) == (0, 50)  # only the good run's
 
 
@@ -128,6 +133,8 @@ def test_in_observe_mode_bad_records_are_written_and_counted(kafka: KafkaCluster
         assert send(proxy, topic, [(0, None, b"not json")] * 5) == [(0, None)] * 5
         assert proxy.sample("gatehouse_rule_decisions_total", rule="orders",
                             action="would_refuse") >= 1
+        assert proxy.sample("gatehouse_invalid_records_total", rule="orders", topic=topic,
+                            mode="observe") == 5
         assert proxy.sample("gatehouse_rule_decisions_total", rule="orders",
                             action="refuse") == 0
     assert watermarks(kafka.bootstrap, topic) == (0, 5)
