@@ -466,3 +466,16 @@ def test_records_checked_against_a_schema_are_read_off_the_loop_sooner(
     assert RulesPolicy(rules(ORDERS)).offload(conn(), medium) is None
     assert RulesPolicy(load_rules_file(schema_rules(tmp_path))).offload(
         conn(), produce([batch(doc)])) is None
+
+
+def test_the_proxy_loads_the_record_libraries_only_for_rules_that_use_them() -> None:
+    """jsonschema (8 MiB) and cramjam (3 MiB) are imported on first use: a proxy whose
+    rules read no records does not carry them (its memory goal: bench/proxy.py)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, gatehouse.cli, gatehouse.proxy.setup, gatehouse.proxy.policy; "
+             "print(sorted(m for m in ('jsonschema', 'cramjam') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"

@@ -30,10 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError, best_match
-from jsonschema.validators import validator_for
-
 from gatehouse.codecs import Request, Response, StructSpec
 from gatehouse.codecs.errors import ProtocolError, RemoteProtocolError
 from gatehouse.codecs.primitives import Buffer
@@ -71,6 +67,8 @@ class JsonSchema:
     validator: Any
 
     def problem(self, document: Any, what: str) -> str | None:
+        from jsonschema.exceptions import best_match
+
         try:
             if self.validator.is_valid(document):
                 return None
@@ -89,6 +87,11 @@ class JsonSchema:
 def load_json_schema(path: Path) -> JsonSchema:
     """The schema in ``path`` (JSON, or YAML for .yaml/.yml), checked against its draft's
     meta-schema; ``ValueError`` saying what is wrong."""
+    # Imported here: 8 MiB of every proxy's memory, for the rules that use a schema.
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+    from jsonschema.validators import validator_for
+
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
