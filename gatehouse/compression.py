@@ -96,9 +96,9 @@ def _snappy_block(cramjam: Any, data: bytes, limit: int) -> bytes:
 
 
 def _bounded(cramjam: Any, decompress_into: Any, data: Buffer, limit: int) -> bytes:
-    """Into a buffer that doubles from a guess up to ``limit`` (lz4 and zstd frames need
-    not say their size); the codec fails on a buffer too small, and each try costs at
-    most the buffer it fills."""
+    """Into a buffer that grows fourfold from a guess up to ``limit`` (lz4 and zstd frames
+    need not say their size); the codec fails on a buffer too small, and each try costs
+    at most the buffer it fills."""
     size = min(limit, max(len(data) * _FIRST_GUESS, 64 * 1024))
     while True:
         out = bytearray(size)

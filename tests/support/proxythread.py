@@ -126,7 +126,8 @@ class ProxyThread:
     def sample_reaches(self, name: str, minimum: float, timeout: float = 10.0,
                        **labels: str) -> float:
         """``sample``, read again until it reaches ``minimum`` (or ``timeout`` passes):
-        for gauges of live connections, which a client opens and closes as it goes."""
+        for gauges of live connections, which a client opens and closes as it goes, and
+        counts of what a client does not wait on (acks=0 requests)."""
         deadline = time.monotonic() + timeout
         while (value := self.sample(name, **labels)) < minimum and time.monotonic() < deadline:
             time.sleep(0.05)
