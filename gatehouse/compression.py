@@ -32,6 +32,9 @@ class DecompressionError(Exception):
 class DecompressionLimit(DecompressionError):
     """A batch whose records decompress past the limit."""
 
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the batch's records decompress past {limit} bytes")
+
 
 def decompress(codec: str, data: Buffer, limit: int) -> bytes:
     """The records of a batch compressed with ``codec`` (``gzip``, ``snappy``, ``lz4``,
@@ -62,7 +65,7 @@ def _gunzip(data: Buffer, limit: int) -> bytes:
     inflater = zlib.decompressobj(wbits=31)  # a gzip header and trailer
     out = inflater.decompress(data, limit + 1)
     if len(out) > limit or inflater.unconsumed_tail:
-        raise DecompressionLimit(f"the batch's records decompress past {limit} bytes")
+        raise DecompressionLimit(limit)
     if not inflater.eof:
         raise DecompressionError("the batch's gzip data ends before its stream does")
     return out
@@ -91,7 +94,7 @@ def _snappy_block(cramjam: Any, data: bytes, limit: int) -> bytes:
     # A raw block says its size first: checked before anything is allocated.
     size = cramjam.snappy.decompress_raw_len(data)
     if size > limit:
-        raise DecompressionLimit(f"the batch's records decompress past {limit} bytes")
+        raise DecompressionLimit(limit)
     return bytes(cramjam.snappy.decompress_raw(data))
 
 
@@ -108,12 +111,11 @@ def _bounded(cramjam: Any, decompress_into: Any, data: Buffer, limit: int) -> by
             if _TOO_SMALL not in str(exc):
                 raise  # corrupt data
             if size >= limit:
-                raise DecompressionLimit(
-                    f"the batch's records decompress past {limit} bytes") from None
+                raise DecompressionLimit(limit) from None
             size = min(limit, size * 4)
             continue
         if written < size:
             return bytes(memoryview(out)[:written])
         if size >= limit:
-            raise DecompressionLimit(f"the batch's records decompress past {limit} bytes")
+            raise DecompressionLimit(limit)
         size = min(limit, size * 4)  # exactly full: there may be more

@@ -13,12 +13,8 @@ from gatehouse.codecs.records import encode_batch
 from gatehouse.configfile import ConfigError
 from gatehouse.proxy.hooks import Close, Forward, Pending, Respond
 from gatehouse.proxy.policy import RulesPolicy
-from gatehouse.rules.produce import (
-    POLICY_VIOLATION,
-    UNKNOWN_TOPIC_ID,
-    ProducePolicy,
-    produce_violation,
-)
+from gatehouse.rules.errors import POLICY_VIOLATION, UNKNOWN_TOPIC_ID
+from gatehouse.rules.produce import ProducePolicy, produce_violation
 from tests.test_rules import req, rules
 from tests.test_rules_topic_filter import conn, listening, metadata_answer
 

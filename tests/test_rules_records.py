@@ -25,10 +25,8 @@ from gatehouse.configfile import ConfigError
 from gatehouse.proxy.hooks import Close, Forward, Pending, Respond
 from gatehouse.proxy.policy import Reloader, RulesPolicy, RulesSource
 from gatehouse.rules import error_response, load_rules_file
+from gatehouse.rules.errors import CORRUPT_MESSAGE, INVALID_RECORD, UNKNOWN_TOPIC_ID
 from gatehouse.rules.records import (
-    CORRUPT_MESSAGE,
-    INVALID_RECORD,
-    UNKNOWN_TOPIC_ID,
     FieldCheck,
     RecordValidation,
     read_records,

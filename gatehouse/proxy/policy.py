@@ -47,13 +47,19 @@ from gatehouse.rules.errors import (
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     UNKNOWN_TOPIC_ID,
 )
-from gatehouse.rules.produce import UNSEEN_ID, IdNames, client_topic_names, produce_violation
+from gatehouse.rules.produce import (
+    UNSEEN_ID,
+    IdNames,
+    client_topic_names,
+    partition_place,
+    produce_violation,
+    topic_key,
+)
 from gatehouse.rules.records import (
     PartitionKey,
     PartitionVerdict,
     RecordValidation,
     merged,
-    topic_key,
     verdict,
     withheld_answer,
     without,
@@ -450,8 +456,9 @@ class RulesPolicy(Policy):
             if judged:
                 self._count_invalid(rule, "observe", judged, evaluation)
                 (where, first), *_ = judged.items()
-                self._log_refusal(conn, req, rule, f"{_place(where)}: {first.message} "
-                                  f"(rule {rule})", observe=True, once=f"records {where[0]}")
+                self._log_refusal(conn, req, rule,
+                                  f"{partition_place(*where)}: {first.message} (rule {rule})",
+                                  observe=True, once=f"records {where[0]}")
                 extra.append(Outcome(rule, "validate_records", "refuse", "observe"))
         withheld: dict[PartitionKey, PartitionVerdict] = {}
         refusing = None
@@ -469,16 +476,16 @@ class RulesPolicy(Policy):
                     if refusing is None:
                         refusing = rule
                         self._log_refusal(conn, req, rule,
-                                          f"{_place(where)}: {withheld[where].message}",
+                                          f"{partition_place(*where)}: {withheld[where].message}",
                                           observe=False, once=f"records {where[0]}")
         if refusing is None:
             self._emit(tuple(extra))
             return None
         outcomes = _refusing(evaluation, refusing, "validate_records", extra)
         if _acks(req) == 0:
-            return (Close(f"refused records of an acks=0 Produce ({_place(next(iter(withheld)))}"
-                          "): no response exists to carry the error, so the connection is "
-                          "closed"), outcomes)
+            place = partition_place(*next(iter(withheld)))
+            return (Close(f"refused records of an acks=0 Produce ({place}): no response "
+                          "exists to carry the error, so the connection is closed"), outcomes)
         answer = withheld_answer(req, withheld)
         rest = without(req, withheld)
         if rest is None:
@@ -583,9 +590,7 @@ class RulesPolicy(Policy):
                          if o.action == "topics" and o.mode == "enforce" else o
                          for o in evaluation.outcomes)
         rule = next(o.rule for o in outcomes if o.action == "topic_id")
-        message = (_FOREIGN_ID if foreign else
-                   "names by id a topic not yet seen in a Metadata answer (the client "
-                   "refreshes its metadata, through the proxy, and retries)")
+        message = _FOREIGN_ID if foreign else UNSEEN_ID
         self._log_refusal(conn, req, rule, message, observe=False)
         # The same answer for another tenant's topic as for no topic: it tells nothing.
         return _refused(req, message, UNKNOWN_TOPIC_ID, within="topic_id"), outcomes
@@ -763,12 +768,6 @@ def _refused(req: Request, reason: str, code: int, message: str | None = None,
         return Close(f"refused acks=0 Produce ({reason}): no response exists to carry the "
                      "error, so the connection is closed")
     return Respond(error_response(req, code, message, within))
-
-
-def _place(where: PartitionKey) -> str:
-    topic, partition = where
-    named = topic if isinstance(topic, str) else f"id {topic.hex()}"
-    return f"topic {named} partition {partition}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,18 +21,18 @@ error: its connection is closed, as a broker does when such a write fails.
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
 from gatehouse.codecs.records import COMPRESSION_NAMES, LegacyMessage, RecordBatch, iter_batches
+from gatehouse.rules.errors import POLICY_VIOLATION, UNKNOWN_TOPIC_ID
 
-POLICY_VIOLATION: Final = 44
 ACKS_NAMES: Final = {"all": -1, "-1": -1, "1": 1, "0": 0}
 _ACKS_TEXT: Final = {-1: "all", 1: "1", 0: "0"}
 
 
-UNKNOWN_TOPIC_ID: Final = 100
 UNSEEN_ID: Final = ("names by id a topic not yet seen in a Metadata answer (the client "
                     "refreshes its metadata, through the proxy, and retries)")
 IdNames = Callable[[bytes], "str | None"]  # a topic id's bytes -> its client-side name
@@ -63,17 +63,31 @@ class ProducePolicy:
         return None
 
 
+def topic_key(topic: Any) -> Any:
+    """How a Produce request or response names a topic entry: its name, or its id's
+    bytes (v13)."""
+    name = getattr(topic, "name", None)
+    if name:
+        return name
+    topic_id = getattr(topic, "topic_id", None)
+    return None if topic_id is None else topic_id.bytes
+
+
+def partition_place(topic: str | bytes | None, partition: int) -> str:
+    """"topic t partition p" for errors and logs; a topic known by its id alone (the
+    bytes of ``topic_key``) is named by that id."""
+    named = (f"id {uuid.UUID(bytes=topic)}" if isinstance(topic, bytes)
+             else topic if topic else "?")
+    return f"topic {named} partition {partition}"
+
+
 def client_topic_names(body: Any, id_names: IdNames) -> Iterator[tuple[Any, str | None]]:
     """Each topic entry of a Produce request's body with the name the client knows it
     by: its ``name``, or for a topic named by id (v13) ``id_names(id bytes)``, None when
     not known."""
     for topic in body.topic_data:
-        name = getattr(topic, "name", None)
-        if name:
-            yield topic, name
-            continue
-        topic_id = getattr(topic, "topic_id", None)
-        yield topic, None if topic_id is None else id_names(topic_id.bytes)
+        key = topic_key(topic)
+        yield topic, id_names(key) if isinstance(key, bytes) else key
 
 
 def in_scope(topics: tuple[re.Pattern[str], ...] | None, name: str) -> bool:
@@ -94,11 +108,8 @@ def produce_batches(body: Any, topics: tuple[re.Pattern[str], ...] | None = None
     for topic, name in client_topic_names(body, id_names):
         if topics is not None and (name is None or not in_scope(topics, name)):
             continue
-        if name is None:
-            topic_id = getattr(topic, "topic_id", None)
-            name = f"id {topic_id}" if topic_id is not None else "?"  # a UUID
         for partition in topic.partition_data:
-            where = f"topic {name} partition {partition.index}"
+            where = partition_place(name or topic_key(topic), partition.index)
             for batch in iter_batches(partition.records):
                 yield where, batch
 
@@ -121,13 +132,13 @@ def produce_violation(policy: ProducePolicy, body: Any, id_names: IdNames = _unk
 __all__ = [
     "ACKS_NAMES",
     "COMPRESSION_NAMES",
-    "POLICY_VIOLATION",
-    "UNKNOWN_TOPIC_ID",
     "UNSEEN_ID",
     "IdNames",
     "ProducePolicy",
     "client_topic_names",
     "in_scope",
+    "partition_place",
     "produce_batches",
     "produce_violation",
+    "topic_key",
 ]

@@ -41,11 +41,14 @@ from gatehouse.codecs.records import (
     legacy_key_value,
     records_section,
 )
-from gatehouse.rules.errors import array_entry, error_response
-from gatehouse.rules.produce import UNKNOWN_TOPIC_ID, in_scope
+from gatehouse.rules.errors import (
+    CORRUPT_MESSAGE,
+    INVALID_RECORD,
+    array_entry,
+    error_response,
+)
+from gatehouse.rules.produce import in_scope, topic_key
 
-INVALID_RECORD: Final = 87
-CORRUPT_MESSAGE: Final = 2
 FORMATS: Final = ("json", "utf8", "schema_registry")
 MAX_RECORD_ERRORS: Final = 100  # listed per partition; the count says how many more
 DEFAULT_MAX_DECOMPRESSED: Final = 64 * 1024 * 1024
@@ -262,16 +265,6 @@ def verdict(validation: RecordValidation, records: Buffer | None, decompress: De
 PartitionKey = tuple[Any, int]  # (topic name or id bytes, partition index)
 
 
-def topic_key(topic: Any) -> Any:
-    """How a Produce request or response names a topic entry: its name, or its id's
-    bytes (v13)."""
-    name = getattr(topic, "name", None)
-    if name:
-        return name
-    topic_id = getattr(topic, "topic_id", None)
-    return None if topic_id is None else topic_id.bytes
-
-
 def without(req: Request, withheld: Mapping[PartitionKey, Any]) -> Request | None:
     """``req`` without the ``withheld`` partitions (topics left empty dropped); None
     when nothing is left to send."""
@@ -347,12 +340,9 @@ def _has(struct: StructSpec, attr: str, version: int) -> bool:
 
 
 __all__ = [
-    "CORRUPT_MESSAGE",
     "DEFAULT_MAX_DECOMPRESSED",
     "FORMATS",
-    "INVALID_RECORD",
     "MAX_RECORD_ERRORS",
-    "UNKNOWN_TOPIC_ID",
     "FieldCheck",
     "JsonSchema",
     "PartitionVerdict",
@@ -360,7 +350,6 @@ __all__ = [
     "load_json_schema",
     "merged",
     "read_records",
-    "topic_key",
     "verdict",
     "withheld_answer",
     "without",
