@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -63,37 +63,68 @@ def _not_json(name: str) -> Any:
 
 @dataclass(frozen=True, eq=False)
 class JsonSchema:
-    """A JSON Schema a key or value must match, read from ``path`` (``validator``: a
-    ``jsonschema`` validator for the schema's own draft, 2020-12 when it names none)."""
+    """A JSON Schema a key or value must match, read from ``path``: ``schema`` as
+    written, ``validator`` compiled for the schema's own draft (2020-12 when it names
+    none) by ``jsonschema_rs``."""
 
     path: Path
+    schema: Mapping[str, Any]
     validator: Any
 
     def problem(self, document: Any, what: str) -> str | None:
-        from jsonschema.exceptions import best_match
-
         try:
             if self.validator.is_valid(document):
                 return None
-            error = best_match(self.validator.iter_errors(document))
-        except RecursionError:
+            error = next(iter(self.validator.iter_errors(document)))
+        except (RecursionError, ValueError, OverflowError):
             return f"its {what} is nested too deeply to check against {self.path.name}"
         # Where in the document and which keyword of the schema, with the keyword's
-        # value (the schema's): never the record's own values.
-        expected = json.dumps(error.validator_value, separators=(",", ":"))
+        # value (the schema's, found by the error's schema path; a $ref is reported at
+        # the place it points to): never the record's own values, which the library's
+        # messages quote.
+        keyword = error.schema_path[-1] if error.schema_path else "schema"
+        expected = json.dumps(_schema_at(self.schema, error.schema_path),
+                              separators=(",", ":"))
         if len(expected) > 80:
             expected = expected[:77] + "..."
-        return (f"its {what} does not match {self.path.name}: at {error.json_path}, "
-                f"{error.validator} {expected}")
+        return (f"its {what} does not match {self.path.name}: at "
+                f"{json_path(error.instance_path)}, {keyword} {expected}")
+
+
+def _schema_at(schema: Any, schema_path: Iterable[str | int]) -> Any:
+    for step in schema_path:
+        try:
+            schema = schema[step]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return schema
+
+
+_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def json_path(path: Iterable[str | int]) -> str:
+    """``$.items[3].sku``: a place in a JSON document, as JSONPath writes it."""
+    parts = ["$"]
+    for step in path:
+        if isinstance(step, int):
+            parts.append(f"[{step}]")
+        elif _NAME.fullmatch(step):
+            parts.append(f".{step}")
+        else:
+            parts.append(f"[{json.dumps(step)}]")
+    return "".join(parts)
+
+
+_DRAFTS: Final = frozenset(f"http://json-schema.org/{name}/schema" for name in (
+    "draft-04", "draft-06", "draft-07", "draft/2019-09", "draft/2020-12"))
 
 
 def load_json_schema(path: Path) -> JsonSchema:
     """The schema in ``path`` (JSON, or YAML for .yaml/.yml), checked against its draft's
     meta-schema; ``ValueError`` saying what is wrong."""
     # Imported here: 8 MiB of every proxy's memory, for the rules that use a schema.
-    from jsonschema import Draft202012Validator
-    from jsonschema.exceptions import SchemaError
-    from jsonschema.validators import validator_for
+    import jsonschema_rs
 
     try:
         text = path.read_text(encoding="utf-8")
@@ -112,13 +143,25 @@ def load_json_schema(path: Path) -> JsonSchema:
         raise ValueError(f"{path} is not YAML: {exc}") from None
     if not isinstance(schema, dict):
         raise ValueError(f"{path} holds no JSON Schema (an object)")
-    cls = validator_for(schema, default=Draft202012Validator)
+    draft = schema.get("$schema")
+    if draft is not None and (not isinstance(draft, str)
+                              or draft.rstrip("#").replace("https:", "http:") not in _DRAFTS):
+        # The library would fetch a meta-schema it does not hold: no requests at load.
+        raise ValueError(f"{path} is not a valid JSON Schema: its $schema {draft!r} is not "
+                         "a draft this proxy knows (4, 6, 7, 2019-09, 2020-12)")
     try:
-        cls.check_schema(schema)
-    except SchemaError as exc:
-        raise ValueError(f"{path} is not a valid JSON Schema: {exc.message} (at "
-                         f"{exc.json_path})") from None
-    return JsonSchema(path, cls(schema))
+        jsonschema_rs.meta.validate(schema)
+        # Offline: a $ref to another document is an error at load, never a request the
+        # proxy makes.
+        validator = jsonschema_rs.validator_for(schema, offline=True)
+    except jsonschema_rs.ValidationError as exc:
+        where = f" (at {json_path(exc.instance_path)})" if exc.instance_path else ""
+        message = exc.message.splitlines()[0] if exc.message else str(exc)
+        raise ValueError(f"{path} is not a valid JSON Schema: {message}{where}") from None
+    except (jsonschema_rs.ReferencingError, ValueError, TypeError) as exc:
+        message = str(exc).splitlines()[0]
+        raise ValueError(f"{path} is not a valid JSON Schema: {message}") from None
+    return JsonSchema(path, schema, validator)
 
 
 @dataclass(frozen=True)
@@ -172,12 +215,6 @@ class RecordValidation:
 
     def applies_to(self, topic: str) -> bool:
         return in_scope(self.topics, topic)
-
-    @property
-    def has_schema(self) -> bool:
-        """Whether a JSON Schema checks each record: a hundred times the cost of the
-        other checks (bench/RESULTS.md)."""
-        return self.key.schema is not None or self.value.schema is not None
 
     def problem(self, record: Record) -> str | None:
         """What is wrong with ``record`` (None: nothing)."""

@@ -1,0 +1,102 @@
+"""What ``validate_records`` costs per record, without the network: one batch of JSON
+orders (id, customer, 8 items, total: about 780 bytes each) read and held to a rule
+four ways, best of several timings each, in one run:
+
+    python bench/records.py [--records 200] [--repeat 50]
+
+read (the record reader and a UTF-8 check), json (each value parsed), schema (each
+value checked against a JSON Schema of the order's shape by the proxy's validator), and,
+when the pure-Python ``jsonschema`` package is installed, the same schema checked by it
+(the validator the proxy used before: the baseline for the ratio).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import timeit
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gatehouse.codecs.records import encode_batch
+from gatehouse.compression import decompress
+from gatehouse.rules.records import FieldCheck, RecordValidation, load_json_schema, verdict
+
+ORDER_SCHEMA = {
+    "type": "object",
+    "required": ["id", "customer", "items", "total"],
+    "properties": {
+        "id": {"type": "string", "pattern": "^o-[0-9]+$"},
+        "customer": {"type": "string", "minLength": 1},
+        "status": {"enum": ["new", "paid", "shipped"]},
+        "items": {"type": "array", "minItems": 1, "items": {
+            "type": "object", "required": ["sku", "quantity", "price"],
+            "properties": {"sku": {"type": "string"},
+                           "quantity": {"type": "integer", "minimum": 1},
+                           "price": {"type": "number", "minimum": 0}},
+            "additionalProperties": False}},
+        "total": {"type": "number", "minimum": 0},
+    },
+}
+
+
+def order(n: int) -> bytes:
+    items = [{"sku": f"sku-{n}-{i:04d}-abcdefgh", "quantity": 1 + i % 3,
+              "price": 9.99 + i} for i in range(8)]
+    return json.dumps({"id": f"o-{n}", "customer": f"customer-{n:08d}-with-a-long-name",
+                       "status": "paid", "items": items,
+                       "total": sum(i["price"] * i["quantity"] for i in items)}).encode()
+
+
+def per_record_us(check: Callable[[], object], records: int, repeat: int) -> float:
+    return min(timeit.repeat(check, number=1, repeat=repeat)) / records * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--records", type=int, default=200)
+    parser.add_argument("--repeat", type=int, default=50)
+    args = parser.parse_args()
+    values = [order(n) for n in range(args.records)]
+    batch = encode_batch([(0, None, value) for value in values])
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "order.json"
+        path.write_text(json.dumps(ORDER_SCHEMA))
+        schema = load_json_schema(path)
+    checks = {
+        "read": FieldCheck(format="utf8"),
+        "json": FieldCheck(format="json"),
+        "schema": FieldCheck(format="json", schema=schema),
+    }
+    costs: dict[str, float] = {}
+    for name, check in checks.items():
+        validation = RecordValidation(value=check)
+        assert verdict(validation, batch, decompress) is None, name
+        costs[name] = per_record_us(lambda v=validation: verdict(v, batch, decompress),
+                                    args.records, args.repeat)
+    try:
+        import jsonschema
+    except ImportError:
+        jsonschema = None
+    if jsonschema is not None:
+        validator = jsonschema.validators.validator_for(ORDER_SCHEMA)(ORDER_SCHEMA)
+        documents = [json.loads(value) for value in values]
+        assert all(validator.is_valid(d) for d in documents)
+        only = per_record_us(lambda: [validator.is_valid(d) for d in documents],
+                             args.records, args.repeat)
+        costs["schema (jsonschema)"] = costs["json"] + only
+    size = sum(map(len, values)) / len(values)
+    print(f"{args.records} records of {size:.0f} bytes, best of {args.repeat}:")
+    for name, cost in costs.items():
+        print(f"  {name:<20} {cost:8.2f} us a record")
+    print(f"schema / json: {costs['schema'] / costs['json']:.2f}")
+    if "schema (jsonschema)" in costs:
+        print(f"schema: jsonschema / ours: {costs['schema (jsonschema)'] / costs['schema']:.1f}")
+
+
+if __name__ == "__main__":
+    main()
