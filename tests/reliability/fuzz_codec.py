@@ -12,7 +12,9 @@ is decoded (header, then body), turned into a plain dict and built again.  The c
 refuse bytes only with its own ``ProtocolError``; any other exception is a crash.  The
 hot path's byte readers read every Produce and Fetch frame too, in C and in Python, and
 must agree (``check_readers``), and so must the C and Python decoders
-(``check_decoders``).
+(``check_decoders``).  A Produce request's records are read and checked as
+``validate_records`` reads them, decompressed (``check_records``): a batch that does not
+parse or decompress is a verdict, never an exception.
 ``check_input`` is also what tests/reliability/test_fuzz.py replays for each saved crash.
 """
 
@@ -26,6 +28,8 @@ from typing import Any
 from gatehouse import codecs
 from gatehouse.codecs import fetch, produce, records
 from gatehouse.codecs._native import speedups
+from gatehouse.compression import DecompressionError, decompress
+from gatehouse.rules.records import FieldCheck, RecordValidation, verdict
 from tests.codec_strategies import exact
 
 MAX_FRAME = 1 << 20
@@ -133,6 +137,18 @@ def check_decoders(msg: codecs.Request | codecs.Response) -> None:
         "the C and Python decoders differ"
 
 
+# Every record read and every check run: key UTF-8, value JSON, a header looked for.
+_VALIDATION = RecordValidation(key=FieldCheck(format="utf8"), value=FieldCheck(format="json"),
+                               headers=("trace-id",), max_decompressed_bytes=MAX_FRAME)
+
+
+def check_records(req: codecs.Request) -> None:
+    """Each partition's records judged as ``validate_records`` judges them."""
+    for topic in req.body.topic_data:
+        for partition in topic.partition_data:
+            verdict(_VALIDATION, partition.records, decompress, (DecompressionError,))
+
+
 def _request(frame: bytes) -> None:
     if len(frame) >= 4:
         api_key, api_version = _KEY_VERSION.unpack_from(frame)
@@ -145,6 +161,8 @@ def _request(frame: bytes) -> None:
         req.body  # noqa: B018 - the full decode is the test
     except codecs.ProtocolError:
         return
+    if req.api_key == 0:
+        check_records(req)
     assert bytes(codecs.encode_request(req)) == frame, "an unchanged request re-encodes as is"
     plain = codecs.to_dict(req)
     again = codecs.request_from_dict(plain)

@@ -52,12 +52,15 @@ def corpus(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> Pat
     seeds = Seeds()
     with ProxyRunner(f"listen: 127.0.0.1:0\nupstream: [{kafka.bootstrap}]\n"
                      "brokers: {start_port: 0}\n", observers=[seeds]) as proxy:
-        conf = {"bootstrap.servers": proxy.bootstrap, "compression.type": "lz4"}
+        conf = {"bootstrap.servers": proxy.bootstrap}
         topic = unique("fuzz-seed")
         admin = AdminClient(conf)
         admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
-        sent = produce(conf, topic, count=20)
-        assert sorted(consume(conf, topic, 20)) == sorted(sent)
+        # Batches of every codec, for the record reader's decompression.
+        sent = [value for codec in ("lz4", "gzip", "snappy", "zstd", "none")
+                for value in produce({**conf, "compression.type": codec}, topic, count=8,
+                                     tag=f"{codec}-")]
+        assert sorted(consume(conf, topic, len(sent))) == sorted(sent)
         admin.list_consumer_groups().result(30)
     directory = tmp_path_factory.mktemp("fuzz-corpus")
     unique_inputs = {hashlib.sha1(s).hexdigest(): s for s in seeds.inputs}
