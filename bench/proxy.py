@@ -68,13 +68,16 @@ PRODUCED = re.compile(r"(\d+) records sent, ([\d.]+) records/sec \(([\d.]+) MB/s
 
 
 def produce_rate(kafka: KafkaCluster, bootstrap: str, topic: str, records: int,
-                 size: int, timeout: float = 600, windows: list[float] | None = None
-                 ) -> float:
+                 size: int, timeout: float = 600, windows: list[float] | None = None,
+                 payload_file: Path | None = None) -> float:
     """ProducerPerformance's MB/s; with ``windows``, the MB/s of each second of the run
-    are added to it too."""
+    are added to it too.  With ``payload_file``, records are its lines, drawn at random
+    (``size`` unused)."""
     interval = () if windows is None else ("--reporting-interval", "1000")
+    payload = (("--record-size", str(size)) if payload_file is None
+               else ("--payload-file", str(payload_file)))
     result = kafka.run_java_tool(PERF, "--topic", topic, "--num-records", str(records),
-                                 "--record-size", str(size), "--throughput", "-1",
+                                 *payload, "--throughput", "-1",
                                  *interval,
                                  "--producer-props", f"bootstrap.servers={bootstrap}",
                                  "acks=all", "linger.ms=5", "delivery.timeout.ms=60000",
@@ -144,9 +147,11 @@ def compare_throughput(kafka: KafkaCluster, targets: dict[str, str], *, records:
                        broker_topic: Callable[[str], str] = lambda t: t,
                        pids: Mapping[str, int] | None = None,
                        cpu: dict[str, dict[str, list[float]]] | None = None,
+                       payload_file: Path | None = None,
                        ) -> dict[str, dict[str, list[float]]]:
     """Produce (acks=all) then consume through each target, alternating targets each round
-    so drift hits them alike; MB/s lists per target and metric.
+    so drift hits them alike; MB/s lists per target and metric.  ``payload_file``: the
+    producer's records are its lines (``produce_rate``).
 
     ``topic_for(name, size, round)`` is the topic the client uses and ``broker_topic`` maps
     it to the name to create on the broker (they differ behind a rename rule).  With
@@ -162,7 +167,8 @@ def compare_throughput(kafka: KafkaCluster, targets: dict[str, str], *, records:
                 topic = topic_for(name, size, r)
                 kafka.create_topic(broker_topic(topic), partitions=3)
                 label = f"{size // 1024} KiB"
-                for metric, run in ((f"produce {label} MB/s", partial(produce_rate, size=size)),
+                for metric, run in ((f"produce {label} MB/s", partial(produce_rate, size=size,
+                                                                 payload_file=payload_file)),
                                     (f"consume {label} MB/s", consume_rate)):
                     pid = (pids or {}).get(name)
                     before = cpu_seconds(pid) if pid else 0.0
@@ -183,6 +189,7 @@ def cpu_seconds(pid: int) -> float:
 def compare_rules(name: str, rules: str, *, records: int, rounds: int,
                   sizes: tuple[int, ...], broker_topic: Callable[[str], str] = lambda t: t,
                   cpu: dict[str, dict[str, list[float]]] | None = None,
+                  payload_file: Path | None = None,
                   ) -> dict[str, dict[str, list[float]]]:
     """``compare_throughput`` of direct, Gatehouse without rules ("no-rules") and
     Gatehouse with ``rules`` (``name``), on a broker of its own: what the rules cost."""
@@ -193,7 +200,8 @@ def compare_rules(name: str, rules: str, *, records: int, rounds: int,
             return compare_throughput(
                 kafka, {"direct": kafka.bootstrap, "no-rules": plain_addr, name: ruled_addr},
                 records=records, rounds=rounds, sizes=sizes, broker_topic=broker_topic,
-                pids={"no-rules": plain.pid, name: ruled.pid}, cpu=cpu)
+                pids={"no-rules": plain.pid, name: ruled.pid}, cpu=cpu,
+                payload_file=payload_file)
         finally:
             for proc in (plain, ruled):
                 proc.terminate()

@@ -44,12 +44,13 @@ ORDER_SCHEMA = {
 }
 
 
-def order(n: int) -> bytes:
-    items = [{"sku": f"sku-{n}-{i:04d}-abcdefgh", "quantity": 1 + i % 3,
-              "price": 9.99 + i} for i in range(8)]
+def order(n: int, items: int = 8) -> bytes:
+    """An order of ``items`` lines as JSON (8: about 650 bytes; 13: about 1 KiB)."""
+    lines = [{"sku": f"sku-{n}-{i:04d}-abcdefgh", "quantity": 1 + i % 3,
+              "price": 9.99 + i} for i in range(items)]
     return json.dumps({"id": f"o-{n}", "customer": f"customer-{n:08d}-with-a-long-name",
-                       "status": "paid", "items": items,
-                       "total": sum(i["price"] * i["quantity"] for i in items)}).encode()
+                       "status": "paid", "items": lines,
+                       "total": sum(i["price"] * i["quantity"] for i in lines)}).encode()
 
 
 def per_record_us(check: Callable[[], object], records: int, repeat: int) -> float:

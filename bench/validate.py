@@ -2,24 +2,29 @@
 every record of every Produce request (value UTF-8 text of at most 1 MiB: each record
 parsed from its batch and checked), same broker, same run, targets rotated each round.
 
-    python bench/validate.py [--records 200000] [--rounds 3]
+    python bench/validate.py [--records 200000] [--rounds 3] [--schema]
 
 Load comes from Kafka's ProducerPerformance (its records are random letters: text, not
 JSON) and ConsumerPerformance; the proxies' CPU seconds per MB are printed beside the
-rates.  No goal: the numbers tell a platform team what turning the rule on costs.
+rates.  ``--schema``: the records are JSON orders of about 1 KiB (bench/records.py's,
+drawn from a payload file) and every value is parsed and checked against the order's
+JSON Schema.  No goal: the numbers tell a platform team what turning the rule on costs.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.proxy import compare_rules, print_against, print_ratios
+from bench.records import ORDER_SCHEMA, order
 
 SIZES = (1024, 100 * 1024)
 RULES = ("rules:\n  - name: text-only\n    validate_records:\n"
@@ -30,11 +35,23 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--schema", action="store_true")
     args = parser.parse_args()
     os.environ.setdefault("GATEHOUSE_KAFKA_VERSION", "4.4.0")
     cpu: dict[str, dict[str, list[float]]] = {}
-    results = compare_rules("validate", RULES, records=args.records, rounds=args.rounds,
-                            sizes=SIZES, cpu=cpu)
+    with tempfile.TemporaryDirectory() as folder:
+        rules, sizes, payload = RULES, SIZES, None
+        if args.schema:
+            schema = Path(folder) / "order.json"
+            schema.write_text(json.dumps(ORDER_SCHEMA))
+            payload = Path(folder) / "orders.txt"
+            payload.write_bytes(b"\n".join(order(n, items=13) for n in range(1000)))
+            rules = ("rules:\n  - name: orders-schema\n    validate_records:\n"
+                     f"      value: {{schema: {schema}, required: true}}\n")
+            sizes = (1024,)
+        results = compare_rules("validate", rules, records=args.records,
+                                rounds=args.rounds, sizes=sizes, cpu=cpu,
+                                payload_file=payload)
     print_ratios(results)
     print_against(results, "validate", "no-rules")
     for name, metrics in cpu.items():
