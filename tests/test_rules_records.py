@@ -278,6 +278,24 @@ def test_a_request_with_no_good_partition_is_answered_by_the_proxy() -> None:
     assert isinstance(closed, Close) and "acks=0" in closed.reason
 
 
+def test_an_acks_0_request_has_its_good_partitions_written_then_its_connection_closed(
+        ) -> None:
+    """As a broker does with an acks=0 request some partitions of which it refuses: the
+    others are written, then the connection closes (no answer can carry the errors)."""
+    policy = RulesPolicy(rules(ORDERS))
+    request = produce([batch(GOOD), batch((b"k", b"{oops"))], audit=batch((None, b"x")),
+                      acks=0)
+    decision = policy.on_request(conn(), request)
+    assert isinstance(decision, Forward)
+    assert [(t.name, [p.index for p in t.partition_data])
+            for t in decision.request.body.topic_data] == [("orders.eu", [0]), ("audit", [3])]
+    assert decision.close_after is not None
+    assert "acks=0" in decision.close_after and "partition 1" in decision.close_after
+    # Nothing refused: sent as it came, the connection kept.
+    kept = policy.on_request(conn(), produce([batch(GOOD)], acks=0))
+    assert isinstance(kept, Forward) and kept.close_after is None
+
+
 def test_good_records_pass_untouched() -> None:
     policy = RulesPolicy(rules(ORDERS))
     request = produce([batch(GOOD, compression="zstd")], audit=batch((None, b"anything")))

@@ -534,6 +534,9 @@ class ProxyConnection:
                 self._sasl_request(decision.request, pending)
             await self._forward(wire if out is frame else out,
                                 pending if expects_response else None, prefixed=out is frame)
+            if decision.close_after is not None:
+                conn.refused += 1
+                raise _Close(decision.close_after, logging.INFO)
         elif isinstance(decision, Respond):
             conn.refused += 1
             if expects_response:

@@ -151,6 +151,10 @@ class Forward:
     # observation log gives a request's record the rule outcomes that follow it).
     new_head: tuple[bytes, int] | None = None
     report: Callable[[], None] | None = None
+    # Once the request is sent, close the connection, saying why: an acks=0 Produce some
+    # of whose partitions were refused (a broker writes the others, then closes, since no
+    # answer can carry the errors).
+    close_after: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

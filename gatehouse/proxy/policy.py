@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -198,7 +199,7 @@ class RulesPolicy(Policy):
                 conn, req, evaluation,
                 offloaded[1] if offloaded is not None and offloaded[0] is req else {})
             if isinstance(checked, _Withholding):
-                req, withheld, outcomes = checked.rest, checked.answer, checked.outcomes
+                req, withheld, outcomes = checked.rest, checked, checked.outcomes
             else:
                 refused = checked
         self._emit(outcomes if refused is None else refused[1])
@@ -222,10 +223,12 @@ class RulesPolicy(Policy):
         decision = self._forwarded(conn, req, evaluation, ruleset)
         if withheld is None or not isinstance(decision, Forward):
             return decision
+        if withheld.answer is None:  # acks=0: no answer to merge
+            return dataclasses.replace(decision, close_after=withheld.close_after)
         # The broker answers the partitions sent on; the proxy adds the ones it withheld.
         inner = decision.context if decision.wants_response else None
         return Forward(decision.request, wants_response=True,
-                       context=_Withheld(inner, withheld))
+                       context=_Withheld(inner, withheld.answer))
 
     def _forwarded(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation,
                    ruleset: RuleSet) -> Decision:
@@ -481,12 +484,17 @@ class RulesPolicy(Policy):
             self._emit(tuple(extra))
             return None
         outcomes = _refusing(evaluation, refusing, "validate_records", extra)
-        if _acks(req) == 0:
-            place = partition_place(*next(iter(withheld)))
-            return (Close(f"refused records of an acks=0 Produce ({place}): no response "
-                          "exists to carry the error, so the connection is closed"), outcomes)
-        answer = withheld_answer(req, withheld)
         rest = without(req, withheld)
+        if _acks(req) == 0:
+            # As a broker does: the partitions that pass are written, then the connection
+            # closes, the only way to tell the client of the others.
+            place = partition_place(*next(iter(withheld)))
+            reason = (f"refused records of an acks=0 Produce ({place}): no response exists "
+                      "to carry the error, so the connection is closed")
+            if rest is None:
+                return Close(reason), outcomes
+            return _Withholding(rest, None, outcomes, close_after=reason)
+        answer = withheld_answer(req, withheld)
         if rest is None:
             return Respond(answer), outcomes
         return _Withholding(rest, answer, outcomes)
@@ -770,11 +778,13 @@ def _refused(req: Request, reason: str, code: int, message: str | None = None,
 @dataclass(frozen=True, slots=True)
 class _Withholding:
     """A Produce request's partitions that pass ``validate_records`` (``rest``), the
-    proxy's ``answer`` for the others, and the outcomes to count."""
+    proxy's ``answer`` for the others, and the outcomes to count; for an acks=0 request,
+    no answer but the reason to close the connection once ``rest`` is sent."""
 
     rest: Request
-    answer: Response
+    answer: Response | None
     outcomes: tuple[Outcome, ...]
+    close_after: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

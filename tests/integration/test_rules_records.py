@@ -41,7 +41,8 @@ SECRET = b'{"card": "4111-SECRET-1111"'  # not JSON (no closing brace), never to
 def send(proxy: ProxyThread, topic: str, records: list[tuple[int, bytes | None, bytes]],
          **settings: Any) -> list[tuple[int | None, ck.KafkaError | None]]:
     """(partition, delivery error) for each (partition, key, value) a librdkafka
-    producer sends, all in one flush (so partitions share Produce requests)."""
+    producer sends, all in one flush (librdkafka sends each partition in requests of its
+    own)."""
     reports: list[tuple[int | None, ck.KafkaError | None]] = []
     producer = ck.Producer({"bootstrap.servers": proxy.bootstrap, "log_level": 0,
                             "message.timeout.ms": 15000, "linger.ms": 50, **settings})
@@ -87,6 +88,36 @@ def test_librdkafka_bad_partitions_refused_the_rest_written(
     assert any(f"topic {topic} partition 1: record 1: its value is not JSON" in r
                and "(3 records in all)" not in r and "(2 records in all) (rule orders)" in r
                for r in reasons), reasons
+    assert b"SECRET".decode() not in caplog.text
+
+
+def test_acks_0_the_good_partitions_written_then_the_connection_closed(
+        kafka: KafkaCluster, caplog: pytest.LogCaptureFixture) -> None:
+    """An acks=0 request has no answer to carry a refusal: as a broker does, the proxy
+    writes the partitions that pass and then closes the connection."""
+    from kafka import KafkaProducer
+
+    caplog.set_level(logging.INFO, logger="gatehouse")
+    topic = unique("orders")
+    kafka.create_topic(topic, partitions=2)
+    with ProxyThread(kafka.bootstrap, rules_yaml=RULES) as proxy:
+        # kafka-python sends a broker's ready batches in one request: both partitions'.
+        producer = KafkaProducer(bootstrap_servers=proxy.bootstrap, acks=0, linger_ms=200)
+        try:
+            sent = [producer.send(topic, json.dumps({"n": i}).encode(), b"k%d" % i,
+                                  partition=0) for i in range(20)]
+            sent.append(producer.send(topic, SECRET, b"k", partition=1))
+            producer.flush(30)
+            assert all(f.succeeded() for f in sent)  # acks=0: sent is delivered
+        finally:
+            producer.close(10)
+        assert proxy.sample_reaches("gatehouse_invalid_records_total", 1, rule="orders",
+                                    topic=topic, mode="enforce") == 1
+    assert watermarks(kafka.bootstrap, topic, 0) == (0, 20)
+    assert watermarks(kafka.bootstrap, topic, 1) == (0, 0)
+    closes = [str(f) for f in logged(caplog, "connection closed")]
+    assert any("refused records of an acks=0 Produce (topic " in c and "partition 1)" in c
+               for c in closes), closes
     assert b"SECRET".decode() not in caplog.text
 
 
