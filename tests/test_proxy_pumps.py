@@ -583,6 +583,32 @@ async def test_local_answers_keep_their_place_in_line() -> None:
         assert h.conn.refused == 1
 
 
+class CloseAfterProduce(Policy):
+    """Sends every request on; closes the connection after each Produce (an acks=0
+    request some partitions of which a rule refused)."""
+
+    def on_request(self, conn: ConnectionInfo, req: codecs.Request) -> Any:
+        return Forward(req, close_after="closed after a Produce" if req.api_key == 0 else None)
+
+
+async def test_a_request_sent_before_a_close_has_its_answers_owed_delivered_first() -> None:
+    """The request goes to the broker, the answers owed for earlier requests reach the
+    client, then the connection closes with the policy's reason."""
+    held: list[codecs.Request] = []
+    async with proxied(lambda req: held.append(req) if req.api_key == 3 else None,
+                       policy=CloseAfterProduce()) as h:
+        await h.client.send(request(3, 12, 1).encode())  # answered later
+        await h.client.send(request(0, 9, 2, acks=0, timeout_ms=1000, topic_data=[]).encode())
+        while len(h.broker.received) < 2:
+            await trio.testing.wait_all_tasks_blocked()
+        assert [codecs.decode_request(r).api_key for r in h.broker.received] == [3, 0]
+        await answer_held(h, held[0])  # and the Metadata answer still came down
+        await h.done.wait()
+        assert await h.client.receive() is None  # then the connection closed
+        assert h.pumps.close_reason == "closed after a Produce"
+        assert h.conn.refused == 1
+
+
 async def test_backpressure_bounds_requests_in_flight() -> None:
     limits = Limits(max_in_flight=4)
     async with proxied(echo_handler, limits=limits, lockstep=True) as h:

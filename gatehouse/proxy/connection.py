@@ -535,8 +535,10 @@ class ProxyConnection:
             await self._forward(wire if out is frame else out,
                                 pending if expects_response else None, prefixed=out is frame)
             if decision.close_after is not None:
+                # The answers owed for earlier requests go out first; a broker owes none
+                # by then (it reads a connection's next request once it has answered).
                 conn.refused += 1
-                raise _Close(decision.close_after, logging.INFO)
+                self._stop_after_answers(decision.close_after, logging.INFO)
         elif isinstance(decision, Respond):
             conn.refused += 1
             if expects_response:
@@ -716,10 +718,10 @@ class ProxyConnection:
         self._record_close(reason, logging.WARNING)
         self._drain(reason)
 
-    def _stop_after_answers(self, reason: str) -> None:
+    def _stop_after_answers(self, reason: str, level: int = logging.WARNING) -> None:
         """Read no more requests: the connection closes, with ``reason``, once the
         answers owed are sent."""
-        self._record_close(reason, logging.WARNING)
+        self._record_close(reason, level)
         self.stop_reading = True
 
     async def _hold_for_quotas(self, charges: tuple[Charge, ...], policy: Policy,
