@@ -91,6 +91,36 @@ def test_librdkafka_bad_partitions_refused_the_rest_written(
     assert b"SECRET".decode() not in caplog.text
 
 
+def test_one_request_with_a_good_and_a_bad_partition_gets_one_merged_answer(
+        kafka: KafkaCluster) -> None:
+    """kafka-python sends a broker's ready batches in one request: the good partition
+    goes to the broker, the bad one is answered by the proxy, and the client gets one
+    answer holding both (each record's future says which)."""
+    from kafka import KafkaProducer
+    from kafka.errors import InvalidRecordError
+
+    topic = unique("orders")
+    kafka.create_topic(topic, partitions=2)
+    with ProxyThread(kafka.bootstrap, rules_yaml=RULES) as proxy:
+        producer = KafkaProducer(bootstrap_servers=proxy.bootstrap, acks="all",
+                                 linger_ms=200, retries=0)
+        try:
+            good = [producer.send(topic, json.dumps({"n": i}).encode(), b"k%d" % i,
+                                  partition=0) for i in range(20)]
+            bad = producer.send(topic, SECRET, b"k", partition=1)
+            producer.flush(30)
+        finally:
+            producer.close(10)
+        assert proxy.summed("gatehouse_requests_total", api="Produce") == 1  # one request
+        assert [f.get(10).offset for f in good] == list(range(20))
+        with pytest.raises(InvalidRecordError):
+            bad.get(10)
+        assert proxy.sample("gatehouse_invalid_records_total", rule="orders", topic=topic,
+                            mode="enforce") == 1
+    assert watermarks(kafka.bootstrap, topic, 0) == (0, 20)
+    assert watermarks(kafka.bootstrap, topic, 1) == (0, 0)
+
+
 def test_acks_0_the_good_partitions_written_then_the_connection_closed(
         kafka: KafkaCluster, caplog: pytest.LogCaptureFixture) -> None:
     """An acks=0 request has no answer to carry a refusal: as a broker does, the proxy
@@ -113,6 +143,7 @@ def test_acks_0_the_good_partitions_written_then_the_connection_closed(
             producer.close(10)
         assert proxy.sample_reaches("gatehouse_invalid_records_total", 1, rule="orders",
                                     topic=topic, mode="enforce") == 1
+        assert proxy.summed("gatehouse_requests_total", api="Produce") == 1  # one request
     assert watermarks(kafka.bootstrap, topic, 0) == (0, 20)
     assert watermarks(kafka.bootstrap, topic, 1) == (0, 0)
     closes = [str(f) for f in logged(caplog, "connection closed")]
