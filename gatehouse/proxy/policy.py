@@ -193,13 +193,13 @@ class RulesPolicy(Policy):
                    or self._refused_produce(conn, req, evaluation)
                    or self._refused_ids(conn, req, evaluation)
                    or self._refused_topics(conn, req, evaluation, ruleset))
-        outcomes, withheld = evaluation.outcomes, None
+        outcomes, withholding = evaluation.outcomes, None
         if refused is None and (evaluation.record_validations or evaluation.records_observed):
             checked = self._checked_records(
                 conn, req, evaluation,
                 offloaded[1] if offloaded is not None and offloaded[0] is req else {})
             if isinstance(checked, _Withholding):
-                req, withheld, outcomes = checked.rest, checked, checked.outcomes
+                req, withholding, outcomes = checked.rest, checked, checked.outcomes
             else:
                 refused = checked
         self._emit(outcomes if refused is None else refused[1])
@@ -221,14 +221,14 @@ class RulesPolicy(Policy):
                              "response, so the connection is closed")
             return _refused(req, refusal.message, refusal.code, refusal.message)
         decision = self._forwarded(conn, req, evaluation, ruleset)
-        if withheld is None or not isinstance(decision, Forward):
+        if withholding is None or not isinstance(decision, Forward):
             return decision
-        if withheld.answer is None:  # acks=0: no answer to merge
-            return dataclasses.replace(decision, close_after=withheld.close_after)
+        if withholding.answer is None:  # acks=0: no answer to merge
+            return dataclasses.replace(decision, close_after=withholding.close_after)
         # The broker answers the partitions sent on; the proxy adds the ones it withheld.
         inner = decision.context if decision.wants_response else None
         return Forward(decision.request, wants_response=True,
-                       context=_Withheld(inner, withheld.answer))
+                       context=_Withheld(inner, withholding.answer))
 
     def _forwarded(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation,
                    ruleset: RuleSet) -> Decision:
