@@ -24,6 +24,7 @@ from gatehouse.proxy.addresses import (
 from gatehouse.proxy.config import Limits
 from gatehouse.proxy.connection import ConnectionContext, ProxyConnection
 from gatehouse.proxy.hooks import (
+    Close,
     ConnectionInfo,
     Forward,
     Observer,
@@ -583,29 +584,47 @@ async def test_local_answers_keep_their_place_in_line() -> None:
         assert h.conn.refused == 1
 
 
-class CloseAfterProduce(Policy):
-    """Sends every request on; closes the connection after each Produce (an acks=0
-    request some partitions of which a rule refused)."""
+class EndsAtAcks0Produce(Policy):
+    """Sends every request on but an acks=0 Produce, which it sends and then closes the
+    connection after (``close_after``: some of its partitions refused), refuses with an
+    answer (``Respond``: no answer can carry it) or refuses closing (``Close``)."""
+
+    def __init__(self, how: str) -> None:
+        self.how = how
 
     def on_request(self, conn: ConnectionInfo, req: codecs.Request) -> Any:
-        return Forward(req, close_after="closed after a Produce" if req.api_key == 0 else None)
+        if req.api_key != 0:
+            return Forward(req)
+        if self.how == "close_after":
+            return Forward(req, close_after="closed after a Produce")
+        if self.how == "respond":
+            return Respond(codecs.Response.build(0, req.api_version, req.correlation_id,
+                                                 req.api.response.root.default))
+        return Close("closed at a Produce")
 
 
-async def test_a_request_sent_before_a_close_has_its_answers_owed_delivered_first() -> None:
-    """The request goes to the broker, the answers owed for earlier requests reach the
-    client, then the connection closes with the policy's reason."""
+@pytest.mark.parametrize(("how", "sent", "reason"), [
+    ("close_after", [3, 0], "closed after a Produce"),
+    ("respond", [3], "refused a Produce request with acks=0 (no response possible)"),
+    ("close", [3], "closed at a Produce"),
+])
+async def test_an_acks_0_request_ending_the_connection_lets_the_answers_owed_out_first(
+        how: str, sent: list[int], reason: str) -> None:
+    """The answers owed for earlier requests reach the client, then the connection
+    closes with the policy's reason (a broker owes none when it closes: it reads a
+    connection's next request once it has answered)."""
     held: list[codecs.Request] = []
     async with proxied(lambda req: held.append(req) if req.api_key == 3 else None,
-                       policy=CloseAfterProduce()) as h:
+                       policy=EndsAtAcks0Produce(how)) as h:
         await h.client.send(request(3, 12, 1).encode())  # answered later
         await h.client.send(request(0, 9, 2, acks=0, timeout_ms=1000, topic_data=[]).encode())
-        while len(h.broker.received) < 2:
+        while not held or h.pumps.close_reason != reason:
             await trio.testing.wait_all_tasks_blocked()
-        assert [codecs.decode_request(r).api_key for r in h.broker.received] == [3, 0]
-        await answer_held(h, held[0])  # and the Metadata answer still came down
+        assert [codecs.decode_request(r).api_key for r in h.broker.received] == sent
+        await answer_held(h, held[0])  # the Metadata answer still came down
         await h.done.wait()
         assert await h.client.receive() is None  # then the connection closed
-        assert h.pumps.close_reason == "closed after a Produce"
+        assert h.pumps.close_reason == reason
         assert h.conn.refused == 1
 
 

@@ -535,8 +535,6 @@ class ProxyConnection:
             await self._forward(wire if out is frame else out,
                                 pending if expects_response else None, prefixed=out is frame)
             if decision.close_after is not None:
-                # The answers owed for earlier requests go out first; a broker owes none
-                # by then (it reads a connection's next request once it has answered).
                 conn.refused += 1
                 self._stop_after_answers(decision.close_after, logging.INFO)
         elif isinstance(decision, Respond):
@@ -547,10 +545,15 @@ class ProxyConnection:
                     local=bytes(decision.response.encode()), policy=policy))
             else:
                 # acks=0 Produce has no response to carry a refusal: close instead.
-                raise _Close("refused a Produce request with acks=0 (no response possible)")
+                self._stop_after_answers(
+                    "refused a Produce request with acks=0 (no response possible)",
+                    logging.INFO)
         elif isinstance(decision, Close):
             conn.refused += 1
-            raise _Close(decision.reason, logging.INFO)
+            if expects_response:
+                # The client waits for this request's answer before any later one's.
+                raise _Close(decision.reason, logging.INFO)
+            self._stop_after_answers(decision.reason, logging.INFO)
 
     async def _reauthenticate_if_due(self) -> None:
         """Before a request goes up: authenticate to the broker again if the session is
@@ -720,7 +723,10 @@ class ProxyConnection:
 
     def _stop_after_answers(self, reason: str, level: int = logging.WARNING) -> None:
         """Read no more requests: the connection closes, with ``reason``, once the
-        answers owed are sent."""
+        answers owed are sent.  Also where a request that is owed no answer (an acks=0
+        Produce) ends the connection: a broker owes none by then (it reads a
+        connection's next request once it has answered the last), so a client sees the
+        same, its earlier requests answered and then the close."""
         self._record_close(reason, level)
         self.stop_reading = True
 
