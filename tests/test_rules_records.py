@@ -414,23 +414,20 @@ def test_a_schema_is_checked_as_its_draft_says(tmp_path: Path) -> None:
     """Formats are asserted by drafts 4 to 7 and annotations from 2019-09 on (as each
     says); a $ref's complaint names the keyword where the reference leads; places in
     the document are written as JSONPath, odd names quoted."""
+    def loaded(schema: Any) -> Any:
+        schema_rules(tmp_path, schema)
+        return load_json_schema(tmp_path / "schemas" / "order.json")
+
     when = {"type": "string", "format": "date-time"}
     draft7 = {"$schema": "http://json-schema.org/draft-07/schema#", **when}
-    assert load_json_schema(schema_file(tmp_path, draft7)).problem("yesterday", "value") == (
+    assert loaded(draft7).problem("yesterday", "value") == (
         'its value does not match order.json: at $, format "date-time"')
-    assert load_json_schema(schema_file(tmp_path, when)).problem("yesterday", "value") is None
+    assert loaded(when).problem("yesterday", "value") is None
     referring = {"$defs": {"money": {"type": "number", "minimum": 0}},
                  "properties": {"lines": {"items": {"properties": {
                      "unit price": {"$ref": "#/$defs/money"}}}}}}
-    schema = load_json_schema(schema_file(tmp_path, referring))
-    assert schema.problem({"lines": [{}, {"unit price": -2}]}, "value") == (
+    assert loaded(referring).problem({"lines": [{}, {"unit price": -2}]}, "value") == (
         'its value does not match order.json: at $.lines[1]["unit price"], minimum 0')
-
-
-def schema_file(tmp_path: Path, schema: Any) -> Path:
-    path = tmp_path / "order.json"
-    path.write_text(json.dumps(schema))
-    return path
 
 
 @pytest.mark.parametrize(("schema_text", "value", "error"), [
