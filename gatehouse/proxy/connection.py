@@ -537,23 +537,19 @@ class ProxyConnection:
             if decision.close_after is not None:
                 conn.refused += 1
                 self._stop_after_answers(decision.close_after, logging.INFO)
-        elif isinstance(decision, Respond):
+        elif isinstance(decision, Respond) and expects_response:
             conn.refused += 1
-            if expects_response:
-                await self._answer_locally(Pending(
-                    header.correlation_id, header.api_key, header.api_version, now,
-                    local=bytes(decision.response.encode()), policy=policy))
-            else:
-                # acks=0 Produce has no response to carry a refusal: close instead.
-                self._stop_after_answers(
-                    "refused a Produce request with acks=0 (no response possible)",
-                    logging.INFO)
-        elif isinstance(decision, Close):
+            await self._answer_locally(Pending(
+                header.correlation_id, header.api_key, header.api_version, now,
+                local=bytes(decision.response.encode()), policy=policy))
+        else:  # Close, or an answer to an acks=0 Produce, which has none to carry it
             conn.refused += 1
+            reason = (decision.reason if isinstance(decision, Close) else
+                      "refused a Produce request with acks=0 (no response possible)")
             if expects_response:
                 # The client waits for this request's answer before any later one's.
-                raise _Close(decision.reason, logging.INFO)
-            self._stop_after_answers(decision.reason, logging.INFO)
+                raise _Close(reason, logging.INFO)
+            self._stop_after_answers(reason, logging.INFO)
 
     async def _reauthenticate_if_due(self) -> None:
         """Before a request goes up: authenticate to the broker again if the session is
