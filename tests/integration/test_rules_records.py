@@ -96,21 +96,12 @@ def test_one_request_with_a_good_and_a_bad_partition_gets_one_merged_answer(
     """kafka-python sends a broker's ready batches in one request: the good partition
     goes to the broker, the bad one is answered by the proxy, and the client gets one
     answer holding both (each record's future says which)."""
-    from kafka import KafkaProducer
     from kafka.errors import InvalidRecordError
 
     topic = unique("orders")
     kafka.create_topic(topic, partitions=2)
     with ProxyThread(kafka.bootstrap, rules_yaml=RULES) as proxy:
-        producer = KafkaProducer(bootstrap_servers=proxy.bootstrap, acks="all",
-                                 linger_ms=200, retries=0)
-        try:
-            good = [producer.send(topic, json.dumps({"n": i}).encode(), b"k%d" % i,
-                                  partition=0) for i in range(20)]
-            bad = producer.send(topic, SECRET, b"k", partition=1)
-            producer.flush(30)
-        finally:
-            producer.close(10)
+        good, bad = kafka_python_good_and_bad(proxy, topic, acks="all")
         assert proxy.summed("gatehouse_requests_total", api="Produce") == 1  # one request
         assert [f.get(10).offset for f in good] == list(range(20))
         with pytest.raises(InvalidRecordError):
@@ -125,22 +116,12 @@ def test_acks_0_the_good_partitions_written_then_the_connection_closed(
         kafka: KafkaCluster, caplog: pytest.LogCaptureFixture) -> None:
     """An acks=0 request has no answer to carry a refusal: as a broker does, the proxy
     writes the partitions that pass and then closes the connection."""
-    from kafka import KafkaProducer
-
     caplog.set_level(logging.INFO, logger="gatehouse")
     topic = unique("orders")
     kafka.create_topic(topic, partitions=2)
     with ProxyThread(kafka.bootstrap, rules_yaml=RULES) as proxy:
-        # kafka-python sends a broker's ready batches in one request: both partitions'.
-        producer = KafkaProducer(bootstrap_servers=proxy.bootstrap, acks=0, linger_ms=200)
-        try:
-            sent = [producer.send(topic, json.dumps({"n": i}).encode(), b"k%d" % i,
-                                  partition=0) for i in range(20)]
-            sent.append(producer.send(topic, SECRET, b"k", partition=1))
-            producer.flush(30)
-            assert all(f.succeeded() for f in sent)  # acks=0: sent is delivered
-        finally:
-            producer.close(10)
+        good, bad = kafka_python_good_and_bad(proxy, topic, acks=0)
+        assert all(f.succeeded() for f in [*good, bad])  # acks=0: sent is delivered
         assert proxy.sample_reaches("gatehouse_invalid_records_total", 1, rule="orders",
                                     topic=topic, mode="enforce") == 1
         assert proxy.summed("gatehouse_requests_total", api="Produce") == 1  # one request
@@ -150,6 +131,25 @@ def test_acks_0_the_good_partitions_written_then_the_connection_closed(
     assert any("refused records of an acks=0 Produce (topic " in c and "partition 1)" in c
                for c in closes), closes
     assert b"SECRET".decode() not in caplog.text
+
+
+def kafka_python_good_and_bad(proxy: ProxyThread, topic: str, acks: int | str
+                              ) -> tuple[list[Any], Any]:
+    """kafka-python, which sends a broker's ready batches in one request (both
+    partitions'), producing 20 JSON records to partition 0 and one that is not JSON to
+    partition 1, flushed and closed: the good records' futures and the bad one's."""
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=proxy.bootstrap, acks=acks, linger_ms=200,
+                             retries=0)
+    try:
+        good = [producer.send(topic, json.dumps({"n": i}).encode(), b"k%d" % i, partition=0)
+                for i in range(20)]
+        bad = producer.send(topic, SECRET, b"k", partition=1)
+        producer.flush(30)
+    finally:
+        producer.close(10)
+    return good, bad
 
 
 def java_producer(kafka: KafkaCluster, proxy: ProxyThread, topic: str, payloads: Path,
