@@ -6,13 +6,17 @@ several ways, best of several timings each, in one run:
 
 read (the record reader and a UTF-8 check), json (each value parsed by orjson), schema
 (each value also checked against a JSON Schema of the order's shape by jsonschema-rs);
-and the baseline, what the proxy used before: Python's json and, when the pure-Python
-``jsonschema`` package is installed, the same schema checked by it.
+registry json and registry avro (values in the Schema Registry's framing, their schema
+already fetched: the same JSON Schema, or the orders as Avro read by fastavro against an
+Avro schema of the same shape); and the baseline, what the proxy used before: Python's
+json and, when the pure-Python ``jsonschema`` package is installed, the same schema
+checked by it.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 import tempfile
@@ -24,7 +28,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gatehouse.codecs.records import encode_batch
 from gatehouse.compression import decompress
-from gatehouse.rules.records import FieldCheck, RecordValidation, load_json_schema, verdict
+from gatehouse.rules.records import (
+    FieldCheck,
+    RecordValidation,
+    RegisteredSchema,
+    RegistryCheck,
+    load_json_schema,
+    verdict,
+)
+
+AVRO_ORDER = {"type": "record", "name": "Order", "fields": [
+    {"name": "id", "type": "string"}, {"name": "customer", "type": "string"},
+    {"name": "status", "type": {"type": "enum", "name": "Status",
+                                "symbols": ["new", "paid", "shipped"]}},
+    {"name": "items", "type": {"type": "array", "items": {
+        "type": "record", "name": "Line", "fields": [
+            {"name": "sku", "type": "string"}, {"name": "quantity", "type": "int"},
+            {"name": "price", "type": "double"}]}}},
+    {"name": "total", "type": "double"}]}
 
 ORDER_SCHEMA = {
     "type": "object",
@@ -73,12 +94,36 @@ def main() -> None:
         "json": FieldCheck(format="json"),
         "schema": FieldCheck(format="json", schema=schema),
     }
+    # Framed for the Schema Registry: ids 1 (the JSON Schema) and 2 (Avro).
+    import fastavro
+
+    avro_schema = fastavro.parse_schema(AVRO_ORDER)
+    known = {1: RegisteredSchema(1, "JSON", json=schema),
+             2: RegisteredSchema(2, "AVRO", avro=avro_schema)}
+
+    def avro(value: bytes) -> bytes:
+        out = io.BytesIO()
+        fastavro.schemaless_writer(out, avro_schema, json.loads(value))
+        return out.getvalue()
+
+    batches = {
+        "registry json": encode_batch([(0, None, b"\x00\x00\x00\x00\x01" + value)
+                                       for value in values]),
+        "registry avro": encode_batch([(0, None, b"\x00\x00\x00\x00\x02" + avro(value))
+                                       for value in values]),
+    }
+    registry = FieldCheck(format="schema_registry", registry=RegistryCheck("http://r"))
+    checks["registry json"] = checks["registry avro"] = registry
     costs: dict[str, float] = {}
     for name, check in checks.items():
         validation = RecordValidation(value=check)
-        assert verdict(validation, batch, decompress) is None, name
-        costs[name] = per_record_us(lambda v=validation: verdict(v, batch, decompress),
-                                    args.records, args.repeat)
+        records = batches.get(name, batch)
+
+        def judge(v: RecordValidation = validation, r: bytes = records) -> object:
+            return verdict(v, r, decompress, lookup=lambda c, i: known[i])
+
+        assert judge() is None, name
+        costs[name] = per_record_us(judge, args.records, args.repeat)
     # The baseline: what the proxy used before (Python's json, then jsonschema), over
     # the same records read the same way.
     parsed = per_record_us(lambda: [json.loads(v.decode()) for v in values], args.records,
@@ -100,6 +145,8 @@ def main() -> None:
     for name, cost in costs.items():
         print(f"  {name:<26} {cost:8.2f} us a record")
     print(f"schema / json: {costs['schema'] / costs['json']:.2f}")
+    print(f"registry json / schema: {costs['registry json'] / costs['schema']:.2f}, "
+          f"registry avro / schema: {costs['registry avro'] / costs['schema']:.2f}")
     print(f"json: stdlib / ours: {costs['json (stdlib)'] / costs['json']:.2f}")
     if "schema (json, jsonschema)" in costs:
         print("schema: json and jsonschema / ours: "

@@ -224,6 +224,10 @@ class ProxyMetrics(Observer):
                                        "validate_records found invalid (enforced: refused "
                                        "with their batch; observe mode: written)",
                                        ["rule", "topic", "mode"], registry=r)
+        self.schema_lookups = Counter("gatehouse_schema_registry_lookups", "Schema ids "
+                                      "validate_records looked up in a Schema Registry "
+                                      "(found, not_found, error)", ["registry", "outcome"],
+                                      registry=r)
         self.last_reload_ok = Gauge("gatehouse_rules_last_reload_success", "1 unless the "
                                     "last rules reload failed (the old rules stay in force)",
                                     registry=r)
@@ -341,6 +345,9 @@ class ProxyMetrics(Observer):
             policy.throttle_listeners.append(self._throttled)
         if hasattr(policy, "invalid_records_listeners"):
             policy.invalid_records_listeners.append(self._invalid_records)
+        schemas = getattr(policy, "schemas", None)
+        if schemas is not None and hasattr(schemas, "listeners"):
+            schemas.listeners.append(self._schema_lookup)
         stats = getattr(policy, "stats", None)
         if stats is not None and hasattr(stats, "protocol_fallbacks"):
             self.registry.register(_RewriteStatsCollector(stats))
@@ -354,6 +361,9 @@ class ProxyMetrics(Observer):
     def _invalid_records(self, rule: str, topic: str, mode: str, count: int) -> None:
         self.invalid_records.labels(rule=rule, topic=self.topic_label(topic),
                                     mode=mode).inc(count)
+
+    def _schema_lookup(self, registry: str, outcome: str) -> None:
+        self.schema_lookups.labels(registry=registry, outcome=outcome).inc()
 
     def _throttled(self, rule: str, seconds: float) -> None:
         self.throttle_seconds.labels(rule=rule).inc(seconds)

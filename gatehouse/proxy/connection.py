@@ -501,6 +501,9 @@ class ProxyConnection:
             expects_response = not (header.api_key == PRODUCE and produce_acks(req) == 0)
             self.ctx.observer.request(conn, req, len(frame))
             policy = self.ctx.get_policy()
+            fetch = policy.lookups(conn, req)
+            if fetch is not None:
+                await fetch()
             work = policy.offload(conn, req)
             if work is not None:
                 await trio.to_thread.run_sync(work)

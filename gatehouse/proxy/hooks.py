@@ -7,7 +7,7 @@ count or enqueue.  The proxy wires them; ``gatehouse.rules`` never imports trio.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -182,6 +182,14 @@ class Policy:
         the event loop serves the other connections meanwhile (the work holds the GIL
         only in turns).  It keeps what it finds for ``on_request`` (in ``conn.state``)
         and touches nothing else the loop uses.  None: nothing to do."""
+        return None
+
+    def lookups(self, conn: ConnectionInfo, req: Request
+                ) -> Callable[[], Awaitable[None]] | None:
+        """What must be fetched before ``offload`` and ``on_request`` can judge ``req``
+        (the schemas its records name, for a rule that looks them up in a Schema
+        Registry), for the caller to await first; that connection's later requests wait
+        behind it, in order.  None: nothing to fetch."""
         return None
 
     def forwards_unread(self, conn: ConnectionInfo, req: Request) -> Forward | None:

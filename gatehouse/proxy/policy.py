@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
+
+import trio
 
 from gatehouse.codecs import Request, Response, api_name, produce
 from gatehouse.compression import DecompressionError, decompress
@@ -26,6 +28,7 @@ from gatehouse.proxy.hooks import (
     scanned_response,
 )
 from gatehouse.proxy.quotas import Charge, QuotaBuckets
+from gatehouse.proxy.registry import SchemaRegistries
 from gatehouse.rules import (
     ClientFacts,
     Evaluation,
@@ -44,6 +47,7 @@ from gatehouse.rules.acl import names_cluster_configs
 from gatehouse.rules.errors import (
     GROUP_AUTHORIZATION_FAILED,
     INVALID_REQUEST,
+    REQUEST_TIMED_OUT,
     TOPIC_AUTHORIZATION_FAILED,
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     UNKNOWN_TOPIC_ID,
@@ -60,7 +64,9 @@ from gatehouse.rules.records import (
     PartitionKey,
     PartitionVerdict,
     RecordValidation,
+    RegistryCheck,
     merged,
+    schema_ids,
     verdict,
     withheld_answer,
     without,
@@ -173,6 +179,8 @@ class RulesPolicy(Policy):
         # Who hears of records validate_records found invalid: (rule, topic as the
         # client names it, mode, how many).
         self.invalid_records_listeners: list[Callable[[str, str, str, int], None]] = []
+        # The schemas validate_records' registry checks look up (kept across reloads).
+        self.schemas = SchemaRegistries()
         # The rules and, per client facts, their ApiVersions adjusters.
         self._adjusters: tuple[RuleSet | None, dict[ClientFacts, tuple[RangeAdjuster, ...]]] = (
             None, {})
@@ -541,26 +549,69 @@ class RulesPolicy(Policy):
 
         return work
 
-    def _verdicts(self, validation: RecordValidation, req: Request, evaluation: Evaluation,
-                  observe: bool = False) -> dict[PartitionKey, PartitionVerdict]:
-        """``validation``'s verdict on each partition of a Produce request it refuses.
-        A topic named by an id not learned yet, when the validation names topics: its
-        partitions get ``_UNSEEN_ID`` (observe mode: left out, not counted)."""
-        out: dict[PartitionKey, PartitionVerdict] = {}
+    def lookups(self, conn: ConnectionInfo, req: Request
+                ) -> Callable[[], Awaitable[None]] | None:
+        """The schemas a Produce request's records name, for ``validate_records``'
+        registry checks, fetched before it is judged (``proxy.registry``)."""
+        ruleset = self.ruleset
+        if (not ruleset or not ruleset.looks_up_schemas or req.api_key != PRODUCE
+                or not req.known):
+            return None
+        evaluation = _evaluated(ruleset, facts_of(conn, req), req, conn.state)
+        validations = [validation for _, validation in (*evaluation.record_validations,
+                                                        *evaluation.records_observed)
+                       if validation.registries]
+        if evaluation.refusal is not None or not validations:
+            return None
+
+        def wanted() -> set[tuple[RegistryCheck, int]]:
+            found: set[tuple[RegistryCheck, int]] = set()
+            for validation in validations:
+                for _, partition in self._in_scope(validation, req, evaluation, True):
+                    found |= schema_ids(validation, partition.records, decompress,
+                                        (DecompressionError,))
+            return found
+
+        async def fetch() -> None:
+            large = req.frame is not None and len(req.frame) >= _OFFLOAD_BYTES
+            ids = await trio.to_thread.run_sync(wanted) if large else wanted()
+            await self.schemas.fetch(ids)
+
+        return fetch
+
+    def _in_scope(self, validation: RecordValidation, req: Request, evaluation: Evaluation,
+                  observe: bool) -> Iterator[tuple[PartitionKey, Any]]:
+        """Each partition of a Produce request ``validation`` holds to, with its key; a
+        partition of a topic named by an id not learned yet, when the validation names
+        topics, with None (observe mode: left out)."""
         for topic, name in client_topic_names(req.body, self._id_names(evaluation)):
             key = topic_key(topic)
             if validation.topics is not None:
                 if name is None:
                     if not observe:
-                        out.update(((key, p.index), _UNSEEN_ID) for p in topic.partition_data)
+                        yield from (((key, p.index), None) for p in topic.partition_data)
                     continue
                 if not validation.applies_to(name):
                     continue
             for partition in topic.partition_data:
-                found = verdict(validation, partition.records, decompress,
-                                (DecompressionError,))
-                if found is not None:
-                    out[(key, partition.index)] = found
+                yield (key, partition.index), partition
+
+    def _verdicts(self, validation: RecordValidation, req: Request, evaluation: Evaluation,
+                  observe: bool = False) -> dict[PartitionKey, PartitionVerdict]:
+        """``validation``'s verdict on each partition of a Produce request it refuses.
+        A topic named by an id not learned yet, when the validation names topics: its
+        partitions get ``_UNSEEN_ID`` (observe mode: left out, not counted).  A partition
+        whose schemas could not be looked up gets REQUEST_TIMED_OUT (observe mode: left
+        out: nothing was found wrong)."""
+        out: dict[PartitionKey, PartitionVerdict] = {}
+        for where, partition in self._in_scope(validation, req, evaluation, observe):
+            if partition is None:
+                out[where] = _UNSEEN_ID
+                continue
+            found = verdict(validation, partition.records, decompress,
+                            (DecompressionError,), self.schemas.lookup)
+            if found is not None and not (observe and found.code == REQUEST_TIMED_OUT):
+                out[where] = found
         return out
 
     def _id_names(self, evaluation: Evaluation) -> IdNames:

@@ -37,6 +37,7 @@ POLICY_VIOLATION = 44
 INVALID_RECORD = 87
 CORRUPT_MESSAGE = 2
 INVALID_REQUEST = 42
+REQUEST_TIMED_OUT = 7
 
 _PARTITION_KEYS = frozenset({"partition", "partition_index", "index", "partition_id"})
 _KEY_ATTRS = frozenset({

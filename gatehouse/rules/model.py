@@ -314,9 +314,15 @@ class RuleSet:
             validation = rule.validate_records
             if validation is not None:
                 for check in (validation.key, validation.value):
-                    if check.schema is not None:
+                    if check.schema is not None and check.schema.path is not None:
                         found[check.schema.path] = None
         return tuple(found)
+
+    @functools.cached_property
+    def looks_up_schemas(self) -> bool:
+        """Whether some rule's ``validate_records`` looks schema ids up in a registry."""
+        return any(r.validate_records is not None and r.validate_records.registries
+                   for r in self.rules)
 
     @functools.cached_property
     def scopes_produce_by_topic(self) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import urllib.parse
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -42,7 +43,9 @@ from gatehouse.rules.records import (
     FORMATS,
     FieldCheck,
     RecordValidation,
+    RegistryCheck,
     load_json_schema,
+    shown_url,
 )
 from gatehouse.rules.topics import (
     ID_FILTER_KEYS,
@@ -350,12 +353,40 @@ def _field_check(reader: Reader, what: str) -> FieldCheck:
             schema = load_json_schema(path)
         except ValueError as exc:
             raise sub.error("schema", f"{where}.schema: {exc}") from None
+    registry = None
+    if sub.has("registry"):
+        if fmt not in (None, "schema_registry"):
+            raise sub.error("registry", f"{where}.registry looks up Schema Registry ids: its "
+                            f"format is schema_registry, not {fmt}")
+        fmt = "schema_registry"
+        registry = _registry_check(sub, f"{where}.registry")
     sub.finish()
-    check = FieldCheck(required, fmt, max_bytes, schema)
+    check = FieldCheck(required, fmt, max_bytes, schema, registry)
     if check == FieldCheck():
         raise reader.error(what, f"{where} needs at least one of required: true, format, "
-                           "max_bytes, schema")
+                           "max_bytes, schema, registry")
     return check
+
+
+def _registry_check(reader: Reader, where: str) -> RegistryCheck:
+    """``registry: URL`` or ``{url, validate, timeout}``: the Schema Registry whose ids
+    a ``schema_registry`` key or value must name."""
+    raw = reader.take("registry", (str, dict))
+    sub = (Reader({}, reader.source, where, reader.line_of("registry")) if isinstance(raw, str)
+           else Reader(raw, reader.source, where, reader.line_of("registry")))
+    url = raw if isinstance(raw, str) else sub.require("url", str)
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise reader.error("registry", f"{where}: {shown_url(url)!r} is not an http:// "
+                           "or https:// URL (the registry's REST API, e.g. "
+                           "http://registry:8081)")
+    validate = sub.take("validate", bool, True)
+    timeout = sub.take("timeout", (int, float), 5.0)
+    if not 0 < timeout <= 60:
+        raise sub.error("timeout", f"{where}.timeout must be 0-60 seconds")
+    sub.finish()
+    return RegistryCheck(url.rstrip("/"), validate, float(timeout))
+
 
 
 def _produce_policy(reader: Reader) -> ProducePolicy:

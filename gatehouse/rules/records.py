@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,7 @@ from gatehouse.codecs.records import (
 from gatehouse.rules.errors import (
     CORRUPT_MESSAGE,
     INVALID_RECORD,
+    REQUEST_TIMED_OUT,
     array_entry,
     error_response,
 )
@@ -70,13 +72,19 @@ def _orjson() -> Any:
 
 @dataclass(frozen=True, eq=False)
 class JsonSchema:
-    """A JSON Schema a key or value must match, read from ``path``: ``schema`` as
-    written, ``validator`` compiled for the schema's own draft (2020-12 when it names
-    none) by ``jsonschema_rs``."""
+    """A JSON Schema a key or value must match, read from ``path`` (or from a Schema
+    Registry: ``label`` says which schema): ``schema`` as written, ``validator``
+    compiled for the schema's own draft (2020-12 when it names none) by
+    ``jsonschema_rs``."""
 
-    path: Path
+    path: Path | None
     schema: Mapping[str, Any]
     validator: Any
+    label: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.label or (self.path.name if self.path is not None else "the schema")
 
     def problem(self, document: Any, what: str) -> str | None:
         try:
@@ -84,7 +92,7 @@ class JsonSchema:
                 return None
             error = next(iter(self.validator.iter_errors(document)))
         except (RecursionError, ValueError, OverflowError):
-            return f"its {what} is nested too deeply to check against {self.path.name}"
+            return f"its {what} is nested too deeply to check against {self.name}"
         # Where in the document and which keyword of the schema, with the keyword's
         # value (the schema's, found by the error's schema path; a $ref is reported at
         # the place it points to): never the record's own values, which the library's
@@ -94,7 +102,7 @@ class JsonSchema:
                               separators=(",", ":"))
         if len(expected) > 80:
             expected = expected[:77] + "..."
-        return (f"its {what} does not match {self.path.name}: at "
+        return (f"its {what} does not match {self.name}: at "
                 f"{json_path(error.instance_path)}, {keyword} {expected}")
 
 
@@ -130,9 +138,6 @@ _DRAFTS: Final = frozenset(f"http://json-schema.org/{name}/schema" for name in (
 def load_json_schema(path: Path) -> JsonSchema:
     """The schema in ``path`` (JSON, or YAML for .yaml/.yml), checked against its draft's
     meta-schema; ``ValueError`` saying what is wrong."""
-    # Imported here: 8 MiB of every proxy's memory, for the rules that use a schema.
-    import jsonschema_rs
-
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -148,13 +153,23 @@ def load_json_schema(path: Path) -> JsonSchema:
         raise ValueError(f"{path} is not JSON: {exc}") from None
     except Exception as exc:
         raise ValueError(f"{path} is not YAML: {exc}") from None
+    return compile_json_schema(schema, str(path), path=path)
+
+
+def compile_json_schema(schema: Any, source: str, path: Path | None = None,
+                        label: str = "") -> JsonSchema:
+    """``schema`` (a parsed document, from ``source``: a file or a registry) checked
+    against its draft's meta-schema and compiled; ``ValueError`` saying what is wrong."""
+    # Imported here: 8 MiB of every proxy's memory, for the rules that use a schema.
+    import jsonschema_rs
+
     if not isinstance(schema, dict):
-        raise ValueError(f"{path} holds no JSON Schema (an object)")
+        raise ValueError(f"{source} holds no JSON Schema (an object)")
     draft = schema.get("$schema")
     if draft is not None and (not isinstance(draft, str)
                               or draft.rstrip("#").replace("https:", "http:") not in _DRAFTS):
         # The library would fetch a meta-schema it does not hold: no requests at load.
-        raise ValueError(f"{path} is not a valid JSON Schema: its $schema {draft!r} is not "
+        raise ValueError(f"{source} is not a valid JSON Schema: its $schema {draft!r} is not "
                          "a draft this proxy knows (4, 6, 7, 2019-09, 2020-12)")
     try:
         jsonschema_rs.meta.validate(schema)
@@ -164,11 +179,117 @@ def load_json_schema(path: Path) -> JsonSchema:
     except jsonschema_rs.ValidationError as exc:
         where = f" (at {json_path(exc.instance_path)})" if exc.instance_path else ""
         message = exc.message.splitlines()[0] if exc.message else str(exc)
-        raise ValueError(f"{path} is not a valid JSON Schema: {message}{where}") from None
+        raise ValueError(f"{source} is not a valid JSON Schema: {message}{where}") from None
     except (jsonschema_rs.ReferencingError, ValueError, TypeError) as exc:
         message = str(exc).splitlines()[0]
-        raise ValueError(f"{path} is not a valid JSON Schema: {message}") from None
-    return JsonSchema(path, schema, validator)
+        raise ValueError(f"{source} is not a valid JSON Schema: {message}") from None
+    return JsonSchema(path, schema, validator, label)
+
+
+@dataclass(frozen=True)
+class RegistryCheck:
+    """``registry``: the schema ids of a ``schema_registry`` key or value looked up in a
+    Schema Registry (Confluent's REST API, which Apicurio, Karapace and Redpanda also
+    serve): an id the registry does not know is refused, and with ``validate`` a key or
+    value whose schema is a JSON Schema must match it.  The proxy fetches each id once
+    (``lookup`` in ``FieldCheck.problem``), before it judges the request."""
+
+    url: str  # the API's base: .../schemas/ids/{id} lies under it
+    validate: bool = True
+    timeout: float = 5.0  # seconds for one lookup; then the partition is answered
+    # REQUEST_TIMED_OUT (retriable), never let through unchecked
+
+    @property
+    def shown(self) -> str:
+        """``url`` as logs and errors may show it."""
+        return shown_url(self.url)
+
+
+def shown_url(url: str) -> str:
+    """``url`` with any password in it hidden."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+
+
+@dataclass(frozen=True, eq=False)
+class RegisteredSchema:
+    """A schema the registry knows: its type (AVRO, JSON or PROTOBUF) and, for a JSON
+    Schema, the schema compiled, for an Avro schema, the schema parsed by ``fastavro``
+    (None when it does not compile: only the id is held)."""
+
+    schema_id: int
+    schema_type: str
+    json: JsonSchema | None = None
+    avro: Any = None
+
+    def avro_problem(self, data: Buffer, what: str) -> str | None:
+        """What is wrong with ``data`` (after the framing) as Avro binary of this
+        schema: it must read as one datum and end there.  Never the record's values."""
+        import io
+
+        import fastavro
+
+        stream = io.BytesIO(data)
+        try:
+            fastavro.schemaless_reader(stream, self.avro, None)
+        except EOFError:
+            return f"its {what} is not Avro of schema {self.schema_id} (it ends early)"
+        except Exception:  # a union or enum index, a string, a length out of range
+            return (f"its {what} is not Avro of schema {self.schema_id} (its bytes do not "
+                    "read as the schema's types)")
+        extra = len(data) - stream.tell()
+        if extra:
+            return (f"its {what} is not Avro of schema {self.schema_id} ({extra} "
+                    f"byte{'s' if extra > 1 else ''} after the datum)")
+        return None
+
+
+class _NotRegistered:
+    def __repr__(self) -> str:
+        return "NOT_REGISTERED"
+
+
+NOT_REGISTERED: Final = _NotRegistered()  # the registry answered: no such id
+
+
+@dataclass(frozen=True)
+class RegistryUnavailable:
+    """The registry could not say (unreachable, an error, too slow): ``reason``."""
+
+    reason: str
+
+
+Lookup = RegisteredSchema | _NotRegistered | RegistryUnavailable
+SchemaLookup = Callable[[RegistryCheck, int], Lookup]
+
+
+class SchemaRegistryUnavailable(Exception):
+    """A record's schema could not be looked up: its partition cannot be judged now."""
+
+
+def schema_id_of(data: Buffer) -> int | None:
+    """The schema id of a key or value in the Schema Registry's framing (a zero byte,
+    then the id in 4 bytes, big-endian); None when ``data`` is not so framed."""
+    if len(data) < 5 or data[0] != 0:
+        return None
+    return int.from_bytes(data[1:5], "big")
+
+
+def _parse_json(data: Buffer, what: str) -> tuple[Any, str | None]:
+    """``data`` parsed as JSON, or what is wrong with it (the parser's reason and place,
+    never the text it read)."""
+    try:
+        return _orjson().loads(data), None
+    except ValueError as exc:  # orjson.JSONDecodeError
+        reason = getattr(exc, "msg", str(exc))
+        if reason.startswith("str is not valid UTF-8"):
+            return None, f"its {what} is not JSON (not UTF-8 text)"
+        if reason.startswith("depth limit"):
+            return None, f"its {what} is not JSON this proxy reads (nested too deeply)"
+        return None, f"its {what} is not JSON ({reason} at character {getattr(exc, 'pos', 0)})"
 
 
 @dataclass(frozen=True)
@@ -179,33 +300,54 @@ class FieldCheck:
     format: Format | None = None  # of a value that is not null
     max_bytes: int | None = None
     schema: JsonSchema | None = None  # format json, matching this schema
+    registry: RegistryCheck | None = None  # format schema_registry, ids looked up
 
-    def problem(self, data: bytes | None, what: str) -> str | None:
+    def problem(self, data: bytes | None, what: str, lookup: SchemaLookup | None = None
+                ) -> str | None:
+        """What is wrong with ``data`` (None: nothing).  ``lookup``: the schemas the
+        proxy fetched, for ``registry``; ``SchemaRegistryUnavailable`` when it has none
+        to say."""
         if data is None:
             return f"its {what} is null" if self.required else None
         if self.max_bytes is not None and len(data) > self.max_bytes:
             return f"its {what} is {len(data)} bytes, above {self.max_bytes}"
         if self.format == "json":
-            try:
-                document = _orjson().loads(data)
-            except ValueError as exc:  # orjson.JSONDecodeError
-                # The parser's reason and place, never the text it read.
-                reason = getattr(exc, "msg", str(exc))
-                if reason.startswith("str is not valid UTF-8"):
-                    return f"its {what} is not JSON (not UTF-8 text)"
-                if reason.startswith("depth limit"):
-                    return f"its {what} is not JSON this proxy reads (nested too deeply)"
-                return f"its {what} is not JSON ({reason} at character {getattr(exc, 'pos', 0)})"
-            if self.schema is not None:
+            document, problem = _parse_json(data, what)
+            if problem is None and self.schema is not None:
                 return self.schema.problem(document, what)
-        elif self.format == "utf8":
+            return problem
+        if self.format == "utf8":
             try:
                 data.decode("utf-8")
             except UnicodeDecodeError as exc:
                 return f"its {what} is not UTF-8 text (byte {exc.start})"
-        elif self.format == "schema_registry" and (len(data) < 5 or data[0] != 0):
-            return (f"its {what} is not in the Schema Registry's framing (a zero byte, "
-                    "then a 4-byte schema id)")
+        elif self.format == "schema_registry":
+            schema_id = schema_id_of(data)
+            if schema_id is None:
+                return (f"its {what} is not in the Schema Registry's framing (a zero byte, "
+                        "then a 4-byte schema id)")
+            if self.registry is not None:
+                return self._registered(schema_id, data, what, lookup)
+        return None
+
+    def _registered(self, schema_id: int, data: bytes, what: str,
+                    lookup: SchemaLookup | None) -> str | None:
+        assert self.registry is not None
+        found = (lookup(self.registry, schema_id) if lookup is not None
+                 else RegistryUnavailable("no lookup"))
+        if isinstance(found, RegistryUnavailable):
+            raise SchemaRegistryUnavailable(found.reason)
+        if found is NOT_REGISTERED:
+            return f"its {what}'s schema id {schema_id} is not in the Schema Registry"
+        if not self.registry.validate or not isinstance(found, RegisteredSchema):
+            return None
+        if found.json is not None:
+            document, problem = _parse_json(memoryview(data)[5:], what)
+            if problem is None:
+                return found.json.problem(document, what)
+            return f"{problem}, but schema {schema_id} is a JSON Schema"
+        if found.avro is not None:
+            return found.avro_problem(memoryview(data)[5:], what)
         return None
 
 
@@ -222,9 +364,17 @@ class RecordValidation:
     def applies_to(self, topic: str) -> bool:
         return in_scope(self.topics, topic)
 
-    def problem(self, record: Record) -> str | None:
-        """What is wrong with ``record`` (None: nothing)."""
-        found = self.key.problem(record.key, "key") or self.value.problem(record.value, "value")
+    @property
+    def registries(self) -> tuple[tuple[str, RegistryCheck], ...]:
+        """(``key`` or ``value``, its registry check) for the fields looked up."""
+        return tuple((what, check.registry) for what, check in
+                     (("key", self.key), ("value", self.value)) if check.registry is not None)
+
+    def problem(self, record: Record, lookup: SchemaLookup | None = None) -> str | None:
+        """What is wrong with ``record`` (None: nothing); ``SchemaRegistryUnavailable``
+        when a schema it names could not be looked up."""
+        found = (self.key.problem(record.key, "key", lookup)
+                 or self.value.problem(record.value, "value", lookup))
         if found is None and self.headers:
             present = {name for name, _ in record.headers}
             missing = [name for name in self.headers if name not in present]
@@ -282,27 +432,56 @@ def read_records(records: Buffer | None, decompress: Decompress, limit: int
 
 
 def verdict(validation: RecordValidation, records: Buffer | None, decompress: Decompress,
-            unreadable: tuple[type[Exception], ...] = ()) -> PartitionVerdict | None:
+            unreadable: tuple[type[Exception], ...] = (),
+            lookup: SchemaLookup | None = None) -> PartitionVerdict | None:
     """Why ``validation`` refuses one partition's ``records`` (None: it takes them all).
-    ``unreadable``: the exceptions of ``decompress`` that mean the batch cannot be read."""
+    ``unreadable``: the exceptions of ``decompress`` that mean the batch cannot be read;
+    ``lookup``: the schemas fetched for ``registry`` checks.  A schema that could not be
+    looked up leaves the partition unjudged: REQUEST_TIMED_OUT, which clients retry."""
     errors: list[tuple[int, str]] = []
     bad = 0
     cannot_read: tuple[type[Exception], ...] = (ProtocolError, *unreadable)
     try:
         for record in read_records(records, decompress, validation.max_decompressed_bytes):
-            problem = validation.problem(record)
+            problem = validation.problem(record, lookup)
             if problem is not None:
                 bad += 1
                 if len(errors) < MAX_RECORD_ERRORS:
                     errors.append((record.batch_index, problem))
     except cannot_read as exc:
         return PartitionVerdict(CORRUPT_MESSAGE, f"the records cannot be read: {exc}")
+    except SchemaRegistryUnavailable as exc:
+        return PartitionVerdict(REQUEST_TIMED_OUT, f"the records' schemas cannot be looked "
+                                f"up now (the Schema Registry: {exc}); try again")
     if not errors:
         return None
     first_index, first = errors[0]
     more = f" ({bad} records in all)" if bad > 1 else ""
     return PartitionVerdict(INVALID_RECORD, f"record {first_index}: {first}{more}",
                             tuple(errors), bad)
+
+
+def schema_ids(validation: RecordValidation, records: Buffer | None, decompress: Decompress,
+               unreadable: tuple[type[Exception], ...] = ()
+               ) -> set[tuple[RegistryCheck, int]]:
+    """The (registry, schema id) pairs ``validation`` will look up to judge one
+    partition's ``records``: what the proxy fetches first.  Records that cannot be read
+    name none (``verdict`` says why they are refused)."""
+    found: set[tuple[RegistryCheck, int]] = set()
+    cannot_read: tuple[type[Exception], ...] = (ProtocolError, *unreadable)
+    checks = validation.registries
+    if not checks:
+        return found
+    try:
+        for record in read_records(records, decompress, validation.max_decompressed_bytes):
+            for what, registry in checks:
+                data = record.key if what == "key" else record.value
+                schema_id = None if data is None else schema_id_of(data)
+                if schema_id is not None:
+                    found.add((registry, schema_id))
+    except cannot_read:
+        pass
+    return found
 
 
 PartitionKey = tuple[Any, int]  # (topic name or id bytes, partition index)
@@ -386,13 +565,24 @@ __all__ = [
     "DEFAULT_MAX_DECOMPRESSED",
     "FORMATS",
     "MAX_RECORD_ERRORS",
+    "NOT_REGISTERED",
     "FieldCheck",
     "JsonSchema",
+    "Lookup",
     "PartitionVerdict",
     "RecordValidation",
+    "RegisteredSchema",
+    "RegistryCheck",
+    "RegistryUnavailable",
+    "SchemaLookup",
+    "SchemaRegistryUnavailable",
+    "compile_json_schema",
     "load_json_schema",
     "merged",
     "read_records",
+    "schema_id_of",
+    "schema_ids",
+    "shown_url",
     "verdict",
     "withheld_answer",
     "without",

@@ -182,7 +182,7 @@ def test_alert_rules_parse_with_promtool() -> None:
     result = subprocess.run([tool("promtool"), "check", "rules", str(ALERTS)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 10 rules found" in result.stdout
+    assert "SUCCESS: 11 rules found" in result.stdout
 
 
 def keep_traffic_flowing(bootstrap: str, dead_bootstrap: str, topic: str,
@@ -204,6 +204,7 @@ def keep_traffic_flowing(bootstrap: str, dead_bootstrap: str, topic: str,
             for _ in range(20):
                 producer.produce(topic, value=f"v-{i}".encode())
                 i += 1
+            producer.produce(topic, value=b"\x00\x00\x00\x00\x07{}")  # schema 7
             producer.poll(0)
             consumer.poll(0.05)
             stranded.poll(0)
@@ -239,8 +240,12 @@ def test_every_dashboard_and_alert_expression_returns_data(
     kafka.create_topic(topic, partitions=2)
     # Every proxy refuses DescribeConfigs, and counts the values that are not JSON (an
     # observe-mode validate_records: written all the same).
+    # Values in the Schema Registry's framing are looked up in a registry that is down
+    # (observe mode: written all the same; each failure counted).
     rules = ("rules:\n  - name: no-describe-configs\n    deny_apis: [DescribeConfigs]\n"
-             "  - name: json-values\n    mode: observe\n    validate_records: {value: json}\n")
+             "  - name: json-values\n    mode: observe\n    validate_records: {value: json}\n"
+             "  - name: registered\n    mode: observe\n    validate_records:\n"
+             f"      value: {{registry: {{url: 'http://127.0.0.1:{free_port()}', timeout: 1}}}}\n")
     live, port, live_metrics, rules_file = start_gatehouse(tmp_path, "live", kafka.bootstrap,
                                                            rules)
     processes.append(live)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ RULES = """\
 SECRET = b'{"card": "4111-SECRET-1111"'  # not JSON (no closing brace), never to be logged
 
 
-def send(proxy: ProxyThread, topic: str, records: list[tuple[int, bytes | None, bytes]],
+def send(proxy: ProxyThread, topic: str, records: Sequence[tuple[int, bytes | None, bytes]],
          **settings: Any) -> list[tuple[int | None, ck.KafkaError | None]]:
     """(partition, delivery error) for each (partition, key, value) a librdkafka
     producer sends, all in one flush (librdkafka sends each partition in requests of its

@@ -1,0 +1,168 @@
+"""``validate_records``' ``registry`` checks on a real Apache Kafka broker, with
+librdkafka producing records framed by Confluent's own JSON Schema and Avro serializers:
+records naming a schema id the registry does not know, JSON that does not match the
+schema registered under their id, or bytes that do not read as their Avro schema, are
+refused as each client reports them and never written; a registry that hangs gets the
+partitions REQUEST_TIMED_OUT, which the producer retries until the registry answers,
+and each record is then written once.  The registry is tests/support/registry.py's (no
+registry server can be installed here: see there)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+from typing import Any
+
+import confluent_kafka as ck
+import pytest
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from tests.integration.test_rules_records import send
+from tests.integration.test_sasl_proxy import logged, wait_for
+from tests.support.clients import unique, watermarks
+from tests.support.kafka import KafkaCluster
+from tests.support.proxythread import ProxyThread
+from tests.support.registry import TestRegistry
+
+ORDER = json.dumps({"type": "object", "required": ["id", "total"],
+                    "properties": {"id": {"type": "integer"}, "total": {"type": "number"}}})
+
+
+def rules(url: str, timeout: float = 5) -> str:
+    return ("- name: registered\n  validate_records:\n    topics: ['orders-.*']\n"
+            f"    value: {{registry: {{url: '{url}', timeout: {timeout}}}}}\n")
+
+
+def serialized(serializer: Any, value: Any, context: SerializationContext) -> bytes:
+    out = serializer(value, context)
+    assert isinstance(out, bytes)
+    return out
+
+
+def framed(schema_id: int, value: Any) -> bytes:
+    return b"\x00" + struct.pack(">I", schema_id) + json.dumps(value).encode()
+
+
+def test_unknown_ids_and_mismatched_json_refused_the_rest_written(
+        kafka: KafkaCluster, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="gatehouse")
+    topic = unique("orders")
+    kafka.create_topic(topic, partitions=3)
+    with TestRegistry() as registry, ProxyThread(kafka.bootstrap,
+                                                 rules_yaml=rules(registry.url)) as proxy:
+        to_bytes = JSONSerializer(ORDER, SchemaRegistryClient({"url": registry.url}))
+        context = SerializationContext(topic, MessageField.VALUE)
+        good = [serialized(to_bytes, {"id": i, "total": i * 1.5}, context) for i in range(50)]
+        [schema_id] = registry.schemas  # the serializer registered it under <topic>-value
+        assert good[0][:5] == framed(schema_id, None)[:5]
+        reports = send(proxy, topic,
+                       [(0, None, value) for value in good]
+                       + [(1, None, framed(schema_id, {"id": "seven", "total": 1}))]
+                       + [(2, None, framed(schema_id + 100, {"id": 7, "total": 1}))])
+        assert [e for p, e in reports if p == 0] == [None] * 50
+        assert [(p, None if e is None else e.code()) for p, e in reports if p != 0] == [
+            (1, ck.KafkaError.INVALID_RECORD), (2, ck.KafkaError.INVALID_RECORD)]
+        # Asked once for each id, however many records and requests named it.
+        assert registry.asked == {schema_id: 1, schema_id + 100: 1}
+        assert proxy.sample("gatehouse_schema_registry_lookups_total",
+                            registry=registry.url, outcome="found") == 1
+        assert proxy.sample("gatehouse_schema_registry_lookups_total",
+                            registry=registry.url, outcome="not_found") == 1
+    # Logged once per connection and topic: the first refused partition's first record.
+    [refused] = logged(caplog, "refused")
+    assert refused["rule"] == "registered"
+    assert refused["reason"] in (
+        f"topic {topic} partition 1: record 0: its value does not match schema "
+        f'{schema_id}: at $.id, type "integer" (rule registered)',
+        f"topic {topic} partition 2: record 0: its value's schema id {schema_id + 100} is "
+        "not in the Schema Registry (rule registered)")
+    assert watermarks(kafka.bootstrap, topic, 0) == (0, 50)
+    assert watermarks(kafka.bootstrap, topic, 1) == (0, 0)
+    assert watermarks(kafka.bootstrap, topic, 2) == (0, 0)
+    # What was written reads back through the serializer's own deserializer.
+    consumer = ck.Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": unique("g"),
+                            "auto.offset.reset": "earliest", "log_level": 0})
+    consumer.assign([ck.TopicPartition(topic, 0, 0)])
+    from_bytes = JSONDeserializer(ORDER)
+    read: list[Any] = []
+    try:
+        while len(read) < 50:
+            message = consumer.poll(15)
+            assert message is not None, f"{len(read)} of 50 read"
+            assert message.error() is None
+            read.append(from_bytes(message.value(), SerializationContext(
+                topic, MessageField.VALUE)))
+    finally:
+        consumer.close()
+    assert read == [{"id": i, "total": i * 1.5} for i in range(50)]
+
+
+def test_a_registry_that_hangs_is_retried_never_let_through(
+        kafka: KafkaCluster, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="gatehouse")
+    topic = unique("orders")
+    kafka.create_topic(topic)
+    with TestRegistry() as registry, ProxyThread(
+            kafka.bootstrap, rules_yaml=rules(registry.url, timeout=1)) as proxy:
+        schema_id = registry.register(f"{topic}-value", ORDER)
+        registry.stall()
+        reports: list[ck.KafkaError | None] = []
+        producer = ck.Producer({"bootstrap.servers": proxy.bootstrap, "log_level": 0,
+                                "enable.idempotence": True, "message.timeout.ms": 60000,
+                                "retry.backoff.ms": 200})
+        for i in range(5):
+            producer.produce(topic, framed(schema_id, {"id": i, "total": 1.0}),
+                             on_delivery=lambda err, m: reports.append(err))
+        producer.poll(0)
+        # The proxy gives up on the registry after 1 s and answers REQUEST_TIMED_OUT;
+        # the producer retries; nothing is written meanwhile.
+        assert proxy.sample_reaches("gatehouse_responses_total", 2, timeout=30,
+                                    api="Produce", error="REQUEST_TIMED_OUT") >= 2
+        assert watermarks(kafka.bootstrap, topic) == (0, 0)
+        assert reports == []
+        registry.resume()
+        producer.flush(60)
+        assert reports == [None] * 5
+    assert watermarks(kafka.bootstrap, topic) == (0, 5)  # each record once
+    failures = wait_for(lambda: logged(caplog, "Schema Registry lookup failed: records "
+                                       "naming the schema are answered REQUEST_TIMED_OUT "
+                                       "(retriable) for 2 s"))
+    assert failures and failures[0]["registry"] == registry.url
+    assert failures[0]["schema_id"] == schema_id
+    assert failures[0]["error"] == (f"{registry.url} did not answer for schema {schema_id} "
+                                    "in 1 s")
+
+
+def test_avro_records_read_against_their_schema(kafka: KafkaCluster) -> None:
+    """Confluent's Avro serializer's records are written; bytes that do not read as the
+    schema their id names (another schema's datum, a truncated one) are refused."""
+    order = json.dumps({"type": "record", "name": "Order", "fields": [
+        {"name": "id", "type": "long"}, {"name": "note", "type": ["null", "string"]}]})
+    other = json.dumps({"type": "record", "name": "Note", "fields": [
+        {"name": "text", "type": "string"}]})
+    topic = unique("orders")
+    kafka.create_topic(topic, partitions=2)
+    with TestRegistry() as registry, ProxyThread(kafka.bootstrap,
+                                                 rules_yaml=rules(registry.url)) as proxy:
+        client = SchemaRegistryClient({"url": registry.url})
+        context = SerializationContext(topic, MessageField.VALUE)
+        to_order = AvroSerializer(client, order)
+        good = [serialized(to_order, {"id": i, "note": None if i % 2 else f"n{i}"}, context)
+                for i in range(20)]
+        note = AvroSerializer(client, other, conf={"auto.register.schemas": True,
+                                                   "subject.name.strategy":
+                                                   lambda ctx, name: "notes-value"})
+        # A Note's bytes framed with the Order schema's id: "n" is not a long and a union.
+        order_id = good[0][1:5]
+        wrong = b"\x00" + order_id + serialized(note, {"text": "x" * 40}, context)[5:]
+        reports = send(proxy, topic, [(0, None, value) for value in good]
+                       + [(1, None, wrong), (1, None, good[0][:-1])])
+        assert [e for p, e in reports if p == 0] == [None] * 20
+        assert [None if e is None else e.code() for p, e in reports if p == 1] == [
+            ck.KafkaError.INVALID_RECORD] * 2
+    assert watermarks(kafka.bootstrap, topic, 0) == (0, 20)
+    assert watermarks(kafka.bootstrap, topic, 1) == (0, 0)
