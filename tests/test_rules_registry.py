@@ -33,7 +33,6 @@ from gatehouse.rules.records import (
     RegistryUnavailable,
     SchemaRegistryUnavailable,
     compile_json_schema,
-    schema_ids,
     verdict,
 )
 from tests.support.registry import TestRegistry
@@ -151,9 +150,6 @@ def test_a_schema_not_looked_up_leaves_the_partition_unjudged() -> None:
     found = verdict(rule.validate_records, records, decompress, lookup=lambda c, i: down)
     assert found is not None and found.code == REQUEST_TIMED_OUT
     assert "could not be reached: refused" in found.message and found.invalid == 0
-    assert schema_ids(rule.validate_records, records, decompress) == {(REGISTRY, 1),
-                                                                      (REGISTRY, 2)}
-    assert schema_ids(rule.validate_records, b"\x00\x01", decompress) == set()
 
 
 def test_the_registry_answers_parsed() -> None:
@@ -280,10 +276,11 @@ async def test_the_proxy_fetches_then_judges() -> None:
     counted, refused = listening(policy)
 
     async def decided(request: Any) -> Any:
-        prepare = policy.lookups(conn(), request)
+        connection = conn()
+        prepare = policy.lookups(connection, request)
         assert prepare is not None
         await prepare()
-        return policy.on_request(conn(), request)
+        return policy.on_request(connection, request)
 
     good = batch((None, framed(2, b'{"id": 1}')), (None, framed(1, b"\x02")))
     bad = batch((None, framed(2, b'{"id": 1}')), (None, framed(2, b'{"id": "x"}')),
@@ -324,3 +321,50 @@ async def test_the_proxy_fetches_then_judges() -> None:
     decision = observer.on_request(conn(), produce([batch((None, framed(3, b"{}")))]))
     assert isinstance(decision, Forward)
     assert not [o for o in counted if o.action == "validate_records"]
+
+
+async def test_records_are_read_once_when_their_schemas_are_kept(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The request is judged while its ids are looked up: once when every id is kept,
+    twice (before and after the fetch) on first sight, and the ids of every record are
+    fetched together, not one per judging; ``on_request`` and ``offload`` use that
+    judgement instead of reading the records again."""
+    from gatehouse.proxy import policy as policy_module
+
+    judged: list[int] = []
+    real_verdict = policy_module.verdict
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        judged.append(1)
+        return real_verdict(*args, **kwargs)
+
+    monkeypatch.setattr(policy_module, "verdict", counting)
+    asked: list[int] = []
+
+    def fetch(check: RegistryCheck, schema_id: int) -> Lookup:
+        asked.append(schema_id)
+        return KNOWN.get(schema_id, NOT_REGISTERED)
+
+    policy = RulesPolicy(rules(RULES))
+    policy.schemas = SchemaRegistries(fetch)
+    # One partition, two ids never seen, and enough records for a request past 64 KiB.
+    records = batch(*[(None, framed(2, b'{"id": %d, "pad": "%s"}' % (i, b"x" * 100)))
+                      for i in range(600)], (None, framed(3, avro({"id": 1, "note": None}))))
+    request = produce([records])
+    assert request.frame is not None and len(request.frame) > 64 * 1024
+    connection = conn()
+    prepare = policy.lookups(connection, request)
+    assert prepare is not None
+    await prepare()
+    assert sorted(asked) == [2, 3] and len(judged) == 2
+    assert policy.offload(connection, request) is None  # judged already
+    assert isinstance(policy.on_request(connection, request), Forward)
+    assert len(judged) == 2
+    # Kept now: judged once, nothing asked.
+    again = produce([records])
+    connection = conn()
+    prepare = policy.lookups(connection, again)
+    assert prepare is not None
+    await prepare()
+    assert isinstance(policy.on_request(connection, again), Forward)
+    assert sorted(asked) == [2, 3] and len(judged) == 3

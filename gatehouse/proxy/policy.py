@@ -61,12 +61,14 @@ from gatehouse.rules.produce import (
     topic_key,
 )
 from gatehouse.rules.records import (
+    Lookup,
     PartitionKey,
     PartitionVerdict,
     RecordValidation,
+    RegisteredSchema,
     RegistryCheck,
+    SchemaLookup,
     merged,
-    schema_ids,
     verdict,
     withheld_answer,
     without,
@@ -531,53 +533,78 @@ class RulesPolicy(Policy):
         if (req.api_key != PRODUCE or not ruleset or req.frame is None
                 or len(req.frame) < _OFFLOAD_BYTES or not req.known):
             return None
+        judged = conn.state.get("record_verdicts")
+        if judged is not None and judged[0] is req:
+            return None  # judged while its schemas were looked up (``lookups``)
         evaluation = _evaluated(ruleset, facts_of(conn, req), req, conn.state)
-        validations = (*evaluation.record_validations, *evaluation.records_observed)
-        if evaluation.refusal is not None or not validations:
+        if evaluation.refusal is not None or not (evaluation.record_validations
+                                                  or evaluation.records_observed):
             return None
 
         def work() -> None:
-            found: dict[tuple[str, bool], dict[PartitionKey, PartitionVerdict]] = {}
-            for rule, validation in evaluation.record_validations:
-                found[(rule, False)] = self._verdicts(validation, req, evaluation)
-            for rule, validation in evaluation.records_observed:
-                try:
-                    found[(rule, True)] = self._verdicts(validation, req, evaluation, True)
-                except Exception:  # observe mode must never break traffic
-                    logger.debug("observe-mode validate_records failed", exc_info=True)
-            conn.state["record_verdicts"] = (req, found)
+            conn.state["record_verdicts"] = (req, self._judged(req, evaluation,
+                                                               self.schemas.lookup))
 
         return work
 
+    def _judged(self, req: Request, evaluation: Evaluation, lookup: SchemaLookup
+                ) -> dict[tuple[str, bool], dict[PartitionKey, PartitionVerdict]]:
+        """Every ``validate_records`` verdict on ``req``, by (rule, observe mode): what
+        ``offload`` and ``lookups`` work out for ``on_request``."""
+        found: dict[tuple[str, bool], dict[PartitionKey, PartitionVerdict]] = {}
+        for rule, validation in evaluation.record_validations:
+            found[(rule, False)] = self._verdicts(validation, req, evaluation, lookup=lookup)
+        for rule, validation in evaluation.records_observed:
+            try:
+                found[(rule, True)] = self._verdicts(validation, req, evaluation, True, lookup)
+            except Exception:  # observe mode must never break traffic
+                logger.debug("observe-mode validate_records failed", exc_info=True)
+        return found
+
     def lookups(self, conn: ConnectionInfo, req: Request
                 ) -> Callable[[], Awaitable[None]] | None:
-        """The schemas a Produce request's records name, for ``validate_records``'
-        registry checks, fetched before it is judged (``proxy.registry``)."""
+        """A Produce request judged (``validate_records``) with the schemas its records
+        name, for the registry checks: judged once with the schemas kept; the ids not
+        kept are fetched (``proxy.registry``), and then it is judged again, with them.
+        The verdicts are ``on_request``'s (in a thread from 64 KiB on, as ``offload``)."""
         ruleset = self.ruleset
         if (not ruleset or not ruleset.looks_up_schemas or req.api_key != PRODUCE
                 or not req.known):
             return None
         evaluation = _evaluated(ruleset, facts_of(conn, req), req, conn.state)
-        validations = [validation for _, validation in (*evaluation.record_validations,
-                                                        *evaluation.records_observed)
-                       if validation.registries]
-        if evaluation.refusal is not None or not validations:
+        if evaluation.refusal is not None or not any(
+                validation.registries for _, validation in (*evaluation.record_validations,
+                                                            *evaluation.records_observed)):
             return None
 
-        def wanted() -> set[tuple[RegistryCheck, int]]:
-            found: set[tuple[RegistryCheck, int]] = set()
-            for validation in validations:
-                for _, partition in self._in_scope(validation, req, evaluation, True):
-                    found |= schema_ids(validation, partition.records, decompress,
-                                        (DecompressionError,))
-            return found
-
-        async def fetch() -> None:
+        async def judge() -> None:
             large = req.frame is not None and len(req.frame) >= _OFFLOAD_BYTES
-            ids = await trio.to_thread.run_sync(wanted) if large else wanted()
-            await self.schemas.fetch(ids)
+            now = trio.current_time()
+            missing: set[tuple[RegistryCheck, int]] = set()
 
-        return fetch
+            def kept(check: RegistryCheck, schema_id: int) -> Lookup:
+                found = self.schemas.known(check, schema_id, now)
+                if found is None:
+                    # Not kept: noted, and passed for now, so that the reading goes on
+                    # and notes every id (these verdicts are then thrown away).
+                    missing.add((check, schema_id))
+                    return RegisteredSchema(schema_id, "")
+                return found
+
+            async def run(lookup: SchemaLookup
+                          ) -> dict[tuple[str, bool], dict[PartitionKey, PartitionVerdict]]:
+                if large:
+                    return await trio.to_thread.run_sync(self._judged, req, evaluation,
+                                                         lookup)
+                return self._judged(req, evaluation, lookup)
+
+            found = await run(kept)
+            if missing:
+                await self.schemas.fetch(missing)
+                found = await run(self.schemas.lookup)
+            conn.state["record_verdicts"] = (req, found)
+
+        return judge
 
     def _in_scope(self, validation: RecordValidation, req: Request, evaluation: Evaluation,
                   observe: bool) -> Iterator[tuple[PartitionKey, Any]]:
@@ -597,7 +624,8 @@ class RulesPolicy(Policy):
                 yield (key, partition.index), partition
 
     def _verdicts(self, validation: RecordValidation, req: Request, evaluation: Evaluation,
-                  observe: bool = False) -> dict[PartitionKey, PartitionVerdict]:
+                  observe: bool = False, lookup: SchemaLookup | None = None
+                  ) -> dict[PartitionKey, PartitionVerdict]:
         """``validation``'s verdict on each partition of a Produce request it refuses.
         A topic named by an id not learned yet, when the validation names topics: its
         partitions get ``_UNSEEN_ID`` (observe mode: left out, not counted).  A partition
@@ -609,7 +637,7 @@ class RulesPolicy(Policy):
                 out[where] = _UNSEEN_ID
                 continue
             found = verdict(validation, partition.records, decompress,
-                            (DecompressionError,), self.schemas.lookup)
+                            (DecompressionError,), lookup or self.schemas.lookup)
             if found is not None and not (observe and found.code == REQUEST_TIMED_OUT):
                 out[where] = found
         return out

@@ -150,17 +150,22 @@ class SchemaRegistries:
             return refused[1]
         return RegistryUnavailable(f"schema {schema_id} of {check.shown} was not fetched")
 
-    def _wanted(self, key: tuple[str, int]) -> bool:
-        if key in self._found:
-            return False
+    def known(self, check: RegistryCheck, schema_id: int, now: float) -> Lookup | None:
+        """What is known of ``schema_id`` at ``now`` (trio's clock); None: it is to be
+        fetched (never asked, or its refusal is over).  No I/O: safe from a thread."""
+        key = (check.url, schema_id)
+        found = self._found.get(key)
+        if found is not None:
+            return found
         refused = self._refused.get(key)
-        return refused is None or refused[0] <= trio.current_time()
+        return None if refused is None or refused[0] <= now else refused[1]
 
     async def fetch(self, wanted: Iterable[tuple[RegistryCheck, int]]) -> None:
         """Every schema of ``wanted`` not known yet fetched (at most ``concurrency`` at
         once over all connections; one fetch per id however many ask)."""
+        now = trio.current_time()
         todo = [(check, schema_id) for check, schema_id in wanted
-                if self._wanted((check.url, schema_id))]
+                if self.known(check, schema_id, now) is None]
         if not todo:
             return
         async with trio.open_nursery() as nursery:

@@ -461,29 +461,6 @@ def verdict(validation: RecordValidation, records: Buffer | None, decompress: De
                             tuple(errors), bad)
 
 
-def schema_ids(validation: RecordValidation, records: Buffer | None, decompress: Decompress,
-               unreadable: tuple[type[Exception], ...] = ()
-               ) -> set[tuple[RegistryCheck, int]]:
-    """The (registry, schema id) pairs ``validation`` will look up to judge one
-    partition's ``records``: what the proxy fetches first.  Records that cannot be read
-    name none (``verdict`` says why they are refused)."""
-    found: set[tuple[RegistryCheck, int]] = set()
-    cannot_read: tuple[type[Exception], ...] = (ProtocolError, *unreadable)
-    checks = validation.registries
-    if not checks:
-        return found
-    try:
-        for record in read_records(records, decompress, validation.max_decompressed_bytes):
-            for what, registry in checks:
-                data = record.key if what == "key" else record.value
-                schema_id = None if data is None else schema_id_of(data)
-                if schema_id is not None:
-                    found.add((registry, schema_id))
-    except cannot_read:
-        pass
-    return found
-
-
 PartitionKey = tuple[Any, int]  # (topic name or id bytes, partition index)
 
 
@@ -581,7 +558,6 @@ __all__ = [
     "merged",
     "read_records",
     "schema_id_of",
-    "schema_ids",
     "shown_url",
     "verdict",
     "withheld_answer",

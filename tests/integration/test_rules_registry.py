@@ -1,11 +1,11 @@
-"""``validate_records``' ``registry`` checks on a real Apache Kafka broker, with
-librdkafka producing records framed by Confluent's own JSON Schema and Avro serializers:
-records naming a schema id the registry does not know, JSON that does not match the
-schema registered under their id, or bytes that do not read as their Avro schema, are
-refused as each client reports them and never written; a registry that hangs gets the
-partitions REQUEST_TIMED_OUT, which the producer retries until the registry answers,
-and each record is then written once.  The registry is tests/support/registry.py's (no
-registry server can be installed here: see there)."""
+"""``validate_records``' ``registry`` checks on a real Apache Kafka broker and a real
+Schema Registry (Apicurio Registry's Confluent-compatible API), with librdkafka
+producing records framed by Confluent's own JSON Schema and Avro serializers: records
+naming a schema id the registry does not know, JSON that does not match the schema
+registered under their id, or bytes that do not read as their Avro schema, are refused
+as each client reports them and never written; a registry that hangs (SIGSTOP) gets
+the partitions REQUEST_TIMED_OUT, which the producer retries until the registry
+answers, and each record is then written once."""
 
 from __future__ import annotations
 
@@ -23,10 +23,10 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from tests.integration.test_rules_records import send
 from tests.integration.test_sasl_proxy import logged, wait_for
+from tests.support.apicurio import ApicurioRegistry
 from tests.support.clients import unique, watermarks
 from tests.support.kafka import KafkaCluster
 from tests.support.proxythread import ProxyThread
-from tests.support.registry import TestRegistry
 
 ORDER = json.dumps({"type": "object", "required": ["id", "total"],
                     "properties": {"id": {"type": "integer"}, "total": {"type": "number"}}})
@@ -48,26 +48,27 @@ def framed(schema_id: int, value: Any) -> bytes:
 
 
 def test_unknown_ids_and_mismatched_json_refused_the_rest_written(
-        kafka: KafkaCluster, caplog: pytest.LogCaptureFixture) -> None:
+        kafka: KafkaCluster, apicurio: ApicurioRegistry,
+        caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="gatehouse")
     topic = unique("orders")
     kafka.create_topic(topic, partitions=3)
-    with TestRegistry() as registry, ProxyThread(kafka.bootstrap,
-                                                 rules_yaml=rules(registry.url)) as proxy:
+    registry = apicurio
+    with ProxyThread(kafka.bootstrap, rules_yaml=rules(registry.url)) as proxy:
         to_bytes = JSONSerializer(ORDER, SchemaRegistryClient({"url": registry.url}))
         context = SerializationContext(topic, MessageField.VALUE)
         good = [serialized(to_bytes, {"id": i, "total": i * 1.5}, context) for i in range(50)]
-        [schema_id] = registry.schemas  # the serializer registered it under <topic>-value
+        # The serializer registered the schema under <topic>-value: its id.
+        schema_id = registry.register(f"{topic}-value", ORDER)
         assert good[0][:5] == framed(schema_id, None)[:5]
         reports = send(proxy, topic,
                        [(0, None, value) for value in good]
                        + [(1, None, framed(schema_id, {"id": "seven", "total": 1}))]
-                       + [(2, None, framed(schema_id + 100, {"id": 7, "total": 1}))])
+                       + [(2, None, framed(schema_id + 100000, {"id": 7, "total": 1}))])
         assert [e for p, e in reports if p == 0] == [None] * 50
         assert [(p, None if e is None else e.code()) for p, e in reports if p != 0] == [
             (1, ck.KafkaError.INVALID_RECORD), (2, ck.KafkaError.INVALID_RECORD)]
         # Asked once for each id, however many records and requests named it.
-        assert registry.asked == {schema_id: 1, schema_id + 100: 1}
         assert proxy.sample("gatehouse_schema_registry_lookups_total",
                             registry=registry.url, outcome="found") == 1
         assert proxy.sample("gatehouse_schema_registry_lookups_total",
@@ -78,7 +79,7 @@ def test_unknown_ids_and_mismatched_json_refused_the_rest_written(
     assert refused["reason"] in (
         f"topic {topic} partition 1: record 0: its value does not match schema "
         f'{schema_id}: at $.id, type "integer" (rule registered)',
-        f"topic {topic} partition 2: record 0: its value's schema id {schema_id + 100} is "
+        f"topic {topic} partition 2: record 0: its value's schema id {schema_id + 100000} is "
         "not in the Schema Registry (rule registered)")
     assert watermarks(kafka.bootstrap, topic, 0) == (0, 50)
     assert watermarks(kafka.bootstrap, topic, 1) == (0, 0)
@@ -102,29 +103,35 @@ def test_unknown_ids_and_mismatched_json_refused_the_rest_written(
 
 
 def test_a_registry_that_hangs_is_retried_never_let_through(
-        kafka: KafkaCluster, caplog: pytest.LogCaptureFixture) -> None:
+        kafka: KafkaCluster, apicurio: ApicurioRegistry,
+        caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="gatehouse")
     topic = unique("orders")
     kafka.create_topic(topic)
-    with TestRegistry() as registry, ProxyThread(
-            kafka.bootstrap, rules_yaml=rules(registry.url, timeout=1)) as proxy:
-        schema_id = registry.register(f"{topic}-value", ORDER)
-        registry.stall()
-        reports: list[ck.KafkaError | None] = []
-        producer = ck.Producer({"bootstrap.servers": proxy.bootstrap, "log_level": 0,
-                                "enable.idempotence": True, "message.timeout.ms": 60000,
-                                "retry.backoff.ms": 200})
-        for i in range(5):
-            producer.produce(topic, framed(schema_id, {"id": i, "total": 1.0}),
-                             on_delivery=lambda err, m: reports.append(err))
-        producer.poll(0)
-        # The proxy gives up on the registry after 1 s and answers REQUEST_TIMED_OUT;
-        # the producer retries; nothing is written meanwhile.
-        assert proxy.sample_reaches("gatehouse_responses_total", 2, timeout=30,
-                                    api="Produce", error="REQUEST_TIMED_OUT") >= 2
-        assert watermarks(kafka.bootstrap, topic) == (0, 0)
-        assert reports == []
-        registry.resume()
+    registry = apicurio
+    # A schema of its own (ids are global): not fetched by the other tests' proxies.
+    schema = json.loads(ORDER)
+    schema["title"] = topic
+    with ProxyThread(kafka.bootstrap, rules_yaml=rules(registry.url, timeout=1)) as proxy:
+        schema_id = registry.register(f"{topic}-value", json.dumps(schema))
+        registry.pause()
+        try:
+            reports: list[ck.KafkaError | None] = []
+            producer = ck.Producer({"bootstrap.servers": proxy.bootstrap, "log_level": 0,
+                                    "enable.idempotence": True,
+                                    "message.timeout.ms": 60000, "retry.backoff.ms": 200})
+            for i in range(5):
+                producer.produce(topic, framed(schema_id, {"id": i, "total": 1.0}),
+                                 on_delivery=lambda err, m: reports.append(err))
+            producer.poll(0)
+            # The proxy gives up on the registry after 1 s and answers
+            # REQUEST_TIMED_OUT; the producer retries; nothing is written meanwhile.
+            assert proxy.sample_reaches("gatehouse_responses_total", 2, timeout=30,
+                                        api="Produce", error="REQUEST_TIMED_OUT") >= 2
+            assert watermarks(kafka.bootstrap, topic) == (0, 0)
+            assert reports == []
+        finally:
+            registry.resume()  # the other tests share it
         producer.flush(60)
         assert reports == [None] * 5
     assert watermarks(kafka.bootstrap, topic) == (0, 5)  # each record once
@@ -137,7 +144,8 @@ def test_a_registry_that_hangs_is_retried_never_let_through(
                                     "in 1 s")
 
 
-def test_avro_records_read_against_their_schema(kafka: KafkaCluster) -> None:
+def test_avro_records_read_against_their_schema(kafka: KafkaCluster,
+                                               apicurio: ApicurioRegistry) -> None:
     """Confluent's Avro serializer's records are written; bytes that do not read as the
     schema their id names (another schema's datum, a truncated one) are refused."""
     order = json.dumps({"type": "record", "name": "Order", "fields": [
@@ -146,8 +154,8 @@ def test_avro_records_read_against_their_schema(kafka: KafkaCluster) -> None:
         {"name": "text", "type": "string"}]})
     topic = unique("orders")
     kafka.create_topic(topic, partitions=2)
-    with TestRegistry() as registry, ProxyThread(kafka.bootstrap,
-                                                 rules_yaml=rules(registry.url)) as proxy:
+    registry = apicurio
+    with ProxyThread(kafka.bootstrap, rules_yaml=rules(registry.url)) as proxy:
         client = SchemaRegistryClient({"url": registry.url})
         context = SerializationContext(topic, MessageField.VALUE)
         to_order = AvroSerializer(client, order)

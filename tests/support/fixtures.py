@@ -6,6 +6,7 @@ Fixtures:
     kafka_cluster  KafkaCluster, 3 nodes
     kafka_scram    KafkaCluster, 1 node, with a SASL_PLAINTEXT SCRAM-SHA-256 listener
     tansu          TansuBroker
+    apicurio       ApicurioRegistry (a Schema Registry: Confluent's REST API)
     tls_files      {"ca", "cert", "key"}: PEM paths of a CA and a localhost/127.0.0.1 certificate
 
 Every test: ``no_kafka_python_client_left_open`` fails one that leaves a kafka-python
@@ -24,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from scripts.fetch_kafka import ensure_kafka
+from tests.support.apicurio import ApicurioRegistry
 from tests.support.kafka import KafkaCluster
 from tests.support.tansu import TansuBroker
 
@@ -93,3 +95,9 @@ def tls_files(tmp_path: Path) -> dict[str, str]:
 def tansu() -> Iterator[TansuBroker]:
     with TansuBroker() as broker:
         yield broker
+
+
+@pytest.fixture(scope="session")
+def apicurio() -> Iterator[ApicurioRegistry]:
+    with ApicurioRegistry() as registry:
+        yield registry

@@ -1,14 +1,10 @@
-"""A Schema Registry for the tests: the part of Confluent's REST API that the
-serializers and the proxy use (register a schema under a subject, read one by id), on a
-real socket, in a thread.
-
-No registry server is reachable from this machine's package registries (Confluent's is
-on packages.confluent.io; Apicurio's app needs modules Maven Central does not serve;
-Karapace is not on PyPI), so this one follows the API reference: ids are global, the
-same schema registered again keeps its id, an unknown id is 404 with error_code 40403.
-``stall()`` holds every answer until ``resume()`` (a registry that hangs), ``asked``
-counts the requests for each id and ``seen`` lists each request's path and
-Authorization header."""
+"""A small Schema Registry for the unit tests: the part of Confluent's REST API that
+the proxy's client uses (register a schema under a subject, read one by id), on a real
+socket, in a thread, showing what a real one does not: each request's path and
+Authorization header (``seen``) and how often each id was asked for (``asked``).  The
+integration tests use a real registry (tests/support/apicurio.py).  Ids are global, the
+same schema registered again keeps its id, an unknown id is 404 with error_code 40403;
+``stall()`` holds every answer until ``resume()``."""
 
 from __future__ import annotations
 
