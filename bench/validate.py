@@ -2,18 +2,23 @@
 every record of every Produce request (value UTF-8 text of at most 1 MiB: each record
 parsed from its batch and checked), same broker, same run, targets rotated each round.
 
-    python bench/validate.py [--records 200000] [--rounds 3] [--schema]
+    python bench/validate.py [--records 200000] [--rounds 3] [--schema | --registry]
 
 Load comes from Kafka's ProducerPerformance (its records are random letters: text, not
 JSON) and ConsumerPerformance; the proxies' CPU seconds per MB are printed beside the
 rates.  ``--schema``: the records are JSON orders of about 1 KiB (bench/records.py's,
 drawn from a payload file) and every value is parsed and checked against the order's
-JSON Schema.  No goal: the numbers tell a platform team what turning the rule on costs.
+JSON Schema.  ``--registry``: the same orders in the Schema Registry's framing, the
+order's JSON Schema registered in a real registry (Apicurio Registry,
+tests/support/apicurio.py) and each value's id looked up there (once) and the value
+checked against it.  No goal: the numbers tell a platform team what turning the rule
+on costs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -35,11 +40,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--schema", action="store_true")
+    choice = parser.add_mutually_exclusive_group()
+    choice.add_argument("--schema", action="store_true")
+    choice.add_argument("--registry", action="store_true")
     args = parser.parse_args()
     os.environ.setdefault("GATEHOUSE_KAFKA_VERSION", "4.4.0")
     cpu: dict[str, dict[str, list[float]]] = {}
-    with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory() as folder, contextlib.ExitStack() as stack:
         rules, sizes, payload = RULES, SIZES, None
         if args.schema:
             schema = Path(folder) / "order.json"
@@ -48,6 +55,20 @@ def main() -> None:
             payload.write_bytes(b"\n".join(order(n, items=13) for n in range(1000)))
             rules = ("rules:\n  - name: orders-schema\n    validate_records:\n"
                      f"      value: {{schema: {schema}, required: true}}\n")
+            sizes = (1024,)
+        if args.registry:
+            from tests.support.apicurio import ApicurioRegistry
+
+            registry = stack.enter_context(ApicurioRegistry())
+            schema_id = registry.register("orders-value", json.dumps(ORDER_SCHEMA))
+            # ProducerPerformance reads the file as text lines: the framing's bytes are
+            # characters too (the id holds no newline byte).
+            frame = b"\x00" + schema_id.to_bytes(4, "big")
+            assert b"\n" not in frame
+            payload = Path(folder) / "orders.txt"
+            payload.write_bytes(b"\n".join(frame + order(n, items=13) for n in range(1000)))
+            rules = ("rules:\n  - name: orders-registered\n    validate_records:\n"
+                     f"      value: {{registry: '{registry.url}', required: true}}\n")
             sizes = (1024,)
         results = compare_rules("validate", rules, records=args.records,
                                 rounds=args.rounds, sizes=sizes, cpu=cpu,
