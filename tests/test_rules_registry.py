@@ -97,7 +97,9 @@ def test_the_registry_in_the_rules_file() -> None:
     ("{registry: 'http://'}", 3, "is not an http:// or https:// URL"),
     ("{registry: {validate: true}}", 3, "needs 'url'"),
     ("\n      registry: {url: 'http://r', timeout: 0}", 4, "timeout must be 0-60 seconds"),
-    ("\n      registry: {url: 'http://r', subject: x}", 4, "unknown key 'subject'"),
+    ("\n      registry: {url: 'http://r', strategy: x}", 4, "unknown key 'strategy'"),
+    ("\n      registry: {url: 'http://r', subject: '{name}-value'}", 4,
+     "'{name}-value' is not a subject name"),
 ])
 def test_a_bad_registry_is_refused_with_its_line(value: str, line: int, error: str) -> None:
     with pytest.raises(ConfigError, match=error) as caught:
@@ -368,3 +370,40 @@ async def test_records_are_read_once_when_their_schemas_are_kept(
     await prepare()
     assert isinstance(policy.on_request(connection, again), Forward)
     assert sorted(asked) == [2, 3] and len(judged) == 3
+
+
+def test_the_subject_a_schema_must_be_registered_under() -> None:
+    """``subject: "{topic}-value"`` (the serializers' TopicNameStrategy): a schema
+    registered under another topic's subject is refused; a topic known only by an id
+    not learned yet leaves the partition unjudged."""
+    check = FieldCheck(format="schema_registry", registry=RegistryCheck(
+        REGISTRY.url, subject="{topic}-value"))
+    found = RegisteredSchema(2, "JSON", KNOWN[2].json,  # type: ignore[union-attr]
+                             subjects=frozenset({"orders.eu-value", "audit-value"}))
+
+    def listed(c: RegistryCheck, i: int) -> Lookup:
+        return found
+
+    assert check.problem(framed(2, b'{"id": 1}'), "value", listed, "orders.eu") is None
+    assert check.problem(framed(2, b'{"id": 1}'), "value", listed, "payments") == (
+        "its value's schema 2 is not registered under subject 'payments-value'")
+    # The subject holds, the record must still match the schema.
+    assert check.problem(framed(2, b"{}"), "value", listed, "audit") is not None
+    with pytest.raises(SchemaRegistryUnavailable, match="name is not known yet"):
+        check.problem(framed(2, b"{}"), "value", listed, None)
+
+
+def test_the_client_fetches_the_subjects_for_a_subject_check() -> None:
+    with TestRegistry() as registry:
+        schema = json.dumps(ORDER_SCHEMA)
+        schema_id = registry.register("orders-value", schema)
+        assert registry.register("audit-value", schema) == schema_id
+        check = RegistryCheck(registry.url, subject="{topic}-value")
+        found = fetch_schema(check, schema_id)
+        assert isinstance(found, RegisteredSchema)
+        assert found.subjects == {"orders-value", "audit-value"}
+        plain = fetch_schema(RegistryCheck(registry.url), schema_id)
+        assert isinstance(plain, RegisteredSchema) and plain.subjects is None
+        assert [path for path, _ in registry.seen] == [
+            f"/schemas/ids/{schema_id}", f"/schemas/ids/{schema_id}/subjects",
+            f"/schemas/ids/{schema_id}"]

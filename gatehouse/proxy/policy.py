@@ -607,21 +607,22 @@ class RulesPolicy(Policy):
         return judge
 
     def _in_scope(self, validation: RecordValidation, req: Request, evaluation: Evaluation,
-                  observe: bool) -> Iterator[tuple[PartitionKey, Any]]:
-        """Each partition of a Produce request ``validation`` holds to, with its key; a
-        partition of a topic named by an id not learned yet, when the validation names
-        topics, with None (observe mode: left out)."""
+                  observe: bool) -> Iterator[tuple[PartitionKey, Any, str | None]]:
+        """Each partition of a Produce request ``validation`` holds to, with its key and
+        its topic as the client names it; a partition of a topic named by an id not
+        learned yet, when the validation names topics, with None (observe mode: left
+        out)."""
         for topic, name in client_topic_names(req.body, self._id_names(evaluation)):
             key = topic_key(topic)
             if validation.topics is not None:
                 if name is None:
                     if not observe:
-                        yield from (((key, p.index), None) for p in topic.partition_data)
+                        yield from (((key, p.index), None, None) for p in topic.partition_data)
                     continue
                 if not validation.applies_to(name):
                     continue
             for partition in topic.partition_data:
-                yield (key, partition.index), partition
+                yield (key, partition.index), partition, name
 
     def _verdicts(self, validation: RecordValidation, req: Request, evaluation: Evaluation,
                   observe: bool = False, lookup: SchemaLookup | None = None
@@ -632,12 +633,12 @@ class RulesPolicy(Policy):
         whose schemas could not be looked up gets REQUEST_TIMED_OUT (observe mode: left
         out: nothing was found wrong)."""
         out: dict[PartitionKey, PartitionVerdict] = {}
-        for where, partition in self._in_scope(validation, req, evaluation, observe):
+        for where, partition, name in self._in_scope(validation, req, evaluation, observe):
             if partition is None:
                 out[where] = _UNSEEN_ID
                 continue
             found = verdict(validation, partition.records, decompress,
-                            (DecompressionError,), lookup or self.schemas.lookup)
+                            (DecompressionError,), lookup or self.schemas.lookup, name)
             if found is not None and not (observe and found.code == REQUEST_TIMED_OUT):
                 out[where] = found
         return out

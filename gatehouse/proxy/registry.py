@@ -17,6 +17,7 @@ outage costs each request one quick REQUEST_TIMED_OUT (retriable), not a timeout
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import logging
 import urllib.error
@@ -49,7 +50,30 @@ Fetch = Callable[[RegistryCheck, int], Lookup]
 
 
 def fetch_schema(check: RegistryCheck, schema_id: int) -> Lookup:
-    """Schema ``schema_id`` from ``check``'s registry (blocking: run in a thread)."""
+    """Schema ``schema_id`` from ``check``'s registry, with the subjects it is registered
+    under when the check names one (blocking: run in a thread)."""
+    data = _get(check, f"/schemas/ids/{schema_id}", schema_id)
+    if not isinstance(data, bytes):
+        return data
+    found = parse_schema(check, schema_id, data)
+    if check.subject is None or not isinstance(found, RegisteredSchema):
+        return found
+    listed = _get(check, f"/schemas/ids/{schema_id}/subjects", schema_id)
+    if not isinstance(listed, bytes):
+        return listed
+    try:
+        subjects = json.loads(listed)
+    except ValueError:
+        subjects = None
+    if not isinstance(subjects, list) or not all(isinstance(s, str) for s in subjects):
+        return RegistryUnavailable(f"{check.shown} answered the subjects of schema "
+                                   f"{schema_id} with no list of subjects")
+    return dataclasses.replace(found, subjects=frozenset(subjects))
+
+
+def _get(check: RegistryCheck, path: str, schema_id: int) -> bytes | Lookup:
+    """The registry's answer at ``path`` under ``check.url``, or what it means when
+    there is none (its "no such schema", or why it could not say)."""
     parts = urllib.parse.urlsplit(check.url)
     headers = {"Accept": _ACCEPT}
     if parts.username is not None:
@@ -59,7 +83,7 @@ def fetch_schema(check: RegistryCheck, schema_id: int) -> Lookup:
                  f"{urllib.parse.unquote(parts.password or '')}"
         headers["Authorization"] = "Basic " + base64.b64encode(secret.encode()).decode()
         parts = parts._replace(netloc=parts.netloc.rpartition("@")[2])
-    url = f"{urllib.parse.urlunsplit(parts)}/schemas/ids/{schema_id}"
+    url = f"{urllib.parse.urlunsplit(parts)}{path}"
     try:
         with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
                                     timeout=check.timeout) as answer:
@@ -78,7 +102,7 @@ def fetch_schema(check: RegistryCheck, schema_id: int) -> Lookup:
     if len(data) > MAX_SCHEMA_BYTES:
         return RegistryUnavailable(f"{check.shown}: schema {schema_id} is larger than "
                                    f"{MAX_SCHEMA_BYTES} bytes")
-    return parse_schema(check, schema_id, data)
+    return data
 
 
 def _error_code(exc: urllib.error.HTTPError) -> int | None:
@@ -132,20 +156,21 @@ class SchemaRegistries:
         self._max = max_schemas
         self._miss_seconds = miss_seconds
         self._error_seconds = error_seconds
-        self._found: dict[tuple[str, int], RegisteredSchema] = {}
+        # By (registry URL, id, whether its subjects were fetched).
+        self._found: dict[tuple[str, int, bool], RegisteredSchema] = {}
         # An unknown id or a failure, until when (trio's clock).
-        self._refused: dict[tuple[str, int], tuple[float, Lookup]] = {}
-        self._fetching: dict[tuple[str, int], trio.Event] = {}
+        self._refused: dict[tuple[str, int, bool], tuple[float, Lookup]] = {}
+        self._fetching: dict[tuple[str, int, bool], trio.Event] = {}
         self._limiter = trio.CapacityLimiter(concurrency)
         # Who hears of each fetch: (registry as shown, outcome: found, not_found, error).
         self.listeners: list[Callable[[str, str], None]] = []
 
     def lookup(self, check: RegistryCheck, schema_id: int) -> Lookup:
         """What is known of ``schema_id`` (no I/O)."""
-        found = self._found.get((check.url, schema_id))
+        found = self._found.get(_key(check, schema_id))
         if found is not None:
             return found
-        refused = self._refused.get((check.url, schema_id))
+        refused = self._refused.get(_key(check, schema_id))
         if refused is not None:
             return refused[1]
         return RegistryUnavailable(f"schema {schema_id} of {check.shown} was not fetched")
@@ -153,7 +178,7 @@ class SchemaRegistries:
     def known(self, check: RegistryCheck, schema_id: int, now: float) -> Lookup | None:
         """What is known of ``schema_id`` at ``now`` (trio's clock); None: it is to be
         fetched (never asked, or its refusal is over).  No I/O: safe from a thread."""
-        key = (check.url, schema_id)
+        key = _key(check, schema_id)
         found = self._found.get(key)
         if found is not None:
             return found
@@ -173,7 +198,7 @@ class SchemaRegistries:
                 nursery.start_soon(self._fetch_one, check, schema_id)
 
     async def _fetch_one(self, check: RegistryCheck, schema_id: int) -> None:
-        key = (check.url, schema_id)
+        key = _key(check, schema_id)
         running = self._fetching.get(key)
         if running is not None:
             await running.wait()
@@ -193,7 +218,7 @@ class SchemaRegistries:
             done.set()
 
     def _keep(self, check: RegistryCheck, schema_id: int, found: Lookup) -> None:
-        key = (check.url, schema_id)
+        key = _key(check, schema_id)
         if isinstance(found, RegisteredSchema):
             if len(self._found) >= self._max:
                 del self._found[next(iter(self._found))]
@@ -213,6 +238,10 @@ class SchemaRegistries:
                           schema_id=schema_id, error=found.reason)
         for listener in self.listeners:
             listener(check.shown, outcome)
+
+
+def _key(check: RegistryCheck, schema_id: int) -> tuple[str, int, bool]:
+    return check.url, schema_id, check.subject is not None
 
 
 __all__ = ["MAX_SCHEMA_BYTES", "SchemaRegistries", "fetch_schema", "parse_schema"]

@@ -369,7 +369,7 @@ def _field_check(reader: Reader, what: str) -> FieldCheck:
 
 
 def _registry_check(reader: Reader, where: str) -> RegistryCheck:
-    """``registry: URL`` or ``{url, validate, timeout}``: the Schema Registry whose ids
+    """``registry: URL`` or ``{url, validate, timeout, subject}``: the Schema Registry whose ids
     a ``schema_registry`` key or value must name."""
     raw = reader.take("registry", (str, dict))
     sub = (Reader({}, reader.source, where, reader.line_of("registry")) if isinstance(raw, str)
@@ -384,8 +384,12 @@ def _registry_check(reader: Reader, where: str) -> RegistryCheck:
     timeout = sub.take("timeout", (int, float), 5.0)
     if not 0 < timeout <= 60:
         raise sub.error("timeout", f"{where}.timeout must be 0-60 seconds")
+    subject = sub.take("subject", str)
+    if subject is not None and (not subject or "{" in subject.replace("{topic}", "")):
+        raise sub.error("subject", f"{where}.subject: {subject!r} is not a subject name "
+                        "({topic} standing for the topic, as in '{topic}-value')")
     sub.finish()
-    return RegistryCheck(url.rstrip("/"), validate, float(timeout))
+    return RegistryCheck(url.rstrip("/"), validate, float(timeout), subject)
 
 
 

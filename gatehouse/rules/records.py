@@ -198,6 +198,10 @@ class RegistryCheck:
     validate: bool = True
     timeout: float = 5.0  # seconds for one lookup; then the partition is answered
     # REQUEST_TIMED_OUT (retriable), never let through unchecked
+    # The subject the schema must be registered under, "{topic}" standing for the topic
+    # as the client names it ("{topic}-value": the serializers' TopicNameStrategy); the
+    # proxy then also fetches the subjects of each id (.../schemas/ids/{id}/subjects).
+    subject: str | None = None
 
     @property
     def shown(self) -> str:
@@ -224,6 +228,7 @@ class RegisteredSchema:
     schema_type: str
     json: JsonSchema | None = None
     avro: Any = None
+    subjects: frozenset[str] | None = None  # fetched for a check with ``subject``
 
     def avro_problem(self, data: Buffer, what: str) -> str | None:
         """What is wrong with ``data`` (after the framing) as Avro binary of this
@@ -302,11 +307,11 @@ class FieldCheck:
     schema: JsonSchema | None = None  # format json, matching this schema
     registry: RegistryCheck | None = None  # format schema_registry, ids looked up
 
-    def problem(self, data: bytes | None, what: str, lookup: SchemaLookup | None = None
-                ) -> str | None:
+    def problem(self, data: bytes | None, what: str, lookup: SchemaLookup | None = None,
+                topic: str | None = None) -> str | None:
         """What is wrong with ``data`` (None: nothing).  ``lookup``: the schemas the
         proxy fetched, for ``registry``; ``SchemaRegistryUnavailable`` when it has none
-        to say."""
+        to say.  ``topic``: the record's, as the client names it (for ``subject``)."""
         if data is None:
             return f"its {what} is null" if self.required else None
         if self.max_bytes is not None and len(data) > self.max_bytes:
@@ -327,11 +332,11 @@ class FieldCheck:
                 return (f"its {what} is not in the Schema Registry's framing (a zero byte, "
                         "then a 4-byte schema id)")
             if self.registry is not None:
-                return self._registered(schema_id, data, what, lookup)
+                return self._registered(schema_id, data, what, lookup, topic)
         return None
 
     def _registered(self, schema_id: int, data: bytes, what: str,
-                    lookup: SchemaLookup | None) -> str | None:
+                    lookup: SchemaLookup | None, topic: str | None) -> str | None:
         assert self.registry is not None
         found = (lookup(self.registry, schema_id) if lookup is not None
                  else RegistryUnavailable("no lookup"))
@@ -339,7 +344,18 @@ class FieldCheck:
             raise SchemaRegistryUnavailable(found.reason)
         if found is NOT_REGISTERED:
             return f"its {what}'s schema id {schema_id} is not in the Schema Registry"
-        if not self.registry.validate or not isinstance(found, RegisteredSchema):
+        if not isinstance(found, RegisteredSchema):
+            return None
+        wanted = self.registry.subject
+        if wanted is not None and found.subjects is not None:
+            if topic is None:
+                # A topic named by an id the proxy has not learned yet: not judged now.
+                raise SchemaRegistryUnavailable("the topic's name is not known yet")
+            subject = wanted.replace("{topic}", topic)
+            if subject not in found.subjects:
+                return (f"its {what}'s schema {schema_id} is not registered under subject "
+                        f"{subject!r}")
+        if not self.registry.validate:
             return None
         if found.json is not None:
             document, problem = _parse_json(memoryview(data)[5:], what)
@@ -370,11 +386,12 @@ class RecordValidation:
         return tuple((what, check.registry) for what, check in
                      (("key", self.key), ("value", self.value)) if check.registry is not None)
 
-    def problem(self, record: Record, lookup: SchemaLookup | None = None) -> str | None:
+    def problem(self, record: Record, lookup: SchemaLookup | None = None,
+                topic: str | None = None) -> str | None:
         """What is wrong with ``record`` (None: nothing); ``SchemaRegistryUnavailable``
         when a schema it names could not be looked up."""
-        found = (self.key.problem(record.key, "key", lookup)
-                 or self.value.problem(record.value, "value", lookup))
+        found = (self.key.problem(record.key, "key", lookup, topic)
+                 or self.value.problem(record.value, "value", lookup, topic))
         if found is None and self.headers:
             present = {name for name, _ in record.headers}
             missing = [name for name in self.headers if name not in present]
@@ -433,17 +450,19 @@ def read_records(records: Buffer | None, decompress: Decompress, limit: int
 
 def verdict(validation: RecordValidation, records: Buffer | None, decompress: Decompress,
             unreadable: tuple[type[Exception], ...] = (),
-            lookup: SchemaLookup | None = None) -> PartitionVerdict | None:
+            lookup: SchemaLookup | None = None, topic: str | None = None
+            ) -> PartitionVerdict | None:
     """Why ``validation`` refuses one partition's ``records`` (None: it takes them all).
     ``unreadable``: the exceptions of ``decompress`` that mean the batch cannot be read;
-    ``lookup``: the schemas fetched for ``registry`` checks.  A schema that could not be
-    looked up leaves the partition unjudged: REQUEST_TIMED_OUT, which clients retry."""
+    ``lookup``: the schemas fetched for ``registry`` checks; ``topic``: the partition's,
+    as the client names it (None: named by an id not learned).  A schema that could not
+    be looked up leaves the partition unjudged: REQUEST_TIMED_OUT, which clients retry."""
     errors: list[tuple[int, str]] = []
     bad = 0
     cannot_read: tuple[type[Exception], ...] = (ProtocolError, *unreadable)
     try:
         for record in read_records(records, decompress, validation.max_decompressed_bytes):
-            problem = validation.problem(record, lookup)
+            problem = validation.problem(record, lookup, topic)
             if problem is not None:
                 bad += 1
                 if len(errors) < MAX_RECORD_ERRORS:

@@ -174,3 +174,27 @@ def test_avro_records_read_against_their_schema(kafka: KafkaCluster,
             ck.KafkaError.INVALID_RECORD] * 2
     assert watermarks(kafka.bootstrap, topic, 0) == (0, 20)
     assert watermarks(kafka.bootstrap, topic, 1) == (0, 0)
+
+
+def test_a_schema_registered_for_another_topic_is_refused(
+        kafka: KafkaCluster, apicurio: ApicurioRegistry) -> None:
+    """``subject: "{topic}-value"``: a producer writing to one topic with a schema
+    registered only for another's values (a copied serializer config) is refused; the
+    serializer's own records, registered under ``<topic>-value``, are written."""
+    registry = apicurio
+    topic = unique("orders")
+    kafka.create_topic(topic)
+    schema = json.loads(ORDER)
+    schema["title"] = f"elsewhere {topic}"
+    stray = registry.register(f"{unique('payments')}-value", json.dumps(schema))
+    checked = ("- name: registered\n  validate_records:\n    topics: ['orders-.*']\n"
+               f"    value: {{registry: {{url: '{registry.url}', "
+               "subject: '{topic}-value'}}\n")
+    with ProxyThread(kafka.bootstrap, rules_yaml=checked) as proxy:
+        to_bytes = JSONSerializer(ORDER, SchemaRegistryClient({"url": registry.url}))
+        context = SerializationContext(topic, MessageField.VALUE)
+        good = serialized(to_bytes, {"id": 1, "total": 2.0}, context)
+        assert send(proxy, topic, [(0, None, good)]) == [(0, None)]
+        [(_, error)] = send(proxy, topic, [(0, None, framed(stray, {"id": 1, "total": 2}))])
+        assert error is not None and error.code() == ck.KafkaError.INVALID_RECORD
+    assert watermarks(kafka.bootstrap, topic) == (0, 1)

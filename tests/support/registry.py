@@ -1,5 +1,5 @@
 """A small Schema Registry for the unit tests: the part of Confluent's REST API that
-the proxy's client uses (register a schema under a subject, read one by id), on a real
+the proxy's client uses (register a schema under a subject, read one by id and its subjects), on a real
 socket, in a thread, showing what a real one does not: each request's path and
 Authorization header (``seen``) and how often each id was asked for (``asked``).  The
 integration tests use a real registry (tests/support/apicurio.py).  Ids are global, the
@@ -16,7 +16,7 @@ from collections import Counter
 from typing import Any
 
 _SUBJECT_VERSIONS = re.compile(r"^/subjects/([^/?]+)/versions(\?.*)?$")
-_SCHEMA_BY_ID = re.compile(r"^/schemas/ids/(\d+)(\?.*)?$")
+_SCHEMA_BY_ID = re.compile(r"^/schemas/ids/(\d+)(/subjects)?(\?.*)?$")
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
 
 
@@ -28,6 +28,7 @@ class TestRegistry:
     def __init__(self, base: str = "") -> None:
         """``base``: the path the API lies under (Apicurio's ``/apis/ccompat/v7``)."""
         self.schemas: dict[int, dict[str, Any]] = {}
+        self.subjects: dict[int, set[str]] = {}  # each id's subjects
         self.asked: Counter[int] = Counter()
         self.seen: list[tuple[str, str | None]] = []
         self._lock = threading.Lock()
@@ -53,6 +54,8 @@ class TestRegistry:
                 if schema is None:
                     return self._answer(404, {"error_code": 40403,
                                               "message": "Schema not found"})
+                if found.group(2):
+                    return self._answer(200, sorted(registry.subjects[schema_id]))
                 body = {"schema": schema["schema"]}
                 if schema.get("schemaType", "AVRO") != "AVRO":
                     body["schemaType"] = schema["schemaType"]
@@ -71,7 +74,7 @@ class TestRegistry:
                                    "schema": request["schema"],
                                    "schemaType": request.get("schemaType", "AVRO")})
 
-            def _answer(self, status: int, body: dict[str, Any]) -> None:
+            def _answer(self, status: int, body: Any) -> None:
                 data = json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", CONTENT_TYPE)
@@ -93,10 +96,11 @@ class TestRegistry:
         with self._lock:
             for schema_id, known in self.schemas.items():
                 if known["schema"] == schema and known["schemaType"] == schema_type:
+                    self.subjects[schema_id].add(subject)
                     return schema_id
             schema_id = len(self.schemas) + 1
-            self.schemas[schema_id] = {"subject": subject, "schema": schema,
-                                       "schemaType": schema_type}
+            self.schemas[schema_id] = {"schema": schema, "schemaType": schema_type}
+            self.subjects[schema_id] = {subject}
             return schema_id
 
     def stall(self) -> None:
