@@ -573,7 +573,7 @@ class RulesPolicy(Policy):
             return None
         evaluation = _evaluated(ruleset, facts_of(conn, req), req, conn.state)
         if evaluation.refusal is not None or not any(
-                validation.registries for _, validation in (*evaluation.record_validations,
+                validation.looks_up_schemas for _, validation in (*evaluation.record_validations,
                                                             *evaluation.records_observed)):
             return None
 

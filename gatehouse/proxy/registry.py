@@ -20,6 +20,7 @@ import base64
 import dataclasses
 import json
 import logging
+import math
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -166,14 +167,11 @@ class SchemaRegistries:
         self.listeners: list[Callable[[str, str], None]] = []
 
     def lookup(self, check: RegistryCheck, schema_id: int) -> Lookup:
-        """What is known of ``schema_id`` (no I/O)."""
-        found = self._found.get(_key(check, schema_id))
-        if found is not None:
-            return found
-        refused = self._refused.get(_key(check, schema_id))
-        if refused is not None:
-            return refused[1]
-        return RegistryUnavailable(f"schema {schema_id} of {check.shown} was not fetched")
+        """What is known of ``schema_id``, however old a refusal (no I/O)."""
+        found = self.known(check, schema_id, -math.inf)
+        if found is None:
+            return RegistryUnavailable(f"schema {schema_id} of {check.shown} was not fetched")
+        return found
 
     def known(self, check: RegistryCheck, schema_id: int, now: float) -> Lookup | None:
         """What is known of ``schema_id`` at ``now`` (trio's clock); None: it is to be

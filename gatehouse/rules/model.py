@@ -321,7 +321,7 @@ class RuleSet:
     @functools.cached_property
     def looks_up_schemas(self) -> bool:
         """Whether some rule's ``validate_records`` looks schema ids up in a registry."""
-        return any(r.validate_records is not None and r.validate_records.registries
+        return any(r.validate_records is not None and r.validate_records.looks_up_schemas
                    for r in self.rules)
 
     @functools.cached_property

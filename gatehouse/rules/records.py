@@ -191,8 +191,8 @@ class RegistryCheck:
     """``registry``: the schema ids of a ``schema_registry`` key or value looked up in a
     Schema Registry (Confluent's REST API, which Apicurio, Karapace and Redpanda also
     serve): an id the registry does not know is refused, and with ``validate`` a key or
-    value whose schema is a JSON Schema must match it.  The proxy fetches each id once
-    (``lookup`` in ``FieldCheck.problem``), before it judges the request."""
+    value must read by its registered JSON Schema or Avro schema.  The proxy fetches
+    each id once (``lookup`` in ``FieldCheck.problem``), before it judges the request."""
 
     url: str  # the API's base: .../schemas/ids/{id} lies under it
     validate: bool = True
@@ -381,10 +381,9 @@ class RecordValidation:
         return in_scope(self.topics, topic)
 
     @property
-    def registries(self) -> tuple[tuple[str, RegistryCheck], ...]:
-        """(``key`` or ``value``, its registry check) for the fields looked up."""
-        return tuple((what, check.registry) for what, check in
-                     (("key", self.key), ("value", self.value)) if check.registry is not None)
+    def looks_up_schemas(self) -> bool:
+        """Whether its key or value is checked against a Schema Registry."""
+        return self.key.registry is not None or self.value.registry is not None
 
     def problem(self, record: Record, lookup: SchemaLookup | None = None,
                 topic: str | None = None) -> str | None:
