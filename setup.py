@@ -4,9 +4,10 @@
 path (gatehouse/codecs/_speedups.c), ``gatehouse.codecs._decoder`` the compiled decoders
 (gatehouse/codecs/_decoder.c), ``gatehouse.metrics._counting`` the metrics' counting
 of the usual exchange (gatehouse/metrics/_counting.c), ``gatehouse.capture._records`` the
-observation log's JSON lines (gatehouse/capture/_records.c).  All are optional: where no C
-compiler is found the build goes on without them and the Python code, which gives the
-same results, runs.
+observation log's JSON lines (gatehouse/capture/_records.c), ``gatehouse.rules._protowire``
+the Protobuf walk of validate_records' registry checks (gatehouse/rules/_protowire.c).
+All are optional: where no C compiler is found the build goes on without them and the
+Python code, which gives the same results, runs.
 """
 
 from setuptools import Extension, setup
@@ -25,5 +26,6 @@ setup(
         optional_c("gatehouse.metrics._counting"),
         optional_c("gatehouse.capture._records"),
         optional_c("gatehouse.proxy._peeking", "gatehouse/codecs/_wire.h"),
+        optional_c("gatehouse.rules._protowire"),
     ]
 )

@@ -6,11 +6,13 @@ several ways, best of several timings each, in one run:
 
 read (the record reader and a UTF-8 check), json (each value parsed by orjson), schema
 (each value also checked against a JSON Schema of the order's shape by jsonschema-rs);
-registry json and registry avro (values in the Schema Registry's framing, their schema
-already fetched: the same JSON Schema, or the orders as Avro read by fastavro against an
-Avro schema of the same shape); and the baseline, what the proxy used before: Python's
-json and, when the pure-Python ``jsonschema`` package is installed, the same schema
-checked by it.
+registry json, registry avro and registry protobuf (values in the Schema Registry's
+framing, their schema already fetched: the same JSON Schema, or the orders as Avro read
+by fastavro against an Avro schema of the same shape, or as Protobuf walked by
+``gatehouse.rules.protobuf`` against a .proto of that shape); and the baselines: what
+the proxy used before, Python's json and, when the pure-Python ``jsonschema`` package is
+installed, the same schema checked by it; Google's protobuf parser (upb, in C) reading
+the same Protobuf values into messages, when ``grpcio-tools`` is there to compile them.
 """
 
 from __future__ import annotations
@@ -18,16 +20,19 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import struct
 import sys
 import tempfile
 import timeit
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gatehouse.codecs.records import encode_batch
 from gatehouse.compression import decompress
+from gatehouse.rules.protobuf import parse_proto_text
 from gatehouse.rules.records import (
     FieldCheck,
     RecordValidation,
@@ -46,6 +51,20 @@ AVRO_ORDER = {"type": "record", "name": "Order", "fields": [
             {"name": "sku", "type": "string"}, {"name": "quantity", "type": "int"},
             {"name": "price", "type": "double"}]}}},
     {"name": "total", "type": "double"}]}
+
+ORDER_PROTO = """\
+syntax = "proto3";
+package bench;
+message Order {
+  string id = 1;
+  string customer = 2;
+  enum Status { NEW = 0; PAID = 1; SHIPPED = 2; }
+  Status status = 3;
+  message Line { string sku = 1; int32 quantity = 2; double price = 3; }
+  repeated Line items = 4;
+  double total = 5;
+}
+"""
 
 ORDER_SCHEMA = {
     "type": "object",
@@ -74,6 +93,40 @@ def order(n: int, items: int = 8) -> bytes:
                        "total": sum(i["price"] * i["quantity"] for i in lines)}).encode()
 
 
+def protobuf(value: bytes) -> bytes:
+    """An order (JSON) as Protobuf of ``ORDER_PROTO``, written field by field."""
+    def varint(n: int) -> bytes:
+        out = bytearray()
+        while n > 0x7F:
+            out.append(n & 0x7F | 0x80)
+            n >>= 7
+        return bytes(out + bytes([n]))
+
+    def text(number: int, s: str) -> bytes:
+        raw = s.encode()
+        return varint(number << 3 | 2) + varint(len(raw)) + raw
+
+    document = json.loads(value)
+    out = text(1, document["id"]) + text(2, document["customer"])
+    out += b"\x18" + varint(["new", "paid", "shipped"].index(document["status"]))
+    for line in document["items"]:
+        body = (text(1, line["sku"]) + b"\x10" + varint(line["quantity"])
+                + b"\x19" + struct.pack("<d", line["price"]))
+        out += b"\x22" + varint(len(body)) + body
+    return out + b"\x29" + struct.pack("<d", document["total"])
+
+
+def _compiled() -> Any:
+    """``ORDER_PROTO`` compiled by protoc (grpcio-tools), None without it."""
+    try:
+        from tests.support.protoc import compile_proto
+    except ImportError:
+        return None
+    with tempfile.TemporaryDirectory() as folder:
+        module, _ = compile_proto(ORDER_PROTO, "bench_order", Path(folder))
+    return module
+
+
 def per_record_us(check: Callable[[], object], records: int, repeat: int) -> float:
     return min(timeit.repeat(check, number=1, repeat=repeat)) / records * 1e6
 
@@ -94,12 +147,13 @@ def main() -> None:
         "json": FieldCheck(format="json"),
         "schema": FieldCheck(format="json", schema=schema),
     }
-    # Framed for the Schema Registry: ids 1 (the JSON Schema) and 2 (Avro).
+    # Framed for the Schema Registry: ids 1 (the JSON Schema), 2 (Avro), 3 (Protobuf).
     import fastavro
 
     avro_schema = fastavro.parse_schema(AVRO_ORDER)
     known = {1: RegisteredSchema(1, "JSON", json=schema),
-             2: RegisteredSchema(2, "AVRO", avro=avro_schema)}
+             2: RegisteredSchema(2, "AVRO", avro=avro_schema),
+             3: RegisteredSchema(3, "PROTOBUF", protobuf=parse_proto_text(ORDER_PROTO))}
 
     def avro(value: bytes) -> bytes:
         out = io.BytesIO()
@@ -111,9 +165,12 @@ def main() -> None:
                                        for value in values]),
         "registry avro": encode_batch([(0, None, b"\x00\x00\x00\x00\x02" + avro(value))
                                        for value in values]),
+        "registry protobuf": encode_batch([(0, None, b"\x00\x00\x00\x00\x03\x00"
+                                            + protobuf(value)) for value in values]),
     }
     registry = FieldCheck(format="schema_registry", registry=RegistryCheck("http://r"))
     checks["registry json"] = checks["registry avro"] = registry
+    checks["registry protobuf"] = registry
     costs: dict[str, float] = {}
     for name, check in checks.items():
         validation = RecordValidation(value=check)
@@ -129,6 +186,12 @@ def main() -> None:
     parsed = per_record_us(lambda: [json.loads(v.decode()) for v in values], args.records,
                            args.repeat)
     costs["json (stdlib)"] = costs["read"] + parsed
+    generated = _compiled()
+    if generated is not None:
+        messages = [protobuf(value) for value in values]
+        costs["protobuf (google, upb)"] = costs["read"] + per_record_us(
+            lambda: [generated.Order.FromString(m) for m in messages], args.records,
+            args.repeat)
     try:
         import jsonschema
     except ImportError:
@@ -146,7 +209,11 @@ def main() -> None:
         print(f"  {name:<26} {cost:8.2f} us a record")
     print(f"schema / json: {costs['schema'] / costs['json']:.2f}")
     print(f"registry json / schema: {costs['registry json'] / costs['schema']:.2f}, "
-          f"registry avro / schema: {costs['registry avro'] / costs['schema']:.2f}")
+          f"registry avro / schema: {costs['registry avro'] / costs['schema']:.2f}, "
+          f"registry protobuf / schema: {costs['registry protobuf'] / costs['schema']:.2f}")
+    if "protobuf (google, upb)" in costs:
+        print("registry protobuf / google's parser: "
+              f"{costs['registry protobuf'] / costs['protobuf (google, upb)']:.2f}")
     print(f"json: stdlib / ours: {costs['json (stdlib)'] / costs['json']:.2f}")
     if "schema (json, jsonschema)" in costs:
         print("schema: json and jsonschema / ours: "

@@ -7,6 +7,7 @@ errors, a registry outage answered REQUEST_TIMED_OUT (retriable), never let thro
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import struct
@@ -171,6 +172,22 @@ def test_the_registry_answers_parsed() -> None:
     unref = parse_schema(REGISTRY, 7, json.dumps(
         {"schema": json.dumps({"$ref": "other.json"}), "schemaType": "JSON"}).encode())
     assert isinstance(unref, RegisteredSchema) and unref.json is None
+    # Protobuf: .proto text (Java's serializers) or a base64 FileDescriptorProto
+    # (Confluent's Python serializer), the same messages either way.
+    text = 'syntax = "proto3";\nmessage Order { int64 id = 1; }\n'
+    proto = parse_schema(REGISTRY, 10, json.dumps(
+        {"schema": text, "schemaType": "PROTOBUF"}).encode())
+    assert isinstance(proto, RegisteredSchema) and proto.protobuf is not None
+    assert proto.protobuf.top == ("Order",)
+    descriptor = base64.b64encode(b"\x22\x11\x0a\x05Order\x12\x08\x0a\x02id\x18\x01\x28\x03"
+                                  b"\x62\x06proto3").decode()
+    from_descriptor = parse_schema(REGISTRY, 11, json.dumps(
+        {"schema": descriptor, "schemaType": "PROTOBUF"}).encode())
+    assert isinstance(from_descriptor, RegisteredSchema)
+    assert from_descriptor.protobuf == proto.protobuf
+    unread = parse_schema(REGISTRY, 12, json.dumps(
+        {"schema": "message Order { int64 id = 1 }", "schemaType": "PROTOBUF"}).encode())
+    assert isinstance(unread, RegisteredSchema) and unread.protobuf is None  # its id only
     broken = parse_schema(REGISTRY, 8, b"<html>")
     assert isinstance(broken, RegistryUnavailable)
     assert broken.reason == "http://registry:8081 answered schema 8 with no schema in it"

@@ -30,6 +30,7 @@ from typing import Final
 import trio
 
 from gatehouse.logs import log_event
+from gatehouse.rules.protobuf import parse_proto_schema
 from gatehouse.rules.records import (
     NOT_REGISTERED,
     Lookup,
@@ -117,7 +118,7 @@ def _error_code(exc: urllib.error.HTTPError) -> int | None:
 
 def parse_schema(check: RegistryCheck, schema_id: int, data: bytes) -> Lookup:
     """The registry's answer for ``schema_id`` (``{"schema": ..., "schemaType": ...}``;
-    no type: Avro), a JSON Schema compiled."""
+    no type: Avro), a JSON Schema compiled, an Avro or Protobuf schema parsed."""
     try:
         body = json.loads(data)
     except ValueError:
@@ -138,6 +139,9 @@ def parse_schema(check: RegistryCheck, schema_id: int, data: bytes) -> Lookup:
 
             return RegisteredSchema(schema_id, schema_type,
                                     avro=fastavro.parse_schema(json.loads(text)))
+        if schema_type == "PROTOBUF":
+            return RegisteredSchema(schema_id, schema_type,
+                                    protobuf=parse_proto_schema(text))
     except Exception as exc:  # any schema this proxy cannot read
         # References to other schemas, a draft it does not know: the id is still checked.
         log_event(logger, logging.WARNING, f"a registered {schema_type} schema does not "

@@ -51,6 +51,7 @@ from gatehouse.rules.errors import (
     error_response,
 )
 from gatehouse.rules.produce import in_scope, topic_key
+from gatehouse.rules.protobuf import ProtoSchema
 
 FORMATS: Final = ("json", "utf8", "schema_registry")
 MAX_RECORD_ERRORS: Final = 100  # listed per partition; the count says how many more
@@ -221,13 +222,15 @@ def shown_url(url: str) -> str:
 @dataclass(frozen=True, eq=False)
 class RegisteredSchema:
     """A schema the registry knows: its type (AVRO, JSON or PROTOBUF) and, for a JSON
-    Schema, the schema compiled, for an Avro schema, the schema parsed by ``fastavro``
-    (None when it does not compile: only the id is held)."""
+    Schema, the schema compiled, for an Avro schema, the schema parsed by ``fastavro``,
+    for a Protobuf schema, its messages (``rules.protobuf``); None when it does not
+    compile here: only the id is held."""
 
     schema_id: int
     schema_type: str
     json: JsonSchema | None = None
     avro: Any = None
+    protobuf: ProtoSchema | None = None
     subjects: frozenset[str] | None = None  # fetched for a check with ``subject``
 
     def avro_problem(self, data: Buffer, what: str) -> str | None:
@@ -250,6 +253,15 @@ class RegisteredSchema:
             return (f"its {what} is not Avro of schema {self.schema_id} ({extra} "
                     f"byte{'s' if extra > 1 else ''} after the datum)")
         return None
+
+    def protobuf_problem(self, data: bytes, what: str) -> str | None:
+        """What is wrong with ``data`` (framed: the message indexes from byte 5 on) as
+        Protobuf of this schema.  Never the record's values."""
+        assert self.protobuf is not None
+        problem = self.protobuf.problem(data, 5)
+        if problem is None:
+            return None
+        return f"its {what} is not Protobuf of schema {self.schema_id} ({problem})"
 
 
 class _NotRegistered:
@@ -364,6 +376,8 @@ class FieldCheck:
             return f"{problem}, but schema {schema_id} is a JSON Schema"
         if found.avro is not None:
             return found.avro_problem(memoryview(data)[5:], what)
+        if found.protobuf is not None:
+            return found.protobuf_problem(data, what)
         return None
 
 

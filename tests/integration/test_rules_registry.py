@@ -1,17 +1,18 @@
 """``validate_records``' ``registry`` checks on a real Apache Kafka broker and a real
 Schema Registry (Apicurio Registry's Confluent-compatible API), with librdkafka
-producing records framed by Confluent's own JSON Schema and Avro serializers: records
-naming a schema id the registry does not know, JSON that does not match the schema
-registered under their id, or bytes that do not read as their Avro schema, are refused
-as each client reports them and never written; a registry that hangs (SIGSTOP) gets
-the partitions REQUEST_TIMED_OUT, which the producer retries until the registry
-answers, and each record is then written once."""
+producing records framed by Confluent's own JSON Schema, Avro and Protobuf serializers:
+records naming a schema id the registry does not know, JSON that does not match the
+schema registered under their id, bytes that do not read as their Avro schema or as the
+Protobuf message their indexes name, are refused as each client reports them and never
+written; a registry that hangs (SIGSTOP) gets the partitions REQUEST_TIMED_OUT, which
+the producer retries until the registry answers, and each record is then written once."""
 
 from __future__ import annotations
 
 import json
 import logging
 import struct
+from pathlib import Path
 from typing import Any
 
 import confluent_kafka as ck
@@ -19,6 +20,7 @@ import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
+from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from tests.integration.test_rules_records import send
@@ -26,6 +28,7 @@ from tests.integration.test_sasl_proxy import logged, wait_for
 from tests.support.apicurio import ApicurioRegistry
 from tests.support.clients import unique, watermarks
 from tests.support.kafka import KafkaCluster
+from tests.support.protoc import compile_proto
 from tests.support.proxythread import ProxyThread
 
 ORDER = json.dumps({"type": "object", "required": ["id", "total"],
@@ -198,3 +201,80 @@ def test_a_schema_registered_for_another_topic_is_refused(
         [(_, error)] = send(proxy, topic, [(0, None, framed(stray, {"id": 1, "total": 2}))])
         assert error is not None and error.code() == ck.KafkaError.INVALID_RECORD
     assert watermarks(kafka.bootstrap, topic) == (0, 1)
+
+
+ORDERS_PROTO = """\
+syntax = "proto3";
+package registered;
+message Order {
+  int64 id = 1;
+  string customer = 2;
+  repeated Line lines = 3;
+  message Line { string sku = 1; uint32 qty = 2; }
+}
+"""
+
+
+def test_protobuf_records_read_against_their_schema(
+        kafka: KafkaCluster, apicurio: ApicurioRegistry, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Confluent's Protobuf serializer registers a base64 FileDescriptorProto; Java's
+    register .proto text and frame the first message as one zero byte: records of both
+    are written and read back; a record whose bytes do not read as the message its
+    indexes name (a string where the schema has an int64, a message the file does not
+    have) is refused and never written."""
+    caplog.set_level(logging.INFO, logger="gatehouse")
+    orders_pb2, _ = compile_proto(ORDERS_PROTO, "registered_orders", tmp_path)
+    topic = unique("orders")
+    kafka.create_topic(topic, partitions=3)
+    registry = apicurio
+    with ProxyThread(kafka.bootstrap, rules_yaml=rules(registry.url)) as proxy:
+        to_bytes = ProtobufSerializer(orders_pb2.Order,
+                                      SchemaRegistryClient({"url": registry.url}),
+                                      {"use.deprecated.format": False})
+        context = SerializationContext(topic, MessageField.VALUE)
+        written = [orders_pb2.Order(id=i, customer=f"c{i}", lines=[
+            orders_pb2.Order.Line(sku="s", qty=i)] * (i % 3)) for i in range(30)]
+        good = [serialized(to_bytes, order, context) for order in written]
+        serializer_id = struct.unpack(">I", good[0][1:5])[0]
+        text_id = registry.register(f"{topic}-text-value", ORDERS_PROTO, "PROTOBUF")
+        assert text_id != serializer_id  # the text and the descriptor: two schemas
+        line = orders_pb2.Order.Line(sku="k", qty=1).SerializeToString()
+        by_text = [b"\x00" + struct.pack(">I", text_id) + b"\x00"
+                   + written[0].SerializeToString(),
+                   b"\x00" + struct.pack(">I", text_id) + b"\x04\x00\x00" + line]
+        wrong_type = (b"\x00" + struct.pack(">I", serializer_id) + b"\x00"
+                      + b"\x0a\x03abc")  # field 1, id, written as a string
+        no_message = b"\x00" + struct.pack(">I", serializer_id) + b"\x02\x0a" + line
+        reports = send(proxy, topic, [(0, None, value) for value in good + by_text]
+                       + [(1, None, wrong_type), (2, None, no_message)])
+        assert [e for p, e in reports if p == 0] == [None] * 32
+        assert [(p, None if e is None else e.code()) for p, e in reports if p != 0] == [
+            (1, ck.KafkaError.INVALID_RECORD), (2, ck.KafkaError.INVALID_RECORD)]
+    assert watermarks(kafka.bootstrap, topic, 1) == (0, 0)
+    assert watermarks(kafka.bootstrap, topic, 2) == (0, 0)
+    reasons = {entry["reason"] for entry in logged(caplog, "refused")}
+    assert reasons <= {
+        f"topic {topic} partition 1: record 0: its value is not Protobuf of schema "
+        f"{serializer_id} (as registered.Order: field 'id' (1) is written as "
+        "length-delimited, and its type (int64) is a varint) (rule registered)",
+        f"topic {topic} partition 2: record 0: its value is not Protobuf of schema "
+        f"{serializer_id} (it names message [5], which the schema does not have) "
+        "(rule registered)"}
+    assert reasons
+    # What was written reads back through the serializer's own deserializer.
+    consumer = ck.Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": unique("g"),
+                            "auto.offset.reset": "earliest", "log_level": 0})
+    consumer.assign([ck.TopicPartition(topic, 0, 0)])
+    from_bytes = ProtobufDeserializer(orders_pb2.Order, {"use.deprecated.format": False})
+    read: list[Any] = []
+    try:
+        while len(read) < 31:
+            message = consumer.poll(15)
+            assert message is not None, f"{len(read)} of 31 read"
+            assert message.error() is None
+            read.append(from_bytes(message.value(), SerializationContext(
+                topic, MessageField.VALUE)))
+    finally:
+        consumer.close()
+    assert read == [*written, written[0]]

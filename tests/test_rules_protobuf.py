@@ -1,0 +1,401 @@
+"""Protobuf records against their registered schema (``gatehouse.rules.protobuf``): the
+schema read from ``.proto`` text is the one the real ``protoc`` compiles (its
+``FileDescriptorProto``, which Confluent's Python serializer registers in base64, reads
+the same); messages the generated code writes are taken in both index framings; a
+message ``problem`` takes is one Google's own parser takes (hypothesis, over mutated
+bytes too); what is refused is said by field name and number, never by value."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from google.protobuf.message import DecodeError
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gatehouse.rules import protobuf
+from gatehouse.rules.protobuf import (
+    ProtoSchema,
+    ProtoSchemaError,
+    parse_proto_schema,
+    parse_proto_text,
+    read_file_descriptor,
+)
+from gatehouse.rules.records import FieldCheck, Lookup, RegisteredSchema, RegistryCheck
+from tests.support.protoc import compile_proto
+
+SHOP = """\
+syntax = "proto3";
+package shop.v1;
+import "google/protobuf/timestamp.proto";
+option java_package = "com.example.shop";
+
+/* An order; its items nested. */
+message Order {
+  int64 id = 1;
+  string customer = 2 [json_name = "cust"];
+  repeated Item items = 3;
+  map<string, int32> tags = 4;
+  Status status = 5;
+  oneof payment { string card = 6; Cash cash = 7; }
+  google.protobuf.Timestamp placed = 8;  // another file's type
+  repeated sint32 deltas = 9;
+  double total = 10;
+  fixed32 crc = 11;
+  message Item {
+    string sku = 1;
+    uint32 qty = 2;
+    reserved 3, 15 to 20;
+    reserved "price";
+  }
+  enum Status { option allow_alias = true; NEW = 0; PAID = 1; SETTLED = 1; }
+  option deprecated = false;
+}
+message Cash { bytes note = 1; }
+service Shop { rpc Place(Order) returns (Cash) { option deprecated = true; } }
+"""
+
+LEGACY = """\
+syntax = "proto2";
+package legacy;
+message Event {
+  required int64 id = 1;
+  optional string name = 2;
+  repeated int32 codes = 3 [packed = true];
+  repeated fixed64 stamps = 4;
+  optional group Origin = 5 { required string host = 6; optional int32 port = 7; }
+  optional Kind kind = 8 [default = LOW];
+  map<int32, Event> children = 9;
+  enum Kind { LOW = 0; HIGH = 1; }
+  extensions 100 to 199;
+}
+extend Event { optional string note = 100; }
+"""
+
+EDITION = """\
+edition = "2023";
+package ed;
+message Point {
+  int32 x = 1;
+  int32 y = 2 [features.field_presence = IMPLICIT];
+  string label = 3;
+  repeated int32 path = 4 [features.repeated_field_encoding = EXPANDED];
+  repeated float weights = 5;
+  Point next = 6;
+}
+"""
+
+# Every wire type and kind, no imports: Google's parser reads all of it, the property's
+# reference.
+KITCHEN = """\
+syntax = "proto3";
+package kitchen;
+message Sink {
+  int32 i32 = 1; int64 i64 = 2; uint32 u32 = 3; uint64 u64 = 4; sint32 s32 = 5;
+  sint64 s64 = 6; bool flag = 7; fixed32 f32 = 8; fixed64 f64 = 9; sfixed32 sf32 = 10;
+  sfixed64 sf64 = 11; float fl = 12; double db = 13; string text = 14; bytes raw = 15;
+  Colour colour = 16;
+  repeated int64 many = 17;
+  repeated double doubles = 18;
+  repeated string names = 19;
+  map<string, Sink> children = 20;
+  Sink inner = 21;
+  oneof choice { string word = 22; fixed32 number = 23; }
+  enum Colour { RED = 0; GREEN = 1; }
+}
+"""
+
+
+@pytest.fixture(params=["c", "python"])
+def walk(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The schemas parsed in the test walk records in C (then in Python where the C walk
+    does not say "it reads"), or in Python alone."""
+    if request.param == "python":
+        monkeypatch.setattr(protobuf, "protowire", None)
+    return str(request.param)
+
+
+def test_the_c_walk_is_built() -> None:
+    assert protobuf.protowire is not None  # a C compiler is part of `make test`'s set-up
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[ModuleType, bytes]]:
+    where: Path = tmp_path_factory.mktemp("protoc")
+    return {name: compile_proto(text, name, where) for name, text in
+            (("shop", SHOP), ("legacy", LEGACY), ("edition", EDITION),
+             ("kitchen", KITCHEN))}
+
+
+TEXTS = {"shop": SHOP, "legacy": LEGACY, "edition": EDITION, "kitchen": KITCHEN}
+
+
+@pytest.mark.parametrize("name", sorted(TEXTS))
+def test_text_reads_as_protoc_compiles_it(
+        compiled: dict[str, tuple[ModuleType, bytes]], name: str) -> None:
+    from_text = parse_proto_text(TEXTS[name])
+    from_protoc = read_file_descriptor(compiled[name][1])
+    assert from_text.syntax == from_protoc.syntax
+    assert from_text.top == from_protoc.top
+    assert from_text.messages == from_protoc.messages
+    # As a registry holds it: the text, or (Confluent's Python serializer) base64.
+    assert parse_proto_schema(TEXTS[name]).messages == from_text.messages
+    assert parse_proto_schema(
+        base64.b64encode(compiled[name][1]).decode()).messages == from_text.messages
+
+
+def test_what_the_schema_holds() -> None:
+    shop = parse_proto_text(SHOP)
+    assert shop.syntax == "proto3"
+    assert shop.top == ("shop.v1.Order", "shop.v1.Cash")
+    order = shop.messages["shop.v1.Order"]
+    # Map entries are nested messages where protoc puts them: message indexes count them.
+    assert order.nested == ("shop.v1.Order.TagsEntry", "shop.v1.Order.Item")
+    assert shop.message_at((0, 1)) is shop.messages["shop.v1.Order.Item"]
+    assert shop.message_at((1,)) is shop.messages["shop.v1.Cash"]
+    assert shop.message_at((2,)) is None
+    assert {n: (f.name, f.type) for n, f in order.fields.items()} == {
+        1: ("id", "int64"), 2: ("customer", "string"), 3: ("items", "message"),
+        4: ("tags", "message"), 5: ("status", "enum"), 6: ("card", "string"),
+        7: ("cash", "message"), 8: ("placed", "unknown"), 9: ("deltas", "sint32"),
+        10: ("total", "double"), 11: ("crc", "fixed32")}
+    legacy = parse_proto_text(LEGACY).messages["legacy.Event"]
+    assert [f.name for f in legacy.required] == ["id"]
+    assert (legacy.fields[5].type, legacy.fields[5].message) == ("group", "legacy.Event.Origin")
+
+
+def framed_java(payload: bytes) -> bytes:
+    """Java's serializer: the first message's indexes as one zero byte."""
+    return b"\x00" + payload
+
+
+def framed(indexes: list[int], payload: bytes) -> bytes:
+    """Confluent's Python serializer: a count, then each index (zigzag varints)."""
+    return bytes([len(indexes) * 2] + [i * 2 for i in indexes]) + payload
+
+
+def test_messages_protoc_writes_are_taken(
+        compiled: dict[str, tuple[ModuleType, bytes]], walk: str) -> None:
+    shop_pb2, _ = compiled["shop"]
+    shop = parse_proto_text(SHOP)
+    order = shop_pb2.Order(id=5, customer="Zoë", items=[shop_pb2.Order.Item(sku="x", qty=2)],
+                           tags={"a": 1, "b": -3}, status=1, cash=shop_pb2.Cash(note=b"\xff"),
+                           deltas=[-1, 2, -300], total=2.5, crc=7)
+    order.placed.seconds = 1_700_000_000
+    payload = order.SerializeToString()
+    assert shop.problem(framed_java(payload)) is None
+    assert shop.problem(framed([0], payload)) is None
+    assert shop.problem(framed([0], b"")) is None  # every field at its default
+    item = shop_pb2.Order.Item(sku="y", qty=1).SerializeToString()
+    assert shop.problem(framed([0, 1], item)) is None
+    assert shop.problem(framed([1], shop_pb2.Cash(note=b"1").SerializeToString())) is None
+    legacy_pb2, _ = compiled["legacy"]
+    event = legacy_pb2.Event(id=1, name="n", codes=[1, 2, 3], stamps=[9, 10], kind=1)
+    event.origin.host = "h"
+    event.children[4].id = 2
+    event.Extensions[legacy_pb2.note] = "undeclared in Event: read past"
+    assert parse_proto_text(LEGACY).problem(framed_java(event.SerializeToString())) is None
+    edition_pb2, _ = compiled["edition"]
+    point = edition_pb2.Point(x=1, y=2, label="p", path=[1, 2], weights=[0.5],
+                              next=edition_pb2.Point(x=3))
+    assert parse_proto_text(EDITION).problem(framed_java(point.SerializeToString())) is None
+
+
+@pytest.mark.parametrize(("schema", "data", "problem"), [
+    (SHOP, framed_java(b"\x08\x05\x12\x01"), "as shop.v1.Order: field 'customer' (2) runs "
+                                            "past the end"),
+    (SHOP, framed_java(b"\x0a\x01x"), "as shop.v1.Order: field 'id' (1) is written as "
+                                      "length-delimited, and its type (int64) is a varint"),
+    (SHOP, framed_java(b"\x12\x02\xc3\x28"), "as shop.v1.Order: field 'customer' (2) is not "
+                                             "UTF-8 text (byte 0)"),
+    (SHOP, framed_java(b"\x1a\x04\x08\x01\x10\x02"),
+     "as shop.v1.Order: in items: field 'sku' (1) is written as a varint, and its type "
+     "(string) is length-delimited"),
+    (SHOP, framed_java(b"\x1a\x03\x0a\x01\xff"),
+     "as shop.v1.Order: in items: field 'sku' (1) is not UTF-8 text (byte 0)"),
+    (SHOP, framed_java(b"\x22\x04\x0a\x01k\x10"),  # a map entry's value cut short
+     "as shop.v1.Order: in tags: it ends inside a varint"),
+    (SHOP, framed_java(b"\x4a\x03\x01\x02"), "as shop.v1.Order: field 'deltas' (9) runs "
+                                             "past the end"),
+    (SHOP, framed_java(b"\x4a\x02\x01\x82"), "as shop.v1.Order: it ends inside a varint"),
+    (SHOP, framed_java(b"\x5a\x03abc"), "as shop.v1.Order: field 'crc' (11) is written as "
+                                        "length-delimited, and its type (fixed32) is 4 bytes"),
+    (SHOP, framed_java(b"\x5d\x01\x02"), "as shop.v1.Order: field 'crc' (11) runs past "
+                                         "the end"),
+    (SHOP, framed_java(b"\x07"), "as shop.v1.Order: a field numbered 0"),
+    (SHOP, framed_java(b"\xf8\xff\xff\xff\x1f\x01"), "a field numbered 1073741823"),
+    (SHOP, framed_java(b"\xa6\x06"), "as shop.v1.Order: field 100 has wire type 6, which "
+                                     "no field has"),
+    (SHOP, framed_java(b"\xa4\x06"), "as shop.v1.Order: a group's end (field 100) with no "
+                                     "group open"),
+    (SHOP, framed_java(b"\xa3\x06\x08\x01"), "it ends inside a varint"),  # group never ends
+    (SHOP, framed_java(b"\xa3\x06\xac\x06"), "group 100 ends as 101"),
+    (SHOP, framed_java(b"\x08" + b"\xff" * 10 + b"\x01"), "a varint longer than 10 bytes"),
+    (SHOP, framed([2], b""), "it names message [2], which the schema does not have"),
+    (SHOP, framed([0, 5], b""), "it names message [0, 5], which the schema does not have"),
+    (SHOP, b"\x81\x01", "its message indexes do not read: a count of -65"),
+    (SHOP, b"", "its message indexes do not read: it ends inside a varint"),
+    # Undeclared fields are read past (a newer writer's), a group's too.
+    (SHOP, framed_java(b"\xa0\x06\x01\xa3\x06\x08\x01\x1a\x00\xa4\x06\x08\x02"), None),
+    # Another file's type: a varint or length-delimited, its content not read.
+    (SHOP, framed_java(b"\x42\x03\xff\xff\xff"), None),
+    (SHOP, framed_java(b"\x45\x00\x00\x00\x00"), "field 'placed' (8) is written as 4 "
+                                                 "bytes, and its type (unknown) is a varint"),
+    (LEGACY, framed_java(b"\x12\x01\xff"), "as legacy.Event: it has no required field 'id'"),
+    (LEGACY, framed_java(b"\x08\x01\x12\x01\xff"), None),  # proto2: bytes as they are
+    (LEGACY, framed_java(b"\x08\x01\x2b\x38\x01\x2c"),
+     "as legacy.Event: in origin: it has no required field 'host'"),
+    (LEGACY, framed_java(b"\x08\x01\x2b\x32\x00"), "in origin: a group that does not end"),
+    (LEGACY, framed_java(b"\x08\x01\x22\x07" + b"\x00" * 7),
+     "packed field 'stamps' (4) is 7 bytes, not a whole number of fixed64 values"),
+    (LEGACY, framed_java(b"\x08\x01\x1a\x02\x01\x02\x18\x03"), None),  # packed and not
+    (LEGACY, framed_java(b"\x08\x01\x4a\x04\x12\x02\x12\x00"),
+     "as legacy.Event: in children.value: it has no required field 'id'"),
+])
+def test_what_is_refused_and_why(schema: str, data: bytes, problem: str | None,
+                                 walk: str) -> None:
+    found = parse_proto_text(schema).problem(data)
+    if problem is None:
+        assert found is None
+    else:
+        assert found is not None and problem in found, found
+
+
+def test_nesting_is_bounded(walk: str) -> None:
+    schema = parse_proto_text(EDITION)
+    payload = b""
+    for _ in range(70):  # Point.next, 70 deep
+        payload = b"\x32" + bytes([len(payload)]) + payload if len(payload) < 128 else (
+            b"\x32" + bytes([len(payload) & 0x7F | 0x80, len(payload) >> 7]) + payload)
+    found = schema.problem(framed_java(payload))
+    assert found is not None and "messages nested more than 64 deep" in found
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    ('syntax = "proto3";\nmessage A {\n  int32 x = ;\n}\n', "line 3: a field number expected"),
+    ('syntax = "proto3";\nmessage A {\n  int32 x = 0;\n}\n', "line 3: field number 0 out"),
+    ("message A {\n  int32 x = 1;\n", "line 3: it ends early"),
+    ("message A { int32 x = 1; }\n}\n", "line 2: '}' where a declaration belongs"),
+    ("message A { int32 x = 1 }", "line 1: ';' expected, found '}'"),
+    ("message A { int32 x = 1; } @", "line 1: an unexpected character '@'"),
+])
+def test_a_schema_that_does_not_read_says_where(text: str, error: str) -> None:
+    with pytest.raises(ProtoSchemaError, match=error):
+        parse_proto_schema(text)
+
+
+def test_a_descriptor_that_does_not_read() -> None:
+    with pytest.raises(ProtoSchemaError, match="not a FileDescriptorProto"):
+        parse_proto_schema(base64.b64encode(b"\x22\x05\x0a").decode())
+
+
+def test_through_the_registry_check(walk: str) -> None:
+    registered: dict[int, Lookup] = {
+        7: RegisteredSchema(7, "PROTOBUF", protobuf=parse_proto_text(SHOP))}
+    check = FieldCheck(format="schema_registry", registry=RegistryCheck("http://r"))
+
+    def lookup(_: RegistryCheck, schema_id: int) -> Lookup:
+        return registered[schema_id]
+
+    head = b"\x00\x00\x00\x00\x07"
+    assert check.problem(head + framed_java(b"\x08\x05"), "value", lookup) is None
+    assert check.problem(head + framed_java(b"\x0a\x01x"), "value", lookup) == (
+        "its value is not Protobuf of schema 7 (as shop.v1.Order: field 'id' (1) is written "
+        "as length-delimited, and its type (int64) is a varint)")
+    unchecked = FieldCheck(format="schema_registry",
+                           registry=RegistryCheck("http://r", validate=False))
+    assert unchecked.problem(head + framed_java(b"\x0a\x01x"), "value", lookup) is None
+
+
+# --- the property: what problem() takes, Google's parser takes ------------------------
+
+
+def _sink(kitchen_pb2: ModuleType, draw: Any, depth: int = 0) -> Any:
+    sink = kitchen_pb2.Sink(
+        i32=draw(st.integers(-(2**31), 2**31 - 1)), i64=draw(st.integers(-(2**63), 2**63 - 1)),
+        u32=draw(st.integers(0, 2**32 - 1)), s64=draw(st.integers(-(2**63), 2**63 - 1)),
+        flag=draw(st.booleans()), f64=draw(st.integers(0, 2**64 - 1)),
+        fl=draw(st.floats(width=32)), text=draw(st.text(max_size=8)),
+        raw=draw(st.binary(max_size=8)), colour=draw(st.sampled_from([0, 1, 7])),
+        many=draw(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=4)),
+        doubles=draw(st.lists(st.floats(), max_size=3)),
+        names=draw(st.lists(st.text(max_size=4), max_size=3)))
+    if draw(st.booleans()):
+        sink.word = draw(st.text(max_size=4))
+    else:
+        sink.number = draw(st.integers(0, 2**32 - 1))
+    if depth < 2:
+        for key in draw(st.lists(st.text(max_size=3), max_size=2)):
+            sink.children[key].CopyFrom(_sink(kitchen_pb2, draw, depth + 1))
+        if draw(st.booleans()):
+            sink.inner.CopyFrom(_sink(kitchen_pb2, draw, depth + 1))
+    return sink
+
+
+@pytest.fixture(scope="module")
+def kitchen(compiled: dict[str, tuple[ModuleType, bytes]]
+            ) -> tuple[ModuleType, ProtoSchema, ProtoSchema]:
+    """The generated module, the schema walked in C (then Python), and in Python alone."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(protobuf, "protowire", None)
+        python_only = parse_proto_text(KITCHEN)
+    return compiled["kitchen"][0], parse_proto_text(KITCHEN), python_only
+
+
+def c_reads(schema: ProtoSchema, data: bytes) -> bool:
+    """The C walk's own answer for a message framed as ``framed_java`` frames it."""
+    assert protobuf.protowire is not None
+    tables, index = schema._native  # type: ignore[attr-defined]
+    return bool(protobuf.protowire.reads(data, 1, tables, index[schema.top[0]]))
+
+
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_written_messages_are_taken_and_mutants_never_wrongly(
+        kitchen: tuple[ModuleType, ProtoSchema, ProtoSchema], data: st.DataObject) -> None:
+    kitchen_pb2, schema, python_only = kitchen
+    payload = _sink(kitchen_pb2, data.draw).SerializeToString()
+    assert c_reads(schema, framed_java(payload))  # the fast path, taken
+    assert python_only.problem(framed_java(payload)) is None
+    # Mutants: bytes flipped, inserted, cut.  Whatever problem() takes, Google's parser
+    # takes too; what Google's parser takes and problem() refuses is a declared field in
+    # a wire type its type never uses (the parser would set it aside as unknown).
+    mutant = bytearray(payload)
+    for _ in range(data.draw(st.integers(1, 3))):
+        where = data.draw(st.integers(0, len(mutant)))
+        action = data.draw(st.sampled_from(["flip", "insert", "cut"]))
+        if action == "flip" and where < len(mutant):
+            mutant[where] ^= data.draw(st.integers(1, 255))
+        elif action == "insert":
+            mutant[where:where] = data.draw(st.binary(min_size=1, max_size=3))
+        else:
+            del mutant[where:]
+    found = schema.problem(framed_java(bytes(mutant)))
+    # The C walk says "it reads" only where the Python walk finds nothing; the answer
+    # is the Python walk's either way.
+    assert found == python_only.problem(framed_java(bytes(mutant)))
+    if c_reads(schema, framed_java(bytes(mutant))):
+        assert found is None
+    try:
+        kitchen_pb2.Sink.FromString(bytes(mutant))
+    except DecodeError:
+        assert found is not None, "taken here, refused by Google's parser"
+    else:
+        assert found is None or "is written as" in found or "more than 64 deep" in found, found
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=st.sampled_from(sorted(TEXTS)), indexes=st.sampled_from([b"\x00", b"\x04\x00\x00"]),
+       payload=st.binary(max_size=64))
+def test_any_bytes_get_one_answer_from_both_walks(name: str, indexes: bytes,
+                                                  payload: bytes) -> None:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(protobuf, "protowire", None)
+        python_only = parse_proto_text(TEXTS[name])
+    assert parse_proto_text(TEXTS[name]).problem(indexes + payload) == (
+        python_only.problem(indexes + payload))
