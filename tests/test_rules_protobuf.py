@@ -8,6 +8,7 @@ bytes too); what is refused is said by field name and number, never by value."""
 from __future__ import annotations
 
 import base64
+import importlib
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -89,6 +90,26 @@ message Point {
 }
 """
 
+OPAQUE = """\
+syntax = "proto3";
+import public "elsewhere/things.proto";
+message Holder { other.Thing thing = 1; other.Kind kind = 2; }
+"""
+
+MONEY = """\
+syntax = "proto3";
+package fin;
+import "google/protobuf/wrappers.proto";
+message Money { string currency = 1; int64 units = 2; google.protobuf.StringValue memo = 3; }
+"""
+
+PAY = """\
+syntax = "proto3";
+package shop;
+import "money.proto";
+message Pay { fin.Money amount = 1; repeated fin.Money fees = 2; }
+"""
+
 # Every wire type and kind, no imports: Google's parser reads all of it, the property's
 # reference.
 KITCHEN = """\
@@ -161,7 +182,7 @@ def test_what_the_schema_holds() -> None:
     assert {n: (f.name, f.type) for n, f in order.fields.items()} == {
         1: ("id", "int64"), 2: ("customer", "string"), 3: ("items", "message"),
         4: ("tags", "message"), 5: ("status", "enum"), 6: ("card", "string"),
-        7: ("cash", "message"), 8: ("placed", "unknown"), 9: ("deltas", "sint32"),
+        7: ("cash", "message"), 8: ("placed", "message"), 9: ("deltas", "sint32"),
         10: ("total", "double"), 11: ("crc", "fixed32")}
     legacy = parse_proto_text(LEGACY).messages["legacy.Event"]
     assert [f.name for f in legacy.required] == ["id"]
@@ -241,10 +262,14 @@ def test_messages_protoc_writes_are_taken(
     (SHOP, b"", "its message indexes do not read: it ends inside a varint"),
     # Undeclared fields are read past (a newer writer's), a group's too.
     (SHOP, framed_java(b"\xa0\x06\x01\xa3\x06\x08\x01\x1a\x00\xa4\x06\x08\x02"), None),
-    # Another file's type: a varint or length-delimited, its content not read.
-    (SHOP, framed_java(b"\x42\x03\xff\xff\xff"), None),
-    (SHOP, framed_java(b"\x45\x00\x00\x00\x00"), "field 'placed' (8) is written as 4 "
-                                                 "bytes, and its type (unknown) is a varint"),
+    # A well-known type (a Timestamp) is read as its fields.
+    (SHOP, framed_java(b"\x42\x02\x08\x01"), None),
+    (SHOP, framed_java(b"\x42\x02\x10\x80"), "as shop.v1.Order: in placed: it ends inside "
+                                             "a varint"),
+    # Another file's type, not at hand: a varint or length-delimited, not read.
+    (OPAQUE, framed_java(b"\x0a\x03\xff\xff\xff\x10\x05"), None),
+    (OPAQUE, framed_java(b"\x0d\x00\x00\x00\x00"), "field 'thing' (1) is written as 4 "
+                                                  "bytes, and its type (unknown) is a varint"),
     (LEGACY, framed_java(b"\x12\x01\xff"), "as legacy.Event: it has no required field 'id'"),
     (LEGACY, framed_java(b"\x08\x01\x12\x01\xff"), None),  # proto2: bytes as they are
     (LEGACY, framed_java(b"\x08\x01\x2b\x38\x01\x2c"),
@@ -286,6 +311,44 @@ def test_nesting_is_bounded(walk: str) -> None:
 def test_a_schema_that_does_not_read_says_where(text: str, error: str) -> None:
     with pytest.raises(ProtoSchemaError, match=error):
         parse_proto_schema(text)
+
+
+def test_imports_from_references(compiled: dict[str, tuple[ModuleType, bytes]],
+                                 tmp_path: Path, walk: str) -> None:
+    """The files a schema imports, as the registry's references give them (text or
+    base64), are read with it: their messages are checked too."""
+    pay_pb2, pay_descriptor = compile_proto(PAY, "pay", tmp_path, {"money.proto": MONEY})
+    from_text = parse_proto_text(PAY, {"money.proto": MONEY})
+    money_descriptor = base64.b64encode(_file_descriptor(tmp_path, "money")).decode()
+    from_protoc = read_file_descriptor(pay_descriptor, {"money.proto": money_descriptor})
+    assert from_text.messages == from_protoc.messages
+    assert from_text.top == ("shop.Pay",)
+    assert from_text.messages["shop.Pay"].fields[1].message == "fin.Money"
+    assert from_text.messages["fin.Money"].fields[3].message == "google.protobuf.StringValue"
+    money = importlib.import_module("money_pb2").Money  # compiled with pay.proto
+    payment = pay_pb2.Pay(amount=money(currency="EUR", units=5), fees=[money(units=1)])
+    payment.amount.memo.value = "tip"
+    assert from_text.problem(framed_java(payment.SerializeToString())) is None
+    # A Money's units as a string: refused inside the imported message.
+    found = from_text.problem(framed_java(b"\x0a\x03\x12\x01x"))
+    assert found == ("as shop.Pay: in amount: field 'units' (2) is written as "
+                     "length-delimited, and its type (int64) is a varint")
+    found = from_text.problem(framed_java(b"\x0a\x05\x1a\x03\x0a\x01\xff"))
+    assert found == "as shop.Pay: in amount.memo: field 'value' (1) is not UTF-8 text (byte 0)"
+    # Without the reference: fin.Money is another file's type, not read.
+    alone = parse_proto_text(PAY)
+    assert alone.messages["shop.Pay"].fields[1].type == "unknown"
+    assert alone.problem(framed_java(b"\x0a\x03\x12\x01x")) is None
+    with pytest.raises(ProtoSchemaError, match=r"money\.proto \(imported\): line 1"):
+        parse_proto_text(PAY, {"money.proto": "message {"})
+
+
+def _file_descriptor(where: Path, name: str) -> bytes:
+    from google.protobuf import descriptor_pb2
+
+    files = descriptor_pb2.FileDescriptorSet.FromString((where / f"{name}.desc").read_bytes())
+    [found] = [f for f in files.file if f.name == f"{name}.proto"]
+    return found.SerializeToString()
 
 
 def test_a_descriptor_that_does_not_read() -> None:

@@ -424,3 +424,112 @@ def test_the_client_fetches_the_subjects_for_a_subject_check() -> None:
         assert [path for path, _ in registry.seen] == [
             f"/schemas/ids/{schema_id}", f"/schemas/ids/{schema_id}/subjects",
             f"/schemas/ids/{schema_id}"]
+
+
+ADDRESS = {"type": "object", "required": ["city"],
+           "properties": {"city": {"$ref": "#/$defs/name"}, "where": {"$ref": "geo.json"}},
+           "$defs": {"name": {"type": "string", "minLength": 2}}}
+GEO = {"type": "array", "items": {"type": "number"}, "maxItems": 2}
+CUSTOMER = {"type": "object", "required": ["name", "address"],
+            "properties": {"name": {"type": "string"}, "address": {"$ref": "address.json"}}}
+
+
+def test_schemas_referred_to_are_fetched_and_read_with_it(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A schema's references (``{name, subject, version}``), and theirs, are fetched
+    from the subjects' versions and read with it: a JSON Schema's ``$ref``s, an Avro
+    schema's named types, a Protobuf file's imports; records are held to all of it."""
+    with TestRegistry() as registry:
+        registry.register("geo", json.dumps(GEO))
+        registry.register("address", json.dumps(ADDRESS),
+                          references=[{"name": "geo.json", "subject": "geo", "version": 1}])
+        customer = registry.register("customers-value", json.dumps(CUSTOMER), references=[
+            {"name": "address.json", "subject": "address", "version": 1}])
+        check = RegistryCheck(registry.url)
+        found = fetch_schema(check, customer)
+        assert isinstance(found, RegisteredSchema) and found.json is not None
+        assert [path for path, _ in registry.seen] == [
+            f"/schemas/ids/{customer}", "/subjects/address/versions/1",
+            "/subjects/geo/versions/1"]
+        field = FieldCheck(format="schema_registry", registry=check)
+
+        def problem(document: Any) -> str | None:
+            return field.problem(framed(customer, json.dumps(document).encode()), "value",
+                                 lambda c, i: found)
+
+        assert problem({"name": "a", "address": {"city": "xy", "where": [1, 2]}}) is None
+        assert problem({"name": "a", "address": {"city": "x"}}) == (
+            f"its value does not match schema {customer}: at $.address.city, minLength 2")
+        assert problem({"name": "a", "address": {"where": [1]}}) == (
+            f'its value does not match schema {customer}: at $.address, required ["city"]')
+        assert problem({"name": "a", "address": {"city": "xy", "where": [1, 2, 3]}}) == (
+            f"its value does not match schema {customer}: at $.address.where, maxItems 2")
+
+        # Avro: a record naming a type of the schema it refers to.
+        money = {"type": "record", "name": "Money", "namespace": "fin",
+                 "fields": [{"name": "units", "type": "long"}]}
+        registry.register("money", json.dumps(money), "AVRO")
+        payment = {"type": "record", "name": "Payment", "fields": [
+            {"name": "amount", "type": "fin.Money"}, {"name": "note", "type": "string"}]}
+        paid = registry.register("payments-value", json.dumps(payment), "AVRO",
+                                 [{"name": "fin.Money", "subject": "money", "version": 1}])
+        found = fetch_schema(check, paid)
+        assert isinstance(found, RegisteredSchema) and found.avro is not None
+        out = io.BytesIO()
+        fastavro.schemaless_writer(out, found.avro, {"amount": {"units": 5}, "note": "n"})
+        assert field.problem(framed(paid, out.getvalue()), "value",
+                             lambda c, i: found) is None
+        assert field.problem(framed(paid, out.getvalue()[:1]), "value",
+                             lambda c, i: found) == (
+            f"its value is not Avro of schema {paid} (it ends early)")
+
+        # Protobuf: a file importing another (the reference's name is the import's).
+        registry.register("money.proto", 'syntax = "proto3"; package fin; '
+                          "message Money { int64 units = 1; }", "PROTOBUF")
+        pay = registry.register("pay-value", 'syntax = "proto3"; import "money.proto"; '
+                                "message Pay { fin.Money amount = 1; }", "PROTOBUF",
+                                [{"name": "money.proto", "subject": "money.proto",
+                                  "version": "latest"}])
+        found = fetch_schema(check, pay)
+        assert isinstance(found, RegisteredSchema) and found.protobuf is not None
+        assert field.problem(framed(pay, b"\x00\x0a\x02\x08\x05"), "value",
+                             lambda c, i: found) is None
+        assert field.problem(framed(pay, b"\x00\x0a\x02\x0a\x00"), "value",
+                             lambda c, i: found) == (
+            f"its value is not Protobuf of schema {pay} (as Pay: in amount: field 'units' "
+            "(1) is written as length-delimited, and its type (int64) is a varint)")
+
+        # A reference the registry does not have: the schema does not compile here, its
+        # id is still checked, and that is logged.
+        dangling = registry.register("orphans-value", json.dumps(CUSTOMER) + " ",
+                                     references=[{"name": "address.json",
+                                                  "subject": "gone", "version": 1}])
+        found = fetch_schema(check, dangling)
+        assert isinstance(found, RegisteredSchema) and found.json is None
+        [warned] = [r.gatehouse_fields for r in caplog.records  # type: ignore[attr-defined]
+                    if "does not compile here" in r.getMessage()]
+        assert warned["schema_id"] == dangling
+        assert "address.json" in warned["error"]
+        # A reference the registry fails to answer: no verdict now (retriable).
+        registry.broken.add("address")
+        failed = fetch_schema(check, customer)
+        assert isinstance(failed, RegistryUnavailable)
+        assert failed.reason == (f"{registry.url} answered HTTP 500 Internal Server Error "
+                                 f"for schema {customer}")
+
+
+def test_references_are_bounded() -> None:
+    """A chain of references longer than MAX_REFERENCES: the rest is not fetched."""
+    with TestRegistry() as registry:
+        previous = registry.register("s0", json.dumps({"type": "string"}))
+        del previous
+        for i in range(1, 120):
+            registry.register(f"s{i}", json.dumps({"$ref": f"s{i - 1}.json"}) + " " * i,
+                              references=[{"name": f"s{i - 1}.json", "subject": f"s{i - 1}",
+                                           "version": 1}])
+        top = registry.register("top", json.dumps({"$ref": "s119.json"}),
+                                references=[{"name": "s119.json", "subject": "s119",
+                                             "version": 1}])
+        found = fetch_schema(RegistryCheck(registry.url), top)
+        assert isinstance(found, RegisteredSchema) and found.json is None  # its id only
+        assert len([p for p, _ in registry.seen if p.startswith("/subjects/")]) == 100

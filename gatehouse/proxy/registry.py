@@ -21,11 +21,12 @@ import dataclasses
 import json
 import logging
 import math
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable
-from typing import Final
+from typing import Any, Final
 
 import trio
 
@@ -43,7 +44,9 @@ from gatehouse.rules.records import (
 logger = logging.getLogger("gatehouse.proxy")
 
 MAX_SCHEMA_BYTES: Final = 8 * 1024 * 1024
-_SCHEMA_NOT_FOUND: Final = 40403  # the registry's error_code for an unknown id
+MAX_REFERENCES: Final = 100  # schemas one schema refers to, all levels; more: its id only
+_SCHEMA_NOT_FOUND: Final = frozenset({40403})  # the registry's error_code for an unknown id
+_REFERENCE_NOT_FOUND: Final = frozenset({40401, 40402})  # no such subject, version
 _ACCEPT: Final = "application/vnd.schemaregistry.v1+json, application/json"
 
 # One fetch: what it found (the schema, the registry's "no such id", or why it could
@@ -51,16 +54,26 @@ _ACCEPT: Final = "application/vnd.schemaregistry.v1+json, application/json"
 Fetch = Callable[[RegistryCheck, int], Lookup]
 
 
+# A schema another refers to: (the name it is referred to by, its type, its text).
+Referenced = tuple[str, str, str]
+
+
 def fetch_schema(check: RegistryCheck, schema_id: int) -> Lookup:
-    """Schema ``schema_id`` from ``check``'s registry, with the subjects it is registered
-    under when the check names one (blocking: run in a thread)."""
+    """Schema ``schema_id`` from ``check``'s registry, with the schemas it refers to and
+    the subjects it is registered under when the check names one (blocking: run in a
+    thread; all of it within ``check.timeout``)."""
+    deadline = time.monotonic() + check.timeout
     data = _get(check, f"/schemas/ids/{schema_id}", schema_id)
     if not isinstance(data, bytes):
         return data
-    found = parse_schema(check, schema_id, data)
+    referenced = _referenced(check, schema_id, _references_of(data), deadline, [], set())
+    if isinstance(referenced, RegistryUnavailable):
+        return referenced
+    found = parse_schema(check, schema_id, data, referenced)
     if check.subject is None or not isinstance(found, RegisteredSchema):
         return found
-    listed = _get(check, f"/schemas/ids/{schema_id}/subjects", schema_id)
+    listed = _get(check, f"/schemas/ids/{schema_id}/subjects", schema_id,
+                  timeout=deadline - time.monotonic())
     if not isinstance(listed, bytes):
         return listed
     try:
@@ -73,9 +86,69 @@ def fetch_schema(check: RegistryCheck, schema_id: int) -> Lookup:
     return dataclasses.replace(found, subjects=frozenset(subjects))
 
 
-def _get(check: RegistryCheck, path: str, schema_id: int) -> bytes | Lookup:
+def _references_of(data: bytes) -> list[Any]:
+    try:
+        body = json.loads(data)
+    except ValueError:
+        return []
+    references = body.get("references") if isinstance(body, dict) else None
+    return references if isinstance(references, list) else []
+
+
+def _referenced(check: RegistryCheck, schema_id: int, references: list[Any],
+                deadline: float, found: list[Referenced], seen: set[tuple[str, str]]
+                ) -> list[Referenced] | RegistryUnavailable:
+    """The schemas ``references`` name (``{name, subject, version}``: GET
+    ``{url}/subjects/{subject}/versions/{version}``), and theirs, into ``found``, each
+    after those it refers to.  One the registry does not have, or past
+    ``MAX_REFERENCES``, is left out: the schema then does not compile here (its id is
+    still checked, and that is logged)."""
+    for reference in references:
+        if not isinstance(reference, dict):
+            continue
+        name, subject, version = (reference.get("name"), reference.get("subject"),
+                                  reference.get("version"))
+        if not (isinstance(name, str) and isinstance(subject, str)
+                and isinstance(version, (int, str))):
+            continue
+        key = (subject, str(version))
+        if key in seen or len(seen) >= MAX_REFERENCES:
+            continue
+        seen.add(key)
+        path = (f"/subjects/{urllib.parse.quote(subject, safe='')}/versions/"
+                f"{urllib.parse.quote(str(version), safe='')}")
+        data = _get(check, path, schema_id, timeout=deadline - time.monotonic(),
+                    not_found=_REFERENCE_NOT_FOUND)
+        if data is NOT_REGISTERED:
+            continue
+        if not isinstance(data, bytes):
+            assert isinstance(data, RegistryUnavailable)
+            return data
+        try:
+            body = json.loads(data)
+        except ValueError:
+            body = None
+        text = body.get("schema") if isinstance(body, dict) else None
+        if not isinstance(text, str):
+            return RegistryUnavailable(f"{check.shown} answered {subject} version "
+                                       f"{version} with no schema in it")
+        assert isinstance(body, dict)
+        deeper = _referenced(check, schema_id, _references_of(data), deadline, found, seen)
+        if isinstance(deeper, RegistryUnavailable):
+            return deeper
+        found.append((name, str(body.get("schemaType") or "AVRO").upper(), text))
+    return found
+
+
+def _get(check: RegistryCheck, path: str, schema_id: int, timeout: float | None = None,
+         not_found: frozenset[int] = _SCHEMA_NOT_FOUND) -> bytes | Lookup:
     """The registry's answer at ``path`` under ``check.url``, or what it means when
-    there is none (its "no such schema", or why it could not say)."""
+    there is none (its "no such schema", an error code of ``not_found``, or why it
+    could not say); ``timeout``: what is left of the lookup's (else ``check.timeout``)."""
+    timeout = check.timeout if timeout is None else timeout
+    if timeout <= 0:
+        return RegistryUnavailable(f"{check.shown} did not answer for schema {schema_id} "
+                                   f"in {check.timeout:g} s")
     parts = urllib.parse.urlsplit(check.url)
     headers = {"Accept": _ACCEPT}
     if parts.username is not None:
@@ -88,10 +161,10 @@ def _get(check: RegistryCheck, path: str, schema_id: int) -> bytes | Lookup:
     url = f"{urllib.parse.urlunsplit(parts)}{path}"
     try:
         with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
-                                    timeout=check.timeout) as answer:
+                                    timeout=timeout) as answer:
             data: bytes = answer.read(MAX_SCHEMA_BYTES + 1)
     except urllib.error.HTTPError as exc:
-        if exc.code == 404 and _error_code(exc) == _SCHEMA_NOT_FOUND:
+        if exc.code == 404 and _error_code(exc) in not_found:
             return NOT_REGISTERED
         return RegistryUnavailable(f"{check.shown} answered HTTP {exc.code} {exc.reason} "
                                    f"for schema {schema_id}")
@@ -116,9 +189,11 @@ def _error_code(exc: urllib.error.HTTPError) -> int | None:
     return code if isinstance(code, int) else None
 
 
-def parse_schema(check: RegistryCheck, schema_id: int, data: bytes) -> Lookup:
+def parse_schema(check: RegistryCheck, schema_id: int, data: bytes,
+                 referenced: Iterable[Referenced] = ()) -> Lookup:
     """The registry's answer for ``schema_id`` (``{"schema": ..., "schemaType": ...}``;
-    no type: Avro), a JSON Schema compiled, an Avro or Protobuf schema parsed."""
+    no type: Avro), a JSON Schema compiled, an Avro or Protobuf schema parsed, with the
+    schemas it refers to (``referenced``, each after those it refers to)."""
     try:
         body = json.loads(data)
     except ValueError:
@@ -129,21 +204,27 @@ def parse_schema(check: RegistryCheck, schema_id: int, data: bytes) -> Lookup:
                                    "schema in it")
     assert isinstance(body, dict)
     schema_type = str(body.get("schemaType") or "AVRO").upper()
+    others = [(name, source) for name, kind, source in referenced if kind == schema_type]
     try:
         if schema_type == "JSON":
             return RegisteredSchema(schema_id, schema_type, json=compile_json_schema(
                 json.loads(text), f"schema {schema_id} of {check.shown}",
-                label=f"schema {schema_id}"))
+                label=f"schema {schema_id}",
+                references={name: json.loads(source) for name, source in others}))
         if schema_type == "AVRO":
             import fastavro
 
-            return RegisteredSchema(schema_id, schema_type,
-                                    avro=fastavro.parse_schema(json.loads(text)))
+            named: dict[str, Any] = {}  # the named types of the schemas it refers to
+            for _, source in others:
+                fastavro.parse_schema(json.loads(source), named_schemas=named)
+            return RegisteredSchema(schema_id, schema_type, avro=fastavro.parse_schema(
+                json.loads(text), named_schemas=named))
         if schema_type == "PROTOBUF":
             return RegisteredSchema(schema_id, schema_type,
-                                    protobuf=parse_proto_schema(text))
+                                    protobuf=parse_proto_schema(text, dict(others)))
     except Exception as exc:  # any schema this proxy cannot read
-        # References to other schemas, a draft it does not know: the id is still checked.
+        # A reference the registry does not have, a draft it does not know: the id is
+        # still checked.
         log_event(logger, logging.WARNING, f"a registered {schema_type} schema does not "
                   "compile here: records naming it are checked for its id only",
                   registry=check.shown, schema_id=schema_id,

@@ -27,7 +27,7 @@ import binascii
 import os
 import re
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Final
@@ -106,6 +106,7 @@ class ProtoMessage:
     fields: dict[int, ProtoField]
     nested: tuple[str, ...] = ()  # full names of nested messages, in declaration order
     required: tuple[ProtoField, ...] = ()
+    checks_utf8: bool = True  # its strings must be UTF-8 (proto3, editions: not proto2)
 
 
 @dataclass(frozen=True)
@@ -115,10 +116,6 @@ class ProtoSchema:
     syntax: str  # "proto2", "proto3" or "editions"
     top: tuple[str, ...]  # full names of the file's messages, in order
     messages: dict[str, ProtoMessage] = field(repr=False)
-
-    @property
-    def checks_utf8(self) -> bool:
-        return self.syntax != "proto2"
 
     def message_at(self, indexes: tuple[int, ...]) -> ProtoMessage | None:
         """The message the registry framing's indexes pick (None: no such message)."""
@@ -134,8 +131,7 @@ class ProtoSchema:
     def __post_init__(self) -> None:
         # Per message: what to do for each tag (field number and wire type) its declared
         # fields are written with; a tag not in it is read on the slow path.
-        tables = {name: _actions(message, self.syntax != "proto2")
-                  for name, message in self.messages.items()}
+        tables = {name: _actions(message) for name, message in self.messages.items()}
         object.__setattr__(self, "_tables", tables)
         object.__setattr__(self, "_native", _native_tables(self.messages, tables)
                            if protowire is not None else None)
@@ -237,7 +233,7 @@ class ProtoSchema:
 _VARINT, _BYTES, _STRING, _MESSAGE, _PACKED, _I64, _I32, _GROUP = range(8)
 
 
-def _actions(message: ProtoMessage, utf8: bool) -> dict[int, tuple[int, ProtoField]]:
+def _actions(message: ProtoMessage) -> dict[int, tuple[int, ProtoField]]:
     table: dict[int, tuple[int, ProtoField]] = {}
     for spec in message.fields.values():
         tag = spec.number << 3
@@ -255,7 +251,8 @@ def _actions(message: ProtoMessage, utf8: bool) -> dict[int, tuple[int, ProtoFie
         elif spec.type == "message":
             table[tag | LEN] = (_MESSAGE, spec)
         else:
-            table[tag | LEN] = (_STRING if utf8 and spec.type == "string" else _BYTES, spec)
+            table[tag | LEN] = (_STRING if message.checks_utf8 and spec.type == "string"
+                                else _BYTES, spec)
         if spec.packable:
             table[tag | LEN] = (_PACKED, spec)
     return table
@@ -401,9 +398,14 @@ def _message_indexes(data: bytes, pos: int) -> tuple[tuple[int, ...], int]:
 
 # --- reading a schema --------------------------------------------------------------------
 
-def parse_proto_schema(text: str) -> ProtoSchema:
+def parse_proto_schema(text: str, imports: Mapping[str, str] | None = None) -> ProtoSchema:
     """A registered Protobuf schema: ``.proto`` text, or a base64 ``FileDescriptorProto``
-    (``ProtoSchemaError`` when it is neither)."""
+    (``ProtoSchemaError`` when it is neither).  ``imports``: the files it imports (the
+    registry's references: the name it imports, that file's schema, in either form)."""
+    return _complete(_files_of(text), imports)
+
+
+def _files_of(text: str) -> _Files:
     stripped = text.strip()
     if stripped and not re.search(r"[\s{};]", stripped):
         try:
@@ -411,8 +413,58 @@ def parse_proto_schema(text: str) -> ProtoSchema:
         except (binascii.Error, ValueError):
             pass
         else:
-            return read_file_descriptor(raw)
-    return parse_proto_text(text)
+            return _descriptor_files(raw)
+    return _TextParser(text).read()
+
+
+def _complete(files: _Files, imports: Mapping[str, str] | None) -> ProtoSchema:
+    """``files`` with what it imports, and what they import, from ``imports`` or the
+    well-known types this module holds; the types of any other file stay unknown."""
+    pending = list(files.imports)
+    done: set[str] = set()
+    while pending:
+        name = pending.pop()
+        if name in done:
+            continue
+        done.add(name)
+        source = (imports or {}).get(name) or WELL_KNOWN.get(name)
+        if source is None:
+            continue
+        try:
+            imported = _files_of(source)
+        except ProtoSchemaError as exc:
+            raise ProtoSchemaError(f"{name} (imported): {exc}") from None
+        pending.extend(imported.imports)
+        files.absorb(imported)
+    return files.schema()
+
+
+# The well-known types' messages (google/protobuf/*.proto, their fields as published),
+# so a Timestamp or a StringValue is read, not taken on trust, without a reference.
+WELL_KNOWN: Final = {
+    "google/protobuf/timestamp.proto": 'syntax = "proto3"; package google.protobuf; '
+    "message Timestamp { int64 seconds = 1; int32 nanos = 2; }",
+    "google/protobuf/duration.proto": 'syntax = "proto3"; package google.protobuf; '
+    "message Duration { int64 seconds = 1; int32 nanos = 2; }",
+    "google/protobuf/empty.proto": 'syntax = "proto3"; package google.protobuf; '
+    "message Empty {}",
+    "google/protobuf/any.proto": 'syntax = "proto3"; package google.protobuf; '
+    "message Any { string type_url = 1; bytes value = 2; }",
+    "google/protobuf/field_mask.proto": 'syntax = "proto3"; package google.protobuf; '
+    "message FieldMask { repeated string paths = 1; }",
+    "google/protobuf/wrappers.proto": 'syntax = "proto3"; package google.protobuf; '
+    + " ".join(f"message {name}Value {{ {kind} value = 1; }}" for name, kind in (
+        ("Double", "double"), ("Float", "float"), ("Int64", "int64"),
+        ("UInt64", "uint64"), ("Int32", "int32"), ("UInt32", "uint32"), ("Bool", "bool"),
+        ("String", "string"), ("Bytes", "bytes"))),
+    "google/protobuf/struct.proto": 'syntax = "proto3"; package google.protobuf; '
+    "message Struct { map<string, Value> fields = 1; } "
+    "message Value { oneof kind { NullValue null_value = 1; double number_value = 2; "
+    "string string_value = 3; bool bool_value = 4; Struct struct_value = 5; "
+    "ListValue list_value = 6; } } "
+    "enum NullValue { NULL_VALUE = 0; } "
+    "message ListValue { repeated Value values = 1; }",
+}
 
 
 @dataclass
@@ -423,6 +475,7 @@ class _Draft:
     fields: list[tuple[str, int, str, str, bool]] = field(default_factory=list)
     # (name, number, type as written or a scalar, label, is a group)
     nested: list[str] = field(default_factory=list)
+    utf8: bool = True  # its file is not proto2
 
 
 class _Files:
@@ -434,6 +487,18 @@ class _Files:
         self.top: list[str] = []
         self.drafts: dict[str, _Draft] = {}
         self.enums: set[str] = set()
+        self.imports: list[str] = []
+
+    def draft(self, full: str, fields: list[tuple[str, int, str, str, bool]] | None = None
+              ) -> _Draft:
+        draft = self.drafts[full] = _Draft(full, fields or [], utf8=self.syntax != "proto2")
+        return draft
+
+    def absorb(self, other: _Files) -> None:
+        """An imported file's messages and enums, to resolve names against."""
+        for full, draft in other.drafts.items():
+            self.drafts.setdefault(full, draft)
+        self.enums |= other.enums
 
     def schema(self) -> ProtoSchema:
         messages = {}
@@ -443,7 +508,7 @@ class _Files:
                 fields[number] = self._field(full, name, number, written, label, is_group)
             messages[full] = ProtoMessage(
                 full, fields, tuple(draft.nested),
-                tuple(f for f in fields.values() if f.required))
+                tuple(f for f in fields.values() if f.required), draft.utf8)
         return ProtoSchema(self.syntax, tuple(self.top), messages)
 
     def _field(self, scope: str, name: str, number: int, written: str, label: str,
@@ -552,7 +617,14 @@ class _TextParser:
             token = self._next()
             depth += {"{": 1, "}": -1}.get(token, 0)
 
-    def parse(self) -> ProtoSchema:
+    def _string(self) -> str:
+        token = self._next()
+        if token[:1] not in ("'", '"'):
+            raise self._error(self.tokens[self.index - 1][1],
+                              f"a quoted name expected, found {token!r}")
+        return token[1:-1]
+
+    def read(self) -> _Files:
         files = self.files
         while self.index < len(self.tokens):
             token = self._next()
@@ -564,7 +636,12 @@ class _TextParser:
             elif token == "package":
                 files.package = self._name()
                 self._expect(";")
-            elif token in ("import", "option"):
+            elif token == "import":
+                if self._peek() in ("public", "weak"):
+                    self._next()
+                files.imports.append(self._string())
+                self._expect(";")
+            elif token == "option":
                 self._skip_statement()
             elif token == "message":
                 files.top.append(self._message(files.package))
@@ -575,12 +652,12 @@ class _TextParser:
             elif token != ";":
                 raise self._error(self.tokens[self.index - 1][1],
                                   f"{token!r} where a declaration belongs")
-        return files.schema()
+        return files
 
     def _message(self, scope: str, name: str | None = None) -> str:
         name = name or self._name()
         full = f"{scope}.{name}" if scope else name
-        draft = self.files.drafts[full] = _Draft(full)
+        draft = self.files.draft(full)
         self._expect("{")
         self._body(full, draft, "}")
         return full
@@ -628,8 +705,8 @@ class _TextParser:
             self._options()
             entry = "".join(part[:1].upper() + part[1:] for part in name.split("_"))
             entry_full = f"{scope}.{entry}Entry"
-            self.files.drafts[entry_full] = _Draft(
-                entry_full, [("key", 1, key, "", False), ("value", 2, value, "", False)])
+            self.files.draft(entry_full, [("key", 1, key, "", False),
+                                          ("value", 2, value, "", False)])
             draft.nested.append(entry_full)
             draft.fields.append((name, number, entry_full[len(scope) + 1:], "repeated",
                                  False))
@@ -681,9 +758,9 @@ class _TextParser:
             depth += {"{": 1, "}": -1}.get(token, 0)
 
 
-def parse_proto_text(text: str) -> ProtoSchema:
+def parse_proto_text(text: str, imports: Mapping[str, str] | None = None) -> ProtoSchema:
     """``.proto`` text as a ``ProtoSchema`` (``ProtoSchemaError`` with its line)."""
-    return _TextParser(text).parse()
+    return _complete(_TextParser(text).read(), imports)
 
 
 # --- a FileDescriptorProto, read with the same wire walk ---------------------------------
@@ -707,8 +784,13 @@ def _entries(data: bytes, start: int, end: int) -> Iterator[tuple[int, int, int 
             pos = _skip(data, pos, end, wire, number, 0)
 
 
-def read_file_descriptor(raw: bytes) -> ProtoSchema:
+def read_file_descriptor(raw: bytes, imports: Mapping[str, str] | None = None
+                         ) -> ProtoSchema:
     """A serialized ``google.protobuf.FileDescriptorProto`` as a ``ProtoSchema``."""
+    return _complete(_descriptor_files(raw), imports)
+
+
+def _descriptor_files(raw: bytes) -> _Files:
     files = _Files()
     fields: list[tuple[str, str, str, int, int, str]] = []
     # (message, name, type_name, number, type, label): resolved once all are read
@@ -722,7 +804,7 @@ def read_file_descriptor(raw: bytes) -> ProtoSchema:
         entries = list(_entries(body, 0, len(body)))
         name = next((text(v) for n, w, v in entries if n == 1 and w == LEN), "")
         full = f"{scope}.{name}" if scope else name
-        draft = files.drafts[full] = _Draft(full)
+        draft = files.draft(full)
         for number, wire, value in entries:
             if wire != LEN:
                 continue
@@ -747,6 +829,8 @@ def read_file_descriptor(raw: bytes) -> ProtoSchema:
                 files.package = text(value)
             elif number == 12 and wire == LEN:
                 files.syntax = text(value) or "proto2"
+            elif number == 3 and wire == LEN:
+                files.imports.append(text(value))
         for number, wire, value in entries:
             if number == 4 and wire == LEN:
                 assert isinstance(value, bytes)
@@ -759,7 +843,7 @@ def read_file_descriptor(raw: bytes) -> ProtoSchema:
     for scope, name, type_name, number, type_code, label in fields:
         written = _DESCRIPTOR_TYPES.get(type_code, type_name)
         files.drafts[scope].fields.append((name, number, written, label, type_code == 10))
-    return files.schema()
+    return files
 
 
 def _descriptor_field(body: bytes, scope: str) -> tuple[str, str, str, int, int, str]:

@@ -23,6 +23,7 @@ the proxy, which learns the id) and try again.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import re
@@ -82,6 +83,8 @@ class JsonSchema:
     schema: Mapping[str, Any]
     validator: Any
     label: str = ""
+    # The documents its $refs name outside it (a registry's references), by name.
+    documents: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -99,8 +102,11 @@ class JsonSchema:
         # the place it points to): never the record's own values, which the library's
         # messages quote.
         keyword = error.schema_path[-1] if error.schema_path else "schema"
-        expected = json.dumps(_schema_at(self.schema, error.schema_path),
-                              separators=(",", ":"))
+        if self.documents:  # its path may lie in another document: followed from here
+            found = _evaluated(self.schema, error.evaluation_path, self.documents)
+        else:
+            found = _schema_at(self.schema, error.schema_path)
+        expected = json.dumps(found, separators=(",", ":"))
         if len(expected) > 80:
             expected = expected[:77] + "..."
         return (f"its {what} does not match {self.name}: at "
@@ -114,6 +120,26 @@ def _schema_at(schema: Any, schema_path: Iterable[str | int]) -> Any:
         except (KeyError, IndexError, TypeError):
             return None
     return schema
+
+
+def _evaluated(schema: Any, path: Iterable[str | int], documents: Mapping[str, Any]) -> Any:
+    """The keyword an error's evaluation path ends at, following each ``$ref`` into the
+    document it names (``documents``, else this one) and the JSON pointer after ``#``."""
+    root = node = schema
+    for step in path:
+        target = node.get(step) if isinstance(node, dict) and step in ("$ref",
+                                                                         "$dynamicRef") else None
+        if isinstance(target, str):
+            name, _, pointer = target.partition("#")
+            if name:
+                root = documents.get(name)
+            node = root
+            for part in pointer.split("/")[1:] if pointer else ():
+                node = _schema_at(node, [urllib.parse.unquote(part).replace("~1", "/")
+                                         .replace("~0", "~")])
+            continue
+        node = _schema_at(node, [step])
+    return node
 
 
 _NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -158,9 +184,12 @@ def load_json_schema(path: Path) -> JsonSchema:
 
 
 def compile_json_schema(schema: Any, source: str, path: Path | None = None,
-                        label: str = "") -> JsonSchema:
+                        label: str = "", references: Mapping[str, Any] | None = None
+                        ) -> JsonSchema:
     """``schema`` (a parsed document, from ``source``: a file or a registry) checked
-    against its draft's meta-schema and compiled; ``ValueError`` saying what is wrong."""
+    against its draft's meta-schema and compiled; ``ValueError`` saying what is wrong.
+    ``references``: the documents its ``$ref``s name (a registry's references: each by
+    the name it is referred to by), held here, never fetched."""
     # Imported here: 8 MiB of every proxy's memory, for the rules that use a schema.
     import jsonschema_rs
 
@@ -176,7 +205,8 @@ def compile_json_schema(schema: Any, source: str, path: Path | None = None,
         jsonschema_rs.meta.validate(schema)
         # Offline: a $ref to another document is an error at load, never a request the
         # proxy makes.
-        validator = jsonschema_rs.validator_for(schema, offline=True)
+        validator = jsonschema_rs.validator_for(
+            schema, offline=True, registry=_referred(jsonschema_rs, schema, references))
     except jsonschema_rs.ValidationError as exc:
         where = f" (at {json_path(exc.instance_path)})" if exc.instance_path else ""
         message = exc.message.splitlines()[0] if exc.message else str(exc)
@@ -184,7 +214,26 @@ def compile_json_schema(schema: Any, source: str, path: Path | None = None,
     except (jsonschema_rs.ReferencingError, ValueError, TypeError) as exc:
         message = str(exc).splitlines()[0]
         raise ValueError(f"{source} is not a valid JSON Schema: {message}") from None
-    return JsonSchema(path, schema, validator, label)
+    return JsonSchema(path, schema, validator, label, _documents(schema, references))
+
+
+def _documents(schema: Any, references: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``references`` each under its name and, where ``schema`` has an ``$id``, under
+    the name resolved against it (as a ``$ref`` in it may name it)."""
+    documents = dict(references or {})
+    base = schema.get("$id") if isinstance(schema, dict) else None
+    if isinstance(base, str):
+        for name, document in references.items() if references else ():
+            documents.setdefault(urllib.parse.urljoin(base, name), document)
+    return documents
+
+
+def _referred(jsonschema_rs: Any, schema: dict[str, Any],
+              references: Mapping[str, Any] | None) -> Any:
+    """A registry of ``references`` for ``schema``'s ``$ref``s (``_documents``)."""
+    if not references:
+        return None
+    return jsonschema_rs.Registry(list(_documents(schema, references).items()))
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,11 @@ the producer retries until the registry answers, and each record is then written
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import struct
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -278,3 +280,78 @@ def test_protobuf_records_read_against_their_schema(
     finally:
         consumer.close()
     assert read == [*written, written[0]]
+
+
+LEDGER_PROTO = """\
+syntax = "proto3";
+package ledger;
+message Amount { string currency = 1; int64 units = 2; }
+"""
+
+INVOICE_PROTO = """\
+syntax = "proto3";
+package invoicing;
+import "ledger.proto";
+import "google/protobuf/timestamp.proto";
+message Invoice { string number = 1; ledger.Amount total = 2; google.protobuf.Timestamp due = 3; }
+"""
+
+
+def test_schemas_referred_to_are_read_with_it(
+        kafka: KafkaCluster, apicurio: ApicurioRegistry, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """References: Confluent's Protobuf serializer registers the file a message's file
+    imports under a subject of its own and the message's file with a reference to it;
+    a JSON Schema's ``$ref`` names another subject's schema.  What the referred-to
+    schemas say is held too: an Amount's units written as a string, an address without
+    its city, are refused and never written; the rest is."""
+    caplog.set_level(logging.INFO, logger="gatehouse")
+    invoice_pb2, _ = compile_proto(INVOICE_PROTO, "invoice", tmp_path,
+                                   {"ledger.proto": LEDGER_PROTO})
+    amount = importlib.import_module("ledger_pb2").Amount
+    topic = unique("orders")
+    kafka.create_topic(topic, partitions=3)
+    registry = apicurio
+    address = json.dumps({"type": "object", "required": ["city"],
+                          "properties": {"city": {"type": "string"}, "tag": {"const": topic}}})
+    registry.register(f"{topic}-address", address)
+    customer = registry.register(
+        f"{topic}-customer-value",
+        json.dumps({"type": "object", "properties": {"address": {"$ref": "address.json"}}}),
+        references=[{"name": "address.json", "subject": f"{topic}-address", "version": 1}])
+    with ProxyThread(kafka.bootstrap, rules_yaml=rules(registry.url)) as proxy:
+        to_bytes = ProtobufSerializer(invoice_pb2.Invoice,
+                                      SchemaRegistryClient({"url": registry.url}),
+                                      {"use.deprecated.format": False})
+        context = SerializationContext(topic, MessageField.VALUE)
+        invoices = [invoice_pb2.Invoice(number=f"n{i}", total=amount(currency="EUR", units=i))
+                    for i in range(10)]
+        good = [serialized(to_bytes, invoice, context) for invoice in invoices]
+        # The serializer registered ledger.proto first, then the invoice referring to it.
+        invoice_id = struct.unpack(">I", good[0][1:5])[0]
+        with urllib.request.urlopen(f"{registry.url}/schemas/ids/{invoice_id}") as answer:
+            [reference] = json.load(answer)["references"]
+        assert reference["name"] == "ledger.proto"
+        head = good[0][:5] + b"\x00"
+        units_as_text = head + b"\x12\x03\x12\x01x"  # total.units, length-delimited
+        late = head + b"\x1a\x02\x08\x80"  # due.seconds cut short
+        good_customer = framed(customer, {"address": {"city": "Oslo", "tag": topic}})
+        no_city = framed(customer, {"address": {"tag": topic}})
+        reports = send(proxy, topic, [(0, None, value) for value in [*good, good_customer]]
+                       + [(1, None, units_as_text), (1, None, late)])
+        assert [e for p, e in reports if p == 0] == [None] * 11
+        assert [(p, None if e is None else e.code()) for p, e in reports if p != 0] == [
+            (1, ck.KafkaError.INVALID_RECORD), (1, ck.KafkaError.INVALID_RECORD)]
+        [(_, error)] = send(proxy, topic, [(2, None, no_city)])  # a connection of its own
+        assert error is not None and error.code() == ck.KafkaError.INVALID_RECORD
+    reasons = [entry["reason"] for entry in logged(caplog, "refused")]
+    assert reasons == [
+        f"topic {topic} partition 1: record 0: its value is not Protobuf of schema "
+        f"{invoice_id} (as invoicing.Invoice: in total: field 'units' (2) is written as "
+        "length-delimited, and its type (int64) is a varint) (2 records in all) "
+        "(rule registered)",
+        f"topic {topic} partition 2: record 0: its value does not match schema {customer}: "
+        'at $.address, required ["city"] (rule registered)']
+    assert watermarks(kafka.bootstrap, topic, 0) == (0, 11)
+    assert watermarks(kafka.bootstrap, topic, 1) == (0, 0)
+    assert watermarks(kafka.bootstrap, topic, 2) == (0, 0)

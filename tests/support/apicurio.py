@@ -14,7 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from scripts.fetch_apicurio import ensure_apicurio, java21
 from tests.support.kafka import (
@@ -70,11 +70,16 @@ class ApicurioRegistry:
         except (OSError, urllib.error.URLError):
             return False
 
-    def register(self, subject: str, schema: str, schema_type: str = "JSON") -> int:
-        """``schema``'s id under ``subject`` (registered if new)."""
+    def register(self, subject: str, schema: str, schema_type: str = "JSON",
+                 references: list[dict[str, Any]] | None = None) -> int:
+        """``schema``'s id under ``subject`` (registered if new); ``references``:
+        ``{name, subject, version}`` of the schemas it refers to."""
+        body: dict[str, Any] = {"schema": schema, "schemaType": schema_type}
+        if references:
+            body["references"] = references
         request = urllib.request.Request(
             f"{self.url}/subjects/{subject}/versions", method="POST",
-            data=json.dumps({"schema": schema, "schemaType": schema_type}).encode(),
+            data=json.dumps(body).encode(),
             headers={"Content-Type": "application/vnd.schemaregistry.v1+json"})
         with urllib.request.urlopen(request, timeout=30) as answer:
             schema_id = json.load(answer)["id"]
