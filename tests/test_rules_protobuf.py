@@ -18,7 +18,10 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gatehouse.rules import protobuf
+from gatehouse.configfile import ConfigError
+from gatehouse.proxy.hooks import Forward, Respond
+from gatehouse.proxy.policy import Reloader, RulesPolicy, RulesSource
+from gatehouse.rules import load_rules_file, protobuf
 from gatehouse.rules.protobuf import (
     ProtoSchema,
     ProtoSchemaError,
@@ -28,6 +31,8 @@ from gatehouse.rules.protobuf import (
 )
 from gatehouse.rules.records import FieldCheck, Lookup, RegisteredSchema, RegistryCheck
 from tests.support.protoc import compile_proto
+from tests.test_rules_records import batch, partitions, produce
+from tests.test_rules_topic_filter import conn
 
 SHOP = """\
 syntax = "proto3";
@@ -184,6 +189,11 @@ def test_what_the_schema_holds() -> None:
         4: ("tags", "message"), 5: ("status", "enum"), 6: ("card", "string"),
         7: ("cash", "message"), 8: ("placed", "message"), 9: ("deltas", "sint32"),
         10: ("total", "double"), 11: ("crc", "fixed32")}
+    # The C walk goes where it can say all the Python walk says: not where proto2
+    # fields are required (it counts no fields) or tables would be large.
+    assert shop._native is not None
+    assert parse_proto_text(LEGACY)._native is None
+    assert parse_proto_text("message A { int32 far = 100000; }")._native is None
     legacy = parse_proto_text(LEGACY).messages["legacy.Event"]
     assert [f.name for f in legacy.required] == ["id"]
     assert (legacy.fields[5].type, legacy.fields[5].message) == ("group", "legacy.Event.Origin")
@@ -269,7 +279,8 @@ def test_messages_protoc_writes_are_taken(
     # Another file's type, not at hand: a varint or length-delimited, not read.
     (OPAQUE, framed_java(b"\x0a\x03\xff\xff\xff\x10\x05"), None),
     (OPAQUE, framed_java(b"\x0d\x00\x00\x00\x00"), "field 'thing' (1) is written as 4 "
-                                                  "bytes, and its type (unknown) is a varint"),
+                                                  "bytes, and its type (unknown) is a varint or "
+                                                  "length-delimited"),
     (LEGACY, framed_java(b"\x12\x01\xff"), "as legacy.Event: it has no required field 'id'"),
     (LEGACY, framed_java(b"\x08\x01\x12\x01\xff"), None),  # proto2: bytes as they are
     (LEGACY, framed_java(b"\x08\x01\x2b\x38\x01\x2c"),
@@ -412,7 +423,8 @@ def kitchen(compiled: dict[str, tuple[ModuleType, bytes]]
 def c_reads(schema: ProtoSchema, data: bytes) -> bool:
     """The C walk's own answer for a message framed as ``framed_java`` frames it."""
     assert protobuf.protowire is not None
-    tables, index = schema._native  # type: ignore[attr-defined]
+    assert schema._native is not None
+    tables, index = schema._native
     return bool(protobuf.protowire.reads(data, 1, tables, index[schema.top[0]]))
 
 
@@ -462,3 +474,98 @@ def test_any_bytes_get_one_answer_from_both_walks(name: str, indexes: bytes,
         python_only = parse_proto_text(TEXTS[name])
     assert parse_proto_text(TEXTS[name]).problem(indexes + payload) == (
         python_only.problem(indexes + payload))
+
+
+# --- a local .proto file: raw Protobuf values, no registry ---------------------------
+
+LOCAL_RULES = ("- name: orders-protobuf\n  validate_records:\n    topics: [orders.eu]\n"
+               "    value: {protobuf: schemas/pay.proto, required: true}\n")
+
+
+def local_rules(tmp_path: Path, rules_text: str = LOCAL_RULES) -> Path:
+    (tmp_path / "schemas").mkdir(exist_ok=True)
+    (tmp_path / "schemas" / "pay.proto").write_text(PAY)
+    (tmp_path / "schemas" / "money.proto").write_text(MONEY)
+    path = tmp_path / "rules.yaml"
+    path.write_text(rules_text)
+    return path
+
+
+def test_values_held_to_a_local_proto_file(tmp_path: Path, walk: str) -> None:
+    """``protobuf: FILE`` (beside the rules' file): each value must be the file's first
+    message (or ``message``), as its bytes are; the files it imports are read from
+    beside it and watched with it; refused records say where, never what."""
+    path = local_rules(tmp_path)
+    loaded = load_rules_file(path)
+    [rule] = loaded.rules
+    assert rule.validate_records is not None
+    check = rule.validate_records.value
+    assert check.format == "protobuf" and check.protobuf is not None
+    assert check.protobuf.message == "shop.Pay"
+    assert loaded.files == (tmp_path / "schemas" / "pay.proto",
+                            tmp_path / "schemas" / "money.proto")
+    assert check.problem(b"\x0a\x05\x0a\x03EUR", "value") is None
+    assert check.problem(b"\x0a\x03\x12\x01x", "value") == (
+        "its value is not Protobuf of pay.proto (as shop.Pay: in amount: field 'units' (2) "
+        "is written as length-delimited, and its type (int64) is a varint)")
+    assert check.problem(None, "value") == "its value is null"
+    # Through the policy: the bad record's index and what is wrong with it.
+    policy = RulesPolicy(loaded)
+    decision = policy.on_request(conn(), produce([batch(
+        (None, b"\x0a\x02\x10\x05"), (None, b"\x0a\x01\x10"))]))
+    assert isinstance(decision, Respond)
+    [only] = partitions(decision.response).values()
+    assert [(e.batch_index, e.batch_index_error_message) for e in only.record_errors] == [
+        (1, "its value is not Protobuf of pay.proto (as shop.Pay: in amount: it ends "
+            "inside a varint)")]
+    # Another message of the file, by its full name.
+    named = local_rules(tmp_path, LOCAL_RULES.replace(
+        "{protobuf: schemas/pay.proto,",
+        "{protobuf: {file: schemas/money.proto, message: fin.Money},"))
+    [rule] = load_rules_file(named).rules
+    assert rule.validate_records is not None
+    assert rule.validate_records.value.problem(b"\x10\x05", "value") is None
+
+
+@pytest.mark.parametrize(("value", "error"), [
+    ("{protobuf: schemas/missing.proto}", "missing.proto cannot be read"),
+    ("{protobuf: schemas/broken.proto}", r"broken\.proto: line 2: '=' expected"),
+    ("{protobuf: schemas/imports-broken.proto}",
+     r"imports-broken\.proto: broken\.proto \(imported\): line 2"),
+    ("{protobuf: {file: schemas/pay.proto, message: Pay}}",
+     r"has no message 'Pay' \(its messages: shop\.Pay; name one with its package\)"),
+    ("{protobuf: schemas/empty.proto}", "empty.proto declares no message"),
+    ("{protobuf: schemas/pay.proto, format: json}", r"takes no format \(json\)"),
+    ("{protobuf: {message: shop.Pay}}", "needs 'file'"),
+])
+def test_a_bad_proto_file_is_refused_with_its_line(tmp_path: Path, value: str,
+                                                  error: str) -> None:
+    local_rules(tmp_path)
+    (tmp_path / "schemas" / "broken.proto").write_text("message A {\n  int32 x 1;\n}\n")
+    (tmp_path / "schemas" / "imports-broken.proto").write_text('import "broken.proto";\n')
+    (tmp_path / "schemas" / "empty.proto").write_text('syntax = "proto3";\n')
+    path = tmp_path / "rules.yaml"
+    path.write_text(f"- name: r\n  validate_records:\n\n    value: {value}\n")
+    with pytest.raises(ConfigError, match=error) as caught:
+        load_rules_file(path)
+    assert caught.value.line == 4 and caught.value.file == str(path)
+
+
+def test_a_changed_proto_file_reloads_the_rules(tmp_path: Path) -> None:
+    """The .proto file and what it imports are watched with the rules file: a change
+    reloads them; a file made unreadable keeps the old rules in force."""
+    path = local_rules(tmp_path)
+    policy = RulesPolicy(load_rules_file(path))
+    reloader = Reloader(policy, RulesSource(None, path))
+    assert not reloader.changed()
+    units_as_text = produce([batch((None, b"\x0a\x03\x12\x01x"))])
+    assert isinstance(policy.on_request(conn(), units_as_text), Respond)
+    # An imported file changed: Money's units now a string.
+    (tmp_path / "schemas" / "money.proto").write_text(MONEY.replace("int64 units",
+                                                                    "string units"))
+    assert reloader.changed() and reloader.reload()
+    assert isinstance(policy.on_request(conn(), units_as_text), Forward)
+    (tmp_path / "schemas" / "pay.proto").write_text("message {")
+    assert reloader.changed() and not reloader.reload()
+    assert reloader.last_error is not None and "pay.proto: line 1" in reloader.last_error
+    assert isinstance(policy.on_request(conn(), units_as_text), Forward)  # the old rules

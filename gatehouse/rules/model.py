@@ -308,7 +308,8 @@ class RuleSet:
     @functools.cached_property
     def files(self) -> tuple[Path, ...]:
         """The files these rules read besides their own (validate_records' JSON
-        Schemas): a change to one reloads the rules, as a change to theirs does."""
+        Schemas, .proto files and their imports): a change to one reloads the rules, as
+        a change to theirs does."""
         found: dict[Path, None] = {}
         for rule in self.rules:
             validation = rule.validate_records
@@ -316,6 +317,8 @@ class RuleSet:
                 for check in (validation.key, validation.value):
                     if check.schema is not None and check.schema.path is not None:
                         found[check.schema.path] = None
+                    if check.protobuf is not None:
+                        found.update(dict.fromkeys(check.protobuf.files))
         return tuple(found)
 
     @functools.cached_property

@@ -38,6 +38,7 @@ from gatehouse.rules.model import (
     parse_version,
 )
 from gatehouse.rules.produce import ACKS_NAMES, COMPRESSION_NAMES, ProducePolicy
+from gatehouse.rules.protobuf import ProtoFile, ProtoSchemaError, load_proto_file
 from gatehouse.rules.records import (
     DEFAULT_MAX_DECOMPRESSED,
     FORMATS,
@@ -353,6 +354,13 @@ def _field_check(reader: Reader, what: str) -> FieldCheck:
             schema = load_json_schema(path)
         except ValueError as exc:
             raise sub.error("schema", f"{where}.schema: {exc}") from None
+    protobuf = None
+    if sub.has("protobuf"):
+        if fmt is not None:
+            raise sub.error("protobuf", f"{where}.protobuf is a message of a .proto file: "
+                            f"it takes no format ({fmt})")
+        fmt = "protobuf"
+        protobuf = _protobuf_file(sub, reader.source.file, f"{where}.protobuf")
     registry = None
     if sub.has("registry"):
         if fmt not in (None, "schema_registry"):
@@ -361,11 +369,30 @@ def _field_check(reader: Reader, what: str) -> FieldCheck:
         fmt = "schema_registry"
         registry = _registry_check(sub, f"{where}.registry")
     sub.finish()
-    check = FieldCheck(required, fmt, max_bytes, schema, registry)
+    check = FieldCheck(required, fmt, max_bytes, schema, registry, protobuf)
     if check == FieldCheck():
         raise reader.error(what, f"{where} needs at least one of required: true, format, "
-                           "max_bytes, schema, registry")
+                           "max_bytes, schema, registry, protobuf")
     return check
+
+
+def _protobuf_file(reader: Reader, rules_file: str, where: str) -> ProtoFile:
+    """``protobuf: FILE`` or ``{file, message}``: the ``.proto`` file (beside the rules'
+    file unless absolute) whose message (its full name; the file's first if left out)
+    a key or value must be."""
+    raw = reader.take("protobuf", (str, dict))
+    sub = (Reader({}, reader.source, where, reader.line_of("protobuf")) if isinstance(raw, str)
+           else Reader(raw, reader.source, where, reader.line_of("protobuf")))
+    name = raw if isinstance(raw, str) else sub.require("file", str)
+    message = sub.take("message", str)
+    sub.finish()
+    path = Path(name)
+    if not path.is_absolute() and not rules_file.startswith("<"):
+        path = Path(rules_file).parent / path
+    try:
+        return load_proto_file(path, message)
+    except ProtoSchemaError as exc:
+        raise reader.error("protobuf", f"{where}: {exc}") from None
 
 
 def _registry_check(reader: Reader, where: str) -> RegistryCheck:

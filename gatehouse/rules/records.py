@@ -52,13 +52,13 @@ from gatehouse.rules.errors import (
     error_response,
 )
 from gatehouse.rules.produce import in_scope, topic_key
-from gatehouse.rules.protobuf import ProtoSchema
+from gatehouse.rules.protobuf import ProtoFile, ProtoSchema
 
 FORMATS: Final = ("json", "utf8", "schema_registry")
 MAX_RECORD_ERRORS: Final = 100  # listed per partition; the count says how many more
 DEFAULT_MAX_DECOMPRESSED: Final = 64 * 1024 * 1024
 
-Format = Literal["json", "utf8", "schema_registry"]
+Format = Literal["json", "utf8", "schema_registry", "protobuf"]
 Decompress = Callable[[str, Buffer, int], bytes]
 
 
@@ -367,6 +367,7 @@ class FieldCheck:
     max_bytes: int | None = None
     schema: JsonSchema | None = None  # format json, matching this schema
     registry: RegistryCheck | None = None  # format schema_registry, ids looked up
+    protobuf: ProtoFile | None = None  # format protobuf: a message of a local .proto
 
     def problem(self, data: bytes | None, what: str, lookup: SchemaLookup | None = None,
                 topic: str | None = None) -> str | None:
@@ -382,6 +383,8 @@ class FieldCheck:
             if problem is None and self.schema is not None:
                 return self.schema.problem(document, what)
             return problem
+        if self.format == "protobuf" and self.protobuf is not None:
+            return self.protobuf.problem(data, what)
         if self.format == "utf8":
             try:
                 data.decode("utf-8")

@@ -242,3 +242,53 @@ def test_values_held_to_a_json_schema(kafka: KafkaCluster, tmp_path: Path) -> No
         ck.KafkaError.INVALID_RECORD] * 2
     assert watermarks(kafka.bootstrap, topic, 0) == (0, 3000)
     assert watermarks(kafka.bootstrap, topic, 1) == (0, 0)
+
+
+ORDER_PROTO = """\
+syntax = "proto3";
+package shop;
+import "google/protobuf/timestamp.proto";
+message Order {
+  string id = 1;
+  repeated Line lines = 2;
+  google.protobuf.Timestamp placed = 3;
+  message Line { string sku = 1; uint32 qty = 2; }
+}
+"""
+
+
+def test_raw_protobuf_values_held_to_a_local_proto_file(
+        kafka: KafkaCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """``protobuf: FILE``: values written by Google's own generated code are taken and
+    read back as they were written; a value of another message (a Line where an Order
+    belongs) or cut short is refused as INVALID_RECORD and never written."""
+    from tests.support.protoc import compile_proto
+
+    caplog.set_level(logging.INFO, logger="gatehouse")
+    order_pb2, _ = compile_proto(ORDER_PROTO, "local_order", tmp_path)
+    proto = tmp_path / "local_order.proto"
+    topic = unique("orders")
+    kafka.create_topic(topic, partitions=2)
+    rules = ("- name: orders-protobuf\n  validate_records:\n    topics: ['orders-.*']\n"
+             f"    value: {{protobuf: {{file: '{proto}', message: shop.Order}}}}\n")
+    orders = [order_pb2.Order(id=f"o-{i}", lines=[order_pb2.Order.Line(sku="k", qty=i)])
+              for i in range(20)]
+    for order in orders:
+        order.placed.seconds = 1_700_000_000 + order.lines[0].qty
+    good = [order.SerializeToString() for order in orders]
+    line = order_pb2.Order.Line(sku="k" * 20, qty=1).SerializeToString()  # qty: field 2
+    with ProxyThread(kafka.bootstrap, rules_yaml=rules) as proxy:
+        reports = send(proxy, topic, [(0, None, value) for value in good]
+                       + [(1, None, line), (1, None, good[3][:-2])])
+    assert [e for p, e in reports if p == 0] == [None] * 20
+    assert [None if e is None else e.code() for p, e in reports if p == 1] == [
+        ck.KafkaError.INVALID_RECORD] * 2
+    [refused] = logged(caplog, "refused")
+    assert refused["reason"] == (
+        f"topic {topic} partition 1: record 0: its value is not Protobuf of "
+        "local_order.proto (as shop.Order: field 'lines' (2) is written as a varint, and "
+        "its type (message) is length-delimited) (2 records in all) (rule orders-protobuf)")
+    assert watermarks(kafka.bootstrap, topic, 1) == (0, 0)
+    read = consume({"bootstrap.servers": kafka.bootstrap}, topic, 20)
+    assert sorted(order_pb2.Order.FromString(value).id for value in read) == sorted(
+        order.id for order in orders)
