@@ -48,6 +48,10 @@ _MAGIC_AT: Final = 16
 _COUNT_AT: Final = 57  # a v2 batch's record count
 # ``count_records`` in C (gatehouse/codecs/_speedups.c), where built: None where it raises.
 _C_COUNT_RECORDS: Final = None if speedups is None else speedups.count_records
+# ``iter_records``' reading in C, where built: records a chunk at a time, None (or a
+# short chunk) at a record the Python reader is to read (and say what is wrong with).
+_C_READ_RECORDS: Final = None if speedups is None else speedups.read_records
+_C_CHUNK: Final = 256  # records made at once: a batch of millions is not all in memory
 V2_HEAD: Final = struct.Struct(">8xi4xb40xi")  # length (8), magic (16), count (57)
 _CRC_DATA_FROM: Final = 21  # CRC-32C covers attributes onwards
 
@@ -194,10 +198,26 @@ def iter_records(data: Buffer, count: int) -> Iterator[Record]:
     ``count`` or bytes left over after them.
     """
     buf = bytes(data)
+    pos = index = 0
+    if _C_READ_RECORDS is not None:
+        while index < count:
+            want = min(count - index, _C_CHUNK)
+            chunk = _C_READ_RECORDS(buf, pos, index, want, Record)
+            if chunk is None:
+                break
+            records, pos = chunk
+            yield from records
+            index += len(records)
+            if len(records) < want:
+                break  # the next record: read below, which says what is wrong
+    yield from _read_records(buf, count, index, pos)
+
+
+def _read_records(buf: bytes, count: int, first: int, pos: int) -> Iterator[Record]:
+    """``iter_records`` in Python, from record ``first`` at ``pos``."""
     end = len(buf)
-    pos = 0
     try:
-        for index in range(count):
+        for index in range(first, count):
             # Most of a record's varints are one byte (zig-zag: -64..63): read inline.
             length, pos = _varint(buf, pos)
             stop = pos + length
