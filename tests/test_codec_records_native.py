@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from gatehouse.codecs import records
 from gatehouse.codecs.errors import RemoteProtocolError
 from gatehouse.codecs.primitives import varint_bytes
+from tests.support.mutants import mutant
 
 
 def record_bytes(timestamp_delta: int, offset_delta: int, key: bytes | None,
@@ -70,17 +71,7 @@ def test_the_same_records_and_errors(parts: list[bytes], extra: int,
     c, python = both(section, count)
     assert c == python
     # Mutants: a byte changed, some inserted, the end cut.
-    mutant = bytearray(section)
-    for _ in range(data.draw(st.integers(1, 3))):
-        where = data.draw(st.integers(0, len(mutant)))
-        action = data.draw(st.sampled_from(["flip", "insert", "cut"]))
-        if action == "flip" and where < len(mutant):
-            mutant[where] ^= data.draw(st.integers(1, 255))
-        elif action == "insert":
-            mutant[where:where] = data.draw(st.binary(min_size=1, max_size=3))
-        else:
-            del mutant[where:]
-    c, python = both(bytes(mutant), len(parts))
+    c, python = both(mutant(data, section), len(parts))
     assert c == python
 
 

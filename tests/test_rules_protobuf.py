@@ -18,7 +18,6 @@ from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gatehouse.configfile import ConfigError
 from gatehouse.proxy.hooks import Forward, Respond
 from gatehouse.proxy.policy import Reloader, RulesPolicy, RulesSource
 from gatehouse.rules import load_rules_file, protobuf
@@ -30,8 +29,9 @@ from gatehouse.rules.protobuf import (
     read_file_descriptor,
 )
 from gatehouse.rules.records import FieldCheck, Lookup, RegisteredSchema, RegistryCheck
+from tests.support.mutants import mutant
 from tests.support.protoc import compile_proto
-from tests.test_rules_records import batch, partitions, produce
+from tests.test_rules_records import batch, partitions, produce, refused_at_its_line
 from tests.test_rules_topic_filter import conn
 
 SHOP = """\
@@ -440,24 +440,15 @@ def test_written_messages_are_taken_and_mutants_never_wrongly(
     # Mutants: bytes flipped, inserted, cut.  Whatever problem() takes, Google's parser
     # takes too; what Google's parser takes and problem() refuses is a declared field in
     # a wire type its type never uses (the parser would set it aside as unknown).
-    mutant = bytearray(payload)
-    for _ in range(data.draw(st.integers(1, 3))):
-        where = data.draw(st.integers(0, len(mutant)))
-        action = data.draw(st.sampled_from(["flip", "insert", "cut"]))
-        if action == "flip" and where < len(mutant):
-            mutant[where] ^= data.draw(st.integers(1, 255))
-        elif action == "insert":
-            mutant[where:where] = data.draw(st.binary(min_size=1, max_size=3))
-        else:
-            del mutant[where:]
-    found = schema.problem(framed_java(bytes(mutant)))
+    spoiled = mutant(data, payload)
+    found = schema.problem(framed_java(spoiled))
     # The C walk says "it reads" only where the Python walk finds nothing; the answer
     # is the Python walk's either way.
-    assert found == python_only.problem(framed_java(bytes(mutant)))
-    if c_reads(schema, framed_java(bytes(mutant))):
+    assert found == python_only.problem(framed_java(spoiled))
+    if c_reads(schema, framed_java(spoiled)):
         assert found is None
     try:
-        kitchen_pb2.Sink.FromString(bytes(mutant))
+        kitchen_pb2.Sink.FromString(spoiled)
     except DecodeError:
         assert found is not None, "taken here, refused by Google's parser"
     else:
@@ -544,11 +535,7 @@ def test_a_bad_proto_file_is_refused_with_its_line(tmp_path: Path, value: str,
     (tmp_path / "schemas" / "broken.proto").write_text("message A {\n  int32 x 1;\n}\n")
     (tmp_path / "schemas" / "imports-broken.proto").write_text('import "broken.proto";\n')
     (tmp_path / "schemas" / "empty.proto").write_text('syntax = "proto3";\n')
-    path = tmp_path / "rules.yaml"
-    path.write_text(f"- name: r\n  validate_records:\n\n    value: {value}\n")
-    with pytest.raises(ConfigError, match=error) as caught:
-        load_rules_file(path)
-    assert caught.value.line == 4 and caught.value.file == str(path)
+    refused_at_its_line(tmp_path, value, error)
 
 
 def test_a_changed_proto_file_reloads_the_rules(tmp_path: Path) -> None:

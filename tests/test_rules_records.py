@@ -446,6 +446,12 @@ def test_a_bad_schema_is_refused_with_its_line(tmp_path: Path, schema_text: str 
     (tmp_path / "schemas").mkdir()
     if schema_text is not None:
         (tmp_path / "schemas" / "order.json").write_text(schema_text)
+    refused_at_its_line(tmp_path, value, error)
+
+
+def refused_at_its_line(tmp_path: Path, value: str, error: str) -> None:
+    """A rules file whose ``validate_records.value`` (on its line 4) is ``value`` is
+    refused with ``error``, naming that file and line."""
     path = tmp_path / "rules.yaml"
     path.write_text(f"- name: r\n  validate_records:\n\n    value: {value}\n")
     with pytest.raises(ConfigError, match=error) as caught:

@@ -86,6 +86,17 @@ def fetch_schema(check: RegistryCheck, schema_id: int) -> Lookup:
     return dataclasses.replace(found, subjects=frozenset(subjects))
 
 
+def _schema_body(data: bytes) -> dict[str, Any] | None:
+    """The registry's answer as an object with a ``schema`` string (None: it is not)."""
+    try:
+        body = json.loads(data)
+    except ValueError:
+        return None
+    if not isinstance(body, dict) or not isinstance(body.get("schema"), str):
+        return None
+    return body
+
+
 def _references_of(data: bytes) -> list[Any]:
     try:
         body = json.loads(data)
@@ -124,15 +135,11 @@ def _referenced(check: RegistryCheck, schema_id: int, references: list[Any],
         if not isinstance(data, bytes):
             assert isinstance(data, RegistryUnavailable)
             return data
-        try:
-            body = json.loads(data)
-        except ValueError:
-            body = None
-        text = body.get("schema") if isinstance(body, dict) else None
-        if not isinstance(text, str):
+        body = _schema_body(data)
+        if body is None:
             return RegistryUnavailable(f"{check.shown} answered {subject} version "
                                        f"{version} with no schema in it")
-        assert isinstance(body, dict)
+        text = body["schema"]
         deeper = _referenced(check, schema_id, _references_of(data), deadline, found, seen)
         if isinstance(deeper, RegistryUnavailable):
             return deeper
@@ -194,15 +201,11 @@ def parse_schema(check: RegistryCheck, schema_id: int, data: bytes,
     """The registry's answer for ``schema_id`` (``{"schema": ..., "schemaType": ...}``;
     no type: Avro), a JSON Schema compiled, an Avro or Protobuf schema parsed, with the
     schemas it refers to (``referenced``, each after those it refers to)."""
-    try:
-        body = json.loads(data)
-    except ValueError:
-        body = None
-    text = body.get("schema") if isinstance(body, dict) else None
-    if not isinstance(text, str):
+    body = _schema_body(data)
+    if body is None:
         return RegistryUnavailable(f"{check.shown} answered schema {schema_id} with no "
                                    "schema in it")
-    assert isinstance(body, dict)
+    text = body["schema"]
     schema_type = str(body.get("schemaType") or "AVRO").upper()
     others = [(name, source) for name, kind, source in referenced if kind == schema_type]
     try:

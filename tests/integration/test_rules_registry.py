@@ -48,6 +48,25 @@ def serialized(serializer: Any, value: Any, context: SerializationContext) -> by
     return out
 
 
+def read_back(kafka: KafkaCluster, topic: str, count: int, deserializer: Any) -> list[Any]:
+    """The first ``count`` values of partition 0 of ``topic``, each read back by
+    ``deserializer`` (a serializer's own)."""
+    consumer = ck.Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": unique("g"),
+                            "auto.offset.reset": "earliest", "log_level": 0})
+    consumer.assign([ck.TopicPartition(topic, 0, 0)])
+    read: list[Any] = []
+    try:
+        while len(read) < count:
+            message = consumer.poll(15)
+            assert message is not None, f"{len(read)} of {count} read"
+            assert message.error() is None
+            read.append(deserializer(message.value(), SerializationContext(
+                topic, MessageField.VALUE)))
+    finally:
+        consumer.close()
+    return read
+
+
 def framed(schema_id: int, value: Any) -> bytes:
     return b"\x00" + struct.pack(">I", schema_id) + json.dumps(value).encode()
 
@@ -90,20 +109,7 @@ def test_unknown_ids_and_mismatched_json_refused_the_rest_written(
     assert watermarks(kafka.bootstrap, topic, 1) == (0, 0)
     assert watermarks(kafka.bootstrap, topic, 2) == (0, 0)
     # What was written reads back through the serializer's own deserializer.
-    consumer = ck.Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": unique("g"),
-                            "auto.offset.reset": "earliest", "log_level": 0})
-    consumer.assign([ck.TopicPartition(topic, 0, 0)])
-    from_bytes = JSONDeserializer(ORDER)
-    read: list[Any] = []
-    try:
-        while len(read) < 50:
-            message = consumer.poll(15)
-            assert message is not None, f"{len(read)} of 50 read"
-            assert message.error() is None
-            read.append(from_bytes(message.value(), SerializationContext(
-                topic, MessageField.VALUE)))
-    finally:
-        consumer.close()
+    read = read_back(kafka, topic, 50, JSONDeserializer(ORDER))
     assert read == [{"id": i, "total": i * 1.5} for i in range(50)]
 
 
@@ -265,20 +271,8 @@ def test_protobuf_records_read_against_their_schema(
         "(rule registered)"}
     assert reasons
     # What was written reads back through the serializer's own deserializer.
-    consumer = ck.Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": unique("g"),
-                            "auto.offset.reset": "earliest", "log_level": 0})
-    consumer.assign([ck.TopicPartition(topic, 0, 0)])
-    from_bytes = ProtobufDeserializer(orders_pb2.Order, {"use.deprecated.format": False})
-    read: list[Any] = []
-    try:
-        while len(read) < 31:
-            message = consumer.poll(15)
-            assert message is not None, f"{len(read)} of 31 read"
-            assert message.error() is None
-            read.append(from_bytes(message.value(), SerializationContext(
-                topic, MessageField.VALUE)))
-    finally:
-        consumer.close()
+    read = read_back(kafka, topic, 31, ProtobufDeserializer(
+        orders_pb2.Order, {"use.deprecated.format": False}))
     assert read == [*written, written[0]]
 
 
