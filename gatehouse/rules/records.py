@@ -241,8 +241,9 @@ class RegistryCheck:
     """``registry``: the schema ids of a ``schema_registry`` key or value looked up in a
     Schema Registry (Confluent's REST API, which Apicurio, Karapace and Redpanda also
     serve): an id the registry does not know is refused, and with ``validate`` a key or
-    value must read by its registered JSON Schema or Avro schema.  The proxy fetches
-    each id once (``lookup`` in ``FieldCheck.problem``), before it judges the request."""
+    value must read by its registered JSON Schema, Avro or Protobuf schema (with the
+    schemas it refers to).  The proxy fetches each id once (``lookup`` in
+    ``FieldCheck.problem``), before it judges the request."""
 
     url: str  # the API's base: .../schemas/ids/{id} lies under it
     validate: bool = True
