@@ -533,3 +533,28 @@ def test_references_are_bounded() -> None:
         found = fetch_schema(RegistryCheck(registry.url), top)
         assert isinstance(found, RegisteredSchema) and found.json is None  # its id only
         assert len([p for p, _ in registry.seen if p.startswith("/subjects/")]) == 100
+
+
+def test_a_schema_guid_in_a_header_is_named_in_the_refusal() -> None:
+    """Newer Confluent serializers can name the schema by its GUID in a
+    ``__value_schema_id`` header, the value unframed: refused (the proxy looks ids up,
+    not GUIDs), saying so and what to change."""
+    from gatehouse.codecs.records import Record
+    from gatehouse.rules.records import RecordValidation
+
+    validation = RecordValidation(value=FieldCheck(format="schema_registry"),
+                                  key=FieldCheck(format="schema_registry"))
+    guid = b"\x01" + bytes(range(16))
+    plain = "its value is not in the Schema Registry's framing (a zero byte, then a " \
+            "4-byte schema id)"
+    assert validation.problem(Record(0, framed(1, b""), b'{"id": 1}', ())) == plain
+    assert validation.problem(Record(0, framed(1, b""), b'{"id": 1}',
+                                     (("__value_schema_id", guid),))) == (
+        plain + "; its schema is named by a __value_schema_id header (a schema GUID), "
+        "which this proxy does not look up: configure the serializer to frame the id in "
+        "the value")
+    assert validation.problem(Record(0, b"k", framed(1, b""),
+                                     (("__key_schema_id", guid),))).endswith(
+        "configure the serializer to frame the id in the key")
+    # Another header alone: the plain refusal.
+    assert validation.problem(Record(0, framed(1, b""), b"{}", (("trace", b"1"),))) == plain

@@ -55,6 +55,8 @@ from gatehouse.rules.produce import in_scope, topic_key
 from gatehouse.rules.protobuf import ProtoFile, ProtoSchema
 
 FORMATS: Final = ("json", "utf8", "schema_registry")
+_NOT_FRAMED: Final = (" is not in the Schema Registry's framing (a zero byte, then a 4-byte "
+                      "schema id)")
 MAX_RECORD_ERRORS: Final = 100  # listed per partition; the count says how many more
 DEFAULT_MAX_DECOMPRESSED: Final = 64 * 1024 * 1024
 
@@ -394,8 +396,7 @@ class FieldCheck:
         elif self.format == "schema_registry":
             schema_id = schema_id_of(data)
             if schema_id is None:
-                return (f"its {what} is not in the Schema Registry's framing (a zero byte, "
-                        "then a 4-byte schema id)")
+                return f"its {what}{_NOT_FRAMED}"
             if self.registry is not None:
                 return self._registered(schema_id, data, what, lookup, topic)
         return None
@@ -458,6 +459,14 @@ class RecordValidation:
         when a schema it names could not be looked up."""
         found = (self.key.problem(record.key, "key", lookup, topic)
                  or self.value.problem(record.value, "value", lookup, topic))
+        if found is not None and found.endswith(_NOT_FRAMED) and record.headers:
+            # Newer serializers can put the schema's GUID in a header instead.
+            what = found[len("its "):found.index(" is not")]
+            header = f"__{what}_schema_id"
+            if any(name == header for name, _ in record.headers):
+                found += (f"; its schema is named by a {header} header (a schema GUID), "
+                          "which this proxy does not look up: configure the serializer "
+                          "to frame the id in the " + what)
         if found is None and self.headers:
             present = {name for name, _ in record.headers}
             missing = [name for name in self.headers if name not in present]
