@@ -55,8 +55,6 @@ from gatehouse.rules.produce import in_scope, topic_key
 from gatehouse.rules.protobuf import ProtoFile, ProtoSchema
 
 FORMATS: Final = ("json", "utf8", "schema_registry")
-_NOT_FRAMED: Final = (" is not in the Schema Registry's framing (a zero byte, then a 4-byte "
-                      "schema id)")
 MAX_RECORD_ERRORS: Final = 100  # listed per partition; the count says how many more
 DEFAULT_MAX_DECOMPRESSED: Final = 64 * 1024 * 1024
 
@@ -373,10 +371,12 @@ class FieldCheck:
     protobuf: ProtoFile | None = None  # format protobuf: a message of a local .proto
 
     def problem(self, data: bytes | None, what: str, lookup: SchemaLookup | None = None,
-                topic: str | None = None) -> str | None:
+                topic: str | None = None,
+                headers: Iterable[tuple[str, bytes | None]] = ()) -> str | None:
         """What is wrong with ``data`` (None: nothing).  ``lookup``: the schemas the
         proxy fetched, for ``registry``; ``SchemaRegistryUnavailable`` when it has none
-        to say.  ``topic``: the record's, as the client names it (for ``subject``)."""
+        to say.  ``topic``: the record's, as the client names it (for ``subject``);
+        ``headers``: the record's (a schema named in one is said in the refusal)."""
         if data is None:
             return f"its {what} is null" if self.required else None
         if self.max_bytes is not None and len(data) > self.max_bytes:
@@ -396,7 +396,15 @@ class FieldCheck:
         elif self.format == "schema_registry":
             schema_id = schema_id_of(data)
             if schema_id is None:
-                return f"its {what}{_NOT_FRAMED}"
+                problem = (f"its {what} is not in the Schema Registry's framing (a zero "
+                           "byte, then a 4-byte schema id)")
+                header = f"__{what}_schema_id"
+                if any(name == header for name, _ in headers):
+                    # Newer serializers can put the schema's GUID in a header instead.
+                    problem += (f"; its schema is named by a {header} header (a schema "
+                                "GUID), which this proxy does not look up: configure the "
+                                f"serializer to frame the id in the {what}")
+                return problem
             if self.registry is not None:
                 return self._registered(schema_id, data, what, lookup, topic)
         return None
@@ -457,16 +465,8 @@ class RecordValidation:
                 topic: str | None = None) -> str | None:
         """What is wrong with ``record`` (None: nothing); ``SchemaRegistryUnavailable``
         when a schema it names could not be looked up."""
-        found = (self.key.problem(record.key, "key", lookup, topic)
-                 or self.value.problem(record.value, "value", lookup, topic))
-        if found is not None and found.endswith(_NOT_FRAMED) and record.headers:
-            # Newer serializers can put the schema's GUID in a header instead.
-            what = found[len("its "):found.index(" is not")]
-            header = f"__{what}_schema_id"
-            if any(name == header for name, _ in record.headers):
-                found += (f"; its schema is named by a {header} header (a schema GUID), "
-                          "which this proxy does not look up: configure the serializer "
-                          "to frame the id in the " + what)
+        found = (self.key.problem(record.key, "key", lookup, topic, record.headers)
+                 or self.value.problem(record.value, "value", lookup, topic, record.headers))
         if found is None and self.headers:
             present = {name for name, _ in record.headers}
             missing = [name for name in self.headers if name not in present]
