@@ -6,9 +6,12 @@
  * nothing is).  So True here must mean the Python walk finds nothing; the tests hold
  * the two to that over hypothesis' mutants (tests/test_rules_protobuf.py).
  *
- * A table is a bytes object of uint32 actions, one per tag (field number << 3 | wire
- * type) up to the message's largest declared number: the action's low 4 bits say what
- * the tag calls for, the rest the index of the message a nested message or group is.
+ * The tables are one bytes object of uint32s, built once per schema: the number of
+ * messages, then each message's table as (where it starts, its length), then the
+ * tables: an action per tag (field number << 3 | wire type) up to the message's largest
+ * declared number, the action's low 4 bits saying what the tag calls for, the rest the
+ * index of the message a nested message or group is.  A call looks its tables up in
+ * place: nothing is built per record.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -33,15 +36,10 @@ enum {
 #define MAX_DEPTH 64
 
 typedef struct {
-    const uint32_t *actions;
-    Py_ssize_t size;
-} table_t;
-
-typedef struct {
     const uint8_t *data;
     Py_ssize_t pos;
-    const table_t *tables;
-    Py_ssize_t count;
+    const uint32_t *tables;  /* the directory and the tables (see the top) */
+    Py_ssize_t words;        /* how many uint32s there are */
 } walk_t;
 
 /* A varint of at most 10 bytes into *out; 0 when it runs past end or is longer. */
@@ -129,9 +127,13 @@ static int utf8(const uint8_t *text, Py_ssize_t length)
  * (or -1: it ends at end). */
 static int walk(walk_t *w, Py_ssize_t end, Py_ssize_t message, int depth, int64_t group)
 {
-    if (depth > MAX_DEPTH || message < 0 || message >= w->count)
+    if (depth > MAX_DEPTH || message < 0 || message >= (Py_ssize_t)w->tables[0]
+            || 2 + 2 * message >= w->words)
         return 0;
-    const table_t *table = &w->tables[message];
+    Py_ssize_t at = w->tables[1 + 2 * message], size = w->tables[2 + 2 * message];
+    if (at > w->words || size > w->words - at)
+        return 0;
+    const uint32_t *actions = w->tables + at;
     while (w->pos < end) {
         uint64_t key;
         uint8_t first = w->data[w->pos];
@@ -146,7 +148,7 @@ static int walk(walk_t *w, Py_ssize_t end, Py_ssize_t message, int depth, int64_
             return 0;
         if (wire == 4)
             return group >= 0 && number == (uint64_t)group;
-        uint32_t action = key < (uint64_t)table->size ? table->actions[key] : A_NONE;
+        uint32_t action = key < (uint64_t)size ? actions[key] : A_NONE;
         uint64_t length;
         Py_ssize_t stop;
         switch (action & 15) {
@@ -218,36 +220,18 @@ static PyObject *reads(PyObject *module, PyObject *args)
     Py_buffer data;
     Py_ssize_t start, message;
     PyObject *tables;
-    if (!PyArg_ParseTuple(args, "y*nO!n", &data, &start, &PyTuple_Type, &tables, &message))
+    if (!PyArg_ParseTuple(args, "y*nO!n", &data, &start, &PyBytes_Type, &tables, &message))
         return NULL;
-    Py_ssize_t count = PyTuple_GET_SIZE(tables);
-    table_t small[16];
-    table_t *views = count <= 16 ? small : PyMem_New(table_t, count);
-    if (views == NULL) {
-        PyBuffer_Release(&data);
-        return PyErr_NoMemory();
+    Py_ssize_t words = PyBytes_GET_SIZE(tables) / 4;
+    int ok = 0;
+    if (PyBytes_GET_SIZE(tables) % 4 || words < 1) {
+        PyErr_SetString(PyExc_TypeError, "tables are bytes of uint32s");
+        ok = -1;
+    } else if (start >= 0 && start <= data.len) {
+        walk_t w = {(const uint8_t *)data.buf, start,
+                    (const uint32_t *)PyBytes_AS_STRING(tables), words};
+        ok = walk(&w, data.len, message, 0, -1);
     }
-    int ok = 1;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *table = PyTuple_GET_ITEM(tables, i);
-        if (!PyBytes_Check(table) || PyBytes_GET_SIZE(table) % 4) {
-            PyErr_SetString(PyExc_TypeError, "a table is bytes of uint32 actions");
-            ok = -1;
-            break;
-        }
-        views[i].actions = (const uint32_t *)PyBytes_AS_STRING(table);
-        views[i].size = PyBytes_GET_SIZE(table) / 4;
-    }
-    if (ok == 1) {
-        if (start < 0 || start > data.len) {
-            ok = 0;
-        } else {
-            walk_t w = {(const uint8_t *)data.buf, start, views, count};
-            ok = walk(&w, data.len, message, 0, -1);
-        }
-    }
-    if (views != small)
-        PyMem_Free(views);
     PyBuffer_Release(&data);
     if (ok < 0)
         return NULL;

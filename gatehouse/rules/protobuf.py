@@ -126,7 +126,7 @@ class ProtoSchema:
     # not in it is read on the slow path); and the same for the C walk, when it goes.
     _tables: dict[str, dict[int, tuple[int, ProtoField]]] = field(
         init=False, repr=False, compare=False)
-    _native: tuple[tuple[bytes, ...], dict[str, int]] | None = field(
+    _native: tuple[bytes, dict[str, int]] | None = field(
         init=False, repr=False, compare=False)
 
     def message_at(self, indexes: tuple[int, ...]) -> ProtoMessage | None:
@@ -285,34 +285,36 @@ _NATIVE_MAX_BYTES: Final = 4 * 1024 * 1024  # all of a schema's tables; more: th
 
 def _native_tables(messages: dict[str, ProtoMessage],
                    tables: dict[str, dict[int, tuple[int, ProtoField]]]
-                   ) -> tuple[tuple[bytes, ...], dict[str, int]] | None:
-    """The tables for _protowire.c: per message, a uint32 action per tag up to its
-    largest declared number.  None where the C walk does not go: proto2 ``required``
-    fields (it keeps no count of the fields seen), very large field numbers or tables."""
+                   ) -> tuple[bytes, dict[str, int]] | None:
+    """The tables for _protowire.c, in one bytes object of uint32s: the number of
+    messages, each message's (start, length), then per message an action per tag up to
+    its largest declared number; and each message's index.  None where the C walk does
+    not go: proto2 ``required`` fields (it keeps no count of the fields seen), very large
+    field numbers or tables."""
     if any(message.required for message in messages.values()):
         return None
     index = {name: i for i, name in enumerate(messages)}
-    out = []
-    size = 0
+    words = array("I", [len(messages)] + [0] * (2 * len(messages)))
+    if words.itemsize != 4:
+        return None
     for name, message in messages.items():
         largest = max(message.fields, default=0)
-        size += 4 * ((largest + 1) << 3)
-        if largest > _NATIVE_MAX_NUMBER or size > _NATIVE_MAX_BYTES:
+        size = (largest + 1) << 3
+        if largest > _NATIVE_MAX_NUMBER or 4 * (len(words) + size) > _NATIVE_MAX_BYTES:
             return None
-        actions = array("I", bytes(4 * ((largest + 1) << 3)))
-        if actions.itemsize != 4:
-            return None
+        at = len(words)
+        words[1 + 2 * index[name]], words[2 + 2 * index[name]] = at, size
+        words.frombytes(bytes(4 * size))
         for number in message.fields:
             for wire in (VARINT, I64, LEN, SGROUP, I32, 6, 7):
-                actions[number << 3 | wire] = _NATIVE_MISMATCH
+                words[at + (number << 3 | wire)] = _NATIVE_MISMATCH
         for tag, (code, spec) in tables[name].items():
             native = (_NATIVE_PACKED[spec.wire] if code == _PACKED
                       else _NATIVE_CODES[code])
             if spec.message is not None and code in (_MESSAGE, _GROUP):
                 native |= index[spec.message] << 4
-            actions[tag] = native
-        out.append(actions.tobytes())
-    return tuple(out), index
+            words[at + tag] = native
+    return words.tobytes(), index
 
 
 def _other(message: ProtoMessage, key: int, data: bytes, pos: int, end: int,
