@@ -66,10 +66,13 @@ def fetch_schema(check: RegistryCheck, schema_id: int) -> Lookup:
     data = _get(check, f"/schemas/ids/{schema_id}", schema_id)
     if not isinstance(data, bytes):
         return data
-    referenced = _referenced(check, schema_id, _references_of(data), deadline, [], set())
+    body = _schema_body(data)
+    if body is None:
+        return _no_schema(check, f"schema {schema_id}")
+    referenced = _referenced(check, schema_id, body, deadline, [], set())
     if isinstance(referenced, RegistryUnavailable):
         return referenced
-    found = parse_schema(check, schema_id, data, referenced)
+    found = _registered(check, schema_id, body, referenced)
     if check.subject is None or not isinstance(found, RegisteredSchema):
         return found
     listed = _get(check, f"/schemas/ids/{schema_id}/subjects", schema_id,
@@ -97,24 +100,20 @@ def _schema_body(data: bytes) -> dict[str, Any] | None:
     return body
 
 
-def _references_of(data: bytes) -> list[Any]:
-    try:
-        body = json.loads(data)
-    except ValueError:
-        return []
-    references = body.get("references") if isinstance(body, dict) else None
-    return references if isinstance(references, list) else []
+def _no_schema(check: RegistryCheck, what: str) -> RegistryUnavailable:
+    return RegistryUnavailable(f"{check.shown} answered {what} with no schema in it")
 
 
-def _referenced(check: RegistryCheck, schema_id: int, references: list[Any],
+def _referenced(check: RegistryCheck, schema_id: int, body: dict[str, Any],
                 deadline: float, found: list[Referenced], seen: set[tuple[str, str]]
                 ) -> list[Referenced] | RegistryUnavailable:
-    """The schemas ``references`` name (``{name, subject, version}``: GET
+    """The schemas ``body``'s references name (``{name, subject, version}``: GET
     ``{url}/subjects/{subject}/versions/{version}``), and theirs, into ``found``, each
     after those it refers to.  One the registry does not have, or past
     ``MAX_REFERENCES``, is left out: the schema then does not compile here (its id is
     still checked, and that is logged)."""
-    for reference in references:
+    references = body.get("references")
+    for reference in references if isinstance(references, list) else ():
         if not isinstance(reference, dict):
             continue
         name, subject, version = (reference.get("name"), reference.get("subject"),
@@ -135,15 +134,13 @@ def _referenced(check: RegistryCheck, schema_id: int, references: list[Any],
         if not isinstance(data, bytes):
             assert isinstance(data, RegistryUnavailable)
             return data
-        body = _schema_body(data)
-        if body is None:
-            return RegistryUnavailable(f"{check.shown} answered {subject} version "
-                                       f"{version} with no schema in it")
-        text = body["schema"]
-        deeper = _referenced(check, schema_id, _references_of(data), deadline, found, seen)
+        referred = _schema_body(data)
+        if referred is None:
+            return _no_schema(check, f"{subject} version {version}")
+        deeper = _referenced(check, schema_id, referred, deadline, found, seen)
         if isinstance(deeper, RegistryUnavailable):
             return deeper
-        found.append((name, str(body.get("schemaType") or "AVRO").upper(), text))
+        found.append((name, _schema_type(referred), referred["schema"]))
     return found
 
 
@@ -203,10 +200,19 @@ def parse_schema(check: RegistryCheck, schema_id: int, data: bytes,
     schemas it refers to (``referenced``, each after those it refers to)."""
     body = _schema_body(data)
     if body is None:
-        return RegistryUnavailable(f"{check.shown} answered schema {schema_id} with no "
-                                   "schema in it")
+        return _no_schema(check, f"schema {schema_id}")
+    return _registered(check, schema_id, body, referenced)
+
+
+def _schema_type(body: dict[str, Any]) -> str:
+    return str(body.get("schemaType") or "AVRO").upper()  # none: Avro
+
+
+def _registered(check: RegistryCheck, schema_id: int, body: dict[str, Any],
+                referenced: Iterable[Referenced]) -> Lookup:
+    """``parse_schema`` of the answer already parsed."""
     text = body["schema"]
-    schema_type = str(body.get("schemaType") or "AVRO").upper()
+    schema_type = _schema_type(body)
     others = [(name, source) for name, kind, source in referenced if kind == schema_type]
     try:
         if schema_type == "JSON":

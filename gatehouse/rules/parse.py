@@ -347,11 +347,8 @@ def _field_check(reader: Reader, what: str) -> FieldCheck:
             raise sub.error("schema", f"{where}.schema is a JSON Schema: its format is json, "
                             f"not {fmt}")
         fmt = "json"
-        path = Path(schema_file)
-        if not path.is_absolute() and not reader.source.file.startswith("<"):
-            path = Path(reader.source.file).parent / path  # beside the rules' file
         try:
-            schema = load_json_schema(path)
+            schema = load_json_schema(_beside_rules(schema_file, reader.source.file))
         except ValueError as exc:
             raise sub.error("schema", f"{where}.schema: {exc}") from None
     protobuf = None
@@ -376,6 +373,15 @@ def _field_check(reader: Reader, what: str) -> FieldCheck:
     return check
 
 
+def _beside_rules(name: str, rules_file: str) -> Path:
+    """A file a rule names: beside the rules' file unless absolute (or the rules are
+    not from a file)."""
+    path = Path(name)
+    if not path.is_absolute() and not rules_file.startswith("<"):
+        path = Path(rules_file).parent / path
+    return path
+
+
 def _protobuf_file(reader: Reader, rules_file: str, where: str) -> ProtoFile:
     """``protobuf: FILE`` or ``{file, message}``: the ``.proto`` file (beside the rules'
     file unless absolute) whose message (its full name; the file's first if left out)
@@ -386,11 +392,8 @@ def _protobuf_file(reader: Reader, rules_file: str, where: str) -> ProtoFile:
     name = raw if isinstance(raw, str) else sub.require("file", str)
     message = sub.take("message", str)
     sub.finish()
-    path = Path(name)
-    if not path.is_absolute() and not rules_file.startswith("<"):
-        path = Path(rules_file).parent / path
     try:
-        return load_proto_file(path, message)
+        return load_proto_file(_beside_rules(name, rules_file), message)
     except ProtoSchemaError as exc:
         raise reader.error("protobuf", f"{where}: {exc}") from None
 
