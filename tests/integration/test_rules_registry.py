@@ -19,7 +19,6 @@ from typing import Any
 
 import confluent_kafka as ck
 import pytest
-from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
 from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
@@ -79,7 +78,7 @@ def test_unknown_ids_and_mismatched_json_refused_the_rest_written(
     kafka.create_topic(topic, partitions=3)
     registry = apicurio
     with ProxyThread(kafka.bootstrap, rules_yaml=rules(registry.url)) as proxy:
-        to_bytes = JSONSerializer(ORDER, SchemaRegistryClient({"url": registry.url}))
+        to_bytes = JSONSerializer(ORDER, registry.client())
         context = SerializationContext(topic, MessageField.VALUE)
         good = [serialized(to_bytes, {"id": i, "total": i * 1.5}, context) for i in range(50)]
         # The serializer registered the schema under <topic>-value: its id.
@@ -167,7 +166,7 @@ def test_avro_records_read_against_their_schema(kafka: KafkaCluster,
     kafka.create_topic(topic, partitions=2)
     registry = apicurio
     with ProxyThread(kafka.bootstrap, rules_yaml=rules(registry.url)) as proxy:
-        client = SchemaRegistryClient({"url": registry.url})
+        client = registry.client()
         context = SerializationContext(topic, MessageField.VALUE)
         to_order = AvroSerializer(client, order)
         good = [serialized(to_order, {"id": i, "note": None if i % 2 else f"n{i}"}, context)
@@ -202,7 +201,7 @@ def test_a_schema_registered_for_another_topic_is_refused(
                f"    value: {{registry: {{url: '{registry.url}', "
                "subject: '{topic}-value'}}\n")
     with ProxyThread(kafka.bootstrap, rules_yaml=checked) as proxy:
-        to_bytes = JSONSerializer(ORDER, SchemaRegistryClient({"url": registry.url}))
+        to_bytes = JSONSerializer(ORDER, registry.client())
         context = SerializationContext(topic, MessageField.VALUE)
         good = serialized(to_bytes, {"id": 1, "total": 2.0}, context)
         assert send(proxy, topic, [(0, None, good)]) == [(0, None)]
@@ -238,7 +237,7 @@ def test_protobuf_records_read_against_their_schema(
     registry = apicurio
     with ProxyThread(kafka.bootstrap, rules_yaml=rules(registry.url)) as proxy:
         to_bytes = ProtobufSerializer(orders_pb2.Order,
-                                      SchemaRegistryClient({"url": registry.url}),
+                                      registry.client(),
                                       {"use.deprecated.format": False})
         context = SerializationContext(topic, MessageField.VALUE)
         written = [orders_pb2.Order(id=i, customer=f"c{i}", lines=[
@@ -315,7 +314,7 @@ def test_schemas_referred_to_are_read_with_it(
         references=[{"name": "address.json", "subject": f"{topic}-address", "version": 1}])
     with ProxyThread(kafka.bootstrap, rules_yaml=rules(registry.url)) as proxy:
         to_bytes = ProtobufSerializer(invoice_pb2.Invoice,
-                                      SchemaRegistryClient({"url": registry.url}),
+                                      registry.client(),
                                       {"use.deprecated.format": False})
         context = SerializationContext(topic, MessageField.VALUE)
         invoices = [invoice_pb2.Invoice(number=f"n{i}", total=amount(currency="EUR", units=i))

@@ -16,6 +16,8 @@ import urllib.request
 from pathlib import Path
 from typing import IO, Any
 
+from confluent_kafka.schema_registry import SchemaRegistryClient
+
 from scripts.fetch_apicurio import ensure_apicurio, java21
 from tests.support.kafka import (
     BrokerStartError,
@@ -27,6 +29,7 @@ from tests.support.kafka import (
 from tests.support.ports import LOCALHOST, free_ports
 
 START_TIMEOUT = 120.0
+CLIENT_TIMEOUT = 20.0
 JVM_OPTS = ("-Xmx384m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:-UsePerfData")
 
 
@@ -54,14 +57,21 @@ class ApicurioRegistry:
              "-jar", str(app / "quarkus-run.jar")],
             stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT)
         register_process(self.process)
+        try:
+            self._wait_until_it_answers("did not start")
+        except BrokerStartError:
+            self.stop()
+            raise
+        return self
+
+    def _wait_until_it_answers(self, failing: str) -> None:
         deadline = time.monotonic() + START_TIMEOUT
         while not self._answers():
+            assert self.process is not None
             if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise BrokerStartError(f"Apicurio Registry did not start:\n"
+                raise BrokerStartError(f"Apicurio Registry {failing}:\n"
                                        f"{log_tail(self.log_path)}")
             time.sleep(0.2)
-        return self
 
     def _answers(self) -> bool:
         try:
@@ -86,13 +96,20 @@ class ApicurioRegistry:
         assert isinstance(schema_id, int)
         return schema_id
 
+    def client(self) -> SchemaRegistryClient:
+        """Confluent's client for this registry. Its requests time out (its default is
+        never) and are retried, so a slow answer fails or recovers a test, never hangs it."""
+        return SchemaRegistryClient({"url": self.url, "timeout": CLIENT_TIMEOUT})
+
     def pause(self) -> None:
         assert self.process is not None
         os.kill(self.process.pid, signal.SIGSTOP)
 
     def resume(self) -> None:
+        """Continue the process and wait until it answers again (the tests share it)."""
         assert self.process is not None
         os.kill(self.process.pid, signal.SIGCONT)
+        self._wait_until_it_answers("did not answer after SIGCONT")
 
     def stop(self) -> None:
         if self.process is not None:
