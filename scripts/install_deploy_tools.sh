@@ -93,16 +93,4 @@ fi
 
 # ip netns (iproute2) and nft (nftables) for the sidecar test's "pod" and "cluster";
 # systemd-analyze (systemd) for the unit's test.
-if ! command -v ip >/dev/null 2>&1 || ! command -v nft >/dev/null 2>&1 \
-        || ! command -v systemd-analyze >/dev/null 2>&1; then
-    SUDO=""
-    if [ "$(id -u)" -ne 0 ]; then
-        SUDO="sudo"
-    fi
-    apt_install() {
-        $SUDO env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=120 \
-            install -y -q --no-install-recommends iproute2 nftables systemd \
-            || { $SUDO apt-get -o DPkg::Lock::Timeout=120 update -q || true; return 1; }
-    }
-    retry apt_install
-fi
+sh "$(dirname "$0")/install_debian.sh" "ip nft systemd-analyze" iproute2 nftables systemd

@@ -211,7 +211,9 @@ def test_the_sasl_config(tmp_path: Path) -> None:
         ("  upstream: {mechanism: OAUTHBEARER, username: gh, password: x}\n", 4,
          "needs one of token_endpoint_url"),
         ("  upstream: {mechanism: GSSAPI, username: gh, password: x}\n", 4,
-         "must be one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER"),
+         "needs 'principal'"),
+        ("  upstream: {mechanism: KERBEROS, username: gh, password: x}\n", 4,
+         "must be one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER, GSSAPI"),
     ]:
         with pytest.raises(ConfigError, match=error) as caught:
             config_from_text("listen: 127.0.0.1:0\nupstream: [127.0.0.1:9092]\nsasl:\n" + text,

@@ -70,6 +70,7 @@ from gatehouse.codecs.scram import (
 )
 from gatehouse.configfile import Reader, line_of
 from gatehouse.logs import log_event
+from gatehouse.proxy.kerberos import KerberosCredentials, KerberosLogin, kerberos_identity
 from gatehouse.proxy.oauth import OAuthClient, fetch_token, read_client_sasl
 
 if TYPE_CHECKING:
@@ -127,7 +128,7 @@ class KafkaSinkSettings:
     retries: int = 5
     timeout: float = 10.0
     key: str = "connection"
-    sasl: SaslCredentials | OAuthClient | None = None
+    sasl: SaslCredentials | OAuthClient | KerberosCredentials | None = None
 
 
 def parse_kafka_sink(reader: Reader, base: Path) -> KafkaSinkSettings:
@@ -255,7 +256,8 @@ class BrokerConnection:
 
     @classmethod
     def open(cls, host: str, port: int, *, timeout: float, ssl_context: ssl.SSLContext | None,
-             server_hostname: str | None, sasl: SaslCredentials | OAuthClient | None
+             server_hostname: str | None,
+             sasl: SaslCredentials | OAuthClient | KerberosCredentials | None
              ) -> BrokerConnection:
         address = f"{host}:{port}"
         try:
@@ -269,7 +271,7 @@ class BrokerConnection:
             conn = cls(sock, address)
             conn._negotiate()
             if sasl is not None:
-                conn._authenticate(sasl)
+                conn._authenticate(sasl, host)
         except BaseException as exc:
             with contextlib.suppress(OSError):
                 sock.close()
@@ -353,12 +355,24 @@ class BrokerConnection:
             if low <= high and key.api_key in codecs.APIS:
                 self.versions[key.api_key] = high
 
-    def _authenticate(self, sasl: SaslCredentials | OAuthClient) -> None:
+    def _authenticate(self, sasl: SaslCredentials | OAuthClient | KerberosCredentials,
+                      host: str) -> None:
         body = self.call(SASL_HANDSHAKE, {"mechanism": sasl.mechanism})
         if body.error_code:
             offered = ", ".join(body.mechanisms) or "none"
             raise SaslError(f"{self.address}: SASL {sasl.mechanism}: "
                             f"{error_name(body.error_code)} (the broker offers {offered})")
+        if isinstance(sasl, KerberosCredentials):
+            login = KerberosLogin(kerberos_identity(sasl), host)
+            try:
+                answer: bytes | None = login.first()
+                while answer is not None:
+                    answer = login.step(self._sasl_step(answer))
+            except SaslError as exc:
+                raise SaslError(f"{self.address}: SASL GSSAPI: {exc}") from None
+            finally:
+                login.close()
+            return
         if isinstance(sasl, OAuthClient):
             try:
                 token, _ = fetch_token(sasl)

@@ -25,6 +25,7 @@ from gatehouse.configfile import (
     load_yaml_file,
     load_yaml_text,
 )
+from gatehouse.proxy.kerberos import KerberosCredentials
 from gatehouse.proxy.oauth import (
     OAUTHBEARER,
     OAuthClient,
@@ -193,7 +194,7 @@ class ProxyConfig:
     # SASL termination (the proxy authenticates clients) and origination (the proxy
     # authenticates to the brokers as one user); None: neither (SASL passes through).
     sasl_downstream: DownstreamSasl | None = None
-    sasl_upstream: SaslCredentials | OAuthClient | None = None
+    sasl_upstream: SaslCredentials | OAuthClient | KerberosCredentials | None = None
     # Several proxy processes on the same ports (SO_REUSEPORT): the kernel spreads new
     # connections over them, one event loop per process, to use more than one core.
     reuse_port: bool = False

@@ -55,7 +55,7 @@ from gatehouse.codecs.peek import produce_acks
 from gatehouse.codecs.primitives import Buffer
 from gatehouse.codecs.reader import FrameReader
 from gatehouse.codecs.sasl import claimed_user
-from gatehouse.codecs.scram import SaslCredentials, SaslError
+from gatehouse.codecs.scram import SaslError
 from gatehouse.logs import log_event
 from gatehouse.proxy import fastio
 from gatehouse.proxy.addresses import (
@@ -84,13 +84,14 @@ from gatehouse.proxy.hooks import (
     Respond,
     top_level_tags,
 )
-from gatehouse.proxy.oauth import OAUTHBEARER, TokenSource, TokenValidator, UnknownSigningKey
+from gatehouse.proxy.oauth import OAUTHBEARER, TokenValidator, UnknownSigningKey
 from gatehouse.proxy.quotas import Charge
 from gatehouse.proxy.sasl import (
     FAILED_AUTHENTICATION_DELAY,
     FAILED_MESSAGE,
     ClientSasl,
     SaslUsers,
+    UpstreamCredentials,
     authenticate_answer,
     authenticate_upstream,
     handshake_answer,
@@ -171,7 +172,7 @@ class ConnectionContext:
     # sasl.upstream: broker connections are authenticated by the proxy (a client's own
     # SASL requests would find them authenticated already), and re-authenticated in the
     # middle of a client's traffic when the broker limits sessions (KIP-368).
-    upstream_credentials: SaslCredentials | TokenSource | None = None
+    upstream_credentials: UpstreamCredentials | None = None
     request_budget: ByteBudget = field(init=False)
     response_budget: ByteBudget = field(init=False)
     frame_buffers: BufferPool = field(init=False)
@@ -228,11 +229,14 @@ class ProxyConnection:
         conn: ConnectionInfo,
         ctx: ConnectionContext,
         upstream_session: float | None = None,
+        upstream_host: str = "",
     ) -> None:
         """``upstream_session``: the seconds the broker gives the proxy's SASL session on
-        ``upstream`` (sasl.upstream); the proxy authenticates again before it ends."""
+        ``upstream`` (sasl.upstream); the proxy authenticates again before it ends, to
+        ``upstream_host`` (the broker's host, which a Kerberos ticket names)."""
         self.client = client
         self.upstream = upstream
+        self.upstream_host = upstream_host
         # What the pumps read and write through (see fastio): the streams themselves
         # are still what gets closed.
         self.client_io = FastStream(client)
@@ -571,7 +575,8 @@ class ProxyConnection:
         while self.line:
             await self.line_empty.park()
         try:
-            lifetime = await authenticate_upstream(self._own_call, credentials)
+            lifetime = await authenticate_upstream(self._own_call, credentials,
+                                                   self.upstream_host)
         except SaslError as exc:
             raise _Close(f"re-authentication to broker {self.conn.upstream} failed: {exc}",
                          logging.WARNING) from None

@@ -45,6 +45,12 @@ from gatehouse.configfile import (
     take_password,
 )
 from gatehouse.logs import log_event
+from gatehouse.proxy.kerberos import (
+    DEFAULT_SERVICE_NAME,
+    GSSAPI,
+    KerberosCredentials,
+    gssapi_library,
+)
 
 logger = logging.getLogger("gatehouse.proxy")
 
@@ -388,15 +394,19 @@ class OAuthClient:
         return self.client_id if self.client_id is not None else f"the token in {self.token_file}"
 
 
-def read_client_sasl(up: Reader, base: Path) -> SaslCredentials | OAuthClient:
+def read_client_sasl(up: Reader, base: Path
+                     ) -> SaslCredentials | OAuthClient | KerberosCredentials:
     """What a client side of the proxy's (``sasl.upstream``, ``capture.kafka.sasl``)
-    logs in with: a user and password (PLAIN, SCRAM), or where OAUTHBEARER tokens come
+    logs in with: a user and password (PLAIN, SCRAM), where OAUTHBEARER tokens come
     from: ``{mechanism: OAUTHBEARER, token_endpoint_url, client_id, client_secret |
-    client_secret_file | client_secret_env, scope}`` or ``{..., token_file}``."""
+    client_secret_file | client_secret_env, scope}`` or ``{..., token_file}``, or a
+    Kerberos principal: ``{mechanism: GSSAPI, principal, keytab, service_name}``."""
     what = up.what
     mechanism = up.data.get("mechanism") if isinstance(up.data, dict) else None
+    if isinstance(mechanism, str) and mechanism.upper() == GSSAPI:
+        return _read_kerberos(up, base)
     if not isinstance(mechanism, str) or mechanism.upper() != OAUTHBEARER:
-        return read_sasl_credentials(up, base, (*MECHANISMS, OAUTHBEARER))
+        return read_sasl_credentials(up, base, (*MECHANISMS, OAUTHBEARER, GSSAPI))
     up.take("mechanism", str)
     url = up.take("token_endpoint_url", str)
     token_file = up.take("token_file", str)
@@ -423,6 +433,33 @@ def read_client_sasl(up: Reader, base: Path) -> SaslCredentials | OAuthClient:
                        "(they are the token endpoint's)")
     up.finish()
     return OAuthClient(url, client_id, secret, scope or None, path)
+
+
+def _read_kerberos(up: Reader, base: Path) -> KerberosCredentials:
+    what = up.what
+    up.take("mechanism", str)
+    principal = up.require("principal", str)
+    if not principal:
+        raise up.error("principal", f"{what}.principal must name the proxy's Kerberos "
+                       "principal (gatehouse/proxy.example.com@EXAMPLE.COM)")
+    keytab = Path(up.require("keytab", str))
+    keytab = keytab if keytab.is_absolute() else base / keytab
+    try:
+        keytab.open("rb").close()
+    except OSError as exc:
+        raise up.error("keytab", f"{what}.keytab: cannot read {str(keytab)!r}: "
+                       f"{exc.strerror or exc}") from None
+    service_name = up.take("service_name", str, DEFAULT_SERVICE_NAME)
+    if not service_name:
+        raise up.error("service_name", f"{what}.service_name must name the brokers' "
+                       "Kerberos service (their principals' first part, Kafka's "
+                       "sasl.kerberos.service.name)")
+    try:
+        gssapi_library()
+    except SaslError as exc:
+        raise up.error("mechanism", f"{what}.mechanism GSSAPI: {exc}") from None
+    up.finish()
+    return KerberosCredentials(principal, keytab, service_name)
 
 
 def fetch_token(client: OAuthClient) -> tuple[str, float | None]:

@@ -57,6 +57,7 @@ from gatehouse.configfile import (
     take_password,
 )
 from gatehouse.logs import log_event
+from gatehouse.proxy.kerberos import KerberosIdentity, KerberosLogin
 from gatehouse.proxy.oauth import (
     OAUTHBEARER,
     TokenRefused,
@@ -421,10 +422,14 @@ _OWN_IDS = range(-2, -12, -1)
 Call = Callable[[codecs.Request], Awaitable[codecs.Response]]
 
 
-async def authenticate_upstream(call: Call, credentials: SaslCredentials | TokenSource
+UpstreamCredentials = SaslCredentials | TokenSource | KerberosIdentity
+
+
+async def authenticate_upstream(call: Call, credentials: UpstreamCredentials, host: str
                                 ) -> float | None:
-    """Authenticate a broker connection as ``credentials`` say (a user and password, or
-    OAUTHBEARER tokens from a ``TokenSource``), each request sent and its
+    """Authenticate a connection to the broker at ``host`` as ``credentials`` say (a user
+    and password, OAUTHBEARER tokens from a ``TokenSource``, or a Kerberos principal,
+    whose ticket names the broker's host), each request sent and its
     answer read by ``call`` (a new connection's ``roundtrip``; an open one's line of
     requests when it re-authenticates, KIP-368); the seconds the broker gives the session
     (``connections.max.reauth.ms``), None for no limit.  SaslError says why the broker
@@ -449,7 +454,9 @@ async def authenticate_upstream(call: Call, credentials: SaslCredentials | Token
                             f"{body.error_message or ERROR_NAMES.get(body.error_code, body.error_code)}")
         return bytes(body.auth_bytes), body.session_lifetime_ms
 
-    if isinstance(credentials, TokenSource):
+    if isinstance(credentials, KerberosIdentity):
+        lifetime = await _kerberos_login(step, KerberosLogin(credentials, host))
+    elif isinstance(credentials, TokenSource):
         challenge, lifetime = await step(bearer_message(await credentials.token()))
         if challenge:  # RFC 7628's error challenge: acknowledged, the broker then refuses
             await step(BEARER_ACKNOWLEDGE)
@@ -464,6 +471,21 @@ async def authenticate_upstream(call: Call, credentials: SaslCredentials | Token
     return lifetime / 1000 if lifetime > 0 else None
 
 
+async def _kerberos_login(step: Callable[[bytes], Awaitable[tuple[bytes, int]]],
+                          login: KerberosLogin) -> int:
+    """RFC 4752's exchange, each GSS-API call in a thread (they may ask the KDC); the
+    session lifetime the broker's last answer gives."""
+    try:
+        token: bytes | None = await trio.to_thread.run_sync(login.first)
+        lifetime = 0
+        while token is not None:
+            challenge, lifetime = await step(token)
+            token = await trio.to_thread.run_sync(login.step, challenge)
+        return lifetime
+    finally:
+        login.close()
+
+
 __all__ = [
     "MECHANISMS",
     "ClientSasl",
@@ -471,6 +493,7 @@ __all__ = [
     "SaslUser",
     "SaslUsers",
     "Session",
+    "UpstreamCredentials",
     "authenticate_answer",
     "authenticate_upstream",
     "handshake_answer",

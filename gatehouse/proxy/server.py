@@ -24,17 +24,23 @@ import trio
 from gatehouse import codecs
 from gatehouse.codecs import Request
 from gatehouse.codecs._native import BYTE_READERS, PYTHON_ASKED, python_reason
-from gatehouse.codecs.scram import SaslCredentials
 from gatehouse.logs import FIELDS_ATTR, log_event
 from gatehouse.proxy.addresses import BrokerAddress
 from gatehouse.proxy.config import Address, ProxyConfig, security_warnings
 from gatehouse.proxy.connection import ConnectionContext, ProxyConnection
 from gatehouse.proxy.hooks import CLIENT_CLOSED, ConnectionInfo, Observer, Observers, Policy
 from gatehouse.proxy.hostcounts import HostCounts
+from gatehouse.proxy.kerberos import KerberosCredentials, kerberos_identity
 from gatehouse.proxy.oauth import OAuthClient, TokenSource, TokenValidator
 from gatehouse.proxy.principal import certificate_principal, mapped_principal
 from gatehouse.proxy.proxyprotocol import ProxyHeaderError, read_proxy_header
-from gatehouse.proxy.sasl import SaslError, SaslUsers, authenticate_upstream, roundtrip
+from gatehouse.proxy.sasl import (
+    SaslError,
+    SaslUsers,
+    UpstreamCredentials,
+    authenticate_upstream,
+    roundtrip,
+)
 from gatehouse.proxy.tls import TlsContexts, accept_tls
 
 logger = logging.getLogger("gatehouse.proxy")
@@ -112,8 +118,9 @@ class Proxy:
         # sasl.upstream: what the proxy logs in to the brokers with (OAUTHBEARER: one
         # token source for every broker connection, so they share its fetches).
         up = config.sasl_upstream
-        self.upstream_credentials: SaslCredentials | TokenSource | None = (
-            TokenSource(up) if isinstance(up, OAuthClient) else up)
+        self.upstream_credentials: UpstreamCredentials | None = (
+            TokenSource(up) if isinstance(up, OAuthClient)
+            else kerberos_identity(up) if isinstance(up, KerberosCredentials) else up)
         self._principal_rules = (config.tls_downstream.principal_mapping
                                  if config.tls_downstream is not None else ())
         self._listener_lock = trio.Lock()
@@ -232,7 +239,8 @@ class Proxy:
                     lifetime = None
                     if self.upstream_credentials is not None:
                         lifetime = await authenticate_upstream(partial(roundtrip, stream),
-                                                               self.upstream_credentials)
+                                                               self.upstream_credentials,
+                                                               target.host)
                 self.upstream_reachable = True
                 return Upstream(stream, target, lifetime)
             except trio.TooSlowError:
@@ -386,7 +394,7 @@ class Proxy:
             log_event(logger, logging.DEBUG, "connection opened", **conn.describe(),
                       upstream=conn.upstream)
             pumps = ProxyConnection(client, upstream.stream, conn, self.ctx,
-                                    upstream.session_lifetime)
+                                    upstream.session_lifetime, upstream.target.host)
             try:
                 await pumps.run()
             finally:

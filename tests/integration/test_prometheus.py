@@ -49,7 +49,7 @@ DEADLINE = 120.0  # seconds for every expression to return data
 
 def tool(name: str) -> str:
     path = shutil.which(name)
-    assert path is not None, f"{name} not found: run `make prometheus` (scripts/install_prometheus.sh)"
+    assert path is not None, f"{name} not found: run `make prometheus` (scripts/install_debian.sh)"
     return path
 
 

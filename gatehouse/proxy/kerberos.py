@@ -1,0 +1,310 @@
+"""SASL GSSAPI (Kerberos) for the proxy's own logins to the brokers (``sasl.upstream``,
+``capture.kafka.sasl``): the proxy's principal, its keys from a keytab, tickets in a
+memory credential cache of its own.
+
+GSS-API is MIT Kerberos's ``libgssapi_krb5`` (on every Debian and Red Hat system, and
+in the container image), called through ctypes: no Python package to build.  Its calls
+block (they ask the KDC for tickets), so the async caller runs each step in a thread.
+
+``KerberosLogin`` is the client side of RFC 4752 as Kafka's brokers (Java's GSSAPI
+SaslServer) speak it: the GSS-API context's tokens until it is established (mutual
+authentication), then the broker's wrapped offer of security layers, answered with
+"none" (Kafka's SASL takes no layer; TLS protects the bytes when they need it)."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import itertools
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from gatehouse.codecs.scram import SaslError
+
+GSSAPI: Final = "GSSAPI"
+DEFAULT_SERVICE_NAME: Final = "kafka"  # Kafka's sasl.kerberos.service.name default
+
+_OM = ctypes.c_uint32
+_GSS_S_COMPLETE, _GSS_S_CONTINUE_NEEDED = 0, 1
+_GSS_C_GSS_CODE, _GSS_C_MECH_CODE = 1, 2
+_GSS_C_INITIATE = 1
+_GSS_C_INDEFINITE = 0xFFFFFFFF
+# What Kafka's Java client asks for: mutual authentication, messages in order,
+# integrity and confidentiality available to the security-layer exchange.
+_FLAGS = 0x2 | 0x8 | 0x20 | 0x10  # MUTUAL | SEQUENCE | INTEG | CONF
+# RFC 4752: the security layer "none" (bit 0), no maximum message size.
+_NO_SECURITY_LAYER = b"\x01\x00\x00\x00"
+# OIDs (DER bodies): Kerberos 5 principal names, host-based service names, the mechanism.
+_KRB5_NT_PRINCIPAL_NAME = b"\x2a\x86\x48\x86\xf7\x12\x01\x02\x02\x01"
+_NT_HOSTBASED_SERVICE = b"\x2a\x86\x48\x86\xf7\x12\x01\x02\x01\x04"
+_KRB5_MECHANISM = b"\x2a\x86\x48\x86\xf7\x12\x01\x02\x02"
+
+
+class _Buffer(ctypes.Structure):
+    _fields_ = [("length", ctypes.c_size_t), ("value", ctypes.c_void_p)]
+
+
+class _Oid(ctypes.Structure):
+    _fields_ = [("length", _OM), ("elements", ctypes.c_void_p)]
+
+
+class _KeyValue(ctypes.Structure):
+    _fields_ = [("key", ctypes.c_char_p), ("value", ctypes.c_char_p)]
+
+
+class _KeyValueSet(ctypes.Structure):
+    _fields_ = [("count", _OM), ("elements", ctypes.POINTER(_KeyValue))]
+
+
+_library: Any = None
+_library_lock = threading.Lock()
+
+
+def gssapi_library() -> Any:
+    """MIT's libgssapi_krb5, loaded once; SaslError saying what to install if absent."""
+    global _library
+    with _library_lock:
+        if _library is None:
+            name = ctypes.util.find_library("gssapi_krb5") or "libgssapi_krb5.so.2"
+            try:
+                lib = ctypes.CDLL(name)
+                lib.gss_acquire_cred_from  # noqa: B018 - MIT's, 1.11 and later
+            except (OSError, AttributeError):
+                raise SaslError("GSSAPI needs MIT Kerberos's GSS-API library, "
+                                "libgssapi_krb5.so.2 (Debian: libgssapi-krb5-2; Red Hat: "
+                                "krb5-libs)") from None
+            for name in ("gss_import_name", "gss_acquire_cred_from", "gss_init_sec_context",
+                         "gss_wrap", "gss_unwrap", "gss_release_buffer", "gss_release_name",
+                         "gss_release_cred", "gss_delete_sec_context", "gss_display_status"):
+                getattr(lib, name).restype = _OM
+            _library = lib
+        return _library
+
+
+def _oid(body: bytes) -> tuple[_Oid, Any]:
+    """An OID struct over ``body`` and the buffer it points into (kept alive with it)."""
+    data = ctypes.create_string_buffer(body, len(body))
+    return _Oid(len(body), ctypes.cast(data, ctypes.c_void_p)), data
+
+
+def _in(data: bytes) -> tuple[_Buffer, Any]:
+    keep = ctypes.create_string_buffer(data, len(data))
+    return _Buffer(len(data), ctypes.cast(keep, ctypes.c_void_p)), keep
+
+
+def _taken(lib: Any, buffer: _Buffer) -> bytes:
+    """The bytes of a buffer GSS-API filled, released."""
+    data = ctypes.string_at(buffer.value, buffer.length) if buffer.length else b""
+    minor = _OM()
+    lib.gss_release_buffer(ctypes.byref(minor), ctypes.byref(buffer))
+    return data
+
+
+def _status(lib: Any, major: int, minor: int) -> str:
+    """GSS-API's own words for a failure: the general status, then the mechanism's
+    (Kerberos's: "Client not found in Kerberos database", "Cannot find KDC", ...)."""
+    words = []
+    for code, kind in ((major, _GSS_C_GSS_CODE), (minor, _GSS_C_MECH_CODE)):
+        if not code:
+            continue
+        context = _OM(0)
+        for _ in range(8):
+            out, ignored = _Buffer(), _OM()
+            lib.gss_display_status(ctypes.byref(ignored), _OM(code), kind, None,
+                                   ctypes.byref(context), ctypes.byref(out))
+            text = _taken(lib, out).decode("utf-8", "replace").strip()
+            if text and text not in words:
+                words.append(text)
+            if not context.value:
+                break
+    if len(words) > 1 and words[0].startswith("Unspecified GSS failure"):
+        del words[0]  # "...Minor code may provide more information": it follows
+    return ": ".join(words) or f"GSS-API status {major:#x}/{minor:#x}"
+
+
+def _check(lib: Any, major: int, minor: _OM, what: str) -> None:
+    if major & 0xFFFF0000:  # a calling or routine error (the low bits are informational)
+        raise SaslError(f"{what}: {_status(lib, major, minor.value)}")
+
+
+@dataclass(frozen=True)
+class KerberosCredentials:
+    """The proxy's Kerberos identity: ``principal`` (``gatehouse/proxy.example.com@REALM``),
+    its keys in ``keytab``, the brokers' service name (their principals are
+    ``{service_name}/{broker host}@REALM``).  ``username`` and ``mechanism`` as the other
+    credentials have them, for logs."""
+
+    principal: str
+    keytab: Path
+    service_name: str = DEFAULT_SERVICE_NAME
+    mechanism: str = GSSAPI
+
+    @property
+    def username(self) -> str:
+        return self.principal
+
+
+class KerberosIdentity:
+    """A principal's GSS-API credential: acquired once from its keytab into a memory
+    cache of its own, which keeps its tickets (one from the KDC per service, not per
+    connection) and renews them from the keytab as they expire.  Thread-safe."""
+
+    _caches = itertools.count()
+
+    def __init__(self, credentials: KerberosCredentials) -> None:
+        self.credentials = credentials
+        self._lock = threading.Lock()
+        self._handle: ctypes.c_void_p | None = None
+        self._cache = f"MEMORY:gatehouse-{os.getpid()}-{next(self._caches)}"
+
+    @property
+    def mechanism(self) -> str:
+        return GSSAPI
+
+    @property
+    def username(self) -> str:
+        return self.credentials.principal
+
+    def handle(self) -> ctypes.c_void_p:
+        with self._lock:
+            if self._handle is None:
+                self._handle = self._acquire()
+            return self._handle
+
+    def _acquire(self) -> ctypes.c_void_p:
+        lib = gssapi_library()
+        creds = self.credentials
+        minor = _OM()
+        name = ctypes.c_void_p()
+        text, keep_text = _in(creds.principal.encode())
+        oid, keep_oid = _oid(_KRB5_NT_PRINCIPAL_NAME)
+        _check(lib, lib.gss_import_name(ctypes.byref(minor), ctypes.byref(text),
+                                        ctypes.byref(oid), ctypes.byref(name)),
+               minor, f"the principal {creds.principal!r}")
+        store = (_KeyValue * 2)(_KeyValue(b"client_keytab", os.fsencode(creds.keytab)),
+                                _KeyValue(b"ccache", self._cache.encode()))
+        handle = ctypes.c_void_p()
+        try:
+            major = lib.gss_acquire_cred_from(
+                ctypes.byref(minor), name, _OM(_GSS_C_INDEFINITE), None, _GSS_C_INITIATE,
+                ctypes.byref(_KeyValueSet(2, store)), ctypes.byref(handle), None, None)
+            _check(lib, major, minor, f"no credential for {creds.principal!r} from keytab "
+                   f"{str(creds.keytab)!r}")
+        finally:
+            lib.gss_release_name(ctypes.byref(_OM()), ctypes.byref(name))
+        del keep_text, keep_oid
+        return handle
+
+    def close(self) -> None:
+        with self._lock:
+            if self._handle is not None:
+                gssapi_library().gss_release_cred(ctypes.byref(_OM()),
+                                                  ctypes.byref(self._handle))
+                self._handle = None
+
+
+@functools.cache
+def kerberos_identity(credentials: KerberosCredentials) -> KerberosIdentity:
+    """One identity (one credential cache, one ticket per service) per principal and
+    keytab in the process, whoever logs in with it."""
+    return KerberosIdentity(credentials)
+
+
+class KerberosLogin:
+    """One SASL GSSAPI exchange with the broker at ``host``: ``first()`` is the first
+    token to send; ``step(challenge)`` the answer to each of the broker's, None once the
+    exchange is over (the broker's next answer ends it).  Each call blocks (tickets);
+    SaslError says why it failed."""
+
+    def __init__(self, identity: KerberosIdentity, host: str) -> None:
+        self.identity = identity
+        self.target = f"{identity.credentials.service_name}@{host}"
+        self._lib = gssapi_library()
+        self._context = ctypes.c_void_p()
+        self._established = False
+        self._answered_layers = False
+
+    def first(self) -> bytes:
+        return self._init(None)
+
+    def step(self, challenge: bytes) -> bytes | None:
+        if self._answered_layers:
+            return None
+        if not self._established:
+            token = self._init(challenge)
+            return token  # the context's last token may be empty: sent all the same
+        # RFC 4752: the broker's wrapped offer (layers, maximum size); "none" chosen,
+        # no authorization identity (the broker takes the principal's own).
+        offer = self._unwrap(challenge)
+        if len(offer) != 4 or not offer[0] & 1:
+            raise SaslError(f"{self.target} offered no SASL security layer the proxy takes "
+                            f"(offer {offer.hex()})")
+        self._answered_layers = True
+        return self._wrap(_NO_SECURITY_LAYER)
+
+    def _init(self, challenge: bytes | None) -> bytes:
+        lib, minor = self._lib, _OM()
+        name = ctypes.c_void_p()
+        text, keep_text = _in(self.target.encode())
+        service_oid, keep_service = _oid(_NT_HOSTBASED_SERVICE)
+        _check(lib, lib.gss_import_name(ctypes.byref(minor), ctypes.byref(text),
+                                        ctypes.byref(service_oid), ctypes.byref(name)),
+               minor, f"the service name {self.target!r}")
+        mechanism, keep_mechanism = _oid(_KRB5_MECHANISM)
+        given, keep_given = _in(challenge or b"")
+        out = _Buffer()
+        try:
+            major = lib.gss_init_sec_context(
+                ctypes.byref(minor), self.identity.handle(), ctypes.byref(self._context), name,
+                ctypes.byref(mechanism), _OM(_FLAGS), _OM(0), None,
+                None if challenge is None else ctypes.byref(given), None,
+                ctypes.byref(out), None, None)
+            token = _taken(lib, out)
+            _check(lib, major, minor, f"Kerberos login to {self.target} as "
+                   f"{self.identity.credentials.principal!r}")
+        finally:
+            lib.gss_release_name(ctypes.byref(_OM()), ctypes.byref(name))
+        del keep_text, keep_service, keep_mechanism, keep_given
+        self._established = (major & 0xFFFF) != _GSS_S_CONTINUE_NEEDED
+        return token
+
+    def _wrap(self, data: bytes) -> bytes:
+        lib, minor, out = self._lib, _OM(), _Buffer()
+        given, keep = _in(data)
+        major = lib.gss_wrap(ctypes.byref(minor), self._context, 0, _OM(0),
+                             ctypes.byref(given), None, ctypes.byref(out))
+        token = _taken(lib, out)
+        _check(lib, major, minor, f"wrapping the security layer for {self.target}")
+        del keep
+        return token
+
+    def _unwrap(self, data: bytes) -> bytes:
+        lib, minor, out = self._lib, _OM(), _Buffer()
+        given, keep = _in(data)
+        major = lib.gss_unwrap(ctypes.byref(minor), self._context, ctypes.byref(given),
+                               ctypes.byref(out), None, None)
+        token = _taken(lib, out)
+        _check(lib, major, minor, f"the security layer {self.target} offered")
+        del keep
+        return token
+
+    def close(self) -> None:
+        if self._context.value:
+            self._lib.gss_delete_sec_context(ctypes.byref(_OM()), ctypes.byref(self._context),
+                                             None)
+            self._context = ctypes.c_void_p()
+
+
+__all__ = [
+    "DEFAULT_SERVICE_NAME",
+    "GSSAPI",
+    "KerberosCredentials",
+    "KerberosIdentity",
+    "KerberosLogin",
+    "gssapi_library",
+    "kerberos_identity",
+]

@@ -1,0 +1,218 @@
+"""SASL GSSAPI (Kerberos) on a real MIT KDC and a real Apache Kafka broker whose SASL
+listener takes only GSSAPI and whose authorizer lets only the proxy's principal in:
+the proxy logs in as its own principal from a keytab (``sasl.upstream``), for clients
+with no SASL at all, and again before the broker's session ends (KIP-368); a principal
+the KDC does not know is reported with Kerberos's reason and the client let go; the
+capture's Kafka sink logs in the same way."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import confluent_kafka as ck
+import pytest
+
+from gatehouse.proxy.config import config_from_text
+from gatehouse.proxy.hooks import Policy
+from gatehouse.proxy.setup import build_observers, close_observers
+from tests.integration.test_capture_kafka import (
+    kafka_sink_of,
+    observations,
+    produce_each,
+    proxy_config,
+)
+from tests.integration.test_metrics_topics import CONSUMER_PERF, PERF
+from tests.integration.test_sasl_proxy import logged, wait_for
+from tests.support.clients import unique, watermarks
+from tests.support.kafka import BROKER_JVM_OPTS, TOOL_JVM_OPTS, KafkaCluster
+from tests.support.kerberos import REALM, KerberosRealm
+from tests.support.proxythread import ProxyThread
+from tests.test_capture import read_records
+
+SESSION_MS = 6000
+
+
+@pytest.fixture(scope="module")
+def realm() -> Iterator[KerberosRealm]:
+    with KerberosRealm() as kdc:
+        yield kdc
+
+
+@pytest.fixture(scope="module")
+def kerberos_kafka(realm: KerberosRealm, kafka_libs: Path) -> Iterator[KafkaCluster]:
+    """One broker: PLAINTEXT for the tests' own admin work, SASL_PLAINTEXT taking only
+    GSSAPI (principal kafka/localhost: clients ask for 127.0.0.1's canonical name);
+    only ANONYMOUS (the PLAINTEXT listener), the proxy's principal and alice may do
+    anything; sessions end after SESSION_MS."""
+    keytab = realm.principal("kafka/localhost")
+    config = {
+        "sasl.enabled.mechanisms": "GSSAPI",
+        "sasl.kerberos.service.name": "kafka",
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "super.users": "User:ANONYMOUS;User:gatehouse;User:alice",
+        "allow.everyone.if.no.acl.found": "false",
+        "connections.max.reauth.ms": SESSION_MS,
+        "listener.name.sasl_plaintext.gssapi.sasl.jaas.config": jaas(keytab, "kafka/localhost"),
+    }
+    with KafkaCluster(1, sasl_scram=True, libs=kafka_libs, extra_config=config,
+                      jvm_opts=(*BROKER_JVM_OPTS,
+                                f"-Djava.security.krb5.conf={realm.krb5_conf}")) as cluster:
+        yield cluster
+
+
+def jaas(keytab: Path, principal: str) -> str:
+    """Java's Kerberos login from a keytab, as a Kafka JAAS entry."""
+    return ("com.sun.security.auth.module.Krb5LoginModule required useKeyTab=true "
+            f'storeKey=true keyTab="{keytab}" principal="{principal}@{REALM}";')
+
+
+@pytest.fixture
+def krb5_config(realm: KerberosRealm, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The proxy (in this process) reads the realm's krb5.conf, as a deployment's
+    proxy reads KRB5_CONFIG or /etc/krb5.conf."""
+    monkeypatch.setenv("KRB5_CONFIG", str(realm.krb5_conf))
+
+
+def upstream(principal: str, keytab: Path) -> str:
+    return (f"sasl:\n  upstream: {{mechanism: GSSAPI, principal: '{principal}', "
+            f"keytab: '{keytab}'}}\n")
+
+
+def test_the_proxy_logs_in_with_its_keytab_and_again_before_the_session_ends(
+        realm: KerberosRealm, kerberos_kafka: KafkaCluster, krb5_config: None,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="gatehouse.proxy")
+    keytab = realm.principal("gatehouse")
+    topic = unique("kerberos")
+    kerberos_kafka.create_topic(topic)
+    with ProxyThread(kerberos_kafka.sasl_bootstrap,
+                     extra_config=upstream(f"gatehouse@{REALM}", keytab)) as proxy:
+        errors: list[ck.KafkaError] = []
+        conf: dict[str, Any] = {"bootstrap.servers": proxy.bootstrap,
+                                "error_cb": errors.append, "log_level": 0}
+        producer = ck.Producer({**conf, "acks": "all", "linger.ms": 5})
+        consumer = ck.Consumer({**conf, "group.id": unique("g"),
+                                "auto.offset.reset": "earliest"})
+        consumer.subscribe([topic])
+        failed: list[Any] = []
+        sent: list[bytes] = []
+        got: list[bytes] = []
+        # Past the broker's session (6 s; the proxy logs in again at 85% of it).
+        deadline = time.monotonic() + SESSION_MS / 1000 * 1.4
+        while time.monotonic() < deadline:
+            value = f"r-{len(sent)}".encode()
+            producer.produce(topic, value,
+                             on_delivery=lambda err, _msg: err and failed.append(err))
+            sent.append(value)
+            producer.poll(0)
+            message = consumer.poll(0.1)
+            if message is not None and message.error() is None:
+                got.append(message.value())
+        assert producer.flush(30) == 0
+        while len(got) < len(sent):
+            message = consumer.poll(1.0)
+            assert message is not None, f"{len(got)} of {len(sent)} consumed"
+            if message.error() is None:
+                got.append(message.value())
+        consumer.close()
+    assert not failed and not errors, (failed, errors)
+    assert sorted(got) == sorted(sent) and len(sent) > 20
+    assert watermarks(kerberos_kafka.bootstrap, topic) == (0, len(sent))
+    again = logged(caplog, "re-authenticated to the broker")
+    assert len(again) >= 2, len(again)  # producer and consumer at least
+    assert all(f["session_seconds"] == SESSION_MS / 1000 for f in again)
+    reasons = {f["reason"] for f in logged(caplog, "connection closed")}
+    assert not [r for r in reasons if "broker" in r or "authentication" in r], reasons
+
+
+def test_a_principal_the_kdc_does_not_know_is_reported_and_the_client_let_go(
+        realm: KerberosRealm, kerberos_kafka: KafkaCluster, krb5_config: None,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="gatehouse.proxy")
+    keytab = realm.principal("stranger")
+    realm.delete_principal("stranger")  # its keytab left behind, no longer any good
+    topic = unique("kerberos")
+    kerberos_kafka.create_topic(topic)
+    with ProxyThread(kerberos_kafka.sasl_bootstrap,
+                     extra_config=upstream(f"stranger@{REALM}", keytab)) as proxy:
+        producer = ck.Producer({"bootstrap.servers": proxy.bootstrap, "log_level": 0,
+                                "message.timeout.ms": 3000})
+        producer.produce(topic, b"never")
+        assert producer.flush(10) == 0  # the message timed out: reported, not kept
+        failures = wait_for(lambda: [f for f in logged(caplog, "connection closed")
+                                     if "upstream unreachable" in str(f.get("reason"))])
+        reason = failures[0]["reason"]
+        assert "SASL authentication failed" in reason
+        assert f"no credential for 'stranger@{REALM}' from keytab '{keytab}'" in reason
+        assert "not found in Kerberos database" in reason
+        assert proxy.sample("gatehouse_upstream_failures_total",
+                            broker=kerberos_kafka.sasl_bootstrap) >= 1
+        assert not proxy.proxy.upstream_reachable
+    assert watermarks(kerberos_kafka.bootstrap, topic) == (0, 0)
+
+
+def test_the_capture_sink_logs_in_with_kerberos(
+        realm: KerberosRealm, kerberos_kafka: KafkaCluster, krb5_config: None,
+        tmp_path: Path) -> None:
+    """The observation log's Kafka sink writes to the brokers' GSSAPI listener as the
+    proxy's principal, beside the proxy's own connections there."""
+    keytab = realm.principal("gatehouse")
+    obs = unique("observations")
+    sasl = f"{{mechanism: GSSAPI, principal: 'gatehouse@{REALM}', keytab: '{keytab}'}}"
+    text = (proxy_config(kerberos_kafka.sasl_bootstrap, tmp_path,
+                         f"{{topic: {obs}, linger_seconds: 0.01, sasl: {sasl}}}")
+            + upstream(f"gatehouse@{REALM}", keytab))
+    observers = build_observers(config_from_text(text), Policy(), None)
+    sink = kafka_sink_of(observers)
+    data = unique("kerberos")
+    kerberos_kafka.create_topic(data)
+    try:
+        with ProxyThread(config_text=text, observers=observers) as proxy:
+            produce_each({"bootstrap.servers": proxy.bootstrap}, data, 5, "kerberos-producer")
+    finally:
+        close_observers(observers)
+    files = read_records(tmp_path)
+    assert sink.statistics().written == len(files)
+    values = [json.loads(m.value()) for m in observations(
+        {"bootstrap.servers": kerberos_kafka.bootstrap}, obs, len(files))]
+    assert len(values) == len(files)
+    assert sum(1 for v in values if v["api"] == "Produce"
+               and v["client_id"] == "kerberos-producer") == 5
+
+
+def test_a_java_clients_own_kerberos_login_passes_through(
+        realm: KerberosRealm, kerberos_kafka: KafkaCluster) -> None:
+    """No sasl.upstream: a Java producer and consumer log in to the broker as alice,
+    through the proxy (the GSSAPI tokens passed as they are), and move every record."""
+    keytab = realm.principal("alice")
+    topic = unique("kerberos")
+    kerberos_kafka.create_topic(topic)
+    jvm = (*TOOL_JVM_OPTS, f"-Djava.security.krb5.conf={realm.krb5_conf}")
+    client = ["security.protocol=SASL_PLAINTEXT", "sasl.mechanism=GSSAPI",
+              "sasl.kerberos.service.name=kafka", f"sasl.jaas.config={jaas(keytab, 'alice')}"]
+    properties = realm.dir / "alice.properties"
+    properties.write_text("".join(f"{line}\n" for line in client))
+    with ProxyThread(kerberos_kafka.sasl_bootstrap) as proxy:
+        produced = kerberos_kafka.run_java_tool(
+            PERF, "--topic", topic, "--num-records", "500", "--record-size", "100",
+            "--throughput", "-1", "--producer-props", f"bootstrap.servers={proxy.bootstrap}",
+            "acks=all", "--producer.config", str(properties), timeout=120, jvm_opts=jvm)
+        assert produced.returncode == 0, produced.stderr[-2000:]
+        assert watermarks(kerberos_kafka.bootstrap, topic) == (0, 500)
+        consumed = kerberos_kafka.run_java_tool(
+            CONSUMER_PERF, "--bootstrap-server", proxy.bootstrap, "--topic", topic,
+            "--messages", "500", "--timeout", "60000", "--command-config", str(properties),
+            timeout=120, jvm_opts=jvm)
+        assert consumed.returncode == 0, consumed.stderr[-2000:]
+        assert proxy.sample("gatehouse_topic_records_total", topic=topic,
+                            direction="fetch") == 500
+        # Each connection of both tools logged in through the proxy (before its client
+        # names its software), a token or more each.
+        handshakes = proxy.summed("gatehouse_requests_total", api="SaslHandshake")
+        assert handshakes >= 2
+        assert proxy.summed("gatehouse_requests_total", api="SaslAuthenticate") >= handshakes

@@ -1,0 +1,120 @@
+"""``sasl.upstream`` / ``capture.kafka.sasl`` with GSSAPI: the config (file:line errors,
+the keytab read, the GSS-API library looked for), what ``gatehouse check`` says, and the
+RFC 4752 security-layer answer.  The logins themselves, against a real KDC and a real
+broker: tests/integration/test_kerberos.py."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import pytest
+
+from gatehouse.codecs.scram import SaslError
+from gatehouse.configfile import ConfigError
+from gatehouse.proxy import kerberos
+from gatehouse.proxy.config import config_from_text, security_warnings
+from gatehouse.proxy.kerberos import KerberosCredentials, KerberosLogin, kerberos_identity
+
+HEAD = "listen: 127.0.0.1:0\nupstream: [127.0.0.1:9092]\nsasl:\n"
+
+
+def test_the_upstream_gssapi_config(tmp_path: Path) -> None:
+    (tmp_path / "proxy.keytab").write_bytes(b"\x05\x02")
+    config = config_from_text(
+        HEAD + "  upstream: {mechanism: gssapi, principal: 'gatehouse/edge@EXAMPLE.COM', "
+        "keytab: proxy.keytab}\n", base=tmp_path)
+    assert config.sasl_upstream == KerberosCredentials(
+        "gatehouse/edge@EXAMPLE.COM", tmp_path / "proxy.keytab", "kafka")
+    assert config.sasl_upstream.mechanism == "GSSAPI"
+    assert security_warnings(config) == []  # no secret crosses the network
+    config = config_from_text(
+        HEAD + "  upstream: {mechanism: GSSAPI, principal: gh, keytab: proxy.keytab, "
+        "service_name: kafka-prod}\n", base=tmp_path)
+    assert isinstance(config.sasl_upstream, KerberosCredentials)
+    assert config.sasl_upstream.service_name == "kafka-prod"
+    for text, error in [
+        ("{mechanism: GSSAPI, keytab: proxy.keytab}", "needs 'principal'"),
+        ("{mechanism: GSSAPI, principal: '', keytab: proxy.keytab}",
+         "principal must name the proxy's Kerberos principal"),
+        ("{mechanism: GSSAPI, principal: gh}", "needs 'keytab'"),
+        ("{mechanism: GSSAPI, principal: gh, keytab: nowhere.keytab}",
+         "sasl.upstream.keytab: cannot read '.*nowhere.keytab': No such file"),
+        ("{mechanism: GSSAPI, principal: gh, keytab: proxy.keytab, service_name: ''}",
+         "service_name must name the brokers' Kerberos service"),
+        ("{mechanism: GSSAPI, principal: gh, keytab: proxy.keytab, password: x}",
+         "unknown key 'password'"),
+    ]:
+        with pytest.raises(ConfigError, match=error) as caught:
+            config_from_text(HEAD + f"  upstream: {text}\n", "proxy.yaml", base=tmp_path)
+        assert caught.value.line == 4, (text, caught.value)
+
+
+def test_without_the_gss_api_library_the_config_says_what_to_install(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "proxy.keytab").write_bytes(b"\x05\x02")
+    monkeypatch.setattr(kerberos, "_library", None)
+    monkeypatch.setattr(kerberos.ctypes.util, "find_library", lambda name: None)
+    monkeypatch.setattr(kerberos.ctypes, "CDLL", _no_library)
+    with pytest.raises(ConfigError, match="needs MIT Kerberos's GSS-API library, "
+                       r"libgssapi_krb5.so.2 \(Debian: libgssapi-krb5-2") as caught:
+        config_from_text(HEAD + "  upstream: {mechanism: GSSAPI, principal: gh, "
+                         "keytab: proxy.keytab}\n", "proxy.yaml", base=tmp_path)
+    assert caught.value.line == 4
+
+
+def _no_library(name: str) -> ctypes.CDLL:
+    raise OSError(f"{name}: cannot open shared object file")
+
+
+def test_the_capture_sink_takes_gssapi_too(tmp_path: Path) -> None:
+    (tmp_path / "proxy.keytab").write_bytes(b"\x05\x02")
+    config = config_from_text(
+        "listen: 127.0.0.1:0\nupstream: [127.0.0.1:9092]\ncapture:\n  dir: caps\n"
+        "  kafka: {sasl: {mechanism: GSSAPI, principal: gh@R, keytab: proxy.keytab}}\n",
+        base=tmp_path)
+    assert config.capture is not None and config.capture.kafka is not None
+    assert config.capture.kafka.sasl == KerberosCredentials("gh@R", tmp_path / "proxy.keytab")
+
+
+def test_gatehouse_check_names_the_principal(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from gatehouse.cli import main
+
+    (tmp_path / "proxy.keytab").write_bytes(b"\x05\x02")
+    path = tmp_path / "proxy.yaml"
+    path.write_text(HEAD + "  upstream: {mechanism: GSSAPI, principal: 'gatehouse@EXAMPLE.COM', "
+                    "keytab: proxy.keytab}\n")
+    assert main(["check", "--config", str(path)]) == 0
+    assert ("sasl.upstream: the proxy authenticates to the brokers as "
+            "'gatehouse@EXAMPLE.COM' (GSSAPI)") in capsys.readouterr().out
+
+
+def test_the_security_layer_offer_is_answered_none_or_refused(tmp_path: Path) -> None:
+    """RFC 4752: once the context is established the broker offers security layers
+    (wrapped); the proxy takes "none" (bit 0) and says so, wrapped, once; a broker that
+    does not offer "none" is refused with what it offered."""
+    identity = kerberos_identity(KerberosCredentials("gh@R", tmp_path / "k.keytab"))
+    wrapped: list[bytes] = []
+
+    class Established(KerberosLogin):
+        def _unwrap(self, data: bytes) -> bytes:
+            return data
+
+        def _wrap(self, data: bytes) -> bytes:
+            wrapped.append(data)
+            return b"wrapped:" + data
+
+    login = Established(identity, "broker-1.example.com")
+    assert login.target == "kafka@broker-1.example.com"
+    login._established = True
+    assert login.step(b"\x07\x00\x10\x00") == b"wrapped:\x01\x00\x00\x00"
+    assert wrapped == [b"\x01\x00\x00\x00"]
+    assert login.step(b"") is None  # the broker's last answer: over
+    refusing = Established(identity, "b")
+    refusing._established = True
+    with pytest.raises(SaslError, match=r"kafka@b offered no SASL security layer the proxy "
+                       r"takes \(offer 04000000\)"):
+        refusing.step(b"\x04\x00\x00\x00")
+    with pytest.raises(SaslError, match="offer 0100"):
+        refusing.step(b"\x01\x00")
