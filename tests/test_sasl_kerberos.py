@@ -14,13 +14,21 @@ from gatehouse.codecs.scram import SaslError
 from gatehouse.configfile import ConfigError
 from gatehouse.proxy import kerberos
 from gatehouse.proxy.config import config_from_text, security_warnings
-from gatehouse.proxy.kerberos import KerberosCredentials, KerberosLogin, kerberos_identity
+from gatehouse.proxy.kerberos import (
+    KerberosCredentials,
+    KerberosLogin,
+    kerberos_identity,
+    keytab_principals,
+)
+from tests.support.kerberos import keytab_bytes
 
 HEAD = "listen: 127.0.0.1:0\nupstream: [127.0.0.1:9092]\nsasl:\n"
 
 
 def test_the_upstream_gssapi_config(tmp_path: Path) -> None:
-    (tmp_path / "proxy.keytab").write_bytes(b"\x05\x02")
+    (tmp_path / "proxy.keytab").write_bytes(
+        keytab_bytes("gatehouse/edge@EXAMPLE.COM", "gh@EXAMPLE.COM"))
+    (tmp_path / "notes.txt").write_text("not a keytab\n")
     config = config_from_text(
         HEAD + "  upstream: {mechanism: gssapi, principal: 'gatehouse/edge@EXAMPLE.COM', "
         "keytab: proxy.keytab}\n", base=tmp_path)
@@ -44,15 +52,34 @@ def test_the_upstream_gssapi_config(tmp_path: Path) -> None:
          "service_name must name the brokers' Kerberos service"),
         ("{mechanism: GSSAPI, principal: gh, keytab: proxy.keytab, password: x}",
          "unknown key 'password'"),
+        ("{mechanism: GSSAPI, principal: gh@OTHER.COM, keytab: proxy.keytab}",
+         r"principal: keytab '.*proxy.keytab' holds no key for 'gh@OTHER.COM' \(it holds: "
+         r"gatehouse/edge@EXAMPLE.COM, gh@EXAMPLE.COM\)"),
+        ("{mechanism: GSSAPI, principal: gatehouse, keytab: proxy.keytab}",
+         "holds no key for 'gatehouse'"),
+        ("{mechanism: GSSAPI, principal: gh, keytab: notes.txt}",
+         r"keytab: '.*notes.txt': not a keytab \(version 2 keytabs start with 0x05 0x02\)"),
     ]:
         with pytest.raises(ConfigError, match=error) as caught:
             config_from_text(HEAD + f"  upstream: {text}\n", "proxy.yaml", base=tmp_path)
         assert caught.value.line == 4, (text, caught.value)
 
 
+def test_the_principals_a_keytab_holds() -> None:
+    assert keytab_principals(keytab_bytes("a@R", "kafka/b.example.com@R", "a@R", hole=True)
+                             ) == ["a@R", "kafka/b.example.com@R"]
+    assert keytab_principals(b"\x05\x02") == []
+    whole = keytab_bytes("a@R")
+    for bad, error in [(b"", "not a keytab"), (b"\x05\x01" + whole[2:], "not a keytab"),
+                       (whole[:-3], "runs past the end"),
+                       (whole[:6] + b"\x00\x09" + whole[8:], "runs past the entry")]:
+        with pytest.raises(ValueError, match=error):
+            keytab_principals(bad)
+
+
 def test_without_the_gss_api_library_the_config_says_what_to_install(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "proxy.keytab").write_bytes(b"\x05\x02")
+    (tmp_path / "proxy.keytab").write_bytes(keytab_bytes("gh@R"))
     monkeypatch.setattr(kerberos, "_library", None)
     monkeypatch.setattr(kerberos.ctypes.util, "find_library", lambda name: None)
     monkeypatch.setattr(kerberos.ctypes, "CDLL", _no_library)
@@ -68,7 +95,7 @@ def _no_library(name: str) -> ctypes.CDLL:
 
 
 def test_the_capture_sink_takes_gssapi_too(tmp_path: Path) -> None:
-    (tmp_path / "proxy.keytab").write_bytes(b"\x05\x02")
+    (tmp_path / "proxy.keytab").write_bytes(keytab_bytes("gh@R"))
     config = config_from_text(
         "listen: 127.0.0.1:0\nupstream: [127.0.0.1:9092]\ncapture:\n  dir: caps\n"
         "  kafka: {sasl: {mechanism: GSSAPI, principal: gh@R, keytab: proxy.keytab}}\n",
@@ -81,7 +108,7 @@ def test_gatehouse_check_names_the_principal(tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     from gatehouse.cli import main
 
-    (tmp_path / "proxy.keytab").write_bytes(b"\x05\x02")
+    (tmp_path / "proxy.keytab").write_bytes(keytab_bytes("gatehouse@EXAMPLE.COM"))
     path = tmp_path / "proxy.yaml"
     path.write_text(HEAD + "  upstream: {mechanism: GSSAPI, principal: 'gatehouse@EXAMPLE.COM', "
                     "keytab: proxy.keytab}\n")

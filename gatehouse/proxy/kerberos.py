@@ -131,6 +131,37 @@ def _check(lib: Any, major: int, minor: _OM, what: str) -> None:
         raise SaslError(f"{what}: {_status(lib, major, minor.value)}")
 
 
+def keytab_principals(data: bytes) -> list[str]:
+    """The principals a keytab file holds keys for, in order, each once (MIT's format,
+    version 2, as kadmin, ktutil and Active Directory's ktpass write it); ValueError if
+    the bytes are not one."""
+    if data[:2] != b"\x05\x02":
+        raise ValueError("not a keytab (version 2 keytabs start with 0x05 0x02)")
+    found: dict[str, None] = {}
+    at = 2
+    while at + 4 <= len(data):
+        size = int.from_bytes(data[at:at + 4], "big", signed=True)
+        at += 4
+        if size < 0:  # a hole left by a removed entry
+            at += -size
+            continue
+        if size == 0:
+            break
+        entry, at = data[at:at + size], at + size
+        if len(entry) < size:
+            raise ValueError("a keytab entry runs past the end of the file")
+        pos, parts = 2, []
+        for _ in range(int.from_bytes(entry[0:2], "big") + 1):  # the realm, then the names
+            length = int.from_bytes(entry[pos:pos + 2], "big")
+            parts.append(entry[pos + 2:pos + 2 + length].decode("utf-8", "replace"))
+            pos += 2 + length
+            if pos > len(entry):
+                raise ValueError("a keytab entry's principal runs past the entry")
+        realm, *names = parts
+        found["/".join(names) + "@" + realm] = None
+    return list(found)
+
+
 @dataclass(frozen=True)
 class KerberosCredentials:
     """The proxy's Kerberos identity: ``principal`` (``gatehouse/proxy.example.com@REALM``),
@@ -307,4 +338,5 @@ __all__ = [
     "KerberosLogin",
     "gssapi_library",
     "kerberos_identity",
+    "keytab_principals",
 ]

@@ -50,6 +50,7 @@ from gatehouse.proxy.kerberos import (
     GSSAPI,
     KerberosCredentials,
     gssapi_library,
+    keytab_principals,
 )
 
 logger = logging.getLogger("gatehouse.proxy")
@@ -445,10 +446,17 @@ def _read_kerberos(up: Reader, base: Path) -> KerberosCredentials:
     keytab = Path(up.require("keytab", str))
     keytab = keytab if keytab.is_absolute() else base / keytab
     try:
-        keytab.open("rb").close()
+        held = keytab_principals(keytab.read_bytes())
     except OSError as exc:
         raise up.error("keytab", f"{what}.keytab: cannot read {str(keytab)!r}: "
                        f"{exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise up.error("keytab", f"{what}.keytab: {str(keytab)!r}: {exc}") from None
+    # A principal without its realm is in the default realm (krb5.conf's): any realm.
+    if principal not in held and not ("@" not in principal and any(
+            name.rpartition("@")[0] == principal for name in held)):
+        raise up.error("principal", f"{what}.principal: keytab {str(keytab)!r} holds no key "
+                       f"for {principal!r} (it holds: {', '.join(held) or 'none'})")
     service_name = up.take("service_name", str, DEFAULT_SERVICE_NAME)
     if not service_name:
         raise up.error("service_name", f"{what}.service_name must name the brokers' "

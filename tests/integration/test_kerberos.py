@@ -19,6 +19,7 @@ import pytest
 
 from gatehouse.proxy.config import config_from_text
 from gatehouse.proxy.hooks import Policy
+from gatehouse.proxy.kerberos import keytab_principals
 from gatehouse.proxy.setup import build_observers, close_observers
 from tests.integration.test_capture_kafka import (
     kafka_sink_of,
@@ -88,6 +89,8 @@ def test_the_proxy_logs_in_with_its_keytab_and_again_before_the_session_ends(
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="gatehouse.proxy")
     keytab = realm.principal("gatehouse")
+    # kadmin's keytab (a key per encryption type) read as the config check reads it.
+    assert keytab_principals(keytab.read_bytes()) == [f"gatehouse@{REALM}"]
     topic = unique("kerberos")
     kerberos_kafka.create_topic(topic)
     with ProxyThread(kerberos_kafka.sasl_bootstrap,

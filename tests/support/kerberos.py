@@ -34,6 +34,28 @@ def _tool(name: str) -> str:
                            "(Debian's krb5-kdc and krb5-admin-server)")
 
 
+def keytab_bytes(*principals: str, hole: bool = False) -> bytes:
+    """A version 2 keytab holding a made-up AES key for each of ``principals``
+    (``name/host@REALM``), as kadmin writes one (``hole``: a removed entry first)."""
+    def counted(text: str) -> bytes:
+        return len(text.encode()).to_bytes(2, "big") + text.encode()
+
+    out = bytearray(b"\x05\x02")
+    if hole:
+        out += (-20).to_bytes(4, "big", signed=True) + bytes(20)
+    for principal in principals:
+        name, _, realm = principal.rpartition("@")
+        names = name.split("/")
+        entry = (len(names).to_bytes(2, "big") + counted(realm)
+                 + b"".join(counted(n) for n in names)
+                 + (1).to_bytes(4, "big")  # KRB5_NT_PRINCIPAL
+                 + (0).to_bytes(4, "big") + b"\x01"  # timestamp, key version
+                 + (18).to_bytes(2, "big") + (32).to_bytes(2, "big") + bytes(32)  # aes256
+                 + (1).to_bytes(4, "big"))
+        out += len(entry).to_bytes(4, "big") + entry
+    return bytes(out)
+
+
 class KerberosRealm:
     """``principal(name)`` adds a principal and writes its keytab.  A context manager."""
 
