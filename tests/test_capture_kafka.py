@@ -96,7 +96,9 @@ def test_kafka_sink_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     ("  kafka: {key: topic}\n", 5, "key must be 'connection' or 'client_id'"),
     ("  kafka:\n    topic: t\n    brokers: [x]\n", 7, "unknown key 'brokers' in config.capture.kafka "),
     ("  kafka:\n    sasl: {mechanism: GSSAPI, username: u, password: p}\n", 6,
-     "mechanism must be one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512"),
+     "capture.kafka.sasl needs 'principal'"),
+    ("  kafka:\n    sasl: {mechanism: KERBEROS, username: u, password: p}\n", 6,
+     "mechanism must be one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER, GSSAPI"),
     ("  kafka:\n    sasl: {mechanism: PLAIN, username: u}\n", 6,
      "needs exactly one of password, password_file, password_env"),
     ("  kafka:\n    sasl:\n      mechanism: PLAIN\n      username: u\n      password: p\n"

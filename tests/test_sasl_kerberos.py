@@ -19,6 +19,8 @@ from gatehouse.proxy.kerberos import (
     KerberosLogin,
     kerberos_identity,
     keytab_principals,
+    parse_principal_rules,
+    short_name,
 )
 from tests.support.kerberos import keytab_bytes
 
@@ -145,3 +147,88 @@ def test_the_security_layer_offer_is_answered_none_or_refused(tmp_path: Path) ->
         refusing.step(b"\x04\x00\x00\x00")
     with pytest.raises(SaslError, match="offer 0100"):
         refusing.step(b"\x01\x00")
+
+
+# -- sasl.downstream.kerberos: clients log in to the proxy ---------------------------------
+
+
+def names(rules: list[str], principal: str, realm: str = "EXAMPLE.COM") -> str:
+    return short_name(principal, parse_principal_rules(rules), lambda: realm)
+
+
+def test_principals_become_names_as_kafkas_rules_make_them() -> None:
+    # DEFAULT: the first component, for principals of the default realm only.
+    assert names(["DEFAULT"], "alice@EXAMPLE.COM") == "alice"
+    assert names(["DEFAULT"], "kafka/broker-1.example.com@EXAMPLE.COM") == "kafka"
+    with pytest.raises(SaslError, match=r"no principal rule applies to alice@OTHER.ORG "
+                       r"\(rules: DEFAULT\)"):
+        names(["DEFAULT"], "alice@OTHER.ORG")
+    # Kafka's documented examples.
+    rule = "RULE:[1:$1@$0](.*@MYDOMAIN.COM)s/@.*//"
+    assert names([rule], "alice@MYDOMAIN.COM") == "alice"
+    assert names([rule, "DEFAULT"], "bob@EXAMPLE.COM") == "bob"  # the next rule's
+    assert names(["RULE:[2:$1@$0](.*@MYDOMAIN.COM)s/@.*//"],
+                 "kafka/host.mydomain.com@MYDOMAIN.COM") == "kafka"
+    assert names(["RULE:[1:$1@$0](.*@MYDOMAIN.COM)s/@.*//L"], "Alice@MYDOMAIN.COM") == "alice"
+    assert names(["RULE:[1:$1](.*)s/a/X/g/U"], "banana@R") == "BXNXNX"
+    assert names(["RULE:[1:$1](.*)s/a/X/"], "banana@R") == "bXnana"
+    assert names(["RULE:[2:$2-$1]"], "etl/host@R") == "host-etl"
+    assert names([r"RULE:[1:$1](svc-.*)s/svc-(.*)/app-$1/"], "svc-orders@R") == "app-orders"
+    # A rule that leaves a / or an @ names no one: the login fails, as on a broker.
+    with pytest.raises(SaslError, match="turns the principal into 'alice@R', not a simple"):
+        names(["RULE:[1:$1@$0]"], "alice@R")
+    for bad in ["RULE:[x:$1]", "RULE:[1:$1](unclosed", "RULE:[0:$1]", "OTHER",
+                "RULE:[1:$1](a[)"]:
+        with pytest.raises(ValueError):
+            parse_principal_rules([bad])
+
+
+def test_the_downstream_kerberos_config(tmp_path: Path) -> None:
+    (tmp_path / "service.keytab").write_bytes(keytab_bytes("kafka/edge-1@EXAMPLE.COM"))
+    (tmp_path / "empty.keytab").write_bytes(keytab_bytes())
+    config = config_from_text(
+        HEAD + "  downstream:\n    kerberos:\n      keytab: service.keytab\n"
+        "      principal_to_local_rules: ['RULE:[1:$1@$0](.*@EXAMPLE.COM)s/@.*//', DEFAULT]\n",
+        base=tmp_path)
+    down = config.sasl_downstream
+    assert down is not None and down.mechanisms == ("GSSAPI",)
+    assert down.kerberos is not None and down.kerberos.keytab == tmp_path / "service.keytab"
+    assert [r.text for r in down.kerberos.rules] == ["RULE:[1:$1@$0](.*@EXAMPLE.COM)s/@.*//",
+                                                     "DEFAULT"]
+    for text, line, error in [
+        ("    kerberos: {}\n", 5, "needs keytab"),
+        ("    kerberos: {keytab: empty.keytab}\n", 5, "holds no keys"),
+        ("    kerberos: {keytab: nowhere.keytab}\n", 5, "does not exist"),
+        ("    kerberos:\n      keytab: service.keytab\n      principal_to_local_rules:\n"
+         "        - DEFAULT\n        - 'RULE:[1:$1'\n", 9, "is not a principal rule"),
+        ("    users_file: nowhere.yaml\n", 5, "does not exist"),
+        ("    mechanisms: [GSSAPI]\n    oauthbearer: {jwks_url: 'https://idp/jwks'}\n", 5,
+         "GSSAPI needs sasl.downstream.kerberos"),
+    ]:
+        with pytest.raises(ConfigError, match=error) as caught:
+            config_from_text(HEAD + "  downstream:\n" + text, "proxy.yaml", base=tmp_path)
+        assert caught.value.line == line, (text, caught.value)
+
+
+def test_gatehouse_check_names_the_service_principals(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from gatehouse.cli import main
+
+    (tmp_path / "service.keytab").write_bytes(keytab_bytes("kafka/edge-1@EXAMPLE.COM",
+                                                           "kafka/edge-2@EXAMPLE.COM"))
+    (tmp_path / "krb5.conf").write_text("[libdefaults]\n default_realm = EXAMPLE.COM\n")
+    monkeypatch.setenv("KRB5_CONFIG", str(tmp_path / "krb5.conf"))
+    path = tmp_path / "proxy.yaml"
+    path.write_text(HEAD + "  downstream: {kerberos: {keytab: service.keytab}, "
+                    "session_lifetime: 3600}\n")
+    assert main(["check", "--config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert ("sasl.downstream: GSSAPI clients log in to kafka/edge-1@EXAMPLE.COM, "
+            f"kafka/edge-2@EXAMPLE.COM (keys of {tmp_path / 'service.keytab'}); principals "
+            "named by DEFAULT, session lifetime 3600 s") in out
+    assert "sasl.downstream: the default realm (krb5.conf) is EXAMPLE.COM" in out
+    (tmp_path / "krb5.conf").write_text("[libdefaults]\n")
+    assert main(["check", "--config", str(path)]) == 0
+    assert ("warning: sasl.downstream.kerberos: Kerberos: krb5.conf names no default_realm: "
+            "the DEFAULT rule names no one") in capsys.readouterr().err

@@ -500,14 +500,14 @@ async def test_the_proxy_logs_in_with_a_token_as_a_broker_expects() -> None:
 
     with endpoint.running():
         source = TokenSource(OAuthClient(endpoint.url, "gh", "s3cret"))
-        assert await authenticate_upstream(broker(None), source) == 4.0
+        assert await authenticate_upstream(broker(None), source, "broker") == 4.0
         assert parse_bearer_message(sent[0]).token == endpoint.issued[0]
         sent.clear()
         with pytest.raises(SaslError, match=r"the broker refused 'gh' .*Authentication failed"):
-            await authenticate_upstream(broker("challenge"), source)
+            await authenticate_upstream(broker("challenge"), source, "broker")
         assert sent[1] == b"\x01"  # the challenge acknowledged, as RFC 7628 says
         with pytest.raises(SaslError, match="the broker refused 'gh'"):
-            await authenticate_upstream(broker("at once"), source)
+            await authenticate_upstream(broker("at once"), source, "broker")
 
 
 def test_open_doors_in_the_oauthbearer_config_are_warned_of(tmp_path: Path) -> None:

@@ -202,7 +202,9 @@ def test_the_sasl_config(tmp_path: Path) -> None:
     assert "'p'" not in repr(config.sasl_upstream)
     for text, line, error in [
         (f"  downstream: {{users_file: {path.name}, mechanisms: [GSSAPI]}}\n", 4,
-         "'GSSAPI' is not one of PLAIN"),
+         "GSSAPI needs sasl.downstream.kerberos"),
+        (f"  downstream: {{users_file: {path.name}, mechanisms: [KERBEROS]}}\n", 4,
+         "'KERBEROS' is not one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER, GSSAPI"),
         ("  downstream: {mechanisms: [PLAIN]}\n", 4, "needs users_file"),
         (f"  downstream: {{users_file: {path.name}, session_lifetime: 0}}\n", 4,
          "session_lifetime must be positive"),

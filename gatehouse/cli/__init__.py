@@ -17,6 +17,7 @@ from gatehouse.logs import log_event, setup_logging
 
 if TYPE_CHECKING:
     from gatehouse.proxy.config import ProxyConfig
+    from gatehouse.proxy.kerberos import KerberosService
 
 logger = logging.getLogger("gatehouse.cli")
 
@@ -208,6 +209,8 @@ def _check(path: str) -> int:
             print(f"sasl.downstream: OAUTHBEARER tokens checked against {keys}; the "
                   f"principal is their {oauth.principal_claim!r} claim{checks}; a session "
                   f"lasts no longer than its token{lifetime}")
+        if down.kerberos is not None and "GSSAPI" in down.mechanisms:
+            _check_kerberos_service(down.kerberos, lifetime)
     from gatehouse.proxy.oauth import OAuthClient
 
     if isinstance(up, OAuthClient):
@@ -226,6 +229,23 @@ def _check(path: str) -> int:
         print(f"warning: {advice}", file=sys.stderr)
     return 0
 
+
+
+def _check_kerberos_service(service: KerberosService, lifetime: str) -> None:
+    """What ``gatehouse check`` says of sasl.downstream.kerberos: the principals clients
+    may log in to, the rules, the default realm (a warning if krb5.conf has none)."""
+    from gatehouse.codecs.scram import SaslError
+    from gatehouse.proxy.kerberos import default_realm, keytab_principals
+
+    held = keytab_principals(service.keytab.read_bytes())
+    print(f"sasl.downstream: GSSAPI clients log in to {', '.join(held)} (keys of "
+          f"{service.keytab}); principals named by {', '.join(r.text for r in service.rules)}"
+          f"{lifetime}")
+    try:
+        print(f"sasl.downstream: the default realm (krb5.conf) is {default_realm()}")
+    except SaslError as exc:
+        print(f"warning: sasl.downstream.kerberos: {exc}: the DEFAULT rule names no one "
+              "(the logins it would name fail)", file=sys.stderr)
 
 def _run(args: argparse.Namespace) -> int:
     from gatehouse.proxy.config import fixed_ports_problem, parse_address

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gatehouse.codecs import DEFAULT_MAX_FRAME_SIZE
-from gatehouse.codecs.scram import MECHANISMS, SaslCredentials
+from gatehouse.codecs.scram import MECHANISMS, SaslCredentials, SaslError
 from gatehouse.configfile import (
     ConfigError,
     Reader,
@@ -25,7 +25,15 @@ from gatehouse.configfile import (
     load_yaml_file,
     load_yaml_text,
 )
-from gatehouse.proxy.kerberos import KerberosCredentials
+from gatehouse.proxy.kerberos import (
+    GSSAPI,
+    KerberosCredentials,
+    KerberosService,
+    PrincipalRule,
+    gssapi_library,
+    keytab_principals,
+    parse_principal_rules,
+)
 from gatehouse.proxy.oauth import (
     OAUTHBEARER,
     OAuthClient,
@@ -146,6 +154,7 @@ class DownstreamSasl:
     # its token).
     session_lifetime: float | None = None
     oauthbearer: OAuthSettings | None = None  # where OAUTHBEARER tokens are checked
+    kerberos: KerberosService | None = None  # the proxy's service keys for GSSAPI
 
 
 @dataclass(frozen=True)
@@ -456,23 +465,30 @@ def _sasl_downstream(sasl: Reader, base: Path, claim: str) -> DownstreamSasl | N
     down = sasl.child("downstream")
     users_file = _path(down, "users_file", base)
     oauth = _oauthbearer(down.child("oauthbearer"), base, claim) if down.has("oauthbearer") else None
+    kerberos = _kerberos_service(down.child("kerberos"), base) if down.has("kerberos") else None
     offered = [m for m in DownstreamSasl.mechanisms if users_file is not None]
     if oauth is not None:
         offered.append(OAUTHBEARER)
+    if kerberos is not None:
+        offered.append(GSSAPI)
     if not offered:
-        raise down.error(None, "sasl.downstream needs users_file (PLAIN, SCRAM) or "
-                         "oauthbearer (OAUTHBEARER), or both")
+        raise down.error(None, "sasl.downstream needs users_file (PLAIN, SCRAM), "
+                         "oauthbearer (OAUTHBEARER) or kerberos (GSSAPI), or several")
     given = down.take_each("mechanisms", str)
     named = [(m, None) for m in offered] if given is None else given
     for mechanism, line in named:
-        if mechanism not in (*MECHANISMS, OAUTHBEARER):
+        if mechanism not in (*MECHANISMS, OAUTHBEARER, GSSAPI):
             raise sasl.source.error(f"sasl.downstream.mechanisms: {mechanism!r} is not one of "
-                                    f"{', '.join((*MECHANISMS, OAUTHBEARER))}", line)
+                                    f"{', '.join((*MECHANISMS, OAUTHBEARER, GSSAPI))}", line)
         if mechanism == OAUTHBEARER and oauth is None:
             raise sasl.source.error("sasl.downstream.mechanisms: OAUTHBEARER needs "
                                     "sasl.downstream.oauthbearer (where the token signing "
                                     "keys are)", line)
-        if mechanism != OAUTHBEARER and users_file is None:
+        if mechanism == GSSAPI and kerberos is None:
+            raise sasl.source.error("sasl.downstream.mechanisms: GSSAPI needs "
+                                    "sasl.downstream.kerberos (the proxy's service keytab)",
+                                    line)
+        if mechanism not in (OAUTHBEARER, GSSAPI) and users_file is None:
             raise sasl.source.error(f"sasl.downstream.mechanisms: {mechanism} needs "
                                     "sasl.downstream.users_file", line)
     if not named:
@@ -483,7 +499,37 @@ def _sasl_downstream(sasl: Reader, base: Path, claim: str) -> DownstreamSasl | N
     if users_file is not None:
         load_users(users_file)
     return DownstreamSasl(users_file, tuple(dict.fromkeys(mechanisms)),
-                          None if lifetime is None else float(lifetime), oauth)
+                          None if lifetime is None else float(lifetime), oauth, kerberos)
+
+
+def _kerberos_service(section: Reader, base: Path) -> KerberosService:
+    """``sasl.downstream.kerberos: {keytab, principal_to_local_rules}``: the keytab read
+    now (a service key in it), the rules parsed (each error at its line)."""
+    keytab = _path(section, "keytab", base)
+    if keytab is None:
+        raise section.error(None, "sasl.downstream.kerberos needs keytab: the proxy's "
+                            "service keys (kafka/proxy-host@REALM), as a broker's")
+    try:
+        held = keytab_principals(keytab.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise section.error("keytab", f"sasl.downstream.kerberos.keytab: {str(keytab)!r}: "
+                            f"{getattr(exc, 'strerror', None) or exc}") from None
+    if not held:
+        raise section.error("keytab", f"sasl.downstream.kerberos.keytab: {str(keytab)!r} "
+                            "holds no keys")
+    rules: list[PrincipalRule] = []
+    for text, line in section.take_each("principal_to_local_rules", str) or [("DEFAULT", None)]:
+        try:
+            rules.extend(parse_principal_rules([str(text)]))
+        except ValueError as exc:
+            raise section.source.error(f"sasl.downstream.kerberos.principal_to_local_rules: "
+                                       f"{exc}", line) from None
+    try:
+        gssapi_library()
+    except SaslError as exc:
+        raise section.error("keytab", f"sasl.downstream.kerberos: {exc}") from None
+    section.finish()
+    return KerberosService(keytab, tuple(rules))
 
 
 def _oauthbearer(section: Reader, base: Path, claim: str) -> OAuthSettings:

@@ -84,6 +84,7 @@ from gatehouse.proxy.hooks import (
     Respond,
     top_level_tags,
 )
+from gatehouse.proxy.kerberos import KerberosAcceptor
 from gatehouse.proxy.oauth import OAUTHBEARER, TokenValidator, UnknownSigningKey
 from gatehouse.proxy.quotas import Charge
 from gatehouse.proxy.sasl import (
@@ -167,6 +168,8 @@ class ConnectionContext:
     sasl_mechanisms: tuple[str, ...] = ()
     # sasl.downstream.oauthbearer: the keys OAUTHBEARER clients' tokens are checked against.
     sasl_tokens: TokenValidator | None = None
+    # sasl.downstream.kerberos: the proxy's service keys GSSAPI clients log in to.
+    sasl_kerberos: KerberosAcceptor | None = None
     # Seconds a client's authentication lasts before it must authenticate again (KIP-368).
     sasl_session_lifetime: float | None = None
     # sasl.upstream: broker connections are authenticated by the proxy (a client's own
@@ -258,7 +261,8 @@ class ProxyConnection:
         self.sasl_raw_claim: str | None = None  # the user a raw (v0) exchange claims
         # sasl.downstream: the client's exchange with the proxy (None: SASL is the
         # broker's business, passed through).
-        self.client_sasl = (ClientSasl(ctx.sasl_users, ctx.sasl_mechanisms, ctx.sasl_tokens)
+        self.client_sasl = (ClientSasl(ctx.sasl_users, ctx.sasl_mechanisms, ctx.sasl_tokens,
+                                       ctx.sasl_kerberos)
                             if ctx.sasl_mechanisms else None)
         # sasl.downstream.session_lifetime or the client's OAUTHBEARER token's expiry:
         # when the client's authentication ends unless it authenticates again (KIP-368).

@@ -18,7 +18,9 @@ import ctypes.util
 import functools
 import itertools
 import os
+import re
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -78,7 +80,7 @@ def gssapi_library() -> Any:
                                 "libgssapi_krb5.so.2 (Debian: libgssapi-krb5-2; Red Hat: "
                                 "krb5-libs)") from None
             for name in ("gss_import_name", "gss_acquire_cred_from", "gss_init_sec_context",
-                         "gss_wrap", "gss_unwrap", "gss_release_buffer", "gss_release_name",
+                         "gss_accept_sec_context", "gss_display_name", "gss_wrap", "gss_unwrap", "gss_release_buffer", "gss_release_name",
                          "gss_release_cred", "gss_delete_sec_context", "gss_display_status"):
                 getattr(lib, name).restype = _OM
             _library = lib
@@ -245,17 +247,53 @@ def kerberos_identity(credentials: KerberosCredentials) -> KerberosIdentity:
     return KerberosIdentity(credentials)
 
 
-class KerberosLogin:
+class _SecurityContext:
+    """A GSS-API security context (``target``: who is on the other side, for errors):
+    what both sides do with it once it is established."""
+
+    target: str
+
+    def __init__(self) -> None:
+        self._lib = gssapi_library()
+        self._context = ctypes.c_void_p()
+
+    def _wrap(self, data: bytes) -> bytes:
+        lib, minor, out = self._lib, _OM(), _Buffer()
+        given, keep = _in(data)
+        major = lib.gss_wrap(ctypes.byref(minor), self._context, 0, _OM(0),
+                             ctypes.byref(given), None, ctypes.byref(out))
+        token = _taken(lib, out)
+        _check(lib, major, minor, f"wrapping the security layer for {self.target}")
+        del keep
+        return token
+
+    def _unwrap(self, data: bytes) -> bytes:
+        lib, minor, out = self._lib, _OM(), _Buffer()
+        given, keep = _in(data)
+        major = lib.gss_unwrap(ctypes.byref(minor), self._context, ctypes.byref(given),
+                               ctypes.byref(out), None, None)
+        token = _taken(lib, out)
+        _check(lib, major, minor, f"the security layer {self.target} offered")
+        del keep
+        return token
+
+    def close(self) -> None:
+        if self._context.value:
+            self._lib.gss_delete_sec_context(ctypes.byref(_OM()), ctypes.byref(self._context),
+                                             None)
+            self._context = ctypes.c_void_p()
+
+
+class KerberosLogin(_SecurityContext):
     """One SASL GSSAPI exchange with the broker at ``host``: ``first()`` is the first
     token to send; ``step(challenge)`` the answer to each of the broker's, None once the
     exchange is over (the broker's next answer ends it).  Each call blocks (tickets);
     SaslError says why it failed."""
 
     def __init__(self, identity: KerberosIdentity, host: str) -> None:
+        super().__init__()
         self.identity = identity
         self.target = f"{identity.credentials.service_name}@{host}"
-        self._lib = gssapi_library()
-        self._context = ctypes.c_void_p()
         self._established = False
         self._answered_layers = False
 
@@ -303,40 +341,240 @@ class KerberosLogin:
         self._established = (major & 0xFFFF) != _GSS_S_CONTINUE_NEEDED
         return token
 
-    def _wrap(self, data: bytes) -> bytes:
-        lib, minor, out = self._lib, _OM(), _Buffer()
-        given, keep = _in(data)
-        major = lib.gss_wrap(ctypes.byref(minor), self._context, 0, _OM(0),
-                             ctypes.byref(given), None, ctypes.byref(out))
-        token = _taken(lib, out)
-        _check(lib, major, minor, f"wrapping the security layer for {self.target}")
-        del keep
-        return token
 
-    def _unwrap(self, data: bytes) -> bytes:
-        lib, minor, out = self._lib, _OM(), _Buffer()
-        given, keep = _in(data)
-        major = lib.gss_unwrap(ctypes.byref(minor), self._context, ctypes.byref(given),
-                               ctypes.byref(out), None, None)
-        token = _taken(lib, out)
-        _check(lib, major, minor, f"the security layer {self.target} offered")
-        del keep
-        return token
 
-    def close(self) -> None:
-        if self._context.value:
-            self._lib.gss_delete_sec_context(ctypes.byref(_OM()), ctypes.byref(self._context),
-                                             None)
-            self._context = ctypes.c_void_p()
+
+# -- the proxy as the Kerberos service clients log in to (sasl.downstream) ------------------
+
+_GSS_C_ACCEPT = 2
+_FLAG_INTEG, _FLAG_CONF = 0x20, 0x10
+# The server's offer (RFC 4752): the security layer "none" only, and (as for every layer
+# but none) no maximum message size.
+_OFFER_NONE = b"\x01\x00\x00\x00"
+
+
+_krb5: Any = None
+
+
+def default_realm() -> str:
+    """krb5.conf's default_realm (KRB5_CONFIG's or /etc/krb5.conf's), as MIT's libkrb5
+    reads it; SaslError if there is none."""
+    global _krb5
+    with _library_lock:
+        if _krb5 is None:
+            name = ctypes.util.find_library("krb5") or "libkrb5.so.3"
+            try:
+                _krb5 = ctypes.CDLL(name)
+            except OSError:
+                raise SaslError("GSSAPI needs MIT Kerberos's libkrb5.so.3 (Debian: "
+                                "libkrb5-3; Red Hat: krb5-libs)") from None
+            _krb5.krb5_get_default_realm.argtypes = [ctypes.c_void_p,
+                                                     ctypes.POINTER(ctypes.c_char_p)]
+    context = ctypes.c_void_p()
+    if _krb5.krb5_init_context(ctypes.byref(context)):
+        raise SaslError("Kerberos: krb5.conf could not be read (KRB5_CONFIG, /etc/krb5.conf)")
+    realm = ctypes.c_char_p()
+    try:
+        if _krb5.krb5_get_default_realm(context, ctypes.byref(realm)) or realm.value is None:
+            raise SaslError("Kerberos: krb5.conf names no default_realm")
+        return realm.value.decode("utf-8", "replace")
+    finally:
+        if realm.value is not None:
+            _krb5.krb5_free_default_realm(context, realm)
+        _krb5.krb5_free_context(context)
+
+
+_RULE = re.compile(
+    r"DEFAULT|RULE:\[(\d+):([^\]]*)\](?:\(([^)]*)\))?(?:s/([^/]*)/([^/]*)/(g)?)?/?([LU])?")
+
+
+@dataclass(frozen=True)
+class PrincipalRule:
+    """One rule of Kafka's ``sasl.kerberos.principal.to.local.rules`` (Hadoop's
+    auth_to_local): ``DEFAULT``, or ``RULE:[n:format](match)s/pattern/replacement/g/L``."""
+
+    text: str
+    components: int = 0  # 0: DEFAULT
+    template: str = ""
+    match: re.Pattern[str] | None = None
+    pattern: re.Pattern[str] | None = None
+    replacement: str = ""
+    every: bool = False
+    case: str | None = None  # "L" lower, "U" upper
+
+    def apply(self, realm: str, names: Sequence[str], local_realm: Callable[[], str]
+              ) -> str | None:
+        """The short name, or None when the rule does not apply (``local_realm``: the
+        default realm, asked only by DEFAULT)."""
+        if not self.components:
+            return names[0] if realm == local_realm() else None
+        if len(names) != self.components:
+            return None
+        base = re.sub(r"\$(\d)", lambda m: ([realm, *names][int(m.group(1))]
+                                             if int(m.group(1)) <= len(names) else m.group(0)),
+                      self.template)
+        if self.match is not None and not self.match.fullmatch(base):
+            return None
+        if self.pattern is not None:
+            base = self.pattern.sub(self.replacement, base, count=0 if self.every else 1)
+        if re.search("[/@]", base):  # as Kafka: a rule must give a simple name
+            raise SaslError(f"rule {self.text} turns the principal into {base!r}, not a "
+                            "simple name")
+        return base.lower() if self.case == "L" else base.upper() if self.case == "U" else base
+
+
+def parse_principal_rules(rules: Sequence[str]) -> tuple[PrincipalRule, ...]:
+    """ValueError naming a rule that is not one."""
+    out = []
+    for text in rules:
+        found = _RULE.fullmatch(text.strip())
+        if found is None:
+            raise ValueError(f"{text!r} is not a principal rule (DEFAULT, or "
+                             "RULE:[n:format](match)s/pattern/replacement/g/L as Kafka's "
+                             "sasl.kerberos.principal.to.local.rules)")
+        if text.strip() == "DEFAULT":
+            out.append(PrincipalRule("DEFAULT"))
+            continue
+        count, template, match, pattern, replacement, every, case = found.groups()
+        try:
+            out.append(PrincipalRule(
+                text.strip(), int(count), template,
+                None if match is None else re.compile(match),
+                None if pattern is None else re.compile(pattern),
+                re.sub(r"\$(\d)", r"\\\1", replacement or ""), every == "g", case))
+        except re.error as exc:
+            raise ValueError(f"{text!r}: {exc}") from None
+        if int(count) < 1:
+            raise ValueError(f"{text!r}: a rule takes principals of 1 or more components")
+    return tuple(out)
+
+
+def short_name(principal: str, rules: Sequence[PrincipalRule],
+               local_realm: Callable[[], str]) -> str:
+    """The name Kafka's brokers give ``principal`` (``alice@EXAMPLE.COM`` -> ``alice``):
+    the first rule that applies; SaslError if none does (a broker refuses the login)."""
+    name, _, realm = principal.rpartition("@")
+    names = name.split("/") if name else [principal]
+    for rule in rules:
+        result = rule.apply(realm, names, local_realm)
+        if result is not None:
+            return result
+    raise SaslError(f"no principal rule applies to {principal} "
+                    f"(rules: {', '.join(r.text for r in rules)})")
+
+
+@dataclass(frozen=True)
+class KerberosService:
+    """``sasl.downstream.kerberos``: the proxy's service keys (any principal in the
+    keytab: every name clients may use for it) and how principals become names."""
+
+    keytab: Path
+    rules: tuple[PrincipalRule, ...] = (PrincipalRule("DEFAULT"),)
+
+
+class KerberosAcceptor:
+    """The acceptor credential from the service keytab, acquired once; thread-safe."""
+
+    def __init__(self, service: KerberosService) -> None:
+        self.service = service
+        self._lock = threading.Lock()
+        self._handle: ctypes.c_void_p | None = None
+        self._local_realm: str | None = None
+
+    @property
+    def local_realm(self) -> str:
+        """The default realm (the DEFAULT rule's), read at the first login that asks."""
+        if self._local_realm is None:
+            self._local_realm = default_realm()
+        return self._local_realm
+
+    def handle(self) -> ctypes.c_void_p:
+        with self._lock:
+            if self._handle is None:
+                lib, minor, handle = gssapi_library(), _OM(), ctypes.c_void_p()
+                store = (_KeyValue * 1)(_KeyValue(b"keytab", os.fsencode(self.service.keytab)))
+                major = lib.gss_acquire_cred_from(
+                    ctypes.byref(minor), None, _OM(_GSS_C_INDEFINITE), None, _GSS_C_ACCEPT,
+                    ctypes.byref(_KeyValueSet(1, store)), ctypes.byref(handle), None, None)
+                _check(lib, major, minor, f"no service keys in keytab "
+                       f"{str(self.service.keytab)!r}")
+                self._handle = handle
+            return self._handle
+
+
+class KerberosAcceptance(_SecurityContext):
+    """One client's GSSAPI login to the proxy, as a Kafka broker takes it (RFC 4752,
+    server side): ``step(token)`` is ``(answer, done)``; once done, ``principal`` is
+    the client's Kerberos principal and ``user`` its short name.  SaslError says why a
+    login fails."""
+
+    target = "the client"
+
+    def __init__(self, acceptor: KerberosAcceptor) -> None:
+        super().__init__()
+        self.acceptor = acceptor
+        self._established = False
+        self._offered = False
+        self.principal: str | None = None
+        self.user: str | None = None
+
+    def step(self, token: bytes) -> tuple[bytes, bool]:
+        if not self._established:
+            return self._accept(token), False
+        if not self._offered:
+            # The client's empty answer to the last context token: the offer, wrapped.
+            self._offered = True
+            return self._wrap(_OFFER_NONE), False
+        answer = self._unwrap(token)
+        if len(answer) < 4 or not answer[0] & 1:
+            raise SaslError(f"{self.principal} chose no security layer the proxy offered "
+                            f"(answer {answer[:4].hex()})")
+        # As Kafka: an authorization id, if any, changes nothing; the principal proved
+        # is the one named.
+        assert self.principal is not None
+        self.user = short_name(self.principal, self.acceptor.service.rules,
+                               lambda: self.acceptor.local_realm)
+        return b"", True
+
+    def _accept(self, token: bytes) -> bytes:
+        lib, minor, out = self._lib, _OM(), _Buffer()
+        given, keep = _in(token)
+        source = ctypes.c_void_p()
+        major = lib.gss_accept_sec_context(
+            ctypes.byref(minor), ctypes.byref(self._context), self.acceptor.handle(),
+            ctypes.byref(given), None, ctypes.byref(source), None, ctypes.byref(out), None,
+            None, None)
+        answer = _taken(lib, out)
+        del keep
+        try:
+            _check(lib, major, minor, "the client's Kerberos ticket")
+            if (major & 0xFFFF) != _GSS_S_CONTINUE_NEEDED:
+                self._established = True
+                name, ignored = _Buffer(), _OM()
+                _check(lib, lib.gss_display_name(ctypes.byref(ignored), source,
+                                                 ctypes.byref(name), None),
+                       ignored, "the client's principal")
+                self.principal = _taken(lib, name).decode("utf-8", "replace")
+        finally:
+            if source.value:
+                lib.gss_release_name(ctypes.byref(_OM()), ctypes.byref(source))
+        return answer
 
 
 __all__ = [
     "DEFAULT_SERVICE_NAME",
     "GSSAPI",
+    "KerberosAcceptance",
+    "KerberosAcceptor",
     "KerberosCredentials",
     "KerberosIdentity",
     "KerberosLogin",
+    "KerberosService",
+    "PrincipalRule",
+    "default_realm",
     "gssapi_library",
     "kerberos_identity",
     "keytab_principals",
+    "parse_principal_rules",
+    "short_name",
 ]

@@ -57,7 +57,13 @@ from gatehouse.configfile import (
     take_password,
 )
 from gatehouse.logs import log_event
-from gatehouse.proxy.kerberos import KerberosIdentity, KerberosLogin
+from gatehouse.proxy.kerberos import (
+    GSSAPI,
+    KerberosAcceptance,
+    KerberosAcceptor,
+    KerberosIdentity,
+    KerberosLogin,
+)
 from gatehouse.proxy.oauth import (
     OAUTHBEARER,
     TokenRefused,
@@ -247,9 +253,12 @@ class ClientSasl:
     gave, for the log when it fails."""
 
     def __init__(self, users: SaslUsers | None, mechanisms: Sequence[str],
-                 tokens: TokenValidator | None = None) -> None:
+                 tokens: TokenValidator | None = None,
+                 kerberos: KerberosAcceptor | None = None) -> None:
         self.users = users
         self.tokens = tokens
+        self.kerberos = kerberos
+        self._acceptance: KerberosAcceptance | None = None
         self.mechanisms = tuple(mechanisms)
         self.mechanism: str | None = None
         self.raw = False  # SaslHandshake v0: the tokens come with no Kafka header
@@ -282,13 +291,18 @@ class ClientSasl:
         self._bearer_refused = None
         self._scram = (ScramServer(mechanism, partial(self.users.scram, mechanism))
                        if mechanism in SCRAM_MECHANISMS and self.users is not None else None)
+        if self._acceptance is not None:
+            self._acceptance.close()
+        self._acceptance = (KerberosAcceptance(self.kerberos)
+                            if mechanism == GSSAPI and self.kerberos is not None else None)
         return NONE
 
     @property
     def slow_step(self) -> bool:
         """Whether the next ``step`` may run PBKDF2 (PLAIN checked against SCRAM
-        credentials): the caller runs it in a thread."""
-        return self.mechanism == PLAIN
+        credentials) or GSS-API (a replay cache on disk): the caller runs it in a
+        thread."""
+        return self.mechanism in (PLAIN, GSSAPI)
 
     def step(self, token: bytes) -> tuple[bytes, bool]:
         """The answer to a client token and whether the exchange is over (``user`` set);
@@ -299,6 +313,8 @@ class ClientSasl:
             raise SaslError("already authenticated")
         if self.mechanism == OAUTHBEARER:
             return self._bearer_step(token)
+        if self._acceptance is not None:
+            return self._kerberos_step(self._acceptance, token)
         if self._scram is None:  # PLAIN
             assert self.users is not None
             user, password = parse_plain(token)
@@ -351,6 +367,21 @@ class ClientSasl:
         done = self._proved(verified.principal)
         self.expires = verified.expires
         return b"", done
+
+    def _kerberos_step(self, acceptance: KerberosAcceptance, token: bytes
+                       ) -> tuple[bytes, bool]:
+        try:
+            answer, done = acceptance.step(token)
+        except SaslError:
+            self._in_exchange = False
+            acceptance.close()
+            raise
+        finally:
+            self.claimed = acceptance.principal
+        if not done:
+            return answer, False
+        acceptance.close()
+        return answer, self._proved(acceptance.user)
 
     def refuse_unknown_key(self, refusal: UnknownSigningKey) -> tuple[bytes, bool]:
         """The answer to a token whose key id the keys lack even after a fetch: refused

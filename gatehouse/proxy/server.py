@@ -30,7 +30,7 @@ from gatehouse.proxy.config import Address, ProxyConfig, security_warnings
 from gatehouse.proxy.connection import ConnectionContext, ProxyConnection
 from gatehouse.proxy.hooks import CLIENT_CLOSED, ConnectionInfo, Observer, Observers, Policy
 from gatehouse.proxy.hostcounts import HostCounts
-from gatehouse.proxy.kerberos import KerberosCredentials, kerberos_identity
+from gatehouse.proxy.kerberos import KerberosAcceptor, KerberosCredentials, kerberos_identity
 from gatehouse.proxy.oauth import OAuthClient, TokenSource, TokenValidator
 from gatehouse.proxy.principal import certificate_principal, mapped_principal
 from gatehouse.proxy.proxyprotocol import ProxyHeaderError, read_proxy_header
@@ -115,6 +115,8 @@ class Proxy:
                            if down is not None and down.users_file is not None else None)
         self.sasl_tokens = (TokenValidator(down.oauthbearer)
                             if down is not None and down.oauthbearer is not None else None)
+        self.sasl_kerberos = (KerberosAcceptor(down.kerberos)
+                              if down is not None and down.kerberos is not None else None)
         # sasl.upstream: what the proxy logs in to the brokers with (OAUTHBEARER: one
         # token source for every broker connection, so they share its fetches).
         up = config.sasl_upstream
@@ -137,6 +139,7 @@ class Proxy:
             oauthbearer_claim=config.oauthbearer_sub_claim,
             sasl_users=self.sasl_users,
             sasl_tokens=self.sasl_tokens,
+            sasl_kerberos=self.sasl_kerberos,
             sasl_mechanisms=(config.sasl_downstream.mechanisms
                              if config.sasl_downstream is not None else ()),
             sasl_session_lifetime=(config.sasl_downstream.session_lifetime
@@ -548,7 +551,8 @@ class Proxy:
                       "(sasl.downstream)", mechanisms=",".join(down.mechanisms),
                       users=None if self.sasl_users is None else len(self.sasl_users),
                       file=None if down.users_file is None else str(down.users_file),
-                      jwks=None if tokens is None else tokens.settings.jwks_source)
+                      jwks=None if tokens is None else tokens.settings.jwks_source,
+                      keytab=None if down.kerberos is None else str(down.kerberos.keytab))
         if up is not None:
             log_event(logger, logging.INFO, "the proxy authenticates to the brokers "
                       "(sasl.upstream)", mechanism=up.mechanism, user=up.username)

@@ -219,3 +219,60 @@ def test_a_java_clients_own_kerberos_login_passes_through(
         handshakes = proxy.summed("gatehouse_requests_total", api="SaslHandshake")
         assert handshakes >= 2
         assert proxy.summed("gatehouse_requests_total", api="SaslAuthenticate") >= handshakes
+
+
+def java_client(realm: KerberosRealm, principal: str, keytab: Path, service: str) -> Path:
+    """A Java client's properties: Kerberos as ``principal`` to ``service``'s tickets."""
+    properties = realm.dir / f"{principal}-{service}.properties"
+    properties.write_text(
+        "security.protocol=SASL_PLAINTEXT\nsasl.mechanism=GSSAPI\n"
+        f"sasl.kerberos.service.name={service}\nsasl.jaas.config={jaas(keytab, principal)}\n")
+    return properties
+
+
+def test_clients_log_in_to_the_proxy_with_kerberos(
+        realm: KerberosRealm, kerberos_kafka: KafkaCluster, krb5_config: None,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """sasl.downstream.kerberos: Java clients log in to the proxy's own service
+    principal (gatehouse/localhost); their principals become names as a broker's
+    rules make them, for the proxy's rules and metrics (mallory is kept out by a rule,
+    alice writes); a ticket for another service's key is refused with Kerberos's
+    reason, the client told SASL_AUTHENTICATION_FAILED."""
+    caplog.set_level(logging.INFO, logger="gatehouse.proxy")
+    service_keytab = realm.principal("gatehouse/localhost")
+    jvm = (*TOOL_JVM_OPTS, f"-Djava.security.krb5.conf={realm.krb5_conf}")
+    topic = unique("kerberos")
+    kerberos_kafka.create_topic(topic)
+    config = (f"sasl:\n  downstream:\n    kerberos:\n      keytab: '{service_keytab}'\n"
+              "      principal_to_local_rules: ['RULE:[1:$1](mallory)s/.*/intruder/', DEFAULT]\n")
+    rules = ("- name: no-intruders\n  match: {principal: '^intruder$'}\n"
+             "  deny_topics: ['.*']\n")
+
+    def produce_as(principal: str, service: str = "gatehouse", count: int = 200) -> Any:
+        keytab = realm.keytab_of(principal)
+        return kerberos_kafka.run_java_tool(
+            PERF, "--topic", topic, "--num-records", str(count), "--record-size", "100",
+            "--throughput", "-1", "--producer-props", f"bootstrap.servers={proxy.bootstrap}",
+            "acks=all", "max.block.ms=5000", "delivery.timeout.ms=10000",
+            "request.timeout.ms=5000", "--producer.config",
+            str(java_client(realm, principal, keytab, service)), timeout=120, jvm_opts=jvm)
+
+    realm.principal("alice")
+    realm.principal("mallory")
+    with ProxyThread(kerberos_kafka.bootstrap, extra_config=config,
+                     rules_yaml=rules) as proxy:
+        produced = produce_as("alice")
+        assert produced.returncode == 0, produced.stderr[-2000:]
+        assert watermarks(kerberos_kafka.bootstrap, topic) == (0, 200)
+        refused = produce_as("mallory", count=5)  # named intruder: no topic for it
+        assert f"Topic {topic} not present in metadata" in refused.stderr
+        wrong = produce_as("alice", service="kafka", count=5)  # a ticket for the broker
+        assert "SaslAuthenticationException" in wrong.stdout + wrong.stderr
+    assert watermarks(kerberos_kafka.bootstrap, topic) == (0, 200)
+    closed = logged(caplog, "connection closed")
+    assert {f.get("principal") for f in closed} >= {"alice", "intruder"}
+    failed = [f for f in closed if "authentication" in str(f.get("reason"))]
+    assert failed, [f.get("reason") for f in closed]
+    assert failed[0]["reason"].startswith(
+        "SASL authentication (GSSAPI) failed: the client's Kerberos ticket: Request ticket "
+        f"server kafka/localhost@{REALM} not found in keytab")

@@ -111,9 +111,12 @@ class KerberosRealm:
             time.sleep(0.1)
         return self
 
+    def keytab_of(self, name: str) -> Path:
+        return self.dir / (name.replace("/", "_") + ".keytab")
+
     def principal(self, name: str) -> Path:
-        """``name`` (``kafka/127.0.0.1``) added with a random key, its keytab's path."""
-        keytab = self.dir / (name.replace("/", "_") + ".keytab")
+        """``name`` (``kafka/localhost``) added with a random key, its keytab's path."""
+        keytab = self.keytab_of(name)
         for query in (f"addprinc -randkey {name}", f"ktadd -k {keytab} {name}"):
             subprocess.run([_tool("kadmin.local"), "-r", REALM, "-q", query], env=self.env,
                            check=True, capture_output=True, timeout=60)
