@@ -84,7 +84,7 @@ from gatehouse.proxy.hooks import (
     Respond,
     top_level_tags,
 )
-from gatehouse.proxy.kerberos import KerberosAcceptor
+from gatehouse.proxy.kerberos import GSSAPI, KerberosAcceptor
 from gatehouse.proxy.oauth import OAUTHBEARER, TokenValidator, UnknownSigningKey
 from gatehouse.proxy.quotas import Charge
 from gatehouse.proxy.sasl import (
@@ -691,7 +691,7 @@ class ProxyConnection:
             if sasl.expires is not None:  # OAUTHBEARER: no longer than the token
                 left = max(sasl.expires - time.time(), _SHORTEST_SESSION)
                 lifetime = left if lifetime is None else min(lifetime, left)
-            elif sasl.users is not None:
+            elif sasl.users is not None and sasl.mechanism != GSSAPI:
                 sasl.users.sessions.add(self)  # a users file reload may revoke it
             if lifetime is not None:
                 self.client_session_ends = now + lifetime

@@ -238,21 +238,24 @@ def test_clients_log_in_to_the_proxy_with_kerberos(
     rules make them, for the proxy's rules and metrics (mallory is kept out by a rule,
     alice writes); a ticket for another service's key is refused with Kerberos's
     reason, the client told SASL_AUTHENTICATION_FAILED."""
-    caplog.set_level(logging.INFO, logger="gatehouse.proxy")
+    caplog.set_level(logging.DEBUG, logger="gatehouse.proxy")
     service_keytab = realm.principal("gatehouse/localhost")
     jvm = (*TOOL_JVM_OPTS, f"-Djava.security.krb5.conf={realm.krb5_conf}")
     topic = unique("kerberos")
     kerberos_kafka.create_topic(topic)
-    config = (f"sasl:\n  downstream:\n    kerberos:\n      keytab: '{service_keytab}'\n"
+    # Sessions of 2 s: clients log in again (KIP-368) as they go on.
+    config = (f"sasl:\n  downstream:\n    session_lifetime: 2\n    kerberos:\n"
+              f"      keytab: '{service_keytab}'\n"
               "      principal_to_local_rules: ['RULE:[1:$1](mallory)s/.*/intruder/', DEFAULT]\n")
     rules = ("- name: no-intruders\n  match: {principal: '^intruder$'}\n"
              "  deny_topics: ['.*']\n")
 
-    def produce_as(principal: str, service: str = "gatehouse", count: int = 200) -> Any:
+    def produce_as(principal: str, service: str = "gatehouse", count: int = 500,
+                   rate: int = -1) -> Any:
         keytab = realm.keytab_of(principal)
         return kerberos_kafka.run_java_tool(
             PERF, "--topic", topic, "--num-records", str(count), "--record-size", "100",
-            "--throughput", "-1", "--producer-props", f"bootstrap.servers={proxy.bootstrap}",
+            "--throughput", str(rate), "--producer-props", f"bootstrap.servers={proxy.bootstrap}",
             "acks=all", "max.block.ms=5000", "delivery.timeout.ms=10000",
             "request.timeout.ms=5000", "--producer.config",
             str(java_client(realm, principal, keytab, service)), timeout=120, jvm_opts=jvm)
@@ -261,14 +264,17 @@ def test_clients_log_in_to_the_proxy_with_kerberos(
     realm.principal("mallory")
     with ProxyThread(kerberos_kafka.bootstrap, extra_config=config,
                      rules_yaml=rules) as proxy:
-        produced = produce_as("alice")
+        produced = produce_as("alice", rate=100)  # 5 s
         assert produced.returncode == 0, produced.stderr[-2000:]
-        assert watermarks(kerberos_kafka.bootstrap, topic) == (0, 200)
+        assert watermarks(kerberos_kafka.bootstrap, topic) == (0, 500)
         refused = produce_as("mallory", count=5)  # named intruder: no topic for it
         assert f"Topic {topic} not present in metadata" in refused.stderr
         wrong = produce_as("alice", service="kafka", count=5)  # a ticket for the broker
         assert "SaslAuthenticationException" in wrong.stdout + wrong.stderr
-    assert watermarks(kerberos_kafka.bootstrap, topic) == (0, 200)
+    assert watermarks(kerberos_kafka.bootstrap, topic) == (0, 500)
+    again = [f for f in logged(caplog, "client authenticated again")
+             if f.get("principal") == "alice"]
+    assert len(again) >= 2 and all(f["mechanism"] == "GSSAPI" for f in again)
     closed = logged(caplog, "connection closed")
     assert {f.get("principal") for f in closed} >= {"alice", "intruder"}
     failed = [f for f in closed if "authentication" in str(f.get("reason"))]
