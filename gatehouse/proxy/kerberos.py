@@ -13,6 +13,7 @@ authentication), then the broker's wrapped offer of security layers, answered wi
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -282,6 +283,11 @@ class _SecurityContext:
             self._lib.gss_delete_sec_context(ctypes.byref(_OM()), ctypes.byref(self._context),
                                              None)
             self._context = ctypes.c_void_p()
+
+    def __del__(self) -> None:
+        # An exchange its client left half way (the connection closed): freed with it.
+        with contextlib.suppress(Exception):
+            self.close()
 
 
 class KerberosLogin(_SecurityContext):
