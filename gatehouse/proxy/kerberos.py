@@ -67,21 +67,26 @@ _library: Any = None
 _library_lock = threading.Lock()
 
 
+def _load(short: str, soname: str, missing: str) -> Any:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library(short) or soname)
+    except OSError:
+        raise SaslError(missing) from None
+
+
 def gssapi_library() -> Any:
     """MIT's libgssapi_krb5, loaded once; SaslError saying what to install if absent."""
     global _library
     with _library_lock:
         if _library is None:
-            name = ctypes.util.find_library("gssapi_krb5") or "libgssapi_krb5.so.2"
-            try:
-                lib = ctypes.CDLL(name)
-                lib.gss_acquire_cred_from  # noqa: B018 - MIT's, 1.11 and later
-            except (OSError, AttributeError):
-                raise SaslError("GSSAPI needs MIT Kerberos's GSS-API library, "
-                                "libgssapi_krb5.so.2 (Debian: libgssapi-krb5-2; Red Hat: "
-                                "krb5-libs)") from None
+            missing = ("GSSAPI needs MIT Kerberos's GSS-API library, libgssapi_krb5.so.2 "
+                       "(Debian: libgssapi-krb5-2; Red Hat: krb5-libs)")
+            lib = _load("gssapi_krb5", "libgssapi_krb5.so.2", missing)
+            if not hasattr(lib, "gss_acquire_cred_from"):  # MIT's, 1.11 and later
+                raise SaslError(missing)
             for name in ("gss_import_name", "gss_acquire_cred_from", "gss_init_sec_context",
-                         "gss_accept_sec_context", "gss_display_name", "gss_wrap", "gss_unwrap", "gss_release_buffer", "gss_release_name",
+                         "gss_accept_sec_context", "gss_display_name", "gss_wrap",
+                         "gss_unwrap", "gss_release_buffer", "gss_release_name",
                          "gss_release_cred", "gss_delete_sec_context", "gss_display_status"):
                 getattr(lib, name).restype = _OM
             _library = lib
@@ -368,12 +373,8 @@ def default_realm() -> str:
     global _krb5
     with _library_lock:
         if _krb5 is None:
-            name = ctypes.util.find_library("krb5") or "libkrb5.so.3"
-            try:
-                _krb5 = ctypes.CDLL(name)
-            except OSError:
-                raise SaslError("GSSAPI needs MIT Kerberos's libkrb5.so.3 (Debian: "
-                                "libkrb5-3; Red Hat: krb5-libs)") from None
+            _krb5 = _load("krb5", "libkrb5.so.3", "GSSAPI needs MIT Kerberos's libkrb5.so.3 "
+                          "(Debian: libkrb5-3; Red Hat: krb5-libs)")
             _krb5.krb5_get_default_realm.argtypes = [ctypes.c_void_p,
                                                      ctypes.POINTER(ctypes.c_char_p)]
     context = ctypes.c_void_p()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from tests.integration.test_capture_kafka import (
 )
 from tests.integration.test_metrics_topics import CONSUMER_PERF, PERF
 from tests.integration.test_sasl_proxy import logged, wait_for
-from tests.support.clients import unique, watermarks
+from tests.support.clients import produce_and_consume_for, unique, watermarks
 from tests.support.kafka import BROKER_JVM_OPTS, TOOL_JVM_OPTS, KafkaCluster
 from tests.support.kerberos import REALM, KerberosRealm
 from tests.support.proxythread import ProxyThread
@@ -95,35 +94,8 @@ def test_the_proxy_logs_in_with_its_keytab_and_again_before_the_session_ends(
     kerberos_kafka.create_topic(topic)
     with ProxyThread(kerberos_kafka.sasl_bootstrap,
                      extra_config=upstream(f"gatehouse@{REALM}", keytab)) as proxy:
-        errors: list[ck.KafkaError] = []
-        conf: dict[str, Any] = {"bootstrap.servers": proxy.bootstrap,
-                                "error_cb": errors.append, "log_level": 0}
-        producer = ck.Producer({**conf, "acks": "all", "linger.ms": 5})
-        consumer = ck.Consumer({**conf, "group.id": unique("g"),
-                                "auto.offset.reset": "earliest"})
-        consumer.subscribe([topic])
-        failed: list[Any] = []
-        sent: list[bytes] = []
-        got: list[bytes] = []
         # Past the broker's session (6 s; the proxy logs in again at 85% of it).
-        deadline = time.monotonic() + SESSION_MS / 1000 * 1.4
-        while time.monotonic() < deadline:
-            value = f"r-{len(sent)}".encode()
-            producer.produce(topic, value,
-                             on_delivery=lambda err, _msg: err and failed.append(err))
-            sent.append(value)
-            producer.poll(0)
-            message = consumer.poll(0.1)
-            if message is not None and message.error() is None:
-                got.append(message.value())
-        assert producer.flush(30) == 0
-        while len(got) < len(sent):
-            message = consumer.poll(1.0)
-            assert message is not None, f"{len(got)} of {len(sent)} consumed"
-            if message.error() is None:
-                got.append(message.value())
-        consumer.close()
-    assert not failed and not errors, (failed, errors)
+        sent, got = produce_and_consume_for(proxy.bootstrap, topic, SESSION_MS / 1000 * 1.4)
     assert sorted(got) == sorted(sent) and len(sent) > 20
     assert watermarks(kerberos_kafka.bootstrap, topic) == (0, len(sent))
     again = logged(caplog, "re-authenticated to the broker")

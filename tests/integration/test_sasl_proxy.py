@@ -37,6 +37,7 @@ from tests.support.clients import (
     kafka_python_produce,
     kafka_python_read,
     produce,
+    produce_and_consume_for,
     produce_for,
     unique,
     watermarks,
@@ -312,34 +313,7 @@ def test_clients_outlive_the_brokers_sasl_session_limit(kafka_libs: Path, tmp_pa
         upstream = (f"sasl:\n  upstream: {{mechanism: {SCRAM_MECHANISM}, "
                     f"username: {SCRAM_USER}, password_file: {tmp_path / 'proxy.secret'}}}\n")
         with ProxyThread(cluster.sasl_bootstrap, extra_config=upstream) as proxy:
-            errors: list[ck.KafkaError] = []
-            conf = {"bootstrap.servers": proxy.bootstrap, "error_cb": errors.append,
-                    "log_level": 0}
-            producer = ck.Producer({**conf, "acks": "all", "linger.ms": 5})
-            consumer = ck.Consumer({**conf, "group.id": unique("g"),
-                                    "auto.offset.reset": "earliest"})
-            consumer.subscribe([topic])
-            failed: list[Any] = []
-            sent: list[bytes] = []
-            got: list[bytes] = []
-            deadline = time.monotonic() + 15
-            while time.monotonic() < deadline:
-                value = f"r-{len(sent)}".encode()
-                producer.produce(topic, value, on_delivery=lambda err, _msg: err and
-                                 failed.append(err))
-                sent.append(value)
-                producer.poll(0)
-                message = consumer.poll(0.1)
-                if message is not None and message.error() is None:
-                    got.append(message.value())
-            assert producer.flush(30) == 0
-            while len(got) < len(sent):
-                message = consumer.poll(1.0)
-                assert message is not None, f"{len(got)} of {len(sent)} consumed"
-                if message.error() is None:
-                    got.append(message.value())
-            consumer.close()
-        assert not failed and not errors, (failed, errors)
+            sent, got = produce_and_consume_for(proxy.bootstrap, topic, 15)
         assert sorted(got) == sorted(sent) and len(sent) > 50
         again = logged(caplog, "re-authenticated to the broker")
         assert len(again) >= 4, len(again)  # producer and consumer, twice each at least

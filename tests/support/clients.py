@@ -99,6 +99,41 @@ def consume(conf: dict[str, Any], topic: str, count: int, timeout: float = 30.0,
 
 
 
+
+def produce_and_consume_for(bootstrap: str, topic: str, seconds: float
+                            ) -> tuple[list[bytes], list[bytes]]:
+    """A producer (acks=all) and a consumer of ``topic`` at ``bootstrap`` side by side
+    for ``seconds``, then until the consumer has every record: (sent, consumed).  No
+    delivery or client error may happen on the way (AssertionError naming them)."""
+    errors: list[ck.KafkaError] = []
+    failed: list[Any] = []
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "error_cb": errors.append,
+                            "log_level": 0}
+    producer = ck.Producer({**conf, "acks": "all", "linger.ms": 5})
+    consumer = ck.Consumer({**conf, "group.id": unique("g"), "auto.offset.reset": "earliest"})
+    consumer.subscribe([topic])
+    sent: list[bytes] = []
+    got: list[bytes] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = f"r-{len(sent)}".encode()
+        producer.produce(topic, value,
+                         on_delivery=lambda err, _msg: err and failed.append(err))
+        sent.append(value)
+        producer.poll(0)
+        message = consumer.poll(0.1)
+        if message is not None and message.error() is None:
+            got.append(message.value())
+    assert producer.flush(30) == 0
+    while len(got) < len(sent):
+        message = consumer.poll(1.0)
+        assert message is not None, f"{len(got)} of {len(sent)} consumed"
+        if message.error() is None:
+            got.append(message.value())
+    consumer.close()
+    assert not failed and not errors, (failed, errors)
+    return sent, got
+
 def watermarks(bootstrap: str, topic: str, partition: int = 0) -> tuple[int, int]:
     """The (low, high) offsets of one partition, as the broker at ``bootstrap`` has them."""
     consumer = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": unique("g"),
