@@ -170,6 +170,30 @@ def keytab_principals(data: bytes) -> list[str]:
     return list(found)
 
 
+def _import_name(lib: Any, text: str, kind: bytes, what: str) -> ctypes.c_void_p:
+    """A GSS-API name (release it with gss_release_name) of ``kind`` (an OID body)."""
+    minor, name = _OM(), ctypes.c_void_p()
+    given, keep_given = _in(text.encode())
+    oid, keep_oid = _oid(kind)
+    _check(lib, lib.gss_import_name(ctypes.byref(minor), ctypes.byref(given),
+                                    ctypes.byref(oid), ctypes.byref(name)), minor, what)
+    del keep_given, keep_oid
+    return name
+
+
+def _acquire(lib: Any, name: ctypes.c_void_p | None, usage: int,
+             store: dict[bytes, bytes], what: str) -> ctypes.c_void_p:
+    """A credential from MIT's credential store (``store``: keytab, client_keytab,
+    ccache...) for ``name`` (None: any the store holds)."""
+    minor, handle = _OM(), ctypes.c_void_p()
+    items = (_KeyValue * len(store))(*(_KeyValue(k, v) for k, v in store.items()))
+    major = lib.gss_acquire_cred_from(
+        ctypes.byref(minor), name, _OM(_GSS_C_INDEFINITE), None, usage,
+        ctypes.byref(_KeyValueSet(len(store), items)), ctypes.byref(handle), None, None)
+    _check(lib, major, minor, what)
+    return handle
+
+
 @dataclass(frozen=True)
 class KerberosCredentials:
     """The proxy's Kerberos identity: ``principal`` (``gatehouse/proxy.example.com@REALM``),
@@ -215,28 +239,17 @@ class KerberosIdentity:
             return self._handle
 
     def _acquire(self) -> ctypes.c_void_p:
-        lib = gssapi_library()
-        creds = self.credentials
-        minor = _OM()
-        name = ctypes.c_void_p()
-        text, keep_text = _in(creds.principal.encode())
-        oid, keep_oid = _oid(_KRB5_NT_PRINCIPAL_NAME)
-        _check(lib, lib.gss_import_name(ctypes.byref(minor), ctypes.byref(text),
-                                        ctypes.byref(oid), ctypes.byref(name)),
-               minor, f"the principal {creds.principal!r}")
-        store = (_KeyValue * 2)(_KeyValue(b"client_keytab", os.fsencode(creds.keytab)),
-                                _KeyValue(b"ccache", self._cache.encode()))
-        handle = ctypes.c_void_p()
+        lib, creds = gssapi_library(), self.credentials
+        name = _import_name(lib, creds.principal, _KRB5_NT_PRINCIPAL_NAME,
+                            f"the principal {creds.principal!r}")
         try:
-            major = lib.gss_acquire_cred_from(
-                ctypes.byref(minor), name, _OM(_GSS_C_INDEFINITE), None, _GSS_C_INITIATE,
-                ctypes.byref(_KeyValueSet(2, store)), ctypes.byref(handle), None, None)
-            _check(lib, major, minor, f"no credential for {creds.principal!r} from keytab "
-                   f"{str(creds.keytab)!r}")
+            return _acquire(lib, name, _GSS_C_INITIATE,
+                            {b"client_keytab": os.fsencode(creds.keytab),
+                             b"ccache": self._cache.encode()},
+                            f"no credential for {creds.principal!r} from keytab "
+                            f"{str(creds.keytab)!r}")
         finally:
             lib.gss_release_name(ctypes.byref(_OM()), ctypes.byref(name))
-        del keep_text, keep_oid
-        return handle
 
     def close(self) -> None:
         with self._lock:
@@ -328,12 +341,8 @@ class KerberosLogin(_SecurityContext):
 
     def _init(self, challenge: bytes | None) -> bytes:
         lib, minor = self._lib, _OM()
-        name = ctypes.c_void_p()
-        text, keep_text = _in(self.target.encode())
-        service_oid, keep_service = _oid(_NT_HOSTBASED_SERVICE)
-        _check(lib, lib.gss_import_name(ctypes.byref(minor), ctypes.byref(text),
-                                        ctypes.byref(service_oid), ctypes.byref(name)),
-               minor, f"the service name {self.target!r}")
+        name = _import_name(lib, self.target, _NT_HOSTBASED_SERVICE,
+                            f"the service name {self.target!r}")
         mechanism, keep_mechanism = _oid(_KRB5_MECHANISM)
         given, keep_given = _in(challenge or b"")
         out = _Buffer()
@@ -348,7 +357,7 @@ class KerberosLogin(_SecurityContext):
                    f"{self.identity.credentials.principal!r}")
         finally:
             lib.gss_release_name(ctypes.byref(_OM()), ctypes.byref(name))
-        del keep_text, keep_service, keep_mechanism, keep_given
+        del keep_mechanism, keep_given
         self._established = (major & 0xFFFF) != _GSS_S_CONTINUE_NEEDED
         return token
 
@@ -498,14 +507,10 @@ class KerberosAcceptor:
     def handle(self) -> ctypes.c_void_p:
         with self._lock:
             if self._handle is None:
-                lib, minor, handle = gssapi_library(), _OM(), ctypes.c_void_p()
-                store = (_KeyValue * 1)(_KeyValue(b"keytab", os.fsencode(self.service.keytab)))
-                major = lib.gss_acquire_cred_from(
-                    ctypes.byref(minor), None, _OM(_GSS_C_INDEFINITE), None, _GSS_C_ACCEPT,
-                    ctypes.byref(_KeyValueSet(1, store)), ctypes.byref(handle), None, None)
-                _check(lib, major, minor, f"no service keys in keytab "
-                       f"{str(self.service.keytab)!r}")
-                self._handle = handle
+                self._handle = _acquire(
+                    gssapi_library(), None, _GSS_C_ACCEPT,
+                    {b"keytab": os.fsencode(self.service.keytab)},
+                    f"no service keys in keytab {str(self.service.keytab)!r}")
             return self._handle
 
 
