@@ -5,7 +5,10 @@ or fetched by id, and the clients go on with the topics they may use."""
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import confluent_kafka as ck
 import pytest
@@ -82,6 +85,45 @@ def test_a_client_sees_and_uses_only_the_topics_it_may(kafka: KafkaCluster) -> N
         timeout=10).topics  # not deleted
 
 
+class Member(threading.Thread):
+    """A group member (a kafka-python consumer) polled in a thread of its own until
+    ``finish``: ``held`` is its assignment after its last poll, ``got`` what it read."""
+
+    def __init__(self, consumer: Any) -> None:
+        super().__init__(daemon=True)
+        self.consumer = consumer
+        self.held: frozenset[Any] = frozenset()
+        self.got: list[tuple[str, bytes]] = []
+        self.error: BaseException | None = None
+        self._finishing = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        try:
+            while not self._finishing.is_set():
+                for tp, records in self.consumer.poll(timeout_ms=200).items():
+                    self.got.extend((tp.topic, r.value) for r in records)
+                self.held = frozenset(self.consumer.assignment())
+        except Exception as exc:  # reported by the test
+            self.error = exc
+        finally:
+            self.consumer.close()
+
+    def finish(self) -> None:
+        self._finishing.set()
+        self.join(30)
+
+
+def wait_until(condition: Callable[[], bool], seconds: float) -> bool:
+    """Whether ``condition`` held within ``seconds`` (asked every 50 ms)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def test_in_a_group_of_differently_filtered_members_every_partition_is_read(
         kafka: KafkaCluster) -> None:
     """A member that may use only some of the group's topics subscribes only to those
@@ -101,51 +143,41 @@ def test_in_a_group_of_differently_filtered_members_every_partition_is_read(
             consumer.subscribe([orders, payroll])
             return consumer
 
-        got: dict[str, list[tuple[str, bytes]]] = {"ops": [], "app": []}
-
-        def poll(name: str, consumer: KafkaConsumer) -> None:
-            for tp, records in consumer.poll(timeout_ms=100).items():
-                got[name].extend((tp.topic, r.value) for r in records)
-
         # The unfiltered member joins first and leads; the range assignor then gives the
         # filtered one ("app-..." sorts first) the first partition of each topic it
-        # subscribes to.
+        # subscribes to.  Each member polls in a thread of its own: polled one after the
+        # other in one thread, a member whose JoinGroup the coordinator holds until the
+        # other rejoins held up the other's poll (seen twice under load: the leader kept
+        # its old assignment past 90 s).
         with contextlib.ExitStack() as members:
-            ops = member("ops-1")
-            members.callback(ops.close)
+            ops = Member(member("ops-1"))
+            members.callback(ops.finish)
             # Alone, it holds all four partitions before the other joins: kafka-python's
             # first assignment can miss topics its metadata has not listed yet, and the
-            # rebalance that mends it must not overlap the one the second member starts
-            # (seen once under load: the leader kept its old assignment past 90 s).
-            deadline = time.monotonic() + 60
-            while len(ops.assignment()) < 4 and time.monotonic() < deadline:
-                poll("ops", ops)
-            assert len(ops.assignment()) == 4, f"ops alone holds {ops.assignment()}"
-            app = member("app-1")
-            members.callback(app.close)  # closed first, also after a failed assertion
+            # rebalance that mends it must not overlap the one the second member starts.
+            assert wait_until(lambda: len(ops.held) == 4, 60), f"ops alone holds {ops.held}"
+            app = Member(member("app-1"))
+            members.callback(app.finish)  # finished first, also after a failed assertion
 
             def settled() -> bool:
                 """Both members hold partitions, and none twice: the rebalance is over."""
-                mine, theirs = app.assignment(), ops.assignment()
+                mine, theirs = app.held, ops.held
                 return bool(mine and theirs) and not mine & theirs and len(mine | theirs) >= 3
 
-            deadline = time.monotonic() + 90
-            while time.monotonic() < deadline and not settled():
-                poll("ops", ops)
-                poll("app", app)
-            seen = f"app holds {app.assignment()}, ops holds {ops.assignment()}"
-            assert app.assignment() == {TopicPartition(orders, 0)}, seen
-            assert ops.assignment() == {TopicPartition(orders, 1), TopicPartition(payroll, 0),
-                                        TopicPartition(payroll, 1)}, seen
+            wait_until(settled, 90)
+            seen = f"app holds {set(app.held)}, ops holds {set(ops.held)}"
+            assert app.held == {TopicPartition(orders, 0)}, seen
+            assert ops.held == {TopicPartition(orders, 1), TopicPartition(payroll, 0),
+                                TopicPartition(payroll, 1)}, seen
 
             producer = ck.Producer({"bootstrap.servers": kafka.bootstrap})
             for topic in (orders, payroll):
                 for i in range(10):
                     producer.produce(topic, f"{topic}-{i}".encode(), partition=i % 2)
             assert producer.flush(20) == 0
-            while time.monotonic() < deadline and len(got["ops"]) + len(got["app"]) < 20:
-                poll("ops", ops)
-                poll("app", app)
+            wait_until(lambda: len(ops.got) + len(app.got) >= 20, 60)
+    got = {"ops": ops.got, "app": app.got}
+    assert ops.error is None and app.error is None, (ops.error, app.error)
     assert sorted(v for t, v in got["ops"] if t == payroll) == sorted(
         f"{payroll}-{i}".encode() for i in range(10))
     assert {t for t, _ in got["app"]} == {orders}
