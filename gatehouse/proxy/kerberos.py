@@ -1,6 +1,8 @@
-"""SASL GSSAPI (Kerberos) for the proxy's own logins to the brokers (``sasl.upstream``,
-``capture.kafka.sasl``): the proxy's principal, its keys from a keytab, tickets in a
-memory credential cache of its own.
+"""SASL GSSAPI (Kerberos) at both ends of the proxy: its own logins to the brokers
+(``sasl.upstream``, ``capture.kafka.sasl``: the proxy's principal, its keys from a
+keytab, tickets in a memory credential cache of its own), and clients' logins to it
+(``sasl.downstream.kerberos``: its service keys from a keytab, the principals proved
+named as Kafka's principal-to-local rules name them).
 
 GSS-API is MIT Kerberos's ``libgssapi_krb5`` (on every Debian and Red Hat system, and
 in the container image), called through ctypes: no Python package to build.  Its calls
@@ -9,7 +11,8 @@ block (they ask the KDC for tickets), so the async caller runs each step in a th
 ``KerberosLogin`` is the client side of RFC 4752 as Kafka's brokers (Java's GSSAPI
 SaslServer) speak it: the GSS-API context's tokens until it is established (mutual
 authentication), then the broker's wrapped offer of security layers, answered with
-"none" (Kafka's SASL takes no layer; TLS protects the bytes when they need it)."""
+"none" (Kafka's SASL takes no layer; TLS protects the bytes when they need it).
+``KerberosAcceptance`` is the server side, as a broker answers Kafka's clients."""
 
 from __future__ import annotations
 
@@ -32,14 +35,15 @@ GSSAPI: Final = "GSSAPI"
 DEFAULT_SERVICE_NAME: Final = "kafka"  # Kafka's sasl.kerberos.service.name default
 
 _OM = ctypes.c_uint32
-_GSS_S_COMPLETE, _GSS_S_CONTINUE_NEEDED = 0, 1
+_GSS_S_CONTINUE_NEEDED = 1
 _GSS_C_GSS_CODE, _GSS_C_MECH_CODE = 1, 2
-_GSS_C_INITIATE = 1
+_GSS_C_INITIATE, _GSS_C_ACCEPT = 1, 2
 _GSS_C_INDEFINITE = 0xFFFFFFFF
 # What Kafka's Java client asks for: mutual authentication, messages in order,
 # integrity and confidentiality available to the security-layer exchange.
 _FLAGS = 0x2 | 0x8 | 0x20 | 0x10  # MUTUAL | SEQUENCE | INTEG | CONF
-# RFC 4752: the security layer "none" (bit 0), no maximum message size.
+# RFC 4752: the security layer "none" (bit 0) and no maximum message size: the client's
+# choice, and the proxy's offer as a server.
 _NO_SECURITY_LAYER = b"\x01\x00\x00\x00"
 # OIDs (DER bodies): Kerberos 5 principal names, host-based service names, the mechanism.
 _KRB5_NT_PRINCIPAL_NAME = b"\x2a\x86\x48\x86\xf7\x12\x01\x02\x02\x01"
@@ -366,12 +370,6 @@ class KerberosLogin(_SecurityContext):
 
 # -- the proxy as the Kerberos service clients log in to (sasl.downstream) ------------------
 
-_GSS_C_ACCEPT = 2
-_FLAG_INTEG, _FLAG_CONF = 0x20, 0x10
-# The server's offer (RFC 4752): the security layer "none" only, and (as for every layer
-# but none) no maximum message size.
-_OFFER_NONE = b"\x01\x00\x00\x00"
-
 
 _krb5: Any = None
 
@@ -536,7 +534,7 @@ class KerberosAcceptance(_SecurityContext):
         if not self._offered:
             # The client's empty answer to the last context token: the offer, wrapped.
             self._offered = True
-            return self._wrap(_OFFER_NONE), False
+            return self._wrap(_NO_SECURITY_LAYER), False
         answer = self._unwrap(token)
         if len(answer) < 4 or not answer[0] & 1:
             raise SaslError(f"{self.principal} chose no security layer the proxy offered "
