@@ -31,7 +31,6 @@ from gatehouse.proxy.kerberos import (
     KerberosService,
     PrincipalRule,
     gssapi_library,
-    keytab_principals,
     parse_principal_rules,
 )
 from gatehouse.proxy.oauth import (
@@ -40,6 +39,7 @@ from gatehouse.proxy.oauth import (
     OAuthSettings,
     load_jwks_file,
     read_client_sasl,
+    read_keytab,
 )
 from gatehouse.proxy.principal import MappingRule, PrincipalMappingError, parse_principal_mapping
 from gatehouse.proxy.sasl import load_users
@@ -509,11 +509,7 @@ def _kerberos_service(section: Reader, base: Path) -> KerberosService:
     if keytab is None:
         raise section.error(None, "sasl.downstream.kerberos needs keytab: the proxy's "
                             "service keys (kafka/proxy-host@REALM), as a broker's")
-    try:
-        held = keytab_principals(keytab.read_bytes())
-    except (OSError, ValueError) as exc:
-        raise section.error("keytab", f"sasl.downstream.kerberos.keytab: {str(keytab)!r}: "
-                            f"{getattr(exc, 'strerror', None) or exc}") from None
+    held = read_keytab(section, keytab)
     if not held:
         raise section.error("keytab", f"sasl.downstream.kerberos.keytab: {str(keytab)!r} "
                             "holds no keys")

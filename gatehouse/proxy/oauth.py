@@ -436,6 +436,18 @@ def read_client_sasl(up: Reader, base: Path
     return OAuthClient(url, client_id, secret, scope or None, path)
 
 
+def read_keytab(reader: Reader, keytab: Path) -> list[str]:
+    """The principals the keytab ``reader.keytab`` names holds keys for; ConfigError at
+    its line if it cannot be read or is not a keytab."""
+    try:
+        return keytab_principals(keytab.read_bytes())
+    except OSError as exc:
+        raise reader.error("keytab", f"{reader.what}.keytab: cannot read {str(keytab)!r}: "
+                           f"{exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise reader.error("keytab", f"{reader.what}.keytab: {str(keytab)!r}: {exc}") from None
+
+
 def _read_kerberos(up: Reader, base: Path) -> KerberosCredentials:
     what = up.what
     up.take("mechanism", str)
@@ -445,13 +457,7 @@ def _read_kerberos(up: Reader, base: Path) -> KerberosCredentials:
                        "principal (gatehouse/proxy.example.com@EXAMPLE.COM)")
     keytab = Path(up.require("keytab", str))
     keytab = keytab if keytab.is_absolute() else base / keytab
-    try:
-        held = keytab_principals(keytab.read_bytes())
-    except OSError as exc:
-        raise up.error("keytab", f"{what}.keytab: cannot read {str(keytab)!r}: "
-                       f"{exc.strerror or exc}") from None
-    except ValueError as exc:
-        raise up.error("keytab", f"{what}.keytab: {str(keytab)!r}: {exc}") from None
+    held = read_keytab(up, keytab)
     # A principal without its realm is in the default realm (krb5.conf's): any realm.
     if principal not in held and not ("@" not in principal and any(
             name.rpartition("@")[0] == principal for name in held)):

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
 import confluent_kafka as ck
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from tests.integration.test_metrics_groups import wait_until
 from tests.integration.test_rules_topic_ids import call, fetch_error, topic_ids
 from tests.support.clients import consume, produce, unique, watermarks
 from tests.support.kafka import KafkaCluster
@@ -112,16 +111,6 @@ class Member(threading.Thread):
     def finish(self) -> None:
         self._finishing.set()
         self.join(30)
-
-
-def wait_until(condition: Callable[[], bool], seconds: float) -> bool:
-    """Whether ``condition`` held within ``seconds`` (asked every 50 ms)."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def test_in_a_group_of_differently_filtered_members_every_partition_is_read(
