@@ -6,6 +6,7 @@ broker: tests/integration/test_kerberos.py."""
 from __future__ import annotations
 
 import ctypes
+import os
 from pathlib import Path
 
 import pytest
@@ -195,8 +196,19 @@ def test_the_downstream_kerberos_config(tmp_path: Path) -> None:
     assert down.kerberos is not None and down.kerberos.keytab == tmp_path / "service.keytab"
     assert [r.text for r in down.kerberos.rules] == ["RULE:[1:$1@$0](.*@EXAMPLE.COM)s/@.*//",
                                                      "DEFAULT"]
+    assert down.kerberos.replay_cache is None  # MIT's default: /var/tmp here
+    (tmp_path / "cache").mkdir()
+    config = config_from_text(
+        HEAD + "  downstream:\n    kerberos: {keytab: service.keytab, "
+        "replay_cache: cache/tickets}\n", base=tmp_path)
+    assert config.sasl_downstream is not None and config.sasl_downstream.kerberos is not None
+    assert config.sasl_downstream.kerberos.replay_cache == f"file2:{tmp_path}/cache/tickets"
     for text, line, error in [
         ("    kerberos: {}\n", 5, "needs keytab"),
+        ("    kerberos: {keytab: service.keytab, replay_cache: cache}\n", 5,
+         "replay_cache: '.*cache' must be a file in a directory the proxy can write"),
+        ("    kerberos: {keytab: service.keytab, replay_cache: nowhere/tickets}\n", 5,
+         "must be a file in a directory the proxy can write"),
         ("    kerberos: {keytab: empty.keytab}\n", 5, "holds no keys"),
         ("    kerberos: {keytab: nowhere.keytab}\n", 5, "does not exist"),
         ("    kerberos:\n      keytab: service.keytab\n      principal_to_local_rules:\n"
@@ -224,11 +236,68 @@ def test_gatehouse_check_names_the_service_principals(
                     "session_lifetime: 3600}\n")
     assert main(["check", "--config", str(path)]) == 0
     out = capsys.readouterr().out
-    assert ("sasl.downstream: GSSAPI clients log in to kafka/edge-1@EXAMPLE.COM, "
+    assert ("sasl.downstream.kerberos: GSSAPI clients log in to kafka/edge-1@EXAMPLE.COM, "
             f"kafka/edge-2@EXAMPLE.COM (keys of {tmp_path / 'service.keytab'}); principals "
-            "named by DEFAULT, session lifetime 3600 s") in out
-    assert "sasl.downstream: the default realm (krb5.conf) is EXAMPLE.COM" in out
+            "named by DEFAULT; tickets seen kept in Kerberos's default replay cache, "
+            "session lifetime 3600 s") in out
+    assert "sasl.downstream.kerberos: the default realm (krb5.conf) is EXAMPLE.COM" in out
     (tmp_path / "krb5.conf").write_text("[libdefaults]\n")
     assert main(["check", "--config", str(path)]) == 0
     assert ("warning: sasl.downstream.kerberos: Kerberos: krb5.conf names no default_realm: "
             "the DEFAULT rule names no one") in capsys.readouterr().err
+    path.write_text(HEAD + "  passthrough_kerberos:\n    keytab: service.keytab\n"
+                    "    principal_to_local_rules: ['RULE:[1:$1](svc-.*)s/svc-//', DEFAULT]\n")
+    assert main(["check", "--config", str(path)]) == 0
+    assert ("sasl.passthrough_kerberos: GSSAPI clients passing through named from their "
+            "tickets for kafka/edge-1@EXAMPLE.COM, kafka/edge-2@EXAMPLE.COM (keys of "
+            f"{tmp_path / 'service.keytab'}); principals named by RULE:[1:$1](svc-.*)s/svc-//, "
+            "DEFAULT\n") in capsys.readouterr().out
+
+
+def test_the_passthrough_kerberos_config(tmp_path: Path) -> None:
+    """The brokers' keys, to name clients whose GSSAPI logins pass through: no replay
+    cache of the proxy's (the brokers check replays), and only where logins pass."""
+    (tmp_path / "brokers.keytab").write_bytes(keytab_bytes("kafka/b-1@EXAMPLE.COM"))
+    config = config_from_text(HEAD + "  passthrough_kerberos: {keytab: brokers.keytab}\n",
+                              base=tmp_path)
+    keys = config.sasl_passthrough_kerberos
+    assert keys is not None and keys.keytab == tmp_path / "brokers.keytab"
+    assert [r.text for r in keys.rules] == ["DEFAULT"] and keys.replay_cache == "none:"
+    assert config.sasl_downstream is None and config.sasl_upstream is None
+    (tmp_path / "proxy.keytab").write_bytes(keytab_bytes("gatehouse@EXAMPLE.COM"))
+    for text, line, error in [
+        ("  passthrough_kerberos: {}\n", 4, "sasl.passthrough_kerberos needs keytab: the "
+         "brokers' service keys"),
+        ("  passthrough_kerberos: {keytab: brokers.keytab, replay_cache: x}\n", 4,
+         "unknown key 'replay_cache'"),
+        ("  passthrough_kerberos: {keytab: brokers.keytab, principal_to_local_rules: "
+         "['RULE:[1:$1']}\n", 4, "sasl.passthrough_kerberos.principal_to_local_rules"),
+        ("  passthrough_kerberos: {keytab: brokers.keytab}\n  upstream: {mechanism: GSSAPI, "
+         "principal: gatehouse, keytab: proxy.keytab}\n", 4,
+         "with sasl.upstream, the proxy logs in to the brokers for its clients: none pass"),
+        ("  downstream: {kerberos: {keytab: brokers.keytab}}\n"
+         "  passthrough_kerberos: {keytab: brokers.keytab}\n", 5,
+         "with sasl.downstream, clients log in to the proxy: none pass through"),
+    ]:
+        with pytest.raises(ConfigError, match=error) as caught:
+            config_from_text(HEAD + text, "proxy.yaml", base=tmp_path)
+        assert caught.value.line == line, (text, caught.value)
+
+
+def test_a_read_only_default_replay_cache_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MIT keeps the tickets a service accepted in $KRB5RCACHEDIR (or /var/tmp): in a
+    container with a read-only root file system every login would fail there."""
+    (tmp_path / "service.keytab").write_bytes(keytab_bytes("kafka/edge-1@EXAMPLE.COM"))
+    (tmp_path / "readonly").mkdir(mode=0o555)
+    monkeypatch.setenv("KRB5RCACHEDIR", str(tmp_path / "readonly"))
+    text = HEAD + "  downstream:\n    kerberos: {keytab: service.keytab}\n"
+    if os.access(tmp_path / "readonly", os.W_OK):  # root writes anywhere: no such check
+        monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != tmp_path / "readonly")
+    with pytest.raises(ConfigError, match=f"Kerberos's replay cache directory "
+                       f"'{tmp_path}/readonly' is not writable .* set replay_cache") as caught:
+        config_from_text(text, "proxy.yaml", base=tmp_path)
+    assert caught.value.line == 5
+    config = config_from_text(text.replace("}", ", replay_cache: tickets}"), base=tmp_path)
+    assert config.sasl_downstream is not None and config.sasl_downstream.kerberos is not None
+    assert config.sasl_downstream.kerberos.replay_cache == f"file2:{tmp_path}/tickets"

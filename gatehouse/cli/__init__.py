@@ -210,7 +210,12 @@ def _check(path: str) -> int:
                   f"principal is their {oauth.principal_claim!r} claim{checks}; a session "
                   f"lasts no longer than its token{lifetime}")
         if down.kerberos is not None and "GSSAPI" in down.mechanisms:
-            _check_kerberos_service(down.kerberos, lifetime)
+            _check_kerberos_service(down.kerberos, "sasl.downstream.kerberos",
+                                    "GSSAPI clients log in to {held}", lifetime)
+    if config.sasl_passthrough_kerberos is not None:
+        _check_kerberos_service(config.sasl_passthrough_kerberos, "sasl.passthrough_kerberos",
+                                "GSSAPI clients passing through named from their tickets "
+                                "for {held}", "")
     from gatehouse.proxy.oauth import OAuthClient
 
     if isinstance(up, OAuthClient):
@@ -231,21 +236,27 @@ def _check(path: str) -> int:
 
 
 
-def _check_kerberos_service(service: KerberosService, lifetime: str) -> None:
-    """What ``gatehouse check`` says of sasl.downstream.kerberos: the principals clients
-    may log in to, the rules, the default realm (a warning if krb5.conf has none)."""
+def _check_kerberos_service(service: KerberosService, section: str, use: str,
+                            lifetime: str) -> None:
+    """What ``gatehouse check`` says of a Kerberos service section (``use``: what its
+    keys, ``{held}``, are for): the principals, the rules, where accepted tickets are
+    kept, the default realm (a warning if krb5.conf has none)."""
     from gatehouse.codecs.scram import SaslError
     from gatehouse.proxy.kerberos import default_realm, keytab_principals
 
     held = keytab_principals(service.keytab.read_bytes())
-    print(f"sasl.downstream: GSSAPI clients log in to {', '.join(held)} (keys of "
-          f"{service.keytab}); principals named by {', '.join(r.text for r in service.rules)}"
-          f"{lifetime}")
+    cache = service.replay_cache
+    kept = ("" if cache == "none:" else
+            f"; tickets seen kept in {cache.removeprefix('file2:')}" if cache is not None else
+            "; tickets seen kept in Kerberos's default replay cache")
+    print(f"{section}: {use.format(held=', '.join(held))} (keys of {service.keytab}); "
+          f"principals named by {', '.join(r.text for r in service.rules)}{kept}{lifetime}")
     try:
-        print(f"sasl.downstream: the default realm (krb5.conf) is {default_realm()}")
+        print(f"{section}: the default realm (krb5.conf) is {default_realm()}")
     except SaslError as exc:
-        print(f"warning: sasl.downstream.kerberos: {exc}: the DEFAULT rule names no one "
+        print(f"warning: {section}: {exc}: the DEFAULT rule names no one "
               "(the logins it would name fail)", file=sys.stderr)
+
 
 def _run(args: argparse.Namespace) -> int:
     from gatehouse.proxy.config import fixed_ports_problem, parse_address

@@ -204,6 +204,9 @@ class ProxyConfig:
     # authenticates to the brokers as one user); None: neither (SASL passes through).
     sasl_downstream: DownstreamSasl | None = None
     sasl_upstream: SaslCredentials | OAuthClient | KerberosCredentials | None = None
+    # The brokers' Kerberos keys and rules: GSSAPI logins passing through name their
+    # client (its principal, as the brokers name it) for rules, metrics and logs.
+    sasl_passthrough_kerberos: KerberosService | None = None
     # Several proxy processes on the same ports (SO_REUSEPORT): the kernel spreads new
     # connections over them, one event loop per process, to use more than one core.
     reuse_port: bool = False
@@ -376,6 +379,17 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
     sasl_downstream = _sasl_downstream(sasl, base, claim)
     sasl_upstream = (read_client_sasl(sasl.child("upstream"), base) if sasl.has("upstream")
                      else None)
+    passthrough_kerberos = None
+    if sasl.has("passthrough_kerberos"):
+        # Only logins that reach the brokers can be read with the brokers' keys.
+        for other, why in (("downstream", "clients log in to the proxy"),
+                           ("upstream", "the proxy logs in to the brokers for its clients")):
+            if sasl.has(other):
+                raise sasl.error("passthrough_kerberos", f"sasl.passthrough_kerberos reads "
+                                 f"clients' logins passing through to the brokers; with "
+                                 f"sasl.{other}, {why}: none pass through")
+        passthrough_kerberos = _kerberos_service(sasl.child("passthrough_kerberos"), base,
+                                                 passing=True)
     sasl.finish()
 
     log = top.child("log")
@@ -421,6 +435,7 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
         oauthbearer_sub_claim=claim,
         sasl_downstream=sasl_downstream,
         sasl_upstream=sasl_upstream,
+        sasl_passthrough_kerberos=passthrough_kerberos,
         reuse_port=reuse_port or workers > 1,
         workers=workers,
         proxy_protocol_from=proxy_protocol_from,
@@ -502,30 +517,57 @@ def _sasl_downstream(sasl: Reader, base: Path, claim: str) -> DownstreamSasl | N
                           None if lifetime is None else float(lifetime), oauth, kerberos)
 
 
-def _kerberos_service(section: Reader, base: Path) -> KerberosService:
-    """``sasl.downstream.kerberos: {keytab, principal_to_local_rules}``: the keytab read
-    now (a service key in it), the rules parsed (each error at its line)."""
+def _kerberos_service(section: Reader, base: Path, passing: bool = False) -> KerberosService:
+    """``sasl.downstream.kerberos: {keytab, principal_to_local_rules, replay_cache}``
+    (the proxy's service keys) or ``sasl.passthrough_kerberos: {keytab,
+    principal_to_local_rules}`` (the brokers'): the keytab read now (a service key in
+    it), the rules parsed (each error at its line), where tickets seen are kept checked."""
+    what = section.what
     keytab = _path(section, "keytab", base)
     if keytab is None:
-        raise section.error(None, "sasl.downstream.kerberos needs keytab: the proxy's "
-                            "service keys (kafka/proxy-host@REALM), as a broker's")
+        whose = ("the brokers' service keys (kafka/broker-host@REALM: the names clients "
+                 "ask tickets for)" if passing else
+                 "the proxy's service keys (kafka/proxy-host@REALM), as a broker's")
+        raise section.error(None, f"{what} needs keytab: {whose}")
     held = read_keytab(section, keytab)
     if not held:
-        raise section.error("keytab", f"sasl.downstream.kerberos.keytab: {str(keytab)!r} "
-                            "holds no keys")
+        raise section.error("keytab", f"{what}.keytab: {str(keytab)!r} holds no keys")
     rules: list[PrincipalRule] = []
     for text, line in section.take_each("principal_to_local_rules", str) or [("DEFAULT", None)]:
         try:
             rules.extend(parse_principal_rules([str(text)]))
         except ValueError as exc:
-            raise section.source.error(f"sasl.downstream.kerberos.principal_to_local_rules: "
-                                       f"{exc}", line) from None
+            raise section.source.error(f"{what}.principal_to_local_rules: {exc}",
+                                       line) from None
     try:
         gssapi_library()
     except SaslError as exc:
-        raise section.error("keytab", f"sasl.downstream.kerberos: {exc}") from None
+        raise section.error("keytab", f"{what}: {exc}") from None
+    # A replayed ticket is for the brokers to refuse when it passes through (the proxy
+    # only reads it, so it keeps no cache); one presented to the proxy is the proxy's.
+    replay_cache = "none:" if passing else _replay_cache(section, base)
     section.finish()
-    return KerberosService(keytab, tuple(rules))
+    return KerberosService(keytab, tuple(rules), replay_cache)
+
+
+def _replay_cache(section: Reader, base: Path) -> str | None:
+    """``replay_cache``: the file MIT Kerberos keeps the tickets it has accepted in (a
+    ticket seen again is refused), in a directory the proxy can write; None: MIT's
+    default, ``$KRB5RCACHEDIR`` or ``/var/tmp``, checked the same way (a container's
+    read-only root file system would refuse every login at the first ticket)."""
+    given = section.take("replay_cache", str)
+    if given is None:
+        directory = Path(os.environ.get("KRB5RCACHEDIR") or "/var/tmp")
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise section.error(None, f"{section.what}: Kerberos's replay cache directory "
+                                f"{str(directory)!r} is not writable (a read-only root file "
+                                "system?): set replay_cache to a file on a writable volume")
+        return None
+    path = Path(given) if Path(given).is_absolute() else base / given
+    if path.is_dir() or not os.access(path.parent, os.W_OK | os.X_OK):
+        raise section.error("replay_cache", f"{section.what}.replay_cache: {str(path)!r} must "
+                            "be a file in a directory the proxy can write")
+    return f"file2:{path}"
 
 
 def _oauthbearer(section: Reader, base: Path, claim: str) -> OAuthSettings:

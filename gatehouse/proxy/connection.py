@@ -170,6 +170,8 @@ class ConnectionContext:
     sasl_tokens: TokenValidator | None = None
     # sasl.downstream.kerberos: the proxy's service keys GSSAPI clients log in to.
     sasl_kerberos: KerberosAcceptor | None = None
+    # sasl.passthrough_kerberos: the brokers' keys, to name GSSAPI clients passing through.
+    sasl_passthrough_kerberos: KerberosAcceptor | None = None
     # Seconds a client's authentication lasts before it must authenticate again (KIP-368).
     sasl_session_lifetime: float | None = None
     # sasl.upstream: broker connections are authenticated by the proxy (a client's own
@@ -259,6 +261,7 @@ class ProxyConnection:
         self.sasl_raw_rounds: int | None = 0  # >0: that many raw tokens; None: until Kafka
         self.sasl_mechanism: str | None = None  # the last SaslHandshake's
         self.sasl_raw_claim: str | None = None  # the user a raw (v0) exchange claims
+        self.sasl_first_token = False  # the next SaslAuthenticate begins an exchange
         # sasl.downstream: the client's exchange with the proxy (None: SASL is the
         # broker's business, passed through).
         self.client_sasl = (ClientSasl(ctx.sasl_users, ctx.sasl_mechanisms, ctx.sasl_tokens,
@@ -542,7 +545,9 @@ class ProxyConnection:
                 policy=policy,
             )
             if header.api_key in (SASL_HANDSHAKE, SASL_AUTHENTICATE):
-                self._sasl_request(decision.request, pending)
+                ticket = self._sasl_request(decision.request, pending)
+                if ticket is not None:
+                    pending.sasl_user = await self._ticket_user(ticket)
             await self._forward(wire if out is frame else out,
                                 pending if expects_response else None, prefixed=out is frame)
             if decision.close_after is not None:
@@ -1485,22 +1490,42 @@ class ProxyConnection:
         except ProtocolError as exc:
             self._malformed("response", exc)
 
-    def _sasl_request(self, req: Request, pending: Pending) -> None:
+    def _sasl_request(self, req: Request, pending: Pending) -> bytes | None:
         """SaslHandshake: its mechanism (and v0's raw tokens to pass on); SaslAuthenticate:
         the name the client claims, its principal once the broker says yes.  A version
         the codec has no table for, or a body it cannot read, is the broker's to judge:
-        the connection just has no principal."""
+        the connection just has no principal.  Returns a GSSAPI exchange's first token
+        (the client's ticket) when the brokers' keys are there to read it with."""
         try:
             if req.api_key == SASL_HANDSHAKE:
                 mechanism = self.sasl_mechanism = str(req.body.mechanism).upper()
+                self.sasl_first_token = True
                 if req.api_version == 0:
                     self.sasl_raw_rounds = SASL_RAW_ROUNDS.get(mechanism)
                     self.sasl_raw_claim = None
+            elif self.sasl_mechanism == GSSAPI:
+                first, self.sasl_first_token = self.sasl_first_token, False
+                if first and self.ctx.sasl_passthrough_kerberos is not None:
+                    return bytes(req.body.auth_bytes)
             else:
                 pending.sasl_user = claimed_user(self.sasl_mechanism, req.body.auth_bytes,
                                                  self.ctx.oauthbearer_claim)
         except (ProtocolError, UnknownApi):
             pass
+        return None
+
+    async def _ticket_user(self, ticket: bytes) -> str | None:
+        """The client's name, from its ticket read with the brokers' keys (off the
+        loop: the keytab is read, the ticket decrypted); None, logged, if it cannot be
+        read (the login still goes on to the broker, which decides)."""
+        keys = self.ctx.sasl_passthrough_kerberos
+        assert keys is not None
+        try:
+            return await trio.to_thread.run_sync(keys.ticket_user, ticket)
+        except SaslError as exc:
+            log_event(logger, logging.WARNING, "Kerberos ticket not read",
+                      **self.conn.describe(), reason=str(exc))
+            return None
 
     def _raw_sasl_token(self, token: bytes, pending: Pending) -> None:
         """A raw token after SaslHandshake v0 (PLAIN, SCRAM): the first names the user

@@ -2,7 +2,9 @@
 (``sasl.upstream``, ``capture.kafka.sasl``: the proxy's principal, its keys from a
 keytab, tickets in a memory credential cache of its own), and clients' logins to it
 (``sasl.downstream.kerberos``: its service keys from a keytab, the principals proved
-named as Kafka's principal-to-local rules name them).
+named as Kafka's principal-to-local rules name them), and clients' logins passing
+through to the brokers (``sasl.passthrough_kerberos``: the brokers' keys read the
+client's ticket, for its name only).
 
 GSS-API is MIT Kerberos's ``libgssapi_krb5`` (on every Debian and Red Hat system, and
 in the container image), called through ctypes: no Python package to build.  Its calls
@@ -479,11 +481,15 @@ def short_name(principal: str, rules: Sequence[PrincipalRule],
 
 @dataclass(frozen=True)
 class KerberosService:
-    """``sasl.downstream.kerberos``: the proxy's service keys (any principal in the
-    keytab: every name clients may use for it) and how principals become names."""
+    """Service keys (any principal in the keytab: every name clients may use for it),
+    how principals become names, and the replay cache tickets are checked against
+    (MIT's name for one: ``file2:/path``, ``none:``; None: MIT's default, a file in
+    ``KRB5RCACHEDIR`` or ``/var/tmp``).  ``sasl.downstream.kerberos``: the proxy's
+    own; ``sasl.passthrough_kerberos``: the brokers', to read who passes through."""
 
     keytab: Path
     rules: tuple[PrincipalRule, ...] = (PrincipalRule("DEFAULT"),)
+    replay_cache: str | None = None
 
 
 class KerberosAcceptor:
@@ -505,11 +511,32 @@ class KerberosAcceptor:
     def handle(self) -> ctypes.c_void_p:
         with self._lock:
             if self._handle is None:
+                store = {b"keytab": os.fsencode(self.service.keytab)}
+                if self.service.replay_cache is not None:
+                    store[b"rcache"] = os.fsencode(self.service.replay_cache)
                 self._handle = _acquire(
-                    gssapi_library(), None, _GSS_C_ACCEPT,
-                    {b"keytab": os.fsencode(self.service.keytab)},
+                    gssapi_library(), None, _GSS_C_ACCEPT, store,
                     f"no service keys in keytab {str(self.service.keytab)!r}")
             return self._handle
+
+    def user_of(self, principal: str) -> str:
+        """The name the rules give ``principal`` (SaslError if none applies)."""
+        return short_name(principal, self.service.rules, lambda: self.local_realm)
+
+    def ticket_user(self, token: bytes) -> str:
+        """The name of the client whose first GSSAPI token (its ticket for a service
+        whose keys this keytab holds) is ``token``: a login passing through to a
+        broker, read with the broker's keys and named by the broker's rules.  The
+        broker answers the login; this context is thrown away.  SaslError says why the
+        ticket cannot be read."""
+        reading = KerberosAcceptance(self)
+        try:
+            reading.step(token)
+            if reading.principal is None:
+                raise SaslError("the client's Kerberos ticket needs more than one token")
+            return self.user_of(reading.principal)
+        finally:
+            reading.close()
 
 
 class KerberosAcceptance(_SecurityContext):
@@ -542,8 +569,7 @@ class KerberosAcceptance(_SecurityContext):
         # As Kafka: an authorization id, if any, changes nothing; the principal proved
         # is the one named.
         assert self.principal is not None
-        self.user = short_name(self.principal, self.acceptor.service.rules,
-                               lambda: self.acceptor.local_realm)
+        self.user = self.acceptor.user_of(self.principal)
         return b"", True
 
     def _accept(self, token: bytes) -> bytes:

@@ -117,6 +117,9 @@ class Proxy:
                             if down is not None and down.oauthbearer is not None else None)
         self.sasl_kerberos = (KerberosAcceptor(down.kerberos)
                               if down is not None and down.kerberos is not None else None)
+        passthrough = config.sasl_passthrough_kerberos
+        self.sasl_passthrough_kerberos = (KerberosAcceptor(passthrough)
+                                          if passthrough is not None else None)
         # sasl.upstream: what the proxy logs in to the brokers with (OAUTHBEARER: one
         # token source for every broker connection, so they share its fetches).
         up = config.sasl_upstream
@@ -140,6 +143,7 @@ class Proxy:
             sasl_users=self.sasl_users,
             sasl_tokens=self.sasl_tokens,
             sasl_kerberos=self.sasl_kerberos,
+            sasl_passthrough_kerberos=self.sasl_passthrough_kerberos,
             sasl_mechanisms=(config.sasl_downstream.mechanisms
                              if config.sasl_downstream is not None else ()),
             sasl_session_lifetime=(config.sasl_downstream.session_lifetime
@@ -556,6 +560,10 @@ class Proxy:
         if up is not None:
             log_event(logger, logging.INFO, "the proxy authenticates to the brokers "
                       "(sasl.upstream)", mechanism=up.mechanism, user=up.username)
+        if config.sasl_passthrough_kerberos is not None:
+            log_event(logger, logging.INFO, "GSSAPI logins passing through name their "
+                      "clients (sasl.passthrough_kerberos)",
+                      keytab=str(config.sasl_passthrough_kerberos.keytab))
         for warning in security_warnings(config):
             log_event(logger, logging.WARNING, warning)
 

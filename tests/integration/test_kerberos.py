@@ -161,22 +161,37 @@ def test_the_capture_sink_logs_in_with_kerberos(
 
 
 def test_a_java_clients_own_kerberos_login_passes_through(
-        realm: KerberosRealm, kerberos_kafka: KafkaCluster) -> None:
+        realm: KerberosRealm, kerberos_kafka: KafkaCluster, krb5_config: None,
+        caplog: pytest.LogCaptureFixture) -> None:
     """No sasl.upstream: a Java producer and consumer log in to the broker as alice,
-    through the proxy (the GSSAPI tokens passed as they are), and move every record."""
+    through the proxy (the GSSAPI tokens passed as they are), and move every record.
+    With the broker's keys (sasl.passthrough_kerberos), the proxy reads alice's name
+    from her ticket, as the broker's rules name her, for its own rules and metrics:
+    a topic her rule denies is kept from her."""
+    caplog.set_level(logging.INFO, logger="gatehouse.proxy")
     keytab = realm.principal("alice")
-    topic = unique("kerberos")
+    topic, other = unique("kerberos"), unique("kerberos-denied")
     kerberos_kafka.create_topic(topic)
+    kerberos_kafka.create_topic(other)
     jvm = (*TOOL_JVM_OPTS, f"-Djava.security.krb5.conf={realm.krb5_conf}")
-    client = ["security.protocol=SASL_PLAINTEXT", "sasl.mechanism=GSSAPI",
-              "sasl.kerberos.service.name=kafka", f"sasl.jaas.config={jaas(keytab, 'alice')}"]
-    properties = realm.dir / "alice.properties"
-    properties.write_text("".join(f"{line}\n" for line in client))
-    with ProxyThread(kerberos_kafka.sasl_bootstrap) as proxy:
-        produced = kerberos_kafka.run_java_tool(
-            PERF, "--topic", topic, "--num-records", "500", "--record-size", "100",
+    properties = java_client(realm, "alice", keytab, "kafka")
+    config = ("sasl:\n  passthrough_kerberos:\n"
+              f"    keytab: '{realm.keytab_of('kafka/localhost')}'\n"
+              "    principal_to_local_rules: ['RULE:[1:$1](alice)s/alice/team-a/', DEFAULT]\n")
+    rules = (f"- name: team-a-not-there\n  match: {{principal: '^team-a$'}}\n"
+             f"  deny_topics: ['{other}']\n")
+
+    def produce(proxy: ProxyThread, to: str, count: int) -> Any:
+        return kerberos_kafka.run_java_tool(
+            PERF, "--topic", to, "--num-records", str(count), "--record-size", "100",
             "--throughput", "-1", "--producer-props", f"bootstrap.servers={proxy.bootstrap}",
-            "acks=all", "--producer.config", str(properties), timeout=120, jvm_opts=jvm)
+            "acks=all", "max.block.ms=5000", "delivery.timeout.ms=10000",
+            "request.timeout.ms=5000", "--producer.config", str(properties), timeout=120,
+            jvm_opts=jvm)
+
+    with ProxyThread(kerberos_kafka.sasl_bootstrap, extra_config=config,
+                     rules_yaml=rules) as proxy:
+        produced = produce(proxy, topic, 500)
         assert produced.returncode == 0, produced.stderr[-2000:]
         assert watermarks(kerberos_kafka.bootstrap, topic) == (0, 500)
         consumed = kerberos_kafka.run_java_tool(
@@ -191,6 +206,42 @@ def test_a_java_clients_own_kerberos_login_passes_through(
         handshakes = proxy.summed("gatehouse_requests_total", api="SaslHandshake")
         assert handshakes >= 2
         assert proxy.summed("gatehouse_requests_total", api="SaslAuthenticate") >= handshakes
+        refused = produce(proxy, other, 5)
+        assert f"Topic {other} not present in metadata" in refused.stderr
+        assert proxy.summed("gatehouse_rule_decisions_total", rule="team-a-not-there") >= 1
+    assert watermarks(kerberos_kafka.bootstrap, other) == (0, 0)
+    closed = logged(caplog, "connection closed")
+    named = [f for f in closed if f.get("principal") == "team-a"]
+    assert len(named) >= 3, [f.get("principal") for f in closed]  # every tool's logins
+    assert not logged(caplog, "Kerberos ticket not read")
+
+
+def test_a_ticket_the_proxy_cannot_read_still_passes_through(
+        realm: KerberosRealm, kerberos_kafka: KafkaCluster, krb5_config: None,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """sasl.passthrough_kerberos with keys for another service than the one clients ask
+    tickets for: each login is logged as unread, with Kerberos's reason, and the broker
+    still takes it (the proxy only reads; the connection has no principal)."""
+    caplog.set_level(logging.INFO, logger="gatehouse.proxy")
+    keytab = realm.principal("alice")
+    elsewhere = realm.principal("kafka/elsewhere")
+    topic = unique("kerberos")
+    kerberos_kafka.create_topic(topic)
+    jvm = (*TOOL_JVM_OPTS, f"-Djava.security.krb5.conf={realm.krb5_conf}")
+    config = f"sasl:\n  passthrough_kerberos: {{keytab: '{elsewhere}'}}\n"
+    with ProxyThread(kerberos_kafka.sasl_bootstrap, extra_config=config) as proxy:
+        produced = kerberos_kafka.run_java_tool(
+            PERF, "--topic", topic, "--num-records", "50", "--record-size", "100",
+            "--throughput", "-1", "--producer-props", f"bootstrap.servers={proxy.bootstrap}",
+            "acks=all", "--producer.config", str(java_client(realm, "alice", keytab, "kafka")),
+            timeout=120, jvm_opts=jvm)
+        assert produced.returncode == 0, produced.stderr[-2000:]
+    assert watermarks(kerberos_kafka.bootstrap, topic) == (0, 50)
+    unread = logged(caplog, "Kerberos ticket not read")
+    assert unread and all(f["client"].startswith("127.0.0.1:") for f in unread)
+    assert f"kafka/localhost@{REALM} not found in keytab" in unread[0]["reason"]
+    closed = logged(caplog, "connection closed")
+    assert closed and not [f for f in closed if f.get("principal")]
 
 
 def java_client(realm: KerberosRealm, principal: str, keytab: Path, service: str) -> Path:
@@ -216,8 +267,11 @@ def test_clients_log_in_to_the_proxy_with_kerberos(
     topic = unique("kerberos")
     kerberos_kafka.create_topic(topic)
     # Sessions of 2 s: clients log in again (KIP-368) as they go on.
+    # The tickets the proxy accepts kept in a file of the test's (a container's
+    # read-only root file system has no /var/tmp to write).
+    replay_cache = realm.dir / "proxy-tickets"
     config = (f"sasl:\n  downstream:\n    session_lifetime: 2\n    kerberos:\n"
-              f"      keytab: '{service_keytab}'\n"
+              f"      keytab: '{service_keytab}'\n      replay_cache: '{replay_cache}'\n"
               "      principal_to_local_rules: ['RULE:[1:$1](mallory)s/.*/intruder/', DEFAULT]\n")
     rules = ("- name: no-intruders\n  match: {principal: '^intruder$'}\n"
              "  deny_topics: ['.*']\n")
@@ -244,6 +298,7 @@ def test_clients_log_in_to_the_proxy_with_kerberos(
         wrong = produce_as("alice", service="kafka", count=5)  # a ticket for the broker
         assert "SaslAuthenticationException" in wrong.stdout + wrong.stderr
     assert watermarks(kerberos_kafka.bootstrap, topic) == (0, 500)
+    assert replay_cache.stat().st_size > 0
     again = [f for f in logged(caplog, "client authenticated again")
              if f.get("principal") == "alice"]
     assert len(again) >= 2 and all(f["mechanism"] == "GSSAPI" for f in again)
