@@ -45,6 +45,7 @@ from bench.proxy import (
     cpu_seconds,
     latencies,
     pct,
+    peer_log_errors,
     produce_rate,
     rotated,
     start_gatehouse,
@@ -354,6 +355,8 @@ def report(targets: list[Target], lat: dict[str, list[float]], rss: dict[str, fl
     for t in targets:
         for m, why in t.broken.items():
             print(f"{t.name}: {m} failed: {why}")
+        if t.broken:
+            print(f"{t.name}: failed{peer_log_errors(t.proc) or ' (no errors logged)'}")
     chart(metrics, ratios, png)
 
 

@@ -14,6 +14,7 @@ client connections.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import re
 import socket
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
@@ -52,15 +54,40 @@ def start_gatehouse(upstream: str, extra_config: str = "") -> tuple[subprocess.P
     return proc, f"127.0.0.1:{port}"
 
 
+_TANSU_LOGS: dict[int, Path] = {}  # a Tansu proxy's pid -> its log (warnings and errors)
+
+
 def start_tansu_proxy(upstream: str) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     url = f"tcp://127.0.0.1:{port}"
-    proc = subprocess.Popen([str(tansu_binary()), "proxy", "--listener-url", url,
-                             "--advertised-listener-url", url, "--origin-url",
-                             f"tcp://{upstream}"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    fd, name = tempfile.mkstemp(prefix="gatehouse-tansu-proxy-", suffix=".log")
+    with os.fdopen(fd, "wb") as log:
+        proc = subprocess.Popen([str(tansu_binary()), "proxy", "--listener-url", url,
+                                 "--advertised-listener-url", url, "--origin-url",
+                                 f"tcp://{upstream}"], stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL,
+                                env={**os.environ, "RUST_LOG": "warn", "NO_COLOR": "1"})
+    _TANSU_LOGS[proc.pid] = Path(name)
+    atexit.register(Path(name).unlink, missing_ok=True)  # read by then, if it failed
     wait_for_port("127.0.0.1", port, 30, proc)
     return proc, f"127.0.0.1:{port}"
+
+
+def peer_log_errors(proc: subprocess.Popen[bytes] | None) -> str:
+    """What a Tansu proxy logged as errors (how many, the most frequent), for the report
+    of a workload it failed; empty for any other peer or none logged.  Its log goes."""
+    log = _TANSU_LOGS.pop(proc.pid, None) if proc is not None else None
+    if log is None or not log.exists():
+        return ""
+    # "<time> ERROR <span>: <where>: err=...": counted by what follows the time.
+    errors = Counter(line.split(" ERROR ", 1)[1][-200:]
+                     for line in log.read_text(errors="replace").splitlines()
+                     if " ERROR " in line)
+    log.unlink()
+    if not errors:
+        return ""
+    common = "; ".join(f"{n} x {text}" for text, n in errors.most_common(2))
+    return f" (its log: {errors.total()} errors, most often: {common})"
 
 
 # A ProducerPerformance progress line, and the summary line (the last) alike.
@@ -357,7 +384,8 @@ def main() -> None:
         print(f"added producer latency {what} at {half} records/s (half the direct rate), "
               f"ms: {added_q} (direct {what} {direct_q:.2f})")
     for name, why in broken.items():
-        print(f"{name}: failed under load: {why}")
+        print(f"{name}: failed under load: {why}"
+              f"{peer_log_errors(tansu) if name == 'tansu-proxy' else ''}")
     print(f"gatehouse RSS: {before:.1f} MiB idle, {after:.1f} MiB with 1000 idle connections")
 
 
