@@ -259,8 +259,9 @@ def test_clients_log_in_to_the_proxy_with_kerberos(
     """sasl.downstream.kerberos: Java clients log in to the proxy's own service
     principal (gatehouse/localhost); their principals become names as a broker's
     rules make them, for the proxy's rules and metrics (mallory is kept out by a rule,
-    alice writes); a ticket for another service's key is refused with Kerberos's
-    reason, the client told SASL_AUTHENTICATION_FAILED."""
+    alice writes, also after the service key is rotated under the running proxy); a
+    ticket for another service's key is refused with Kerberos's reason, the client told
+    SASL_AUTHENTICATION_FAILED."""
     caplog.set_level(logging.DEBUG, logger="gatehouse.proxy")
     service_keytab = realm.principal("gatehouse/localhost")
     jvm = (*TOOL_JVM_OPTS, f"-Djava.security.krb5.conf={realm.krb5_conf}")
@@ -293,11 +294,16 @@ def test_clients_log_in_to_the_proxy_with_kerberos(
         produced = produce_as("alice", rate=100)  # 5 s
         assert produced.returncode == 0, produced.stderr[-2000:]
         assert watermarks(kerberos_kafka.bootstrap, topic) == (0, 500)
+        # The service key rotated (the keytab replaced with old and new keys): new
+        # tickets carry the new key's version, and the running proxy reads them.
+        realm.rotate_key("gatehouse/localhost")
+        assert produce_as("alice", count=5).returncode == 0
+        assert watermarks(kerberos_kafka.bootstrap, topic) == (0, 505)
         refused = produce_as("mallory", count=5)  # named intruder: no topic for it
         assert f"Topic {topic} not present in metadata" in refused.stderr
         wrong = produce_as("alice", service="kafka", count=5)  # a ticket for the broker
         assert "SaslAuthenticationException" in wrong.stdout + wrong.stderr
-    assert watermarks(kerberos_kafka.bootstrap, topic) == (0, 500)
+    assert watermarks(kerberos_kafka.bootstrap, topic) == (0, 505)
     assert replay_cache.stat().st_size > 0
     again = [f for f in logged(caplog, "client authenticated again")
              if f.get("principal") == "alice"]

@@ -122,6 +122,13 @@ class KerberosRealm:
                            check=True, capture_output=True, timeout=60)
         return keytab
 
+    def rotate_key(self, name: str) -> None:
+        """A new random key for ``name`` (its version one up), added to its keytab beside
+        the old ones, as a key rotation does: tickets issued from now on use it."""
+        subprocess.run([_tool("kadmin.local"), "-r", REALM, "-q",
+                        f"ktadd -k {self.keytab_of(name)} {name}"], env=self.env, check=True,
+                       capture_output=True, timeout=60)
+
     def delete_principal(self, name: str) -> None:
         subprocess.run([_tool("kadmin.local"), "-r", REALM, "-q", f"delprinc -force {name}"],
                        env=self.env, check=True, capture_output=True, timeout=60)
