@@ -242,9 +242,9 @@ def _check_kerberos_service(service: KerberosService, section: str, use: str,
     keys, ``{held}``, are for): the principals, the rules, where accepted tickets are
     kept, the default realm (a warning if krb5.conf has none)."""
     from gatehouse.codecs.scram import SaslError
-    from gatehouse.proxy.kerberos import default_realm, keytab_principals
+    from gatehouse.proxy.kerberos import default_realm
 
-    held = keytab_principals(service.keytab.read_bytes())
+    held = service.principals
     cache = service.replay_cache
     kept = ("" if cache == "none:" else
             f"; tickets seen kept in {cache.removeprefix('file2:')}" if cache is not None else

@@ -547,7 +547,7 @@ def _kerberos_service(section: Reader, base: Path, passing: bool = False) -> Ker
     # only reads it, so it keeps no cache); one presented to the proxy is the proxy's.
     replay_cache = "none:" if passing else _replay_cache(section, base)
     section.finish()
-    return KerberosService(keytab, tuple(rules), replay_cache)
+    return KerberosService(keytab, tuple(rules), replay_cache, tuple(held))
 
 
 def _replay_cache(section: Reader, base: Path) -> str | None:

@@ -490,6 +490,7 @@ class KerberosService:
     keytab: Path
     rules: tuple[PrincipalRule, ...] = (PrincipalRule("DEFAULT"),)
     replay_cache: str | None = None
+    principals: tuple[str, ...] = ()  # what the keytab held when the config was read
 
 
 class KerberosAcceptor:
