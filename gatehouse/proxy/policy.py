@@ -74,6 +74,9 @@ from gatehouse.rules.records import (
     without,
 )
 from gatehouse.rules.topicids import TopicIds, checks_ids, teaches_ids
+from gatehouse.rules.topicpolicy import entries_of
+from gatehouse.rules.topicpolicy import merged as merged_by_policy
+from gatehouse.rules.topicpolicy import split as split_by_policy
 from gatehouse.rules.topics import (
     FIND_COORDINATOR,
     GROUP,
@@ -212,6 +215,13 @@ class RulesPolicy(Policy):
                 req, withholding, outcomes = checked.rest, checked, checked.outcomes
             else:
                 refused = checked
+        elif refused is None and (evaluation.topic_policies
+                                  or evaluation.topic_policies_observed):
+            held = self._checked_topic_policy(conn, req, evaluation)
+            if isinstance(held, _Withholding):
+                req, withholding, outcomes = held.rest, held, held.outcomes
+            else:
+                refused = held
         self._emit(outcomes if refused is None else refused[1])
         observed = evaluation.observed_map
         if observed is not None and observed.filters:
@@ -235,10 +245,11 @@ class RulesPolicy(Policy):
             return decision
         if withholding.answer is None:  # acks=0: no answer to merge
             return dataclasses.replace(decision, close_after=withholding.close_after)
-        # The broker answers the partitions sent on; the proxy adds the ones it withheld.
+        # The broker answers the partitions (topics) sent on; the proxy adds the ones it
+        # withheld.
         inner = decision.context if decision.wants_response else None
         return Forward(decision.request, wants_response=True,
-                       context=_Withheld(inner, withholding.answer))
+                       context=_Withheld(inner, withholding.answer, withholding.merge))
 
     def _forwarded(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation,
                    ruleset: RuleSet) -> Decision:
@@ -288,8 +299,9 @@ class RulesPolicy(Policy):
         # and the Java producer send it to a broker for one topic).
         evaluation = _evaluated(ruleset, facts_of(conn, req), req, conn.state)
         if (evaluation.refusal is not None or evaluation.would_refuse
-                or evaluation.observed_map is not None or evaluation.reads_produce):
-            return None  # produce_policy, validate_records: read in the whole request
+                or evaluation.observed_map is not None or evaluation.reads_produce
+                or evaluation.topic_policies or evaluation.topic_policies_observed):
+            return None  # produce_policy, validate_records, topic_policy: read it whole
         if ruleset.scopes_produce_by_topic and teaches_ids(req.api.response, req.api_version):
             return None  # its answer teaches the ids rules limited to some topics match by
         topic_map = evaluation.topic_map
@@ -313,7 +325,8 @@ class RulesPolicy(Policy):
     def on_response(self, conn: ConnectionInfo, pending: Pending, resp: Response) -> Response:
         context = pending.context
         if isinstance(context, _Withheld):
-            return merged(self._answered(conn, pending, context.inner, resp), context.answer)
+            return context.merge(self._answered(conn, pending, context.inner, resp),
+                                 context.answer)
         return self._answered(conn, pending, context, resp)
 
     def _answered(self, conn: ConnectionInfo, pending: Pending, context: Any,
@@ -508,6 +521,45 @@ class RulesPolicy(Policy):
         if rest is None:
             return Respond(answer), outcomes
         return _Withholding(rest, answer, outcomes)
+
+    def _checked_topic_policy(self, conn: ConnectionInfo, req: Request,
+                              evaluation: Evaluation
+                              ) -> _Withholding | tuple[Decision, tuple[Outcome, ...]] | None:
+        """The topics a CreateTopics, CreatePartitions or config request creates or
+        changes, held to the rules' ``topic_policy`` (``rules.topicpolicy``): None when
+        every one passes (observe-mode policies they break counted and logged); else the
+        ones that pass, to send on, with the answer for the others (``_Withholding``),
+        or, when none passes, the request's answer; with the outcomes to count."""
+        if evaluation.refusal is not None or not req.known:
+            return None
+        entries = entries_of(req)
+        extra: list[Outcome] = []
+        for rule, policy in evaluation.topic_policies_observed:
+            problem = next((p for e in entries
+                            if (p := policy.entry_problem(req.api_key, e)) is not None), None)
+            if problem is not None:
+                self._log_refusal(conn, req, rule, f"{problem} (rule {rule})", observe=True)
+                extra.append(Outcome(rule, "topic_policy", "refuse", "observe"))
+        refused: dict[int, str] = {}
+        refusing: list[str] = []  # the enforced rules that refused some, in order
+        for i, entry in enumerate(entries):
+            for rule, policy in evaluation.topic_policies:
+                problem = policy.entry_problem(req.api_key, entry)
+                if problem is not None:
+                    refused[i] = f"{problem} (rule {rule})"
+                    self._log_refusal(conn, req, rule, refused[i], observe=False)
+                    if rule not in refusing:
+                        refusing.append(rule)
+                    break
+        if not refused:
+            self._emit(tuple(extra))
+            return None
+        outcomes = (*(o for o in evaluation.outcomes if o.rule not in refusing), *extra,
+                    *(Outcome(rule, "topic_policy", "refuse", "enforce") for rule in refusing))
+        rest, answer = split_by_policy(req, refused)
+        if rest is None:
+            return Respond(answer), outcomes
+        return _Withholding(rest, answer, outcomes, merge=merged_by_policy)
 
     def _count_invalid(self, rule: str, mode: str,
                        judged: Mapping[PartitionKey, PartitionVerdict],
@@ -857,23 +909,28 @@ def _refused(req: Request, reason: str, code: int, message: str | None = None,
 
 @dataclass(frozen=True, slots=True)
 class _Withholding:
-    """A Produce request's partitions that pass ``validate_records`` (``rest``), the
-    proxy's ``answer`` for the others, and the outcomes to count; for an acks=0 request,
-    no answer but the reason to close the connection once ``rest`` is sent."""
+    """A Produce request's partitions that pass ``validate_records`` (a CreateTopics'
+    topics that pass ``topic_policy``...: ``rest``), the proxy's ``answer`` for the
+    others, how the broker's answer and it are put together, and the outcomes to count;
+    for an acks=0 Produce request, no answer but the reason to close the connection once
+    ``rest`` is sent."""
 
     rest: Request
     answer: Response | None
     outcomes: tuple[Outcome, ...]
     close_after: str | None = None
+    merge: Callable[[Response, Response], Response] = merged
 
 
 @dataclass(frozen=True, slots=True)
 class _Withheld:
-    """The context of a Produce request sent on without some partitions: the context
-    the rest of the policy gave it (``inner``) and the answer for those partitions."""
+    """The context of a request sent on without some partitions (topics): the context
+    the rest of the policy gave it (``inner``), the answer for those, and how to put
+    the two answers together."""
 
     inner: Any
     answer: Response
+    merge: Callable[[Response, Response], Response]
 
 
 def _acks(req: Request) -> int:

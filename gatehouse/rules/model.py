@@ -24,6 +24,7 @@ from gatehouse.rules.errors import (
 )
 from gatehouse.rules.produce import ProducePolicy
 from gatehouse.rules.records import RecordValidation
+from gatehouse.rules.topicpolicy import POLICY_APIS, TopicPolicy
 from gatehouse.rules.topics import (
     GROUP,
     TRANSACTION,
@@ -169,6 +170,9 @@ class Rule:
     produce_policy: ProducePolicy | None = None
     # ``validate_records``: what the records the client produces must hold (rules.records).
     validate_records: RecordValidation | None = None
+    # ``topic_policy``: what the topics the client creates or changes must be
+    # (rules.topicpolicy).
+    topic_policy: TopicPolicy | None = None
 
     def map_for(self, api_key: int) -> TopicMap | None:
         """The names map this rule applies to requests of ``api_key`` and their answers."""
@@ -223,6 +227,10 @@ class Evaluation:
     # ... and the record validations their records are held to (rules.records).
     record_validations: tuple[tuple[str, RecordValidation], ...] = ()
     records_observed: tuple[tuple[str, RecordValidation], ...] = ()
+    # CreateTopics, CreatePartitions and the config APIs: the topic policies their
+    # topics are held to, by rule name; enforced, observed (rules.topicpolicy).
+    topic_policies: tuple[tuple[str, TopicPolicy], ...] = ()
+    topic_policies_observed: tuple[tuple[str, TopicPolicy], ...] = ()
 
     @property
     def reads_produce(self) -> bool:
@@ -350,6 +358,8 @@ class RuleSet:
         policies_observed: list[tuple[str, ProducePolicy]] = []
         validations: list[tuple[str, RecordValidation]] = []
         validations_observed: list[tuple[str, RecordValidation]] = []
+        topic_policies: list[tuple[str, TopicPolicy]] = []
+        topic_policies_observed: list[tuple[str, TopicPolicy]] = []
         for rule in self.matching(facts):
             found: list[Refusal] = []
             bound = rule.min_api_version.get(key)
@@ -393,6 +403,9 @@ class RuleSet:
             if key == PRODUCE and rule.validate_records is not None:
                 (validations if rule.mode == "enforce" else validations_observed).append(
                     (rule.name, rule.validate_records))
+            if key in POLICY_APIS and rule.topic_policy is not None:
+                (topic_policies if rule.mode == "enforce" else topic_policies_observed).append(
+                    (rule.name, rule.topic_policy))
             for r in found:
                 outcomes.append(_outcome(rule.name, r.action, "refuse", rule.mode))
             if rule.mode == "enforce":
@@ -408,7 +421,8 @@ class RuleSet:
                 outcomes.append(_outcome(rule.name, "match", "pass", rule.mode))
         if (refusal is None and not would and not maps and not observed
                 and config_refusal is None and not config_would and not policies
-                and not policies_observed and not validations and not validations_observed):
+                and not policies_observed and not validations and not validations_observed
+                and not topic_policies and not topic_policies_observed):
             return _passed(tuple(outcomes))  # nearly every request: one shared answer
         return Evaluation(
             refusal=refusal,
@@ -422,6 +436,8 @@ class RuleSet:
             produce_observed=tuple(policies_observed),
             record_validations=tuple(validations),
             records_observed=tuple(validations_observed),
+            topic_policies=tuple(topic_policies),
+            topic_policies_observed=tuple(topic_policies_observed),
         )
 
     def version_ranges(self, facts: ClientFacts, api_key: int, lo: int,

@@ -48,6 +48,7 @@ from gatehouse.rules.records import (
     load_json_schema,
     shown_url,
 )
+from gatehouse.rules.topicpolicy import Bound, ConfigCheck, TopicPolicy
 from gatehouse.rules.topics import (
     ID_FILTER_KEYS,
     Chain,
@@ -285,6 +286,9 @@ def _rule(data: Any, source: Source, line: int | None, index: int) -> Rule:
     validation_raw = reader.take("validate_records", dict)
     validation = (None if validation_raw is None else _validate_records(
         Reader(validation_raw, source, "validate_records", reader.line_of("validate_records"))))
+    topic_policy_raw = reader.take("topic_policy", dict)
+    topic_policy = (None if topic_policy_raw is None else _topic_policy(
+        Reader(topic_policy_raw, source, "topic_policy", reader.line_of("topic_policy"))))
     reader.finish()
     return Rule(name=name, match=match, mode=mode,
                 min_api_version=minimum, max_api_version=maximum, deny_apis=deny,
@@ -295,7 +299,7 @@ def _rule(data: Any, source: Source, line: int | None, index: int) -> Rule:
                 cluster_refused=MappingProxyType(cluster_refused),
                 cluster_configs=MappingProxyType(cluster_configs),
                 acls_name_cluster=names_cluster, produce_policy=produce_policy,
-                validate_records=validation)
+                validate_records=validation, topic_policy=topic_policy)
 
 
 def _validate_records(reader: Reader) -> RecordValidation:
@@ -457,6 +461,73 @@ def _produce_policy(reader: Reader) -> ProducePolicy:
     topics = _topic_scope(reader, "produce_policy")
     reader.finish()
     return ProducePolicy(acks, compression, idempotent, topics)
+
+
+def _topic_policy(reader: Reader) -> TopicPolicy:
+    """``topic_policy: {names, partitions, replication_factor, configs}``: what topics the
+    rule's clients create or change must be (at least one of the four)."""
+    names = _name_patterns(reader, "names")
+    if names is not None and not names:
+        raise reader.error("names", "topic_policy.names must name at least one pattern "
+                           "(leave it out for any name)")
+    bounds = {key: _count_bound(reader, key) for key in ("partitions", "replication_factor")}
+    configs: dict[str, ConfigCheck] = {}
+    raw = reader.take("configs", dict)
+    if raw is not None:
+        for name, value in raw.items():
+            line = line_of(raw, name)
+            if not isinstance(value, dict):
+                raise reader.source.error(f"topic_policy.configs.{name}: expected a mapping "
+                                          "of min, max, allow, required", line)
+            configs[str(name)] = _config_check(
+                str(name), Reader(value, reader.source, f"topic_policy.configs.{name}", line))
+    reader.finish()
+    if names is None and not any(bounds.values()) and not configs:
+        raise reader.error(None, "topic_policy needs at least one of names, partitions, "
+                           "replication_factor, configs")
+    return TopicPolicy(names, bounds["partitions"], bounds["replication_factor"],
+                       MappingProxyType(configs))
+
+
+def _count_bound(reader: Reader, key: str) -> Bound | None:
+    """``{min, max}``: whole numbers of at least 1, min not above max."""
+    raw = reader.take(key, dict)
+    if raw is None:
+        return None
+    sub = Reader(raw, reader.source, f"topic_policy.{key}", reader.line_of(key))
+    low, high = sub.take("min", int), sub.take("max", int)
+    sub.finish()
+    for end, value in (("min", low), ("max", high)):
+        if value is not None and value < 1:
+            raise sub.error(end, f"topic_policy.{key}.{end} must be a whole number of at "
+                            f"least 1, not {value!r}")
+    if low is None and high is None:
+        raise sub.error(None, f"topic_policy.{key} needs min, max or both")
+    if low is not None and high is not None and low > high:
+        raise sub.error("max", f"topic_policy.{key}: max {high} is below min {low}")
+    return Bound(low, high)
+
+
+def _config_check(name: str, reader: Reader) -> ConfigCheck:
+    """One topic config's ``{min, max, allow, required}``."""
+    what = reader.what
+    low, high = reader.take("min", (int, float)), reader.take("max", (int, float))
+    if low is not None and high is not None and low > high:
+        raise reader.error("max", f"{what}: max {high} is below min {low}")
+    allowed = reader.take_each("allow", (str, int, float))
+    if allowed is not None and not allowed:
+        raise reader.error("allow", f"{what}.allow must name at least one value")
+    if allowed is not None and (low is not None or high is not None):
+        raise reader.error("allow", f"{what}: allow a list of values, or bound a number "
+                           "with min/max, not both")
+    required = reader.take("required", bool, False)
+    reader.finish()
+    if low is None and high is None and allowed is None and not required:
+        raise reader.error(None, f"{what} needs min, max, allow or required: true")
+    return ConfigCheck(name, None if low is None else float(low),
+                       None if high is None else float(high),
+                       None if allowed is None else frozenset(str(v) for v, _ in allowed),
+                       required)
 
 
 def _topic_scope(reader: Reader, what: str) -> tuple[re.Pattern[str], ...] | None:
