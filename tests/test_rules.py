@@ -725,3 +725,50 @@ def test_remembered_evaluations_follow_reloads_and_the_client_id() -> None:
     policy.ruleset = rules('- name: r\n  match: {client_id: "^legacy"}\n'
                            '  min_api_version: {Fetch: 4}\n')
     assert isinstance(policy.on_request(conn, fetch("legacy-1")), Forward)
+
+
+def test_a_request_newer_than_the_tables_goes_on_unread_only_where_no_rule_must_read_it(
+        ) -> None:
+    """``RulesPolicy.refuses_unread``: what the connection asks before it forwards a
+    request the codec cannot read (the ApiVersions answer never offered its version)."""
+    from gatehouse.proxy.policy import RulesPolicy
+    from tests.test_rules_topic_filter import conn
+
+    def future(api_key: int, **fields: Any) -> codecs.Request:
+        newest = max(codecs.api(api_key).request.valid)
+        frame = bytearray(req(api_key, newest, **fields).encode())
+        frame[2:4] = (newest + 1).to_bytes(2, "big")  # the same bytes, a newer version
+        unread = codecs.decode_request(bytes(frame))
+        assert not unread.known
+        return unread
+
+    metadata = future(3, topics=None, allow_auto_topic_creation=False,
+                      include_topic_authorized_operations=False)
+    versions = future(18, client_software_name="x", client_software_version="1")
+    creates = future(19, topics=[], timeout_ms=1, validate_only=False)
+    produces = future(0, transactional_id=None, acks=-1, timeout_ms=1, topic_data=[])
+    cases = [
+        ("- name: t\n  topic_prefix: tenant-a.\n", metadata,
+         "the rules map or filter the names in it"),
+        ("- name: t\n  topic_prefix: tenant-a.\n", versions, None),  # ApiVersions: KIP-511
+        ("- name: t\n  deny_topics: [secret]\n", metadata, "the rules map or filter"),
+        ("- name: t\n  max_api_version: {Metadata: 12}\n", metadata, "the rules refuse it"),
+        ("- name: t\n  min_api_version: {Fetch: 4}\n", metadata, None),
+        ("- name: t\n  produce_policy: {acks: all}\n", produces, "the rules read its records"),
+        ("- name: t\n  produce_policy: {acks: all}\n", metadata, None),
+        ("- name: t\n  topic_policy: {partitions: {max: 3}}\n", creates,
+         "the rules hold its topics to a topic_policy"),
+        ("- name: t\n  topic_policy: {partitions: {max: 3}}\n", metadata, None),
+        ("- name: t\n  mode: observe\n  topic_prefix: tenant-a.\n", metadata, None),
+        ("- name: t\n  match: {client_id: '^other$'}\n  topic_prefix: tenant-a.\n", metadata,
+         None),
+    ]
+    for text, request, why in cases:
+        refusal = RulesPolicy(rules(text)).refuses_unread(conn(), request)
+        if why is None:
+            assert refusal is None, (text, refusal)
+        else:
+            assert refusal is not None and why in refusal, (text, refusal)
+            assert refusal.startswith(
+                f"{codecs.api_name(request.api_key)} v{request.api_version} is newer than "
+                "the proxy's tables"), refusal

@@ -520,7 +520,12 @@ class ProxyConnection:
                 await trio.to_thread.run_sync(work)
             decision = policy.on_request(conn, req)
         except UnknownApi:
-            # Newer than our tables: forward untouched, we cannot look inside.
+            # Newer than our tables: forward untouched, we cannot look inside; unless a
+            # rule must (a tenant's names mapped, say): then it would slip past it.
+            refusal = self.ctx.get_policy().refuses_unread(conn, req)
+            if refusal is not None:
+                conn.refused += 1
+                raise _Close(refusal, logging.WARNING) from None
             await self._forward(
                 wire,
                 Pending(header.correlation_id, header.api_key, header.api_version, trio.current_time()),

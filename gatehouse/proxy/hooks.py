@@ -184,6 +184,12 @@ class Policy:
         and touches nothing else the loop uses.  None: nothing to do."""
         return None
 
+    def refuses_unread(self, conn: ConnectionInfo, req: Request) -> str | None:
+        """Why a request the codec cannot read (an API or version newer than its tables,
+        which the ApiVersions answer did not offer) may not go on untouched: a rule that
+        would read or rewrite it applies.  None: it goes on as it came."""
+        return None
+
     def lookups(self, conn: ConnectionInfo, req: Request
                 ) -> Callable[[], Awaitable[None]] | None:
         """What must be fetched before ``offload`` and ``on_request`` can judge ``req``

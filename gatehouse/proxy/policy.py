@@ -12,7 +12,7 @@ from typing import Any
 
 import trio
 
-from gatehouse.codecs import Request, Response, api_name, produce
+from gatehouse.codecs import KAFKA_RELEASE, Request, Response, api_name, produce
 from gatehouse.compression import DecompressionError, decompress
 from gatehouse.configfile import ConfigError, FileWatch, load_yaml_file
 from gatehouse.logs import log_event
@@ -250,6 +250,26 @@ class RulesPolicy(Policy):
         inner = decision.context if decision.wants_response else None
         return Forward(decision.request, wants_response=True,
                        context=_Withheld(inner, withholding.answer, withholding.merge))
+
+    def refuses_unread(self, conn: ConnectionInfo, req: Request) -> str | None:
+        ruleset = self.ruleset
+        if not ruleset or req.api_key in _NEVER_READ:
+            return None
+        evaluation = _evaluated(ruleset, facts_of(conn, req), req, conn.state)
+        # Enforced parts only: observe mode never breaks traffic.
+        why = ("the rules refuse it" if evaluation.refusal is not None
+               else "the rules map or filter the names in it" if evaluation.topic_map
+               else "the rules' cluster ACLs read its config resources"
+               if evaluation.config_refusal is not None
+               else "the rules read its records" if (evaluation.produce_policies
+                                                     or evaluation.record_validations)
+               else "the rules hold its topics to a topic_policy" if evaluation.topic_policies
+               else None)
+        if why is None:
+            return None
+        return (f"{api_name(req.api_key)} v{req.api_version} is newer than the proxy's "
+                f"tables (Kafka {KAFKA_RELEASE}) and {why}: it cannot go on unread (the "
+                "client was offered only the versions the proxy reads, in ApiVersions)")
 
     def _forwarded(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation,
                    ruleset: RuleSet) -> Decision:
@@ -819,6 +839,11 @@ class RulesPolicy(Policy):
         log_event(logger, logging.INFO, "would refuse (observe mode)" if observe else "refused",
                   rule=rule, api=api_name(req.api_key),
                   version=req.api_version, reason=message, **conn.describe())
+
+
+# Read by the proxy itself or carrying no names: a version newer than the tables goes
+# on (ApiVersions' answer is how a client learns which versions to use).
+_NEVER_READ = frozenset({18, 17, 36})  # ApiVersions, SaslHandshake, SaslAuthenticate
 
 
 def _denied_names(req: Request, topic_map: TopicMap) -> tuple[str, str] | None:

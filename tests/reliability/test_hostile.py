@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from gatehouse import codecs
+from gatehouse.proxy.policy import RulesPolicy
 from tests.reliability.support import (
     FakeBrokerServer,
     LogTap,
@@ -41,6 +42,7 @@ from tests.reliability.support import (
 from tests.support.clients import produce, unique
 from tests.support.fakebroker import frame_bytes, request
 from tests.support.kafka import KafkaCluster
+from tests.test_rules import rules
 
 IDLE_TIMEOUT = 3.0
 HANDSHAKE_TIMEOUT = 2.0
@@ -168,21 +170,27 @@ def test_api_versions_from_the_future_gets_kafkas_v0_answer(hostile: Setup) -> N
         assert codecs.decode_response(again, 18, 3).body.error_code == 0
 
 
+def echo_answer(req: codecs.Request) -> Any:
+    """A fake broker's answer naming the request's first four bytes."""
+    # a future version of a flexible API still has header v1 (an empty tag section)
+    tags = b"\x00" if req.api_key in codecs.APIS else b""
+    return (struct.pack(">i", req.correlation_id) + tags + b"answer-to-"
+            + bytes(req.frame or b"")[:4])
+
+
+# request header v2 (an empty tag section), then a body no table describes
+METADATA_V99 = struct.pack(">hhih", 3, 99, 6, 1) + b"y\x00" + b"\x00\x01\x02\xff" * 9
+
+
 def test_unknown_key_and_future_version_forwarded_untouched() -> None:
     """Byte for byte, both ways, through a broker that records what it got."""
     frames = {
         "unknown key": struct.pack(">hhih", 999, 0, 5, 1) + b"x" + bytes(range(40)),
-        # request header v2 (an empty tag section), then a body no table describes;
         # Produce keeps its v9+ start (null TransactionalId, acks=-1): it awaits an answer
-        "Metadata v99": struct.pack(">hhih", 3, 99, 6, 1) + b"y\x00" + b"\x00\x01\x02\xff" * 9,
+        "Metadata v99": METADATA_V99,
         "Produce v99": struct.pack(">hhih", 0, 99, 7, 1) + b"z\x00\x00\xff\xff" + b"\xff" * 33,
     }
-
-    def answer(req: codecs.Request) -> Any:
-        # a future version of a flexible API still has header v1 (an empty tag section)
-        tags = b"\x00" if req.api_key in codecs.APIS else b""
-        return (struct.pack(">i", req.correlation_id) + tags + b"answer-to-"
-                + bytes(req.frame or b"")[:4])
+    answer = echo_answer
 
     with FakeBrokerServer(answer) as broker, \
             ProxyRunner(f"listen: 127.0.0.1:0\nupstream: [{broker.address}]\n"
@@ -194,6 +202,39 @@ def test_unknown_key_and_future_version_forwarded_untouched() -> None:
             tags = b"\x00" if frame[:2] != struct.pack(">h", 999) else b""
             assert got == frame[4:8] + tags + b"answer-to-" + frame[:4]
         assert [f for f in broker.received if f in frames.values()] == list(frames.values())
+
+
+def test_a_future_version_a_rule_must_read_closes_its_connection(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Under a tenant's prefix, a request newer than the tables (ApiVersions' answer
+    never offered it) would slip past the mapping, to a broker that may read it: its
+    connection closes, the broker never sees it, the log says why.  A client no such
+    rule matches still passes it untouched; so does one the rule only observes."""
+    caplog.set_level(logging.INFO, logger="gatehouse.proxy")
+    policy = RulesPolicy(rules(
+        "- name: tenant-a\n  match: {client_id: '^y$'}\n"
+        "  topic_prefix: {broker: 'tenant-a.', hide_others: true}\n"
+        "- name: watching\n  mode: observe\n  match: {client_id: '^w$'}\n"
+        "  topic_prefix: {broker: 'w.', hide_others: true}\n"))
+    other, watched = (METADATA_V99.replace(b"y\x00", name + b"\x00", 1) for name in (b"z", b"w"))
+    with FakeBrokerServer(echo_answer) as broker, \
+            ProxyRunner(f"listen: 127.0.0.1:0\nupstream: [{broker.address}]\n"
+                        f"brokers: {{start_port: 0}}\n", policy=policy) as proxy:
+        with connect(proxy.port) as sock:
+            sock.sendall(frame_bytes(METADATA_V99))
+            assert read_frame(sock) is None  # closed
+        for frame in (other, watched):
+            with connect(proxy.port) as sock:
+                sock.sendall(frame_bytes(frame))
+                assert read_frame(sock) == frame[4:8] + b"\x00answer-to-" + frame[:4]
+        assert METADATA_V99 not in broker.received
+        assert other in broker.received and watched in broker.received
+    closed = [r.gatehouse_fields for r in caplog.records  # type: ignore[attr-defined]
+              if r.getMessage() == "connection closed"]
+    assert any(f.get("reason") == (
+        f"Metadata v99 is newer than the proxy's tables (Kafka {codecs.KAFKA_RELEASE}) and "
+        "the rules map or filter the names in it: it cannot go on unread (the client was "
+        "offered only the versions the proxy reads, in ApiVersions)") for f in closed), closed
 
 
 def test_one_byte_writes(hostile: Setup) -> None:
