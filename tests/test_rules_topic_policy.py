@@ -191,6 +191,15 @@ def test_new_partition_counts_are_held_to_it() -> None:
         ("team.b", 0, None),
         ("team.a", POLICY_VIOLATION, "topic team.a: partition count 20 is above the "
          "maximum 12 (rule topic-standards)")]
+    # New partitions placed by hand: their replicas counted.
+    placed = req(CREATE_PARTITIONS, 3, "admin", topics=[
+        {"name": "team.c", "count": 4, "assignments": [{"broker_ids": [1, 2, 3, 4]}]}],
+        timeout_ms=1000, validate_only=False)
+    refused = policy.on_request(conn(), placed)
+    assert isinstance(refused, Respond)
+    assert [r.error_message for r in refused.response.body.results] == [
+        "topic team.c: a new partition's replication factor 4 is above the maximum 3 "
+        "(rule topic-standards)"]
 
 
 def test_topic_configs_changed_are_held_to_it_and_other_resources_are_not() -> None:

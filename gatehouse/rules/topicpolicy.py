@@ -118,10 +118,7 @@ class TopicPolicy:
         if api_key == CREATE_TOPICS:
             return self._created(entry)
         if api_key == CREATE_PARTITIONS:
-            if self.partitions is None:
-                return None
-            return self.partitions.problem(f"topic {entry.name}: partition count",
-                                           entry.count)
+            return self._grown(entry)
         if entry.resource_type != TOPIC_RESOURCE:
             return None
         return self._altered(entry, api_key == INCREMENTAL_ALTER_CONFIGS)
@@ -150,6 +147,23 @@ class TopicPolicy:
                     return problem
         given = {c.name: c.value for c in topic.configs or ()}
         return self._configs_problem(name, given)
+
+    def _grown(self, topic: Any) -> str | None:
+        """CreatePartitions: the topic's new partition count, and the replicas of the
+        new partitions where it assigns them."""
+        name = topic.name
+        if self.partitions is not None:
+            problem = self.partitions.problem(f"topic {name}: partition count", topic.count)
+            if problem is not None:
+                return problem
+        if self.replication_factor is not None:
+            for assignment in topic.assignments or ():
+                problem = self.replication_factor.problem(
+                    f"topic {name}: a new partition's replication factor",
+                    len(assignment.broker_ids))
+                if problem is not None:
+                    return problem
+        return None
 
     def _altered(self, resource: Any, incremental: bool) -> str | None:
         name = resource.resource_name
