@@ -12,7 +12,7 @@ from typing import Any
 
 import trio
 
-from gatehouse.codecs import KAFKA_RELEASE, Request, Response, api_name, produce
+from gatehouse.codecs import APIS, KAFKA_RELEASE, Request, Response, api_name, produce
 from gatehouse.compression import DecompressionError, decompress
 from gatehouse.configfile import ConfigError, FileWatch, load_yaml_file
 from gatehouse.logs import log_event
@@ -267,9 +267,11 @@ class RulesPolicy(Policy):
                else None)
         if why is None:
             return None
-        return (f"{api_name(req.api_key)} v{req.api_version} is newer than the proxy's "
-                f"tables (Kafka {KAFKA_RELEASE}) and {why}: it cannot go on unread (the "
-                "client was offered only the versions the proxy reads, in ApiVersions)")
+        what = (f"{api_name(req.api_key)} v{req.api_version} is newer than"
+                if req.api_key in APIS else f"API key {req.api_key} is not in")
+        return (f"{what} the proxy's tables (Kafka {KAFKA_RELEASE}) and {why}: it cannot go "
+                "on unread (the client was offered only the APIs and versions the proxy "
+                "reads, in ApiVersions)")
 
     def _forwarded(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation,
                    ruleset: RuleSet) -> Decision:

@@ -234,7 +234,8 @@ def test_a_future_version_a_rule_must_read_closes_its_connection(
     assert any(f.get("reason") == (
         f"Metadata v99 is newer than the proxy's tables (Kafka {codecs.KAFKA_RELEASE}) and "
         "the rules map or filter the names in it: it cannot go on unread (the client was "
-        "offered only the versions the proxy reads, in ApiVersions)") for f in closed), closed
+        "offered only the APIs and versions the proxy reads, in ApiVersions)")
+        for f in closed), closed
 
 
 def test_one_byte_writes(hostile: Setup) -> None:
