@@ -5,7 +5,7 @@ Where names live, found from the tables rather than a hand list:
 * every field the specs mark ``entityType: topicName`` (strings and string arrays), in
   requests and responses of every API;
 * resource names whose resource type is TOPIC (2): DescribeConfigs, AlterConfigs,
-  IncrementalAlterConfigs, CreateAcls, DescribeAcls, DeleteAcls;
+  IncrementalAlterConfigs, ListConfigResources, CreateAcls, DescribeAcls, DeleteAcls;
 * the consumer protocol bytes inside JoinGroup, SyncGroup and DescribeGroups
   (subscriptions and assignments; decoded statelessly from ProtocolType, KIP-559, with
   the connection's JoinGroup as the fallback for older versions);
@@ -421,9 +421,12 @@ def _request_predicate(f: FieldSpec) -> bool:
 
 
 def _response_predicate(f: FieldSpec) -> bool:
+    # An array whose entries hold a topic's (or a resource's) name: its holder is visited
+    # too, to drop the entries of names the client may not see (ListConfigResources
+    # lists every topic resource on the cluster).
     return (is_topic_field(f) or _is_resource_field(f)
             or (f.attr == "error_message" and f.type == "string")
-            or (f.is_array and _has_direct(f.struct, is_topic_field)))
+            or (f.is_array and _has_direct(f.struct, _request_predicate)))
 
 
 def _id_kind(f: FieldSpec) -> str | None:
