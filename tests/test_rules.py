@@ -775,3 +775,33 @@ def test_a_request_newer_than_the_tables_goes_on_unread_only_where_no_rule_must_
             assert request is unknown_key or refusal.startswith(
                 f"{codecs.api_name(request.api_key)} v{request.api_version} is newer than "
                 "the proxy's tables"), refusal
+
+
+def test_every_entry_a_map_may_hide_is_dropped_by_its_holder() -> None:
+    """A name that hides its entry (another tenant's topic, group, transaction) makes
+    the entry a hole its array must drop: so the struct holding that array is visited
+    too, in every response of every version the tables know (ListConfigResources' was
+    not: its answer could not be written)."""
+    from gatehouse.codecs.walk import _plan
+    from gatehouse.rules import topics as topic_maps
+
+    holes = []
+    for api in codecs.APIS.values():
+        for kinds in (frozenset(), frozenset({"group", "transactional_id"})):
+            predicate = topic_maps._predicates(kinds)[1]
+            for version in api.response.valid:
+                plan = _plan(api.response.root, predicate, version)
+                todo = [api.response.root]
+                while todo:
+                    holder = todo.pop()
+                    for f in holder.fields:
+                        if f.struct is None or version not in f.versions:
+                            continue
+                        todo.append(f.struct)
+                        hides = id(f.struct) in plan and any(
+                            hide for _, _, hide, _ in
+                            topic_maps._visit_plan(f.struct, True, kinds))
+                        if (f.is_array and hides
+                                and not (id(holder) in plan and plan[id(holder)][1])):
+                            holes.append((api.name, version, holder.name, f.attr))
+    assert not holes, holes[:10]
