@@ -44,6 +44,7 @@ from gatehouse.codecs.walk import reaches, reaches_in, rewrite
 
 TOPIC_RESOURCE = 2
 PRODUCE, FIND_COORDINATOR, JOIN_GROUP, SYNC_GROUP, DESCRIBE_GROUPS = 0, 10, 11, 14, 15
+DESCRIBE_TOPIC_PARTITIONS = 75
 CONSUMER = consumer.CONSUMER_PROTOCOL_TYPE
 
 # The other kinds of names a prefix may map besides topics (and topics themselves, where
@@ -421,12 +422,13 @@ def _request_predicate(f: FieldSpec) -> bool:
 
 
 def _response_predicate(f: FieldSpec) -> bool:
-    # An array whose entries hold a topic's (or a resource's) name: its holder is visited
-    # too, to drop the entries of names the client may not see (ListConfigResources
-    # lists every topic resource on the cluster).
+    # A struct (an array's entries, or one alone) that holds a topic's (or a resource's)
+    # name: its holder is visited too, to drop the entries of names the client may not
+    # see (ListConfigResources lists every topic resource on the cluster) and to null a
+    # lone one (DescribeTopicPartitions' cursor at another tenant's topic).
     return (is_topic_field(f) or _is_resource_field(f)
             or (f.attr == "error_message" and f.type == "string")
-            or (f.is_array and _has_direct(f.struct, _request_predicate)))
+            or _has_direct(f.struct, _request_predicate))
 
 
 def _id_kind(f: FieldSpec) -> str | None:
@@ -510,7 +512,7 @@ def _resource_type(record: Any) -> int | None:
 
 
 # What ``visit`` does with a field (see ``_visit_plan``).
-_NAME, _NAMES, _MESSAGE, _ENTRIES = range(4)
+_NAME, _NAMES, _MESSAGE, _ENTRIES, _ENTRY = range(5)
 # Whose name a field holds besides an id kind's: a topic's, or a resource's (its type
 # says which).
 _TOPIC, _RESOURCE = "topic", "resource"
@@ -536,6 +538,8 @@ def _visit_plan(struct: StructSpec, to_client: bool, kinds: IdKinds
             plan.append((f.attr, _MESSAGE, False, _TOPIC))
         elif f.is_array and f.struct is not None:
             plan.append((f.attr, _ENTRIES, False, _TOPIC))
+        elif f.struct is not None:
+            plan.append((f.attr, _ENTRY, False, _TOPIC))
     return tuple(plan)
 
 
@@ -584,6 +588,9 @@ def _struct_mapper(mapping: TopicMap, to_client: bool,
                 text = mapping.message_to_client(value)
                 if text != value:
                     changes[attr] = text
+            elif kind == _ENTRY:
+                if value is _HIDDEN:  # a struct alone (nullable: a cursor), a hidden name
+                    changes[attr] = None
             elif any(v is _HIDDEN for v in value):  # _ENTRIES
                 changes[attr] = tuple(v for v in value if v is not _HIDDEN)
         return record.replace(**changes) if changes else record
@@ -655,6 +662,15 @@ def map_request(req: Request, mapping: TopicMap, state: dict[str, Any],
                              mapping.to_broker, stats)
         elif protocol_type is not None:
             stats.unknown_protocol_bytes += 1
+    elif (req.api_key == DESCRIBE_TOPIC_PARTITIONS and not new.topics and new.cursor is None
+          and mapping.hides_others and mapping.to_broker("")):
+        # Every topic, a page at a time in name order: a prefix's topics are together,
+        # so the listing starts at the prefix (the broker takes a cursor at a name that
+        # is no topic); the answer's cursor at another tenant's topic, after them, ends it.
+        cursor = api.request.root.field("cursor").struct
+        assert cursor is not None
+        new = new.replace(cursor=cursor.default.replace(
+            topic_name=mapping.to_broker(""), partition_index=0))
     return req if new is body else req.replace(body=new)
 
 

@@ -209,23 +209,3 @@ def test_a_tenants_transactions_live_under_its_prefix(kafka: KafkaCluster) -> No
     assert sorted(v for v in values if b"-" in v) == sorted(v.upper() for v in sent)
     assert len(values) == 150
 
-
-def test_list_config_resources_shows_a_tenant_only_its_own(kafka: KafkaCluster) -> None:
-    """ListConfigResources (KIP-1142) lists every topic on the cluster: under the prefix,
-    the tenant sees its own without the prefix and none of another's (the entries
-    dropped, not left as holes the answer cannot be written with)."""
-    mine, theirs = unique("a.configs"), unique("b.configs")
-    for topic in (mine, theirs):
-        kafka.create_topic(topic)
-    body = {"resource_types": [2]}
-    direct = call(kafka.bootstrap, 74, 1, body, client_id="ops")
-    assert {(2, mine), (2, theirs)} <= {(r.resource_type, r.resource_name)
-                                         for r in direct.config_resources}
-    with ProxyThread(kafka.bootstrap, rules_yaml=RULES) as proxy:
-        seen = call(proxy.bootstrap, 74, 1, body)  # client id a-raw: the tenant
-        other = call(proxy.bootstrap, 74, 1, body, client_id="ops")  # no rule: all
-    assert seen.error_code == 0
-    names = {r.resource_name for r in seen.config_resources}
-    assert mine.removeprefix("a.") in names
-    assert not [n for n in names if n.startswith(("a.", "b.")) or n == theirs], names
-    assert {r.resource_name for r in other.config_resources} >= {mine, theirs}

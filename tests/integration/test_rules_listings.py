@@ -1,0 +1,71 @@
+"""Listings of the whole cluster under a tenant's prefix with ``hide_others``, on a real
+Apache Kafka broker, asked with the protocol's own requests: ListConfigResources
+(KIP-1142) and DescribeTopicPartitions of every topic, a page at a time (KIP-966).  The
+tenant sees all of its own, without the prefix, and nothing of another's."""
+
+from __future__ import annotations
+
+from tests.integration.test_rules_groups import RULES
+from tests.integration.test_rules_topic_ids import call
+from tests.support.clients import unique
+from tests.support.kafka import KafkaCluster
+from tests.support.proxythread import ProxyThread
+
+
+def test_list_config_resources_shows_a_tenant_only_its_own(kafka: KafkaCluster) -> None:
+    """ListConfigResources (KIP-1142) lists every topic on the cluster: under the prefix,
+    the tenant sees its own without the prefix and none of another's (the entries
+    dropped, not left as holes the answer cannot be written with)."""
+    mine, theirs = unique("a.configs"), unique("b.configs")
+    for topic in (mine, theirs):
+        kafka.create_topic(topic)
+    body = {"resource_types": [2]}
+    direct = call(kafka.bootstrap, 74, 1, body, client_id="ops")
+    assert {(2, mine), (2, theirs)} <= {(r.resource_type, r.resource_name)
+                                         for r in direct.config_resources}
+    with ProxyThread(kafka.bootstrap, rules_yaml=RULES) as proxy:
+        seen = call(proxy.bootstrap, 74, 1, body)  # client id a-raw: the tenant
+        other = call(proxy.bootstrap, 74, 1, body, client_id="ops")  # no rule: all
+    assert seen.error_code == 0
+    names = {r.resource_name for r in seen.config_resources}
+    assert mine.removeprefix("a.") in names
+    assert not [n for n in names if n.startswith(("a.", "b.")) or n == theirs], names
+    assert {r.resource_name for r in other.config_resources} >= {mine, theirs}
+
+
+def test_every_topic_a_page_at_a_time_is_the_tenants_own(kafka: KafkaCluster) -> None:
+    """DescribeTopicPartitions of every topic, two partitions a page: through the
+    proxy the pages start at the tenant's prefix and end after its last topic (a cursor
+    at another tenant's topic ends the listing, never names it); directly, the same
+    pages hold everyone's."""
+    tag = unique("list").replace("-", "")
+    mine = sorted(f"a.{tag}.{n}" for n in ("one", "two", "three"))
+    theirs = [f"0.{tag}", f"b.{tag}", f"z.{tag}"]  # before and after the prefix's topics
+    # Whatever else the broker holds, the first pages hold another tenant's partitions
+    # only: four of them sort before every topic here but __consumer_offsets ("." < "_").
+    first = f"-.{tag}"
+    theirs.append(first)
+    kafka.create_topic(first, partitions=4)
+    for topic in (*mine, *theirs[:-1]):
+        kafka.create_topic(topic, partitions=2 if topic.endswith("two") else 1)
+
+    def pages(address: str, client_id: str) -> tuple[list[str], int]:
+        names: list[str] = []
+        cursor = None
+        for count in range(1, 1000):
+            body = call(address, 75, 0, {"topics": [], "response_partition_limit": 2,
+                                         "cursor": cursor}, client_id=client_id)
+            names.extend(t.name for t in body.topics if t.name not in names)
+            if body.next_cursor is None:
+                return names, count
+            cursor = {"topic_name": body.next_cursor.topic_name,
+                      "partition_index": body.next_cursor.partition_index}
+        raise AssertionError("the listing never ended")
+
+    direct, _ = pages(kafka.bootstrap, "ops")
+    assert set(mine) | set(theirs) <= set(direct)
+    with ProxyThread(kafka.bootstrap, rules_yaml=RULES) as proxy:
+        seen, count = pages(proxy.bootstrap, "a-raw")
+    own = sorted(n.removeprefix("a.") for n in direct if n.startswith("a."))
+    assert sorted(seen) == own and {n.removeprefix("a.") for n in mine} <= set(seen)
+    assert count >= 2  # it took more than one page
