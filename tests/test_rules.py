@@ -805,3 +805,44 @@ def test_every_entry_a_map_may_hide_is_dropped_by_its_holder() -> None:
                         if hides and not (id(holder) in plan and plan[id(holder)][1]):
                             holes.append((api.name, version, holder.name, f.attr))
     assert not holes, holes[:10]
+
+
+def test_describe_topic_partitions_of_every_topic_pages_through_the_prefix_only() -> None:
+    """Under a prefix that hides the others: the listing starts at the prefix (its
+    topics are together in name order), and a cursor at another tenant's topic (after
+    them) ends it instead of naming it; a tenant's own cursor and named topics are
+    mapped as any name."""
+    from gatehouse.proxy.hooks import Forward, Pending
+    from gatehouse.proxy.policy import RulesPolicy
+    from tests.test_rules_topic_filter import conn
+
+    policy = RulesPolicy(rules("- name: t\n  topic_prefix: {broker: 'a.', hide_others: true}\n"))
+    every = policy.on_request(conn(), req(75, 0, topics=[], response_partition_limit=10,
+                                          cursor=None))
+    assert isinstance(every, Forward)
+    cursor = every.request.body.cursor
+    assert (cursor.topic_name, cursor.partition_index) == ("a.", 0)
+    later = policy.on_request(conn(), req(75, 0, topics=[], response_partition_limit=10,
+                                          cursor={"topic_name": "x", "partition_index": 3}))
+    assert isinstance(later, Forward)
+    assert later.request.body.cursor.topic_name == "a.x"
+    named = policy.on_request(conn(), req(75, 0, topics=[{"name": "x"}],
+                                          response_partition_limit=10, cursor=None))
+    assert isinstance(named, Forward) and named.request.body.cursor is None
+
+    def answer(next_topic: str) -> codecs.Response:
+        topic = {"error_code": 0, "name": "a.x", "topic_id": "00000000-0000-0000-0000-000000000001",
+                 "is_internal": False, "partitions": [], "topic_authorized_operations": 0}
+        built = codecs.response_from_dict({"header": {"correlation_id": 1}, "body": {
+            "throttle_time_ms": 0, "topics": [topic, {**topic, "name": "b.y"}],
+            "next_cursor": {"topic_name": next_topic, "partition_index": 2}}},
+            api_key=75, api_version=0)
+        resp = codecs.decode_response(memoryview(bytes(built.encode())), 75, 0)
+        mapped = policy.on_response(conn(), Pending(1, 75, 0, 0.0, context=every.context),
+                                    resp)
+        return codecs.decode_response(memoryview(bytes(mapped.encode())), 75, 0)
+
+    own = answer("a.z")
+    assert [t.name for t in own.body.topics] == ["x"]
+    assert (own.body.next_cursor.topic_name, own.body.next_cursor.partition_index) == ("z", 2)
+    assert answer("b.z").body.next_cursor is None
