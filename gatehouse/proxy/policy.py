@@ -557,8 +557,12 @@ class RulesPolicy(Policy):
         entries = entries_of(req)
         extra: list[Outcome] = []
         for rule, policy in evaluation.topic_policies_observed:
-            problem = next((p for e in entries
-                            if (p := policy.entry_problem(req.api_key, e)) is not None), None)
+            try:
+                problem = next((p for e in entries if (p := policy.entry_problem(
+                    req.api_key, e)) is not None), None)
+            except Exception:  # observe mode must never break traffic
+                logger.debug("observe-mode topic_policy failed", exc_info=True)
+                continue
             if problem is not None:
                 self._log_refusal(conn, req, rule, f"{problem} (rule {rule})", observe=True)
                 extra.append(Outcome(rule, "topic_policy", "refuse", "observe"))
