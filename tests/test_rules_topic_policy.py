@@ -8,12 +8,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gatehouse import codecs
 from gatehouse.configfile import ConfigError
 from gatehouse.proxy.hooks import Forward, Pending, Respond
 from gatehouse.proxy.policy import RulesPolicy
-from gatehouse.rules.errors import POLICY_VIOLATION
+from gatehouse.rules.errors import POLICY_VIOLATION, error_response
+from tests.codec_strategies import build_message, message_body
 from tests.test_rules import req, rules
 from tests.test_rules_topic_filter import conn, listening
 
@@ -258,3 +261,36 @@ def test_names_are_judged_as_the_client_gives_them_under_a_prefix() -> None:
                                                 context=decision.context), answer_of(sent))
     assert {t.name: t.error_code for t in answer.body.topics} == {
         "team.ok": 0, "Bad": POLICY_VIOLATION}
+
+
+POLICY_CASES = [(key, version) for key in (CREATE_TOPICS, ALTER_CONFIGS, CREATE_PARTITIONS,
+                                           INCREMENTAL)
+                for version in codecs.APIS[key].versions]
+
+
+@pytest.mark.parametrize(("api_key", "version"), POLICY_CASES,
+                         ids=[f"{codecs.APIS[k].name}-v{v}" for k, v in POLICY_CASES])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_any_request_is_judged_and_every_answer_can_be_written(
+        api_key: int, version: int, data: st.DataObject) -> None:
+    """Whatever a request of these APIs holds (random bodies from the tables: numbers,
+    names, nulls), the policy judges it without failing, and the answers it makes, alone
+    or merged with the broker's, encode and decode."""
+    spec = codecs.APIS[api_key]
+    body = data.draw(message_body(spec.request, version))
+    request = codecs.decode_request(bytes(build_message(api_key, version, "request",
+                                                        body).encode()))
+    policy = RulesPolicy(rules(POLICY))
+    decision = policy.on_request(conn(), request)
+    if isinstance(decision, Respond):
+        answer = decision.response
+    else:
+        assert isinstance(decision, Forward)
+        if not decision.wants_response:
+            return
+        broker = error_response(decision.request, 0)
+        answer = policy.on_response(conn(), Pending(1, api_key, version, 0.0,
+                                                    context=decision.context), broker)
+    back = codecs.decode_response(memoryview(bytes(answer.encode())), api_key, version)
+    assert back.header.correlation_id == request.correlation_id
