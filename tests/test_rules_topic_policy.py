@@ -294,3 +294,14 @@ def test_any_request_is_judged_and_every_answer_can_be_written(
                                                     context=decision.context), broker)
     back = codecs.decode_response(memoryview(bytes(answer.encode())), api_key, version)
     assert back.header.correlation_id == request.correlation_id
+
+
+def test_a_policy_for_clients_named_by_their_client_id_gets_the_advice() -> None:
+    scoped = POLICY.replace("  topic_policy:", "  match: {client_id: '^ops-'}\n  topic_policy:")
+    [advice] = rules(scoped).advice()
+    assert advice.startswith("rules.yaml:1: rule topic-standards: holds the topics its "
+                             "clients create or change to a topic_policy, but tells clients "
+                             "apart by what a client says of itself")
+    assert rules(POLICY).advice() == []  # every client
+    assert rules(scoped.replace("client_id: '^ops-'", "principal: '^ops$'")).advice() == []
+    assert rules(scoped.replace("  match:", "  mode: observe\n  match:")).advice() == []

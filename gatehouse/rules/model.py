@@ -271,6 +271,13 @@ def _software_versions(name: str | None, version: str | None
     return MappingProxyType(out)
 
 
+def _self_described(match: Match) -> bool:
+    """Whether ``match`` tells clients apart only by what they say of themselves."""
+    return match.principal is None and not match.sources and (
+        match.client_id is not None or match.software_name is not None
+        or match.software_version is not None)
+
+
 @dataclass(frozen=True)
 class RuleSet:
     rules: tuple[Rule, ...] = ()
@@ -466,15 +473,20 @@ class RuleSet:
         every client: ``sasl.upstream``), acls that say nothing of the cluster."""
         out = []
         for rule in self.rules:
+            match = rule.match
+            if (rule.mode == "enforce" and rule.topic_policy is not None
+                    and _self_described(match)):
+                out.append(f"{self._where(rule)}: rule {rule.name}: holds the topics its "
+                           "clients create or change to a topic_policy, but tells clients "
+                           "apart by what a client says of itself (client id, software), "
+                           "which any client may claim: leave match out (every client), or "
+                           "match on principal or source")
             topic_map = next(iter(rule.maps()), None)  # its own, else its ACLs'
             if rule.mode != "enforce" or topic_map is None or not (
                     topic_map.hides_others or topic_map.filters):
                 continue
             where = self._where(rule)
-            match = rule.match
-            if match.principal is None and not match.sources and (
-                    match.client_id is not None or match.software_name is not None
-                    or match.software_version is not None):
+            if _self_described(match):
                 what = ("keeps tenants apart (hide_others)" if topic_map.hides_others
                         else "limits the groups or transactional ids a client may use")
                 out.append(f"{where}: rule {rule.name}: {what}, but tells clients apart by "
