@@ -172,6 +172,11 @@ def _fill(resp_struct: StructSpec, req_struct: StructSpec, req_value: Any, versi
 _EMPTY = StructSpec(name="<none>", message="<none>")
 
 
+def has_field(struct: StructSpec, attr: str, version: int) -> bool:
+    """Whether ``struct`` has the field ``attr`` at ``version``."""
+    return any(f.attr == attr and version in f.versions for f in struct.fields)
+
+
 def array_entry(struct: StructSpec, attr: str, version: int) -> StructSpec:
     """The struct of the entries of ``struct``'s array ``attr``."""
     for f in struct.fields:

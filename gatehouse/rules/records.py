@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from gatehouse.codecs import Request, Response, StructSpec
+from gatehouse.codecs import Request, Response
 from gatehouse.codecs.errors import ProtocolError, RemoteProtocolError
 from gatehouse.codecs.primitives import Buffer
 from gatehouse.codecs.records import (
@@ -50,6 +50,7 @@ from gatehouse.rules.errors import (
     REQUEST_TIMED_OUT,
     array_entry,
     error_response,
+    has_field,
 )
 from gatehouse.rules.produce import in_scope, topic_key
 from gatehouse.rules.protobuf import ProtoFile, ProtoSchema
@@ -589,9 +590,9 @@ def withheld_answer(req: Request, withheld: Mapping[PartitionKey, PartitionVerdi
     root = req.api.response.root
     topic_struct = array_entry(root, "responses", version)
     partition_struct = array_entry(topic_struct, "partition_responses", version)
-    has_message = _has(partition_struct, "error_message", version)
+    has_message = has_field(partition_struct, "error_message", version)
     error_struct = (array_entry(partition_struct, "record_errors", version)
-                    if _has(partition_struct, "record_errors", version) else None)
+                    if has_field(partition_struct, "record_errors", version) else None)
     out = []
     for topic in answer.body.responses:
         key = topic_key(topic)
@@ -626,10 +627,6 @@ def merged(resp: Response, answer: Response) -> Response:
             topics[i] = topics[i].replace(partition_responses=(
                 *topics[i].partition_responses, *topic.partition_responses))
     return resp.replace(body=resp.body.replace(responses=tuple(topics)))
-
-
-def _has(struct: StructSpec, attr: str, version: int) -> bool:
-    return any(f.attr == attr and version in f.versions for f in struct.fields)
 
 
 __all__ = [

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from gatehouse.codecs import Request, Response
-from gatehouse.rules.errors import POLICY_VIOLATION, array_entry, error_response
+from gatehouse.rules.errors import POLICY_VIOLATION, array_entry, error_response, has_field
+from gatehouse.rules.topics import TOPIC_RESOURCE
 
 CREATE_TOPICS: Final = 19
 ALTER_CONFIGS: Final = 33
@@ -39,7 +40,6 @@ CREATE_PARTITIONS: Final = 37
 INCREMENTAL_ALTER_CONFIGS: Final = 44
 POLICY_APIS: Final = frozenset({CREATE_TOPICS, ALTER_CONFIGS, CREATE_PARTITIONS,
                                 INCREMENTAL_ALTER_CONFIGS})
-TOPIC_RESOURCE: Final = 2
 # IncrementalAlterConfigs' operations (KIP-339).
 _SET, _DELETE, _APPEND, _SUBTRACT = 0, 1, 2, 3
 # Configs whose -1 means "no limit" (a max refuses it).
@@ -216,7 +216,7 @@ def split(req: Request, refused: Mapping[int, str]) -> tuple[Request | None, Res
     answer = error_response(req.replace(body=req.body.replace(**{attr: mine})),
                             POLICY_VIOLATION)
     entry = array_entry(req.api.response.root, answer_attr, req.api_version)
-    if any(f.attr == "error_message" and req.api_version in f.versions for f in entry.fields):
+    if has_field(entry, "error_message", req.api_version):
         messages = [refused[i] for i in sorted(refused)]
         answered = getattr(answer.body, answer_attr)
         answer = answer.replace(body=answer.body.replace(**{answer_attr: tuple(
