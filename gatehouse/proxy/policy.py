@@ -12,7 +12,15 @@ from typing import Any
 
 import trio
 
-from gatehouse.codecs import APIS, KAFKA_RELEASE, Request, Response, api_name, produce
+from gatehouse.codecs import (
+    API_KEYS_BY_NAME,
+    APIS,
+    KAFKA_RELEASE,
+    Request,
+    Response,
+    api_name,
+    produce,
+)
 from gatehouse.compression import DecompressionError, decompress
 from gatehouse.configfile import ConfigError, FileWatch, load_yaml_file
 from gatehouse.logs import log_event
@@ -449,7 +457,7 @@ class RulesPolicy(Policy):
             return None
         self._log_refusal(conn, req, refusal.rule, refusal.message, observe=False)
         return (_refused(req, refusal.message, refusal.code, refusal.message),
-                _refusing(evaluation, refusal.rule, refusal.action, extra))
+                _refusing(evaluation, (refusal.rule,), refusal.action, extra))
 
     def _refused_produce(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation
                          ) -> tuple[Decision, tuple[Outcome, ...]] | None:
@@ -476,7 +484,7 @@ class RulesPolicy(Policy):
             message = f"{reason} (rule {rule})"
             self._log_refusal(conn, req, rule, message, observe=False)
             return (_refused(req, message, code, message),
-                    _refusing(evaluation, rule, "produce_policy", extra))
+                    _refusing(evaluation, (rule,), "produce_policy", extra))
         self._emit(tuple(extra))
         return None
 
@@ -528,7 +536,7 @@ class RulesPolicy(Policy):
         if refusing is None:
             self._emit(tuple(extra))
             return None
-        outcomes = _refusing(evaluation, refusing, "validate_records", extra)
+        outcomes = _refusing(evaluation, (refusing,), "validate_records", extra)
         rest = without(req, withheld)
         if _acks(req) == 0:
             # As a broker does: the partitions that pass are written, then the connection
@@ -580,8 +588,7 @@ class RulesPolicy(Policy):
         if not refused:
             self._emit(tuple(extra))
             return None
-        outcomes = (*(o for o in evaluation.outcomes if o.rule not in refusing), *extra,
-                    *(Outcome(rule, "topic_policy", "refuse", "enforce") for rule in refusing))
+        outcomes = _refusing(evaluation, refusing, "topic_policy", extra)
         rest, answer = split_by_policy(req, refused)
         if rest is None:
             return Respond(answer), outcomes
@@ -849,7 +856,8 @@ class RulesPolicy(Policy):
 
 # Read by the proxy itself or carrying no names: a version newer than the tables goes
 # on (ApiVersions' answer is how a client learns which versions to use).
-_NEVER_READ = frozenset({18, 17, 36})  # ApiVersions, SaslHandshake, SaslAuthenticate
+_NEVER_READ = frozenset(API_KEYS_BY_NAME[name] for name in (
+    "ApiVersions", "SaslHandshake", "SaslAuthenticate"))
 
 
 def _denied_names(req: Request, topic_map: TopicMap) -> tuple[str, str] | None:
@@ -919,13 +927,13 @@ def _filter_rule(ruleset: RuleSet, outcomes: tuple[Outcome, ...], mode: str, kin
     return fallback, "deny_topics" if kind == TOPIC else f"deny_{ID_FILTER_KEYS[kind]}"
 
 
-def _refusing(evaluation: Evaluation, rule: str, action: str,
+def _refusing(evaluation: Evaluation, rules: Sequence[str], action: str,
               observed: Sequence[Outcome]) -> tuple[Outcome, ...]:
-    """The outcomes of a request an enforced ``rule`` refused on its body: that rule's
-    refusal in place of what the header-only evaluation said of it, the others' as they
-    were, and the ``observed`` observe-mode refusals."""
-    return (*(o for o in evaluation.outcomes if o.rule != rule), *observed,
-            Outcome(rule, action, "refuse", "enforce"))
+    """The outcomes of a request enforced ``rules`` refused (some of) on its body: each
+    one's refusal in place of what the header-only evaluation said of it, the others'
+    as they were, and the ``observed`` observe-mode refusals."""
+    return (*(o for o in evaluation.outcomes if o.rule not in rules), *observed,
+            *(Outcome(rule, action, "refuse", "enforce") for rule in rules))
 
 
 def _refused(req: Request, reason: str, code: int, message: str | None = None,
