@@ -563,7 +563,7 @@ def _replay_cache(section: Reader, base: Path) -> str | None:
                                 f"{str(directory)!r} is not writable (a read-only root file "
                                 "system?): set replay_cache to a file on a writable volume")
         return None
-    path = Path(given) if Path(given).is_absolute() else base / given
+    path = base / given  # an absolute path stays itself
     if path.is_dir() or not os.access(path.parent, os.W_OK | os.X_OK):
         raise section.error("replay_cache", f"{section.what}.replay_cache: {str(path)!r} must "
                             "be a file in a directory the proxy can write")

@@ -455,8 +455,7 @@ def _read_kerberos(up: Reader, base: Path) -> KerberosCredentials:
     if not principal:
         raise up.error("principal", f"{what}.principal must name the proxy's Kerberos "
                        "principal (gatehouse/proxy.example.com@EXAMPLE.COM)")
-    keytab = Path(up.require("keytab", str))
-    keytab = keytab if keytab.is_absolute() else base / keytab
+    keytab = base / up.require("keytab", str)  # an absolute path stays itself
     held = read_keytab(up, keytab)
     # A principal without its realm is in the default realm (krb5.conf's): any realm.
     if principal not in held and not ("@" not in principal and any(
