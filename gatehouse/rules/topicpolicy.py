@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -138,13 +138,10 @@ class TopicPolicy:
                 problem = bound.problem(f"topic {name}: {what}", value)
                 if problem is not None:
                     return problem
-        if assignments and self.replication_factor is not None:
-            for assignment in assignments:
-                problem = self.replication_factor.problem(
-                    f"topic {name}: partition {assignment.partition_index}'s replication "
-                    f"factor", len(assignment.broker_ids))
-                if problem is not None:
-                    return problem
+        problem = self._replica_sets_problem(
+            name, assignments, lambda a: f"partition {a.partition_index}'s replication factor")
+        if problem is not None:
+            return problem
         given = {c.name: c.value for c in topic.configs or ()}
         return self._configs_problem(name, given)
 
@@ -156,13 +153,20 @@ class TopicPolicy:
             problem = self.partitions.problem(f"topic {name}: partition count", topic.count)
             if problem is not None:
                 return problem
-        if self.replication_factor is not None:
-            for assignment in topic.assignments or ():
-                problem = self.replication_factor.problem(
-                    f"topic {name}: a new partition's replication factor",
-                    len(assignment.broker_ids))
-                if problem is not None:
-                    return problem
+        return self._replica_sets_problem(name, topic.assignments or (),
+                                          lambda _: "a new partition's replication factor")
+
+    def _replica_sets_problem(self, name: str, assignments: Sequence[Any],
+                              which: Callable[[Any], str]) -> str | None:
+        """Replicas placed by hand: each partition's (``which`` names it) held to the
+        replication factor bound."""
+        if self.replication_factor is None:
+            return None
+        for assignment in assignments:
+            problem = self.replication_factor.problem(f"topic {name}: {which(assignment)}",
+                                                      len(assignment.broker_ids))
+            if problem is not None:
+                return problem
         return None
 
     def _altered(self, resource: Any, incremental: bool) -> str | None:
