@@ -115,7 +115,10 @@ def _plan(resp_struct: StructSpec, req_struct: StructSpec, version: int) -> tupl
                         break
             if match is not None:
                 steps.append(match)
-        elif f.struct is not None and not f.is_array:
+        elif f.struct is not None and not f.is_array and not f.nullable_in(version):
+            # (A nullable one stays null, as a broker's error answers leave it: a
+            # DescribeTopicPartitions cursor of ('', 0) would start the listing again,
+            # a heartbeat's empty assignment would take every partition away.)
             steps.append(("struct", f.attr, f.struct))
         elif not f.is_array and f.struct is None and _is_key(f):
             for g in req_fields:
