@@ -219,6 +219,24 @@ def test_find_coordinator_v4_error_response_has_one_entry_per_key() -> None:
     assert [(c.key, c.error_code) for c in body.coordinators] == [("g1", 31), ("g2", 31)]
 
 
+def test_error_responses_leave_nullable_structs_null() -> None:
+    """As a broker's error answers: a refused listing of every topic ends (a cursor of
+    ('', 0) would start it again, for ever), a refused heartbeat changes no assignment
+    (an empty one would take every partition away)."""
+    listing = error_response(req(75, 0, topics=[], response_partition_limit=5,
+                                 cursor={"topic_name": "x", "partition_index": 0}), 42).body
+    assert listing.topics == () and listing.next_cursor is None
+    heartbeat = error_response(req(68, 0, group_id="g", member_id="m", member_epoch=1,
+                                   instance_id=None, rack_id=None, rebalance_timeout_ms=-1,
+                                   subscribed_topic_names=None, server_assignor=None,
+                                   topic_partitions=None), 29).body
+    assert heartbeat.error_code == 29 and heartbeat.assignment is None
+    # A struct that is never null is still filled: a Produce partition's current leader.
+    produce = error_response(req(0, 12, acks=-1, timeout_ms=1, topic_data=[
+        {"name": "a", "partition_data": [{"index": 0, "records": None}]}]), 35).body
+    assert produce.responses[0].partition_responses[0].current_leader is not None
+
+
 def test_answers_by_position_have_one_result_per_thing_asked() -> None:
     """Answers the specs cannot match to their requests by key: as Kafka's
     ``getErrorResponse`` builds them (a client counts on one result per thing asked;

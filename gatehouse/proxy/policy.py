@@ -91,8 +91,10 @@ from gatehouse.rules.topics import (
     ID_FILTER_KEYS,
     TOPIC,
     TRANSACTION,
+    answer_hint,
     carries_ids,
     carries_topics,
+    cursor_refusal,
     denial,
     denied_id_message,
     denied_message,
@@ -312,9 +314,11 @@ class RulesPolicy(Policy):
             return Respond(error_response(req, INVALID_REQUEST, message))
         mapped = map_request(req, topic_map, conn.state, self.stats)
         wants = _wants_mapped_answer(req, topic_map)
-        if wants and req.api_key == FIND_COORDINATOR:
-            # The answer does not say what kind of keys it answers: the request does.
-            return Forward(mapped, wants_response=True, context=(topic_map, lookup_kind(req)))
+        hint = answer_hint(req) if wants else None
+        if hint is not None:
+            # The answer does not say what kind of keys it answers (FindCoordinator), or
+            # that it lists every topic (DescribeTopicPartitions): the request does.
+            return Forward(mapped, wants_response=True, context=(topic_map, hint))
         return Forward(mapped, wants_response=wants, context=topic_map)
 
     def forwards_unread(self, conn: ConnectionInfo, req: Request) -> Forward | None:
@@ -367,7 +371,7 @@ class RulesPolicy(Policy):
         if topic_map is _LEARN_IDS:
             self.topic_ids.learn(resp)
             return resp
-        if isinstance(topic_map, tuple):  # a FindCoordinator's: (map, kind of keys)
+        if isinstance(topic_map, tuple):  # (map, its request's answer_hint)
             topic_map, lookup = topic_map
         if not isinstance(topic_map, TopicMap):
             return resp
@@ -805,15 +809,24 @@ class RulesPolicy(Policy):
         if (evaluation.refusal is not None or topic_map is None or not topic_map.filters
                 or not req.known or req.api_key == METADATA):
             return None
-        denied = _denied_names(req, topic_map)
+        bad_cursor = cursor_refusal(req, topic_map)
+        denied = _denied_names(req, topic_map) if bad_cursor is None else (TOPIC, "")
         if denied is None:
             return None
         kind, name = denied
         rule, action = _filter_rule(ruleset, evaluation.outcomes, "enforce", kind, name,
                                     req.api_key)
+        if bad_cursor is not None:
+            action = "listing_cursor"
         outcomes = tuple(Outcome(o.rule, action, "refuse", o.mode)
                          if o.rule == rule and o.action == "topics" else o
                          for o in evaluation.outcomes)
+        if bad_cursor is not None:
+            # As a broker answers a cursor it cannot take (InvalidRequestException: for
+            # a listing of every topic, an answer with no topics and no cursor).
+            message = f"{bad_cursor} (rule {rule})"
+            self._log_refusal(conn, req, rule, message, observe=False)
+            return (_refused(req, message, INVALID_REQUEST, message), outcomes)
         message = _denied_text(kind, name, rule)
         self._log_refusal(conn, req, rule, message, observe=False)
         # A Fetch's topics get the error, not the Fetch: a top-level error ends its session.

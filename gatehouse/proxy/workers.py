@@ -44,6 +44,7 @@ from gatehouse.logs import log_event
 from gatehouse.proxy.config import ProxyConfig
 from gatehouse.proxy.hostcounts import HostTable
 from gatehouse.proxy.sharedquotas import SharedTable
+from gatehouse.rules import cursors
 
 logger = logging.getLogger("gatehouse.workers")
 
@@ -52,6 +53,7 @@ MAX_BACKOFF: Final = 30.0
 STABLE_SECONDS: Final = 60.0  # up this long, a worker's next restart waits FIRST_BACKOFF again
 SCRAPE_TIMEOUT: Final = 5.0
 STOP: Final = b"stop\n"
+CURSOR_KEY_ENV: Final = "GATEHOUSE_WORKER_CURSOR_KEY"  # hex; the supervisor's to its workers
 _GONE: Final = (trio.BrokenResourceError, trio.ClosedResourceError)  # the other end closed
 
 
@@ -62,6 +64,9 @@ class SupervisorLink:
 
     def __init__(self, fd: int) -> None:
         os.set_inheritable(fd, False)
+        key = os.environ.pop(CURSOR_KEY_ENV, None)
+        if key:
+            cursors.use_key(bytes.fromhex(key))
         sock = trio.socket.from_stdlib_socket(socket.socket(fileno=fd))
         self.stream = trio.SocketStream(sock)
 
@@ -209,9 +214,13 @@ class Supervisor:
             command += ["--connections-fd", str(self.host_table.fd)]
             passed.append(self.host_table.fd)
         try:
+            # One key seals every worker's cursors (rules.cursors): a client that
+            # reconnects to another worker goes on with its listing.  Not on the command
+            # line, which every user of the host can read.
+            env = {**os.environ, CURSOR_KEY_ENV: cursors.current_key().hex()}
             process = await trio.lowlevel.open_process(
                 command, stdin=subprocess.DEVNULL, pass_fds=tuple(passed),
-                start_new_session=True)
+                start_new_session=True, env=env)
         finally:
             theirs.close()
         worker.process, worker.running = process, True

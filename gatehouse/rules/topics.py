@@ -41,6 +41,7 @@ from gatehouse.codecs import (
 )
 from gatehouse.codecs.errors import ProtocolError
 from gatehouse.codecs.walk import reaches, reaches_in, rewrite
+from gatehouse.rules import cursors
 
 TOPIC_RESOURCE = 2
 PRODUCE, FIND_COORDINATOR, JOIN_GROUP, SYNC_GROUP, DESCRIBE_GROUPS = 0, 10, 11, 14, 15
@@ -662,16 +663,61 @@ def map_request(req: Request, mapping: TopicMap, state: dict[str, Any],
                              mapping.to_broker, stats)
         elif protocol_type is not None:
             stats.unknown_protocol_bytes += 1
-    elif (req.api_key == DESCRIBE_TOPIC_PARTITIONS and not new.topics and new.cursor is None
-          and mapping.hides_others and mapping.to_broker("")):
-        # Every topic, a page at a time in name order: a prefix's topics are together,
-        # so the listing starts at the prefix (the broker takes a cursor at a name that
-        # is no topic); the answer's cursor at another tenant's topic, after them, ends it.
-        cursor = api.request.root.field("cursor").struct
-        assert cursor is not None
-        new = new.replace(cursor=cursor.default.replace(
-            topic_name=mapping.to_broker(""), partition_index=0))
+    elif is_every_topic_listing(req):
+        if body.cursor is not None and seals_cursors(mapping):
+            # The proxy's own cursor (``map_response``): the broker's name, unsealed
+            # (a cursor that is not one is refused before, ``cursor_refusal``).
+            name = cursors.unseal(body.cursor.topic_name)
+            if name is not None:
+                new = new.replace(cursor=new.cursor.replace(topic_name=name))
+        elif new.cursor is None and (start := _shown_prefix(mapping)):
+            # Every topic, a page at a time in name order: a prefix's topics are
+            # together, so the listing starts at the prefix (the broker takes a cursor
+            # at a name that is no topic); the answer's cursor at another tenant's
+            # topic, after them, ends it.
+            cursor = api.request.root.field("cursor").struct
+            assert cursor is not None
+            new = new.replace(cursor=cursor.default.replace(topic_name=start,
+                                                            partition_index=0))
     return req if new is body else req.replace(body=new)
+
+
+# ``map_response``'s hint for the answer to a DescribeTopicPartitions of every topic
+# (``answer_hint``).
+EVERY_TOPIC = "every topic"
+
+
+def is_every_topic_listing(req: Request) -> bool:
+    """Whether ``req`` is a DescribeTopicPartitions of every topic (KIP-966: no topics
+    named, a page at a time in name order from its cursor)."""
+    return req.api_key == DESCRIBE_TOPIC_PARTITIONS and not req.body.topics
+
+
+def seals_cursors(mapping: TopicMap) -> bool:
+    """Whether listings of every topic under ``mapping`` take and give sealed cursors
+    only (``rules.cursors``): under a topic filter, whose hidden topics lie anywhere in
+    name order (a prefix's lie together, before or after the tenant's)."""
+    return any(isinstance(m, TopicFilter) for m in map_parts(mapping))
+
+
+def cursor_refusal(req: Request, mapping: TopicMap) -> str | None:
+    """Why ``req``, a listing of every topic under ``mapping``, is refused: its cursor
+    is not one the proxy gave (``seals_cursors``); None when it goes on."""
+    cursor = req.body.cursor if is_every_topic_listing(req) else None
+    if cursor is None or not seals_cursors(mapping) or cursors.unseal(cursor.topic_name):
+        return None
+    return ("a listing of every topic under a topic filter goes on only from the cursors "
+            "of the proxy's answers (an earlier proxy process's are not taken: start the "
+            "listing again)")
+
+
+def answer_hint(req: Request) -> str | None:
+    """What mapping ``req``'s answer needs to know of ``req`` that the answer does not
+    say: the kind of keys a FindCoordinator looked up (``lookup_kind``), or
+    ``EVERY_TOPIC`` for a DescribeTopicPartitions of every topic."""
+    if req.api_key == DESCRIBE_TOPIC_PARTITIONS:
+        return EVERY_TOPIC if is_every_topic_listing(req) else None
+    return lookup_kind(req)
 
 
 def map_request_head(req: Request, mapping: TopicMap) -> tuple[bytes, int] | None:
@@ -705,8 +751,9 @@ def _transaction_renamer(mapping: TopicMap) -> Callable[[str], str] | None:
 def map_response(resp: Response, mapping: TopicMap, state: dict[str, Any],
                  stats: RewriteStats, lookup: str | None = None) -> Response:
     """``resp`` with broker names turned into client names; hidden names removed.
-    ``lookup``: for a FindCoordinator answer, the kind of keys it answers (the request's
-    ``lookup_kind``: the answer does not say)."""
+    ``lookup``: what the answer does not say of its request (the request's
+    ``answer_hint``): for a FindCoordinator answer, the kind of keys it answers; for a
+    DescribeTopicPartitions answer, ``EVERY_TOPIC`` when it lists every topic."""
     api = resp.api
     if resp.api_key == PRODUCE and not resp.body_decoded and resp.frame is not None:
         frame = produce.rename_response_topics(resp.frame, resp.api_version, mapping.to_client)
@@ -749,7 +796,29 @@ def map_response(resp: Response, mapping: TopicMap, state: dict[str, Any],
             groups.append(group)
         if any(a is not b for a, b in zip(groups, new.groups, strict=True)):
             new = new.replace(groups=tuple(groups))
+    elif key == DESCRIBE_TOPIC_PARTITIONS and lookup == EVERY_TOPIC and seals_cursors(mapping):
+        new = new.replace(next_cursor=_sealed_cursor(body.next_cursor, mapping))
     return resp if new is body else resp.replace(body=new)
+
+
+def _sealed_cursor(cursor: Any, mapping: TopicMap) -> Any:
+    """The broker's next cursor of a listing of every topic, as the client gets it: the
+    topic sealed, whether the client may see it or not (``seals_cursors``); None, the
+    listing's end, at a topic past a prefix's (the tenant's topics are all listed)."""
+    if cursor is None:
+        return None
+    prefix = _shown_prefix(mapping)
+    if prefix and not cursor.topic_name.startswith(prefix):
+        return None
+    return cursor.replace(topic_name=cursors.seal(cursor.topic_name))
+
+
+def _shown_prefix(mapping: TopicMap) -> str:
+    """The broker-side prefix of every topic ``mapping`` shows (a tenant's, with
+    ``hide_others``), else ''."""
+    if any(isinstance(m, Prefix) and m.hide_others for m in map_parts(mapping)):
+        return mapping.to_broker("")
+    return ""
 
 
 def lookup_kind(req: Request) -> str | None:
@@ -911,8 +980,12 @@ def _names_ids(kinds: IdKinds) -> Callable[[FieldSpec], bool]:
 
 
 def topic_names(req: Request) -> Sequence[str]:
-    """Every topic name a request mentions (for allow/deny by topic and for logs)."""
+    """Every topic name a request mentions (for allow/deny by topic and for logs).  Not
+    the cursor of a listing of every topic: a place to start at, not a topic it uses
+    (a sealed one under a filter, ``cursor_refusal``)."""
     names: list[str] = []
+    if is_every_topic_listing(req):
+        return names
 
     def visit(struct: StructSpec, record: Any) -> Any:
         is_resource = _resource_type(record) == TOPIC_RESOURCE

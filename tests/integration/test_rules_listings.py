@@ -33,6 +33,26 @@ def test_list_config_resources_shows_a_tenant_only_its_own(kafka: KafkaCluster) 
     assert {r.resource_name for r in other.config_resources} >= {mine, theirs}
 
 
+def pages(address: str, client_id: str, cursors: list[str] | None = None
+          ) -> tuple[list[str], int]:
+    """DescribeTopicPartitions of every topic, two partitions a page, to the end: the
+    topics named (in order, once each) and the number of pages; each cursor's topic
+    added to ``cursors``."""
+    names: list[str] = []
+    cursor = None
+    for count in range(1, 1000):
+        body = call(address, 75, 0, {"topics": [], "response_partition_limit": 2,
+                                     "cursor": cursor}, client_id=client_id)
+        names.extend(t.name for t in body.topics if t.name not in names)
+        if body.next_cursor is None:
+            return names, count
+        cursor = {"topic_name": body.next_cursor.topic_name,
+                  "partition_index": body.next_cursor.partition_index}
+        if cursors is not None:
+            cursors.append(body.next_cursor.topic_name)
+    raise AssertionError("the listing never ended")
+
+
 def test_every_topic_a_page_at_a_time_is_the_tenants_own(kafka: KafkaCluster) -> None:
     """DescribeTopicPartitions of every topic, two partitions a page: through the
     proxy the pages start at the tenant's prefix and end after its last topic (a cursor
@@ -49,19 +69,6 @@ def test_every_topic_a_page_at_a_time_is_the_tenants_own(kafka: KafkaCluster) ->
     for topic in (*mine, *theirs[:-1]):
         kafka.create_topic(topic, partitions=2 if topic.endswith("two") else 1)
 
-    def pages(address: str, client_id: str) -> tuple[list[str], int]:
-        names: list[str] = []
-        cursor = None
-        for count in range(1, 1000):
-            body = call(address, 75, 0, {"topics": [], "response_partition_limit": 2,
-                                         "cursor": cursor}, client_id=client_id)
-            names.extend(t.name for t in body.topics if t.name not in names)
-            if body.next_cursor is None:
-                return names, count
-            cursor = {"topic_name": body.next_cursor.topic_name,
-                      "partition_index": body.next_cursor.partition_index}
-        raise AssertionError("the listing never ended")
-
     direct, _ = pages(kafka.bootstrap, "ops")
     assert set(mine) | set(theirs) <= set(direct)
     with ProxyThread(kafka.bootstrap, rules_yaml=RULES) as proxy:
@@ -69,3 +76,35 @@ def test_every_topic_a_page_at_a_time_is_the_tenants_own(kafka: KafkaCluster) ->
     own = sorted(n.removeprefix("a.") for n in direct if n.startswith("a."))
     assert sorted(seen) == own and {n.removeprefix("a.") for n in mine} <= set(seen)
     assert count >= 2  # it took more than one page
+
+
+def test_every_topic_under_a_filter_goes_on_past_hidden_topics(kafka: KafkaCluster) -> None:
+    """Under deny_topics, a listing of every topic whose pages hold denied topics only
+    (five in a row, one of three partitions: a cursor inside it) goes on to the end by
+    the proxy's sealed cursors: every allowed topic is listed, no denied one, and no
+    cursor names one.  A cursor the client makes up is refused: no topics, no cursor
+    (the broker, asked directly, answers it with its page)."""
+    tag = unique("seal").replace("-", "")
+    hidden = [f"{tag}.hidden.{n}" for n in range(5)]
+    shown = [f"{tag}.before", f"{tag}.zafter"]  # the hidden ones between them
+    for topic in (*hidden, *shown):
+        kafka.create_topic(topic, partitions=3 if topic.endswith(".2") else 1)
+    rules = (f"- name: no-hidden\n  match: {{client_id: '^filtered$'}}\n"
+             f"  deny_topics: ['{tag}\\.hidden\\..*']\n")
+    direct, _ = pages(kafka.bootstrap, "ops")
+    assert set(hidden) | set(shown) <= set(direct)
+    cursors: list[str] = []
+    with ProxyThread(kafka.bootstrap, rules_yaml=rules) as proxy:
+        seen, count = pages(proxy.bootstrap, "filtered", cursors)
+        made_up = call(proxy.bootstrap, 75, 0, {
+            "topics": [], "response_partition_limit": 2,
+            "cursor": {"topic_name": shown[0], "partition_index": 0}}, client_id="filtered")
+    assert seen == [n for n in direct if f"{tag}.hidden." not in n]  # all, in order
+    assert set(shown) <= set(seen)
+    assert count >= 4 and len(cursors) == count - 1  # pages of hidden topics passed
+    assert not [c for c in cursors if tag in c or not c.startswith("~gatehouse:")]
+    assert made_up.topics == () and made_up.next_cursor is None
+    asked = call(kafka.bootstrap, 75, 0, {
+        "topics": [], "response_partition_limit": 2,
+        "cursor": {"topic_name": shown[0], "partition_index": 0}}, client_id="ops")
+    assert shown[0] in [t.name for t in asked.topics]

@@ -343,3 +343,39 @@ def test_connections_per_address_are_counted_over_all_workers(kafka: KafkaCluste
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
+
+
+def test_a_listing_goes_on_on_whichever_worker_a_page_is_asked(kafka: KafkaCluster,
+                                                               tmp_path: Path) -> None:
+    """Under a topic filter, a listing of every topic goes on by the proxy's sealed
+    cursors (rules.cursors); asked a page a connection, the kernel spreads its pages
+    over both workers, and each takes the other's cursors (one key for all): the
+    listing reaches its end with every allowed topic."""
+    from tests.integration.test_rules_listings import pages
+    from tests.support.clients import unique
+
+    tag = unique("wseal").replace("-", "")
+    hidden = [f"{tag}.hidden.{n:02}" for n in range(16)]
+    shown = [f"{tag}.before", f"{tag}.zafter"]
+    for topic in (*hidden, *shown):
+        kafka.create_topic(topic, partitions=1)
+    port, metrics = free_port(), free_port()
+    config = write_config(kafka, tmp_path, port=port, metrics=metrics)
+    config.write_text(config.read_text() + "rules:\n  - name: no-hidden\n"
+                      f"    deny_topics: ['{tag}\\.hidden\\..*']\n")
+    log = tmp_path / "supervisor.log"
+    proc = start(config, log)
+    try:
+        wait_for(lambda: ready(metrics), "/readyz", proc, log)
+        direct, _ = pages(kafka.bootstrap, "ops")
+        seen, count = pages(f"127.0.0.1:{port}", "ops")
+        asked = by_worker(scrape(metrics), "gatehouse_requests_total",
+                          api="DescribeTopicPartitions")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    assert count >= 9  # all on one worker: one time in 256
+    assert set(asked) == {"0", "1"} and sum(asked.values()) == count, asked
+    assert seen == [n for n in direct if f"{tag}.hidden." not in n]
+    assert set(shown) <= set(seen)
