@@ -299,9 +299,10 @@ def _run(args: argparse.Namespace) -> int:
         link = None
         host_counts = None
         if worker:
-            from gatehouse.proxy.workers import SupervisorLink
+            from gatehouse.proxy.workers import SupervisorLink, take_cursor_key
 
             link = SupervisorLink(args.worker_fd)
+            take_cursor_key()
             if args.quota_fd is not None:  # the supervisor's table: quotas shared
                 from gatehouse.proxy.sharedquotas import SharedTable
 

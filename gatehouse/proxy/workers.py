@@ -59,14 +59,19 @@ _GONE: Final = (trio.BrokenResourceError, trio.ClosedResourceError)  # the other
 
 # -- the worker's end ---------------------------------------------------------------------
 
+def take_cursor_key() -> None:
+    """In a worker: seal cursors with the supervisor's key (``_run`` passes it), and
+    leave it out of the environment of anything the worker starts."""
+    key = os.environ.pop(CURSOR_KEY_ENV, None)
+    if key:
+        cursors.use_key(bytes.fromhex(key))
+
+
 class SupervisorLink:
     """A worker's end of its socket pair with the supervisor."""
 
     def __init__(self, fd: int) -> None:
         os.set_inheritable(fd, False)
-        key = os.environ.pop(CURSOR_KEY_ENV, None)
-        if key:
-            cursors.use_key(bytes.fromhex(key))
         sock = trio.socket.from_stdlib_socket(socket.socket(fileno=fd))
         self.stream = trio.SocketStream(sock)
 
