@@ -171,6 +171,24 @@ def test_records_follow_schema_v1_and_carry_the_exchange(tmp_path: Path,
     assert by_id[17]["outcome"] == "unanswered"
 
 
+def test_a_listings_cursor_is_no_topic_of_its_record(tmp_path: Path,
+                                                     conn: ConnectionInfo) -> None:
+    """A DescribeTopicPartitions of every topic names no topic: its cursor is where
+    the page starts (sealed by the proxy under a filter), left out of the record; one
+    by name has its topics."""
+    capture = CaptureObserver(CaptureSettings(dir=tmp_path))
+    every = request(75, 0, 21, topics=[], response_partition_limit=5,
+                    cursor={"topic_name": "~gatehouse:AAAA", "partition_index": 2})
+    exchange(capture, None, conn, every, response_frame(75, 0, 21, topics=[]))
+    named = request(75, 0, 22, topics=[{"name": "orders"}], response_partition_limit=5,
+                    cursor={"topic_name": "orders", "partition_index": 2})
+    exchange(capture, None, conn, named, response_frame(75, 0, 22, topics=[]))
+    assert capture.close(10)
+    by_id = {r["correlation_id"]: r for r in read_records(tmp_path)}
+    assert by_id[21]["topics"] == []
+    assert {t["name"] for t in by_id[22]["topics"]} == {"orders"}
+
+
 def test_sampling_per_api(tmp_path: Path, conn: ConnectionInfo) -> None:
     capture = CaptureObserver(CaptureSettings(dir=tmp_path, sample={3: 0.0, 12: 0.5}))
     for i in range(400):

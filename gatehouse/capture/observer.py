@@ -39,7 +39,7 @@ from gatehouse.proxy.hooks import (
 )
 from gatehouse.rules import Chain, Outcome, RuleSet, TopicMap
 from gatehouse.rules.topicids import is_topic_id_field
-from gatehouse.rules.topics import is_topic_field
+from gatehouse.rules.topics import is_every_topic_listing, is_topic_field
 
 if TYPE_CHECKING:
     from gatehouse.capture.kafka_sink import KafkaSink
@@ -278,6 +278,8 @@ class CaptureObserver(Observer):
                                         [p.index for p in topic.partition_data],
                                         topic.partition_data)
                     for topic in body.topic_data]
+        if is_every_topic_listing(req):
+            return topics  # its cursor is a place to start at (sealed under a filter)
         for name, topic_id, partitions in _walk_topics(req.api.request, req.api_version, body):
             entry = self._entry(name, topic_id)
             entry["partitions"] = partitions
