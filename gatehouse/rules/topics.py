@@ -512,8 +512,10 @@ def _resource_type(record: Any) -> int | None:
     return value
 
 
-# What ``visit`` does with a field (see ``_visit_plan``).
-_NAME, _NAMES, _MESSAGE, _ENTRIES, _ENTRY = range(5)
+# What ``visit`` does with a field (see ``_visit_plan``); _OPTIONAL: a name that is no
+# key of its entry and may be null, nulled when hidden (a Streams topology node's sink
+# topic: the node stays, the other tenant's topic is not named).
+_NAME, _NAMES, _MESSAGE, _ENTRIES, _ENTRY, _OPTIONAL = range(6)
 # Whose name a field holds besides an id kind's: a topic's, or a resource's (its type
 # says which).
 _TOPIC, _RESOURCE = "topic", "resource"
@@ -532,9 +534,10 @@ def _visit_plan(struct: StructSpec, to_client: bool, kinds: IdKinds
         if kind not in kinds:
             kind = None
         if is_topic_field(f) or kind or _is_resource_field(f):
-            plan.append((f.attr, _NAMES if f.is_array else _NAME,
-                         bool(f.map_key) or _has_key_role(f),
-                         _TOPIC if is_topic_field(f) else kind or _RESOURCE))
+            key = bool(f.map_key) or _has_key_role(f)
+            optional = not (f.is_array or key) and f.versions.intersect(f.nullable) == f.versions
+            plan.append((f.attr, _NAMES if f.is_array else _OPTIONAL if optional else _NAME,
+                         key, _TOPIC if is_topic_field(f) else kind or _RESOURCE))
         elif to_client and f.attr == "error_message" and f.type == "string":
             plan.append((f.attr, _MESSAGE, False, _TOPIC))
         elif f.is_array and f.struct is not None:
@@ -577,6 +580,10 @@ def _struct_mapper(mapping: TopicMap, to_client: bool,
                     if not hides_entry:
                         continue
                     return _HIDDEN
+                if new != value:
+                    changes[attr] = new
+            elif kind == _OPTIONAL:
+                new = fn(value)
                 if new != value:
                     changes[attr] = new
             elif kind == _NAMES:
