@@ -18,7 +18,17 @@ from gatehouse.configfile import ConfigError, load_yaml_text
 from gatehouse.logs import FIELDS_ATTR, TextFormatter
 from gatehouse.proxy.hooks import Close, ConnectionInfo, Respond
 from gatehouse.proxy.policy import Reloader, RulesPolicy, RulesSource
-from gatehouse.rules import ClientFacts, Prefix, Rename, RuleSet, TopicFilter, parse_rules
+from gatehouse.rules import (
+    Chain,
+    ClientFacts,
+    IdFilter,
+    NameFilter,
+    Prefix,
+    Rename,
+    RuleSet,
+    TopicFilter,
+    parse_rules,
+)
 from gatehouse.rules import topics as topic_maps
 from gatehouse.rules.errors import error_response
 from gatehouse.rules.topics import (
@@ -325,9 +335,14 @@ def test_response_topic_names_unprefixed(api_key: int, version: int) -> None:
 HIDDEN_MARK = "b.hidden"
 
 
+# Resource types whose names are a topic's, a group's or a transactional id's.
+NAMED_RESOURCES = frozenset({2, 3, 5, 32})
+
+
 def _names_half_hidden(api: Any, version: int, body: Any) -> Any:
-    """``body`` with every topic name (and topic resource's name) in it replaced by one
-    of a tenant's (``a.``) or of another tenant's (``HIDDEN_MARK``), by turns."""
+    """``body`` with every topic name, group id and transactional id in it (and the
+    names of resources of those) replaced by one of a tenant's (``a.``) or of another
+    tenant's (``HIDDEN_MARK``), by turns."""
     turn = iter(range(1 << 30))
 
     def name() -> str:
@@ -335,15 +350,16 @@ def _names_half_hidden(api: Any, version: int, body: Any) -> Any:
         return f"a.seen{n}" if n % 2 else f"{HIDDEN_MARK}{n}"
 
     def is_name(f: Any) -> bool:
-        return topic_maps.is_topic_field(f) or topic_maps._is_resource_field(f)
+        return (topic_maps.is_topic_field(f) or topic_maps._is_resource_field(f)
+                or topic_maps._id_kind(f) is not None)
 
     def visit(struct: Any, record: Any) -> Any:
         changes: dict[str, Any] = {}
-        is_topic_resource = topic_maps._resource_type(record) == 2
+        named_resource = topic_maps._resource_type(record) in NAMED_RESOURCES
         for f in struct.fields:
             value = getattr(record, f.attr, None)
             if value is None or not is_name(f) or (topic_maps._is_resource_field(f)
-                                                   and not is_topic_resource):
+                                                   and not named_resource):
                 continue
             changes[f.attr] = (tuple(name() for _ in value) if f.is_array else name())
         return record.replace(**changes) if changes else record
@@ -351,15 +367,24 @@ def _names_half_hidden(api: Any, version: int, body: Any) -> Any:
     return topic_maps.rewrite(api.response, version, body, is_name, visit)
 
 
-@pytest.mark.parametrize(("api_key", "version"), TOPIC_RESPONSES)
+NAMING_RESPONSES = [(k, v) for k, v in ALL_VERSIONS
+                    if carries_topics(codecs.api(k).response)
+                    or topic_maps.carries_ids(codecs.api(k).response, frozenset(topic_maps._KINDS))]
+
+
+@pytest.mark.parametrize(("api_key", "version"), NAMING_RESPONSES)
 def test_no_answer_names_a_hidden_topic(api_key: int, version: int) -> None:
-    """Every response version of the tables, with random bodies whose topic names are
-    half the tenant's, half another's: under a prefix that hides the others and under
-    a topic filter, the answer the client gets (written to bytes) never names one of
-    the others' (a field the tables mark as a topic name that the mapper left as it
-    was would: a Streams topology node's sink topic did)."""
+    """Every response version of the tables that names topics, groups or transactional
+    ids, with random bodies whose names are half the tenant's, half another's: under a
+    prefix that hides the others (groups and transactional ids too) and under topic and
+    id filters, the answer the client gets (written to bytes) never names one of the
+    others' (a field the tables mark as such a name that the mapper left as it was
+    would: a Streams topology node's sink topic did)."""
     api = codecs.api(api_key)
-    maps = (Prefix("a.", hide_others=True), TopicFilter(allow=(re.compile(r"a\..*"),)))
+    maps = (Prefix("a.", hide_others=True, groups=True, transactional_ids=True),
+            Chain((TopicFilter(allow=(re.compile(r"a\..*"),)), IdFilter({
+                kind: NameFilter(allow=(re.compile(r"a\..*"),))
+                for kind in (topic_maps.GROUP, topic_maps.TRANSACTION)}))))
 
     @few_examples(3)
     @given(message_body(api.response, version))
