@@ -190,16 +190,28 @@ def test_a_fetch_keeps_its_session_and_metadata_is_answered_without_the_topic() 
     assert {p.error_code for t in body.responses for p in t.partitions} == {
         TOPIC_AUTHORIZATION_FAILED}
 
-    # A Metadata request for an allowed and a denied topic goes on; its answer leaves the
-    # denied one out, as it leaves out another tenant's.
+    # A Metadata request for an allowed and a denied topic goes on without the denied
+    # one (a broker that creates the topics Metadata asks for would create it); an
+    # answer that holds it anyway leaves it out, as it leaves out another tenant's.
     asked = req(3, 12, "app-1", topics=[{"name": "orders", "topic_id": uuid.UUID(int=0)},
-                                        {"name": "payroll", "topic_id": uuid.UUID(int=0)}])
+                                        {"name": "payroll", "topic_id": uuid.UUID(int=0)}],
+                allow_auto_topic_creation=True)
     decision = policy.on_request(conn(), asked)
     assert isinstance(decision, Forward)
+    assert [t.name for t in decision.request.body.topics] == ["orders"]
+    assert decision.request.body.allow_auto_topic_creation
     shown = policy.on_response(conn(), Pending(1, 3, 12, 0.0, wants_response=True,
                                                context=decision.context),
                                metadata_answer(("orders", ORDERS), ("payroll", PAYROLL)))
     assert [t.name for t in shown.body.topics] == ["orders"]
+    # Asked for denied ones only: asked for none (not null: every topic).
+    only = policy.on_request(conn(), req(3, 12, "app-1", topics=[
+        {"name": "payroll", "topic_id": uuid.UUID(int=0)}]))
+    assert isinstance(only, Forward) and only.request.body.topics == ()
+    # v0 reads an empty list as every topic: such a request goes up as it is.
+    old = policy.on_request(conn(), req(3, 0, "app-1", topics=[{"name": "payroll"}]))
+    assert isinstance(old, Forward) and [t.name for t in old.request.body.topics] == [
+        "payroll"]
 
 
 def test_a_group_member_subscribes_only_to_the_topics_it_may_use() -> None:

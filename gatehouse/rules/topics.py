@@ -44,7 +44,8 @@ from gatehouse.codecs.walk import reaches, reaches_in, rewrite
 from gatehouse.rules import cursors
 
 TOPIC_RESOURCE = 2
-PRODUCE, FIND_COORDINATOR, JOIN_GROUP, SYNC_GROUP, DESCRIBE_GROUPS = 0, 10, 11, 14, 15
+PRODUCE, METADATA, FIND_COORDINATOR, JOIN_GROUP, SYNC_GROUP, DESCRIBE_GROUPS = (
+    0, 3, 10, 11, 14, 15)
 DESCRIBE_TOPIC_PARTITIONS = 75
 CONSUMER = consumer.CONSUMER_PROTOCOL_TYPE
 
@@ -670,6 +671,16 @@ def map_request(req: Request, mapping: TopicMap, state: dict[str, Any],
                              mapping.to_broker, stats)
         elif protocol_type is not None:
             stats.unknown_protocol_bytes += 1
+    elif req.api_key == METADATA and body.topics and mapping.filters:
+        # A name the client may not use goes no further: the answer would leave it out
+        # anyway, and a broker that creates the topics Metadata asks for
+        # (auto.create.topics.enable, Kafka's default) would create it.
+        kept = tuple(mapped for mine, mapped in zip(body.topics, new.topics, strict=True)
+                     if mine.name is None or not mapping.denies(mine.name))
+        # (v0 reads no topics as every topic: asked only for ones it may not use, such
+        # a client's request goes up as it is.)
+        if len(kept) != len(new.topics) and (kept or req.api_version > 0):
+            new = new.replace(topics=kept)
     elif is_every_topic_listing(req):
         if body.cursor is not None and seals_cursors(mapping):
             # The proxy's own cursor (``map_response``): the broker's name, unsealed

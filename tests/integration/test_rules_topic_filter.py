@@ -84,6 +84,32 @@ def test_a_client_sees_and_uses_only_the_topics_it_may(kafka: KafkaCluster) -> N
         timeout=10).topics  # not deleted
 
 
+def test_a_filtered_client_cannot_create_a_topic_by_asking_for_it(
+        kafka: KafkaCluster) -> None:
+    """The broker creates the topics a Metadata request asks for
+    (auto.create.topics.enable, Kafka's default, as here): a filtered client asking for
+    a name it may not use creates nothing, by a raw request or by librdkafka producing
+    to it; an allowed name is still created on request."""
+    denied, allowed = unique("payroll"), unique("orders-new")
+    none = "00000000-0000-0000-0000-000000000000"
+    body = {"topics": [{"name": denied, "topic_id": none}, {"name": allowed,
+                                                           "topic_id": none}],
+            "allow_auto_topic_creation": True,
+            "include_topic_authorized_operations": False}
+    with ProxyThread(kafka.bootstrap, rules_yaml=RULES) as proxy:
+        answer = call(proxy.bootstrap, 3, 12, body, client_id="app-raw")
+        producer = ck.Producer({"bootstrap.servers": proxy.bootstrap, "client.id": "app-1",
+                                "message.timeout.ms": 3000, "log_level": 0})
+        failed: list[Any] = []
+        producer.produce(f"{denied}-2", b"x", on_delivery=lambda err, _: failed.append(err))
+        producer.flush(20)
+    assert [t.name for t in answer.topics] == [allowed]
+    assert len(failed) == 1 and failed[0] is not None
+    direct = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    assert wait_until(lambda: allowed in direct.list_topics(timeout=10).topics)
+    assert not {denied, f"{denied}-2"} & set(direct.list_topics(timeout=10).topics)
+
+
 class Member(threading.Thread):
     """A group member (a kafka-python consumer) polled in a thread of its own until
     ``finish``: ``held`` is its assignment after its last poll, ``got`` what it read."""
