@@ -71,6 +71,26 @@ def test_the_acls_say_which_operation_on_which_name() -> None:
     assert rule.map_for(API["ApiVersions"]) is None
 
 
+@pytest.mark.parametrize(("extra", "asked", "creates"), [
+    ("", ["team-b.new"], False),  # write implies describe, not create
+    ('    - {allow: create, topics: ["team-b\\\\..*"]}\n', ["team-b.new"], True),
+    ('    - {allow: create, topics: ["team-b\\\\..*"]}\n', ["team-b.new", "billing.eu"],
+     False),  # one it may not create: none is created (the flag is the request's)
+    ("    - {allow: create, cluster: true}\n", ["team-b.new", "billing.eu"], True),
+])
+def test_metadata_creates_topics_only_with_create(extra: str, asked: list[str],
+                                                  creates: bool) -> None:
+    """As Kafka's authorizer: a Metadata request has the broker create a missing topic
+    (allow_auto_topic_creation) only where the client may create it."""
+    policy = RulesPolicy(rules(ACLS + extra))
+    decision = policy.on_request(conn(), req(3, 12, "app-1", topics=[
+        {"name": n, "topic_id": uuid.UUID(int=0)} for n in asked],
+        allow_auto_topic_creation=True))
+    assert isinstance(decision, Forward)
+    assert [t.name for t in decision.request.body.topics] == asked
+    assert decision.request.body.allow_auto_topic_creation is creates
+
+
 def test_a_produce_to_a_topic_it_may_only_read_is_refused() -> None:
     policy = RulesPolicy(rules(ACLS))
     counted, refused = listening(policy)

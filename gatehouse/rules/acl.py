@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, ClassVar, Final
 
-from gatehouse.codecs import APIS
+from gatehouse.codecs import API_KEYS_BY_NAME, APIS
 from gatehouse.rules.topics import (
     GROUP,
     ID_FILTER_KEYS,
@@ -88,6 +88,7 @@ IMPLIES: Final[Mapping[str, frozenset[str]]] = {
 }
 
 _R, _W, _C, _D, _A, _DE = "read", "write", "create", "delete", "alter", "describe"
+METADATA: Final = API_KEYS_BY_NAME["Metadata"]
 _DC, _AC = "describe_configs", "alter_configs"
 # API -> kind -> the operation it needs on each name of that kind it holds, as Kafka's
 # authorizer checks it (KafkaApis and the group and transaction coordinators).
@@ -205,6 +206,18 @@ class AclTopicFilter(TopicFilter):
     """A topic filter an ACL made: its refusals are the rule's ``acls``."""
 
     action: ClassVar[str | None] = "acls"
+
+
+@dataclass(frozen=True, eq=False)
+class AclMetadataFilter(AclTopicFilter):
+    """Metadata's topic filter an ACL made: the topics it may describe, and of those
+    the ones it may have the broker create (``creates``; None: every one, create on the
+    cluster), as Kafka's authorizer checks a Metadata request's auto-creation."""
+
+    creates: NameFilter | None = None
+
+    def may_create(self, name: str) -> bool:
+        return self.permits(name) and (self.creates is None or self.creates.permits(name))
 
 
 class AclIdFilter(IdFilter):
@@ -333,6 +346,9 @@ def compile_acls(entries: Sequence[AclEntry], then: TopicMap | None
             names = made.get((kind, op))
             if names is None:
                 names = made[kind, op] = _filter(entries, kind, op)
+            if api_key == METADATA and kind == TOPIC:
+                names = AclMetadataFilter(names.allow, names.deny,
+                                          None if creates_any else _filter(entries, TOPIC, _C))
             if isinstance(names, TopicFilter):
                 parts.append(names)
             else:

@@ -179,6 +179,21 @@ class TopicFilter(NameFilter, TopicMap):
     def denies(self, name: str) -> bool:
         return not self.permits(name)
 
+    def may_create(self, name: str) -> bool:
+        """Whether a Metadata request may have the broker create ``name`` (a topic the
+        client may use, here; an ACL's needs ``create`` too)."""
+        return self.permits(name)
+
+
+def creation_denied(topic_map: TopicMap, name: str) -> bool:
+    """Whether a filter in ``topic_map`` keeps a Metadata request from having the
+    broker create ``name`` (a client-side name)."""
+    for m in map_parts(topic_map):
+        if isinstance(m, TopicFilter) and not m.may_create(name):
+            return True
+        name = m.to_broker(name)
+    return False
+
 
 # The rule keys of an id filter, per kind: allow_groups / deny_groups, ...
 ID_FILTER_KEYS = {GROUP: "groups", TRANSACTION: "transactional_ids"}
@@ -675,12 +690,17 @@ def map_request(req: Request, mapping: TopicMap, state: dict[str, Any],
         # A name the client may not use goes no further: the answer would leave it out
         # anyway, and a broker that creates the topics Metadata asks for
         # (auto.create.topics.enable, Kafka's default) would create it.
-        kept = tuple(mapped for mine, mapped in zip(body.topics, new.topics, strict=True)
-                     if mine.name is None or not mapping.denies(mine.name))
+        mine = [t for t in body.topics if t.name is None or not mapping.denies(t.name)]
+        kept = tuple(mapped for t, mapped in zip(body.topics, new.topics, strict=True)
+                     if t.name is None or not mapping.denies(t.name))
         # (v0 reads no topics as every topic: asked only for ones it may not use, such
         # a client's request goes up as it is.)
         if len(kept) != len(new.topics) and (kept or req.api_version > 0):
             new = new.replace(topics=kept)
+        if getattr(new, "allow_auto_topic_creation", False) and any(
+                t.name is not None and creation_denied(mapping, t.name) for t in mine):
+            # Kafka's ACLs: a topic a Metadata request would create needs create on it.
+            new = new.replace(allow_auto_topic_creation=False)
     elif is_every_topic_listing(req):
         if body.cursor is not None and seals_cursors(mapping):
             # The proxy's own cursor (``map_response``): the broker's name, unsealed

@@ -95,6 +95,31 @@ def test_the_proxys_acls_keep_each_user_to_what_it_may_do(kafka: KafkaCluster,
         timeout=10).topics
 
 
+def test_a_topic_is_created_on_request_only_with_create(kafka: KafkaCluster,
+                                                         tmp_path: Path) -> None:
+    """As Kafka's ACLs: a producer's Metadata request creates a missing topic
+    (auto.create.topics.enable, Kafka's default, as here) only for a user with create
+    on it (or on the cluster).  alice may write alice.* but not create: her producer's
+    record to a new one fails and nothing is created; with create, it is."""
+    users = tmp_path / "users.yaml"
+    users.write_text("users:\n  alice: {password: alice-pw}\n  carol: {password: carol-pw}\n")
+    rules = RULES + ("- name: carol-acl\n  match: {principal: '^carol$'}\n  acls:\n"
+                     "    - {allow: [write, create], topics: ['carol\\..*']}\n")
+    hers, carols = unique("alice.new"), unique("carol.new")
+    sasl = f"sasl:\n  downstream: {{users_file: {users}}}\n"
+    with ProxyThread(kafka.bootstrap, extra_config=sasl, rules_yaml=rules) as proxy:
+        results: dict[str, ck.KafkaError | None] = {}
+        for user, topic in (("alice", hers), ("carol", carols)):
+            producer = ck.Producer({**conf(proxy, user), "log_level": 0,
+                                    "message.timeout.ms": 5000})
+            producer.produce(topic, b"x",
+                             on_delivery=lambda err, _m, t=topic: results.update({t: err}))
+            producer.flush(20)
+    assert results[hers] is not None and results[carols] is None, results
+    topics = AdminClient({"bootstrap.servers": kafka.bootstrap}).list_topics(timeout=10).topics
+    assert carols in topics and hers not in topics
+
+
 CLUSTER_RULES = ("- name: ops-acl\n  match: {client_id: '^ops-'}\n  acls:\n"
                  "    - {allow: [describe, create], cluster: true}\n"
                  "    - {allow: [write], topics: ['ops\\..*']}\n"
