@@ -16,7 +16,7 @@ from gatehouse import codecs
 from gatehouse.codecs import produce
 from gatehouse.configfile import ConfigError, load_yaml_text
 from gatehouse.logs import FIELDS_ATTR, TextFormatter
-from gatehouse.proxy.hooks import Close, ConnectionInfo, Respond
+from gatehouse.proxy.hooks import Close, ConnectionInfo, Forward, Respond
 from gatehouse.proxy.policy import Reloader, RulesPolicy, RulesSource
 from gatehouse.rules import (
     Chain,
@@ -339,7 +339,7 @@ HIDDEN_MARK = "b.hidden"
 NAMED_RESOURCES = frozenset({2, 3, 5, 32})
 
 
-def _names_half_hidden(api: Any, version: int, body: Any) -> Any:
+def names_half_hidden(message: Any, version: int, body: Any) -> Any:
     """``body`` with every topic name, group id and transactional id in it (and the
     names of resources of those) replaced by one of a tenant's (``a.``) or of another
     tenant's (``HIDDEN_MARK``), by turns."""
@@ -364,7 +364,7 @@ def _names_half_hidden(api: Any, version: int, body: Any) -> Any:
             changes[f.attr] = (tuple(name() for _ in value) if f.is_array else name())
         return record.replace(**changes) if changes else record
 
-    return topic_maps.rewrite(api.response, version, body, is_name, visit)
+    return topic_maps.rewrite(message, version, body, is_name, visit)
 
 
 NAMING_RESPONSES = [(k, v) for k, v in ALL_VERSIONS
@@ -390,11 +390,41 @@ def test_no_answer_names_a_hidden_topic(api_key: int, version: int) -> None:
     @given(message_body(api.response, version))
     def check(body: Any) -> None:
         resp = codecs.Response.build(api_key, version, 1,
-                                     _names_half_hidden(api, version, body))
+                                     names_half_hidden(api.response, version, body))
         for mapping in maps:
             for hint in (None, topic_maps.EVERY_TOPIC):
                 shown = map_response(resp, mapping, {}, RewriteStats(), hint)
                 assert HIDDEN_MARK.encode() not in bytes(shown.encode()), (mapping, hint)
+
+    check()
+
+
+NAMING_REQUESTS = [(k, v) for k, v in ALL_VERSIONS
+                   if carries_topics(codecs.api(k).request)
+                   or topic_maps.carries_ids(codecs.api(k).request, frozenset(topic_maps._KINDS))]
+HALF_HIDDEN_RULE = ("- name: mine\n  allow_topics: ['a\\..*']\n  allow_groups: ['a\\..*']\n"
+                    "  allow_transactional_ids: ['a\\..*']\n")
+
+
+@pytest.mark.parametrize(("api_key", "version"), NAMING_REQUESTS)
+def test_no_request_takes_a_hidden_name_to_the_broker(api_key: int, version: int) -> None:
+    """Every request version of the tables that names topics, groups or transactional
+    ids, with random bodies whose names are half the client's, half ones it may not
+    use: under topic and id filters the request is answered by the proxy (refused) or
+    goes up without them (Metadata: the others dropped)."""
+    from tests.test_rules_topic_filter import conn
+
+    api = codecs.api(api_key)
+    policy = RulesPolicy(rules(HALF_HIDDEN_RULE))
+
+    @few_examples(3)
+    @given(message_body(api.request, version))
+    def check(body: Any) -> None:
+        request = codecs.decode_request(bytes(codecs.Request.build(
+            api_key, version, 1, "c", names_half_hidden(api.request, version, body)).encode()))
+        decision = policy.on_request(conn(), request)
+        if isinstance(decision, Forward):
+            assert HIDDEN_MARK.encode() not in bytes(decision.request.encode())
 
     check()
 

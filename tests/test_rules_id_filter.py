@@ -101,6 +101,36 @@ def test_a_transactional_id_not_allowed_is_refused_in_every_request_naming_it() 
     assert isinstance(policy.on_request(conn(), mine), Forward)
 
 
+@pytest.mark.parametrize(("resource_type", "name", "code"), [
+    (3, "team-b.orders", GROUP_AUTHORIZATION_FAILED),
+    (5, "payments-1", TRANSACTIONAL_ID_AUTHORIZATION_FAILED),
+])
+def test_acls_and_configs_of_an_id_not_allowed_are_refused(resource_type: int, name: str,
+                                                           code: int) -> None:
+    """A group's or transactional id's ACLs and a group's configs are resources of
+    that name: a client may not grant itself another team's group (CreateAcls), nor
+    read or change them, where the brokers see the proxy's one user."""
+    policy = RulesPolicy(rules(IDS))
+    acl = {"resource_type": resource_type, "resource_name": name,
+           "resource_pattern_type": 3, "principal": "User:me", "host": "*",
+           "operation": 3, "permission_type": 3}
+    created = answer(policy.on_request(conn(), req(30, 3, "app-1", creations=[acl])), 30, 3)
+    assert [r.error_code for r in created.results] == [code]
+    described = answer(policy.on_request(conn(), req(29, 3, "app-1", **{
+        "resource_type_filter": resource_type, "resource_name_filter": name,
+        "pattern_type_filter": 3, "principal_filter": None, "host_filter": None,
+        "operation": 2, "permission_type": 1})), 29, 3)
+    assert described.error_code == code
+    own = {**acl, "resource_name": "team-a.orders" if resource_type == 3 else "team-a-1"}
+    assert isinstance(policy.on_request(conn(), req(30, 3, "app-1", creations=[own])),
+                      Forward)
+    if resource_type == 3:  # group configs (KIP-848): resource type 32
+        configs = answer(policy.on_request(conn(), req(32, 4, "app-1", resources=[
+            {"resource_type": 32, "resource_name": name, "configuration_keys": None}],
+            include_synonyms=False, include_documentation=False)), 32, 4)
+        assert [r.error_code for r in configs.results] == [code]
+
+
 def test_answers_list_only_the_groups_a_client_may_use() -> None:
     policy = RulesPolicy(rules(IDS))
     decision = policy.on_request(conn(), req(16, 4, "app-1", states_filter=[]))

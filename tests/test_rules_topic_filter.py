@@ -208,10 +208,12 @@ def test_a_fetch_keeps_its_session_and_metadata_is_answered_without_the_topic() 
     only = policy.on_request(conn(), req(3, 12, "app-1", topics=[
         {"name": "payroll", "topic_id": uuid.UUID(int=0)}]))
     assert isinstance(only, Forward) and only.request.body.topics == ()
-    # v0 reads an empty list as every topic: such a request goes up as it is.
+    # v0 reads an empty list as every topic (and creates what it asks for): refused,
+    # as other requests that name a topic the client may not use.
     old = policy.on_request(conn(), req(3, 0, "app-1", topics=[{"name": "payroll"}]))
-    assert isinstance(old, Forward) and [t.name for t in old.request.body.topics] == [
-        "payroll"]
+    assert isinstance(old, Respond)
+    assert [(t.name, t.error_code) for t in old.response.body.topics] == [
+        ("payroll", TOPIC_AUTHORIZATION_FAILED)]
 
 
 def test_a_group_member_subscribes_only_to_the_topics_it_may_use() -> None:

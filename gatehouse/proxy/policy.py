@@ -105,6 +105,7 @@ from gatehouse.rules.topics import (
     lookup_kind,
     map_parts,
     names_ids,
+    names_resources,
     names_topics,
     regex_subscription,
     topic_names,
@@ -802,12 +803,13 @@ class RulesPolicy(Policy):
         (the filter's rule refused it); None lets the request go on.  Such topics are
         hidden from every answer, so a client only names one it learned elsewhere.
 
-        Not Metadata: a client asks for the topics its application named, allowed or
-        not, in one request; the answer leaves out the ones it may not use, as it
-        leaves out another tenant's, and the client reports them unknown."""
+        Not Metadata (but v0, which reads no topics as every topic): a client asks for
+        the topics its application named, allowed or not, in one request; they go up
+        without the ones it may not use (``map_request``), and the client reports those
+        unknown."""
         topic_map = evaluation.topic_map
         if (evaluation.refusal is not None or topic_map is None or not topic_map.filters
-                or not req.known or req.api_key == METADATA):
+                or not req.known or (req.api_key == METADATA and req.api_version > 0)):
             return None
         bad_cursor = cursor_refusal(req, topic_map)
         denied = _denied_names(req, topic_map) if bad_cursor is None else (TOPIC, "")
@@ -903,9 +905,11 @@ def _filters_names_in(req: Request, topic_map: TopicMap) -> bool:
 
 
 def _may_name_ids(req: Request, kinds: frozenset[str]) -> bool:
-    """Whether ``req`` can hold ids of ``kinds``: FindCoordinator's keys, or fields."""
+    """Whether ``req`` can hold ids of ``kinds``: FindCoordinator's keys, fields, or
+    resources (ACLs', configs': their types say)."""
     return bool(kinds) and (req.api_key == FIND_COORDINATOR
-                            or names_ids(req.api.request, req.api_version, kinds))
+                            or names_ids(req.api.request, req.api_version, kinds)
+                            or names_resources(req.api.request, req.api_version))
 
 
 def _observes_ids(ruleset: RuleSet | None) -> bool:

@@ -506,6 +506,13 @@ def names_ids(message: MessageSpec, version: int, kinds: IdKinds) -> bool:
 
 
 @cache
+def names_resources(message: MessageSpec, version: int) -> bool:
+    """Whether ``version`` of ``message`` names resources (ACLs, configs): of groups and
+    transactional ids too, which their types say."""
+    return reaches_in(message, _is_resource_field, version)
+
+
+@cache
 def carries_ids(message: MessageSpec, kinds: IdKinds) -> bool:
     """Whether any version of ``message`` has an id of ``kinds`` in it."""
     return bool(kinds) and reaches(message, _predicates(kinds)[2])
@@ -693,9 +700,7 @@ def map_request(req: Request, mapping: TopicMap, state: dict[str, Any],
         mine = [t for t in body.topics if t.name is None or not mapping.denies(t.name)]
         kept = tuple(mapped for t, mapped in zip(body.topics, new.topics, strict=True)
                      if t.name is None or not mapping.denies(t.name))
-        # (v0 reads no topics as every topic: asked only for ones it may not use, such
-        # a client's request goes up as it is.)
-        if len(kept) != len(new.topics) and (kept or req.api_version > 0):
+        if len(kept) != len(new.topics):  # (not v0, which reads none as every topic)
             new = new.replace(topics=kept)
         if getattr(new, "allow_auto_topic_creation", False) and any(
                 t.name is not None and creation_denied(mapping, t.name) for t in mine):
