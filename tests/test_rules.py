@@ -429,6 +429,34 @@ def test_no_request_takes_a_hidden_name_to_the_broker(api_key: int, version: int
     check()
 
 
+@pytest.mark.parametrize(("api_key", "version"), NAMING_REQUESTS)
+def test_a_tenants_requests_name_only_its_own(api_key: int, version: int) -> None:
+    """Every request version of the tables that names topics, groups or transactional
+    ids, with random names: under a prefix that hides the others (groups and
+    transactional ids too), whatever goes up names only topics, groups and
+    transactional ids inside the prefix (another tenant's cannot be reached)."""
+    from tests.test_rules_topic_filter import conn
+
+    api = codecs.api(api_key)
+    policy = RulesPolicy(rules("- name: tenant\n  topic_prefix: {broker: 't.', hide_others: "
+                               "true, groups: true, transactional_ids: true}\n"))
+    kinds = frozenset(topic_maps._KINDS)
+
+    @few_examples(3)
+    @given(message_body(api.request, version))
+    def check(body: Any) -> None:
+        request = codecs.decode_request(bytes(codecs.Request.build(
+            api_key, version, 1, "c", body).encode()))
+        decision = policy.on_request(conn(), request)
+        if not isinstance(decision, Forward):
+            return
+        sent = codecs.decode_request(bytes(decision.request.encode()))
+        names = [*topic_names(sent), *(n for _, n in topic_maps.id_names(sent, kinds))]
+        assert all(n.startswith("t.") for n in names), names
+
+    check()
+
+
 def test_a_streams_topology_names_no_hidden_topic() -> None:
     """StreamsGroupDescribe v1's topology (KIP-1071): a node's source topics are a list
     (another tenant's dropped); its sink topic is no key of the node and may be null,
