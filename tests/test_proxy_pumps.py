@@ -20,6 +20,7 @@ from gatehouse.proxy.addresses import (
     address_apis,
     address_tags,
     carries_addresses,
+    rewrite_addresses,
 )
 from gatehouse.proxy.config import Limits
 from gatehouse.proxy.connection import ConnectionContext, ProxyConnection
@@ -216,6 +217,44 @@ def test_address_apis_found_from_tables() -> None:
     # Raft (controller-only) and Streams application endpoints are not broker addresses.
     assert not names & {"Vote", "BeginQuorumEpoch", "FetchSnapshot", "StreamsGroupHeartbeat"}
 
+
+
+ADDRESS_VERSIONS = [(k, v) for k in sorted(address_apis()) for v in codecs.api(k).versions
+                    if carries_addresses(k, v)]
+
+
+@pytest.mark.parametrize(("api_key", "version"), ADDRESS_VERSIONS)
+def test_every_broker_address_in_every_answer_is_rewritten(api_key: int, version: int) -> None:
+    """Every response version that can hold a broker's address, random bodies with the
+    broker's host in every host field and node ids of brokers: after the rewrite no
+    answer holds the broker's host (a client never learns a way around the proxy)."""
+    from hypothesis import HealthCheck, Phase, given, settings
+
+    from gatehouse.codecs.walk import rewrite
+    from tests.codec_strategies import message_body
+
+    api = codecs.api(api_key)
+
+    def brokers_everywhere(body: Any) -> Any:
+        def visit(struct: Any, record: Any) -> Any:
+            changes: dict[str, Any] = {"host": "broker.internal"}
+            for attr in ("node_id", "broker_id"):
+                if getattr(record, attr, None) is not None:
+                    changes[attr] = abs(getattr(record, attr)) % 1000
+            return record.replace(**changes)
+
+        return rewrite(api.response, version, body, lambda f: f.attr == "host", visit)
+
+    @settings(max_examples=3, deadline=None, database=None,
+              phases=(Phase.explicit, Phase.generate), suppress_health_check=list(HealthCheck))
+    @given(message_body(api.response, version))
+    def check(body: Any) -> None:
+        resp = codecs.Response.build(api_key, version, 1, brokers_everywhere(body))
+        shown, seen = rewrite_addresses(resp, lambda b: ("proxy.example", 19000 + b.node_id))
+        assert b"broker.internal" not in bytes(shown.encode())
+        assert all(b.host == "broker.internal" for b in seen)
+
+    check()
 
 
 def test_only_versions_with_node_endpoints_are_decoded_for_addresses() -> None:
