@@ -499,6 +499,46 @@ def test_a_tenant_reaches_no_topic_by_an_id_it_was_not_shown(api_key: int,
     check()
 
 
+OBSERVING = """\
+- {name: old, mode: observe, min_api_version: {Produce: 9, Fetch: 12, Metadata: 12}}
+- {name: new, mode: observe, max_api_version: {Metadata: 1}}
+- {name: edge, mode: observe, deny_apis: [CreateTopics, DeleteTopics, AlterConfigs]}
+- {name: tenant, mode: observe, topic_prefix: {broker: t., hide_others: true,
+   groups: true, transactional_ids: true}}
+- {name: mine, mode: observe, allow_topics: ['a\\..*'], allow_groups: ['a\\..*'],
+   allow_transactional_ids: ['a\\..*']}
+- {name: acl, mode: observe, acls: [{allow: [read], topics: ['a\\..*'],
+   groups: ['a\\..*']}, {allow: [describe], cluster: true}]}
+- {name: clients, mode: observe, min_client_software: {librdkafka: 9.0.0},
+   unknown_software: refuse}
+- {name: producers, mode: observe, produce_policy: {acks: all, idempotent: true}}
+- {name: records, mode: observe, validate_records: {value: json, key: {required: true}}}
+- {name: standards, mode: observe, topic_policy: {names: ['x'], partitions: {max: 1},
+   replication_factor: {min: 5}}}
+"""
+
+
+@pytest.mark.parametrize(("api_key", "version"), ALL_VERSIONS)
+def test_observe_mode_changes_no_request(api_key: int, version: int) -> None:
+    """Every request version, random bodies, under observe-mode rules of every kind
+    (versions, APIs, a prefix, filters, ACLs, client software, produce policy, record
+    validation, topic policy): each goes up as the client sent it, byte for byte."""
+    from tests.test_rules_topic_filter import conn
+
+    api = codecs.api(api_key)
+    policy = RulesPolicy(rules(OBSERVING))
+
+    @few_examples(2)
+    @given(message_body(api.request, version))
+    def check(body: Any) -> None:
+        wire = bytes(codecs.Request.build(api_key, version, 1, "c", body).encode())
+        decision = policy.on_request(conn(), codecs.decode_request(wire))
+        assert isinstance(decision, Forward), decision
+        assert bytes(decision.request.encode()) == wire
+
+    check()
+
+
 def test_a_streams_topology_names_no_hidden_topic() -> None:
     """StreamsGroupDescribe v1's topology (KIP-1071): a node's source topics are a list
     (another tenant's dropped); its sink topic is no key of the node and may be null,
