@@ -405,26 +405,36 @@ NAMING_REQUESTS = [(k, v) for k, v in ALL_VERSIONS
 HALF_HIDDEN_RULE = ("- name: mine\n  allow_topics: ['a\\..*']\n  allow_groups: ['a\\..*']\n"
                     "  allow_transactional_ids: ['a\\..*']\n")
 
+# The same names as ACLs: every operation on its own, creating some of them only; a
+# topic_policy on the topics it creates.
+HALF_HIDDEN_ACLS = ("- name: mine\n  acls:\n"
+                    "    - {allow: [all], topics: ['a\\..*'], groups: ['a\\..*'],"
+                    " transactional_ids: ['a\\..*']}\n"
+                    "    - {deny: [create], topics: ['a\\.seen[0-4].*']}\n"
+                    "  topic_policy: {names: ['a\\.seen[0-7].*']}\n")
+
 
 @pytest.mark.parametrize(("api_key", "version"), NAMING_REQUESTS)
 def test_no_request_takes_a_hidden_name_to_the_broker(api_key: int, version: int) -> None:
     """Every request version of the tables that names topics, groups or transactional
     ids, with random bodies whose names are half the client's, half ones it may not
-    use: under topic and id filters the request is answered by the proxy (refused) or
-    goes up without them (Metadata: the others dropped)."""
+    use: under topic and id filters, and under ACLs (with a topic_policy), the request
+    is answered by the proxy (refused) or goes up without them (Metadata: the others
+    dropped), and can be written."""
     from tests.test_rules_topic_filter import conn
 
     api = codecs.api(api_key)
-    policy = RulesPolicy(rules(HALF_HIDDEN_RULE))
+    policies = [RulesPolicy(rules(HALF_HIDDEN_RULE)), RulesPolicy(rules(HALF_HIDDEN_ACLS))]
 
     @few_examples(3)
     @given(message_body(api.request, version))
     def check(body: Any) -> None:
         request = codecs.decode_request(bytes(codecs.Request.build(
             api_key, version, 1, "c", names_half_hidden(api.request, version, body)).encode()))
-        decision = policy.on_request(conn(), request)
-        if isinstance(decision, Forward):
-            assert HIDDEN_MARK.encode() not in bytes(decision.request.encode())
+        for policy in policies:
+            decision = policy.on_request(conn(), request)
+            if isinstance(decision, Forward):
+                assert HIDDEN_MARK.encode() not in bytes(decision.request.encode())
 
     check()
 
@@ -1016,6 +1026,8 @@ def test_a_request_newer_than_the_tables_goes_on_unread_only_where_no_rule_must_
         ("- name: t\n  topic_policy: {partitions: {max: 3}}\n", creates,
          "the rules hold its topics to a topic_policy"),
         ("- name: t\n  topic_policy: {partitions: {max: 3}}\n", metadata, None),
+        ("- name: t\n  topic_policy: {names: ['[a-z.]+']}\n", metadata,
+         "the rules hold its topics to a topic_policy"),  # it may create topics
         ("- name: t\n  mode: observe\n  topic_prefix: tenant-a.\n", metadata, None),
         ("- name: t\n  topic_prefix: tenant-a.\n", unknown_key,
          "API key 999 is not in the proxy's tables"),

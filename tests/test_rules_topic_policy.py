@@ -35,6 +35,9 @@ POLICY = """\
 """
 
 
+NAMES_ONLY = "- name: names\n  topic_policy: {names: ['[a-z]+\\.[a-z0-9.-]+']}\n"
+
+
 def topic(name: str, partitions: int = 3, replicas: int = 1, **configs: str) -> dict[str, Any]:
     return {"name": name, "num_partitions": partitions, "replication_factor": replicas,
             "assignments": [], "configs": [{"name": k.replace("_", "."), "value": v}
@@ -294,6 +297,41 @@ def test_any_request_is_judged_and_every_answer_can_be_written(
                                                     context=decision.context), broker)
     back = codecs.decode_response(memoryview(bytes(answer.encode())), api_key, version)
     assert back.header.correlation_id == request.correlation_id
+
+
+def asking(*names: str, version: int = 12) -> codecs.Request:
+    if version < 4:
+        return req(3, version, "app", topics=[{"name": n} for n in names])
+    return req(3, version, "app", topics=[
+        {"name": n, "topic_id": "00000000-0000-0000-0000-000000000000"} for n in names],
+        allow_auto_topic_creation=True)
+
+
+@pytest.mark.parametrize(("policy", "names", "creates"), [
+    (POLICY, ["orders.eu"], False),  # cleanup.policy is required: none on request
+    (NAMES_ONLY, ["orders.eu"], True),
+    (NAMES_ONLY, ["orders.eu", "Orders_EU"], False),  # one name off the convention
+    (NAMES_ONLY.replace("- name", "- mode: observe\n  name"), ["Orders_EU"], True),
+])
+def test_metadata_creates_only_topics_the_policy_allows(policy: str, names: list[str],
+                                                        creates: bool) -> None:
+    """A broker creates the topics a Metadata request asks for
+    (auto.create.topics.enable), with its defaults: where the policy would refuse such
+    a topic (its name, a config it requires), the request goes up without
+    allow_auto_topic_creation, the topics that exist described as ever."""
+    decision = RulesPolicy(rules(policy)).on_request(conn(), asking(*names))
+    assert isinstance(decision, Forward)
+    assert [t.name for t in decision.request.body.topics] == names
+    assert decision.request.body.allow_auto_topic_creation is creates
+
+
+def test_metadata_before_v4_cannot_be_held() -> None:
+    """v1-v3 have no allow_auto_topic_creation (the broker creates what they ask for):
+    they go up as they are (their clients are from before Kafka 0.11)."""
+    request = asking("Orders_EU", version=3)
+    decision = RulesPolicy(rules(NAMES_ONLY)).on_request(conn(), request)
+    assert isinstance(decision, Forward)
+    assert bytes(decision.request.encode()) == bytes(request.encode())
 
 
 def test_a_policy_for_clients_named_by_their_client_id_gets_the_advice() -> None:

@@ -92,6 +92,7 @@ from gatehouse.rules.topics import (
     TOPIC,
     TRANSACTION,
     answer_hint,
+    asks_auto_creation,
     carries_ids,
     carries_topics,
     cursor_refusal,
@@ -567,6 +568,8 @@ class RulesPolicy(Policy):
         or, when none passes, the request's answer; with the outcomes to count."""
         if evaluation.refusal is not None or not req.known:
             return None
+        if req.api_key == METADATA:
+            return self._held_auto_creation(conn, req, evaluation)
         entries = entries_of(req)
         extra: list[Outcome] = []
         for rule, policy in evaluation.topic_policies_observed:
@@ -598,6 +601,28 @@ class RulesPolicy(Policy):
         if rest is None:
             return Respond(answer), outcomes
         return _Withholding(rest, answer, outcomes, merge=merged_by_policy)
+
+    def _held_auto_creation(self, conn: ConnectionInfo, req: Request,
+                            evaluation: Evaluation) -> _Withholding | None:
+        """A Metadata request that would have the brokers create a topic an enforced
+        ``topic_policy`` refuses (its name, a required config: auto.create.topics.enable
+        creates what Metadata asks for, with the brokers' defaults), sent on without
+        ``allow_auto_topic_creation``: such a topic is not created, the others are
+        described as they are.  Not counted as a refusal (the proxy cannot tell a topic
+        that would be created from one that exists); v1-v3 create without asking, so
+        cannot be held."""
+        body = req.body
+        if not asks_auto_creation(req) or not body.topics:
+            return None
+        for topic in body.topics:
+            for rule, policy in evaluation.topic_policies:
+                problem = topic.name and policy.auto_creation_problem(topic.name)
+                if problem:
+                    log_event(logger, logging.DEBUG, "topic creation on request turned off",
+                              rule=rule, reason=problem, **conn.describe())
+                    rest = req.replace(body=body.replace(allow_auto_topic_creation=False))
+                    return _Withholding(rest, None, evaluation.outcomes)
+        return None
 
     def _count_invalid(self, rule: str, mode: str,
                        judged: Mapping[PartitionKey, PartitionVerdict],

@@ -62,6 +62,7 @@ from gatehouse.rules.topics import (
     TopicFilter,
     TopicMap,
     names_ids,
+    names_resources,
     names_topics,
 )
 
@@ -232,8 +233,10 @@ def _names_kind(api_key: int, kind: str) -> bool:
     spec = APIS[api_key]
     for version in range(spec.versions.lo, spec.versions.hi + 1):
         for message in (spec.request, spec.response):
+            # (Resources name groups and transactional ids too: ACLs', configs'.)
             if (names_topics(message, version) if kind == TOPIC
-                    else names_ids(message, version, frozenset({kind}))):
+                    else names_ids(message, version, frozenset({kind}))
+                    or names_resources(message, version)):
                 return True
     return False
 

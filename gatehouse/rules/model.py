@@ -39,7 +39,7 @@ Mode = Literal["enforce", "observe"]
 # throttle: a quota held the client's next request back (observe mode: would have).
 Effect = Literal["refuse", "rewrite", "pass", "throttle"]
 API_VERSIONS = 18
-PRODUCE = 0
+PRODUCE, METADATA = 0, 3
 
 
 @dataclass(frozen=True)
@@ -410,7 +410,9 @@ class RuleSet:
             if key == PRODUCE and rule.validate_records is not None:
                 (validations if rule.mode == "enforce" else validations_observed).append(
                     (rule.name, rule.validate_records))
-            if key in POLICY_APIS and rule.topic_policy is not None:
+            # (Metadata: the topics the brokers create because it asks for them.)
+            if rule.topic_policy is not None and (key in POLICY_APIS or (
+                    key == METADATA and rule.topic_policy.judges_auto_creation)):
                 (topic_policies if rule.mode == "enforce" else topic_policies_observed).append(
                     (rule.name, rule.topic_policy))
             for r in found:

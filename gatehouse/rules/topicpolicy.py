@@ -123,11 +123,36 @@ class TopicPolicy:
             return None
         return self._altered(entry, api_key == INCREMENTAL_ALTER_CONFIGS)
 
-    def _created(self, topic: Any) -> str | None:
-        name = topic.name
+    @property
+    def judges_auto_creation(self) -> bool:
+        """Whether a topic created on request could break it (``auto_creation_problem``):
+        it has a naming rule or requires a config."""
+        return self.names is not None or any(c.required for c in self.configs.values())
+
+    def auto_creation_problem(self, name: str) -> str | None:
+        """What a topic the brokers would create because a Metadata request asked for it
+        (auto.create.topics.enable) breaks: its name, or a config the policy requires
+        (such a topic takes the brokers' defaults, as CreateTopics' -1 counts and sizes
+        do)."""
+        problem = self._name_problem(name)
+        if problem is None:
+            required = sorted(c for c, check in self.configs.items() if check.required)
+            if required:
+                problem = (f"topic {name}: created on request it would have none of the "
+                           f"configs required ({', '.join(required)})")
+        return problem
+
+    def _name_problem(self, name: str) -> str | None:
         if self.names is not None and not any(p.fullmatch(name) for p in self.names):
             patterns = ", ".join(p.pattern for p in self.names)
             return f"topic name {name!r} does not match the naming rule ({patterns})"
+        return None
+
+    def _created(self, topic: Any) -> str | None:
+        name = topic.name
+        problem = self._name_problem(name)
+        if problem is not None:
+            return problem
         assignments = topic.assignments or ()
         partitions = len(assignments) if assignments else topic.num_partitions
         replicas = (len(assignments[0].broker_ids) if assignments

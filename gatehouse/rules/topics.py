@@ -702,7 +702,7 @@ def map_request(req: Request, mapping: TopicMap, state: dict[str, Any],
                      if t.name is None or not mapping.denies(t.name))
         if len(kept) != len(new.topics):  # (not v0, which reads none as every topic)
             new = new.replace(topics=kept)
-        if getattr(new, "allow_auto_topic_creation", False) and any(
+        if asks_auto_creation(req) and any(
                 t.name is not None and creation_denied(mapping, t.name) for t in mine):
             # Kafka's ACLs: a topic a Metadata request would create needs create on it.
             new = new.replace(allow_auto_topic_creation=False)
@@ -723,6 +723,13 @@ def map_request(req: Request, mapping: TopicMap, state: dict[str, Any],
             new = new.replace(cursor=cursor.default.replace(topic_name=start,
                                                             partition_index=0))
     return req if new is body else req.replace(body=new)
+
+
+def asks_auto_creation(req: Request) -> bool:
+    """Whether a Metadata request asks the brokers to create the topics it names that
+    do not exist, and may be told not to (``allow_auto_topic_creation``, v4+: before,
+    brokers create them unasked)."""
+    return req.api_version >= 4 and bool(req.body.allow_auto_topic_creation)
 
 
 # ``map_response``'s hint for the answer to a DescribeTopicPartitions of every topic

@@ -140,3 +140,30 @@ def test_topics_are_created_and_changed_only_as_the_policy_says(
     assert topic_config(direct, ok, "cleanup.policy") == "compact,delete"
     reasons = [f["reason"] for f in logged(caplog, "refused") if f.get("rule") == "topic-standards"]
     assert any("partition count 48" in r for r in reasons)
+
+
+def test_topics_created_on_request_follow_the_naming_rule(kafka: KafkaCluster) -> None:
+    """The broker creates a topic a producer asks Metadata for
+    (auto.create.topics.enable, Kafka's default, as here): through the proxy, one
+    whose name breaks the naming rule is not created (librdkafka's record to it
+    fails), one that follows it is; with a config the policy requires, none is (a
+    topic created on request has none)."""
+    names_only = "- name: names\n  topic_policy: {names: ['team\\.[a-z0-9.-]+']}\n"
+    tag = unique("x").replace("-", "")
+    bad, good, required = f"Team_{tag}", f"team.{tag}", f"team.req{tag}"
+
+    def produce_to(rules: str, topic: str) -> ck.KafkaError | None:
+        errors: list[ck.KafkaError | None] = []
+        with ProxyThread(kafka.bootstrap, rules_yaml=rules) as proxy:
+            producer = ck.Producer({"bootstrap.servers": proxy.bootstrap, "log_level": 0,
+                                    "message.timeout.ms": 4000})
+            producer.produce(topic, b"x", on_delivery=lambda err, _m: errors.append(err))
+            producer.flush(20)
+        assert len(errors) == 1
+        return errors[0]
+
+    assert produce_to(names_only, bad) is not None
+    assert produce_to(names_only, good) is None
+    assert produce_to(RULES, required) is not None
+    topics = AdminClient({"bootstrap.servers": kafka.bootstrap}).list_topics(timeout=10).topics
+    assert good in topics and bad not in topics and required not in topics
