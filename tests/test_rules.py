@@ -718,6 +718,35 @@ def test_kip848_regex_subscription_under_a_rename_is_refused_clearly() -> None:
     assert not isinstance(forwarded, Respond)
 
 
+def test_a_streams_topology_with_a_source_regex_under_a_prefix_is_refused() -> None:
+    """KIP-1071: a Streams group's topology may read every topic a regex matches, which
+    the broker matches against all of them (another tenant's too): under a prefix the
+    heartbeat is refused, as a KIP-848 regex subscription; one naming its topics goes
+    on with them prefixed."""
+    policy = RulesPolicy(rules("- name: t\n  topic_prefix: {broker: 't.', hide_others: true}\n"))
+    conn = ConnectionInfo(id=1, client="127.0.0.1:1", listener="bootstrap")
+
+    def heartbeat(**subtopology: Any) -> codecs.Request:
+        return req(88, 0, group_id="app", member_id="m", member_epoch=0,
+                   endpoint_information_epoch=0, instance_id=None, rack_id=None,
+                   rebalance_timeout_ms=30000, topology={"epoch": 1, "subtopologies": [{
+                       "subtopology_id": "0", "source_topics": [], "source_topic_regex": [],
+                       "state_changelog_topics": [], "repartition_sink_topics": [],
+                       "repartition_source_topics": [], "copartition_groups": [],
+                       **subtopology}]},
+                   active_tasks=None, standby_tasks=None, warmup_tasks=None,
+                   process_id="p", user_endpoint=None, client_tags=None, task_offsets=None,
+                   task_end_offsets=None, shutdown_application=False)
+
+    decision = policy.on_request(conn, heartbeat(source_topic_regex=["orders-.*"]))
+    assert isinstance(decision, Respond)
+    assert decision.response.body.error_code == 42  # INVALID_REQUEST
+    assert "regex subscription 'orders-.*'" in decision.response.body.error_message
+    named = policy.on_request(conn, heartbeat(source_topics=["orders"]))
+    assert isinstance(named, Forward)
+    assert named.request.body.topology.subtopologies[0].source_topics == ("t.orders",)
+
+
 def test_policy_closes_when_the_refused_version_is_unknown_to_the_codec() -> None:
     # Produce v2 left the specs in Kafka 4.0: no table to build its error response from.
     policy = RulesPolicy(rules(ISSUE_EXAMPLE))

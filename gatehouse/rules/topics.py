@@ -47,6 +47,7 @@ TOPIC_RESOURCE = 2
 PRODUCE, METADATA, FIND_COORDINATOR, JOIN_GROUP, SYNC_GROUP, DESCRIBE_GROUPS = (
     0, 3, 10, 11, 14, 15)
 DESCRIBE_TOPIC_PARTITIONS = 75
+CONSUMER_GROUP_HEARTBEAT, STREAMS_GROUP_HEARTBEAT = 68, 88
 CONSUMER = consumer.CONSUMER_PROTOCOL_TYPE
 
 # The other kinds of names a prefix may map besides topics (and topics themselves, where
@@ -973,10 +974,17 @@ def _map_bytes(data: Any, decode: Callable[[Any], Any], fn: Callable[[str], str 
 
 
 def regex_subscription(req: Request) -> str | None:
-    """The KIP-848 regex a ConsumerGroupHeartbeat subscribes with, if any."""
-    if req.api_key != 68:
-        return None
-    return getattr(req.body, "subscribed_topic_regex", None) or None
+    """A regex a group subscribes with, matched by the broker against every topic: a
+    ConsumerGroupHeartbeat's (KIP-848), or the first of a StreamsGroupHeartbeat's
+    topology's source topic regexes (KIP-1071); None when there is none."""
+    if req.api_key == CONSUMER_GROUP_HEARTBEAT:
+        return getattr(req.body, "subscribed_topic_regex", None) or None
+    if req.api_key == STREAMS_GROUP_HEARTBEAT and req.body.topology is not None:
+        for subtopology in req.body.topology.subtopologies:
+            for regex in subtopology.source_topic_regex or ():
+                if regex:
+                    return str(regex)
+    return None
 
 
 def id_names(req: Request, kinds: IdKinds) -> list[tuple[str, str]]:
