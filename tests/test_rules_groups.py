@@ -288,3 +288,20 @@ def test_a_large_transactional_produce_request_goes_up_with_the_brokers_transact
         assert renamed.topic_data[0].partition_data[0].records == records
         if version < 13:
             assert renamed.topic_data[0].name == "tenant.orders"
+
+
+def test_a_transactional_id_pattern_is_matched_after_the_prefix() -> None:
+    """ListTransactions v2 (KIP-1152) filters by a regex over the broker's ids, which
+    hold the prefix: the tenant's pattern goes up after the prefix, quoted as Java's
+    regexes quote (\\Q...\\E); without transactional_ids in the prefix it is left as is."""
+    def asked(text: str) -> Any:
+        decision = RulesPolicy(rules(text)).on_request(
+            ConnectionInfo(id=1, client="127.0.0.1:1", listener="bootstrap"),
+            req(66, 2, state_filters=[], producer_id_filters=[], duration_filter=-1,
+                transactional_id_pattern="pay.*"))
+        assert isinstance(decision, Forward)
+        return decision.request.body.transactional_id_pattern
+
+    assert asked("- name: t\n  topic_prefix: {broker: 't.', transactional_ids: true}\n") == (
+        "\\Qt.\\E(?:pay.*)")
+    assert asked("- name: t\n  topic_prefix: {broker: 't.', groups: true}\n") == "pay.*"

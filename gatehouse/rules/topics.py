@@ -48,6 +48,7 @@ PRODUCE, METADATA, FIND_COORDINATOR, JOIN_GROUP, SYNC_GROUP, DESCRIBE_GROUPS = (
     0, 3, 10, 11, 14, 15)
 DESCRIBE_TOPIC_PARTITIONS = 75
 CONSUMER_GROUP_HEARTBEAT, STREAMS_GROUP_HEARTBEAT = 68, 88
+LIST_TRANSACTIONS = 66
 CONSUMER = consumer.CONSUMER_PROTOCOL_TYPE
 
 # The other kinds of names a prefix may map besides topics (and topics themselves, where
@@ -656,7 +657,7 @@ def map_request(req: Request, mapping: TopicMap, state: dict[str, Any],
     kinds = mapping.id_kinds
     if not (names_topics(api.request, req.api_version) or (kinds and (
             names_ids(api.request, req.api_version, kinds)
-            or req.api_key == FIND_COORDINATOR))):
+            or req.api_key in (FIND_COORDINATOR, LIST_TRANSACTIONS)))):
         return req  # not even decoded
     if req.api_key == PRODUCE and not req.body_decoded and req.frame is not None:
         # The names changed in the bytes: the records are copied, not decoded and encoded.
@@ -694,6 +695,13 @@ def map_request(req: Request, mapping: TopicMap, state: dict[str, Any],
                              mapping.to_broker, stats)
         elif protocol_type is not None:
             stats.unknown_protocol_bytes += 1
+    elif (req.api_key == LIST_TRANSACTIONS and req.api_version >= 2
+          and body.transactional_id_pattern
+          and (prefix := mapping.id_to_broker(TRANSACTION, ""))):
+        # KIP-1152: a regex over the broker's transactional ids, which hold the prefix
+        # (Java's \Q...\E quotes it: the tenant's pattern is matched after it).
+        new = new.replace(transactional_id_pattern=(
+            f"\\Q{prefix}\\E(?:{body.transactional_id_pattern})"))
     elif req.api_key == METADATA and body.topics and mapping.filters:
         # A name the client may not use goes no further: the answer would leave it out
         # anyway, and a broker that creates the topics Metadata asks for

@@ -5,6 +5,7 @@ never sees or touches another tenant's groups."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import confluent_kafka as ck
@@ -190,6 +191,12 @@ def test_a_tenants_transactions_live_under_its_prefix(kafka: KafkaCluster) -> No
         seen = transactions(proxy.bootstrap, "a-admin")
         assert {tx, tx_java} <= seen.keys() and theirs not in seen  # its own, by its names
         assert transactions(proxy.bootstrap, "a-admin", tx)[tx] == (0, "CompleteCommit")
+        # KIP-1152: a pattern over its own names (the broker's hold the prefix).
+        matched = call(proxy.bootstrap, 66, 2, {
+            "state_filters": [], "producer_id_filters": [],
+            "transactional_id_pattern": re.escape(tx_java).replace("\\-", "-")},
+            "a-admin")
+        assert [t.transactional_id for t in matched.transaction_states] == [tx_java]
 
     on_broker = transactions(kafka.bootstrap, "ops", "a." + tx, "a." + tx_java, tx)
     assert on_broker["a." + tx] == (0, "CompleteCommit")
