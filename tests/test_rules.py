@@ -335,8 +335,10 @@ def test_response_topic_names_unprefixed(api_key: int, version: int) -> None:
 HIDDEN_MARK = "b.hidden"
 
 
-# Resource types whose names are a topic's, a group's or a transactional id's.
-NAMED_RESOURCES = frozenset({2, 3, 5, 32})
+# Resource types whose names are a topic's, a group's or a transactional id's: in ACLs
+# (TOPIC 2, GROUP 3, TRANSACTIONAL_ID 5) and in configs (TOPIC 2, GROUP 32; 5 is no
+# config resource: a broker refuses it).
+ACL_NAMED_RESOURCES, CONFIG_NAMED_RESOURCES = frozenset({2, 3, 5}), frozenset({2, 32})
 
 
 def names_half_hidden(message: Any, version: int, body: Any) -> Any:
@@ -344,6 +346,7 @@ def names_half_hidden(message: Any, version: int, body: Any) -> Any:
     names of resources of those) replaced by one of a tenant's (``a.``) or of another
     tenant's (``HIDDEN_MARK``), by turns."""
     turn = iter(range(1 << 30))
+    named_types = ACL_NAMED_RESOURCES if "Acl" in message.name else CONFIG_NAMED_RESOURCES
 
     def name() -> str:
         n = next(turn)
@@ -355,7 +358,7 @@ def names_half_hidden(message: Any, version: int, body: Any) -> Any:
 
     def visit(struct: Any, record: Any) -> Any:
         changes: dict[str, Any] = {}
-        named_resource = topic_maps._resource_type(record) in NAMED_RESOURCES
+        named_resource = topic_maps._resource_type(record) in named_types
         for f in struct.fields:
             value = getattr(record, f.attr, None)
             if value is None or not is_name(f) or (topic_maps._is_resource_field(f)
