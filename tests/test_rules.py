@@ -790,6 +790,12 @@ def test_a_reload_where_the_brokers_see_one_user_advises_cluster_acls(
                   if r.getMessage() == "rules advice"]
         assert len(advice) == advised and all(
             "rule a: its acls say nothing of the cluster" in text for text in advice), advice
+    # A tenant's prefix says nothing of the cluster either.
+    tenant = rules("- name: t\n  match: {principal: '^t$'}\n  topic_prefix: "
+                   "{broker: 't.', hide_others: true, groups: true, transactional_ids: true}\n")
+    assert tenant.advice() == []
+    [advised_tenant] = tenant.advice(shared_identity=True)
+    assert "rule t: it keeps tenants apart (hide_others) but has no acls" in advised_tenant
 
 
 # One rule per thing a rule can look at (and two that look at no fact of the client).

@@ -178,6 +178,39 @@ def test_group_and_transaction_resources_of_acls_and_configs_are_prefixed_others
     assert [r.resource_name for r in mapped.body.resources] == ["tenant.g", "tenant.t", "1"]
 
 
+@pytest.mark.parametrize(("resource_type", "name", "pattern", "refused"), [
+    (2, "orders", 3, False),  # LITERAL: tenant.orders only
+    (2, "", 4, False),  # PREFIXED "": everything under tenant.
+    (3, "g", 3, False),
+    (2, None, 3, True),  # no name: every topic's ACLs
+    (2, "orders", 2, True),  # MATCH: the wildcard's and covering prefixes' too
+    (2, "orders", 1, True),  # ANY
+    (1, "orders", 3, True),  # any resource type
+    (3, None, 4, True),  # groups are the tenant's (groups: true)
+    (4, None, 1, False),  # the cluster's: no tenant's names (the brokers decide)
+])
+def test_a_tenants_delete_acls_filter_stays_inside_its_prefix(
+        resource_type: int, name: str | None, pattern: int, refused: bool) -> None:
+    """Under a prefix that hides the others, a DeleteAcls filter that could match ACLs
+    outside the prefix (another tenant's, the wildcard's) is refused with
+    INVALID_REQUEST, whatever the brokers would let the proxy's user delete."""
+    from gatehouse.proxy.hooks import Respond
+
+    policy = RulesPolicy(rules("- name: t\n  topic_prefix: {broker: 'tenant.', hide_others: "
+                               "true, groups: true}\n"))
+    conn = ConnectionInfo(id=1, client="127.0.0.1:1", listener="bootstrap")
+    decision = policy.on_request(conn, req(31, 3, filters=[{
+        "resource_type_filter": resource_type, "resource_name_filter": name,
+        "pattern_type_filter": pattern, "principal_filter": None, "host_filter": None,
+        "operation": 1, "permission_type": 1}]))
+    if refused:
+        assert isinstance(decision, Respond)
+        [result] = decision.response.body.filter_results
+        assert result.error_code == 42 and "other tenants' ACLs" in result.error_message
+    else:
+        assert isinstance(decision, Forward)
+
+
 def test_a_heartbeat_goes_up_with_the_brokers_group_and_its_answer_is_not_decoded() -> None:
     policy = RulesPolicy(rules('- name: t\n  topic_prefix: {broker: "tenant.", groups: true}\n'))
     conn = ConnectionInfo(id=1, client="127.0.0.1:1", listener="bootstrap")

@@ -91,6 +91,7 @@ from gatehouse.rules.topics import (
     ID_FILTER_KEYS,
     TOPIC,
     TRANSACTION,
+    acl_filter_reach,
     answer_hint,
     asks_auto_creation,
     carries_ids,
@@ -309,9 +310,11 @@ class RulesPolicy(Policy):
                 return Forward(req, wants_response=True, context=_LEARN_IDS)
             return Forward(req)
         regex = regex_subscription(req)
-        if regex is not None:
-            message = (f"regex subscription {regex!r} cannot be rewritten safely under topic "
-                       "renames/prefixes; subscribe to topic names instead")
+        message = (None if regex is None else
+                   f"regex subscription {regex!r} cannot be rewritten safely under topic "
+                   "renames/prefixes; subscribe to topic names instead")
+        message = message or acl_filter_reach(req, topic_map)
+        if message is not None:
             self._log_refusal(conn, req, "topic-map", message, observe=False)
             return Respond(error_response(req, INVALID_REQUEST, message))
         mapped = map_request(req, topic_map, conn.state, self.stats)

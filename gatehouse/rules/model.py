@@ -509,14 +509,21 @@ class RuleSet:
         return f"{self.source}:{rule.line}" if rule.line is not None else self.source
 
     def _shared_identity_advice(self) -> list[str]:
-        """Enforced rules whose ``acls`` keep clients to some names but say nothing of
-        the cluster, whose APIs (ACLs, SCRAM credentials, quotas, the brokers' configs)
-        are then whatever the proxy's user may do."""
+        """Enforced rules whose ``acls`` keep clients to some names, or whose prefix
+        keeps tenants apart, but say nothing of the cluster, whose APIs (ACLs, SCRAM
+        credentials, quotas, the brokers' configs) are then whatever the proxy's user
+        may do."""
         out = []
         for rule in self.rules:
-            if rule.mode != "enforce" or rule.api_maps is None or rule.acls_name_cluster:
+            if rule.mode != "enforce" or rule.acls_name_cluster:
                 continue
-            out.append(f"{self._where(rule)}: rule {rule.name}: its acls say nothing of the cluster, and "
+            if rule.api_maps is not None:
+                what = "its acls say nothing of the cluster"
+            elif rule.topic_map is not None and _hiding_prefix(rule.topic_map):
+                what = "it keeps tenants apart (hide_others) but has no acls for the cluster"
+            else:
+                continue
+            out.append(f"{self._where(rule)}: rule {rule.name}: {what}, and "
                        "with sasl.upstream the brokers see the proxy's user for every "
                        "client: the cluster's APIs (ACLs, SCRAM credentials, quotas, the "
                        "brokers' configs) are whatever that user may do; add an entry with "

@@ -995,6 +995,31 @@ def regex_subscription(req: Request) -> str | None:
     return None
 
 
+DELETE_ACLS = 31
+_ANY, _MATCH = 1, 2  # ACL filters: resource type ANY; pattern types ANY and MATCH
+_ACL_RESOURCE_TYPES = {GROUP: 3, TRANSACTION: 5}
+
+
+def acl_filter_reach(req: Request, mapping: TopicMap) -> str | None:
+    """Why a DeleteAcls request under a prefix that hides the others is refused: one of
+    its filters may match ACLs outside the prefix (another tenant's, the wildcard's),
+    which no mapping of names can keep it from: any resource type, no name, or pattern
+    type ANY or MATCH (MATCH takes the wildcard and the prefixed ACLs that cover the
+    name too).  None when every filter stays inside."""
+    if req.api_key != DELETE_ACLS or not _shown_prefix(mapping):
+        return None
+    mapped = {TOPIC_RESOURCE} | {t for k, t in _ACL_RESOURCE_TYPES.items()
+                                 if k in mapping.id_kinds}
+    for f in req.body.filters:
+        if f.resource_type_filter == _ANY or (
+                f.resource_type_filter in mapped
+                and (f.resource_name_filter is None or f.pattern_type_filter in (_ANY, _MATCH))):
+            return ("a DeleteAcls filter of any resource type, of no name, or of pattern "
+                    "type ANY or MATCH may delete other tenants' ACLs: name the resource "
+                    "type and name, with pattern type LITERAL or PREFIXED")
+    return None
+
+
 def id_names(req: Request, kinds: IdKinds) -> list[tuple[str, str]]:
     """Every (kind, id) of ``kinds`` a request names: the fields the specs mark as group
     ids or transactional ids, resources of those types (ACLs, configs), and a
