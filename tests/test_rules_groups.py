@@ -211,6 +211,26 @@ def test_a_tenants_delete_acls_filter_stays_inside_its_prefix(
         assert isinstance(decision, Forward)
 
 
+def test_a_tenants_leader_election_names_its_partitions() -> None:
+    """ElectLeaders of no partitions named is every partition's, other tenants' too:
+    refused under a prefix that hides the others; one that names its own goes on,
+    prefixed."""
+    from gatehouse.proxy.hooks import Respond
+
+    policy = RulesPolicy(rules("- name: t\n  topic_prefix: {broker: 'tenant.', hide_others: "
+                               "true}\n"))
+    conn = ConnectionInfo(id=1, client="127.0.0.1:1", listener="bootstrap")
+    every = policy.on_request(conn, req(43, 2, election_type=0, topic_partitions=None,
+                                        timeout_ms=1000))
+    assert isinstance(every, Respond)
+    assert every.response.body.error_code == 42
+    named = policy.on_request(conn, req(43, 2, election_type=0, timeout_ms=1000,
+                                        topic_partitions=[{"topic": "orders",
+                                                           "partitions": [0]}]))
+    assert isinstance(named, Forward)
+    assert named.request.body.topic_partitions[0].topic == "tenant.orders"
+
+
 def test_a_heartbeat_goes_up_with_the_brokers_group_and_its_answer_is_not_decoded() -> None:
     policy = RulesPolicy(rules('- name: t\n  topic_prefix: {broker: "tenant.", groups: true}\n'))
     conn = ConnectionInfo(id=1, client="127.0.0.1:1", listener="bootstrap")

@@ -91,7 +91,6 @@ from gatehouse.rules.topics import (
     ID_FILTER_KEYS,
     TOPIC,
     TRANSACTION,
-    acl_filter_reach,
     answer_hint,
     asks_auto_creation,
     carries_ids,
@@ -109,6 +108,7 @@ from gatehouse.rules.topics import (
     names_ids,
     names_resources,
     names_topics,
+    reach_outside,
     regex_subscription,
     topic_names,
 )
@@ -313,7 +313,7 @@ class RulesPolicy(Policy):
         message = (None if regex is None else
                    f"regex subscription {regex!r} cannot be rewritten safely under topic "
                    "renames/prefixes; subscribe to topic names instead")
-        message = message or acl_filter_reach(req, topic_map)
+        message = message or reach_outside(req, topic_map)
         if message is not None:
             self._log_refusal(conn, req, "topic-map", message, observe=False)
             return Respond(error_response(req, INVALID_REQUEST, message))

@@ -995,18 +995,24 @@ def regex_subscription(req: Request) -> str | None:
     return None
 
 
-DELETE_ACLS = 31
+DELETE_ACLS, ELECT_LEADERS = 31, 43
 _ANY, _MATCH = 1, 2  # ACL filters: resource type ANY; pattern types ANY and MATCH
 _ACL_RESOURCE_TYPES = {GROUP: 3, TRANSACTION: 5}
 
 
-def acl_filter_reach(req: Request, mapping: TopicMap) -> str | None:
-    """Why a DeleteAcls request under a prefix that hides the others is refused: one of
-    its filters may match ACLs outside the prefix (another tenant's, the wildcard's),
-    which no mapping of names can keep it from: any resource type, no name, or pattern
-    type ANY or MATCH (MATCH takes the wildcard and the prefixed ACLs that cover the
-    name too).  None when every filter stays inside."""
-    if req.api_key != DELETE_ACLS or not _shown_prefix(mapping):
+def reach_outside(req: Request, mapping: TopicMap) -> str | None:
+    """Why a request that changes things under a prefix that hides the others is
+    refused: it may reach outside the prefix (another tenant's), which no mapping of
+    names can keep it from.  A DeleteAcls filter of any resource type, of no name, or
+    of pattern type ANY or MATCH (MATCH takes the wildcard's and the covering prefixed
+    ACLs too); an ElectLeaders of no partitions named (every partition's).  None when
+    it stays inside."""
+    if req.api_key not in (DELETE_ACLS, ELECT_LEADERS) or not _shown_prefix(mapping):
+        return None
+    if req.api_key == ELECT_LEADERS:
+        if req.body.topic_partitions is None:
+            return ("an ElectLeaders of every partition reaches other tenants' topics: "
+                    "name the topics and partitions")
         return None
     mapped = {TOPIC_RESOURCE} | {t for k, t in _ACL_RESOURCE_TYPES.items()
                                  if k in mapping.id_kinds}
