@@ -706,13 +706,12 @@ def map_request(req: Request, mapping: TopicMap, state: dict[str, Any],
         # A name the client may not use goes no further: the answer would leave it out
         # anyway, and a broker that creates the topics Metadata asks for
         # (auto.create.topics.enable, Kafka's default) would create it.
-        mine = [t for t in body.topics if t.name is None or not mapping.denies(t.name)]
-        kept = tuple(mapped for t, mapped in zip(body.topics, new.topics, strict=True)
-                     if t.name is None or not mapping.denies(t.name))
-        if len(kept) != len(new.topics):  # (not v0, which reads none as every topic)
-            new = new.replace(topics=kept)
+        usable = [(t, mapped) for t, mapped in zip(body.topics, new.topics, strict=True)
+                  if t.name is None or not mapping.denies(t.name)]
+        if len(usable) != len(new.topics):  # (v0, which reads none as every topic, is
+            new = new.replace(topics=tuple(mapped for _, mapped in usable))  # refused)
         if asks_auto_creation(req) and any(
-                t.name is not None and creation_denied(mapping, t.name) for t in mine):
+                t.name is not None and creation_denied(mapping, t.name) for t, _ in usable):
             # Kafka's ACLs: a topic a Metadata request would create needs create on it.
             new = new.replace(allow_auto_topic_creation=False)
     elif is_every_topic_listing(req):
