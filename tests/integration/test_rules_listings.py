@@ -5,6 +5,8 @@ tenant sees all of its own, without the prefix, and nothing of another's."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tests.integration.test_rules_groups import RULES
 from tests.integration.test_rules_topic_ids import call
 from tests.support.clients import unique
@@ -108,3 +110,29 @@ def test_every_topic_under_a_filter_goes_on_past_hidden_topics(kafka: KafkaClust
         "topics": [], "response_partition_limit": 2,
         "cursor": {"topic_name": shown[0], "partition_index": 0}}, client_id="ops")
     assert shown[0] in [t.name for t in asked.topics]
+
+
+def test_the_java_topic_command_describes_through_a_filter_page_by_page(
+        kafka: KafkaCluster, tmp_path: Path) -> None:
+    """Kafka's TopicCommand lists the topics (Metadata) and describes them by name with
+    DescribeTopicPartitions, a page of --partition-size-limit-per-response partitions
+    at a time (its cursor at one of the topics it named): through a filter it describes
+    every partition of the allowed topics, and nothing of the denied one."""
+    tag = unique("jdesc").replace("-", "")
+    shown, denied = [f"{tag}.a", f"{tag}.b"], f"{tag}.hidden"
+    for topic in (*shown, denied):
+        kafka.create_topic(topic, partitions=3)
+    rules = (f"- name: no-hidden\n  match: {{client_id: '^filtered$'}}\n"
+             f"  deny_topics: ['{tag}\\.hidden']\n")
+    settings = tmp_path / "admin.properties"
+    settings.write_text("client.id=filtered\n")
+    with ProxyThread(kafka.bootstrap, rules_yaml=rules) as proxy:
+        java = kafka.run_java_tool(
+            "org.apache.kafka.tools.TopicCommand", "--bootstrap-server", proxy.bootstrap,
+            "--command-config", str(settings), "--describe", "--topic", f"{tag}\\..*",
+            "--partition-size-limit-per-response", "2", timeout=120)
+    assert java.returncode == 0, java.stderr[-2000:]
+    described = [(line.split("Topic: ")[1].split()[0], line.split("Partition: ")[1].split()[0])
+                 for line in java.stdout.splitlines() if "Partition: " in line]
+    assert sorted(described) == sorted((t, str(p)) for t in shown for p in range(3))
+    assert denied not in java.stdout
