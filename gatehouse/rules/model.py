@@ -32,7 +32,7 @@ from gatehouse.rules.topics import (
     Prefix,
     Rename,
     TopicMap,
-    map_parts,
+    hiding_prefix,
 )
 
 Mode = Literal["enforce", "observe"]
@@ -497,7 +497,7 @@ class RuleSet:
                            "certificate) or source instead")
             shared = [key for key, kind in (("groups", GROUP), ("transactional_ids", TRANSACTION))
                       if kind not in topic_map.id_kinds]
-            if shared and _hiding_prefix(topic_map):
+            if shared and hiding_prefix(topic_map):
                 out.append(f"{where}: rule {rule.name}: hides other tenants' topics but "
                            f"their {' and '.join(shared).replace('_', ' ')} stay shared: "
                            f"add {', '.join(key + ': true' for key in shared)}")
@@ -519,7 +519,7 @@ class RuleSet:
                 continue
             if rule.api_maps is not None:
                 what = "its acls say nothing of the cluster"
-            elif rule.topic_map is not None and _hiding_prefix(rule.topic_map):
+            elif rule.topic_map is not None and hiding_prefix(rule.topic_map):
                 what = "it keeps tenants apart (hide_others) but has no acls for the cluster"
             else:
                 continue
@@ -563,12 +563,6 @@ def _software_refusal(rule: Rule, facts: ClientFacts) -> str | None:
 
 def _minimums(rule: Rule) -> str:
     return ", ".join(f"{n} >= {v}" for n, v in rule.min_client_software_text.items())
-
-
-def _hiding_prefix(topic_map: TopicMap) -> bool:
-    """A tenant prefix with ``hide_others`` (a topic filter hides too, but keeps no
-    tenants apart by name)."""
-    return any(isinstance(m, Prefix) and m.hide_others for m in map_parts(topic_map))
 
 
 def _compose(maps: Sequence[TopicMap]) -> TopicMap | None:

@@ -42,6 +42,7 @@ from gatehouse.codecs import (
 from gatehouse.codecs.errors import ProtocolError
 from gatehouse.codecs.walk import reaches, reaches_in, rewrite
 from gatehouse.rules import cursors
+from gatehouse.rules.errors import has_field
 
 TOPIC_RESOURCE = 2
 PRODUCE, METADATA, FIND_COORDINATOR, JOIN_GROUP, SYNC_GROUP, DESCRIBE_GROUPS = (
@@ -721,7 +722,7 @@ def map_request(req: Request, mapping: TopicMap, state: dict[str, Any],
             name = cursors.unseal(body.cursor.topic_name)
             if name is not None:
                 new = new.replace(cursor=new.cursor.replace(topic_name=name))
-        elif new.cursor is None and (start := _shown_prefix(mapping)):
+        elif new.cursor is None and (start := hiding_prefix(mapping)):
             # Every topic, a page at a time in name order: a prefix's topics are
             # together, so the listing starts at the prefix (the broker takes a cursor
             # at a name that is no topic); the answer's cursor at another tenant's
@@ -737,7 +738,8 @@ def asks_auto_creation(req: Request) -> bool:
     """Whether a Metadata request asks the brokers to create the topics it names that
     do not exist, and may be told not to (``allow_auto_topic_creation``, v4+: before,
     brokers create them unasked)."""
-    return req.api_version >= 4 and bool(req.body.allow_auto_topic_creation)
+    return (has_field(req.api.request.root, "allow_auto_topic_creation", req.api_version)
+            and bool(req.body.allow_auto_topic_creation))
 
 
 # ``map_response``'s hint for the answer to a DescribeTopicPartitions of every topic
@@ -865,15 +867,16 @@ def _sealed_cursor(cursor: Any, mapping: TopicMap) -> Any:
     listing's end, at a topic past a prefix's (the tenant's topics are all listed)."""
     if cursor is None:
         return None
-    prefix = _shown_prefix(mapping)
+    prefix = hiding_prefix(mapping)
     if prefix and not cursor.topic_name.startswith(prefix):
         return None
     return cursor.replace(topic_name=cursors.seal(cursor.topic_name))
 
 
-def _shown_prefix(mapping: TopicMap) -> str:
-    """The broker-side prefix of every topic ``mapping`` shows (a tenant's, with
-    ``hide_others``), else ''."""
+def hiding_prefix(mapping: TopicMap) -> str:
+    """The broker-side prefix of every topic ``mapping`` shows: a tenant's, with
+    ``hide_others``; else '' (a topic filter hides too, but keeps no tenants apart by
+    name)."""
     if any(isinstance(m, Prefix) and m.hide_others for m in map_parts(mapping)):
         return mapping.to_broker("")
     return ""
@@ -1006,7 +1009,7 @@ def reach_outside(req: Request, mapping: TopicMap) -> str | None:
     of pattern type ANY or MATCH (MATCH takes the wildcard's and the covering prefixed
     ACLs too); an ElectLeaders of no partitions named (every partition's).  None when
     it stays inside."""
-    if req.api_key not in (DELETE_ACLS, ELECT_LEADERS) or not _shown_prefix(mapping):
+    if req.api_key not in (DELETE_ACLS, ELECT_LEADERS) or not hiding_prefix(mapping):
         return None
     if req.api_key == ELECT_LEADERS:
         if req.body.topic_partitions is None:
