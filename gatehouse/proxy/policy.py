@@ -846,22 +846,21 @@ class RulesPolicy(Policy):
         kind, name = denied
         rule, action = _filter_rule(ruleset, evaluation.outcomes, "enforce", kind, name,
                                     req.api_key)
-        if bad_cursor is not None:
-            action = "listing_cursor"
-        outcomes = tuple(Outcome(o.rule, action, "refuse", o.mode)
-                         if o.rule == rule and o.action == "topics" else o
-                         for o in evaluation.outcomes)
+        within = None
         if bad_cursor is not None:
             # As a broker answers a cursor it cannot take (InvalidRequestException: for
             # a listing of every topic, an answer with no topics and no cursor).
-            message = f"{bad_cursor} (rule {rule})"
-            self._log_refusal(conn, req, rule, message, observe=False)
-            return (_refused(req, message, INVALID_REQUEST, message), outcomes)
-        message = _denied_text(kind, name, rule)
+            action, code, message = "listing_cursor", INVALID_REQUEST, f"{bad_cursor} (rule {rule})"
+        else:
+            code, message = _NOT_AUTHORIZED[kind], _denied_text(kind, name, rule)
+            # A Fetch's topics get the error, not the Fetch: a top-level error ends its
+            # session.
+            within = "topic" if req.api_key == FETCH and kind == TOPIC else None
+        outcomes = tuple(Outcome(o.rule, action, "refuse", o.mode)
+                         if o.rule == rule and o.action == "topics" else o
+                         for o in evaluation.outcomes)
         self._log_refusal(conn, req, rule, message, observe=False)
-        # A Fetch's topics get the error, not the Fetch: a top-level error ends its session.
-        within = "topic" if req.api_key == FETCH and kind == TOPIC else None
-        return (_refused(req, message, _NOT_AUTHORIZED[kind], message, within), outcomes)
+        return (_refused(req, message, code, message, within), outcomes)
 
     def _would_refuse_topics(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation,
                              ruleset: RuleSet) -> tuple[Outcome, ...]:
