@@ -999,7 +999,6 @@ def regex_subscription(req: Request) -> str | None:
 
 DELETE_ACLS, ELECT_LEADERS = 31, 43
 _ANY, _MATCH = 1, 2  # ACL filters: resource type ANY; pattern types ANY and MATCH
-_ACL_RESOURCE_TYPES = {GROUP: 3, TRANSACTION: 5}
 
 
 def reach_outside(req: Request, mapping: TopicMap) -> str | None:
@@ -1016,8 +1015,7 @@ def reach_outside(req: Request, mapping: TopicMap) -> str | None:
             return ("an ElectLeaders of every partition reaches other tenants' topics: "
                     "name the topics and partitions")
         return None
-    mapped = {TOPIC_RESOURCE} | {t for k, t in _ACL_RESOURCE_TYPES.items()
-                                 if k in mapping.id_kinds}
+    mapped = {TOPIC_RESOURCE} | set(_resource_kinds(mapping.id_kinds))
     for f in req.body.filters:
         if f.resource_type_filter == _ANY or (
                 f.resource_type_filter in mapped
