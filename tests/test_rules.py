@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import struct
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from gatehouse import codecs
 from gatehouse.codecs import produce
 from gatehouse.configfile import ConfigError, load_yaml_text
 from gatehouse.logs import FIELDS_ATTR, TextFormatter
-from gatehouse.proxy.hooks import Close, ConnectionInfo, Forward, Respond
+from gatehouse.proxy.hooks import Close, ConnectionInfo, Forward, Pending, Respond
 from gatehouse.proxy.policy import Reloader, RulesPolicy, RulesSource
 from gatehouse.rules import (
     Chain,
@@ -30,7 +31,7 @@ from gatehouse.rules import (
     parse_rules,
 )
 from gatehouse.rules import topics as topic_maps
-from gatehouse.rules.errors import error_response
+from gatehouse.rules.errors import answer_plan, error_response
 from gatehouse.rules.topics import (
     RewriteStats,
     carries_topics,
@@ -358,7 +359,7 @@ def names_half_hidden(message: Any, version: int, body: Any) -> Any:
 
     def visit(struct: Any, record: Any) -> Any:
         changes: dict[str, Any] = {}
-        named_resource = topic_maps._resource_type(record) in named_types
+        named_resource = topic_maps.resource_type(record) in named_types
         for f in struct.fields:
             value = getattr(record, f.attr, None)
             if value is None or not is_name(f) or (topic_maps._is_resource_field(f)
@@ -438,8 +439,44 @@ def test_no_request_takes_a_hidden_name_to_the_broker(api_key: int, version: int
             decision = policy.on_request(conn(), request)
             if isinstance(decision, Forward):
                 assert HIDDEN_MARK.encode() not in bytes(decision.request.encode())
+                if decision.wants_response:
+                    _answers_every_entry(policy, request, decision)
 
     check()
+
+
+def _top_keys(resp: codecs.Response) -> list[Any]:
+    """The keys of the entries of ``resp``'s arrays that mirror its request's (but those
+    that name nothing: the stand-in broker answers them with an empty name, which a
+    filter hides)."""
+    keys = []
+    for step in answer_plan(resp.api.response.root, resp.api.request.root, resp.api_version):
+        if step[0] == "mirror":
+            keys += [(step[1], *(getattr(e, r) for r, _ in step[3]))
+                     for e in getattr(resp.body, step[1])]
+        elif step[0] == "mirror_keys":
+            keys += [(step[1], getattr(e, step[3])) for e in getattr(resp.body, step[1])]
+    nothing = (None, "", uuid.UUID(int=0))
+    return sorted((k for k in keys if any(v not in nothing for v in k[1:])), key=repr)
+
+
+def _answers_every_entry(policy: RulesPolicy, request: codecs.Request,
+                         decision: Forward) -> None:
+    """The answer the client gets to ``request``, sent on as ``decision`` (some of its
+    entries maybe taken out), when the broker answers every entry sent: an entry for
+    each entry of the request (the proxy's for those it took out), written to bytes."""
+    from tests.test_rules_topic_filter import conn
+
+    sent = decision.request
+    broker = error_response(sent, 0)
+    pending = Pending(1, sent.api_key, sent.api_version, 0.0, wants_response=True,
+                      context=decision.context)
+    got = policy.on_response(conn(), pending, codecs.decode_response(
+        memoryview(bytes(broker.encode())), sent.api_key, sent.api_version))
+    got = codecs.decode_response(memoryview(bytes(got.encode())), sent.api_key,
+                                 sent.api_version)
+    if sent.api_key != 3:  # Metadata: the others are dropped, not answered
+        assert _top_keys(got) == _top_keys(error_response(request, 0))
 
 
 def _each_sent(policy: RulesPolicy, api_key: int, version: int,

@@ -23,7 +23,7 @@ from gatehouse.rules.acl import (
 from tests.test_rules import req, rules
 from tests.test_rules_topic_filter import conn, listening, metadata_answer, produce
 
-TOPIC_AUTHORIZATION_FAILED, GROUP_AUTHORIZATION_FAILED = 29, 30
+TOPIC_AUTHORIZATION_FAILED, GROUP_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_ID = 29, 30, 100
 BILLING, TEAM, OTHER = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
 ACLS = ('- name: team-b\n  match: {client_id: "^app"}\n  acls:\n'
         '    - {allow: [read], topics: ["billing\\\\..*"], groups: ["team-b-.*"]}\n'
@@ -124,17 +124,35 @@ def test_a_group_it_may_not_read_is_refused_and_metadata_shows_what_it_may_descr
                                metadata_answer(("billing.eu", BILLING), ("team-b.x", TEAM),
                                                ("other", OTHER)))
     assert [t.name for t in shown.body.topics] == ["billing.eu", "team-b.x"]
-    # Fetching by id: a topic it may describe but not read is refused.
-    fetch = req(1, 17, "app-1", max_wait_ms=1, min_bytes=1, max_bytes=1, session_id=0,
-                session_epoch=-1, topics=[{"topic_id": TEAM, "partitions": [
-                    {"partition": 0, "fetch_offset": 0}]}])
-    assert isinstance(policy.on_request(conn(), fetch), Respond)
-    fetch_billing = req(1, 17, "app-1", max_wait_ms=1, min_bytes=1, max_bytes=1,
-                        session_id=0, session_epoch=-1, topics=[{"topic_id": BILLING,
-                                                                 "partitions": [
-                                                                     {"partition": 0,
-                                                                      "fetch_offset": 0}]}])
-    assert isinstance(policy.on_request(conn(), fetch_billing), Forward)
+    # Fetching by id: a topic it may describe but not read is refused as Kafka's ACLs
+    # refuse it (it sees the topic); one it may not see is no topic to it.
+    def fetch(*ids: uuid.UUID) -> codecs.Request:
+        return req(1, 17, "app-1", max_wait_ms=1, min_bytes=1, max_bytes=1, session_id=0,
+                   session_epoch=-1, topics=[{"topic_id": i, "partitions": [
+                       {"partition": 0, "fetch_offset": 0}]} for i in ids])
+
+    def errors(answer: codecs.Response) -> list[tuple[uuid.UUID, int]]:
+        body = codecs.decode_response(memoryview(bytes(answer.encode())), 1, 17).body
+        assert body.error_code == 0
+        return [(t.topic_id, p.error_code) for t in body.responses for p in t.partitions]
+
+    for topic_id, code in ((TEAM, TOPIC_AUTHORIZATION_FAILED), (OTHER, UNKNOWN_TOPIC_ID)):
+        decision = policy.on_request(conn(), fetch(topic_id))
+        assert isinstance(decision, Respond)
+        assert errors(decision.response) == [(topic_id, code)]
+    assert isinstance(policy.on_request(conn(), fetch(BILLING)), Forward)
+    # All three in one Fetch: billing's goes up, each of the others gets its error.
+    decision = policy.on_request(conn(), fetch(OTHER, BILLING, TEAM))
+    assert isinstance(decision, Forward)
+    assert [t.topic_id for t in decision.request.body.topics] == [BILLING]
+    broker = codecs.response_from_dict({"header": {"correlation_id": 1}, "body": {
+        "responses": [{"topic_id": BILLING, "partitions": [{"partition_index": 0}]}]}},
+        api_key=1, api_version=17)
+    answer = policy.on_response(conn(), Pending(1, 1, 17, 0.0, wants_response=True,
+                                                context=decision.context),
+                                codecs.decode_response(memoryview(bytes(broker.encode())), 1, 17))
+    assert sorted(errors(answer), key=repr) == sorted(
+        [(BILLING, 0), (TEAM, TOPIC_AUTHORIZATION_FAILED), (OTHER, UNKNOWN_TOPIC_ID)], key=repr)
 
 
 def test_in_observe_mode_the_acls_only_count() -> None:

@@ -178,15 +178,43 @@ def test_the_impact_report_counts_what_a_filter_would_refuse() -> None:
         ("rename", "rewrite", ["audit -> audit.v2"])]
 
 
+def fetch_of(*topics: str) -> codecs.Request:
+    return req(1, 12, "app-1", max_wait_ms=1, min_bytes=1, max_bytes=1, session_id=5,
+               session_epoch=2, topics=[{"topic": t, "partitions": [
+                   {"partition": 0, "fetch_offset": 0}]} for t in topics],
+               forgotten_topics_data=[{"topic": "payroll", "partitions": [1]},
+                                      {"topic": "orders", "partitions": [1]}])
+
+
 def test_a_fetch_keeps_its_session_and_metadata_is_answered_without_the_topic() -> None:
     policy = RulesPolicy(rules(FILTER))
-    fetch = req(1, 12, "app-1", max_wait_ms=1, min_bytes=1, max_bytes=1, session_id=5,
-                session_epoch=2, topics=[{"topic": t, "partitions": [
-                    {"partition": 0, "fetch_offset": 0}]} for t in ("orders", "payroll")])
-    decision = policy.on_request(conn(), fetch)
+    # The allowed topic is fetched, the denied one answered by the proxy, as a broker's
+    # ACLs answer it; the session is the broker's.  A forgotten denied topic is dropped
+    # (the broker never had it in the session).
+    decision = policy.on_request(conn(), fetch_of("orders", "payroll"))
+    assert isinstance(decision, Forward) and decision.wants_response
+    sent = decision.request.body
+    assert [t.topic for t in sent.topics] == ["orders"]
+    assert [t.topic for t in sent.forgotten_topics_data] == ["orders"]
+    broker = codecs.response_from_dict({"header": {"correlation_id": 1}, "body": {
+        "error_code": 0, "session_id": 5, "responses": [{"topic": "orders", "partitions": [
+            {"partition_index": 0, "high_watermark": 7, "records": b""}]}]}},
+        api_key=1, api_version=12)
+    answer = policy.on_response(conn(), Pending(1, 1, 12, 0.0, wants_response=True,
+                                                context=decision.context),
+                                codecs.decode_response(memoryview(bytes(broker.encode())), 1, 12))
+    body = codecs.decode_response(memoryview(bytes(answer.encode())), 1, 12).body
+    assert (body.error_code, body.session_id) == (0, 5)
+    assert [(t.topic, [(p.partition_index, p.error_code, len(p.records or b""))
+                       for p in t.partitions]) for t in body.responses] == [
+        ("orders", [(0, 0, 0)]), ("payroll", [(0, TOPIC_AUTHORIZATION_FAILED, 0)])]
+    assert body.responses[0].partitions[0].high_watermark == 7  # the broker's entry
+    # Nothing allowed in it: answered whole, with no top-level error (it would end the
+    # fetch session).
+    decision = policy.on_request(conn(), fetch_of("payroll"))
     assert isinstance(decision, Respond)
     body = codecs.decode_response(memoryview(bytes(decision.response.encode())), 1, 12).body
-    assert body.error_code == 0  # a top-level error would end the fetch session
+    assert body.error_code == 0
     assert {p.error_code for t in body.responses for p in t.partitions} == {
         TOPIC_AUTHORIZATION_FAILED}
 

@@ -92,7 +92,25 @@ def test_ids_of_the_clients_topics_pass_and_others_get_unknown_topic_id() -> Non
     assert not mine.body_decoded  # its ids read from its bytes
     assert refused == []
 
-    for ids in ((THEIRS,), (MINE, THEIRS), (UNSEEN,)):
+    # Another tenant's topic beside the client's own: the own one is fetched, the
+    # other answered by the proxy, after the broker's, the broker's session kept.
+    decision = policy.on_request(conn(), fetch(MINE, THEIRS, UNSEEN))
+    assert isinstance(decision, Forward) and decision.wants_response
+    assert [t.topic_id for t in decision.request.body.topics] == [MINE]
+    broker = codecs.response_from_dict({"header": {"correlation_id": 1}, "body": {
+        "session_id": 7, "responses": [{"topic_id": MINE, "partitions": [
+            {"partition_index": p, "high_watermark": 3} for p in (0, 1)]}]}},
+        api_key=1, api_version=17)
+    merged = policy.on_response(conn(), Pending(1, 1, 17, 0.0, wants_response=True,
+                                                context=decision.context),
+                                codecs.decode_response(memoryview(bytes(broker.encode())), 1, 17))
+    body = codecs.decode_response(memoryview(bytes(merged.encode())), 1, 17).body
+    assert (body.error_code, body.session_id) == (0, 7)
+    assert [(t.topic_id, [p.error_code for p in t.partitions]) for t in body.responses] == [
+        (MINE, [0, 0]), (THEIRS, [UNKNOWN_TOPIC_ID] * 2), (UNSEEN, [UNKNOWN_TOPIC_ID] * 2)]
+
+    # Nothing of its own in it: answered whole.
+    for ids in ((THEIRS,), (THEIRS, UNSEEN), (UNSEEN,)):
         decision = policy.on_request(conn(), fetch(*ids))
         assert isinstance(decision, Respond)
         answer = codecs.decode_response(memoryview(bytes(decision.response.encode())), 1, 17)
@@ -102,10 +120,10 @@ def test_ids_of_the_clients_topics_pass_and_others_get_unknown_topic_id() -> Non
         assert [t.topic_id for t in body.responses] == list(ids)
         assert {p.error_code for t in body.responses for p in t.partitions} == {
             UNKNOWN_TOPIC_ID}
-    assert refused == [("tenant-a", "refuse")] * 3
+    assert refused == [("tenant-a", "refuse")] * 4
     # Counted as refused by the prefix's rule, not as renamed.
     assert [(o.rule, o.action, o.effect) for o in counted] == [
-        ("tenant-a", "topics", "rewrite")] + [("tenant-a", "topic_id", "refuse")] * 3
+        ("tenant-a", "topics", "rewrite")] + [("tenant-a", "topic_id", "refuse")] * 4
 
     # Forgetting another tenant's topic is harmless: not checked.
     assert isinstance(policy.on_request(conn(), fetch(MINE, forgotten=(THEIRS,))), Forward)

@@ -81,7 +81,7 @@ from gatehouse.rules.records import (
     withheld_answer,
     without,
 )
-from gatehouse.rules.topicids import TopicIds, checks_ids, teaches_ids
+from gatehouse.rules.topicids import TopicIds, checks_ids, request_ids, teaches_ids
 from gatehouse.rules.topicpolicy import entries_of
 from gatehouse.rules.topicpolicy import merged as merged_by_policy
 from gatehouse.rules.topicpolicy import split as split_by_policy
@@ -112,6 +112,9 @@ from gatehouse.rules.topics import (
     regex_subscription,
     topic_names,
 )
+from gatehouse.rules.withhold import EntryTest, denied_topics, split, unshown_ids
+from gatehouse.rules.withhold import answer as answer_entries
+from gatehouse.rules.withhold import merged as merged_entries
 
 logger = logging.getLogger("gatehouse.rules")
 PRODUCE, FETCH, METADATA = 0, 1, 3
@@ -216,23 +219,36 @@ class RulesPolicy(Policy):
         # What ``offload``'s work found for this request (never held past it).
         offloaded = conn.state.pop("record_verdicts", None)
         refused = (self._refused_cluster_configs(conn, req, evaluation)
-                   or self._refused_produce(conn, req, evaluation)
-                   or self._refused_ids(conn, req, evaluation)
-                   or self._refused_topics(conn, req, evaluation, ruleset))
-        outcomes, withholding = evaluation.outcomes, None
+                   or self._refused_produce(conn, req, evaluation))
+        # What is sent on without some of its topics (partitions), with the proxy's
+        # answer for those, in the order they were taken out.
+        withheld: list[_Withholding] = []
+        for check in (self._refused_ids, self._refused_topics):
+            if refused is not None:
+                break
+            found = check(conn, req, evaluation, ruleset)
+            if isinstance(found, _Withholding):
+                withheld.append(found)
+                req = found.rest
+                evaluation = dataclasses.replace(evaluation, outcomes=found.outcomes)
+            else:
+                refused = found
+        outcomes = evaluation.outcomes
         if refused is None and (evaluation.record_validations or evaluation.records_observed):
             checked = self._checked_records(
                 conn, req, evaluation,
                 offloaded[1] if offloaded is not None and offloaded[0] is req else {})
             if isinstance(checked, _Withholding):
-                req, withholding, outcomes = checked.rest, checked, checked.outcomes
+                req, outcomes = checked.rest, checked.outcomes
+                withheld.append(checked)
             else:
                 refused = checked
         elif refused is None and (evaluation.topic_policies
                                   or evaluation.topic_policies_observed):
             held = self._checked_topic_policy(conn, req, evaluation)
             if isinstance(held, _Withholding):
-                req, withholding, outcomes = held.rest, held, held.outcomes
+                req, outcomes = held.rest, held.outcomes
+                withheld.append(held)
             else:
                 refused = held
         self._emit(outcomes if refused is None else refused[1])
@@ -244,7 +260,7 @@ class RulesPolicy(Policy):
         for refusal in evaluation.would_refuse:
             self._log_refusal(conn, req, refusal.rule, refusal.message, observe=True)
         if refused is not None:
-            return refused[0]
+            return _with_withheld(refused[0], withheld)
         if evaluation.refusal is not None:
             refusal = evaluation.refusal
             self._log_refusal(conn, req, refusal.rule, refusal.message, observe=False)
@@ -253,16 +269,7 @@ class RulesPolicy(Policy):
                              "the codec has no table for that version to build its error "
                              "response, so the connection is closed")
             return _refused(req, refusal.message, refusal.code, refusal.message)
-        decision = self._forwarded(conn, req, evaluation, ruleset)
-        if withholding is None or not isinstance(decision, Forward):
-            return decision
-        if withholding.answer is None:  # acks=0: no answer to merge
-            return dataclasses.replace(decision, close_after=withholding.close_after)
-        # The broker answers the partitions (topics) sent on; the proxy adds the ones it
-        # withheld.
-        inner = decision.context if decision.wants_response else None
-        return Forward(decision.request, wants_response=True,
-                       context=_Withheld(inner, withholding.answer, withholding.merge))
+        return _with_withheld(self._forwarded(conn, req, evaluation, ruleset), withheld)
 
     def refuses_unread(self, conn: ConnectionInfo, req: Request) -> str | None:
         ruleset = self.ruleset
@@ -363,10 +370,14 @@ class RulesPolicy(Policy):
 
     def on_response(self, conn: ConnectionInfo, pending: Pending, resp: Response) -> Response:
         context = pending.context
-        if isinstance(context, _Withheld):
-            return context.merge(self._answered(conn, pending, context.inner, resp),
-                                 context.answer)
-        return self._answered(conn, pending, context, resp)
+        answers: list[_Withheld] = []
+        while isinstance(context, _Withheld):
+            answers.append(context)
+            context = context.inner
+        resp = self._answered(conn, pending, context, resp)
+        for withheld in reversed(answers):  # in the order the entries were taken out
+            resp = withheld.merge(resp, withheld.answer)
+        return resp
 
     def _answered(self, conn: ConnectionInfo, pending: Pending, context: Any,
                   resp: Response) -> Response:
@@ -775,12 +786,17 @@ class RulesPolicy(Policy):
 
         return client_name
 
-    def _refused_ids(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation
-                     ) -> tuple[Decision, tuple[Outcome, ...]] | None:
-        """Under a map that hides other tenants' topics (see ``rules.topicids``), the
-        answer to a request that names by id a topic the client may not name, or one
-        the proxy has not seen yet, and the outcomes to count for it (the map's rule
-        refused it, it renamed nothing); None lets the request go on."""
+    def _refused_ids(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation,
+                     ruleset: RuleSet) -> _Withholding | tuple[Decision, tuple[Outcome, ...]] | None:
+        """Under a map that hides other tenants' topics (see ``rules.topicids``), a
+        request that names by id a topic the client may not name, or one the proxy has
+        not seen yet: sent on without those topics, the proxy answering them
+        (``_Withholding``), or answered whole when nothing else is left; with the
+        outcomes to count (the map's rule refused it, it renamed nothing).  None lets
+        the request go on.  Such a topic is answered UNKNOWN_TOPIC_ID (another tenant's
+        topic as no topic: it tells nothing), but one the client may see in Metadata
+        (an ACL that lets it describe the topic, not read it): TOPIC_AUTHORIZATION_FAILED,
+        as a broker's ACLs answer it."""
         topic_map = evaluation.topic_map
         if (evaluation.refusal is not None or topic_map is None
                 or not topic_map.hides_others
@@ -789,14 +805,91 @@ class RulesPolicy(Policy):
         foreign, unseen = self.topic_ids.refused(req, topic_map)
         if not (foreign or unseen):
             return None
+        shown = partial(self.topic_ids.shown, mapping=topic_map)
         outcomes = tuple(Outcome(o.rule, "topic_id", "refuse", o.mode)
                          if o.action == "topics" and o.mode == "enforce" else o
                          for o in evaluation.outcomes)
         rule = next(o.rule for o in outcomes if o.action == "topic_id")
         message = _FOREIGN_ID if foreign else UNSEEN_ID
+        steps: list[tuple[Callable[[bytes], bool | None], int, str]] = []
+        seen = self._described(conn, req, ruleset, topic_map, foreign)
+        if seen is not None:
+            # Denied here, seen in Metadata: as a broker's ACLs answer it.
+            name, described = seen
+            rule, action = _filter_rule(ruleset, evaluation.outcomes, "enforce", TOPIC, name,
+                                        req.api_key)
+            outcomes = tuple(Outcome(o.rule, action, "refuse", o.mode)
+                             if o.rule == rule and o.action == "topic_id" else o
+                             for o in outcomes)
+            message = denied_message(name, rule)
+            steps.append((lambda topic_id: not described(topic_id), TOPIC_AUTHORIZATION_FAILED,
+                          message))
+        steps.append((shown, UNKNOWN_TOPIC_ID, _FOREIGN_ID if foreign else UNSEEN_ID))
         self._log_refusal(conn, req, rule, message, observe=False)
-        # The same answer for another tenant's topic as for no topic: it tells nothing.
-        return _refused(req, message, UNKNOWN_TOPIC_ID, within="topic_id"), outcomes
+        withheld: list[_Withholding] = []
+        for test_shown, code, text in steps:
+
+            def picks(request: Request, test_shown: Callable[[bytes], bool | None] = test_shown
+                      ) -> bool:
+                return any(test_shown(i) is not True for i in request_ids(request))
+
+            if not picks(req):
+                continue
+            held = self._withheld_entries(req, unshown_ids(test_shown), code,
+                                          partial(_same_text, text), outcomes, picks)
+            if held is None:
+                # Nothing else left: the whole request answered (by topic: a top-level
+                # error would end a Fetch's session).
+                return (_with_withheld(_refused(req, text, code, within="topic_id"), withheld),
+                        outcomes)
+            withheld.append(held)
+            req = held.rest
+        return _joined(withheld) if withheld else None
+
+    def _described(self, conn: ConnectionInfo, req: Request, ruleset: RuleSet,
+                   topic_map: TopicMap, foreign: int
+                   ) -> tuple[str, Callable[[bytes], bool]] | None:
+        """For a request naming ``foreign`` topics by ids the client may not use here:
+        when some of them it may see in Metadata (described), the first one's name (as
+        the client knows it) and which ids are such; None when none is."""
+        if not foreign:
+            return None
+        seen_map = ruleset.enforced_map(facts_of(conn, req), METADATA)
+        names = self.topic_ids.names
+
+        def client_name(topic_id: bytes) -> str | None:
+            name = names.get(topic_id)
+            if name is None or topic_map.to_client(name) is not None:
+                return None  # not learned, or usable here
+            return name if seen_map is None else seen_map.to_client(name)
+
+        first = next((n for i in request_ids(req) if (n := client_name(i)) is not None), None)
+        if first is None:
+            return None
+        return first, lambda topic_id: client_name(topic_id) is not None
+
+    def _withheld_entries(self, req: Request, test: EntryTest, code: int,
+                          message: Callable[[str | None], str | None],
+                          outcomes: tuple[Outcome, ...],
+                          still_refused: Callable[[Request], bool]) -> _Withholding | None:
+        """``req``'s entries ``test`` picks, withheld (``rules.withhold``), as a broker
+        answers each topic on its own: the rest to send on and the answer for them;
+        None when the request is to be answered whole (nothing else is left, its API is
+        answered whole, or what it is refused for is not in those entries)."""
+        parts = split(req, test)
+        if parts is None:
+            return None
+        rest, mine, within = parts
+        if rest is None or still_refused(rest):
+            return None
+        if mine is None:  # forgotten topics only: nothing to answer
+            return _Withholding(rest, None, outcomes)
+        if req.api_key == PRODUCE and _acks(req) == 0:
+            return _Withholding(rest, None, outcomes, close_after=(
+                f"refused topics of an acks=0 Produce ({message(None)}): no response "
+                "exists to carry the error, so the connection is closed"))
+        return _Withholding(rest, answer_entries(mine, within, code, message), outcomes,
+                            merge=merged_entries)
 
     def _would_refuse_ids(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation,
                           ruleset: RuleSet) -> tuple[Outcome, ...]:
@@ -824,12 +917,15 @@ class RulesPolicy(Policy):
         return (Outcome(rule, "topic_id", "refuse", "observe"),)
 
     def _refused_topics(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation,
-                        ruleset: RuleSet) -> tuple[Decision, tuple[Outcome, ...]] | None:
-        """Under a topic filter (``allow_topics`` / ``deny_topics``), the answer to a
+                        ruleset: RuleSet
+                        ) -> _Withholding | tuple[Decision, tuple[Outcome, ...]] | None:
+        """Under a topic filter (``allow_topics`` / ``deny_topics``, ACL rules), a
         request that names a topic the client may not use: TOPIC_AUTHORIZATION_FAILED,
-        as a broker answers a client its ACLs do not allow, and the outcomes to count
-        (the filter's rule refused it); None lets the request go on.  Such topics are
-        hidden from every answer, so a client only names one it learned elsewhere.
+        as a broker answers a client its ACLs do not allow, for each such topic, the
+        others sent on (``_Withholding``: a Produce to two topics writes the allowed
+        one, as a broker does), or the whole request answered (nothing else left, a
+        group or transactional id it may not use, an API Kafka answers whole); with the
+        outcomes to count (the filter's rule refused it); None lets the request go on.
 
         Not Metadata (but v0, which reads no topics as every topic): a client asks for
         the topics its application named, allowed or not, in one request; they go up
@@ -860,6 +956,13 @@ class RulesPolicy(Policy):
                          if o.rule == rule and o.action == "topics" else o
                          for o in evaluation.outcomes)
         self._log_refusal(conn, req, rule, message, observe=False)
+        if bad_cursor is None and kind == TOPIC:
+            held = self._withheld_entries(
+                req, denied_topics(topic_map), code,
+                lambda entry: denied_message(entry, rule) if entry else message, outcomes,
+                lambda rest: _denied_names(rest, topic_map) is not None)
+            if held is not None:
+                return held
         return (_refused(req, message, code, message, within), outcomes)
 
     def _would_refuse_topics(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation,
@@ -1014,6 +1117,48 @@ class _Withheld:
     inner: Any
     answer: Response
     merge: Callable[[Response, Response], Response]
+
+
+def _with_withheld(decision: Decision, withheld: Sequence[_Withholding]) -> Decision:
+    """``decision`` on what was left of a request once ``withheld`` took some of its
+    entries out: the proxy's answers for those merged into the answer to the rest, the
+    broker's (a context ``on_response`` reads) or its own; for an acks=0 Produce, the
+    connection closed once the rest is sent."""
+    if not withheld or isinstance(decision, Close):
+        return decision
+    answers = [w for w in withheld if w.answer is not None]
+    if isinstance(decision, Respond):
+        resp = decision.response
+        for w in answers:
+            resp = w.merge(resp, w.answer)  # type: ignore[arg-type]
+        return Respond(resp)
+    close_after = next((w.close_after for w in withheld if w.close_after), None)
+    if not answers:
+        return (decision if close_after is None
+                else dataclasses.replace(decision, close_after=close_after))
+    context = decision.context if decision.wants_response else None
+    for w in answers:
+        context = _Withheld(context, w.answer, w.merge)  # type: ignore[arg-type]
+    return dataclasses.replace(decision, wants_response=True, context=context,
+                               close_after=close_after)
+
+
+def _same_text(text: str, _name: str | None) -> str:
+    return text
+
+
+def _joined(withheld: Sequence[_Withholding]) -> _Withholding:
+    """Entries taken out of a request in turns (``withheld``, each from what the one
+    before left), as one: what the last left, the answers for all of them."""
+    last = withheld[-1]
+    answers = [w.answer for w in withheld if w.answer is not None]
+    answer = answers[0] if answers else None
+    for more in answers[1:]:
+        answer = merged_entries(answer, more)  # type: ignore[arg-type]
+    return _Withholding(last.rest, answer, last.outcomes,
+                        close_after=next((w.close_after for w in withheld if w.close_after),
+                                         None),
+                        merge=merged_entries)
 
 
 def _acks(req: Request) -> int:

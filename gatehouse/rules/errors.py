@@ -84,14 +84,19 @@ def _scalar_key_field(g: FieldSpec, struct: StructSpec, version: int) -> FieldSp
 
 
 @cache
-def _plan(resp_struct: StructSpec, req_struct: StructSpec, version: int) -> tuple[Any, ...]:
+def answer_plan(resp_struct: StructSpec, req_struct: StructSpec, version: int) -> tuple[Any, ...]:
     """For each response field: how to fill it (cached per struct pair and version)."""
     steps: list[Any] = []
     req_fields = [g for g in req_struct.fields if version in g.versions]
+    # The error code of an entry that has no plain error_code (AddPartitionsToTxn v0-3's
+    # partitions: PartitionErrorCode); beside one, another code is something else's (a
+    # CreateTopics topic's TopicConfigErrorCode).
+    plain = has_field(resp_struct, "error_code", version)
     for f in resp_struct.fields:
         if version not in f.versions:
             continue
-        if f.attr == "error_code" and f.type == "int16":
+        if f.type == "int16" and (f.attr == "error_code" or (
+                not plain and f.attr.endswith("_error_code"))):
             steps.append(("error", f.attr))
         elif f.attr == "error_message" and f.type == "string":
             steps.append(("message", f.attr))
@@ -134,7 +139,7 @@ def _fill(resp_struct: StructSpec, req_struct: StructSpec, req_value: Any, versi
     """The response struct answering ``req_value``; errors (and messages) only where
     ``active``: below the request entries that hold ``within``, if it is given."""
     changes: dict[str, Any] = {}
-    for step in _plan(resp_struct, req_struct, version):
+    for step in answer_plan(resp_struct, req_struct, version):
         kind = step[0]
         if kind == "error":
             if active:

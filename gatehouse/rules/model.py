@@ -312,6 +312,13 @@ class RuleSet:
     def matching(self, facts: ClientFacts) -> list[Rule]:
         return [r for r in self.rules if r.match.matches(facts)]
 
+    def enforced_map(self, facts: ClientFacts, api_key: int) -> TopicMap | None:
+        """The enforced rules' names maps for ``api_key`` (composed), for a client with
+        these facts: what its answers to that API show (Metadata's: which topics it may
+        see)."""
+        return _compose([m for r in self.matching(facts)
+                         if r.mode == "enforce" and (m := r.map_for(api_key)) is not None])
+
     def quotas(self, facts: ClientFacts) -> tuple[Rule, ...]:
         """The rules with a quota that apply to a client with these facts, in order."""
         return tuple(r for r in self.rules if r.quota is not None and r.match.matches(facts))

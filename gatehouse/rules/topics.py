@@ -531,7 +531,7 @@ def has_error_text(message: MessageSpec, version: int) -> bool:
 _HIDDEN = object()
 
 
-def _resource_type(record: Any) -> int | None:
+def resource_type(record: Any) -> int | None:
     value = getattr(record, "resource_type", None)
     if value is None:
         value = getattr(record, "resource_type_filter", None)
@@ -596,7 +596,7 @@ def _struct_mapper(mapping: TopicMap, to_client: bool,
             else:
                 if not resource_read:
                     resource_read = True
-                    resource_fn = by_resource_type.get(_resource_type(record))  # type: ignore[arg-type]
+                    resource_fn = by_resource_type.get(resource_type(record))  # type: ignore[arg-type]
                 if resource_fn is None:
                     continue
                 fn = resource_fn
@@ -1044,7 +1044,7 @@ def id_names(req: Request, kinds: IdKinds) -> list[tuple[str, str]]:
     resource_kinds = _resource_kinds(kinds)
 
     def visit(struct: StructSpec, record: Any) -> Any:
-        resource_kind = resource_kinds.get(_resource_type(record))  # type: ignore[arg-type]
+        resource_kind = resource_kinds.get(resource_type(record))  # type: ignore[arg-type]
         for f in struct.fields:
             value = getattr(record, f.attr, None)
             if value is None:
@@ -1085,7 +1085,7 @@ def topic_names(req: Request) -> Sequence[str]:
         return names
 
     def visit(struct: StructSpec, record: Any) -> Any:
-        is_resource = _resource_type(record) == TOPIC_RESOURCE
+        is_resource = resource_type(record) == TOPIC_RESOURCE
         for f in struct.fields:
             value = getattr(record, f.attr, None)
             if value is None:

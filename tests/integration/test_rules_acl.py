@@ -10,9 +10,13 @@ import confluent_kafka as ck
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from gatehouse.codecs.records import encode_batch
+from tests.integration.test_rules_topic_ids import call
 from tests.support.clients import consume, produce, unique, watermarks
 from tests.support.kafka import JAVA_SOURCES, KafkaCluster
 from tests.support.proxythread import ProxyThread
+
+TOPIC_AUTHORIZATION_FAILED = 29
 
 RULES = ("- name: alice-acl\n  match: {principal: '^alice$'}\n  acls:\n"
          "    - {allow: [read], topics: ['billing\\..*'], groups: ['alice-.*']}\n"
@@ -118,6 +122,89 @@ def test_a_topic_is_created_on_request_only_with_create(kafka: KafkaCluster,
     assert results[hers] is not None and results[carols] is None, results
     topics = AdminClient({"bootstrap.servers": kafka.bootstrap}).list_topics(timeout=10).topics
     assert carols in topics and hers not in topics
+
+
+MIXED_RULES = ("- name: alice-acl\n  match: {client_id: '^alice'}\n  acls:\n"
+               "    - {allow: [read], topics: ['billing\\..*'], groups: ['alice-.*']}\n"
+               "    - {allow: [write, delete, read], topics: ['alice\\..*']}\n"
+               "    - {allow: [describe], topics: ['audit\\..*']}\n")
+
+
+def test_each_topic_of_a_request_is_answered_on_its_own(kafka: KafkaCluster) -> None:
+    """As Kafka's ACLs answer a request topic by topic, so do the proxy's: alice may
+    read billing.*, write, read and delete alice.*, only describe audit.* (her clients see
+    it, so put it in the same requests as the others).  A consumer of billing and audit
+    reads billing and is told audit is not hers; a producer's one Produce request to
+    alice.* and audit writes alice.*'s records; a DeleteTopics of an alice.* topic and
+    billing deletes the first.  librdkafka, Java (Produce and Fetch by topic id) and raw
+    requests.  (The proxy used to refuse such a request whole: the Java producer's
+    records to alice.* failed with audit's, and librdkafka was never told audit is not
+    hers, only that its id was unknown.)"""
+    billing, audit = unique("billing.eu"), unique("audit.log")
+    own, gone = unique("alice.own"), unique("alice.gone")
+    for topic in (billing, audit, own, gone):
+        kafka.create_topic(topic)
+    sent = produce({"bootstrap.servers": kafka.bootstrap}, billing, count=10)
+    produce({"bootstrap.servers": kafka.bootstrap}, audit, count=10)
+    with ProxyThread(kafka.bootstrap, rules_yaml=MIXED_RULES) as proxy:
+        alice = {"bootstrap.servers": proxy.bootstrap, "client.id": "alice-rd"}
+        assert {billing, audit, own} <= set(AdminClient(alice).list_topics(timeout=10).topics)
+
+        # librdkafka fetches both in one Fetch: billing's records, audit's error.
+        consumer = ck.Consumer({**alice, "group.id": unique("alice-g"), "log_level": 0,
+                                "auto.offset.reset": "earliest"})
+        consumer.subscribe([billing, audit])
+        read: list[tuple[str, bytes]] = []
+        errors: set[int] = set()
+        for _ in range(300):
+            message = consumer.poll(0.2)
+            if message is None:
+                continue
+            if message.error() is not None:
+                errors.add(message.error().code())
+            else:
+                read.append((message.topic(), message.value()))
+            if len(read) >= 10 and errors:
+                break
+        consumer.close()
+        assert sorted(read) == sorted((billing, v) for v in sent)
+        assert ck.KafkaError.TOPIC_AUTHORIZATION_FAILED in errors
+
+        # Java: a producer's batches for both topics in one request, then a consumer of
+        # both in a group (Fetch by topic id: audit's error is Kafka's ACL error, since
+        # alice may describe it, not "unknown topic id").
+        java = kafka.run_java_tool(str(JAVA_SOURCES / "TwoTopics.java"), proxy.bootstrap,
+                                   "alice-java", unique("alice-j"), own,
+                                   audit, "5", timeout=180)
+        assert java.returncode == 0, java
+        lines = java.stdout.splitlines()
+        assert sorted(line for line in lines if line.startswith("sent ")) == sorted(
+            [f"sent {own} ok"] * 5 + [f"sent {audit} TopicAuthorizationException"] * 5), lines
+        assert sorted(line for line in lines if line.startswith("read ")) == sorted(
+            f"read {own} java-{i}" for i in range(5)), lines
+        assert f"denied TopicAuthorizationException [{audit}]" in lines, lines
+
+        # One Produce request to both: alice.own written, audit refused.
+        batch = encode_batch([(0, None, b"raw-1"), (0, None, b"raw-2")])
+        answer = call(proxy.bootstrap, 0, 9, {"acks": -1, "timeout_ms": 10_000, "topic_data": [
+            {"name": topic, "partition_data": [{"index": 0, "records": batch}]}
+            for topic in (own, audit)]}, client_id="alice-raw")
+        assert [(t.name, [p.error_code for p in t.partition_responses])
+                for t in answer.responses] == [(own, [0]), (audit, [TOPIC_AUTHORIZATION_FAILED])]
+
+        # One DeleteTopics of both: the one she may delete is deleted.
+        admin = AdminClient(alice)
+        futures = admin.delete_topics([gone, billing], operation_timeout=10)
+        futures[gone].result(timeout=30)
+        with pytest.raises(ck.KafkaException) as caught:
+            futures[billing].result(timeout=30)
+        assert caught.value.args[0].code() == ck.KafkaError.TOPIC_AUTHORIZATION_FAILED
+        assert proxy.sample("gatehouse_rule_decisions_total", rule="alice-acl",
+                            action="refuse") >= 4
+    assert watermarks(kafka.bootstrap, own) == (0, 7)
+    assert watermarks(kafka.bootstrap, audit) == (0, 10)
+    topics = AdminClient({"bootstrap.servers": kafka.bootstrap}).list_topics(timeout=10).topics
+    assert billing in topics and gone not in topics
 
 
 CLUSTER_RULES = ("- name: ops-acl\n  match: {client_id: '^ops-'}\n  acls:\n"

@@ -1,0 +1,254 @@
+"""Sending a request on without some of its entries, and answering those (pure).
+
+A broker's ACLs answer each topic of a request on its own: a Produce to two topics, one
+the client may not write, writes the other; a Fetch of two, one it may not read, reads
+the other; a DeleteTopics of two deletes the one it may delete.  The proxy's filters
+(``allow_topics``, ``deny_topics``, ACL rules) and its check of topic ids do the same:
+``split`` takes out the entries that name a topic the client may not use, the rest
+goes up, and ``merged`` puts the proxy's answer for those into the broker's.
+
+Which entries can be taken out, and how the answers are put together, follows the
+response's mirroring of the request (``errors.answer_plan``): only arrays whose entries
+the answer mirrors (a topic entry's answer is a topic entry of the same name), and a
+Fetch's forgotten topics, which have no answer (the broker never had a hidden topic in
+the session).  A name anywhere else (a group id, a transactional id, an array no answer
+mirrors) is left in; the caller sees it still there and refuses the whole request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from gatehouse.codecs import FieldSpec, Request, Response, StructSpec
+from gatehouse.rules.errors import answer_plan, error_response
+from gatehouse.rules.topics import TOPIC_RESOURCE, TopicMap, is_topic_field, resource_type
+
+# Whether an entry of the array ``field`` (a struct, or one name of a list of them) is
+# to be taken out.
+EntryTest = Callable[[FieldSpec, Any], bool]
+
+# A Fetch's topics to drop from its session: they have no answer.
+_FORGOTTEN = "ForgottenTopic"
+
+# Kafka answers these as a whole (AddPartitionsToTxn: the partitions of a transaction
+# are added all or none; the others answer by position, ``errors._by_position``).
+_WHOLE = frozenset({"AddPartitionsToTxn", "CreateAcls", "DeleteAcls",
+                    "DescribeUserScramCredentials", "AlterUserScramCredentials",
+                    "AlterClientQuotas", "AlterReplicaLogDirs"})
+
+
+class _Split:
+    """What one walk over a request found: the entries' key fields (the one an answer's
+    errors go below, ``error_response``'s ``within``) and whether an entry the answer
+    mirrors was taken out (a forgotten topic alone needs no answer)."""
+
+    def __init__(self) -> None:
+        self.keys: set[str | None] = set()
+        self.answered = False
+
+
+def split(req: Request, withholds: EntryTest
+          ) -> tuple[Request | None, Request | None, str | None] | None:
+    """``req`` without the entries ``withholds`` picks (None when nothing of what the
+    answer mirrors is left to send), the request of those entries alone (with their
+    parents' keys: the request to answer for them; None when the picked ones need no
+    answer: forgotten topics), and the request field their answer's errors go below;
+    None when none is picked, or the API is answered as a whole."""
+    api = req.api
+    if api.name in _WHOLE or req.body is None:
+        return None
+    found = _Split()
+    version = req.api_version
+    kept, mine, left = _split(api.response.root, api.request.root, req.body, version,
+                              withholds, found)
+    if mine is None:
+        return None
+    if not found.answered:
+        return req.replace(body=kept), None, None
+    rest = req.replace(body=kept) if left else None
+    within = next(iter(found.keys)) if len(found.keys) == 1 else None
+    return rest, req.replace(body=mine), within
+
+
+def _split(resp_struct: StructSpec, req_struct: StructSpec, value: Any, version: int,
+           withholds: EntryTest, found: _Split) -> tuple[Any, Any | None, bool]:
+    """(``value`` without the picked entries, ``value`` with only them (None: none
+    picked), whether any entry the answer mirrors is left in the first)."""
+    kept: dict[str, Any] = {}
+    mine: dict[str, Any] = {}
+    left = False
+    mirrored: set[str] = set()
+    fields = {f.attr: f for f in req_struct.fields if version in f.versions}
+    for step in answer_plan(resp_struct, req_struct, version):
+        if step[0] not in ("mirror", "mirror_keys"):
+            continue
+        req_attr = step[2]
+        mirrored.add(req_attr)
+        items = getattr(value, req_attr, None)
+        if not items:
+            continue
+        field = fields[req_attr]
+        keep: list[Any] = []
+        take: list[Any] = []
+        for item in items:
+            if withholds(field, item):
+                take.append(item)
+                found.keys.add(_key_attr(field, item, version))
+                found.answered = True
+                continue
+            if step[0] == "mirror":
+                sub_kept, sub_mine, sub_left = _split(step[4], step[5], item, version,
+                                                      withholds, found)
+                if sub_mine is not None:
+                    take.append(sub_mine)
+                    if sub_left:
+                        keep.append(sub_kept)
+                    continue
+            keep.append(item)
+        left = left or bool(keep)
+        if take:
+            kept[req_attr] = tuple(keep)
+            mine[req_attr] = tuple(take)
+    for attr, field in fields.items():
+        # A Fetch's forgotten topics: dropped, with no answer.
+        if attr in mirrored or field.struct is None or field.struct.name != _FORGOTTEN:
+            continue
+        items = getattr(value, attr, None) or ()
+        keep = [item for item in items if not withholds(field, item)]
+        if len(keep) < len(items):
+            kept[attr] = tuple(keep)
+            mine.setdefault(attr, ())
+    if not mine:
+        return value, None, True
+    # The entries answered here alone: every other array the answer mirrors emptied.
+    emptied = {attr: () for attr in mirrored - mine.keys()
+               if getattr(value, attr, None)}
+    return value.replace(**kept), value.replace(**emptied, **mine), left
+
+
+def _key_attr(field: FieldSpec, item: Any, version: int) -> str | None:
+    """The field of ``item``, an entry of ``field``, that names it (its topic, by name
+    or id, or its resource); None for a list of names."""
+    if field.struct is None:
+        return None
+    present = {f.attr for f in field.struct.fields if version in f.versions}
+    return next((attr for attr in _KEY_ATTRS
+                 if attr in present and getattr(item, attr) is not None), None)
+
+
+_KEY_ATTRS = ("name", "topic", "topic_name", "topic_id", "resource_name")
+
+
+def answer(mine: Request, within: str | None, code: int,
+           message: Callable[[str | None], str | None]) -> Response:
+    """The proxy's answer for the entries ``split`` took out (``mine``): ``code`` in
+    each of them, the entries above them error-free, and where the answer has error
+    text, ``message`` of the entry's name (None for a topic named by id)."""
+    resp = error_response(mine, code, None, within)
+    return resp.replace(body=_texts(resp.api.response.root, resp.api_version, resp.body,
+                                    code, message))
+
+
+def _texts(struct: StructSpec, version: int, value: Any, code: int,
+           message: Callable[[str | None], str | None], name: str | None = None) -> Any:
+    """``value`` with each entry's error text set where it carries ``code`` (``name``:
+    the topic its nearest named entry, maybe itself, names)."""
+    changes: dict[str, Any] = {}
+    attrs = {f.attr for f in struct.fields if version in f.versions}
+    name = next((getattr(value, a) for a in _NAME_ATTRS
+                 if a in attrs and isinstance(getattr(value, a), str)), name)
+    if "error_message" in attrs and getattr(value, "error_code", None) == code:
+        changes["error_message"] = message(name)
+    for f in struct.fields:
+        if f.struct is None or version not in f.versions:
+            continue
+        inner = getattr(value, f.attr, None)
+        if inner is None:
+            continue
+        changes[f.attr] = (
+            tuple(_texts(f.struct, version, v, code, message, name) for v in inner)
+            if f.is_array else _texts(f.struct, version, inner, code, message, name))
+    return value.replace(**changes) if changes else value
+
+
+_NAME_ATTRS = ("name", "topic", "topic_name", "resource_name")
+
+
+def merged(resp: Response, extra: Response) -> Response:
+    """The broker's answer ``resp`` with the proxy's answer ``extra`` for the entries
+    taken out put in: an entry under one of the same keys (a group's topics, say) joins
+    it, the others are added at the end; the rest of ``resp`` (its top-level error, its
+    throttle time, a Fetch's session) is the broker's."""
+    api = resp.api
+    body = _merged(api.response.root, api.request.root, resp.api_version, resp.body,
+                   extra.body)
+    return resp if body is resp.body else resp.replace(body=body)
+
+
+def _merged(resp_struct: StructSpec, req_struct: StructSpec, version: int, value: Any,
+            extra: Any) -> Any:
+    changes: dict[str, Any] = {}
+    for step in answer_plan(resp_struct, req_struct, version):
+        if step[0] not in ("mirror", "mirror_keys"):
+            continue
+        attr = step[1]
+        added = getattr(extra, attr, None)
+        if not added:
+            continue
+        entries = list(getattr(value, attr, None) or ())
+        if step[0] == "mirror_keys":
+            changes[attr] = (*entries, *added)
+            continue
+        keys = tuple(r for r, _ in step[3])
+        where = {tuple(getattr(e, k) for k in keys): i for i, e in enumerate(entries)}
+        for entry in added:
+            i = where.get(tuple(getattr(entry, k) for k in keys))
+            if i is None:
+                entries.append(entry)
+            else:
+                entries[i] = _merged(step[4], step[5], version, entries[i], entry)
+        changes[attr] = tuple(entries)
+    return value.replace(**changes) if changes else value
+
+
+def denied_topics(topic_map: TopicMap) -> EntryTest:
+    """Picks the entries naming (by name) a topic ``topic_map`` does not let the client
+    use: a topic entry, a topic resource, a name in a list of them."""
+    denies = topic_map.denies
+
+    def test(field: FieldSpec, item: Any) -> bool:
+        struct = field.struct
+        if struct is None:
+            return is_topic_field(field) and isinstance(item, str) and denies(item)
+        resource = resource_type(item) == TOPIC_RESOURCE
+        for f in struct.fields:
+            if f.is_array or not (is_topic_field(f) or (resource and f.attr == "resource_name")):
+                continue
+            name = getattr(item, f.attr, None)
+            if isinstance(name, str) and denies(name):
+                return True
+        return False
+
+    return test
+
+
+def unshown_ids(shown: Callable[[bytes], bool | None]) -> EntryTest:
+    """Picks the topic entries naming by id a topic the client may not name (``shown``
+    False) or one not learned yet (None); not a Fetch's forgotten topics (the proxy
+    never checked those: forgetting is harmless)."""
+
+    def test(field: FieldSpec, item: Any) -> bool:
+        struct = field.struct
+        if struct is None or struct.name == _FORGOTTEN:
+            return False
+        topic_id = getattr(item, "topic_id", None)
+        return (topic_id is not None and topic_id.bytes != _ZERO
+                and shown(topic_id.bytes) is not True)
+
+    return test
+
+
+_ZERO = bytes(16)  # "no id": an entry named by its name (DeleteTopics v6+)
+
+__all__ = ["EntryTest", "answer", "denied_topics", "merged", "split", "unshown_ids"]
