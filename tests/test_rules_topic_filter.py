@@ -142,6 +142,15 @@ def test_in_observe_mode_nothing_is_refused_and_what_would_be_is_counted() -> No
     counted.clear()
     assert isinstance(policy.on_request(conn(), produce("orders")), Forward)
     assert all(o.effect != "refuse" for o in counted)
+    # Metadata v0 naming a denied topic, which enforced it refuses: counted too (later
+    # versions are answered without it, not refused: not counted).
+    observed(FILTER, req(3, 0, "app-1", topics=[{"name": "payroll"}]), "orders-only",
+             "allow_topics")
+    policy, counted = observed(FILTER, produce("payroll"), "orders-only", "allow_topics")
+    counted.clear()
+    later = req(3, 12, "app-1", topics=[{"name": "payroll", "topic_id": uuid.UUID(int=0)}])
+    assert policy.on_request(conn(), later).request is later  # type: ignore[union-attr]
+    assert all(o.effect != "refuse" for o in counted)
 
 
 @pytest.mark.parametrize(("text", "line", "message"), [

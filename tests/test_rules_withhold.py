@@ -103,3 +103,17 @@ def test_what_kafka_answers_whole_or_nothing_left_is_refused_whole() -> None:
     assert isinstance(decision, Respond)
     assert [(r.name, r.error_code) for r in decision.response.body.responses] == [
         ("payroll", TOPIC_AUTHORIZATION_FAILED), ("salaries", TOPIC_AUTHORIZATION_FAILED)]
+
+
+def test_two_entries_of_one_key_split_are_refused_whole() -> None:
+    """Two groups of one id, one with a denied topic: which of the broker's two answers
+    the proxy's would join cannot be told, so the request is answered whole."""
+    policy = RulesPolicy(rules(FILTER))
+    twice = req(9, 9, "app-1", groups=[
+        {"group_id": "g1", "topics": [{"name": "orders", "partition_indexes": [0]},
+                                      {"name": "payroll", "partition_indexes": [0]}]},
+        {"group_id": "g1", "topics": [{"name": "orders", "partition_indexes": [1]}]}])
+    decision = policy.on_request(conn(), twice)
+    assert isinstance(decision, Respond)
+    assert {p.error_code for g in decision.response.body.groups for t in g.topics
+            for p in t.partitions} == {TOPIC_AUTHORIZATION_FAILED}

@@ -967,9 +967,11 @@ class RulesPolicy(Policy):
 
     def _would_refuse_topics(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation,
                              ruleset: RuleSet) -> tuple[Outcome, ...]:
-        """An observe-mode topic filter: what it would refuse (counted and logged)."""
+        """An observe-mode topic filter: what it would refuse (counted and logged; not
+        Metadata but v0, as enforced)."""
         observed = evaluation.observed_map
-        if observed is None or not req.known or req.api_key == METADATA:
+        if (observed is None or not req.known
+                or (req.api_key == METADATA and req.api_version > 0)):
             return ()
         try:
             denied = _denied_names(req, observed)

@@ -46,6 +46,10 @@ class _Split:
     def __init__(self) -> None:
         self.keys: set[str | None] = set()
         self.answered = False
+        # An entry some of whose entries were taken out, whose key another entry shares
+        # (two groups of one id): which of the broker's entries the proxy's answer for
+        # it joins could not be told.
+        self.ambiguous = False
 
 
 def split(req: Request, withholds: EntryTest
@@ -62,7 +66,7 @@ def split(req: Request, withholds: EntryTest
     version = req.api_version
     kept, mine, left = _split(api.response.root, api.request.root, req.body, version,
                               withholds, found)
-    if mine is None:
+    if mine is None or found.ambiguous:
         return None
     if not found.answered:
         return req.replace(body=kept), None, None
@@ -104,6 +108,10 @@ def _split(resp_struct: StructSpec, req_struct: StructSpec, value: Any, version:
                     take.append(sub_mine)
                     if sub_left:
                         keep.append(sub_kept)
+                    key = tuple(getattr(item, g) for _, g in step[3])
+                    found.ambiguous = found.ambiguous or sum(
+                        tuple(getattr(other, g) for _, g in step[3]) == key
+                        for other in items) > 1
                     continue
             keep.append(item)
         left = left or bool(keep)
