@@ -100,6 +100,10 @@ def answer_plan(resp_struct: StructSpec, req_struct: StructSpec, version: int) -
             steps.append(("error", f.attr))
         elif f.attr == "error_message" and f.type == "string":
             steps.append(("message", f.attr))
+        elif f.attr == "high_watermark" and f.type == "int64":
+            # Kafka's (FetchResponse.partitionResponse): none known (the spec has no
+            # default, so it would read 0, "the partition is empty").
+            steps.append(("unknown", f.attr))
         elif f.is_array and f.struct is not None:
             match: tuple[Any, ...] | None = None
             for g in req_fields:
@@ -147,6 +151,9 @@ def _fill(resp_struct: StructSpec, req_struct: StructSpec, req_value: Any, versi
         elif kind == "message":
             if active:
                 changes[step[1]] = message
+        elif kind == "unknown":
+            if active:
+                changes[step[1]] = -1
         elif kind == "copy":
             value = getattr(req_value, step[2], None) if req_value is not None else None
             if value is not None:
