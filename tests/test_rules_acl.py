@@ -5,6 +5,7 @@ authorization errors, answers without what the client may not describe."""
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import pytest
 
@@ -21,7 +22,7 @@ from gatehouse.rules.acl import (
     operation,
 )
 from tests.test_rules import req, rules
-from tests.test_rules_topic_filter import conn, listening, metadata_answer, produce
+from tests.test_rules_topic_filter import answered, conn, listening, metadata_answer, produce
 
 TOPIC_AUTHORIZATION_FAILED, GROUP_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_ID = 29, 30, 100
 BILLING, TEAM, OTHER = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
@@ -131,26 +132,21 @@ def test_a_group_it_may_not_read_is_refused_and_metadata_shows_what_it_may_descr
                    session_epoch=-1, topics=[{"topic_id": i, "partitions": [
                        {"partition": 0, "fetch_offset": 0}]} for i in ids])
 
-    def errors(answer: codecs.Response) -> list[tuple[uuid.UUID, int]]:
-        body = codecs.decode_response(memoryview(bytes(answer.encode())), 1, 17).body
+    def errors(body: Any) -> list[tuple[uuid.UUID, int]]:
         assert body.error_code == 0
         return [(t.topic_id, p.error_code) for t in body.responses for p in t.partitions]
 
     for topic_id, code in ((TEAM, TOPIC_AUTHORIZATION_FAILED), (OTHER, UNKNOWN_TOPIC_ID)):
         decision = policy.on_request(conn(), fetch(topic_id))
         assert isinstance(decision, Respond)
-        assert errors(decision.response) == [(topic_id, code)]
+        assert errors(decision.response.body) == [(topic_id, code)]
     assert isinstance(policy.on_request(conn(), fetch(BILLING)), Forward)
     # All three in one Fetch: billing's goes up, each of the others gets its error.
     decision = policy.on_request(conn(), fetch(OTHER, BILLING, TEAM))
     assert isinstance(decision, Forward)
     assert [t.topic_id for t in decision.request.body.topics] == [BILLING]
-    broker = codecs.response_from_dict({"header": {"correlation_id": 1}, "body": {
-        "responses": [{"topic_id": BILLING, "partitions": [{"partition_index": 0}]}]}},
-        api_key=1, api_version=17)
-    answer = policy.on_response(conn(), Pending(1, 1, 17, 0.0, wants_response=True,
-                                                context=decision.context),
-                                codecs.decode_response(memoryview(bytes(broker.encode())), 1, 17))
+    answer = answered(policy, decision, {"responses": [
+        {"topic_id": BILLING, "partitions": [{"partition_index": 0}]}]})
     assert sorted(errors(answer), key=repr) == sorted(
         [(BILLING, 0), (TEAM, TOPIC_AUTHORIZATION_FAILED), (OTHER, UNKNOWN_TOPIC_ID)], key=repr)
 

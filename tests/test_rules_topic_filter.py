@@ -14,6 +14,7 @@ from gatehouse.configfile import ConfigError, load_yaml_text
 from gatehouse.proxy.hooks import ConnectionInfo, Forward, Pending, Respond
 from gatehouse.proxy.policy import RulesPolicy
 from gatehouse.rules import Chain, Prefix, TopicFilter, parse_rules
+from gatehouse.rules.errors import error_response
 from tests.test_rules import req, rules
 
 TOPIC_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_ID = 29, 100
@@ -32,6 +33,22 @@ def metadata_answer(*names: tuple[str, uuid.UUID]) -> codecs.Response:
     frame = bytes(codecs.response_from_dict({"header": {"correlation_id": 1}, "body": body},
                                             api_key=3, api_version=12).encode())
     return codecs.decode_response(memoryview(frame), 3, 12)
+
+
+def answered(policy: RulesPolicy, decision: Forward, broker_body: dict[str, Any] | None = None
+             ) -> Any:
+    """The client's answer (read back from bytes) when the broker answers what was sent
+    (``broker_body``, or every entry sent without error)."""
+    sent = decision.request
+    key, version = sent.api_key, sent.api_version
+    broker = (error_response(sent, 0) if broker_body is None else codecs.response_from_dict(
+        {"header": {"correlation_id": 1}, "body": broker_body}, api_key=key,
+        api_version=version))
+    got = policy.on_response(conn(), Pending(1, key, version, 0.0, wants_response=True,
+                                             context=decision.context),
+                             codecs.decode_response(memoryview(bytes(broker.encode())), key,
+                                                    version))
+    return codecs.decode_response(memoryview(bytes(got.encode())), key, version).body
 
 
 def listening(policy: RulesPolicy) -> tuple[list[Any], list[tuple[str, str]]]:
@@ -205,14 +222,9 @@ def test_a_fetch_keeps_its_session_and_metadata_is_answered_without_the_topic() 
     sent = decision.request.body
     assert [t.topic for t in sent.topics] == ["orders"]
     assert [t.topic for t in sent.forgotten_topics_data] == ["orders"]
-    broker = codecs.response_from_dict({"header": {"correlation_id": 1}, "body": {
-        "error_code": 0, "session_id": 5, "responses": [{"topic": "orders", "partitions": [
-            {"partition_index": 0, "high_watermark": 7, "records": b""}]}]}},
-        api_key=1, api_version=12)
-    answer = policy.on_response(conn(), Pending(1, 1, 12, 0.0, wants_response=True,
-                                                context=decision.context),
-                                codecs.decode_response(memoryview(bytes(broker.encode())), 1, 12))
-    body = codecs.decode_response(memoryview(bytes(answer.encode())), 1, 12).body
+    body = answered(policy, decision, {"error_code": 0, "session_id": 5, "responses": [
+        {"topic": "orders", "partitions": [{"partition_index": 0, "high_watermark": 7,
+                                             "records": b""}]}]})
     assert (body.error_code, body.session_id) == (0, 5)
     assert [(t.topic, [(p.partition_index, p.error_code, p.high_watermark)
                        for p in t.partitions]) for t in body.responses] == [

@@ -19,6 +19,7 @@ from gatehouse.rules import Prefix
 from gatehouse.rules.topicids import TopicIds, checks_ids, teaches_ids
 from tests.codec_strategies import build_message, header_tags, message_body
 from tests.test_rules import req, rules
+from tests.test_rules_topic_filter import answered
 
 TENANT = ('- name: tenant-a\n  match: {client_id: "^a-"}\n'
           '  topic_prefix: {broker: "a.", hide_others: true}\n')
@@ -97,14 +98,9 @@ def test_ids_of_the_clients_topics_pass_and_others_get_unknown_topic_id() -> Non
     decision = policy.on_request(conn(), fetch(MINE, THEIRS, UNSEEN))
     assert isinstance(decision, Forward) and decision.wants_response
     assert [t.topic_id for t in decision.request.body.topics] == [MINE]
-    broker = codecs.response_from_dict({"header": {"correlation_id": 1}, "body": {
-        "session_id": 7, "responses": [{"topic_id": MINE, "partitions": [
-            {"partition_index": p, "high_watermark": 3} for p in (0, 1)]}]}},
-        api_key=1, api_version=17)
-    merged = policy.on_response(conn(), Pending(1, 1, 17, 0.0, wants_response=True,
-                                                context=decision.context),
-                                codecs.decode_response(memoryview(bytes(broker.encode())), 1, 17))
-    body = codecs.decode_response(memoryview(bytes(merged.encode())), 1, 17).body
+    body = answered(policy, decision, {"session_id": 7, "responses": [
+        {"topic_id": MINE, "partitions": [{"partition_index": p, "high_watermark": 3}
+                                          for p in (0, 1)]}]})
     assert (body.error_code, body.session_id) == (0, 7)
     assert [(t.topic_id, [p.error_code for p in t.partitions]) for t in body.responses] == [
         (MINE, [0, 0]), (THEIRS, [UNKNOWN_TOPIC_ID] * 2), (UNSEEN, [UNKNOWN_TOPIC_ID] * 2)]

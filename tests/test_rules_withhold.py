@@ -4,32 +4,12 @@ arrays too; APIs Kafka answers whole are refused whole."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from gatehouse import codecs
-from gatehouse.proxy.hooks import Forward, Pending, Respond
+from gatehouse.proxy.hooks import Forward, Respond
 from gatehouse.proxy.policy import RulesPolicy
-from gatehouse.rules.errors import error_response
 from tests.test_rules import req, rules
-from tests.test_rules_topic_filter import FILTER, conn
+from tests.test_rules_topic_filter import FILTER, answered, conn
 
 TOPIC_AUTHORIZATION_FAILED = 29
-
-
-def answered(policy: RulesPolicy, decision: Forward, broker_body: dict[str, Any] | None = None
-             ) -> Any:
-    """The client's answer (read back from bytes) when the broker answers what was sent
-    (``broker_body``, or every entry sent without error)."""
-    sent = decision.request
-    key, version = sent.api_key, sent.api_version
-    broker = (error_response(sent, 0) if broker_body is None else codecs.response_from_dict(
-        {"header": {"correlation_id": 1}, "body": broker_body}, api_key=key,
-        api_version=version))
-    got = policy.on_response(conn(), Pending(1, key, version, 0.0, wants_response=True,
-                                             context=decision.context),
-                             codecs.decode_response(memoryview(bytes(broker.encode())), key,
-                                                    version))
-    return codecs.decode_response(memoryview(bytes(got.encode())), key, version).body
 
 
 def test_a_groups_denied_topics_join_the_brokers_answer_for_that_group() -> None:
