@@ -813,6 +813,7 @@ class RulesPolicy(Policy):
         message = _FOREIGN_ID if foreign else UNSEEN_ID
         steps: list[tuple[Callable[[bytes], bool | None], int, str]] = []
         seen = self._described(conn, req, ruleset, topic_map, foreign)
+        others = foreign  # foreign ids the client does not see in Metadata either
         if seen is not None:
             # Denied here, seen in Metadata: as a broker's ACLs answer it.
             name, described = seen
@@ -824,7 +825,8 @@ class RulesPolicy(Policy):
             message = denied_message(name, rule)
             steps.append((lambda topic_id: not described(topic_id), TOPIC_AUTHORIZATION_FAILED,
                           message))
-        steps.append((shown, UNKNOWN_TOPIC_ID, _FOREIGN_ID if foreign else UNSEEN_ID))
+            others -= sum(map(described, request_ids(req)))
+        steps.append((shown, UNKNOWN_TOPIC_ID, _FOREIGN_ID if others else UNSEEN_ID))
         self._log_refusal(conn, req, rule, message, observe=False)
         withheld: list[_Withholding] = []
         for test_shown, code, text in steps:
