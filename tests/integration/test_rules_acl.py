@@ -4,6 +4,7 @@ each user to what it may do, with the errors Kafka's own ACLs give."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import confluent_kafka as ck
@@ -136,8 +137,8 @@ def test_each_topic_of_a_request_is_answered_on_its_own(kafka: KafkaCluster) -> 
     it, so put it in the same requests as the others).  A consumer of billing and audit
     reads billing and is told audit is not hers; a producer's one Produce request to
     alice.* and audit writes alice.*'s records; a DeleteTopics of an alice.* topic and
-    billing deletes the first.  librdkafka, Java (Produce and Fetch by topic id) and raw
-    requests.  (The proxy used to refuse such a request whole: the Java producer's
+    billing deletes the first.  librdkafka, kafka-python (Fetch by name), Java (Produce
+    and Fetch by topic id) and raw requests.  (The proxy used to refuse such a request whole: the Java producer's
     records to alice.* failed with audit's, and librdkafka was never told audit is not
     hers, only that its id was unknown.)"""
     billing, audit = unique("billing.eu"), unique("audit.log")
@@ -169,6 +170,27 @@ def test_each_topic_of_a_request_is_answered_on_its_own(kafka: KafkaCluster) -> 
         consumer.close()
         assert sorted(read) == sorted((billing, v) for v in sent)
         assert ck.KafkaError.TOPIC_AUTHORIZATION_FAILED in errors
+
+        # kafka-python pinned to Kafka 2.8's versions: a Fetch by topic name, the same.
+        from kafka import KafkaConsumer
+        from kafka.errors import TopicAuthorizationFailedError
+
+        reader = KafkaConsumer(bootstrap_servers=proxy.bootstrap, client_id="alice-kp",
+                               group_id=unique("alice-kp"), auto_offset_reset="earliest",
+                               api_version=(2, 8))
+        reader.subscribe([billing, audit])
+        got: list[tuple[str, bytes]] = []
+        denied: list[TopicAuthorizationFailedError] = []
+        deadline = time.monotonic() + 30
+        while (len(got) < 10 or not denied) and time.monotonic() < deadline:
+            try:
+                for partition, records in reader.poll(timeout_ms=500).items():
+                    got.extend((partition.topic, r.value) for r in records)
+            except TopicAuthorizationFailedError as error:
+                denied.append(error)
+        reader.close()
+        assert sorted(got) == sorted((billing, v) for v in sent)
+        assert denied and audit in str(denied[0])
 
         # Java: a producer's batches for both topics in one request, then a consumer of
         # both in a group (Fetch by topic id: audit's error is Kafka's ACL error, since
