@@ -355,7 +355,7 @@ def names_half_hidden(message: Any, version: int, body: Any) -> Any:
 
     def is_name(f: Any) -> bool:
         return (topic_maps.is_topic_field(f) or topic_maps._is_resource_field(f)
-                or topic_maps._id_kind(f) is not None)
+                or topic_maps.id_kind(f) is not None)
 
     def visit(struct: Any, record: Any) -> Any:
         changes: dict[str, Any] = {}

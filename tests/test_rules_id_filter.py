@@ -16,7 +16,7 @@ from gatehouse.proxy.hooks import Forward, Pending, Respond
 from gatehouse.proxy.policy import RulesPolicy
 from gatehouse.rules import Chain, IdFilter, Prefix, TopicFilter, parse_rules
 from tests.test_rules import req, rules
-from tests.test_rules_topic_filter import conn, listening, observed
+from tests.test_rules_topic_filter import answered, conn, listening, observed
 
 GROUP_AUTHORIZATION_FAILED, TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 30, 53
 TOPIC_AUTHORIZATION_FAILED = 29
@@ -72,10 +72,19 @@ def test_a_request_naming_a_group_not_allowed_is_refused(group: str, action: str
 def test_the_coordinator_of_a_group_not_allowed_is_not_looked_up(
         version: int, fields: dict[str, Any]) -> None:
     policy = RulesPolicy(rules(IDS))
-    body = answer(policy.on_request(conn(), req(10, version, "app-1", **fields)), 10, version)
-    codes = ([body.error_code] if version < 4
-             else [c.error_code for c in body.coordinators])
-    assert set(codes) == {GROUP_AUTHORIZATION_FAILED}
+    decision = policy.on_request(conn(), req(10, version, "app-1", **fields))
+    if version < 4:
+        assert answer(decision, 10, version).error_code == GROUP_AUTHORIZATION_FAILED
+    else:
+        # Each key answered on its own, as a broker's ACLs answer them: the allowed
+        # group's looked up, the other's refused.
+        assert isinstance(decision, Forward)
+        assert decision.request.body.coordinator_keys == ("team-a.orders",)
+        body = answered(policy, decision, {"coordinators": [
+            {"key": "team-a.orders", "node_id": 1, "host": "b", "port": 9092}]})
+        assert [(c.key, c.error_code) for c in body.coordinators] == [
+            ("team-a.orders", 0), ("team-b.orders", GROUP_AUTHORIZATION_FAILED)]
+        assert "group 'team-b.orders' is not allowed" in body.coordinators[1].error_message
     ok = req(10, 4, "app-1", key_type=0, coordinator_keys=["team-a.orders"])
     assert isinstance(policy.on_request(conn(), ok), Forward)
     # A transactional id's coordinator is a transactional id's business.

@@ -97,3 +97,54 @@ def test_two_entries_of_one_key_split_are_refused_whole() -> None:
     assert isinstance(decision, Respond)
     assert {p.error_code for g in decision.response.body.groups for t in g.topics
             for p in t.partitions} == {TOPIC_AUTHORIZATION_FAILED}
+
+
+def test_groups_and_transactional_ids_are_answered_one_by_one_too() -> None:
+    from tests.test_rules_id_filter import IDS
+
+    policy = RulesPolicy(rules(IDS))
+    group_denied, txn_denied = 30, 53
+    describing = req(15, 5, "app-1", groups=["team-a.orders", "team-b.orders"],
+                     include_authorized_operations=False)
+    decision = policy.on_request(conn(), describing)
+    assert isinstance(decision, Forward)
+    assert decision.request.body.groups == ("team-a.orders",)
+    assert [(g.group_id, g.error_code) for g in answered(policy, decision).groups] == [
+        ("team-a.orders", 0), ("team-b.orders", group_denied)]
+
+    # One group of an OffsetFetch denied: that group's error, at the group.
+    fetching = req(9, 9, "app-1", groups=[
+        {"group_id": g, "topics": [{"name": "orders", "partition_indexes": [0]}]}
+        for g in ("team-b.x", "team-a.y")])
+    decision = policy.on_request(conn(), fetching)
+    assert isinstance(decision, Forward)
+    assert [g.group_id for g in decision.request.body.groups] == ["team-a.y"]
+    assert [(g.group_id, g.error_code) for g in answered(policy, decision).groups] == [
+        ("team-a.y", 0), ("team-b.x", group_denied)]
+
+    described = req(65, 0, "app-1", transactional_ids=["team-a-1", "payments-1"])
+    decision = policy.on_request(conn(), described)
+    assert isinstance(decision, Forward)
+    assert decision.request.body.transactional_ids == ("team-a-1",)
+    assert [(t.transactional_id, t.error_code)
+            for t in answered(policy, decision).transaction_states] == [
+        ("team-a-1", 0), ("payments-1", txn_denied)]
+
+    # A group's config resource beside a topic's (KIP-848's group configs).
+    configs = req(32, 4, "app-1", resources=[
+        {"resource_type": 32, "resource_name": "team-b.orders", "configuration_keys": None},
+        {"resource_type": 2, "resource_name": "any-topic", "configuration_keys": None}])
+    decision = policy.on_request(conn(), configs)
+    assert isinstance(decision, Forward)
+    assert [r.resource_name for r in decision.request.body.resources] == ["any-topic"]
+    assert [(r.resource_name, r.error_code) for r in answered(policy, decision).results] == [
+        ("any-topic", 0), ("team-b.orders", group_denied)]
+
+    # A group id of the request's own (not an entry): refused whole.
+    commit = req(8, 9, "app-1", group_id="team-b.g", generation_id_or_member_epoch=1,
+                 member_id="m", group_instance_id=None, topics=[
+                     {"name": "orders", "partitions": [
+                         {"partition_index": 0, "committed_offset": 1,
+                          "committed_leader_epoch": -1, "committed_metadata": None}]}])
+    decision = policy.on_request(conn(), commit)
+    assert isinstance(decision, Respond)

@@ -112,7 +112,15 @@ from gatehouse.rules.topics import (
     regex_subscription,
     topic_names,
 )
-from gatehouse.rules.withhold import EntryTest, denied_topics, split, unshown_ids
+from gatehouse.rules.withhold import (
+    NAME_ATTRS,
+    WHOLE,
+    EntryTest,
+    denied_ids,
+    denied_topics,
+    split,
+    unshown_ids,
+)
 from gatehouse.rules.withhold import answer as answer_entries
 from gatehouse.rules.withhold import merged as merged_entries
 
@@ -839,7 +847,7 @@ class RulesPolicy(Policy):
                 continue
             held = self._withheld_entries(req, unshown_ids(test_shown), code,
                                           partial(_same_text, text), outcomes, picks)
-            if held is None:
+            if not isinstance(held, _Withholding):  # (or in no entry an answer mirrors)
                 # Nothing else left: the whole request answered (by topic: a top-level
                 # error would end a Fetch's session).
                 return (_with_withheld(_refused(req, text, code, within="topic_id"), withheld),
@@ -873,15 +881,20 @@ class RulesPolicy(Policy):
     def _withheld_entries(self, req: Request, test: EntryTest, code: int,
                           message: Callable[[str | None], str | None],
                           outcomes: tuple[Outcome, ...],
-                          still_refused: Callable[[Request], bool]) -> _Withholding | None:
+                          still_refused: Callable[[Request], bool],
+                          names: tuple[str, ...] = NAME_ATTRS[TOPIC]
+                          ) -> _Withholding | object | None:
         """``req``'s entries ``test`` picks, withheld (``rules.withhold``), as a broker
         answers each topic on its own: the rest to send on and the answer for them;
-        None when the request is to be answered whole (nothing else is left, its API is
-        answered whole, or what it is refused for is not in those entries)."""
+        ``_NOTHING`` when it picks none; None when the request is to be answered whole
+        (nothing else is left, its API is answered whole, or what it is refused for is
+        not in those entries)."""
         parts = split(req, test)
         if parts is None:
+            return _NOTHING
+        if parts is WHOLE:
             return None
-        rest, mine, within = parts
+        rest, mine, within = parts  # type: ignore[misc]
         if rest is None or still_refused(rest):
             return None
         if mine is None:  # forgotten topics only: nothing to answer
@@ -890,8 +903,8 @@ class RulesPolicy(Policy):
             return _Withholding(rest, None, outcomes, close_after=(
                 f"refused topics of an acks=0 Produce ({message(None)}): no response "
                 "exists to carry the error, so the connection is closed"))
-        return _Withholding(rest, answer_entries(mine, within, code, message), outcomes,
-                            merge=merged_entries)
+        return _Withholding(rest, answer_entries(mine, within, code, message, names),
+                            outcomes, merge=merged_entries)
 
     def _would_refuse_ids(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation,
                           ruleset: RuleSet) -> tuple[Outcome, ...]:
@@ -958,14 +971,32 @@ class RulesPolicy(Policy):
                          if o.rule == rule and o.action == "topics" else o
                          for o in evaluation.outcomes)
         self._log_refusal(conn, req, rule, message, observe=False)
-        if bad_cursor is None and kind == TOPIC:
-            held = self._withheld_entries(
-                req, denied_topics(topic_map), code,
-                lambda entry: denied_message(entry, rule) if entry else message, outcomes,
-                lambda rest: _denied_names(rest, topic_map) is not None)
-            if held is not None:
-                return held
-        return (_refused(req, message, code, message, within), outcomes)
+        if bad_cursor is not None:
+            return (_refused(req, message, code, message, within), outcomes)
+        # Each kind of name in turn: the entries naming ones the client may not use
+        # taken out, each with its kind's error, as a broker's ACLs answer them.
+        withheld: list[_Withholding] = []
+        keys_kind = lookup_kind(req)
+        for each in (TOPIC, *sorted(filtered_id_kinds(topic_map))):
+            test = (denied_topics(topic_map) if each == TOPIC
+                    else denied_ids(topic_map, each, keys_kind))
+            text = partial(_entry_text, each, rule, message)
+            held = self._withheld_entries(req, test, _NOT_AUTHORIZED[each], text, outcomes,
+                                          partial(_picks_any, test), NAME_ATTRS[each])
+            if held is _NOTHING:
+                continue
+            if not isinstance(held, _Withholding):
+                return (_with_withheld(_refused(req, message, _NOT_AUTHORIZED[each], message,
+                                                within if each == TOPIC else None),
+                                       withheld), outcomes)
+            withheld.append(held)
+            req = held.rest
+        if not withheld or _denied_names(req, topic_map) is not None:
+            # What it may not use is not in an entry (a group id of its own, a topic in
+            # a subscription): refused whole.
+            return (_with_withheld(_refused(req, message, code, message, within), withheld),
+                    outcomes)
+        return _joined(withheld)
 
     def _would_refuse_topics(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation,
                              ruleset: RuleSet) -> tuple[Outcome, ...]:
@@ -1145,6 +1176,20 @@ def _with_withheld(decision: Decision, withheld: Sequence[_Withholding]) -> Deci
         context = _Withheld(context, w.answer, w.merge)  # type: ignore[arg-type]
     return dataclasses.replace(decision, wants_response=True, context=context,
                                close_after=close_after)
+
+
+# ``_withheld_entries``' word for a request none of whose entries a test picks.
+_NOTHING = object()
+
+
+def _entry_text(kind: str, rule: str, whole: str, name: str | None) -> str:
+    """The error text of an entry naming ``name`` of ``kind`` a filter of ``rule``
+    does not allow (``whole``: the request's, for an entry that names none itself)."""
+    return _denied_text(kind, name, rule) if name else whole
+
+
+def _picks_any(test: EntryTest, req: Request) -> bool:
+    return split(req, test) is not None
 
 
 def _same_text(text: str, _name: str | None) -> str:

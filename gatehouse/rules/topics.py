@@ -451,9 +451,14 @@ def _response_predicate(f: FieldSpec) -> bool:
             or _has_direct(f.struct, _request_predicate))
 
 
-def _id_kind(f: FieldSpec) -> str | None:
+def id_kind(f: FieldSpec) -> str | None:
     """The kind of name (``GROUP``, ``TRANSACTION``) a string field holds, if any."""
     return _KIND_OF_ENTITY.get(f.entity) if f.entity and f.type == "string" else None
+
+
+def id_resource_types(kind: str) -> frozenset[int]:
+    """The resource types (ACLs', configs') whose names are ids of ``kind``."""
+    return _KINDS[kind].resource_types
 
 
 @cache
@@ -466,7 +471,7 @@ def _predicates(kinds: IdKinds) -> tuple[Callable[[FieldSpec], bool],
         return _request_predicate, _response_predicate, lambda f: False
 
     def is_id(f: FieldSpec) -> bool:
-        return _id_kind(f) in kinds
+        return id_kind(f) in kinds
 
     def request(f: FieldSpec) -> bool:
         return _request_predicate(f) or is_id(f)
@@ -556,7 +561,7 @@ def _visit_plan(struct: StructSpec, to_client: bool, kinds: IdKinds
     tells)."""
     plan = []
     for f in struct.fields:
-        kind = _id_kind(f)
+        kind = id_kind(f)
         if kind not in kinds:
             kind = None
         if is_topic_field(f) or kind or _is_resource_field(f):
@@ -1049,7 +1054,7 @@ def id_names(req: Request, kinds: IdKinds) -> list[tuple[str, str]]:
             value = getattr(record, f.attr, None)
             if value is None:
                 continue
-            kind = _id_kind(f) if is_id(f) else (
+            kind = id_kind(f) if is_id(f) else (
                 resource_kind if resource_kind and _is_resource_field(f) else None)
             if kind is not None:
                 found.extend((kind, v) for v in (value if f.is_array else (value,)) if v)

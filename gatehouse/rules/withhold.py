@@ -18,11 +18,21 @@ mirrors) is left in; the caller sees it still there and refuses the whole reques
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from gatehouse.codecs import FieldSpec, Request, Response, StructSpec
 from gatehouse.rules.errors import answer_plan, error_response
-from gatehouse.rules.topics import TOPIC_RESOURCE, TopicMap, is_topic_field, resource_type
+from gatehouse.rules.topics import (
+    GROUP,
+    TOPIC,
+    TOPIC_RESOURCE,
+    TRANSACTION,
+    TopicMap,
+    id_kind,
+    id_resource_types,
+    is_topic_field,
+    resource_type,
+)
 
 # Whether an entry of the array ``field`` (a struct, or one name of a list of them) is
 # to be taken out.
@@ -52,22 +62,35 @@ class _Split:
         self.ambiguous = False
 
 
+class _Whole:
+    def __repr__(self) -> str:
+        return "WHOLE"
+
+
+# ``split``'s word for a request whose picked entries cannot be answered on their own.
+WHOLE: Final = _Whole()
+
+
 def split(req: Request, withholds: EntryTest
-          ) -> tuple[Request | None, Request | None, str | None] | None:
+          ) -> tuple[Request | None, Request | None, str | None] | _Whole | None:
     """``req`` without the entries ``withholds`` picks (None when nothing of what the
     answer mirrors is left to send), the request of those entries alone (with their
     parents' keys: the request to answer for them; None when the picked ones need no
     answer: forgotten topics), and the request field their answer's errors go below;
-    None when none is picked, or the API is answered as a whole."""
+    None when none is picked (in an entry an answer mirrors); ``WHOLE`` when the API is
+    answered as a whole, or which of the broker's entries an answer would join cannot
+    be told."""
     api = req.api
-    if api.name in _WHOLE or req.body is None:
+    if req.body is None:
         return None
     found = _Split()
     version = req.api_version
     kept, mine, left = _split(api.response.root, api.request.root, req.body, version,
                               withholds, found)
-    if mine is None or found.ambiguous:
+    if mine is None:
         return None
+    if api.name in _WHOLE or found.ambiguous:
+        return WHOLE
     if not found.answered:
         return req.replace(body=kept), None, None
     rest = req.replace(body=kept) if left else None
@@ -145,26 +168,30 @@ def _key_attr(field: FieldSpec, item: Any, version: int) -> str | None:
                  if attr in present and getattr(item, attr) is not None), None)
 
 
-_KEY_ATTRS = ("name", "topic", "topic_name", "topic_id", "resource_name")
+_KEY_ATTRS = ("name", "topic", "topic_name", "topic_id", "resource_name", "group_id",
+              "transactional_id")
 
 
 def answer(mine: Request, within: str | None, code: int,
-           message: Callable[[str | None], str | None]) -> Response:
+           message: Callable[[str | None], str | None],
+           names: tuple[str, ...] = ()) -> Response:
     """The proxy's answer for the entries ``split`` took out (``mine``): ``code`` in
     each of them, the entries above them error-free, and where the answer has error
-    text, ``message`` of the entry's name (None for a topic named by id)."""
+    text, ``message`` of the name the entry (or the nearest entry above it) has in one
+    of the fields ``names`` (None for a topic named by id)."""
     resp = error_response(mine, code, None, within)
     return resp.replace(body=_texts(resp.api.response.root, resp.api_version, resp.body,
-                                    code, message))
+                                    code, message, names or NAME_ATTRS[TOPIC]))
 
 
 def _texts(struct: StructSpec, version: int, value: Any, code: int,
-           message: Callable[[str | None], str | None], name: str | None = None) -> Any:
+           message: Callable[[str | None], str | None], names: tuple[str, ...],
+           name: str | None = None) -> Any:
     """``value`` with each entry's error text set where it carries ``code`` (``name``:
-    the topic its nearest named entry, maybe itself, names)."""
+    what its nearest named entry, maybe itself, names)."""
     changes: dict[str, Any] = {}
     attrs = {f.attr for f in struct.fields if version in f.versions}
-    name = next((getattr(value, a) for a in _NAME_ATTRS
+    name = next((getattr(value, a) for a in names
                  if a in attrs and isinstance(getattr(value, a), str)), name)
     if "error_message" in attrs and getattr(value, "error_code", None) == code:
         changes["error_message"] = message(name)
@@ -175,12 +202,16 @@ def _texts(struct: StructSpec, version: int, value: Any, code: int,
         if inner is None:
             continue
         changes[f.attr] = (
-            tuple(_texts(f.struct, version, v, code, message, name) for v in inner)
-            if f.is_array else _texts(f.struct, version, inner, code, message, name))
+            tuple(_texts(f.struct, version, v, code, message, names, name) for v in inner)
+            if f.is_array else _texts(f.struct, version, inner, code, message, names, name))
     return value.replace(**changes) if changes else value
 
 
-_NAME_ATTRS = ("name", "topic", "topic_name", "resource_name")
+# The answer's fields that name an entry, by kind of name: a topic's, a group's, a
+# transactional id's (a resource's name, a FindCoordinator's key, of either).
+NAME_ATTRS: Final = {TOPIC: ("name", "topic", "topic_name", "resource_name"),
+                     GROUP: ("group_id", "resource_name", "key"),
+                     TRANSACTION: ("transactional_id", "resource_name", "key")}
 
 
 def merged(resp: Response, extra: Response) -> Response:
@@ -241,6 +272,29 @@ def denied_topics(topic_map: TopicMap) -> EntryTest:
     return test
 
 
+def denied_ids(topic_map: TopicMap, kind: str, keys_kind: str | None = None) -> EntryTest:
+    """Picks the entries naming an id of ``kind`` (``GROUP``, ``TRANSACTION``) that
+    ``topic_map`` does not let the client use: an entry keyed by one (a group of an
+    OffsetFetch), a resource of that kind, one id in a list of them (DescribeGroups'
+    groups; a FindCoordinator's keys, of the kind ``keys_kind``)."""
+    types = id_resource_types(kind)
+
+    def denies(name: Any) -> bool:
+        return isinstance(name, str) and bool(name) and topic_map.denies_id(kind, name)
+
+    def test(field: FieldSpec, item: Any) -> bool:
+        struct = field.struct
+        if struct is None:
+            of = keys_kind if field.attr == "coordinator_keys" else id_kind(field)
+            return of == kind and denies(item)
+        resource = resource_type(item) in types
+        return any(denies(getattr(item, f.attr, None)) for f in struct.fields
+                   if not f.is_array and (id_kind(f) == kind
+                                          or (resource and f.attr == "resource_name")))
+
+    return test
+
+
 def unshown_ids(shown: Callable[[bytes], bool | None]) -> EntryTest:
     """Picks the topic entries naming by id a topic the client may not name (``shown``
     False) or one not learned yet (None); not a Fetch's forgotten topics (the proxy
@@ -259,4 +313,5 @@ def unshown_ids(shown: Callable[[bytes], bool | None]) -> EntryTest:
 
 _ZERO = bytes(16)  # "no id": an entry named by its name (DeleteTopics v6+)
 
-__all__ = ["EntryTest", "answer", "denied_topics", "merged", "split", "unshown_ids"]
+__all__ = ["NAME_ATTRS", "WHOLE", "EntryTest", "answer", "denied_ids", "denied_topics", "merged", "split",
+           "unshown_ids"]
