@@ -9,10 +9,12 @@ import confluent_kafka as ck
 import pytest
 from confluent_kafka.admin import AdminClient
 
+from tests.integration.test_rules_topic_ids import call
 from tests.support.clients import produce, unique
 from tests.support.kafka import KafkaCluster
 from tests.support.proxythread import ProxyThread
 
+GROUP_AUTHORIZATION_FAILED = 30
 RULES = ("- name: team-a\n  match: {client_id: '^app'}\n"
          "  allow_groups: ['team-a\\..*']\n  allow_transactional_ids: ['team-a-.*']\n")
 
@@ -97,5 +99,23 @@ def test_clients_use_only_the_groups_and_transactional_ids_they_may(
         assert mine in listed and theirs not in listed
         described = admin.describe_consumer_groups([mine])[mine].result(20)
         assert described.group_id == mine
+        # Both groups in one request: each answered on its own, as a broker's ACLs
+        # answer them (the proxy used to refuse the whole request).
+        both = call(proxy.bootstrap, 15, 5, {"groups": [mine, theirs],
+                                             "include_authorized_operations": False},
+                    client_id="app-raw")
+        assert [(g.group_id, g.error_code, g.group_state) for g in both.groups] == [
+            (mine, 0, "Empty"), (theirs, GROUP_AUTHORIZATION_FAILED, "")]
+        found = call(proxy.bootstrap, 10, 4, {"key_type": 0,
+                                              "coordinator_keys": [theirs, mine]},
+                     client_id="app-raw")
+        assert [(c.key, c.error_code) for c in found.coordinators] == [
+            (mine, 0), (theirs, GROUP_AUTHORIZATION_FAILED)]
+        assert found.coordinators[0].port in proxy.ports  # the broker's, rewritten
+        futures = admin.describe_consumer_groups([mine, theirs])
+        assert futures[mine].result(20).group_id == mine
+        with pytest.raises(ck.KafkaException) as caught:
+            futures[theirs].result(20)
+        assert caught.value.args[0].code() == ck.KafkaError.GROUP_AUTHORIZATION_FAILED
         assert proxy.sample("gatehouse_rule_decisions_total", rule="team-a",
                             action="refuse") >= 3
