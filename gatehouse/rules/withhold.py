@@ -2,17 +2,20 @@
 
 A broker's ACLs answer each topic of a request on its own: a Produce to two topics, one
 the client may not write, writes the other; a Fetch of two, one it may not read, reads
-the other; a DeleteTopics of two deletes the one it may delete.  The proxy's filters
-(``allow_topics``, ``deny_topics``, ACL rules) and its check of topic ids do the same:
-``split`` takes out the entries that name a topic the client may not use, the rest
-goes up, and ``merged`` puts the proxy's answer for those into the broker's.
+the other; a DeleteTopics of two deletes the one it may delete; a DescribeGroups of two
+groups describes the one it may describe.  The proxy's filters (``allow_topics``,
+``allow_groups``..., ACL rules) and its check of topic ids do the same: ``split`` takes
+out the entries that name what the client may not use (``denied_topics``,
+``denied_ids``, ``unshown_ids``), the rest goes up, and ``merged`` puts the proxy's
+answer for those (``answer``) into the broker's.
 
 Which entries can be taken out, and how the answers are put together, follows the
 response's mirroring of the request (``errors.answer_plan``): only arrays whose entries
 the answer mirrors (a topic entry's answer is a topic entry of the same name), and a
 Fetch's forgotten topics, which have no answer (the broker never had a hidden topic in
-the session).  A name anywhere else (a group id, a transactional id, an array no answer
-mirrors) is left in; the caller sees it still there and refuses the whole request.
+the session).  A name anywhere else (an OffsetCommit's group id, an array no answer
+mirrors) is left in; the caller sees it still there and refuses the whole request, as
+it does the APIs Kafka answers whole (``WHOLE``).
 """
 
 from __future__ import annotations
