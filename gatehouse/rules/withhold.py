@@ -124,7 +124,10 @@ def _split(resp_struct: StructSpec, req_struct: StructSpec, value: Any, version:
         for item in items:
             if withholds(field, item):
                 take.append(item)
-                found.keys.add(_key_attr(field, item, version))
+                # The request field that keys it (the plan's shared keys; None for a
+                # name of a list of them).
+                found.keys.add(None if step[0] == "mirror_keys" else next(
+                    (g for _, g in step[3] if getattr(item, g) is not None), None))
                 found.answered = True
                 continue
             if step[0] == "mirror":
@@ -159,20 +162,6 @@ def _split(resp_struct: StructSpec, req_struct: StructSpec, value: Any, version:
     emptied = {attr: () for attr in mirrored - mine.keys()
                if getattr(value, attr, None)}
     return value.replace(**kept), value.replace(**emptied, **mine), left
-
-
-def _key_attr(field: FieldSpec, item: Any, version: int) -> str | None:
-    """The field of ``item``, an entry of ``field``, that names it (its topic, by name
-    or id, or its resource); None for a list of names."""
-    if field.struct is None:
-        return None
-    present = {f.attr for f in field.struct.fields if version in f.versions}
-    return next((attr for attr in _KEY_ATTRS
-                 if attr in present and getattr(item, attr) is not None), None)
-
-
-_KEY_ATTRS = ("name", "topic", "topic_name", "topic_id", "resource_name", "group_id",
-              "transactional_id")
 
 
 def answer(mine: Request, within: str | None, code: int,
