@@ -235,10 +235,10 @@ class RulesPolicy(Policy):
             if refused is not None:
                 break
             found = check(conn, req, evaluation, ruleset)
-            if isinstance(found, _Withholding):
-                withheld.append(found)
-                req = found.rest
-                evaluation = dataclasses.replace(evaluation, outcomes=found.outcomes)
+            if isinstance(found, list):
+                withheld.extend(found)
+                req = found[-1].rest
+                evaluation = dataclasses.replace(evaluation, outcomes=found[-1].outcomes)
             else:
                 refused = found
         outcomes = evaluation.outcomes
@@ -795,12 +795,14 @@ class RulesPolicy(Policy):
         return client_name
 
     def _refused_ids(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation,
-                     ruleset: RuleSet) -> _Withholding | tuple[Decision, tuple[Outcome, ...]] | None:
+                     ruleset: RuleSet
+                     ) -> list[_Withholding] | tuple[Decision, tuple[Outcome, ...]] | None:
         """Under a map that hides other tenants' topics (see ``rules.topicids``), a
         request that names by id a topic the client may not name, or one the proxy has
-        not seen yet: sent on without those topics, the proxy answering them
-        (``_Withholding``), or answered whole when nothing else is left; with the
-        outcomes to count (the map's rule refused it, it renamed nothing).  None lets
+        not seen yet: sent on without those topics, the proxy answering them (a
+        ``_Withholding`` for each kind of answer, in turn), or answered whole when
+        nothing else is left; with the outcomes to count (the map's rule refused it, it
+        renamed nothing).  None lets
         the request go on.  Such a topic is answered UNKNOWN_TOPIC_ID (another tenant's
         topic as no topic: it tells nothing), but one the client may see in Metadata
         (an ACL that lets it describe the topic, not read it): TOPIC_AUTHORIZATION_FAILED,
@@ -854,7 +856,7 @@ class RulesPolicy(Policy):
                         outcomes)
             withheld.append(held)
             req = held.rest
-        return _joined(withheld) if withheld else None
+        return withheld or None
 
     def _described(self, conn: ConnectionInfo, req: Request, ruleset: RuleSet,
                    topic_map: TopicMap, foreign: int
@@ -881,7 +883,7 @@ class RulesPolicy(Policy):
     def _withheld_entries(self, req: Request, test: EntryTest, code: int,
                           message: Callable[[str | None], str | None],
                           outcomes: tuple[Outcome, ...],
-                          still_refused: Callable[[Request], bool],
+                          still_refused: Callable[[Request], bool] | None = None,
                           names: tuple[str, ...] = NAME_ATTRS[TOPIC]
                           ) -> _Withholding | object | None:
         """``req``'s entries ``test`` picks, withheld (``rules.withhold``), as a broker
@@ -895,7 +897,7 @@ class RulesPolicy(Policy):
         if parts is WHOLE:
             return None
         rest, mine, within = parts  # type: ignore[misc]
-        if rest is None or still_refused(rest):
+        if rest is None or (still_refused is not None and still_refused(rest)):
             return None
         if mine is None:  # forgotten topics only: nothing to answer
             return _Withholding(rest, None, outcomes)
@@ -933,14 +935,15 @@ class RulesPolicy(Policy):
 
     def _refused_topics(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation,
                         ruleset: RuleSet
-                        ) -> _Withholding | tuple[Decision, tuple[Outcome, ...]] | None:
+                        ) -> list[_Withholding] | tuple[Decision, tuple[Outcome, ...]] | None:
         """Under a topic filter (``allow_topics`` / ``deny_topics``, ACL rules), a
         request that names a topic the client may not use: TOPIC_AUTHORIZATION_FAILED,
         as a broker answers a client its ACLs do not allow, for each such topic, the
-        others sent on (``_Withholding``: a Produce to two topics writes the allowed
-        one, as a broker does), or the whole request answered (nothing else left, a
-        group or transactional id it may not use, an API Kafka answers whole); with the
-        outcomes to count (the filter's rule refused it); None lets the request go on.
+        others sent on (a ``_Withholding`` for each kind of name, in turn: a Produce
+        to two topics writes the allowed one, as a broker does), or the whole request
+        answered (nothing else left, a name in no entry of its own, an API Kafka
+        answers whole); with the outcomes to count (the filter's rule refused it); None
+        lets the request go on.
 
         Not Metadata (but v0, which reads no topics as every topic): a client asks for
         the topics its application named, allowed or not, in one request; they go up
@@ -982,7 +985,7 @@ class RulesPolicy(Policy):
                     else denied_ids(topic_map, each, keys_kind))
             text = partial(_entry_text, each, rule, message)
             held = self._withheld_entries(req, test, _NOT_AUTHORIZED[each], text, outcomes,
-                                          partial(_picks_any, test), NAME_ATTRS[each])
+                                          names=NAME_ATTRS[each])
             if held is _NOTHING:
                 continue
             if not isinstance(held, _Withholding):
@@ -996,7 +999,7 @@ class RulesPolicy(Policy):
             # a subscription): refused whole.
             return (_with_withheld(_refused(req, message, code, message, within), withheld),
                     outcomes)
-        return _joined(withheld)
+        return withheld
 
     def _would_refuse_topics(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation,
                              ruleset: RuleSet) -> tuple[Outcome, ...]:
@@ -1188,26 +1191,8 @@ def _entry_text(kind: str, rule: str, whole: str, name: str | None) -> str:
     return _denied_text(kind, name, rule) if name else whole
 
 
-def _picks_any(test: EntryTest, req: Request) -> bool:
-    return split(req, test) is not None
-
-
 def _same_text(text: str, _name: str | None) -> str:
     return text
-
-
-def _joined(withheld: Sequence[_Withholding]) -> _Withholding:
-    """Entries taken out of a request in turns (``withheld``, each from what the one
-    before left), as one: what the last left, the answers for all of them."""
-    last = withheld[-1]
-    answers = [w.answer for w in withheld if w.answer is not None]
-    answer = answers[0] if answers else None
-    for more in answers[1:]:
-        answer = merged_entries(answer, more)  # type: ignore[arg-type]
-    return _Withholding(last.rest, answer, last.outcomes,
-                        close_after=next((w.close_after for w in withheld if w.close_after),
-                                         None),
-                        merge=merged_entries)
 
 
 def _acks(req: Request) -> int:
