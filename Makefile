@@ -56,9 +56,10 @@ test: lint kafka apicurio prometheus kerberos deploy-tools
 	$(BIN)/pytest -q
 
 # The long variants of tests/reliability (minutes of fuzzing, 10,000 connections, more
-# fault rounds); `make test` runs the short ones.
+# fault rounds) and of the property tests (25 times the generated messages:
+# tests/codec_strategies.py's `examples`); `make test` runs the short ones.
 soak: install-dev kafka
-	GATEHOUSE_SOAK=1 $(BIN)/pytest -q tests/reliability
+	GATEHOUSE_SOAK=1 $(BIN)/pytest -q tests/reliability $$(grep -l 'examples(' tests/test_*.py)
 
 bench: install-dev kafka
 	$(BIN)/pip install --quiet -e '.[bench]'

@@ -3,17 +3,36 @@ the same tables the codec compiles (so a new API version is covered automaticall
 
 from __future__ import annotations
 
+import os
 import random
 import struct
 import uuid
 from typing import Any
 
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
 from gatehouse.codecs._flat import FlatRecords
 from gatehouse.codecs.frames import Request, Response, decode_request, decode_response
 from gatehouse.codecs.plain import request_from_dict, response_from_dict
 from gatehouse.codecs.schema import APIS, FieldSpec, MessageSpec, StructSpec
+
+# `make soak` (GATEHOUSE_SOAK=1) runs every generated-message test this many times longer.
+SOAK_FACTOR = 25 if os.environ.get("GATEHOUSE_SOAK") == "1" else 1
+
+
+def examples(n: int) -> int:
+    """``n`` generated examples, or ``SOAK_FACTOR`` times as many in a soak run."""
+    return n * SOAK_FACTOR
+
+
+def few_examples(n: int, *, derandomize: bool = False) -> Any:
+    """Hypothesis settings for ``examples(n)`` generated messages, reported as found:
+    no shrinking, as a big generated message can shrink for minutes."""
+    return settings(max_examples=examples(n), deadline=None, database=None,
+                    derandomize=derandomize, phases=(Phase.explicit, Phase.generate),
+                    suppress_health_check=list(HealthCheck))
+
 
 _INT_BOUNDS = {
     "int8": (-(2**7), 2**7 - 1),

@@ -25,7 +25,7 @@ from gatehouse.capture.schema import FIELDS, encode_json
 from gatehouse.capture.settings import CaptureSettings
 from gatehouse.codecs import fetch, produce
 from gatehouse.proxy.hooks import ConnectionInfo, Pending, scanned_response
-from tests.codec_strategies import build_message, message_body
+from tests.codec_strategies import build_message, examples, message_body
 from tests.support.slowcalls import CountsSlowCalls
 from tests.test_fetch_scan import draw_response_frame
 from tests.test_metrics_counting import (
@@ -85,7 +85,7 @@ _others = st.one_of(
 
 @given(st.lists(st.one_of(_trees, st.dictionaries(st.text(max_size=5),
                                                      st.one_of(_trees, _others)))))
-@settings(max_examples=400)
+@settings(max_examples=examples(400))
 def test_the_same_bytes_as_json(records: list[Any]) -> None:
     assert native.encode_lines(records, encode_json) == _python_lines(records)
     for record in records:

@@ -22,6 +22,7 @@ from gatehouse import codecs
 from gatehouse.codecs import _flat
 from gatehouse.codecs._compile import message_codec
 from gatehouse.metrics import error_codes
+from tests.codec_strategies import examples
 
 METADATA = 3
 
@@ -152,7 +153,7 @@ def test_metrics_count_partition_errors_from_the_bytes() -> None:
 _VERSIONS = [v for v in codecs.api(METADATA).response.valid if v >= 7]  # what _metadata writes
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.sampled_from(_VERSIONS), st.integers(3, 40), st.integers(0, 6),
        st.integers(-(2**31), 2**31 - 1), st.integers(-(2**15), 2**15 - 1))
 def test_records_built_in_c_are_the_python_ones(version: int, n: int, replicas: int,

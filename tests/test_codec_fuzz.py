@@ -25,6 +25,7 @@ from tests.codec_strategies import (
     build_message,
     case_id,
     decode_frame,
+    examples,
     from_plain,
     message_spec,
     random_body,
@@ -148,7 +149,7 @@ def test_every_truncation_fails(api_key: int, version: int) -> None:
 # -- random bytes --------------------------------------------------------------------------
 
 
-fuzz_settings = settings(max_examples=300, deadline=None, database=None,
+fuzz_settings = settings(max_examples=examples(300), deadline=None, database=None,
                          suppress_health_check=list(HealthCheck))
 
 
@@ -275,7 +276,7 @@ DECODERS: list[tuple[str, Callable[[bytes], Any]]] = [
 
 
 @pytest.mark.parametrize(("name", "decode"), DECODERS, ids=[d[0] for d in DECODERS])
-@settings(max_examples=150, deadline=None, database=None)
+@settings(max_examples=examples(150), deadline=None, database=None)
 @given(data=st.binary(max_size=100))
 def test_other_decoders_raise_only_protocol_errors(name: str, decode: Callable[[bytes], Any],
                                                    data: bytes) -> None:

@@ -48,7 +48,7 @@ from kio.serial.readers import tz_aware_from_i64  # noqa: E402
 from gatehouse import codecs  # noqa: E402
 from gatehouse.codecs._compile import message_codec  # noqa: E402
 from gatehouse.codecs.schema import ZERO_UUID, ApiSpec, FieldSpec, MessageSpec, StructSpec  # noqa: E402
-from tests.codec_strategies import message_body  # noqa: E402
+from tests.codec_strategies import examples, message_body  # noqa: E402
 
 # -- which versions kio knows ------------------------------------------------------------
 
@@ -351,7 +351,7 @@ def _check(api_key: int, version: int, direction: str, generated: Any) -> None:
 
 
 _SETTINGS = settings(
-    max_examples=EXAMPLES,
+    max_examples=examples(EXAMPLES),
     deadline=None,
     derandomize=True,
     database=None,

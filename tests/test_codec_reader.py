@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from gatehouse import codecs
 from gatehouse.codecs.reader import VIEW_SIZE, FrameReader
+from tests.codec_strategies import examples
 
 
 def prefixed(frame: bytes) -> bytes:
@@ -85,7 +86,7 @@ def test_split_in_three_around_every_frame_boundary() -> None:
                 assert read_in_chunks(STREAM, [a, b - a]) == FRAMES
 
 
-@settings(max_examples=200, deadline=None, database=None)
+@settings(max_examples=examples(200), deadline=None, database=None)
 @given(st.lists(st.integers(0, 700), max_size=40))
 def test_random_chunkings(sizes: list[int]) -> None:
     assert read_in_chunks(STREAM, sizes) == FRAMES
@@ -230,7 +231,7 @@ def wires_in_chunks(stream: bytes, sizes: list[int], view: bool) -> list[bytes]:
     return got
 
 
-@settings(max_examples=200, deadline=None, database=None)
+@settings(max_examples=examples(200), deadline=None, database=None)
 @given(st.lists(st.integers(1, 2000), max_size=40))
 def test_wire_frames_from_random_chunks(sizes: list[int]) -> None:
     assert wires_in_chunks(STREAM, sizes, view=False) == [prefixed(f) for f in FRAMES]
@@ -272,7 +273,7 @@ def test_wire_views_of_big_frames_share_their_chunk_and_small_ones_are_copied() 
     assert reader.buffered == 0
 
 
-@settings(max_examples=200, deadline=None, database=None)
+@settings(max_examples=examples(200), deadline=None, database=None)
 @given(st.lists(st.integers(1, 3 * VIEW_SIZE), max_size=20))
 def test_wire_views_from_random_chunks(sizes: list[int]) -> None:
     frames = [b"x" * n for n in (5, VIEW_SIZE, VIEW_SIZE - 1, 2 * VIEW_SIZE, 0, 300)]

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from gatehouse import codecs
 from gatehouse.codecs import records
 from gatehouse.codecs.records import LegacyMessage, RecordBatch
+from tests.codec_strategies import examples
 
 # -- building batches by hand -------------------------------------------------------------
 
@@ -239,7 +240,7 @@ batch_specs = st.lists(st.tuples(st.sampled_from(["v2", "v0", "v1"]), st.integer
                                  st.integers(0, 4)), max_size=6)
 
 
-@settings(max_examples=100, deadline=None, database=None)
+@settings(max_examples=examples(100), deadline=None, database=None)
 @given(batch_specs, st.integers(0, 80))
 def test_summarize_agrees_with_iter_batches(specs: list[tuple[str, int, int]], tail: int) -> None:
     parts = []

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from gatehouse.codecs import records
 from gatehouse.codecs.errors import RemoteProtocolError
 from gatehouse.codecs.primitives import varint_bytes
+from tests.codec_strategies import examples
 from tests.support.mutants import mutant
 
 
@@ -62,7 +63,7 @@ a_record = st.builds(
     st.lists(st.tuples(names, st.one_of(st.none(), st.binary(max_size=8))), max_size=3))
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(parts=st.lists(a_record, max_size=12), extra=st.integers(-2, 2), data=st.data())
 def test_the_same_records_and_errors(parts: list[bytes], extra: int,
                                      data: st.DataObject) -> None:

@@ -15,7 +15,7 @@ import uuid
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from gatehouse import codecs
@@ -26,6 +26,7 @@ from tests.codec_strategies import (
     build_message,
     case_id,
     decode_frame,
+    few_examples,
     from_plain,
     header_tags,
     message_body,
@@ -38,14 +39,7 @@ from tests.codec_strategies import (
 # ``random_body`` (every field filled in), which is much cheaper to draw than a second
 # hypothesis body.
 EXAMPLES = 3
-# No shrinking: a big generated message can shrink for minutes; the failure is printed.
-few = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    database=None,
-    phases=(Phase.explicit, Phase.generate),
-    suppress_health_check=list(HealthCheck),
-)
+few = few_examples(EXAMPLES)
 
 API_VERSIONS = 18
 

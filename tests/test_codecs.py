@@ -13,21 +13,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gatehouse import codecs
 from gatehouse.codecs import consumer, records
 from gatehouse.codecs.generate import strip_comments
 from gatehouse.codecs.peek import produce_acks
+from tests.codec_strategies import examples, few_examples
 
-FAST = (Phase.explicit, Phase.generate)  # big messages shrink for minutes: report as found
 ALL = [(k, v) for k, a in sorted(codecs.APIS.items()) for v in a.versions]
 
 
 def few(n: int = 3) -> Any:
-    return settings(max_examples=n, deadline=None, database=None, phases=FAST,
-                    suppress_health_check=list(HealthCheck))
+    return few_examples(n)
 
 
 # -- round trips: every API, version and direction ----------------------------------
@@ -237,7 +236,7 @@ def test_frames_split_at_every_byte_boundary() -> None:
         reader.check_eof()
 
 
-@settings(max_examples=100, deadline=None, database=None)
+@settings(max_examples=examples(100), deadline=None, database=None)
 @given(st.lists(st.integers(1, 500), max_size=30))
 def test_frames_random_chunking(sizes: list[int]) -> None:
     data, frames = _stream()

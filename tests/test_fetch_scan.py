@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from gatehouse import codecs
 from gatehouse.codecs import ProtocolError, fetch
 from gatehouse.metrics import error_codes
-from tests.codec_strategies import build_message, header_tags, message_body
+from tests.codec_strategies import build_message, examples, header_tags, message_body
 from tests.support.walks import feed_in_pieces
 from tests.test_metrics_produce import RECORDS, SETTINGS, batch, topic_counts
 
@@ -146,7 +146,7 @@ def test_the_proxy_scans_a_fetch_answer_once_for_itself_and_its_observers() -> N
                                            len(batch(7)))])
 
 
-WALK_SETTINGS = settings(SETTINGS, max_examples=40)
+WALK_SETTINGS = settings(SETTINGS, max_examples=examples(40))
 
 
 def walk_in_pieces(frame: bytes, version: int, data: st.DataObject, size: int | None = None

@@ -19,11 +19,11 @@ from gatehouse import codecs
 from gatehouse.codecs import ProtocolError, produce, records
 from gatehouse.codecs._native import speedups
 from gatehouse.metrics import error_codes
-from tests.codec_strategies import build_message, header_tags, message_body
+from tests.codec_strategies import build_message, examples, header_tags, message_body
 from tests.support.walks import feed_in_pieces
 
 VERSIONS = list(codecs.api(0).request.valid)
-SETTINGS = settings(max_examples=80, deadline=None,
+SETTINGS = settings(max_examples=examples(80), deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
 
 

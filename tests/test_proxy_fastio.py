@@ -21,6 +21,7 @@ from gatehouse.codecs import fetch, produce
 from gatehouse.proxy import fastio
 from gatehouse.proxy.connection import _WALKED_PRODUCE_VERSIONS
 from gatehouse.proxy.fastio import _GATHER_MIN, _YIELD_EVERY, FastStream, PipePool
+from tests.codec_strategies import examples
 from tests.support.fakebroker import (
     frame_bytes,
     notsent_lowat,
@@ -683,7 +684,7 @@ _REACHED = {fastio.WALKED: "walked", fastio.EMPTY: "empty", fastio.EOF: "eof",
             fastio.PAST_END: "past the end"}
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(frame=_walked_frames(), data=st.data())
 def test_peek_walk_in_c_and_in_python_agree_on_random_and_mutated_frames(
         frame: tuple[str, int, bytes], data: st.DataObject) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gatehouse import codecs
@@ -39,16 +39,7 @@ from gatehouse.rules.topics import (
     map_response,
     topic_names,
 )
-from tests.codec_strategies import message_body
-
-# Generation only: a failure is reported as found (shrinking big messages takes minutes).
-FAST = (Phase.explicit, Phase.generate)
-
-
-def few_examples(n: int) -> Any:
-    """Hypothesis settings for ``n`` generated messages, reported as found."""
-    return settings(max_examples=n, deadline=None, database=None, phases=FAST,
-                    suppress_health_check=list(HealthCheck))
+from tests.codec_strategies import examples, few_examples, message_body
 
 ISSUE_EXAMPLE = """\
 rules:
@@ -915,7 +906,7 @@ FACT_VALUES = {
 }
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.sets(st.sampled_from(sorted(FACT_RULES)), min_size=1),
        st.fixed_dictionaries({k: st.sampled_from(v) for k, v in FACT_VALUES.items()}),
        st.fixed_dictionaries({k: st.sampled_from(v) for k, v in FACT_VALUES.items()}),

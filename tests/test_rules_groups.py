@@ -27,8 +27,8 @@ from gatehouse.rules.topics import (
     map_response,
     names_ids,
 )
-from tests.codec_strategies import ALL_VERSIONS, message_body
-from tests.test_rules import few_examples, req, rules
+from tests.codec_strategies import ALL_VERSIONS, few_examples, message_body
+from tests.test_rules import req, rules
 
 TENANT = Prefix("tenant.", hide_others=False, groups=True, transactional_ids=True)
 BOTH: IdKinds = frozenset({GROUP, TRANSACTION})

@@ -29,6 +29,7 @@ from gatehouse.rules.protobuf import (
     read_file_descriptor,
 )
 from gatehouse.rules.records import FieldCheck, Lookup, RegisteredSchema, RegistryCheck
+from tests.codec_strategies import examples
 from tests.support.mutants import mutant
 from tests.support.protoc import compile_proto
 from tests.test_rules_records import batch, partitions, produce, refused_at_its_line
@@ -428,7 +429,7 @@ def c_reads(schema: ProtoSchema, data: bytes) -> bool:
     return bool(protobuf.protowire.reads(data, 1, tables, index[schema.top[0]]))
 
 
-@settings(max_examples=300, deadline=None,
+@settings(max_examples=examples(300), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_written_messages_are_taken_and_mutants_never_wrongly(
@@ -455,7 +456,7 @@ def test_written_messages_are_taken_and_mutants_never_wrongly(
         assert found is None or "is written as" in found or "more than 64 deep" in found, found
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(name=st.sampled_from(sorted(TEXTS)), indexes=st.sampled_from([b"\x00", b"\x04\x00\x00"]),
        payload=st.binary(max_size=64))
 def test_any_bytes_get_one_answer_from_both_walks(name: str, indexes: bytes,

@@ -17,7 +17,7 @@ from gatehouse.proxy.hooks import Close, ConnectionInfo, Forward, Pending, Respo
 from gatehouse.proxy.policy import RulesPolicy
 from gatehouse.rules import Prefix
 from gatehouse.rules.topicids import TopicIds, checks_ids, teaches_ids
-from tests.codec_strategies import build_message, header_tags, message_body
+from tests.codec_strategies import build_message, examples, header_tags, message_body
 from tests.test_rules import req, rules
 from tests.test_rules_topic_filter import answered
 
@@ -265,7 +265,7 @@ FETCH_ID_VERSIONS = [v for v in codecs.api(1).versions if v >= 13]
 
 
 @pytest.mark.parametrize("version", FETCH_ID_VERSIONS)
-@settings(max_examples=60, deadline=None, database=None,
+@settings(max_examples=examples(60), deadline=None, database=None,
           suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_a_fetch_requests_topic_ids_are_read_from_its_bytes_as_the_decoder_reads_them(

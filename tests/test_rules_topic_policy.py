@@ -16,7 +16,7 @@ from gatehouse.configfile import ConfigError
 from gatehouse.proxy.hooks import Forward, Pending, Respond
 from gatehouse.proxy.policy import RulesPolicy
 from gatehouse.rules.errors import POLICY_VIOLATION, error_response
-from tests.codec_strategies import build_message, message_body
+from tests.codec_strategies import build_message, examples, message_body
 from tests.test_rules import req, rules
 from tests.test_rules_topic_filter import conn, listening
 
@@ -273,7 +273,7 @@ POLICY_CASES = [(key, version) for key in (CREATE_TOPICS, ALTER_CONFIGS, CREATE_
 
 @pytest.mark.parametrize(("api_key", "version"), POLICY_CASES,
                          ids=[f"{codecs.APIS[k].name}-v{v}" for k, v in POLICY_CASES])
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_any_request_is_judged_and_every_answer_can_be_written(
         api_key: int, version: int, data: st.DataObject) -> None:

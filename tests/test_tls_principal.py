@@ -27,6 +27,7 @@ from gatehouse.proxy.principal import (
     mapped_principal,
     parse_principal_mapping,
 )
+from tests.codec_strategies import examples
 
 _KEY = ec.generate_private_key(ec.SECP256R1())
 _TEXT_ATTRIBUTES = [NameOID.COMMON_NAME, NameOID.ORGANIZATION_NAME,
@@ -54,7 +55,7 @@ def read_back(subject: x509.Name, tmp: Path) -> tuple[dict[str, Any], str]:
     return decoded, x509.load_pem_x509_certificate(path.read_bytes()).subject.rfc4514_string()
 
 
-@settings(max_examples=150, deadline=None, database=None,
+@settings(max_examples=examples(150), deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.lists(_ATTRIBUTE, min_size=1, max_size=2), min_size=1, max_size=4))
 @example([[(NameOID.COUNTRY_NAME, "DE")], [(NameOID.ORGANIZATION_NAME, "corp")],
