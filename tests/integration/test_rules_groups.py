@@ -1,17 +1,21 @@
 """Group ids under a tenant prefix with ``groups: true``, on a real Apache Kafka broker:
 the tenant's consumer groups (librdkafka, the Java classic and KIP-848 consumers, the
-admin calls) live on the broker under the prefix, the tenant sees them without it, and
-never sees or touches another tenant's groups."""
+admin calls), share groups (KIP-932) and Kafka Streams applications (KIP-1071, their
+internal topics too) live on the broker under the prefix, the tenant sees them without
+it, and never sees or touches another tenant's groups."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import confluent_kafka as ck
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from scripts.fetch_kafka import ensure_kafka_streams
+from tests.integration.test_metrics_groups import JavaMember
 from tests.integration.test_metrics_topics import CONSUMER_PERF, PERF, versions_seen
 from tests.integration.test_rules_topic_ids import call
 from tests.support.clients import produce, unique
@@ -216,3 +220,98 @@ def test_a_tenants_transactions_live_under_its_prefix(kafka: KafkaCluster) -> No
     assert sorted(v for v in values if b"-" in v) == sorted(v.upper() for v in sent)
     assert len(values) == 150
 
+
+
+# Every client is the tenant's (the Java members set no client id to match on).
+EVERYONE = "- name: tenant-a\n  topic_prefix: {broker: 'a.', hide_others: true, groups: true}\n"
+
+
+def group_types(address: str, client_id: str = "ops") -> dict[str, str]:
+    """ListGroups v5 (every type): group id -> its type (classic, consumer, share, streams)."""
+    body = call(address, 16, 5, {"states_filter": [], "types_filter": []}, client_id)
+    assert body.error_code == 0
+    return {g.group_id: g.group_type for g in body.groups}
+
+
+def group_config(address: str, group: str, key: str) -> str | None:
+    """A group's config value (DescribeConfigs of a GROUP resource, KIP-848), as set."""
+    body = call(address, 32, 4, {"resources": [
+        {"resource_type": 32, "resource_name": group, "configuration_keys": [key]}],
+        "include_synonyms": False, "include_documentation": False}, "a-admin")
+    [resource] = body.results
+    assert resource.error_code == 0 and resource.resource_name == group, resource
+    return next((c.value for c in resource.configs if c.name == key), None)
+
+
+def test_a_tenants_share_group_lives_under_its_prefix(kafka: KafkaCluster,
+                                                      tmp_path: Path) -> None:
+    """A Java share consumer (KIP-932) through the proxy: the group config it sets, its
+    heartbeats, ShareFetch and acknowledgements all reach the tenant's group and topic
+    under the prefix; the tenant describes its group by its own names."""
+    topic = unique("a.jobs")
+    name = topic.removeprefix("a.")
+    kafka.create_topic(topic)
+    values = produce({"bootstrap.servers": kafka.bootstrap}, topic, count=5)
+    group = unique("workers")
+    with ProxyThread(kafka.bootstrap, rules_yaml=EVERYONE) as proxy:
+        args = [proxy.bootstrap, name, group]
+        with JavaMember("ShareMember.java", kafka.libs, args, tmp_path / "share.log") as member:
+            got = [member.wait_for("record ") for _ in values]
+            assert sorted(got) == sorted(f"record {v.decode()}" for v in values)
+
+            on_broker = group_types(kafka.bootstrap)
+            assert on_broker.get("a." + group) == "share" and group not in on_broker
+            # The member's group config (share.auto.offset.reset) is the tenant's group's.
+            assert group_config(kafka.bootstrap, "a." + group, "share.auto.offset.reset") \
+                == "earliest"
+            shown = group_types(proxy.bootstrap, "a-admin")
+            assert shown.get(group) == "share"
+            assert not any(g.startswith("a.") for g in shown)
+            assert group_config(proxy.bootstrap, group, "share.auto.offset.reset") == "earliest"
+
+            described = call(proxy.bootstrap, 77, 1, {
+                "group_ids": [group], "include_authorized_operations": False}, "a-admin")
+            [shared] = described.groups
+            assert shared.error_code == 0 and shared.group_id == group
+            [one] = shared.members
+            assert list(one.subscribed_topic_names) == [name]
+            assert [t.topic_name for t in one.assignment.topic_partitions] == [name]
+            member.leave()
+
+
+def test_a_tenants_streams_app_and_its_internal_topics_live_under_its_prefix(
+        kafka: KafkaCluster, tmp_path: Path) -> None:
+    """A Kafka Streams application on the streams rebalance protocol (KIP-1071) with a
+    repartition topic and a store's changelog, which the broker creates from the topology
+    the member sends: through the proxy they are the tenant's (under the prefix), the
+    application counts what it reads, and its group is the tenant's."""
+    streams_libs = ensure_kafka_streams()
+    topic = unique("a.words")
+    name = topic.removeprefix("a.")
+    kafka.create_topic(topic)
+    words = [b"fig", b"kiwi", b"fig", b"plum", b"fig", b"kiwi"]
+    producer = ck.Producer({"bootstrap.servers": kafka.bootstrap, "log_level": 0})
+    for word in words:
+        producer.produce(topic, word)
+    assert producer.flush(30) == 0
+    app = unique("counter")
+    broker = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    with ProxyThread(kafka.bootstrap, rules_yaml=EVERYONE) as proxy:
+        args = [proxy.bootstrap, name, app, str(tmp_path / "state"), "count"]
+        with JavaMember("StreamsMember.java", streams_libs, args,
+                        tmp_path / "streams.log") as member:
+            member.wait_for("state RUNNING")
+            counts: dict[str, int] = {}
+            while counts != {"fig": 3, "kiwi": 2, "plum": 1}:
+                word, n = member.wait_for("count ").removeprefix("count ").split("=")
+                counts[word] = int(n)
+                assert counts[word] <= words.count(word.encode()), counts
+
+            internal = {t for t in broker.list_topics(timeout=10).topics if app in t}
+            # A repartition topic and a changelog, both the tenant's.
+            assert any(t.endswith("-repartition") for t in internal), internal
+            assert any(t.endswith("-changelog") for t in internal), internal
+            assert all(t.startswith(f"a.{app}-") for t in internal), internal
+            assert group_types(kafka.bootstrap).get("a." + app) == "streams"
+            assert group_types(proxy.bootstrap, "a-admin").get(app) == "streams"
+            member.leave()

@@ -2,10 +2,12 @@
 // group.protocol=streams) for the integration tests, run with Java's single-file source
 // launcher on the Kafka Streams jars' classpath (scripts.fetch_kafka.ensure_kafka_streams):
 //
-//     java -cp 'libs/*' StreamsMember.java <bootstrap> <topic> <application id> <state dir>
+//     java -cp 'libs/*' StreamsMember.java <bootstrap> <topic> <application id> <state dir> [count]
 //
 // A stateless topology (no internal topics) that prints "record <value>" per record and
-// "state <state>" per state change.  When stdin closes it closes the application, leaving
+// "state <state>" per state change; with "count", records are also counted by value (a
+// repartition topic and a store's changelog, created by the broker for the group) and
+// each count printed as "count <value>=<n>".  When stdin closes it closes the application, leaving
 // the group, and prints "closed".
 import java.io.InputStream;
 import java.time.Duration;
@@ -15,6 +17,7 @@ import org.apache.kafka.streams.CloseOptions;
 import org.apache.kafka.streams.KafkaStreams;
 import org.apache.kafka.streams.StreamsBuilder;
 import org.apache.kafka.streams.StreamsConfig;
+import org.apache.kafka.streams.kstream.KStream;
 
 public class StreamsMember {
     public static void main(String[] args) throws Exception {
@@ -28,11 +31,18 @@ public class StreamsMember {
         props.put(StreamsConfig.DEFAULT_KEY_SERDE_CLASS_CONFIG, Serdes.StringSerde.class);
         props.put(StreamsConfig.DEFAULT_VALUE_SERDE_CLASS_CONFIG, Serdes.StringSerde.class);
         props.put("auto.offset.reset", "earliest");
+        props.put(StreamsConfig.STATESTORE_CACHE_MAX_BYTES_CONFIG, 0);  // every count printed
         StreamsBuilder builder = new StreamsBuilder();
-        builder.<String, String>stream(topic).foreach((key, value) -> {
+        KStream<String, String> records = builder.<String, String>stream(topic).peek((key, value) -> {
             System.out.println("record " + value);
             System.out.flush();
         });
+        if (args.length > 4 && args[4].equals("count")) {
+            records.groupBy((key, value) -> value).count().toStream().foreach((value, n) -> {
+                System.out.println("count " + value + "=" + n);
+                System.out.flush();
+            });
+        }
         KafkaStreams streams = new KafkaStreams(builder.build(), props);
         streams.setStateListener((now, before) -> {
             System.out.println("state " + now);
