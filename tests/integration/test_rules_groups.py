@@ -276,6 +276,13 @@ def test_a_tenants_share_group_lives_under_its_prefix(kafka: KafkaCluster,
             [one] = shared.members
             assert list(one.subscribed_topic_names) == [name]
             assert [t.topic_name for t in one.assignment.topic_partitions] == [name]
+            # The group's offsets, of every topic it has (the broker's names unprefixed).
+            offsets = call(proxy.bootstrap, 90, 1, {"groups": [
+                {"group_id": group, "topics": None}]}, "a-admin")
+            [of_group] = offsets.groups
+            assert of_group.error_code == 0 and of_group.group_id == group
+            assert [(t.topic_name, [q.partition_index for q in t.partitions])
+                    for t in of_group.topics] == [(name, [0])]
             member.leave()
 
 
