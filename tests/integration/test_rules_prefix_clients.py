@@ -1,0 +1,157 @@
+"""Clients through a tenant prefix (``hide_others``, groups too) on a real Apache Kafka
+broker, beyond the consumers and producers of tests/integration/test_rules_groups.py:
+Java's admin client, every call on the tenant's own topic (created, described by name
+and by id, partitions added, configured, offsets listed, records deleted, producers, log
+dirs, a preferred election, a reassignment, a group's offsets, deleted); aiokafka's
+admin, producer (transactional too) and consumer group. All of it lands on the broker
+under the prefix and answers with the tenant's names; nothing of another tenant's is
+shown."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from confluent_kafka.admin import AdminClient
+
+from tests.integration.test_rules_groups import transactions
+from tests.support.clients import produce, unique
+from tests.support.kafka import JAVA_SOURCES, KafkaCluster
+from tests.support.proxythread import ProxyThread
+
+RULES = ("- name: tenant-a\n  match: {client_id: '^a-'}\n"
+         "  topic_prefix: {broker: 'a.', hide_others: true, groups: true,"
+         " transactional_ids: true}\n")
+
+
+def test_a_tenants_admin_calls_reach_its_own_topic_and_show_no_other(
+        kafka: KafkaCluster) -> None:
+    theirs = unique("b.secret")
+    kafka.create_topic(theirs)
+    produce({"bootstrap.servers": kafka.bootstrap}, theirs, count=3)
+    topic, group = unique("stock"), unique("auditors")
+    broker = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    with ProxyThread(kafka.bootstrap, rules_yaml=RULES) as proxy:
+        java = kafka.run_java_tool(
+            str(JAVA_SOURCES / "TenantAdmin.java"), proxy.bootstrap, "a-admin", topic,
+            theirs, group, str(kafka.nodes[0].node_id), timeout=180)
+    assert java.returncode == 0, java.stderr[-3000:]
+    said = dict(line.split(" ", 1) for line in java.stdout.splitlines())
+
+    assert said["create"] == f"ok {topic}"
+    shown = said["list"].removeprefix("ok ").split(",")
+    assert topic in shown
+    on_broker = set(broker.list_topics(timeout=10).topics)
+    # Only the tenant's topics, by its names (its own since deleted).
+    assert all("a." + name in on_broker for name in shown if name != topic), shown
+    assert theirs not in shown and not any(n.startswith("a.") for n in shown)
+    assert said["describe"] == f"ok {topic} 2"
+    assert said["describe-by-id"] == f"ok {topic}"
+    assert said["partitions"] == "ok 3"
+    assert said["config"] == "ok 3600000"
+    assert said["offsets"] == "ok 3"
+    assert said["delete-records"] == "ok 1"
+    assert said["producers"] == "ok 1"
+    dirs = said["log-dirs"].removeprefix("ok ").split(",")
+    assert topic in dirs and set(dirs) <= set(shown), dirs
+    assert said["replica-log-dir"] == "ok found"
+    assert said["elect"] == f"ok [{topic}-0] ElectionNotNeededException"
+    assert said["reassign"] == "ok []"
+    assert said["group-offsets"] == "ok 2"
+    assert said["delete-group-offsets"] == "ok []"
+    # Another tenant's topic is no topic here (it names a. + it, which does not exist).
+    assert said["other"] == "UnknownTopicOrPartitionException"
+    assert said["delete"] == f"ok {topic}"
+
+    # It was all the tenant's topic on the broker, now deleted; the other's untouched.
+    on_broker = set(broker.list_topics(timeout=10).topics)
+    assert "a." + topic not in on_broker and topic not in on_broker
+    assert theirs in on_broker
+
+
+async def aiokafka_tenant(bootstrap: str, topic: str, group: str, tx: str
+                          ) -> dict[str, Any]:
+    """aiokafka as tenant a: its admin creates ``topic`` and describes it; a
+    transactional producer writes 5 records (committed) and 2 (aborted); a consumer in
+    ``group`` reads the committed ones (read_committed) and commits; what each saw."""
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    seen: dict[str, Any] = {}
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, client_id="a-aio-admin")
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, 2, 1)])
+        seen["listed"] = set(await admin.list_topics())
+        [described] = await admin.describe_topics([topic])
+        seen["described"] = (described["topic"], described["error_code"],
+                             len(described["partitions"]))
+        [configs] = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, topic)])
+        seen["configs"] = [(r[0], r[3]) for r in configs.resources]  # (error, name)
+
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, client_id="a-aio-tx",
+                                    transactional_id=tx)
+        await producer.start()
+        try:
+            async with producer.transaction():
+                for i in range(5):
+                    await producer.send_and_wait(topic, f"kept-{i}".encode(), partition=0)
+            await producer.begin_transaction()
+            for i in range(2):
+                await producer.send_and_wait(topic, f"dropped-{i}".encode(), partition=0)
+            await producer.abort_transaction()
+        finally:
+            await producer.stop()
+
+        consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap,
+                                    client_id="a-aio-reader", group_id=group,
+                                    auto_offset_reset="earliest", enable_auto_commit=False,
+                                    isolation_level="read_committed")
+        await consumer.start()
+        try:
+            got: list[bytes] = []
+            async with asyncio.timeout(60):
+                while len(got) < 5:
+                    for records in (await consumer.getmany(timeout_ms=500)).values():
+                        got.extend(r.value for r in records)
+            await consumer.commit()
+            seen["read"] = got
+            seen["committed"] = await consumer.committed(TopicPartition(topic, 0))
+        finally:
+            await consumer.stop()
+        seen["groups"] = {g[0] for g in await admin.list_consumer_groups()}
+        offsets = await admin.list_consumer_group_offsets(group)
+        seen["group_offsets"] = {(tp.topic, tp.partition): o.offset for tp, o in offsets.items()}
+    finally:
+        await admin.close()
+    return seen
+
+
+def test_aiokafka_as_a_tenant_writes_reads_and_administers_its_own(
+        kafka: KafkaCluster) -> None:
+    theirs = unique("b.ledger")
+    kafka.create_topic(theirs)
+    topic, group, tx = unique("events"), unique("aio-readers"), unique("aio-tx")
+    broker = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    with ProxyThread(kafka.bootstrap, rules_yaml=RULES) as proxy:
+        seen = asyncio.run(aiokafka_tenant(proxy.bootstrap, topic, group, tx))
+
+    assert topic in seen["listed"] and theirs not in seen["listed"]
+    assert not any(n.startswith(("a.", "b.")) for n in seen["listed"]), seen["listed"]
+    assert seen["described"] == (topic, 0, 2)
+    assert seen["configs"] == [(0, topic)]
+    assert seen["read"] == [f"kept-{i}".encode() for i in range(5)]
+    # Past the 5 records and their commit marker, the aborted 2 and their marker.
+    assert seen["committed"] == 9
+    assert group in seen["groups"]
+    assert not any(g.startswith("a.") for g in seen["groups"]), seen["groups"]
+    assert seen["group_offsets"] == {(topic, 0): 9, (topic, 1): 0}
+
+    # On the broker: the tenant's topic, group and transaction, under the prefix.
+    assert "a." + topic in broker.list_topics(timeout=10).topics
+    assert "a." + group in {g.group_id for g in broker.list_consumer_groups().result().valid}
+    [described] = broker.describe_consumer_groups(["a." + group]).values()
+    assert described.result().group_id == "a." + group
+    assert transactions(kafka.bootstrap, "ops", "a." + tx)["a." + tx] == (0, "CompleteAbort")
