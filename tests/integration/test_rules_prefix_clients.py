@@ -2,8 +2,10 @@
 broker, beyond the consumers and producers of tests/integration/test_rules_groups.py:
 Java's admin client, every call on the tenant's own topic (created, described by name
 and by id, partitions added, configured, offsets listed, records deleted, producers, log
-dirs, a preferred election, a reassignment, a group's offsets, deleted); aiokafka's
-admin, producer (transactional too) and consumer group. All of it lands on the broker
+dirs, a preferred election, a reassignment, a group's offsets, deleted); kafka-python's
+admin (its own encoding of the same APIs) around a live consumer group, whose member
+subscriptions and assignments it decodes; aiokafka's admin, producer (transactional
+too) and consumer group. All of it lands on the broker
 under the prefix and answers with the tenant's names; nothing of another tenant's is
 shown."""
 
@@ -155,3 +157,61 @@ def test_aiokafka_as_a_tenant_writes_reads_and_administers_its_own(
     [described] = broker.describe_consumer_groups(["a." + group]).values()
     assert described.result().group_id == "a." + group
     assert transactions(kafka.bootstrap, "ops", "a." + tx)["a." + tx] == (0, "CompleteAbort")
+
+
+def test_kafka_python_as_a_tenant_administers_its_own(kafka: KafkaCluster) -> None:
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+    from kafka.admin import KafkaAdminClient, NewTopic
+
+    theirs = unique("b.ledger")
+    kafka.create_topic(theirs)
+    topic, group = unique("kp"), unique("kp-readers")
+    first = TopicPartition(topic, 0)
+    broker = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    with ProxyThread(kafka.bootstrap, rules_yaml=RULES) as proxy:
+        admin = KafkaAdminClient(bootstrap_servers=proxy.bootstrap, client_id="a-kp-admin")
+        try:
+            created = admin.create_topics([NewTopic(topic, 2, 1)])
+            assert [(t["name"], t["error_code"]) for t in created["topics"]] == [(topic, 0)]
+            producer = KafkaProducer(bootstrap_servers=proxy.bootstrap, client_id="a-kp",
+                                     acks="all")
+            for i in range(3):
+                producer.send(topic, f"v{i}".encode(), partition=0)
+            producer.flush(30)
+            producer.close()
+            consumer = KafkaConsumer(topic, bootstrap_servers=proxy.bootstrap,
+                                     client_id="a-kp", group_id=group,
+                                     auto_offset_reset="earliest", enable_auto_commit=False,
+                                     consumer_timeout_ms=15000)
+            assert [m.value for m, _ in zip(consumer, range(3), strict=False)] == [
+                b"v0", b"v1", b"v2"]
+            consumer.commit()
+            # The live member's subscription and assignment (consumer-protocol bytes).
+            [member] = admin.describe_groups([group])[group]["members"]
+            assert member["member_metadata"]["topics"] == [topic]
+            assert member["member_assignment"]["assigned_partitions"] == [
+                {"topic": topic, "partitions": [0, 1]}]
+            consumer.close()
+
+            # Its own topics (the broker's under the prefix), none of the other's.
+            shown = set(admin.list_topics())
+            on_broker = set(broker.list_topics(timeout=10).topics)
+            assert topic in shown and {"a." + n for n in shown} <= on_broker, shown
+            [listed] = [g for g in admin.list_groups() if g["group_id"] == group]
+            assert not any(g["group_id"].startswith("a.") for g in admin.list_groups())
+            assert listed["group_type"] == "classic"
+            assert set(admin.list_config_resources()["topic"]) == shown
+            assert admin.describe_topics([theirs])[0]["error_code"] == 3  # no such topic
+            [dirs] = admin.describe_log_dirs()
+            assert {t["name"] for d in dirs["log_dirs"] for t in d["topics"]} == shown
+            assert admin.delete_records({first: 1})[first]["low_watermark"] == 1
+            offsets = admin.list_group_offsets(group)[group]
+            assert {tp: o.offset for tp, o in offsets.items()} == {
+                first: 3, TopicPartition(topic, 1): 0}
+            assert admin.delete_groups([group]) == {group: "OK"}
+            deleted = admin.delete_topics([topic])
+            assert [(t["name"], t["error_code"]) for t in deleted["topics"]] == [(topic, 0)]
+        finally:
+            admin.close()
+    assert theirs in broker.list_topics(timeout=10).topics
+    assert "a." + group not in {g.group_id for g in broker.list_consumer_groups().result().valid}
