@@ -14,7 +14,9 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from gatehouse import codecs
+from gatehouse.codecs.records import encode_batch
 from gatehouse.proxy.hooks import AGE_LIMIT, ConnectionInfo, Observer, Policy
+from tests.integration.test_rules_topic_ids import call, topic_ids
 from tests.support.clients import (
     consume,
     kafka_python_produce,
@@ -406,6 +408,96 @@ def test_broker_stopped_mid_stream_clients_recover(kafka_cluster: KafkaCluster) 
         produce(conf, topic, count=30, tag="after")
         got = consume(conf, topic, 90, timeout=60)
         assert len(got) == 90
+
+
+NOT_LEADER_OR_FOLLOWER = 6
+
+
+def leader_of(admin: AdminClient, topic: str) -> int:
+    return int(admin.list_topics(topic, timeout=10).topics[topic].partitions[0].leader)
+
+
+def test_a_moved_leader_is_named_at_the_proxy_in_kip951_answers(
+        kafka_cluster: KafkaCluster) -> None:
+    """KIP-951: a broker that does not lead a partition answers Produce (v10+) and Fetch
+    (v16+) with the leader and its address (NodeEndpoints), which clients connect to
+    without asking for Metadata.  The leader is moved on a live cluster (the replicas
+    reordered, a preferred election); the old leader's Produce answer and a non-replica's
+    Fetch answer through the proxy name the proxy's port for the new leader, and
+    librdkafka, producing across the move, never learns a real broker address."""
+    topic = unique("moved")
+    direct = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap})
+    any_broker = f"127.0.0.1:{kafka_cluster.nodes[0].port}"
+    old, new, third = (n.node_id for n in kafka_cluster.nodes)
+    [created] = direct.create_topics(
+        [NewTopic(topic, num_partitions=1, replica_assignment=[[old, new]])]).values()
+    created.result(30)
+    deadline = time.monotonic() + 30
+    while leader_of(direct, topic) != old:
+        assert time.monotonic() < deadline, "the topic has no leader"
+        time.sleep(0.1)
+    with ProxyThread(kafka_cluster.bootstrap) as proxy:
+        stats: list[dict[str, Any]] = []
+        conf = {"bootstrap.servers": proxy.bootstrap, "statistics.interval.ms": 100,
+                "stats_cb": lambda s: stats.append(json.loads(s))}
+        producer = ck.Producer({**conf, "acks": "all", "linger.ms": 5, "log_level": 0})
+        failed: list[Any] = []
+
+        def send(tag: str) -> None:
+            for i in range(20):
+                producer.produce(topic, f"{tag}-{i}".encode(),
+                                 on_delivery=lambda err, _m: err and failed.append(err))
+            assert producer.flush(60) == 0
+
+        send("before")
+        # The new leader first among the replicas, then a preferred election.
+        moved = call(any_broker, 45, 0, {"timeout_ms": 30000, "topics": [
+            {"name": topic, "partitions": [{"partition_index": 0,
+                                            "replicas": [new, old]}]}]})
+        assert moved.error_code == 0, moved
+        elected = call(any_broker, 43, 2, {"election_type": 0, "timeout_ms": 30000,
+                                                        "topic_partitions": [
+                                                            {"topic": topic, "partitions": [0]}]})
+        assert elected.error_code == 0, elected
+        while leader_of(direct, topic) != new:
+            assert time.monotonic() < deadline + 30, "the leader did not move"
+            time.sleep(0.1)
+
+        # The old leader, asked through the proxy's port for it.
+        at_old = f"127.0.0.1:{proxy.proxy.brokers[old].port}"
+        new_port = proxy.proxy.brokers[new].port
+        batch = encode_batch([(0, None, b"to-the-old-leader")])
+        produced = call(at_old, 0, 12, {"acks": -1, "timeout_ms": 10000, "topic_data": [
+            {"name": topic, "partition_data": [{"index": 0, "records": batch}]}]})
+        [[partition]] = [t.partition_responses for t in produced.responses]
+        assert partition.error_code == NOT_LEADER_OR_FOLLOWER
+        assert partition.current_leader.leader_id == new
+        assert [(e.node_id, e.host, e.port) for e in produced.node_endpoints] == [
+            (new, "127.0.0.1", new_port)]
+        topic_id = topic_ids(any_broker, topic)[topic]
+        # A Fetch is answered by a follower too (KIP-392): asked of a broker that holds
+        # no replica of it.
+        at_third = f"127.0.0.1:{proxy.proxy.brokers[third].port}"
+        fetched = call(at_third, 1, 17, {
+            "max_wait_ms": 0, "min_bytes": 1, "max_bytes": 1 << 20, "session_epoch": -1,
+            "topics": [{"topic_id": topic_id, "partitions": [
+                {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}]}]})
+        [[fetch_partition]] = [t.partitions for t in fetched.responses]
+        assert fetch_partition.error_code == NOT_LEADER_OR_FOLLOWER
+        assert fetch_partition.current_leader.leader_id == new
+        assert [(e.node_id, e.host, e.port) for e in fetched.node_endpoints] == [
+            (new, "127.0.0.1", new_port)]
+
+        # librdkafka across the move: every record delivered, only the proxy's ports known.
+        send("after")
+        assert failed == []
+        producer.poll(0.5)  # serves stats_cb
+        seen = stats_broker_ports(stats)
+        assert seen and seen <= proxy.broker_ports
+        assert not seen & {n.port for n in kafka_cluster.nodes}
+    got = consume({"bootstrap.servers": kafka_cluster.bootstrap}, topic, 40)
+    assert sorted(got) == sorted([f"before-{i}".encode() for i in range(20)]
+                                 + [f"after-{i}".encode() for i in range(20)])
 
 
 def test_min_api_version_refuses_old_kafka_python_but_not_librdkafka(kafka: KafkaCluster) -> None:
