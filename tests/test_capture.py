@@ -417,3 +417,32 @@ def test_fetch_topics_read_from_the_bytes_match_the_decoded_response(
     assert logged[0] == logged[1] == {"errors": [1], "error_count": 1, "topics": [{
         "name": "orders", "broker": "orders", "id": orders_id if version >= 13 else None,
         "partitions": [3, 5, 7], "records": 6, "bytes": 3 * len(batch)}]}
+
+
+def test_a_share_fetch_is_logged_with_the_records_it_carried(
+        tmp_path: Path, conn: ConnectionInfo) -> None:
+    """A share consumer's ShareFetch (KIP-932) is logged as a Fetch is: its group, and
+    the topics of its answer with their record counts and bytes."""
+    jobs_id = "6f1c2f57-1e1c-4c7a-9d0c-3a2b1c0d9e8f"
+    batch = batch_v2(record_v2(0, 0, b"k", b"v") + record_v2(1, 0, None, b"w"), 2)
+    capture = capture_knowing(tmp_path, conn, "jobs", jobs_id)
+    share_fetch = request(78, 1, 21, group_id="workers", member_id="m", share_session_epoch=0,
+                          max_wait_ms=500, min_bytes=1, max_bytes=1 << 20, max_records=500,
+                          batch_size=500, topics=[{"topic_id": jobs_id, "partitions": [
+                              {"partition_index": 0, "acknowledgement_batches": []}]}],
+                          forgotten_topics_data=[])
+    capture.request(conn, wire(share_fetch), 60)
+    frame = response_frame(78, 1, 21, error_code=0, acquisition_lock_timeout_ms=30000,
+                           responses=[{"topic_id": jobs_id, "partitions": [
+                               {"partition_index": 0, "error_code": 0,
+                                "acknowledge_error_code": 0,
+                                "current_leader": {"leader_id": 1, "leader_epoch": 0},
+                                "records": batch, "acquired_records": [
+                                    {"first_offset": 0, "last_offset": 1,
+                                     "delivery_count": 1}]}]}])
+    capture.response(conn, Pending(21, 78, 1, 0.0), len(frame), 0.001, frame)
+    assert capture.close(10)
+    [logged] = [r for r in read_records(tmp_path) if r["correlation_id"] == 21]
+    assert logged["api"] == "ShareFetch" and logged["group_id"] == "workers"
+    assert logged["topics"] == [{"name": "jobs", "broker": "jobs", "id": jobs_id,
+                                 "partitions": [0], "records": 2, "bytes": len(batch)}]

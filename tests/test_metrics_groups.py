@@ -201,6 +201,37 @@ def test_fetch_by_topic_id_is_unknown_until_metadata_names_it() -> None:
     assert records("unknown") == 1
 
 
+def test_a_share_consumers_records_count_as_fetched() -> None:
+    """ShareFetch (KIP-932) answers carry records as Fetch answers do: counted per topic
+    (by id, named from Metadata)."""
+    metrics = ProxyMetrics()
+    wire = Wire(metrics, 1)
+    topic_id = uuid.uuid4()
+    name_topic(wire, topic_id, "jobs")
+    for _ in range(2):
+        wire.exchange(78, 1, {"group_id": "workers", "member_id": "m", "share_session_epoch": 0,
+                              "max_wait_ms": 500, "min_bytes": 1, "max_bytes": 1 << 20,
+                              "max_records": 500, "batch_size": 500, "topics": [
+                                  {"topic_id": topic_id, "partitions": [
+                                      {"partition_index": 0, "acknowledgement_batches": []}]}],
+                              "forgotten_topics_data": []},
+                      {"error_code": 0, "error_message": None,
+                       "acquisition_lock_timeout_ms": 30000, "responses": [
+                           {"topic_id": topic_id, "partitions": [
+                               {"partition_index": 0, "error_code": 0, "error_message": None,
+                                "acknowledge_error_code": 0, "acknowledge_error_message": None,
+                                "current_leader": {"leader_id": 1, "leader_epoch": 0},
+                                "records": one_record_batch(),
+                                "acquired_records": [{"first_offset": 0, "last_offset": 0,
+                                                      "delivery_count": 1}]}]}],
+                       "node_endpoints": []})
+    assert metrics.registry.get_sample_value(
+        "gatehouse_topic_records_total", {"topic": "jobs", "direction": "fetch"}) == 2
+    assert metrics.registry.get_sample_value(
+        "gatehouse_topic_bytes_total", {"topic": "jobs", "direction": "fetch"}) == 2 * len(
+            one_record_batch())
+
+
 def name_topic(wire: Wire, topic_id: uuid.UUID, name: str) -> None:
     """A Metadata exchange that tells the proxy the name of a topic id."""
     wire.exchange(3, 12, {"topics": None, "allow_auto_topic_creation": False,

@@ -7,6 +7,8 @@ from collections import defaultdict
 from datetime import datetime
 from typing import Any
 
+# The APIs whose log records carry record counts, and the traffic chart's series for each.
+RECORD_APIS = {"Produce": "produced", "Fetch": "fetched", "ShareFetch": "fetched by share groups"}
 PALETTE = ("#2b6cb0", "#dd6b20", "#38a169", "#805ad5", "#d53f8c", "#319795", "#b7791f",
            "#718096")
 STYLE = """
@@ -200,9 +202,9 @@ def _traffic_section(data: Any) -> str:
     records: dict[str, list[tuple[datetime, float]]] = defaultdict(list)
     requests: dict[datetime, float] = defaultdict(float)
     for r in data.per_minute:
-        if r.api in ("Produce", "Fetch") and r.records:
-            records["produced" if r.api == "Produce" else "fetched"].append(
-                (r.minute, float(r.records)))
+        series = RECORD_APIS.get(r.api)
+        if series is not None and r.records:
+            records[series].append((r.minute, float(r.records)))
         requests[r.minute] += r.requests
     chart = line_chart("Records per minute", dict(records))
     chart_requests = line_chart("Requests per minute (all APIs)",

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gatehouse.capture.schema import spark_ddl
+from gatehouse.pipeline.html import RECORD_APIS
 from gatehouse.pipeline.impact import filters_groups, rewrites_topics
 from gatehouse.rules import ClientFacts, RuleSet
 from gatehouse.rules.model import software_versions
@@ -440,7 +441,7 @@ def report(spark: Any, options: ReportOptions) -> ReportData:
                   .agg(F.sum("records").alias("records"), F.sum("bytes").alias("bytes"),
                        F.sum("requests").alias("requests"))
                   .orderBy("minute").collect())
-    topics = (traffic.where(F.col("topic").isNotNull() & F.col("api").isin("Produce", "Fetch"))
+    topics = (traffic.where(F.col("topic").isNotNull() & F.col("api").isin(*RECORD_APIS))
               .groupBy("topic", "api").agg(F.sum("records").alias("records"),
                                            F.sum("bytes").alias("bytes"))
               .orderBy(F.desc("records")).limit(40).collect())

@@ -270,6 +270,10 @@ def test_java_share_consumer_is_a_share_group_until_it_leaves(
             # Consuming: the member joined and holds an assignment.
             assert watch.groups() == 1
             assert sum_samples(proxy, "gatehouse_consumer_groups", protocol_type="consumer") == 0
+            # Its records counted as fetched (ShareFetch answers), as they were produced.
+            for direction in ("produce", "fetch"):
+                assert proxy.sample("gatehouse_topic_records_total", topic=topic,
+                                    direction=direction) == len(values)
             member.leave()
         assert watch.groups() == 0
         assert_left_by_its_heartbeat(watch)
