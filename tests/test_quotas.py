@@ -16,9 +16,9 @@ from gatehouse.proxy.policy import RulesPolicy
 from gatehouse.proxy.quotas import MAX_HOLD, Bucket, QuotaBuckets
 from gatehouse.rules import ClientFacts, parse_rules
 from gatehouse.rules.model import Outcome, Quota
-from tests.support.fakebroker import request
+from tests.support.fakebroker import request, response_body
 from tests.test_proxy_pumps import echo_handler, proxied
-from tests.test_proxy_stream import fetch_answer, produce_answer, produce_wire
+from tests.test_proxy_stream import RECORDS, fetch_answer, produce_answer, produce_wire
 
 
 def policy_of(text: str) -> tuple[RulesPolicy, list[Outcome], list[tuple[str, float]]]:
@@ -191,6 +191,46 @@ async def test_fetch_answers_spend_and_the_next_fetch_waits(
                      pytest.approx(7.0, abs=0.01)]
     assert len(throttles(outcomes)) == 2
     assert sum(seconds for _, seconds in held) == pytest.approx(7.0, abs=0.01)
+
+
+def share_fetch_broker(times: list[float]) -> Any:
+    """A broker that answers each ShareFetch request (KIP-932) with 1 MiB of records and
+    a throttle of its own of 0, noting when it got each."""
+    def answer(req: codecs.Request) -> Any:
+        times.append(trio.current_time())
+        return response_body(78, 1, throttle_time_ms=0, error_code=0,
+                             acquisition_lock_timeout_ms=30000, responses=[
+                                 {"topic_id": "00000000-0000-0000-0000-000000000007",
+                                  "partitions": [{"partition_index": 0, "records": RECORDS,
+                                                  "current_leader": {"leader_id": 1,
+                                                                     "leader_epoch": 0},
+                                                  "acquired_records": []}]}])
+
+    return answer
+
+
+async def test_share_fetch_answers_spend_from_the_fetch_quota_and_say_so(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """A share consumer reads under the same fetch quota as a consumer: its answers spend,
+    its next request waits, and each answer asks it to wait (throttle_time_ms)."""
+    rate = len(RECORDS) // 4  # an answer is about four seconds' worth
+    policy, outcomes, _ = policy_of(f"- name: reads\n  quota: {{fetch_bytes_per_second: "
+                                    f"{rate}}}\n")
+    times: list[float] = []
+    throttled: list[int] = []
+    async with proxied(share_fetch_broker(times), policy=policy) as h:
+        for i in range(3):
+            await h.client.send(request(78, 1, i, group_id="workers", member_id="m",
+                                        share_session_epoch=0, max_wait_ms=0, min_bytes=1,
+                                        max_bytes=50 << 20, max_records=500, batch_size=500,
+                                        topics=[], forgotten_topics_data=[]).encode())
+            answer = await h.client.receive()
+            assert answer is not None
+            throttled.append(codecs.decode_response(answer, 78, 1).body.throttle_time_ms)
+    assert times[0] == pytest.approx(0.0, abs=0.01)
+    assert times[1] == pytest.approx(3.0, abs=0.05) and times[2] == pytest.approx(7.0, abs=0.05)
+    assert all(t >= 2900 for t in throttled), throttled
+    assert len(throttles(outcomes)) == 2
 
 
 async def test_one_enormous_answer_holds_the_client_ten_seconds_at_most(

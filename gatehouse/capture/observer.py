@@ -30,6 +30,7 @@ from gatehouse.codecs.schema import FieldSpec, StructSpec
 from gatehouse.codecs.walk import rewrite
 from gatehouse.metrics import error_codes
 from gatehouse.proxy.hooks import (
+    FETCHES,
     SCANNED_RESPONSES,
     ConnectionInfo,
     Observer,
@@ -47,7 +48,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("gatehouse.capture")
 
 PRODUCE, FETCH, METADATA, FIND_COORDINATOR, JOIN_GROUP = 0, 1, 3, 10, 11
-SHARE_FETCH = 78
 _PARTITION_ARRAYS = ("partitions", "partition_indexes", "partition_data", "partition_responses")
 _PARTITION_ATTRS = ("partition_index", "index", "partition")
 _MAX_TOPIC_IDS = 10_000
@@ -359,7 +359,7 @@ class CaptureObserver(Observer):
             record["error_count"] = len(codes)
         key = resp.api_key
         body = resp.body
-        if key in (FETCH, SHARE_FETCH):  # what moved, a share consumer's too
+        if key in FETCHES:  # what moved, a share consumer's too
             record["topics"] = [
                 self._records_entry(getattr(topic, "topic", None),
                                     getattr(topic, "topic_id", None),

@@ -38,6 +38,7 @@ from gatehouse.metrics.tally import CounterFamily, HistogramFamily, Tally, count
 from gatehouse.proxy.config import Address
 from gatehouse.proxy.hooks import (
     CLEAN_CLOSES,
+    FETCHES,
     SCANNED_RESPONSES,
     ConnectionInfo,
     Observer,
@@ -54,7 +55,6 @@ LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0
 # the latency of everything else.
 LONG_POLL_APIS = frozenset({1, 11, 68, 76, 78, 88})  # Fetch, JoinGroup, group heartbeats, ShareFetch
 PRODUCE, FETCH, METADATA, API_VERSIONS, SASL_AUTHENTICATE = 0, 1, 3, 18, 36
-SHARE_FETCH = 78
 # Topic name -> its counters, including names folded into "other": past this many, a
 # folded name is looked up (and counted as a fold) again each time.
 MAX_CACHED_TOPICS = 100_000
@@ -564,7 +564,7 @@ class ProxyMetrics(Observer):
                 self._learn_topic_ids(resp)
             elif key in GROUP_RESPONSES:
                 self.groups.response(conn.id, pending.correlation_id, resp)
-            if key in (FETCH, SHARE_FETCH):  # a share consumer's records too
+            if key in FETCHES:  # a share consumer's records too
                 for topic in resp.body.responses:
                     records_total, bytes_total = produce.partitions_total(topic.partitions)
                     if records_total > 0:

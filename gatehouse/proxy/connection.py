@@ -73,6 +73,7 @@ from gatehouse.proxy.hooks import (
     AGE_LIMIT,
     CLIENT_CLOSED,
     FETCH,
+    FETCHES,
     SCANNED_RESPONSES,
     SHUTTING_DOWN,
     Close,
@@ -1387,7 +1388,7 @@ class ProxyConnection:
     def _answer_throttle(self, pending: Pending, size: int,
                          charges: tuple[Charge, ...]) -> int:
         """An answer of ``size`` bytes from the broker, under the connection's quotas: a
-        Fetch answer's bytes are spent (the next request waits for the debt), and the
+        Fetch (or ShareFetch) answer's bytes are spent (the next request waits for the debt), and the
         milliseconds the client is asked to wait, as a broker's quotas ask in
         ``throttle_time_ms`` (KIP-219 clients then hold their next request back
         themselves; all report it): the longest debt of the enforced quotas of this
@@ -1398,7 +1399,7 @@ class ProxyConnection:
         for charge in charges:
             kind = charge.kind
             if kind == "fetch_bytes":
-                if key != FETCH:
+                if key not in FETCHES:
                     continue
                 charge.bucket.spend(size + 4, now)
             elif kind == "produce_bytes" and key != PRODUCE:

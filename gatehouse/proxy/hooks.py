@@ -96,7 +96,10 @@ def decoded_response(pending: Pending, frame: Any) -> Response:
 
 # The responses read from their bytes: error codes, top-level tags (and for Fetch the
 # topics' records and bytes), without a decode; ApiVersions for its one error code.
-PRODUCE, FETCH, API_VERSIONS = 0, 1, 18
+PRODUCE, FETCH, API_VERSIONS, SHARE_FETCH = 0, 1, 18, 78
+# The answers that carry records to consumers: a consumer's Fetch, a share consumer's
+# ShareFetch (KIP-932); counted, logged and held to fetch quotas alike.
+FETCHES = (FETCH, SHARE_FETCH)
 _RESPONSE_SCANS: dict[int, Callable[[Any, int], Any]] = {
     PRODUCE: produce.response_scan,
     FETCH: fetch.response_scan,
