@@ -1,0 +1,70 @@
+"""The Go clients through the proxy on a real Apache Kafka broker: franz-go (the newest
+protocol versions, its own codec: flexible versions everywhere, Produce and Fetch by
+topic id) and Sarama (held to Kafka 2.1's versions: none flexible), each creating a topic,
+producing, consuming in a group with commits, and administering it, under a tenant
+prefix: everything lands under the prefix on the broker, the client sees its own
+names only (tests/support/go/gokafka, built by scripts/build_go_clients.py)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from scripts.build_go_clients import ensure_gokafka
+from tests.integration.test_metrics_topics import versions_seen
+from tests.support.clients import unique
+from tests.support.kafka import KafkaCluster
+from tests.support.proxythread import ProxyThread
+
+RULES = ("- name: tenant-a\n  match: {client_id: '^a-'}\n"
+         "  topic_prefix: {broker: 'a.', hide_others: true, groups: true}\n")
+RECORDS = 20
+
+
+@pytest.mark.parametrize("client", ["franz", "sarama"])
+def test_a_go_client_as_a_tenant(kafka: KafkaCluster, client: str) -> None:
+    theirs = unique("b.ledger")
+    kafka.create_topic(theirs)
+    topic, group = unique(f"go-{client}"), unique(f"go-{client}-readers")
+    broker = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    with ProxyThread(kafka.bootstrap, rules_yaml=RULES) as proxy:
+        run = subprocess.run([str(ensure_gokafka()), client, proxy.bootstrap, f"a-{client}",
+                              topic, group, str(RECORDS)], capture_output=True, text=True,
+                             timeout=180)
+        assert run.returncode == 0, (run.stdout[-3000:], run.stderr[-3000:])
+        on_broker = set(broker.list_topics(timeout=10).topics)
+        registry = proxy.metrics.registry
+        produced = versions_seen(registry, "Produce", "")
+        fetched = versions_seen(registry, "Fetch", "")
+    lines = run.stdout.splitlines()
+    steps: dict[str, list[str]] = {}
+    for line in lines:
+        step, _, what = line.partition(" ")
+        steps.setdefault(step, []).append(what)
+
+    assert steps["create"] == [topic]
+    assert steps["produced"] == [str(RECORDS)]
+    values = sorted(f"{topic} {client}-{i}" for i in range(RECORDS))
+    assert sorted(steps["record"]) == values  # every record, under the tenant's name
+    # Committed: every record, both partitions, by the tenant's topic name.
+    offsets = [what.split() for what in steps["offset"]]
+    assert {name for name, _, _ in offsets} == {topic}
+    assert sum(int(at) for _, _, at in offsets) == RECORDS
+    # Only the tenant's own groups and topics (the broker's under the prefix).
+    shown_groups = steps["groups"][0].split(",")
+    assert group in shown_groups and not any(g.startswith("a.") for g in shown_groups)
+    shown_topics = steps["topics"][0].split(",")
+    assert topic in shown_topics and theirs not in shown_topics
+    assert {"a." + t for t in shown_topics} <= on_broker | {"a." + topic}
+    if client == "franz":
+        assert steps["assigned"] == [topic]
+        assert steps["end-offsets"] == [str(RECORDS)]
+    else:
+        assert steps["describe-group"] == [f"{group} Empty"]
+    assert steps["delete-group"] == [group] and steps["delete"] == [topic]
+    if client == "franz":  # by topic id
+        assert min(produced) >= 13 and min(fetched) >= 13, (produced, fetched)
+    else:  # before flexible versions (Produce v9, Fetch v12)
+        assert max(produced) < 9 and max(fetched) < 12, (produced, fetched)
