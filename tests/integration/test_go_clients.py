@@ -1,6 +1,6 @@
 """The Go clients through the proxy on a real Apache Kafka broker: franz-go (the newest
 protocol versions, its own codec: flexible versions everywhere, Produce and Fetch by
-topic id) and Sarama (held to Kafka 2.1's versions: none flexible), each creating a topic,
+topic id, a transactional producer, a KIP-848 consumer) and Sarama (held to Kafka 2.1's versions: none flexible), each creating a topic,
 producing, consuming in a group with commits, and administering it, under a tenant
 prefix: everything lands under the prefix on the broker, the client sees its own
 names only (tests/support/go/gokafka, built by scripts/build_go_clients.py)."""
@@ -14,12 +14,14 @@ from confluent_kafka.admin import AdminClient
 
 from scripts.build_go_clients import ensure_gokafka
 from tests.integration.test_metrics_topics import versions_seen
+from tests.integration.test_rules_groups import transactions
 from tests.support.clients import unique
 from tests.support.kafka import KafkaCluster
 from tests.support.proxythread import ProxyThread
 
 RULES = ("- name: tenant-a\n  match: {client_id: '^a-'}\n"
-         "  topic_prefix: {broker: 'a.', hide_others: true, groups: true}\n")
+         "  topic_prefix: {broker: 'a.', hide_others: true, groups: true,"
+         " transactional_ids: true}\n")
 RECORDS = 20
 
 
@@ -38,6 +40,7 @@ def test_a_go_client_as_a_tenant(kafka: KafkaCluster, client: str) -> None:
         registry = proxy.metrics.registry
         produced = versions_seen(registry, "Produce", "")
         fetched = versions_seen(registry, "Fetch", "")
+        heartbeats = versions_seen(registry, "ConsumerGroupHeartbeat", "")
     lines = run.stdout.splitlines()
     steps: dict[str, list[str]] = {}
     for line in lines:
@@ -60,7 +63,12 @@ def test_a_go_client_as_a_tenant(kafka: KafkaCluster, client: str) -> None:
     assert {"a." + t for t in shown_topics} <= on_broker | {"a." + topic}
     if client == "franz":
         assert steps["assigned"] == [topic]
-        assert steps["end-offsets"] == [str(RECORDS)]
+        # And a commit marker in each partition the transaction wrote to.
+        assert int(steps["end-offsets"][0]) - RECORDS in (1, 2), steps["end-offsets"]
+        # Its transaction and its KIP-848 group were the tenant's, under the prefix.
+        assert transactions(kafka.bootstrap, "ops", f"a.{group}-tx") == {
+            f"a.{group}-tx": (0, "CompleteCommit")}
+        assert heartbeats
     else:
         assert steps["describe-group"] == [f"{group} Empty"]
     assert steps["delete-group"] == [group] and steps["delete"] == [topic]

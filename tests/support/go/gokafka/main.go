@@ -4,7 +4,8 @@
 //	gokafka franz|sarama <bootstrap> <client id> <topic> <group> <records>
 //
 // Each one, with its own admin API: creates <topic> (2 partitions), produces <records>
-// records (acks=all), reads them back in consumer group <group> and commits, then lists
+// records (acks=all; franz-go in a transaction, <group>-tx), reads them back in consumer
+// group <group> (franz-go: KIP-848's protocol, read_committed) and commits, then lists
 // and describes what it sees, deletes the group and the topic. It prints one line per
 // step ("<step> <what it got>") and exits 1 on the first failure ("failed <step>: ...").
 package main
@@ -51,16 +52,22 @@ func franz(ctx context.Context, bootstrap, clientID, topic, group string, n int)
 	check("create", created.Err)
 	say("create", created.Topic)
 
+	// In a transaction (transactional id <group>-tx), committed.
 	producer, err := kgo.NewClient(append(base, kgo.DefaultProduceTopic(topic),
-		kgo.RequiredAcks(kgo.AllISRAcks()))...)
+		kgo.TransactionalID(group+"-tx"))...)
 	check("producer", err)
+	check("begin", producer.BeginTransaction())
 	for i := 0; i < n; i++ {
 		check("produce", producer.ProduceSync(ctx, kgo.StringRecord(fmt.Sprintf("franz-%d", i))).FirstErr())
 	}
+	check("commit-transaction", producer.EndTransaction(ctx, kgo.TryCommit))
 	producer.Close()
 	say("produced", n)
 
+	// A KIP-848 consumer (the broker assigns), reading committed records only.
 	consumer, err := kgo.NewClient(append(base, kgo.ConsumerGroup(group), kgo.ConsumeTopics(topic),
+		kgo.Balancers(kgo.RangeBalancer()), kgo.ServerSideBalancer(),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.DisableAutoCommit())...)
 	check("consumer", err)
 	got := 0
@@ -75,18 +82,11 @@ func franz(ctx context.Context, bootstrap, clientID, topic, group string, n int)
 		})
 	}
 	check("commit", consumer.CommitUncommittedOffsets(ctx))
-	described, err := adm.DescribeGroups(ctx, group)
+	described, err := adm.DescribeConsumerGroups(ctx, group)
 	check("describe-group", err)
-	for _, member := range described[group].Members {
-		assigned, ok := member.Assigned.AsConsumer()
-		if ok {
-			var topics []string
-			for _, t := range assigned.Topics {
-				topics = append(topics, t.Topic)
-			}
-			say("assigned", sorted(topics))
-		}
-	}
+	mine := described[group]
+	check("describe-group", mine.Err)
+	say("assigned", sorted(mine.AssignedPartitions().Topics()))
 	consumer.Close()
 
 	offsets, err := adm.FetchOffsets(ctx, group)
