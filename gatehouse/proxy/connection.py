@@ -1388,8 +1388,8 @@ class ProxyConnection:
     def _answer_throttle(self, pending: Pending, size: int,
                          charges: tuple[Charge, ...]) -> int:
         """An answer of ``size`` bytes from the broker, under the connection's quotas: a
-        Fetch (or ShareFetch) answer's bytes are spent (the next request waits for the debt), and the
-        milliseconds the client is asked to wait, as a broker's quotas ask in
+        Fetch (or ShareFetch) answer's bytes are spent (the next request waits for the
+        debt), and the milliseconds the client is asked to wait, as a broker's quotas ask in
         ``throttle_time_ms`` (KIP-219 clients then hold their next request back
         themselves; all report it): the longest debt of the enforced quotas of this
         answer's kind (``charges``: ``_quota_charges``).  0: nothing to say."""

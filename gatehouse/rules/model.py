@@ -112,8 +112,8 @@ class Quota:
     """Rates a rule allows its clients (None: no limit on that kind).
 
     ``produce_bytes``: bytes of Produce requests a second; ``fetch_bytes``: bytes of
-    Fetch and ShareFetch answers a second; ``requests``: requests of any kind a second; each shared per
-    ``per`` (QUOTA_SCOPES)."""
+    Fetch and ShareFetch answers a second; ``requests``: requests of any kind a second;
+    each shared per ``per`` (QUOTA_SCOPES)."""
 
     produce_bytes: float | None = None
     fetch_bytes: float | None = None
