@@ -4,8 +4,8 @@ Java's admin client, every call on the tenant's own topic (created, described by
 and by id, partitions added, configured, offsets listed, records deleted, producers, log
 dirs, a preferred election, a reassignment, a group's offsets, deleted); kafka-python's
 admin (its own encoding of the same APIs) around a live consumer group, whose member
-subscriptions and assignments it decodes; aiokafka's admin, producer (transactional
-too) and consumer group. All of it lands on the broker
+subscriptions and assignments it decodes; librdkafka's admin; aiokafka's admin,
+producer (transactional too) and consumer group. All of it lands on the broker
 under the prefix and answers with the tenant's names; nothing of another tenant's is
 shown."""
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import confluent_kafka as ck
 from confluent_kafka.admin import AdminClient
 
 from tests.integration.test_rules_groups import transactions
@@ -215,3 +216,89 @@ def test_kafka_python_as_a_tenant_administers_its_own(kafka: KafkaCluster) -> No
             admin.close()
     assert theirs in broker.list_topics(timeout=10).topics
     assert "a." + group not in {g.group_id for g in broker.list_consumer_groups().result().valid}
+
+
+def test_librdkafkas_admin_as_a_tenant_reaches_its_own_topic_only(kafka: KafkaCluster) -> None:
+    """librdkafka's admin calls on the tenant's topic (DescribeTopicPartitions, ListOffsets, DeleteRecords, ElectLeaders, CreatePartitions, the configs both
+    ways, a group's offsets altered and listed), each answered with the tenant's names."""
+    from confluent_kafka import (
+        ConsumerGroupTopicPartitions,
+        ElectionType,
+        TopicCollection,
+        TopicPartition,
+    )
+    from confluent_kafka.admin import (
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        NewPartitions,
+        NewTopic,
+        OffsetSpec,
+    )
+
+    theirs = unique("b.ledger")
+    kafka.create_topic(theirs)
+    topic, group = unique("rd"), unique("rd-auditors")
+    broker = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    with ProxyThread(kafka.bootstrap, rules_yaml=RULES) as proxy:
+        conf = {"bootstrap.servers": proxy.bootstrap, "client.id": "a-rd"}
+        admin = AdminClient(conf)
+        [created] = admin.create_topics([NewTopic(topic, 2, 1)]).values()
+        created.result(30)
+        assert produce(conf, topic, count=4)
+
+        [described] = admin.describe_topics(TopicCollection([topic])).values()
+        by_name = described.result(30)
+        assert (by_name.name, len(by_name.partitions)) == (topic, 2)
+        [other] = admin.describe_topics(TopicCollection([theirs])).values()
+        try:
+            other.result(30)
+            raise AssertionError("another tenant's topic was described")
+        except ck.KafkaException as exc:
+            assert exc.args[0].code() == ck.KafkaError.UNKNOWN_TOPIC_OR_PART
+
+        partitions = [TopicPartition(topic, p) for p in (0, 1)]
+        ends = {tp.partition: f.result(30).offset for tp, f in admin.list_offsets(
+            {tp: OffsetSpec.latest() for tp in partitions}).items()}
+        assert sum(ends.values()) == 4
+        [first] = [p for p, end in ends.items() if end > 0][:1]
+        deleted = admin.delete_records([TopicPartition(topic, first, 1)])
+        [(done, future)] = deleted.items()
+        assert (done.topic, future.result(30).low_watermark) == (topic, 1)
+
+        elected = admin.elect_leaders(ElectionType.PREFERRED,
+                                      [TopicPartition(topic, 0)]).result(30)
+        [(where, error)] = elected.items()
+        assert where.topic == topic
+        assert error is not None and error.code() == ck.KafkaError.ELECTION_NOT_NEEDED
+
+        [grown] = admin.create_partitions([NewPartitions(topic, 3)]).values()
+        grown.result(30)
+        resource = ConfigResource("topic", topic, incremental_configs=[ConfigEntry(
+            "retention.ms", "3600000", incremental_operation=AlterConfigOpType.SET)])
+        [(_, altered)] = admin.incremental_alter_configs([resource]).items()
+        altered.result(30)
+        [(named, configs)] = admin.describe_configs([ConfigResource("topic", topic)]).items()
+        assert named.name == topic
+        assert configs.result(30)["retention.ms"].value == "3600000"
+
+        [moved] = admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(
+            group, [TopicPartition(topic, 0, 1)])]).values()
+        assert [(tp.topic, tp.offset) for tp in moved.result(30).topic_partitions] == [
+            (topic, 1)]
+        [listed] = admin.list_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(group)]).values()
+        assert [(tp.topic, tp.partition, tp.offset)
+                for tp in listed.result(30).topic_partitions] == [(topic, 0, 1)]
+        cluster = admin.describe_cluster().result(30)
+        assert {n.port for n in cluster.nodes} <= proxy.broker_ports
+
+    # On the broker: all of it the tenant's topic and group, under the prefix.
+    on_broker = broker.list_topics("a." + topic, timeout=10).topics["a." + topic]
+    assert len(on_broker.partitions) == 3
+    [(_, configs)] = broker.describe_configs([ConfigResource("topic", "a." + topic)]).items()
+    assert configs.result(30)["retention.ms"].value == "3600000"
+    [offsets] = broker.list_consumer_group_offsets(
+        [ConsumerGroupTopicPartitions("a." + group)]).values()
+    assert [(tp.topic, tp.offset) for tp in offsets.result(30).topic_partitions] == [
+        ("a." + topic, 1)]
