@@ -313,3 +313,39 @@ def test_the_clusters_acls_at_the_proxy(kafka: KafkaCluster, tmp_path: Path) -> 
     credentials = direct.describe_user_scram_credentials([user])[user].result(timeout=30)
     assert [c.mechanism for c in credentials.scram_credential_infos] == [
         ck.admin.ScramMechanism.SCRAM_SHA_256]
+
+
+SHARE_ACLS = """\
+- name: workers
+  acls:
+    - {allow: [read], topics: ["jobs-.*"], groups: ["workers-.*"]}
+    - {allow: [describe_configs, alter_configs], groups: [".*"]}
+"""
+
+
+def test_a_share_consumer_is_held_to_the_acls_of_its_group_and_topics(
+        kafka: KafkaCluster, tmp_path: Path) -> None:
+    """A Java share consumer (KIP-932) under the proxy's ACLs: in its group, of its topic,
+    it reads every record; in a group it may not read, or subscribed to a topic it may
+    not read, it fails with Kafka's own authorization errors, reading nothing."""
+    from tests.integration.test_metrics_groups import JavaMember
+
+    jobs, secret = unique("jobs"), unique("secret")
+    for topic in (jobs, secret):
+        kafka.create_topic(topic)
+        produce({"bootstrap.servers": kafka.bootstrap}, topic, count=3, tag=topic)
+    with ProxyThread(kafka.bootstrap, rules_yaml=SHARE_ACLS) as proxy:
+        for topic, group, refused in ((jobs, unique("workers"), None),
+                                      (jobs, unique("intruders"), "GroupAuthorizationException"),
+                                      (secret, unique("workers"), "TopicAuthorizationException")):
+            log = tmp_path / f"{group}.log"
+            with JavaMember("ShareMember.java", kafka.libs, [proxy.bootstrap, topic, group],
+                            log) as member:
+                if refused is None:
+                    got = [member.wait_for("record ") for _ in range(3)]
+                    assert sorted(got) == [f"record {topic}-{i}" for i in range(3)]
+                    member.leave()
+                    continue
+                assert member.process.wait(90) != 0, member.stderr_tail()
+                assert refused in log.read_text(), member.stderr_tail()
+                assert member.lines.get(timeout=10) is None  # it printed nothing: read nothing
