@@ -69,6 +69,12 @@ def test_a_go_client_as_a_tenant(kafka: KafkaCluster, client: str) -> None:
         assert transactions(kafka.bootstrap, "ops", f"a.{group}-tx") == {
             f"a.{group}-tx": (0, "CompleteCommit")}
         assert heartbeats
+        assert steps["configs"] == [topic] and steps["producers"] == [topic]
+        in_dirs = steps["log-dirs"][0].split(",")
+        assert topic in in_dirs and set(in_dirs) <= set(shown_topics) | {topic}, in_dirs
+        assert steps["transaction"] == [f"{group}-tx CompleteCommit"]
+        listed = steps["transactions"][0].split(",")
+        assert f"{group}-tx" in listed and not any(t.startswith("a.") for t in listed)
     else:
         assert steps["describe-group"] == [f"{group} Empty"]
     assert steps["delete-group"] == [group] and steps["delete"] == [topic]

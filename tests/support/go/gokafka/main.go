@@ -105,6 +105,41 @@ func franz(ctx context.Context, bootstrap, clientID, topic, group string, n int)
 	total := int64(0)
 	ends.Each(func(o kadm.ListedOffset) { total += o.Offset })
 	say("end-offsets", total)
+	configs, err := adm.DescribeTopicConfigs(ctx, topic)
+	check("configs", err)
+	for _, resource := range configs {
+		check("configs", resource.Err)
+		say("configs", resource.Name)
+	}
+	producers, err := adm.DescribeProducers(ctx, kadm.TopicsSet{topic: {0: {}, 1: {}}})
+	check("producers", err)
+	producers.Each(func(t kadm.DescribedProducersTopic) { say("producers", t.Topic) })
+	dirs, err := adm.DescribeAllLogDirs(ctx, nil)
+	check("log-dirs", err)
+	inDirs := map[string]bool{}
+	dirs.Each(func(d kadm.DescribedLogDir) {
+		for t := range d.Topics {
+			inDirs[t] = true
+		}
+	})
+	var dirTopics []string
+	for t := range inDirs {
+		dirTopics = append(dirTopics, t)
+	}
+	say("log-dirs", sorted(dirTopics))
+	txn, err := adm.DescribeTransactions(ctx, group+"-tx")
+	check("transaction", err)
+	for _, t := range txn {
+		say("transaction", t.TxnID, t.State)
+	}
+	transactions, err := adm.ListTransactions(ctx, nil, nil)
+	check("transactions", err)
+	var txnIDs []string
+	for id := range transactions {
+		txnIDs = append(txnIDs, id)
+	}
+	say("transactions", sorted(txnIDs))
+
 	deletedGroups, err := adm.DeleteGroups(ctx, group)
 	check("delete-group", err)
 	check("delete-group", deletedGroups.Error())
