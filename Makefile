@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint unit soak bench install-dev kafka apicurio prometheus kerberos deploy-tools go-clients clean
+.PHONY: demo test lint unit soak bench install-dev kafka apicurio prometheus kerberos deploy-tools test-clients clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,11 +44,11 @@ kerberos:
 deploy-tools: install-dev
 	VENV=$(VENV) sh scripts/install_deploy_tools.sh
 
-# The Go clients of tests/integration/test_go_clients.py (franz-go, Sarama): their modules
-# from the Go module proxy, retried; built once per source, cached under
-# ~/.cache/gatehouse/go-clients.
-go-clients: install-dev
-	$(BIN)/python -m scripts.build_go_clients
+# The Go and Node.js clients of tests/integration/test_clients_go_node.py (franz-go,
+# Sarama; KafkaJS): from the Go module proxy and the npm registry, retried; built once
+# per source, cached under ~/.cache/gatehouse/go-clients and kafkajs.
+test-clients: install-dev
+	$(BIN)/python -m scripts.build_test_clients
 
 lint: install-dev
 	$(BIN)/ruff check gatehouse tests bench scripts
@@ -58,7 +58,7 @@ lint: install-dev
 unit: install-dev deploy-tools
 	$(BIN)/pytest -q --ignore=tests/integration
 
-test: lint kafka apicurio prometheus kerberos deploy-tools go-clients
+test: lint kafka apicurio prometheus kerberos deploy-tools test-clients
 	$(BIN)/pytest -q
 
 # The long variants of tests/reliability (minutes of fuzzing, 10,000 connections, more

@@ -1,9 +1,12 @@
-"""The Go clients through the proxy on a real Apache Kafka broker: franz-go (the newest
+"""Clients in other languages through the proxy on a real Apache Kafka broker: the Go
+clients franz-go (the newest
 protocol versions, its own codec: flexible versions everywhere, Produce and Fetch by
 topic id, a transactional producer, a KIP-848 consumer) and Sarama (held to Kafka 2.1's versions: none flexible), each creating a topic,
-producing, consuming in a group with commits, and administering it, under a tenant
-prefix: everything lands under the prefix on the broker, the client sees its own
-names only (tests/support/go/gokafka, built by scripts/build_go_clients.py)."""
+producing, consuming in a group with commits, and administering it, and KafkaJS (its
+own codec in JavaScript, an idempotent producer) doing the same, each under a tenant
+prefix: everything lands under the prefix on the broker, the client sees its own names
+only (tests/support/go/gokafka and tests/support/node/kafkajs, built by
+scripts/build_test_clients.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import subprocess
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from scripts.build_go_clients import ensure_gokafka
+from scripts.build_test_clients import ensure_gokafka, ensure_kafkajs
 from tests.integration.test_metrics_topics import versions_seen
 from tests.integration.test_rules_groups import transactions
 from tests.support.clients import unique
@@ -82,3 +85,38 @@ def test_a_go_client_as_a_tenant(kafka: KafkaCluster, client: str) -> None:
         assert min(produced) >= 13 and min(fetched) >= 13, (produced, fetched)
     else:  # before flexible versions (Produce v9, Fetch v12)
         assert max(produced) < 9 and max(fetched) < 12, (produced, fetched)
+
+
+def test_kafkajs_as_a_tenant(kafka: KafkaCluster) -> None:
+    theirs = unique("b.ledger")
+    kafka.create_topic(theirs)
+    topic, group = unique("js"), unique("js-readers")
+    broker = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    app = ensure_kafkajs()
+    with ProxyThread(kafka.bootstrap, rules_yaml=RULES) as proxy:
+        run = subprocess.run(["node", str(app / "tenant.js"), proxy.bootstrap, "a-js", topic,
+                              group, str(RECORDS)], capture_output=True, text=True,
+                             timeout=180, cwd=app)
+        assert run.returncode == 0, (run.stdout[-3000:], run.stderr[-3000:])
+        on_broker = set(broker.list_topics(timeout=10).topics)
+        produced = versions_seen(proxy.metrics.registry, "Produce", "")
+    steps: dict[str, list[str]] = {}
+    for line in run.stdout.splitlines():
+        step, _, what = line.partition(" ")
+        steps.setdefault(step, []).append(what)
+
+    assert steps["create"] == [topic] and steps["produced"] == [str(RECORDS)]
+    assert sorted(steps["record"]) == sorted(f"{topic} kafkajs-{i}" for i in range(RECORDS))
+    assert steps["assigned"] == [topic]  # its member assignment, by the tenant's name
+    assert steps["describe-group"] == [f"{group} consumer 1"]
+    offsets = [what.split() for what in steps["offset"]]
+    assert {name for name, _, _ in offsets} == {topic}
+    assert sum(max(int(at), 0) for _, _, at in offsets) == RECORDS
+    shown_groups = steps["groups"][0].split(",")
+    assert group in shown_groups and not any(g.startswith("a.") for g in shown_groups)
+    shown_topics = steps["topics"][0].split(",")
+    assert topic in shown_topics and theirs not in shown_topics
+    assert {"a." + t for t in shown_topics} <= on_broker | {"a." + topic}
+    assert steps["metadata"] == [f"{topic}:2"]
+    assert steps["delete-group"] == [group] and steps["delete"] == [topic]
+    assert max(produced) < 9, produced  # KafkaJS's versions: none flexible
