@@ -1,9 +1,11 @@
-"""The Maven cache of scripts/fetch_kafka.py: fetched once per dependency list."""
+"""The caches of the test set-up: scripts/fetch_kafka.py's Maven libraries (fetched once per
+dependency list) and scripts/build_test_clients.py's builds (once per source)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 from xml.etree import ElementTree
 
 import pytest
@@ -63,3 +65,50 @@ def test_the_kafka_pom_leaves_out_connect_runtime_and_its_jetty() -> None:
                 for e in deps["kafka-tools"].iterfind("m:exclusions/m:exclusion", ns)}
     assert excluded == {("org.apache.kafka", "connect-runtime")}
     assert deps["kafka_2.13"].find("m:exclusions", ns) is None
+
+
+def test_the_other_language_clients_are_built_once_per_source_and_retried(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """scripts/build_test_clients.py: the Go client's build is cached by the hash of its
+    sources (a changed source builds again); a failing download is retried, then
+    reported with what the tool said."""
+    import subprocess
+
+    from scripts import build_test_clients as build
+
+    source = tmp_path / "gokafka"
+    source.mkdir()
+    for name in ("go.mod", "go.sum", "main.go"):
+        (source / name).write_text(name)
+    (source / "README").write_text("not a source")
+    monkeypatch.setattr(build, "GO_SOURCE", source)
+    monkeypatch.setenv("GATEHOUSE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(build.time, "sleep", lambda _s: None)
+    calls: list[list[str]] = []
+    failures = [2]  # the first two downloads fail
+
+    def fake_run(cmd: list[str], cwd: Path, env: dict[str, str]) -> Any:
+        calls.append(cmd[1:2])
+        if cmd[1] == "mod" and failures[0] > 0:
+            failures[0] -= 1
+            return subprocess.CompletedProcess(cmd, 1, "", "proxy.golang.org: timeout")
+        if cmd[1] == "build":
+            Path(cmd[cmd.index("-o") + 1]).write_text("binary")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(build, "_run", fake_run)
+    monkeypatch.setattr(build, "go_binary", lambda: "go")
+    first = build.ensure_gokafka()
+    assert first.read_text() == "binary"
+    assert calls == [["mod"], ["mod"], ["mod"], ["build"]]
+    assert build.ensure_gokafka() == first and len(calls) == 4  # cached
+    (source / "README").write_text("changed, still not a source")
+    assert build.ensure_gokafka() == first and len(calls) == 4
+    (source / "main.go").write_text("changed")
+    second = build.ensure_gokafka()
+    assert second != first and calls[4:] == [["mod"], ["build"]]
+
+    failures[0] = build.ATTEMPTS
+    (source / "main.go").write_text("changed again")
+    with pytest.raises(fetch_kafka.FetchError, match=r"failed 4 times: proxy\.golang\.org: timeout"):
+        build.ensure_gokafka()
