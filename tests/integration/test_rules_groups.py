@@ -1,5 +1,5 @@
 """Group ids under a tenant prefix with ``groups: true``, on a real Apache Kafka broker:
-the tenant's consumer groups (librdkafka, the Java classic and KIP-848 consumers, the
+the tenant's consumer groups (librdkafka and the Java consumer, classic and KIP-848, the
 admin calls), share groups (KIP-932) and Kafka Streams applications (KIP-1071, their
 internal topics too) live on the broker under the prefix, the tenant sees them without
 it, and never sees or touches another tenant's groups."""
@@ -87,6 +87,13 @@ def test_a_tenants_groups_live_under_its_prefix_and_others_are_out_of_reach(
         # The group goes on from its commit: only the new records.
         later = produce(direct, topic, count=10, tag="later")
         assert sorted(read_and_commit(conf, name, mine, 10)) == sorted(later)
+        # librdkafka on KIP-848's protocol (ConsumerGroupHeartbeat), from the start.
+        kip848_rd = unique("kip848-rd")
+        assert sorted(read_and_commit({**conf, "group.protocol": "consumer"}, name,
+                                      kip848_rd, 110)) == sorted(sent + later)
+        assert committed(broker, "a." + kip848_rd, topic) == 110
+        assert versions_seen(proxy.metrics.registry, "ConsumerGroupHeartbeat",
+                             "confluent-kafka-python")
 
         # The Java consumer, classic group protocol and KIP-848's.
         for group, protocol in ((java, "classic"), (kip848, "consumer")):
