@@ -5,12 +5,15 @@ topic id, a transactional producer, a KIP-848 consumer) and Sarama (held to Kafk
 producing, consuming in a group with commits, and administering it, and KafkaJS (its
 own codec in JavaScript, an idempotent producer) doing the same, each under a tenant
 prefix: everything lands under the prefix on the broker, the client sees its own names
-only (tests/support/go/gokafka and tests/support/node/kafkajs, built by
+only; and all three logging in at the proxy (SASL ended there: PLAIN and SCRAM)
+(tests/support/go/gokafka and tests/support/node/kafkajs, built by
 scripts/build_test_clients.py)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import AdminClient
@@ -120,3 +123,38 @@ def test_kafkajs_as_a_tenant(kafka: KafkaCluster) -> None:
     assert steps["metadata"] == [f"{topic}:2"]
     assert steps["delete-group"] == [group] and steps["delete"] == [topic]
     assert max(produced) < 9, produced  # KafkaJS's versions: none flexible
+
+
+def test_they_log_in_at_the_proxy(kafka: KafkaCluster, tmp_path: Path) -> None:
+    """SASL ended at the proxy (the broker's listener has none): franz-go with
+    SCRAM-SHA-512, Sarama with PLAIN, KafkaJS with SCRAM-SHA-256 log in as alice and go
+    through all of their steps as the tenant; a wrong password gets nothing done."""
+    (tmp_path / "alice.secret").write_text("alice-pw-3c1d\n")
+    users = tmp_path / "users.yaml"
+    users.write_text("users:\n  alice: {password_file: alice.secret}\n")
+    sasl = f"sasl:\n  downstream: {{users_file: {users}}}\n"
+    app = ensure_kafkajs()
+    with ProxyThread(kafka.bootstrap, extra_config=sasl, rules_yaml=RULES) as proxy:
+        for name, mechanism, cmd in (
+                ("franz", "SCRAM-SHA-512", [str(ensure_gokafka()), "franz"]),
+                ("sarama", "PLAIN", [str(ensure_gokafka()), "sarama"]),
+                ("kafkajs", "SCRAM-SHA-256", ["node", str(app / "tenant.js")])):
+            topic, group = unique(f"login-{name}"), unique(f"login-{name}-readers")
+            env = {**os.environ, "SASL_MECHANISM": mechanism, "SASL_USER": "alice",
+                   "SASL_PASSWORD": "alice-pw-3c1d"}
+            run = subprocess.run([*cmd, proxy.bootstrap, f"a-{name}", topic, group,
+                                  str(RECORDS)], capture_output=True, text=True,
+                                 timeout=180, cwd=app, env=env)
+            assert run.returncode == 0, (name, run.stdout[-3000:], run.stderr[-3000:])
+            got = [line for line in run.stdout.splitlines() if line.startswith("record ")]
+            assert len(got) == RECORDS, (name, run.stdout[-2000:])
+        assert proxy.sample("gatehouse_responses_total", api="SaslAuthenticate",
+                            error="SASL_AUTHENTICATION_FAILED") == 0
+        wrong = subprocess.run([str(ensure_gokafka()), "franz", proxy.bootstrap, "a-franz",
+                                unique("never"), unique("never"), "1"],
+                               capture_output=True, text=True, timeout=180,
+                               env={**os.environ, "SASL_MECHANISM": "SCRAM-SHA-512",
+                                    "SASL_USER": "alice", "SASL_PASSWORD": "not-hers"})
+        assert wrong.returncode == 1 and wrong.stdout.startswith("failed create"), wrong.stdout
+        assert proxy.sample("gatehouse_responses_total", api="SaslAuthenticate",
+                            error="SASL_AUTHENTICATION_FAILED") >= 1

@@ -8,6 +8,9 @@
 // group <group> (franz-go: KIP-848's protocol, read_committed) and commits, then lists
 // and describes what it sees, deletes the group and the topic. It prints one line per
 // step ("<step> <what it got>") and exits 1 on the first failure ("failed <step>: ...").
+//
+// With SASL_MECHANISM (franz-go: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; Sarama: PLAIN),
+// SASL_USER and SASL_PASSWORD in the environment, every connection logs in with them.
 package main
 
 import (
@@ -22,6 +25,8 @@ import (
 	"github.com/IBM/sarama"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
 )
 
 func say(step string, what ...any) {
@@ -42,6 +47,18 @@ func sorted(names []string) string {
 
 func franz(ctx context.Context, bootstrap, clientID, topic, group string, n int) {
 	base := []kgo.Opt{kgo.SeedBrokers(bootstrap), kgo.ClientID(clientID)}
+	user, password := os.Getenv("SASL_USER"), os.Getenv("SASL_PASSWORD")
+	switch mechanism := os.Getenv("SASL_MECHANISM"); mechanism {
+	case "":
+	case "PLAIN":
+		base = append(base, kgo.SASL(plain.Auth{User: user, Pass: password}.AsMechanism()))
+	case "SCRAM-SHA-256":
+		base = append(base, kgo.SASL(scram.Auth{User: user, Pass: password}.AsSha256Mechanism()))
+	case "SCRAM-SHA-512":
+		base = append(base, kgo.SASL(scram.Auth{User: user, Pass: password}.AsSha512Mechanism()))
+	default:
+		check("sasl", fmt.Errorf("unknown mechanism %q", mechanism))
+	}
 	cl, err := kgo.NewClient(base...)
 	check("client", err)
 	defer cl.Close()
@@ -179,6 +196,15 @@ func saramaClient(ctx context.Context, bootstrap, clientID, topic, group string,
 	cfg.Consumer.Offsets.Initial = sarama.OffsetOldest
 	// Kafka 2.1's versions: none flexible (KIP-482), the oldest Kafka 4 still takes.
 	cfg.Version = sarama.V2_1_0_0
+	if mechanism := os.Getenv("SASL_MECHANISM"); mechanism != "" {
+		if mechanism != "PLAIN" {
+			check("sasl", fmt.Errorf("sarama here logs in with PLAIN only, not %q", mechanism))
+		}
+		cfg.Net.SASL.Enable = true
+		cfg.Net.SASL.Mechanism = sarama.SASLTypePlaintext
+		cfg.Net.SASL.User = os.Getenv("SASL_USER")
+		cfg.Net.SASL.Password = os.Getenv("SASL_PASSWORD")
+	}
 	brokers := []string{bootstrap}
 	say("version", cfg.Version.String())
 

@@ -5,7 +5,9 @@
 // Creates <topic> (2 partitions), produces <records> records (acks=all, idempotent),
 // reads them back in consumer group <group> and commits, then lists and describes what
 // it sees, deletes the group and the topic. One line per step ("<step> <what it got>");
-// exits 1 on the first failure ("failed <step>: ...").
+// exits 1 on the first failure ("failed <step>: ...").  With SASL_MECHANISM (PLAIN,
+// SCRAM-SHA-256 or SCRAM-SHA-512), SASL_USER and SASL_PASSWORD in the environment, every
+// connection logs in with them.
 const { Kafka, logLevel } = require("kafkajs");
 
 const [bootstrap, clientId, topic, group, records] = process.argv.slice(2);
@@ -13,7 +15,11 @@ const n = Number(records);
 const say = (step, ...what) => console.log([step, ...what].join(" "));
 
 async function main() {
-  const kafka = new Kafka({ clientId, brokers: [bootstrap], logLevel: logLevel.NOTHING });
+  const mechanism = process.env.SASL_MECHANISM;
+  const sasl = mechanism
+    ? { mechanism: mechanism.toLowerCase(), username: process.env.SASL_USER, password: process.env.SASL_PASSWORD }
+    : undefined;
+  const kafka = new Kafka({ clientId, brokers: [bootstrap], sasl, logLevel: logLevel.NOTHING });
   const admin = kafka.admin();
   await admin.connect();
   await admin.createTopics({ topics: [{ topic, numPartitions: 2, replicationFactor: 1 }], waitForLeaders: true });
