@@ -328,4 +328,21 @@ def test_a_tenants_streams_app_and_its_internal_topics_live_under_its_prefix(
             assert all(t.startswith(f"a.{app}-") for t in internal), internal
             assert group_types(kafka.bootstrap).get("a." + app) == "streams"
             assert group_types(proxy.bootstrap, "a-admin").get(app) == "streams"
+            # Its topology described (StreamsGroupDescribe) by the tenant's names.
+            described = call(proxy.bootstrap, 89, 0, {
+                "group_ids": [app], "include_authorized_operations": False}, "a-admin")
+            [streams] = described.groups
+            assert streams.error_code == 0 and streams.group_id == app
+            named = {kind: sorted(n for s in streams.topology.subtopologies
+                                  for n in names(s))
+                     for kind, names in (
+                         ("source", lambda s: s.source_topics),
+                         ("sink", lambda s: s.repartition_sink_topics),
+                         ("changelog", lambda s: [t.name for t in s.state_changelog_topics]),
+                         ("repartition", lambda s: [t.name
+                                                    for t in s.repartition_source_topics]))}
+            shown = {t.removeprefix("a.") for t in internal}
+            assert named["source"] == [name]
+            assert named["sink"] == named["repartition"] and named["sink"]
+            assert set(named["sink"]) | set(named["changelog"]) == shown, (named, shown)
             member.leave()
