@@ -290,6 +290,13 @@ def test_a_tenants_share_group_lives_under_its_prefix(kafka: KafkaCluster,
             assert of_group.error_code == 0 and of_group.group_id == group
             assert [(t.topic_name, [q.partition_index for q in t.partitions])
                     for t in of_group.topics] == [(name, [0])]
+            # Kafka's own tool (kafka-share-groups.sh --describe) sees the same.
+            tool = kafka.run_java_tool(
+                "org.apache.kafka.tools.consumer.group.ShareGroupCommand", "--bootstrap-server",
+                proxy.bootstrap, "--describe", "--group", group, timeout=120)
+            assert tool.returncode == 0, tool.stderr[-2000:]
+            rows = [line.split() for line in tool.stdout.splitlines() if line.startswith(group)]
+            assert [(row[0], row[1], row[2]) for row in rows] == [(group, name, "0")], tool.stdout
             member.leave()
 
 
@@ -345,4 +352,11 @@ def test_a_tenants_streams_app_and_its_internal_topics_live_under_its_prefix(
             assert named["source"] == [name]
             assert named["sink"] == named["repartition"] and named["sink"]
             assert set(named["sink"]) | set(named["changelog"]) == shown, (named, shown)
+            # Kafka's own tool (kafka-streams-groups.sh --describe) sees the same.
+            tool = kafka.run_java_tool(
+                "org.apache.kafka.tools.streams.StreamsGroupCommand", "--bootstrap-server",
+                proxy.bootstrap, "--describe", "--group", app, timeout=120)
+            assert tool.returncode == 0, tool.stderr[-2000:]
+            rows = [line.split() for line in tool.stdout.splitlines() if line.startswith(app)]
+            assert {row[1] for row in rows} == {name, *named["repartition"]}, tool.stdout
             member.leave()
