@@ -58,7 +58,7 @@ def committed(admin: AdminClient, group: str, topic: str) -> int:
 
 
 def test_a_tenants_groups_live_under_its_prefix_and_others_are_out_of_reach(
-        kafka: KafkaCluster) -> None:
+        kafka: KafkaCluster, tmp_path: Path) -> None:
     topic = unique("a.orders")
     name = topic.removeprefix("a.")
     kafka.create_topic(topic)
@@ -125,6 +125,18 @@ def test_a_tenants_groups_live_under_its_prefix_and_others_are_out_of_reach(
         on_broker = groups_listed(broker)
         assert {"a." + java, "a." + kip848} <= on_broker
         assert {java, kip848} <= groups_listed(admin)
+        # Kafka's own tool (kafka-consumer-groups.sh --describe) as the tenant.
+        (tmp_path / "tool.properties").write_text("client.id=a-tool\n")
+        for group in (java, kip848):
+            tool = kafka.run_java_tool(
+                "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+                "--bootstrap-server", proxy.bootstrap, "--describe", "--group", group,
+                "--command-config", str(tmp_path / "tool.properties"), timeout=120)
+            assert tool.returncode == 0, tool.stderr[-2000:]
+            rows = [line.split() for line in tool.stdout.splitlines()
+                    if line.startswith(group)]
+            assert [(row[1], row[2], row[3]) for row in rows] == [(name, "0", "110")], (
+                tool.stdout)
 
         # Naming the other tenant's group reaches a group of the tenant's own.
         assert committed(admin, theirs, name) < 0  # nothing committed there
