@@ -158,3 +158,23 @@ def test_they_log_in_at_the_proxy(kafka: KafkaCluster, tmp_path: Path) -> None:
         assert wrong.returncode == 1 and wrong.stdout.startswith("failed create"), wrong.stdout
         assert proxy.sample("gatehouse_responses_total", api="SaslAuthenticate",
                             error="SASL_AUTHENTICATION_FAILED") >= 1
+
+
+def test_a_floor_on_produce_versions_keeps_old_sarama_out_and_lets_franz_go_in(
+        kafka: KafkaCluster) -> None:
+    """``min_api_version: {Produce: 9}``: Sarama held to Kafka 2.1's versions (Produce v7)
+    is answered UNSUPPORTED_VERSION and reports it; franz-go (v13) goes through."""
+    floor = "- name: no-ancient-producers\n  min_api_version: {Produce: 9}\n"
+    with ProxyThread(kafka.bootstrap, rules_yaml=floor) as proxy:
+        runs = {client: subprocess.run(
+            [str(ensure_gokafka()), client, proxy.bootstrap, f"a-{client}",
+             unique(f"floor-{client}"), unique("floor"), "3"],
+            capture_output=True, text=True, timeout=180) for client in ("sarama", "franz")}
+        refused = proxy.sample("gatehouse_rule_decisions_total",
+                               rule="no-ancient-producers", action="refuse")
+    old = runs["sarama"]
+    assert old.returncode == 1, old.stdout
+    # Kafka's UNSUPPORTED_VERSION, as Sarama words it.
+    assert "failed produce: kafka server: The version of API is not supported" in old.stdout
+    assert runs["franz"].returncode == 0, runs["franz"].stdout[-2000:]
+    assert refused >= 1
