@@ -311,6 +311,16 @@ def test_a_tenants_share_group_lives_under_its_prefix(kafka: KafkaCluster,
             assert [(row[0], row[1], row[2]) for row in rows] == [(group, name, "0")], tool.stdout
             member.leave()
 
+        # Explicit acknowledgements (ShareAcknowledge): each record released once, so
+        # delivered again, then accepted.
+        again = unique("workers")
+        args = [proxy.bootstrap, name, again, "release-first"]
+        with JavaMember("ShareMember.java", kafka.libs, args, tmp_path / "again.log") as member:
+            got = sorted(member.wait_for("record ") for _ in range(2 * len(values)))
+            assert got == sorted(f"record {v.decode()} {n}" for v in values for n in (1, 2))
+            member.leave()
+        assert versions_seen(proxy.metrics.registry, "ShareAcknowledge", "apache-kafka-java")
+
 
 def test_a_tenants_streams_app_and_its_internal_topics_live_under_its_prefix(
         kafka: KafkaCluster, tmp_path: Path) -> None:

@@ -1,10 +1,13 @@
 // One member of a share group (KIP-932) for the integration tests, run with Java's
 // single-file source launcher on the Kafka jars' classpath:
 //
-//     java -cp 'libs/*' ShareMember.java <bootstrap> <topic> <group>
+//     java -cp 'libs/*' ShareMember.java <bootstrap> <topic> <group> [release-first]
 //
 // Sets the group's share.auto.offset.reset to earliest (records produced before it joined
-// are delivered), then consumes, printing "record <value>" per record.  When stdin closes
+// are delivered), then consumes, printing "record <value>" per record.  With
+// "release-first" it acknowledges explicitly (ShareAcknowledge): each record's first
+// delivery released (delivered again), the next accepted, printing "record <value>
+// <delivery count>".  When stdin closes
 // it leaves the group (KafkaShareConsumer.close sends the leave heartbeat) and prints
 // "closed".
 import java.io.InputStream;
@@ -15,6 +18,7 @@ import java.util.Properties;
 import org.apache.kafka.clients.admin.Admin;
 import org.apache.kafka.clients.admin.AlterConfigOp;
 import org.apache.kafka.clients.admin.ConfigEntry;
+import org.apache.kafka.clients.consumer.AcknowledgeType;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
 import org.apache.kafka.clients.consumer.KafkaShareConsumer;
 import org.apache.kafka.common.config.ConfigResource;
@@ -33,6 +37,10 @@ public class ShareMember {
         Properties props = new Properties();
         props.put("bootstrap.servers", bootstrap);
         props.put("group.id", group);
+        boolean releaseFirst = args.length > 3 && args[3].equals("release-first");
+        if (releaseFirst) {
+            props.put("share.acknowledgement.mode", "explicit");
+        }
         KafkaShareConsumer<String, String> consumer = new KafkaShareConsumer<>(
             props, new StringDeserializer(), new StringDeserializer());
         Thread stdin = new Thread(() -> {
@@ -51,7 +59,17 @@ public class ShareMember {
         try {
             while (true) {
                 for (ConsumerRecord<String, String> record : consumer.poll(Duration.ofMillis(500))) {
-                    System.out.println("record " + record.value());
+                    if (!releaseFirst) {
+                        System.out.println("record " + record.value());
+                        continue;
+                    }
+                    short count = record.deliveryCount().orElse((short) 0);
+                    System.out.println("record " + record.value() + " " + count);
+                    consumer.acknowledge(record, count < 2 ? AcknowledgeType.RELEASE
+                                                           : AcknowledgeType.ACCEPT);
+                }
+                if (releaseFirst) {
+                    consumer.commitSync();
                 }
                 System.out.flush();
             }
