@@ -230,6 +230,35 @@ def ensure_kafka_streams(version: str | None = None, *, log: bool = False) -> Pa
                              log=log)
 
 
+def ensure_kafka_connect(version: str | None = None, *, log: bool = False) -> Path:
+    """A libs directory with a Kafka Connect worker (connect-runtime) and the file
+    connectors (connect-file) of one release, for a worker run against the brokers of
+    Kafka ``version``.  connect-file is not on Maven Central for every release (4.4.0's
+    is missing): the newest of the same major version up to ``version`` is found first,
+    and the worker is taken from that same release (a connector needs its own release's
+    kafka-clients)."""
+    version = kafka_version(version)
+    found = ensure_maven_libs(cache_root() / "kafka-connect-file" / version,
+                              _pom("kafka-connect-file", version, [
+                                  ("org.apache.kafka", "connect-file",
+                                   _tools_version_spec(version))]),
+                              "connect-file-*.jar", f"connect-file for Kafka {version}",
+                              log=log)
+    [jar] = found.glob("connect-file-*.jar")
+    release = jar.name.removeprefix("connect-file-").removesuffix(".jar")
+    log4j_version, binding = _log4j_for(release)
+    deps: list[Dependency] = [
+        ("org.apache.kafka", "connect-runtime", release),
+        ("org.apache.kafka", "connect-file", release),
+        ("org.apache.logging.log4j", "log4j-api", log4j_version),
+        ("org.apache.logging.log4j", "log4j-core", log4j_version),
+        ("org.apache.logging.log4j", binding, log4j_version)]
+    return ensure_maven_libs(cache_root() / "kafka-connect" / release,
+                             _pom("kafka-connect-libs", release, deps),
+                             f"connect-runtime-{release}.jar", f"Kafka Connect {release}",
+                             log=log)
+
+
 KROXYLICIOUS_VERSION = "0.12.0"  # the newest kroxylicious-runtime on Maven Central
 
 
