@@ -15,7 +15,9 @@ and the dependency list is the same, nothing is fetched.  Maven's own local repo
 (``~/.m2``) caches the jars as well.  The libs path is printed on stdout.
 
 Kafka Streams (for the streams-group test) goes to ``<cache>/kafka-streams/<version>/libs``
-the same way, with the kafka-clients it was built with: see :func:`ensure_kafka_streams`.
+the same way, with the kafka-clients it was built with: see :func:`ensure_kafka_streams`;
+a Kafka Connect worker with the file connectors (for the Connect test) to
+``<cache>/kafka-connect/<release>/libs``: see :func:`ensure_kafka_connect`.
 
 The version is ``--version``, else ``$GATEHOUSE_KAFKA_VERSION``, else 4.4.0.
 """
@@ -336,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         libs = ensure_kafka(args.version, log=True)
         ensure_kafka_streams(args.version, log=True)
+        ensure_kafka_connect(args.version, log=True)
     except FetchError as exc:
         print(f"fetch_kafka: {exc}", file=sys.stderr)
         return 1
