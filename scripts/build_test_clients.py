@@ -20,10 +20,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from scripts.fetch_kafka import FetchError, _locked, cache_root
+from scripts.fetch_kafka import FetchError, _locked, cache_root, retried
 
 SUPPORT = Path(__file__).resolve().parent.parent / "tests" / "support"
 GO_SOURCE = SUPPORT / "go" / "gokafka"
@@ -57,17 +56,14 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Completed
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
-def _retried(what: str, cmd: list[str], cwd: Path, env: dict[str, str], log: bool) -> None:
-    """``cmd`` (a download) until it succeeds, ATTEMPTS times at most, with back-off."""
-    for attempt in range(1, ATTEMPTS + 1):
-        if log:
-            print(f"{what} (attempt {attempt})", file=sys.stderr)
+def _download(what: str, cmd: list[str], cwd: Path, env: dict[str, str], log: bool) -> None:
+    """``cmd`` (a download) until it succeeds, ATTEMPTS times at most (``retried``)."""
+    def once(_attempt: int) -> None:
         done = _run(cmd, cwd, env)
-        if done.returncode == 0:
-            return
-        if attempt == ATTEMPTS:
-            raise FetchError(f"{what} failed {attempt} times: {done.stderr.strip()[-2000:]}")
-        time.sleep(2.0 * 2 ** (attempt - 1))
+        if done.returncode != 0:
+            raise FetchError(done.stderr.strip()[-2000:])
+
+    retried(what, once, ATTEMPTS, log=log)
 
 
 def ensure_gokafka(*, log: bool = False) -> Path:
@@ -81,7 +77,7 @@ def ensure_gokafka(*, log: bool = False) -> Path:
             return binary
         env = {**os.environ, "GOFLAGS": "-mod=readonly", "CGO_ENABLED": "0"}
         go = go_binary()
-        _retried("downloading the Go clients' modules", [go, "mod", "download"], GO_SOURCE,
+        _download("downloading the Go clients' modules", [go, "mod", "download"], GO_SOURCE,
                  env, log)
         tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=home))
         try:
@@ -113,7 +109,7 @@ def ensure_kafkajs(*, log: bool = False) -> Path:
         try:
             for path in source_files(KAFKAJS_SOURCE):
                 shutil.copy2(path, tmp / path.name)
-            _retried("installing KafkaJS from the npm registry",
+            _download("installing KafkaJS from the npm registry",
                      [npm, "ci", "--no-audit", "--no-fund"], tmp, dict(os.environ), log)
             shutil.rmtree(ready, ignore_errors=True)
             os.rename(tmp, ready)

@@ -26,16 +26,15 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 from pathlib import Path
 
 from scripts.fetch_kafka import (
-    MAVEN_ATTEMPTS,
     MAVEN_DEPENDENCY_PLUGIN,
     FetchError,
     _locked,
     _mvn_binary,
     cache_root,
+    retried,
 )
 
 APICURIO_VERSION = "3.3.3"
@@ -78,9 +77,8 @@ def ensure_apicurio(version: str = APICURIO_VERSION, *, log: bool = False) -> Pa
 
 def _fetch(version: str, out: Path, log: bool) -> Path:
     artifact = _ARTIFACT.format(version=version)
-    for attempt in range(1, MAVEN_ATTEMPTS + 1):
-        if log:
-            print(f"fetching {artifact} with Maven (attempt {attempt})", file=sys.stderr)
+
+    def once(attempt: int) -> Path:
         shutil.rmtree(out, ignore_errors=True)
         cmd = [_mvn_binary(), "-B", "-q", "-Dstyle.color=never",
                f"{MAVEN_DEPENDENCY_PLUGIN}:copy", f"-Dartifact={artifact}",
@@ -91,16 +89,12 @@ def _fetch(version: str, out: Path, log: bool) -> Path:
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               check=False)
         found = sorted(out.glob("*.tar.gz")) if proc.returncode == 0 else []
-        if found:
-            return found[0]
-        tail = "\n".join(proc.stdout.splitlines()[-20:])
-        if attempt == MAVEN_ATTEMPTS:
-            raise FetchError(f"could not fetch {artifact} after {attempt} attempts: "
-                             f"mvn exited with {proc.returncode}:\n{tail}")
-        if log:
-            print(tail, file=sys.stderr)
-        time.sleep(2.0 * 2 ** (attempt - 1))
-    raise AssertionError("unreachable")
+        if not found:
+            tail = "\n".join(proc.stdout.splitlines()[-20:])
+            raise FetchError(f"mvn exited with {proc.returncode}:\n{tail}")
+        return found[0]
+
+    return retried(f"fetching {artifact} with Maven", once, log=log)
 
 
 def _major(java: str) -> int:

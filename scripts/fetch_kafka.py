@@ -33,8 +33,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 DEFAULT_KAFKA_VERSION = "4.4.0"
 SCALA_BINARY_VERSION = "2.13"
@@ -101,6 +102,14 @@ def _log4j_for(version: str) -> tuple[str, str]:
     return _LOG4J_BY_KAFKA.get(major_minor, _LOG4J_DEFAULT)
 
 
+def _log4j_deps(version: str) -> list[Dependency]:
+    """log4j2 and the binding Kafka ``version``'s jars log through."""
+    log4j_version, binding = _log4j_for(version)
+    return [("org.apache.logging.log4j", "log4j-api", log4j_version),
+            ("org.apache.logging.log4j", "log4j-core", log4j_version),
+            ("org.apache.logging.log4j", binding, log4j_version)]
+
+
 def _tools_version_spec(version: str) -> str:
     # kafka-tools is not on Maven Central for every release (4.4.0's was missing for a
     # while, when kafka_2.13 and kafka-clients 4.4.0 were there).  A range picks the requested version
@@ -113,7 +122,6 @@ def _tools_version_spec(version: str) -> str:
 
 
 def pom_xml(version: str) -> str:
-    log4j_version, binding = _log4j_for(version)
     deps: list[Dependency] = [
         ("org.apache.kafka", f"kafka_{SCALA_BINARY_VERSION}", version),
         ("org.apache.kafka", "kafka-clients", version),
@@ -122,9 +130,7 @@ def pom_xml(version: str) -> str:
         # jetty-ee10-servlets 12.0.39 was refused on 2026-11-24)
         ("org.apache.kafka", "kafka-tools", _tools_version_spec(version),
          (("org.apache.kafka", "connect-runtime"),)),
-        ("org.apache.logging.log4j", "log4j-api", log4j_version),
-        ("org.apache.logging.log4j", "log4j-core", log4j_version),
-        ("org.apache.logging.log4j", binding, log4j_version),
+        *_log4j_deps(version),
     ]
     return _pom("kafka-libs", version, deps)
 
@@ -197,6 +203,28 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+T = TypeVar("T")
+
+
+def retried(what: str, once: Callable[[int], T], attempts: int = MAVEN_ATTEMPTS, *,
+            log: bool = False) -> T:
+    """``once(attempt)``, a download that raises FetchError when it fails, until it
+    succeeds: ``attempts`` times at most, with back-off between; the last failure is
+    raised with ``what`` (what was being done) before it."""
+    for attempt in range(1, attempts + 1):
+        if log:
+            print(f"{what} (attempt {attempt})", file=sys.stderr)
+        try:
+            return once(attempt)
+        except FetchError as exc:
+            if attempt == attempts:
+                raise FetchError(f"{what} failed {attempt} times: {exc}") from None
+            if log:
+                print(str(exc), file=sys.stderr)
+            time.sleep(2.0 * 2 ** (attempt - 1))
+    raise AssertionError("unreachable")
+
+
 def _is_complete(home: Path, pom: str) -> bool:
     """A finished fetch of exactly ``pom``: a cache made from another dependency list
     (an older version of this script) is fetched again, not used without its new jars."""
@@ -221,11 +249,8 @@ def ensure_kafka_streams(version: str | None = None, *, log: bool = False) -> Pa
     its own kafka-clients, in a directory apart from the broker's jars (the two clients
     versions must not meet on one classpath)."""
     version = kafka_version(version)
-    log4j_version, binding = _log4j_for(version)
     deps: list[Dependency] = [("org.apache.kafka", "kafka-streams", _tools_version_spec(version)),
-            ("org.apache.logging.log4j", "log4j-api", log4j_version),
-            ("org.apache.logging.log4j", "log4j-core", log4j_version),
-            ("org.apache.logging.log4j", binding, log4j_version)]
+                              *_log4j_deps(version)]
     return ensure_maven_libs(cache_root() / "kafka-streams" / version,
                              _pom("kafka-streams-libs", version, deps),
                              "kafka-streams-*.jar", f"Kafka Streams for Kafka {version}",
@@ -248,13 +273,9 @@ def ensure_kafka_connect(version: str | None = None, *, log: bool = False) -> Pa
                               log=log)
     [jar] = found.glob("connect-file-*.jar")
     release = jar.name.removeprefix("connect-file-").removesuffix(".jar")
-    log4j_version, binding = _log4j_for(release)
-    deps: list[Dependency] = [
-        ("org.apache.kafka", "connect-runtime", release),
-        ("org.apache.kafka", "connect-file", release),
-        ("org.apache.logging.log4j", "log4j-api", log4j_version),
-        ("org.apache.logging.log4j", "log4j-core", log4j_version),
-        ("org.apache.logging.log4j", binding, log4j_version)]
+    deps: list[Dependency] = [("org.apache.kafka", "connect-runtime", release),
+                              ("org.apache.kafka", "connect-file", release),
+                              *_log4j_deps(release)]
     return ensure_maven_libs(cache_root() / "kafka-connect" / release,
                              _pom("kafka-connect-libs", release, deps),
                              f"connect-runtime-{release}.jar", f"Kafka Connect {release}",
@@ -293,20 +314,12 @@ def ensure_maven_libs(home: Path, pom: str, expected_jar: str, what: str, *,
         try:
             (tmp / "pom.xml").write_text(pom)
             out = tmp / "libs"
-            for attempt in range(1, MAVEN_ATTEMPTS + 1):
-                if log:
-                    print(f"fetching {what} with Maven (attempt {attempt})", file=sys.stderr)
-                try:
-                    shutil.rmtree(out, ignore_errors=True)
-                    _run_maven(tmp, out, attempt)
-                    break
-                except FetchError as exc:
-                    if attempt == MAVEN_ATTEMPTS:
-                        raise FetchError(
-                            f"could not fetch {what} after {attempt} attempts: {exc}") from None
-                    if log:
-                        print(str(exc), file=sys.stderr)
-                    time.sleep(2.0 * 2 ** (attempt - 1))
+
+            def fetch(attempt: int) -> None:
+                shutil.rmtree(out, ignore_errors=True)
+                _run_maven(tmp, out, attempt)
+
+            retried(f"fetching {what} with Maven", fetch, log=log)
             if not any(out.glob(expected_jar)):
                 raise FetchError(f"Maven finished but {expected_jar} is not in {out}")
             if libs.exists():  # a partial directory from an interrupted run (no marker)

@@ -83,7 +83,7 @@ def test_the_other_language_clients_are_built_once_per_source_and_retried(
     (source / "README").write_text("not a source")
     monkeypatch.setattr(build, "GO_SOURCE", source)
     monkeypatch.setenv("GATEHOUSE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(build.time, "sleep", lambda _s: None)
+    monkeypatch.setattr(fetch_kafka.time, "sleep", lambda _s: None)
     calls: list[list[str]] = []
     failures = [2]  # the first two downloads fail
 
