@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -31,42 +32,64 @@ RULES = ("- name: tenant-a\n  match: {client_id: '^a-'}\n"
 RECORDS = 20
 
 
-@pytest.mark.parametrize("client", ["franz", "sarama"])
-def test_a_go_client_as_a_tenant(kafka: KafkaCluster, client: str) -> None:
+@dataclass
+class TenantRun:
+    """What a client's run as tenant a printed (its steps), and what it left."""
+
+    topic: str
+    group: str
+    steps: dict[str, list[str]]
+    on_broker: set[str]
+    versions: dict[str, set[int]]  # API -> the versions it sent
+    offsets: list[tuple[str, int]]  # (topic, committed offset) per partition listed
+
+
+def run_as_tenant(kafka: KafkaCluster, client: str, cmd: list[str],
+                  cwd: Path | None = None) -> TenantRun:
+    """``cmd`` (gokafka's or tenant.js' steps) through a proxy under RULES as tenant a,
+    beside another tenant's topic; the steps every client goes through asserted: its
+    topic created, RECORDS produced and read back by its own names, its offsets
+    committed under its topic's name, only its own groups and topics listed (the
+    broker's under the prefix), its group and topic deleted."""
     theirs = unique("b.ledger")
     kafka.create_topic(theirs)
-    topic, group = unique(f"go-{client}"), unique(f"go-{client}-readers")
+    topic, group = unique(client), unique(f"{client}-readers")
     broker = AdminClient({"bootstrap.servers": kafka.bootstrap})
     with ProxyThread(kafka.bootstrap, rules_yaml=RULES) as proxy:
-        run = subprocess.run([str(ensure_gokafka()), client, proxy.bootstrap, f"a-{client}",
-                              topic, group, str(RECORDS)], capture_output=True, text=True,
-                             timeout=180)
+        run = subprocess.run([*cmd, proxy.bootstrap, f"a-{client}", topic, group,
+                              str(RECORDS)], capture_output=True, text=True, timeout=180,
+                             cwd=cwd)
         assert run.returncode == 0, (run.stdout[-3000:], run.stderr[-3000:])
         on_broker = set(broker.list_topics(timeout=10).topics)
-        registry = proxy.metrics.registry
-        produced = versions_seen(registry, "Produce", "")
-        fetched = versions_seen(registry, "Fetch", "")
-        heartbeats = versions_seen(registry, "ConsumerGroupHeartbeat", "")
-    lines = run.stdout.splitlines()
+        versions = {api: versions_seen(proxy.metrics.registry, api, "")
+                    for api in ("Produce", "Fetch", "ConsumerGroupHeartbeat")}
     steps: dict[str, list[str]] = {}
-    for line in lines:
+    for line in run.stdout.splitlines():
         step, _, what = line.partition(" ")
         steps.setdefault(step, []).append(what)
 
-    assert steps["create"] == [topic]
-    assert steps["produced"] == [str(RECORDS)]
-    values = sorted(f"{topic} {client}-{i}" for i in range(RECORDS))
-    assert sorted(steps["record"]) == values  # every record, under the tenant's name
-    # Committed: every record, both partitions, by the tenant's topic name.
-    offsets = [what.split() for what in steps["offset"]]
-    assert {name for name, _, _ in offsets} == {topic}
-    assert sum(int(at) for _, _, at in offsets) == RECORDS
+    assert steps["create"] == [topic] and steps["produced"] == [str(RECORDS)]
+    # Every record, under the tenant's name.
+    assert sorted(steps["record"]) == sorted(f"{topic} {client}-{i}" for i in range(RECORDS))
+    offsets = [(name, int(at)) for name, _, at in (what.split() for what in steps["offset"])]
+    assert {name for name, _ in offsets} == {topic}
     # Only the tenant's own groups and topics (the broker's under the prefix).
     shown_groups = steps["groups"][0].split(",")
     assert group in shown_groups and not any(g.startswith("a.") for g in shown_groups)
     shown_topics = steps["topics"][0].split(",")
     assert topic in shown_topics and theirs not in shown_topics
     assert {"a." + t for t in shown_topics} <= on_broker | {"a." + topic}
+    assert steps["delete-group"] == [group] and steps["delete"] == [topic]
+    return TenantRun(topic, group, steps, on_broker, versions, offsets)
+
+
+@pytest.mark.parametrize("client", ["franz", "sarama"])
+def test_a_go_client_as_a_tenant(kafka: KafkaCluster, client: str) -> None:
+    run = run_as_tenant(kafka, client, [str(ensure_gokafka()), client])
+    topic, group, steps = run.topic, run.group, run.steps
+    # Committed: every record, both partitions.
+    assert sum(at for _, at in run.offsets) == RECORDS
+    produced, fetched = run.versions["Produce"], run.versions["Fetch"]
     if client == "franz":
         assert steps["assigned"] == [topic]
         # And a commit marker in each partition the transaction wrote to.
@@ -74,54 +97,32 @@ def test_a_go_client_as_a_tenant(kafka: KafkaCluster, client: str) -> None:
         # Its transaction and its KIP-848 group were the tenant's, under the prefix.
         assert transactions(kafka.bootstrap, "ops", f"a.{group}-tx") == {
             f"a.{group}-tx": (0, "CompleteCommit")}
-        assert heartbeats
+        assert run.versions["ConsumerGroupHeartbeat"]
         assert steps["configs"] == [topic] and steps["producers"] == [topic]
         in_dirs = steps["log-dirs"][0].split(",")
+        shown_topics = steps["topics"][0].split(",")
         assert topic in in_dirs and set(in_dirs) <= set(shown_topics) | {topic}, in_dirs
         assert steps["transaction"] == [f"{group}-tx CompleteCommit"]
         listed = steps["transactions"][0].split(",")
         assert f"{group}-tx" in listed and not any(t.startswith("a.") for t in listed)
+        # By topic id.
+        assert min(produced) >= 13 and min(fetched) >= 13, (produced, fetched)
     else:
         assert steps["describe-group"] == [f"{group} Empty"]
-    assert steps["delete-group"] == [group] and steps["delete"] == [topic]
-    if client == "franz":  # by topic id
-        assert min(produced) >= 13 and min(fetched) >= 13, (produced, fetched)
-    else:  # before flexible versions (Produce v9, Fetch v12)
+        # Before flexible versions (Produce v9, Fetch v12).
         assert max(produced) < 9 and max(fetched) < 12, (produced, fetched)
 
 
 def test_kafkajs_as_a_tenant(kafka: KafkaCluster) -> None:
-    theirs = unique("b.ledger")
-    kafka.create_topic(theirs)
-    topic, group = unique("js"), unique("js-readers")
-    broker = AdminClient({"bootstrap.servers": kafka.bootstrap})
     app = ensure_kafkajs()
-    with ProxyThread(kafka.bootstrap, rules_yaml=RULES) as proxy:
-        run = subprocess.run(["node", str(app / "tenant.js"), proxy.bootstrap, "a-js", topic,
-                              group, str(RECORDS)], capture_output=True, text=True,
-                             timeout=180, cwd=app)
-        assert run.returncode == 0, (run.stdout[-3000:], run.stderr[-3000:])
-        on_broker = set(broker.list_topics(timeout=10).topics)
-        produced = versions_seen(proxy.metrics.registry, "Produce", "")
-    steps: dict[str, list[str]] = {}
-    for line in run.stdout.splitlines():
-        step, _, what = line.partition(" ")
-        steps.setdefault(step, []).append(what)
-
-    assert steps["create"] == [topic] and steps["produced"] == [str(RECORDS)]
-    assert sorted(steps["record"]) == sorted(f"{topic} kafkajs-{i}" for i in range(RECORDS))
+    run = run_as_tenant(kafka, "kafkajs", ["node", str(app / "tenant.js")], cwd=app)
+    topic, group, steps = run.topic, run.group, run.steps
+    # Committed: every record (a partition it read nothing of: no offset, -1).
+    assert sum(max(at, 0) for _, at in run.offsets) == RECORDS
     assert steps["assigned"] == [topic]  # its member assignment, by the tenant's name
     assert steps["describe-group"] == [f"{group} consumer 1"]
-    offsets = [what.split() for what in steps["offset"]]
-    assert {name for name, _, _ in offsets} == {topic}
-    assert sum(max(int(at), 0) for _, _, at in offsets) == RECORDS
-    shown_groups = steps["groups"][0].split(",")
-    assert group in shown_groups and not any(g.startswith("a.") for g in shown_groups)
-    shown_topics = steps["topics"][0].split(",")
-    assert topic in shown_topics and theirs not in shown_topics
-    assert {"a." + t for t in shown_topics} <= on_broker | {"a." + topic}
     assert steps["metadata"] == [f"{topic}:2"]
-    assert steps["delete-group"] == [group] and steps["delete"] == [topic]
+    produced = run.versions["Produce"]
     assert max(produced) < 9, produced  # KafkaJS's versions: none flexible
 
 
