@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gatehouse.capture.schema import spark_ddl
-from gatehouse.pipeline.html import RECORD_APIS
+from gatehouse.pipeline.html import RECORD_APIS, render_report
 from gatehouse.pipeline.impact import filters_groups, rewrites_topics
 from gatehouse.rules import ClientFacts, RuleSet
 from gatehouse.rules.model import software_versions
@@ -451,7 +451,5 @@ def report(spark: Any, options: ReportOptions) -> ReportData:
         per_minute=per_minute, latency=latency, topics=topics, impact=impact_rows,
         rules=options.rules,
     )
-    from gatehouse.pipeline.html import render_report
-
     (out / "report.html").write_text(render_report(data), encoding="utf-8")
     return data
