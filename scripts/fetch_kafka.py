@@ -16,7 +16,8 @@ and the dependency list is the same, nothing is fetched.  Maven's own local repo
 
 Kafka Streams (for the streams-group test) goes to ``<cache>/kafka-streams/<version>/libs``
 the same way, with the kafka-clients it was built with: see :func:`ensure_kafka_streams`;
-a Kafka Connect worker with the file connectors (for the Connect test) to
+a Kafka Connect worker with the file connectors and MirrorMaker 2 (for the Connect
+and MirrorMaker tests) to
 ``<cache>/kafka-connect/<release>/libs``: see :func:`ensure_kafka_connect`.
 
 The version is ``--version``, else ``$GATEHOUSE_KAFKA_VERSION``, else 4.4.0.
@@ -258,8 +259,8 @@ def ensure_kafka_streams(version: str | None = None, *, log: bool = False) -> Pa
 
 
 def ensure_kafka_connect(version: str | None = None, *, log: bool = False) -> Path:
-    """A libs directory with a Kafka Connect worker (connect-runtime) and the file
-    connectors (connect-file) of one release, for a worker run against the brokers of
+    """A libs directory with a Kafka Connect worker (connect-runtime), the file
+    connectors (connect-file) and MirrorMaker 2 (connect-mirror) of one release, for a worker run against the brokers of
     Kafka ``version``.  connect-file is not on Maven Central for every release (4.4.0's
     is missing): the newest of the same major version up to ``version`` is found first,
     and the worker is taken from that same release (a connector needs its own release's
@@ -275,6 +276,7 @@ def ensure_kafka_connect(version: str | None = None, *, log: bool = False) -> Pa
     release = jar.name.removeprefix("connect-file-").removesuffix(".jar")
     deps: list[Dependency] = [("org.apache.kafka", "connect-runtime", release),
                               ("org.apache.kafka", "connect-file", release),
+                              ("org.apache.kafka", "connect-mirror", release),
                               *_log4j_deps(release)]
     return ensure_maven_libs(cache_root() / "kafka-connect" / release,
                              _pom("kafka-connect-libs", release, deps),
