@@ -1234,3 +1234,28 @@ def test_describe_topic_partitions_of_every_topic_pages_through_the_prefix_only(
     assert [t.name for t in own.body.topics] == ["x"]
     assert (own.body.next_cursor.topic_name, own.body.next_cursor.partition_index) == ("z", 2)
     assert answer("b.z").body.next_cursor is None
+
+
+def test_the_quorum_is_described_to_a_tenant_as_it_is() -> None:
+    """DescribeQuorum names KRaft's metadata log (``__cluster_metadata``), which is no
+    tenant's topic: under a prefix that hides the others and under a topic filter the
+    request goes up as the client sent it and the answer comes back whole (mapped, the
+    broker was asked about a topic there is not, and the answer hid the quorum:
+    kafka-metadata-quorum timed out)."""
+    from tests.test_rules_topic_filter import conn
+
+    policy = RulesPolicy(rules(
+        "- name: tenant\n  topic_prefix: {broker: 't.', hide_others: true, groups: true,"
+        " transactional_ids: true}\n- name: mine\n  allow_topics: ['orders']\n"))
+    for version in codecs.api(55).versions:
+        request = req(55, version, topics=[{"topic_name": "__cluster_metadata",
+                                            "partitions": [{"partition_index": 0}]}])
+        decision = policy.on_request(conn(), request)
+        assert isinstance(decision, Forward) and decision.request is request
+        answer = error_response(request, 0)
+        pending = Pending(1, 55, version, 0.0, wants_response=decision.wants_response,
+                          context=decision.context)
+        shown = policy.on_response(conn(), pending, codecs.decode_response(
+            memoryview(bytes(answer.encode())), 55, version))
+        assert [t.topic_name for t in shown.body.topics] == ["__cluster_metadata"]
+        assert [p.partition_index for p in shown.body.topics[0].partitions] == [0]

@@ -3,7 +3,8 @@
 Where names live, found from the tables rather than a hand list:
 
 * every field the specs mark ``entityType: topicName`` (strings and string arrays), in
-  requests and responses of every API;
+  requests and responses of every API but DescribeQuorum (whose topic is the cluster's
+  metadata log, ``_CLUSTER_LOG_MESSAGES``);
 * resource names whose resource type is TOPIC (2): DescribeConfigs, AlterConfigs,
   IncrementalAlterConfigs, ListConfigResources, CreateAcls, DescribeAcls, DeleteAcls;
 * the consumer protocol bytes inside JoinGroup, SyncGroup and DescribeGroups
@@ -492,9 +493,18 @@ _GROUP_MESSAGES = frozenset({"JoinGroupRequest", "JoinGroupResponse", "SyncGroup
                              "SyncGroupResponse", "DescribeGroupsResponse"})
 
 
+# Messages whose topic is the cluster's metadata log (KRaft's __cluster_metadata), which
+# every client names alike: the quorum they describe is no tenant's topic (and Kafka
+# authorizes them on the cluster, not on a topic).  Mapped, a tenant's would name a
+# topic there is not, and its answer would hide the quorum.
+_CLUSTER_LOG_MESSAGES = frozenset({"DescribeQuorumRequest", "DescribeQuorumResponse"})
+
+
 @cache
 def carries_topics(message: MessageSpec) -> bool:
     """Whether any version of ``message`` has a topic name (or topic resource) in it."""
+    if message.name in _CLUSTER_LOG_MESSAGES:
+        return False
     return reaches(message, _request_predicate) or message.name in _GROUP_MESSAGES
 
 
@@ -502,6 +512,8 @@ def carries_topics(message: MessageSpec) -> bool:
 def names_topics(message: MessageSpec, version: int) -> bool:
     """Whether ``version`` of ``message`` has a topic name (or topic resource) in it:
     Produce v13 and Fetch v13+ name topics by id only, and need no mapping."""
+    if message.name in _CLUSTER_LOG_MESSAGES:
+        return False
     return reaches_in(message, _request_predicate, version) or message.name in _GROUP_MESSAGES
 
 
@@ -820,6 +832,8 @@ def map_response(resp: Response, mapping: TopicMap, state: dict[str, Any],
     ``answer_hint``): for a FindCoordinator answer, the kind of keys it answers; for a
     DescribeTopicPartitions answer, ``EVERY_TOPIC`` when it lists every topic."""
     api = resp.api
+    if api.response.name in _CLUSTER_LOG_MESSAGES:
+        return resp
     if resp.api_key == PRODUCE and not resp.body_decoded and resp.frame is not None:
         frame = produce.rename_response_topics(resp.frame, resp.api_version, mapping.to_client)
         if frame is not None:
@@ -1086,7 +1100,7 @@ def topic_names(req: Request) -> Sequence[str]:
     the cursor of a listing of every topic: a place to start at, not a topic it uses
     (a sealed one under a filter, ``cursor_refusal``)."""
     names: list[str] = []
-    if is_every_topic_listing(req):
+    if is_every_topic_listing(req) or not names_topics(req.api.request, req.api_version):
         return names
 
     def visit(struct: StructSpec, record: Any) -> Any:

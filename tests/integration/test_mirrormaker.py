@@ -10,11 +10,10 @@ it lies under the two prefixes."""
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import confluent_kafka as ck
-import pytest
 from confluent_kafka.admin import (
     AclBinding,
     AclBindingFilter,
@@ -71,15 +70,6 @@ def mm2_properties(west: str, east: str, topic: str) -> str:
         "sync.topic.acls.interval.seconds=1", ""])
 
 
-@pytest.fixture(scope="module")
-def kafka_with_acls(kafka_libs: Path) -> Iterator[KafkaCluster]:
-    """A broker that keeps and enforces ACLs (what MM2 copies), open to the proxies."""
-    with KafkaCluster(1, libs=kafka_libs, extra_config={
-            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
-            "super.users": "User:ANONYMOUS"}) as cluster:
-        yield cluster
-
-
 def reader_acls(admin: AdminClient, topic: str) -> set[tuple[str, str, str]]:
     """The topic's ACL bindings named for it literally: (principal, operation, permission)."""
     found = admin.describe_acls(AclBindingFilter(
@@ -89,9 +79,8 @@ def reader_acls(admin: AdminClient, topic: str) -> set[tuple[str, str, str]]:
             if b.name == topic}
 
 
-def test_mirrormaker_2_between_two_tenants(kafka_with_acls: KafkaCluster, tmp_path: Path
-                                           ) -> None:
-    kafka = kafka_with_acls
+def test_mirrormaker_2_between_two_tenants(kafka_acls: KafkaCluster, tmp_path: Path) -> None:
+    kafka = kafka_acls
     libs = ensure_kafka_connect()
     topic, group = unique("orders"), unique("readers")
     with (ProxyThread(kafka.bootstrap, rules_yaml=tenant("west")) as west,

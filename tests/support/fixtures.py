@@ -5,6 +5,7 @@ Fixtures:
     kafka          KafkaCluster, 1 node
     kafka_cluster  KafkaCluster, 3 nodes
     kafka_scram    KafkaCluster, 1 node, with a SASL_PLAINTEXT SCRAM-SHA-256 listener
+    kafka_acls     KafkaCluster, 1 node, keeping and enforcing ACLs (the proxies: super users)
     tansu          TansuBroker
     apicurio       ApicurioRegistry (a Schema Registry: Confluent's REST API)
     tls_files      {"ca", "cert", "key"}: PEM paths of a CA and a localhost/127.0.0.1 certificate
@@ -29,7 +30,8 @@ from tests.support.apicurio import ApicurioRegistry
 from tests.support.kafka import KafkaCluster
 from tests.support.tansu import TansuBroker
 
-KAFKA_FIXTURES = frozenset({"kafka_libs", "kafka", "kafka_cluster", "kafka_scram"})
+KAFKA_FIXTURES = frozenset({"kafka_libs", "kafka", "kafka_cluster", "kafka_scram",
+                            "kafka_acls"})
 # The threads of a kafka-python client (its network thread, its I/O loop).
 KAFKA_PYTHON_THREADS = ("kafka-python-", "kafka-io-kafka-python")
 
@@ -63,6 +65,17 @@ def kafka_libs() -> Path:
 @pytest.fixture(scope="session")
 def kafka(kafka_libs: Path) -> Iterator[KafkaCluster]:
     with KafkaCluster(1, libs=kafka_libs) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def kafka_acls(kafka_libs: Path) -> Iterator[KafkaCluster]:
+    """A broker with Kafka's authorizer, for clients that keep ACLs there (MirrorMaker 2
+    copies them, kafka-acls writes them); whoever connects without SASL, as the proxies
+    do, is a super user."""
+    with KafkaCluster(1, libs=kafka_libs, extra_config={
+            "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "super.users": "User:ANONYMOUS"}) as cluster:
         yield cluster
 
 
