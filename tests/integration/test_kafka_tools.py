@@ -3,11 +3,14 @@ kafka-delete-records, kafka-leader-election, kafka-log-dirs, kafka-reassign-part
 kafka-transactions, kafka-features, kafka-metadata-quorum) run by a tenant through the
 proxy, on a broker that keeps ACLs: each does its work under the tenant's prefix on the
 broker and prints only the tenant's names; another tenant's topic, ACL and transaction
-stay out of every listing."""
+stay out of every listing.  And an operator's tools through the proxy at the edge of a
+3-broker cluster."""
 
 from __future__ import annotations
 
 import json
+import re
+import time
 from pathlib import Path
 
 import confluent_kafka as ck
@@ -190,3 +193,90 @@ def test_kafkas_tools_as_a_tenant(kafka_acls: KafkaCluster, tmp_path: Path) -> N
         ("TOPIC", prefix + "pre", "PREFIXED", "READ")}
     assert ("TOPIC", theirs, "LITERAL", "READ") in acls_on_broker(broker, theirs)
     assert watermarks(kafka.bootstrap, theirs) == (0, 2)
+
+
+def test_kafkas_operations_tools_through_the_edge_of_a_cluster(kafka_cluster: KafkaCluster,
+                                                              tmp_path: Path) -> None:
+    """An operator's tools through the proxy at the edge of a 3-broker cluster (no
+    rules): each broker is named at the proxy's port for it and at no broker's own, a
+    partition reassignment between brokers runs (throttled) to completion, and broker,
+    client-quota and client-metrics configs are set and removed."""
+    kafka = kafka_cluster
+    topic, client = unique("ops"), unique("quota-client")
+    brokers_own = {str(node.port) for node in kafka.nodes}
+    with ProxyThread(kafka.bootstrap) as proxy:
+        admin = AdminClient({"bootstrap.servers": proxy.bootstrap})
+        admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
+        produce({"bootstrap.servers": proxy.bootstrap}, topic, count=200)
+        at_proxy = {str(port) for port in proxy.broker_ports}
+
+        def tool(name: str, *args: str, command: tuple[str, ...] = ()) -> str:
+            run = kafka.run_java_tool(TOOLS + name, *command, "--bootstrap-server",
+                                      proxy.bootstrap, *args, timeout=120)
+            assert run.returncode == 0, (name, args, run.stdout, run.stderr[-3000:])
+            assert not brokers_own & set(re.findall(r"\b\d+\b", run.stdout)), run.stdout
+            return run.stdout
+
+        # Each broker at the proxy's port for it.
+        versions = tool("BrokerApiVersionsCommand")
+        assert set(re.findall(r"^127\.0\.0\.1:(\d+) \(id: \d", versions, re.M)) == at_proxy
+        assert "Produce(0):" in versions
+        endpoints = [line.split() for line in tool("ClusterTool", command=("list-endpoints",))
+                     .splitlines()[1:]]
+        assert {(row[0], row[2]) for row in endpoints} == {
+            (str(node_id), str(broker.port)) for node_id, broker in proxy.proxy.brokers.items()}
+
+        # A reassignment onto other brokers, throttled, verified until done (which
+        # also lifts the throttle), the preferred leaders elected.
+        plan = tmp_path / "assignment.json"
+        plan.write_text(json.dumps({"version": 1, "partitions": [
+            {"topic": topic, "partition": 0, "replicas": [1, 2]},
+            {"topic": topic, "partition": 1, "replicas": [2, 0]}]}))
+        assert f"Successfully started partition reassignments for {topic}-0,{topic}-1" in tool(
+            "reassign.ReassignPartitionsCommand", "--execute", "--reassignment-json-file",
+            str(plan), "--throttle", "10000000")
+        deadline = time.monotonic() + 60
+        while "still in progress" in (verified := tool(
+                "reassign.ReassignPartitionsCommand", "--verify", "--reassignment-json-file",
+                str(plan))):
+            assert time.monotonic() < deadline, verified
+        assert f"Reassignment of partition {topic}-1 is completed" in verified, verified
+        tool("LeaderElectionCommand", "--election-type", "preferred", "--all-topic-partitions")
+        described = tool("TopicCommand", "--describe", "--topic", topic)
+        assert re.search(r"Partition: 0\tLeader: 1\tReplicas: 1,2\t", described), described
+        assert re.search(r"Partition: 1\tLeader: 2\tReplicas: 2,0\t", described), described
+        [report] = [json.loads(line) for line in tool("LogDirsCommand", "--describe",
+                                                      "--topic-list", topic).splitlines()
+                    if line.startswith("{")]
+        assert {b["broker"]: {p["partition"] for d in b["logDirs"] for p in d["partitions"]}
+                for b in report["brokers"]} == {
+            0: {f"{topic}-1"}, 1: {f"{topic}-0"}, 2: {f"{topic}-0", f"{topic}-1"}}
+        replication = tool("MetadataQuorumCommand", "describe", "--replication")
+        assert sorted(line.split()[-1] for line in replication.splitlines()[1:]) == [
+            "Follower", "Follower", "Leader"], replication
+
+        # Configs of a broker, a client id's quota, a client metrics subscription:
+        # set, shown, removed.
+        for entity, name, setting, shown in (
+                ("brokers", "1", "log.cleaner.threads=2", "log.cleaner.threads=2"),
+                ("clients", client, "producer_byte_rate=100000",
+                 f"Quota configs for client-id '{client}' are producer_byte_rate=100000.0")):
+            tool("ConfigCommand", "--entity-type", entity, "--entity-name", name, "--alter",
+                 "--add-config", setting)
+            assert shown in tool("ConfigCommand", "--entity-type", entity, "--entity-name",
+                                 name, "--describe")
+            tool("ConfigCommand", "--entity-type", entity, "--entity-name", name, "--alter",
+                 "--delete-config", setting.split("=")[0])
+            assert shown not in tool("ConfigCommand", "--entity-type", entity,
+                                     "--entity-name", name, "--describe")
+        subscription = unique("producers")
+        tool("ClientMetricsCommand", "--alter", "--name", subscription, "--metrics",
+             "org.apache.kafka.producer.", "--interval", "5000")
+        assert "metrics=org.apache.kafka.producer." in tool(
+            "ClientMetricsCommand", "--describe", "--name", subscription)
+        tool("ClientMetricsCommand", "--delete", "--name", subscription)
+        assert subscription not in tool("ClientMetricsCommand", "--list")
+    # The broker's own view agrees.
+    direct = kafka.run_java_tool(TOOLS + "TopicCommand", "--bootstrap-server", kafka.bootstrap,
+                                 "--describe", "--topic", topic, check=True).stdout
+    assert re.search(r"Partition: 1\tLeader: 2\tReplicas: 2,0\t", direct), direct
