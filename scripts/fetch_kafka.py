@@ -20,7 +20,9 @@ a Kafka Connect worker with the file connectors and MirrorMaker 2 (for the Conne
 and MirrorMaker tests) to
 ``<cache>/kafka-connect/<release>/libs``: see :func:`ensure_kafka_connect`.
 
-The version is ``--version``, else ``$GATEHOUSE_KAFKA_VERSION``, else 4.4.0.
+The version is ``--version``, else ``$GATEHOUSE_KAFKA_VERSION``, else 4.4.0; the last 3.x
+release (``PREVIOUS_KAFKA_VERSION``) is fetched beside it, for the Kafka 3 broker test and
+the codec tables' older versions.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ from pathlib import Path
 from typing import TypeVar
 
 DEFAULT_KAFKA_VERSION = "4.4.0"
+# The last 3.x release: its brokers serve the versions Kafka 4.0 removed (KIP-896), and
+# its kafka-clients jar's specs hold them (the codec tables' older versions).
+PREVIOUS_KAFKA_VERSION = "3.9.2"
 SCALA_BINARY_VERSION = "2.13"
 MAVEN_DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
 
@@ -352,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         libs = ensure_kafka(args.version, log=True)
+        ensure_kafka(PREVIOUS_KAFKA_VERSION, log=True)
         ensure_kafka_streams(args.version, log=True)
         ensure_kafka_connect(args.version, log=True)
     except FetchError as exc:

@@ -1,7 +1,8 @@
 """The generator of the codec tables (``python -m gatehouse.codecs.generate``).
 
 The committed ``gatehouse/codecs/_schema.py`` was generated from the specs inside the
-Kafka 4.4.0 kafka-clients jar; re-running the generator on that jar must reproduce it
+Kafka 4.4.0 kafka-clients jar, with the versions Kafka 4.0 removed from the 3.9.2 jar's;
+re-running the generator on those jars must reproduce it
 byte for byte (fails when the tables are stale or were edited by hand).  The jar comes
 from ``scripts.fetch_kafka.kafka_clients_jar`` (Maven, cached).  The generator must
 also handle the Kafka 4.0 specs shared at /work/shared/kafka-message-specs.
@@ -21,6 +22,7 @@ import pytest
 from gatehouse import codecs
 from gatehouse.codecs import generate, schema
 from gatehouse.codecs._compile import _Compiler
+from scripts.fetch_kafka import PREVIOUS_KAFKA_VERSION
 from tests.codec_strategies import random_body
 
 KAFKA_RELEASE = "4.4.0"
@@ -30,12 +32,21 @@ SHARED_SPECS = Path("/work/shared/kafka-message-specs")
 
 @pytest.fixture(scope="module")
 def clients_jar() -> Path:
+    return _jar(KAFKA_RELEASE)
+
+
+@pytest.fixture(scope="module")
+def older_jar() -> Path:
+    return _jar(PREVIOUS_KAFKA_VERSION)
+
+
+def _jar(release: str) -> Path:
     from scripts.fetch_kafka import FetchError, kafka_clients_jar
 
     try:
-        return kafka_clients_jar(KAFKA_RELEASE)
+        return kafka_clients_jar(release)
     except FetchError as exc:  # no silent skip: stale tables must not go unnoticed
-        pytest.fail(f"cannot fetch kafka-clients {KAFKA_RELEASE} to check the tables: {exc}")
+        pytest.fail(f"cannot fetch kafka-clients {release} to check the tables: {exc}")
 
 
 def _diff(expected: str, actual: str) -> str:
@@ -44,26 +55,60 @@ def _diff(expected: str, actual: str) -> str:
     return "\n".join(list(lines)[:60])
 
 
-def test_committed_tables_are_fresh(clients_jar: Path) -> None:
+def test_committed_tables_are_fresh(clients_jar: Path, older_jar: Path) -> None:
     assert clients_jar.name == f"kafka-clients-{KAFKA_RELEASE}.jar"
     assert codecs.KAFKA_RELEASE == KAFKA_RELEASE
     sources = generate.read_spec_jar(clients_jar)
     release = generate.release_from_jar(clients_jar)
-    origin = f"org.apache.kafka:kafka-clients:{release} ({generate.SPEC_DIR_IN_JAR}*.json)"
-    expected = generate.render(sources, release, origin)
+    origin = (f"org.apache.kafka:kafka-clients:{release} ({generate.SPEC_DIR_IN_JAR}*.json)"
+              + generate.older_origin(older_jar))
+    expected = generate.render(sources, release, origin, generate.read_spec_jar(older_jar))
     committed = generate.DEFAULT_OUTPUT.read_text("utf-8")
     assert committed == expected, "stale tables: run python -m gatehouse.codecs.generate " \
-        f"--kafka-clients-jar {clients_jar}\n{_diff(expected, committed)}"
+        f"--kafka-clients-jar {clients_jar} --older-kafka-clients-jar {older_jar}\n" \
+        f"{_diff(expected, committed)}"
 
 
-def test_generator_cli_check(clients_jar: Path, tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "gatehouse.codecs.generate", "--kafka-clients-jar", str(clients_jar)]
+def test_the_tables_hold_the_versions_kafka_4_removed() -> None:
+    """KIP-896's removed versions, from the 3.x specs: with the fields only they had, in
+    their place (ListOffsets v0's MaxNumOffsets after Timestamp), and not the 3.x
+    preview of share groups (unstable there)."""
+    assert [(codecs.api(k).versions.lo, codecs.api(k).versions.hi) for k in (0, 1, 2, 8)] == [
+        (0, 13), (0, 18), (0, 11), (0, 10)]
+    partition = codecs.api(2).request.root.field("topics").struct.field("partitions").struct
+    names = [f.name for f in partition.fields]
+    assert names.index("MaxNumOffsets") == names.index("Timestamp") + 1
+    assert partition.field("max_num_offsets").versions.hi == 0
+    assert codecs.api(78).versions.lo == 1  # ShareFetch
+
+
+def test_older_versions_that_differ_are_refused() -> None:
+    def spec(versions: str, fields: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"apiKey": 0, "type": "request", "name": "ProduceRequest",
+                "validVersions": versions, "flexibleVersions": "9+", "fields": fields}
+
+    field = {"name": "Acks", "type": "int16", "versions": "0+"}
+    newer = spec("3-13", [field])
+    assert generate.with_older_versions(newer, spec("3-11", [field])) is newer  # none older
+    merged = generate.with_older_versions(newer, spec("0-11", [field]))
+    assert merged["validVersions"] == "0-13" and merged["fields"] == [field]
+    with pytest.raises(ValueError, match=r"ProduceRequest.Acks: differs in v0"):
+        generate.with_older_versions(newer, spec("0-11", [{**field, "type": "int32"}]))
+    with pytest.raises(ValueError, match="in older versions only in the newer specs"):
+        generate.with_older_versions(spec("3-13", [field, {**field, "name": "New"}]),
+                                     spec("0-11", [field]))
+
+
+def test_generator_cli_check(clients_jar: Path, older_jar: Path, tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "gatehouse.codecs.generate", "--kafka-clients-jar", str(clients_jar),
+           "--older-kafka-clients-jar", str(older_jar)]
     result = subprocess.run([*cmd, "--check"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     # --check on a stale (or missing) file fails; writing it makes --check pass.
     out = tmp_path / "schema.py"
     out.write_text(generate.DEFAULT_OUTPUT.read_text("utf-8").replace("'0-13'", "'0-12'", 1))
-    args = ["--kafka-clients-jar", str(clients_jar), "--output", str(out)]
+    args = ["--kafka-clients-jar", str(clients_jar), "--older-kafka-clients-jar", str(older_jar),
+            "--output", str(out)]
     assert generate.main([*args, "--check"]) == 1
     assert generate.main([*args, "--check", "--output", str(tmp_path / "missing.py")]) == 1
     assert generate.main(args) == 0
@@ -130,8 +175,9 @@ def test_shared_40_specs_have_fewer_apis_and_lower_versions(
              if k in codecs.APIS and r.valid.hi < codecs.APIS[k].versions.hi}
     assert {"Produce", "Fetch", "ApiVersions"} <= newer
     assert (apis_40[0].valid.hi, apis_40[1].valid.hi) == (11, 17)
-    # 4.4 dropped versions the 4.0 snapshot still had (KIP-896): Produce v0-2, Fetch v0-3.
-    assert apis_40[0].valid.lo == 0 and codecs.api(0).versions.lo == 3
+    # The snapshot still had the versions KIP-896 removed (Produce v0-2, Fetch v0-3),
+    # which the tables take from the 3.x specs.
+    assert apis_40[0].valid.lo == 0 == codecs.api(0).versions.lo
 
 
 def test_shared_40_tables_compile_and_round_trip(specs_40: dict[str, schema.MessageSpec]) -> None:

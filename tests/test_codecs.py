@@ -340,11 +340,12 @@ def test_consumer_protocol_versions_and_unknown_tail() -> None:
 
 
 def test_generated_tables_are_fresh(kafka_libs: Path) -> None:
-    from scripts.fetch_kafka import kafka_clients_jar
+    from scripts.fetch_kafka import PREVIOUS_KAFKA_VERSION, kafka_clients_jar
 
-    jar = kafka_clients_jar()
+    jar, older = kafka_clients_jar(), kafka_clients_jar(PREVIOUS_KAFKA_VERSION)
     result = subprocess.run([sys.executable, "-m", "gatehouse.codecs.generate",
-                             "--kafka-clients-jar", str(jar), "--check"],
+                             "--kafka-clients-jar", str(jar), "--older-kafka-clients-jar",
+                             str(older), "--check"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
 

@@ -26,6 +26,8 @@ from tests.test_metrics_produce import SETTINGS, batch, draw_request_frame
 pytestmark = pytest.mark.skipif(counting is None, reason="not built: nothing to compare")
 
 PRODUCE_VERSIONS = [v for v in codecs.api(0).request.valid if v >= produce.FIRST_VERSION]
+# Kafka 4.0 removed these (3.x brokers serve them): no transactional id, read in Python.
+OLD_PRODUCE_VERSIONS = [v for v in codecs.api(0).request.valid if v < produce.FIRST_VERSION]
 FETCH_VERSIONS = [v for v in codecs.api(1).response.valid if v >= fetch.FIRST_VERSION]
 _ids = count(1)
 
@@ -80,7 +82,7 @@ def walked_request_of(frame: bytes) -> codecs.Request:
 
 
 EXCHANGE = st.sampled_from(["produce", "produce", "produce-decoded", "produce-future",
-                            "produce-walked",
+                            "produce-walked", "produce-old",
                             "metadata", "api-versions", "fetch", "fetch", "local", "raw",
                             "unread", "no-frame"])
 
@@ -98,7 +100,8 @@ def test_the_same_samples_as_the_python_methods(data: st.DataObject) -> None:
         correlation_id = data.draw(st.integers(0, 1000))
         elapsed = data.draw(st.sampled_from([0.0, 0.0001, 0.00025, 0.0003, 0.7, 31.0]))
         if kind.startswith("produce"):
-            version = data.draw(st.sampled_from(PRODUCE_VERSIONS))
+            version = data.draw(st.sampled_from(
+                OLD_PRODUCE_VERSIONS if kind == "produce-old" else PRODUCE_VERSIONS))
             frame = draw_request_frame(data, version)
             if kind == "produce-future" and version >= produce.FLEXIBLE_SINCE:
                 frame = from_the_future(frame)  # a header of the same layout
@@ -193,6 +196,23 @@ def test_the_usual_exchange_is_counted_in_c() -> None:
         new = produce_request(topic, 2)
         metrics.request(conn, codecs.decode_request(new), len(new))
     assert metrics.slow["request"] == 2
+
+
+def test_a_produce_version_kafka_4_removed_is_counted_in_python() -> None:
+    """Produce v2 (a 3.x broker's old client): its topics read by the decoder, every
+    time (the byte readers do not read it)."""
+    metrics = SlowCalls()
+    conn = ConnectionInfo(id=next(_ids), client="127.0.0.1:1", listener="bootstrap")
+    plain = {"header": {"api_key": 0, "api_version": 2, "correlation_id": 1,
+                        "client_id": "old"},
+             "body": {"acks": 1, "timeout_ms": 1000, "topic_data": [
+                 {"name": "orders", "partition_data": [{"index": 0, "records": batch(4)}]}]}}
+    frame = bytes(codecs.request_from_dict(plain).encode())
+    for _ in range(3):
+        metrics.request(conn, codecs.decode_request(frame), len(frame))
+    assert metrics.slow == {"request": 3, "response": 0}
+    assert metrics.registry.get_sample_value("gatehouse_topic_records_total", {
+        "topic": "orders", "direction": "produce"}) == 12
 
 
 def test_the_children_are_the_c_ones_and_behave_as_the_python_ones() -> None:

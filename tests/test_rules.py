@@ -833,13 +833,27 @@ def test_a_streams_topology_with_a_source_regex_under_a_prefix_is_refused() -> N
     assert named.request.body.topology.subtopologies[0].source_topics == ("t.orders",)
 
 
-def test_policy_closes_when_the_refused_version_is_unknown_to_the_codec() -> None:
-    # Produce v2 left the specs in Kafka 4.0: no table to build its error response from.
+def test_a_version_kafka_4_removed_is_refused_in_its_own_format() -> None:
+    # Produce v2 left the specs in Kafka 4.0 (3.x brokers serve it; the tables take it
+    # from 3.9's): its refusal is a Produce v2 answer, each partition UNSUPPORTED_VERSION.
     policy = RulesPolicy(rules(ISSUE_EXAMPLE))
     conn = ConnectionInfo(id=1, client="127.0.0.1:1", listener="bootstrap")
-    frame = struct.pack(">hhih", 0, 2, 7, 1) + b"c" + struct.pack(">hi", 1, 100) + b"\0\0\0\0"
+    frame = (struct.pack(">hhih", 0, 2, 7, 1) + b"c" + struct.pack(">hii", 1, 100, 1)
+             + struct.pack(">h", 6) + b"orders" + struct.pack(">iii", 1, 4, 0))
     decision = policy.on_request(conn, codecs.decode_request(frame))
-    assert isinstance(decision, Close) and "Produce v2" in decision.reason
+    assert isinstance(decision, Respond)
+    answer = codecs.decode_response(memoryview(bytes(decision.response.encode())), 0, 2)
+    assert [(t.name, [(p.index, p.error_code) for p in t.partition_responses])
+            for t in answer.body.responses] == [("orders", [(4, 35)])]
+
+
+def test_policy_closes_when_the_refused_version_is_unknown_to_the_codec() -> None:
+    # CreateTopics v8 is newer than the tables: no table to build its error response from.
+    policy = RulesPolicy(rules(ISSUE_EXAMPLE))
+    conn = ConnectionInfo(id=1, client="127.0.0.1:1", listener="bootstrap")
+    frame = struct.pack(">hhih", 19, 8, 7, 1) + b"c" + b"\0\0\0\0"
+    decision = policy.on_request(conn, codecs.decode_request(frame))
+    assert isinstance(decision, Close) and "CreateTopics v8" in decision.reason
 
 
 def test_bad_reload_keeps_old_rules(tmp_path: Path) -> None:

@@ -2,12 +2,20 @@
 
 Usage::
 
-    python -m gatehouse.codecs.generate --kafka-clients-jar kafka-clients-4.4.0.jar
+    python -m gatehouse.codecs.generate --kafka-clients-jar kafka-clients-4.4.0.jar \
+        --older-kafka-clients-jar kafka-clients-3.9.2.jar
     python -m gatehouse.codecs.generate --specs DIR --release 4.0.0
 
 The output holds facts only (names, types, version ranges, tags, defaults and entity
 types); the specs' prose ("about") is dropped.  The tables are committed, and a test
 re-runs this generator and fails when they are stale.
+
+Kafka 4.0 removed old versions of many APIs from its specs (KIP-896: Produce v0-2,
+Fetch v0-3, ...), which 3.x brokers still serve to old clients.  With an older release's
+specs (``--older-kafka-clients-jar``), each message also gets the stable versions the
+older release had below the newer's lowest: the newer spec's fields, which still name
+those versions, plus the fields only those versions had, in their place.  Any other
+difference in those versions (a field's presence, type or nullability) is an error.
 """
 
 from __future__ import annotations
@@ -108,6 +116,83 @@ def _message_table(spec: Mapping[str, Any]) -> dict[str, Any]:
     return table
 
 
+def _version_set(text: str) -> range:
+    """A spec's version range ("0+", "3-5", "7", "none") as a range (``+``: up to 32767)."""
+    if text == "none":
+        return range(0)
+    if text.endswith("+"):
+        return range(int(text[:-1]), 32768)
+    lo, _, hi = text.partition("-")
+    return range(int(lo), int(hi or lo) + 1)
+
+
+def _merged_fields(newer: list[dict[str, Any]], older: list[dict[str, Any]],
+                   versions: range, where: str) -> list[dict[str, Any]]:
+    """``newer``'s fields, with the ones only ``older`` has in ``versions`` put in their
+    place (after the field before them in ``older``)."""
+    by_name = {f["name"]: f for f in newer}
+    merged = list(newer)
+    previous: str | None = None
+    for field in older:
+        name, path = field["name"], f"{where}.{field['name']}"
+        present = [v for v in versions if v in _version_set(field["versions"])]
+        mine = by_name.get(name)
+        if mine is None:
+            if present:
+                if present != list(_version_set(field["versions"])):
+                    raise ValueError(f"{path}: only in the older specs, also in newer versions")
+                at = 0 if previous is None else next(
+                    i for i, f in enumerate(merged) if f["name"] == previous) + 1
+                merged.insert(at, field)
+                previous = name
+            continue
+        previous = name
+        for v in versions:
+            same = ((v in _version_set(field["versions"])) == (v in _version_set(mine["versions"]))
+                    and field["type"] == mine["type"]
+                    and (v in _version_set(field.get("nullableVersions", "none")))
+                    == (v in _version_set(mine.get("nullableVersions", "none"))))
+            if not same:
+                raise ValueError(f"{path}: differs in v{v} between the older and newer specs")
+        if "fields" in field or "fields" in mine:
+            mine = {**mine, "fields": _merged_fields(list(mine.get("fields", ())),
+                                                     list(field.get("fields", ())), versions, path)}
+            merged[merged.index(by_name[name])] = mine
+            by_name[name] = mine
+    for field in newer:
+        if field["name"] not in {f["name"] for f in older} and any(
+                v in _version_set(field["versions"]) for v in versions):
+            raise ValueError(f"{where}.{field['name']}: in older versions only in the newer specs")
+    return merged
+
+
+def with_older_versions(spec: dict[str, Any], older: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``spec`` with the stable versions ``older`` (the same message in an older release)
+    had below ``spec``'s lowest (see the module doc)."""
+    if (older is None or "apiKey" not in spec or spec["validVersions"] == "none"
+            or older.get("flexibleVersions") != spec.get("flexibleVersions")):
+        return spec
+    newer_versions, older_versions = (_version_set(spec["validVersions"]),
+                                      _version_set(older["validVersions"]))
+    stable_top = older_versions.stop - (2 if older.get("latestVersionUnstable") else 1)
+    versions = range(older_versions.start, min(newer_versions.start - 1, stable_top) + 1)
+    if not versions:
+        return spec
+    where = spec["name"]
+    merged = dict(spec)
+    merged["validVersions"] = f"{versions.start}-{newer_versions.stop - 1}"
+    merged["fields"] = _merged_fields(list(spec.get("fields", ())),
+                                      list(older.get("fields", ())), versions, where)
+    older_common = {c["name"]: c for c in older.get("commonStructs", ())}
+    merged["commonStructs"] = [
+        {**c, "fields": _merged_fields(list(c["fields"]),
+                                       list(older_common.get(c["name"], {}).get("fields", ())),
+                                       versions, f"{where}.{c['name']}")}
+        if c["name"] in older_common else c
+        for c in spec.get("commonStructs", ())]
+    return merged
+
+
 def _wanted(name: str) -> bool:
     return (
         name.endswith(("Request.json", "Response.json"))
@@ -136,12 +221,17 @@ def release_from_jar(jar: Path) -> str:
     return match.group(1)
 
 
-def render(sources: Mapping[str, str], release: str, origin: str) -> str:
+def render(sources: Mapping[str, str], release: str, origin: str,
+           older: Mapping[str, str] | None = None) -> str:
+    """The tables of ``sources`` (with the versions ``older``'s specs had below theirs,
+    see the module doc)."""
     messages = []
     for name in sorted(sources):
         spec = json.loads(strip_comments(sources[name]))
         if spec.get("type") in ("request", "response") and spec.get("validVersions") == "none":
             continue  # removed APIs (LeaderAndIsr, ...): nothing to decode
+        if older is not None and name in older:
+            spec = with_older_versions(spec, json.loads(strip_comments(older[name])))
         messages.append(_message_table(spec))
     body = pprint.pformat(tuple(messages), width=100, sort_dicts=False)
     return (
@@ -159,6 +249,9 @@ def main(argv: Iterable[str] | None = None) -> int:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--specs", type=Path, help="a directory of *.json message specs")
     source.add_argument("--kafka-clients-jar", type=Path, help="a kafka-clients jar from Maven Central")
+    parser.add_argument("--older-kafka-clients-jar", type=Path,
+                        help="an older release's kafka-clients jar: the versions its specs "
+                             "had below the newer's (Kafka 4.0 removed some, KIP-896)")
     parser.add_argument("--release", help="the Kafka release the specs belong to")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     parser.add_argument("--check", action="store_true", help="exit 1 if OUTPUT differs from what would be written")
@@ -176,8 +269,17 @@ def main(argv: Iterable[str] | None = None) -> int:
         origin = f"Apache Kafka {release} message specs"
     if not sources:
         parser.error("no message specs found")
-    return write_or_check(args.output, render(sources, release, origin), args.check,
+    older = None
+    if args.older_kafka_clients_jar is not None:
+        older = read_spec_jar(args.older_kafka_clients_jar)
+        origin += older_origin(args.older_kafka_clients_jar)
+    return write_or_check(args.output, render(sources, release, origin, older), args.check,
                           f"{len(sources)} specs, Kafka {release}")
+
+
+def older_origin(jar: Path) -> str:
+    """The tables' source line's words for the older release's specs."""
+    return f"; versions below those from kafka-clients:{release_from_jar(jar)}"
 
 
 def write_or_check(output: Path, text: str, check: bool, what: str) -> int:

@@ -50,6 +50,8 @@ _PLAIN_PARTITION: Final = struct.Struct(">ii8xi4xb40xi")
 _FLEXIBLE_PARTITION: Final = struct.Struct(">iBBB8xi4xb40xi")
 FLEXIBLE_SINCE: Final = 9
 TOPIC_IDS_SINCE: Final = 13
+# The first version the byte readers read: v0-2 (3.x brokers, KIP-896) have no
+# transactional id and go through the decoder.
 FIRST_VERSION: Final = 3
 # The bytes after the last records of a flexible request when its last partition's, last
 # topic's and own tag sections are empty: one count of 0 each.  Three bytes cannot hold
@@ -562,6 +564,8 @@ def rename_request_topics(frame: Buffer, version: int, rename: Callable[[str], s
     are, nothing decoded.  ``frame`` itself when no name changes; None when the bytes
     are not what the reader expects (the caller decodes instead), or name topics by id
     and there is no transactional id to rename."""
+    if version < FIRST_VERSION:
+        return None
     flexible = version >= FLEXIBLE_SINCE
     try:
         changes, _ = _transaction_change(memoryview(frame), version, rename_transaction)

@@ -23,6 +23,7 @@
 #define PRODUCE 0
 #define FETCH 1
 #define FLEXIBLE_SINCE 9
+#define PRODUCE_READ_SINCE 3  /* produce.FIRST_VERSION: the byte reader's first */
 #define TOPIC_IDS_SINCE 13
 #define MAX_TOPICS 64         /* topics counted here at once; more: the Python method */
 
@@ -267,6 +268,8 @@ request(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         goto slow_path;  /* a version this connection has not sent before */
     }
     Py_INCREF(counter);  /* held: the reader below allocates, and so may run the collector */
+    if (key == PRODUCE && version < PRODUCE_READ_SINCE)
+        goto slow_path;  /* Produce v0-2 (3.x brokers): no transactional id, read in Python */
     PyObject *produce_versions = PyTuple_GET_ITEM(state, R_PRODUCE_VERSIONS);
     int readable = key == PRODUCE ? PySequence_Contains(produce_versions, PyTuple_GET_ITEM(header, 1)) : 0;
     if (readable < 0)

@@ -1,0 +1,82 @@
+"""A Kafka 3.x broker (the last 3.9 release, KRaft) behind the proxy, with clients that
+use the versions Kafka 4.0 removed (KIP-896) and 3.x brokers still serve: kafka-python
+pinned to Kafka 0.9 (Produce v1 with magic 0 message sets, Fetch v1, ListOffsets v0,
+Metadata v0) and to 0.10.1 (Produce v2 with magic 1, Fetch v3), through a tenant prefix
+that renames every topic and group, counted by the metrics; and a rule that keeps such
+clients out, answered with UNSUPPORTED_VERSION in the version they sent."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from scripts.fetch_kafka import PREVIOUS_KAFKA_VERSION, ensure_kafka
+from tests.integration.test_rules_groups import committed
+from tests.support.clients import (
+    kafka_python_produce,
+    kafka_python_send_one,
+    produce,
+    unique,
+    watermarks,
+)
+from tests.support.kafka import KafkaCluster
+from tests.support.proxythread import ProxyThread
+
+RULES = "- name: tenant\n  topic_prefix: {broker: 'old.', hide_others: true, groups: true}\n"
+NO_ANCIENT_PRODUCERS = "- name: no-ancient-producers\n  min_api_version: {Produce: 3}\n"
+RECORDS = 30
+
+
+@pytest.fixture(scope="module")
+def kafka3(kafka_libs: Path) -> Iterator[KafkaCluster]:
+    with KafkaCluster(1, libs=ensure_kafka(PREVIOUS_KAFKA_VERSION)) as cluster:
+        yield cluster
+
+
+def read_in_group(args: dict[str, object], topic: str, group: str, count: int) -> list[bytes]:
+    """``count`` values read by kafka-python in ``group``, committed."""
+    from kafka import KafkaConsumer
+
+    reader = KafkaConsumer(topic, **args, group_id=group, auto_offset_reset="earliest",
+                           enable_auto_commit=False, consumer_timeout_ms=20_000)
+    try:
+        got = [m.value for m, _ in zip(reader, range(count), strict=False)]
+        reader.commit()
+        return got
+    finally:
+        reader.close()
+
+
+@pytest.mark.parametrize("api_version", [(0, 9), (0, 10, 1)], ids=["kafka-0.9", "kafka-0.10.1"])
+def test_clients_of_removed_versions_through_a_tenant_prefix(
+        kafka3: KafkaCluster, api_version: tuple[int, ...]) -> None:
+    topic, group = unique("legacy"), unique("legacy-readers")
+    kafka3.create_topic("old." + topic)
+    sent = [f"record-{i}".encode() for i in range(RECORDS)]
+    with ProxyThread(kafka3.bootstrap, rules_yaml=RULES) as proxy:
+        args = {"bootstrap_servers": proxy.bootstrap, "api_version": api_version}
+        kafka_python_produce(args, sent, topic)
+        assert read_in_group(args, topic, group, RECORDS) == sent
+        produced = proxy.summed("gatehouse_topic_records_total", topic=topic,
+                                direction="produce")
+        fetched = proxy.summed("gatehouse_topic_records_total", topic=topic, direction="fetch")
+    # On the broker: the tenant's topic and group, under the prefix.
+    assert watermarks(kafka3.bootstrap, "old." + topic) == (0, RECORDS)
+    broker = AdminClient({"bootstrap.servers": kafka3.bootstrap})
+    assert committed(broker, "old." + group, "old." + topic) == RECORDS
+    assert (produced, fetched) == (RECORDS, RECORDS)
+
+
+def test_a_rule_keeps_clients_of_removed_versions_out(kafka3: KafkaCluster) -> None:
+    topic = unique("guarded")
+    kafka3.create_topic(topic)
+    with ProxyThread(kafka3.bootstrap, rules_yaml=NO_ANCIENT_PRODUCERS) as proxy:
+        refused = kafka_python_send_one(proxy.bootstrap, (0, 10, 1), topic)
+        assert type(refused).__name__ == "UnsupportedVersionError", refused
+        produce({"bootstrap.servers": proxy.bootstrap}, topic, count=5)  # librdkafka: v9+
+        assert proxy.sample("gatehouse_rule_decisions_total", rule="no-ancient-producers",
+                            action="refuse") >= 1
+    assert watermarks(kafka3.bootstrap, topic) == (0, 5)
