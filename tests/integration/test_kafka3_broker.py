@@ -1,7 +1,8 @@
 """A Kafka 3.x broker (the last 3.9 release, KRaft) behind the proxy, with clients that
 use the versions Kafka 4.0 removed (KIP-896) and 3.x brokers still serve: kafka-python
 pinned to Kafka 0.9 (Produce v1 with magic 0 message sets, Fetch v1, ListOffsets v0,
-Metadata v0) and to 0.10.1 (Produce v2 with magic 1, Fetch v3), through a tenant prefix
+Metadata v0) and to 0.10.1 (Produce v2 with magic 1, Fetch v3), and librdkafka on Kafka
+0.9's protocol, through a tenant prefix
 that renames every topic and group, counted by the metrics and the observation log; and a rule that keeps such
 clients out, answered with UNSUPPORTED_VERSION in the version they sent."""
 
@@ -18,6 +19,7 @@ from gatehouse.capture.settings import CaptureSettings
 from scripts.fetch_kafka import PREVIOUS_KAFKA_VERSION, ensure_kafka
 from tests.integration.test_rules_groups import committed
 from tests.support.clients import (
+    consume,
     kafka_python_produce,
     kafka_python_send_one,
     produce,
@@ -93,3 +95,22 @@ def test_a_rule_keeps_clients_of_removed_versions_out(kafka3: KafkaCluster) -> N
         assert proxy.sample("gatehouse_rule_decisions_total", rule="no-ancient-producers",
                             action="refuse") >= 1
     assert watermarks(kafka3.bootstrap, topic) == (0, 5)
+
+
+def test_librdkafka_on_kafka_0_9s_protocol_through_a_tenant_prefix(kafka3: KafkaCluster
+                                                                    ) -> None:
+    """librdkafka told the broker is Kafka 0.9 (no ApiVersions): Produce v1, Fetch v1,
+    ListOffsets v0, Metadata v0 and the v0 group APIs, all through the prefix."""
+    topic = unique("fallback")
+    kafka3.create_topic("old." + topic)
+    with ProxyThread(kafka3.bootstrap, rules_yaml=RULES) as proxy:
+        conf = {"bootstrap.servers": proxy.bootstrap, "client.id": "old-rdkafka",
+                "api.version.request": False, "broker.version.fallback": "0.9.0"}
+        sent = produce(conf, topic, count=RECORDS)
+        assert sorted(consume(conf, topic, RECORDS)) == sorted(sent)
+        used = {(s.labels["api"], s.labels["version"])
+                for family in proxy.metrics.registry.collect() for s in family.samples
+                if s.name == "gatehouse_requests_total"}
+    assert {("Produce", "1"), ("Fetch", "1"), ("ListOffsets", "0"), ("Metadata", "0"),
+            ("JoinGroup", "0")} <= used, used
+    assert watermarks(kafka3.bootstrap, "old." + topic) == (0, RECORDS)
