@@ -1178,6 +1178,13 @@ def test_a_request_newer_than_the_tables_goes_on_unread_only_where_no_rule_must_
             assert request is unknown_key or refusal.startswith(
                 f"{codecs.api_name(request.api_key)} v{request.api_version} is newer than "
                 "the proxy's tables"), refusal
+    # Kafka 3.9's preview of share groups (ShareFetch v0): below the tables.
+    preview = codecs.decode_request(struct.pack(">hhih", 78, 0, 5, 1) + b"x\0" + bytes(40))
+    assert not preview.known
+    refusal = RulesPolicy(rules("- name: t\n  topic_prefix: tenant-a.\n")).refuses_unread(
+        conn(), preview)
+    assert refusal is not None and refusal.startswith(
+        "ShareFetch v0 is older than the proxy's tables"), refusal
 
 
 def test_every_entry_a_map_may_hide_is_dropped_by_its_holder() -> None:

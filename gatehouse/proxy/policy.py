@@ -295,8 +295,10 @@ class RulesPolicy(Policy):
                else None)
         if why is None:
             return None
-        what = (f"{api_name(req.api_key)} v{req.api_version} is newer than"
-                if req.api_key in APIS else f"API key {req.api_key} is not in")
+        spec = APIS.get(req.api_key)
+        what = (f"API key {req.api_key} is not in" if spec is None
+                else f"{api_name(req.api_key)} v{req.api_version} is "
+                     f"{'older' if req.api_version < spec.versions.lo else 'newer'} than")
         return (f"{what} the proxy's tables (Kafka {KAFKA_RELEASE}) and {why}: it cannot go "
                 "on unread (the client was offered only the APIs and versions the proxy "
                 "reads, in ApiVersions)")
