@@ -8,7 +8,6 @@ sink file."""
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -17,10 +16,10 @@ from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
-from scripts.fetch_kafka import classpath, ensure_kafka_connect, java_binary, log4j2_config
+from scripts.fetch_kafka import ensure_kafka_connect
 from tests.integration.test_rules_groups import group_types
 from tests.support.clients import unique, watermarks
-from tests.support.kafka import TOOL_JVM_OPTS, KafkaCluster, register_process, stop_process
+from tests.support.kafka import KafkaCluster, start_java_process, stop_process
 from tests.support.ports import free_port
 from tests.support.proxythread import ProxyThread
 
@@ -72,13 +71,8 @@ def test_a_connect_worker_as_a_tenant(kafka: KafkaCluster, tmp_path: Path) -> No
             "status.storage.replication.factor=1", "offset.flush.interval.ms=1000",
             f"listeners=http://127.0.0.1:{port}", ""]))
         log = tmp_path / "worker.log"
-        with open(log, "w") as out:
-            process = subprocess.Popen(
-                [java_binary(), *TOOL_JVM_OPTS, f"-Dlog4j2.configurationFile={log4j2_config()}",
-                 "-Dgatehouse.kafka.log.level=WARN", "-cp", classpath(libs),
-                 "org.apache.kafka.connect.cli.ConnectDistributed", str(worker)],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        register_process(process)  # type: ignore[arg-type]
+        process = start_java_process(libs, "org.apache.kafka.connect.cli.ConnectDistributed",
+                                     str(worker), log=log)
         try:
             wait_until(lambda: rest(port, "/connectors") == [], 120, "the worker's REST API",
                        log)
@@ -100,7 +94,7 @@ def test_a_connect_worker_as_a_tenant(kafka: KafkaCluster, tmp_path: Path) -> No
             groups = group_types(kafka.bootstrap)
             shown = group_types(proxy.bootstrap, "a-admin")
         finally:
-            stop_process(process, 30, kill=True)  # type: ignore[arg-type]
+            stop_process(process, 30, kill=True)
     assert sink.read_text() == source.read_text()  # every line, in order, once
 
     # On the broker: all of it the tenant's, under the prefix.

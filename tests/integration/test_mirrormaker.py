@@ -9,7 +9,6 @@ it lies under the two prefixes."""
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,12 +23,12 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from scripts.fetch_kafka import classpath, ensure_kafka_connect, java_binary, log4j2_config
+from scripts.fetch_kafka import ensure_kafka_connect
 from tests.integration.test_connect import wait_until
 from tests.integration.test_rules_groups import committed, read_and_commit
 from tests.integration.test_rules_topic_policy import topic_config
 from tests.support.clients import consume, produce, unique, watermarks
-from tests.support.kafka import TOOL_JVM_OPTS, KafkaCluster, register_process, stop_process
+from tests.support.kafka import KafkaCluster, start_java_process, stop_process
 from tests.support.proxythread import ProxyThread
 
 RECORDS = 300
@@ -99,13 +98,8 @@ def test_mirrormaker_2_between_two_tenants(kafka_acls: KafkaCluster, tmp_path: P
         config = tmp_path / "mm2.properties"
         config.write_text(mm2_properties(west.bootstrap, east.bootstrap, topic))
         log = tmp_path / "mm2.log"
-        with open(log, "w") as out:
-            process = subprocess.Popen(
-                [java_binary(), *TOOL_JVM_OPTS, f"-Dlog4j2.configurationFile={log4j2_config()}",
-                 "-Dgatehouse.kafka.log.level=WARN", "-cp", classpath(libs),
-                 "org.apache.kafka.connect.mirror.MirrorMaker", str(config)],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        register_process(process)
+        process = start_java_process(libs, "org.apache.kafka.connect.mirror.MirrorMaker",
+                                     str(config), log=log)
         replica = f"west.{topic}"
         target = {"bootstrap.servers": east.bootstrap}
         target_admin = AdminClient(target)

@@ -638,6 +638,20 @@ def run_java_tool(
                           timeout=timeout, check=check)
 
 
+def start_java_process(libs: Path, main_class: str, *args: str, log: Path
+                       ) -> subprocess.Popen[bytes]:
+    """``main_class`` started in the background with ``libs/*`` as the classpath (a
+    Connect worker, MirrorMaker), its output to ``log``, killed at exit if still running
+    (``register_process``)."""
+    with open(log, "w") as out:
+        process = subprocess.Popen(
+            [java_binary(), *TOOL_JVM_OPTS, f"-Dlog4j2.configurationFile={log4j2_config()}",
+             "-Dgatehouse.kafka.log.level=WARN", "-cp", classpath(libs), main_class, *args],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    register_process(process)
+    return process
+
+
 def process_state(pid: int) -> str:
     """The one-letter state of a process (R running, S sleeping, T stopped...)."""
     stat = Path(f"/proc/{pid}/stat").read_text()
