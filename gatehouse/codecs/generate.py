@@ -169,6 +169,8 @@ def _merged_fields(newer: list[dict[str, Any]], older: list[dict[str, Any]],
 def with_older_versions(spec: dict[str, Any], older: Mapping[str, Any] | None) -> dict[str, Any]:
     """``spec`` with the stable versions ``older`` (the same message in an older release)
     had below ``spec``'s lowest (see the module doc)."""
+    # (Not a message whose flexible versions moved: its older versions' header and tag
+    # sections would not be what the merged table says.)
     if (older is None or "apiKey" not in spec or spec["validVersions"] == "none"
             or older.get("flexibleVersions") != spec.get("flexibleVersions")):
         return spec
