@@ -1,7 +1,8 @@
 """A Kafka 3.x broker (the last 3.9 release, KRaft) behind the proxy, with clients that
 use the versions Kafka 4.0 removed (KIP-896) and 3.x brokers still serve: kafka-python
-pinned to Kafka 0.9 (Produce v1 with magic 0 message sets, Fetch v1, ListOffsets v0,
-Metadata v0) and to 0.10.1 (Produce v2 with magic 1, Fetch v3), and librdkafka on Kafka
+pinned to Kafka 0.8.2 (Produce v0, Fetch v0, OffsetCommit v1: no group coordination), to
+0.9 (Produce v1 with magic 0 message sets, Fetch v1, ListOffsets v0, Metadata v0) and to
+0.10.1 (Produce v2 with magic 1, Fetch v3), and librdkafka on Kafka
 0.9's protocol, through a tenant prefix
 that renames every topic and group, counted by the metrics and the observation log; and a rule that keeps such
 clients out, answered with UNSUPPORTED_VERSION in the version they sent."""
@@ -33,7 +34,7 @@ from tests.test_capture import read_records
 RULES = "- name: tenant\n  topic_prefix: {broker: 'old.', hide_others: true, groups: true}\n"
 NO_ANCIENT_PRODUCERS = "- name: no-ancient-producers\n  min_api_version: {Produce: 3}\n"
 RECORDS = 30
-PRODUCE_VERSION_OF = {(0, 9): 1, (0, 10, 1): 2}  # kafka-python's, pinned
+PRODUCE_VERSION_OF = {(0, 8, 2): 0, (0, 9): 1, (0, 10, 1): 2}  # kafka-python's, pinned
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +57,8 @@ def read_in_group(args: dict[str, object], topic: str, group: str, count: int) -
         reader.close()
 
 
-@pytest.mark.parametrize("api_version", [(0, 9), (0, 10, 1)], ids=["kafka-0.9", "kafka-0.10.1"])
+@pytest.mark.parametrize("api_version", [(0, 8, 2), (0, 9), (0, 10, 1)],
+                         ids=["kafka-0.8.2", "kafka-0.9", "kafka-0.10.1"])
 def test_clients_of_removed_versions_through_a_tenant_prefix(
         kafka3: KafkaCluster, api_version: tuple[int, ...], tmp_path: Path) -> None:
     topic, group = unique("legacy"), unique("legacy-readers")
