@@ -16,9 +16,9 @@ and the dependency list is the same, nothing is fetched.  Maven's own local repo
 
 Kafka Streams (for the streams-group test) goes to ``<cache>/kafka-streams/<version>/libs``
 the same way, with the kafka-clients it was built with: see :func:`ensure_kafka_streams`;
-a Kafka Connect worker with the file connectors and MirrorMaker 2 (for the Connect
-and MirrorMaker tests) to
-``<cache>/kafka-connect/<release>/libs``: see :func:`ensure_kafka_connect`.
+a Kafka Connect worker with the file connectors and MirrorMaker 2 (for the Connect and
+MirrorMaker tests) to ``<cache>/kafka-connect/<release>/libs``: see
+:func:`ensure_kafka_connect`.
 
 The version is ``--version``, else ``$GATEHOUSE_KAFKA_VERSION``, else 4.4.0; the last 3.x
 release (``PREVIOUS_KAFKA_VERSION``) is fetched beside it, for the Kafka 3 broker test and
@@ -265,8 +265,8 @@ def ensure_kafka_streams(version: str | None = None, *, log: bool = False) -> Pa
 
 def ensure_kafka_connect(version: str | None = None, *, log: bool = False) -> Path:
     """A libs directory with a Kafka Connect worker (connect-runtime), the file
-    connectors (connect-file) and MirrorMaker 2 (connect-mirror) of one release, for a worker run against the brokers of
-    Kafka ``version``.  connect-file is not on Maven Central for every release (4.4.0's
+    connectors (connect-file) and MirrorMaker 2 (connect-mirror) of one release, for a
+    worker run against the brokers of Kafka ``version``.  connect-file is not on Maven Central for every release (4.4.0's
     is missing): the newest of the same major version up to ``version`` is found first,
     and the worker is taken from that same release (a connector needs its own release's
     kafka-clients)."""
