@@ -128,14 +128,18 @@ def _tools_version_spec(version: str) -> str:
 
 
 def pom_xml(version: str) -> str:
+    # Kafka 3.x logs through reload4j (log4j 1): left out, so that the log4j2 binding is
+    # the only one and the brokers and tools log as 4.x's do (log4j2_config).
+    reload4j = ((("org.slf4j", "slf4j-reload4j"), ("ch.qos.reload4j", "reload4j"))
+                if version.split(".")[0] in ("2", "3") else ())
     deps: list[Dependency] = [
-        ("org.apache.kafka", f"kafka_{SCALA_BINARY_VERSION}", version),
+        ("org.apache.kafka", f"kafka_{SCALA_BINARY_VERSION}", version, reload4j),
         ("org.apache.kafka", "kafka-clients", version),
         # connect-runtime serves only ConnectPluginPath, which no test runs, and brings
         # Jetty, whose exact versions the registry does not always serve (4.4.0's
         # jetty-ee10-servlets 12.0.39 was refused on 2026-11-24)
         ("org.apache.kafka", "kafka-tools", _tools_version_spec(version),
-         (("org.apache.kafka", "connect-runtime"),)),
+         (("org.apache.kafka", "connect-runtime"), *reload4j)),
         *_log4j_deps(version),
     ]
     return _pom("kafka-libs", version, deps)
