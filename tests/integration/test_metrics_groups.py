@@ -17,12 +17,12 @@ import confluent_kafka as ck
 
 from gatehouse.codecs import Request
 from gatehouse.proxy.hooks import ConnectionInfo, Observer, Pending, decoded_response
-from scripts.fetch_kafka import classpath, ensure_kafka_streams, java_binary, log4j2_config
+from scripts.fetch_kafka import ensure_kafka_streams
 from tests.support.clients import produce, unique
 from tests.support.kafka import (
     JAVA_SOURCES,
-    TOOL_JVM_OPTS,
     KafkaCluster,
+    java_command,
     register_process,
     stop_process,
 )
@@ -197,9 +197,7 @@ class JavaMember:
     stdout lines as they come; closing its stdin makes it leave its group and exit."""
 
     def __init__(self, source: str, libs: Path, args: list[str], log: Path) -> None:
-        cmd = [java_binary(), *TOOL_JVM_OPTS, f"-Dlog4j2.configurationFile={log4j2_config()}",
-               "-Dgatehouse.kafka.log.level=WARN", "-cp", classpath(libs),
-               str(JAVA_SOURCES / source), *args]
+        cmd = java_command(libs, str(JAVA_SOURCES / source), args)
         self.log = log
         with open(log, "w") as stderr:
             self.process = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

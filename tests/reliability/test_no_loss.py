@@ -29,10 +29,9 @@ import pytest
 
 from gatehouse.codecs import Request
 from gatehouse.proxy.hooks import Close, ConnectionInfo, Decision, Forward, Policy
-from scripts.fetch_kafka import classpath, java_binary, log4j2_config
 from tests.reliability.support import ProxyRunner, scaled, wait_until
 from tests.support.clients import unique
-from tests.support.kafka import TOOL_JVM_OPTS, KafkaCluster, register_process, stop_process
+from tests.support.kafka import KafkaCluster, java_command, register_process, stop_process
 from tests.support.ports import free_port
 from tests.support.proxythread import ProxyThread
 
@@ -121,9 +120,7 @@ def start_tool(name: str, main: str, args: list[str], config: dict[str, Any], wo
                libs: Path) -> Tool:
     props = workdir / f"{name}.properties"
     props.write_text("".join(f"{k}={v}\n" for k, v in config.items()))
-    cmd = [java_binary(), *TOOL_JVM_OPTS, f"-Dlog4j2.configurationFile={log4j2_config()}",
-           "-Dgatehouse.kafka.log.level=WARN", "-cp", classpath(libs), main, *args,
-           "--command-config", str(props)]
+    cmd = java_command(libs, main, [*args, "--command-config", str(props)])
     stderr = open(workdir / f"{name}.stderr", "w")  # noqa: SIM115 - the process owns it
     process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                stderr=stderr, text=True, start_new_session=True)

@@ -631,11 +631,18 @@ def run_java_tool(
     log_level: str = "WARN",
 ) -> subprocess.CompletedProcess[str]:
     """Run ``main_class`` with ``libs/*`` as the classpath; output captured as text."""
-    cmd = [java_binary(), *jvm_opts, f"-Dlog4j2.configurationFile={log4j2_config()}",
-           f"-Dgatehouse.kafka.log.level={log_level}", "-cp", classpath(libs), main_class,
-           *args]
-    return subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+    return subprocess.run(java_command(libs, main_class, args, jvm_opts, log_level),
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
                           timeout=timeout, check=check)
+
+
+def java_command(libs: Path, main_class: str, args: Iterable[str],
+                 jvm_opts: Iterable[str] = TOOL_JVM_OPTS, log_level: str = "WARN") -> list[str]:
+    """The command line of ``main_class`` with ``libs/*`` as the classpath, logging
+    through the project's log4j2 configuration at ``log_level``."""
+    return [java_binary(), *jvm_opts, f"-Dlog4j2.configurationFile={log4j2_config()}",
+            f"-Dgatehouse.kafka.log.level={log_level}", "-cp", classpath(libs), main_class,
+            *args]
 
 
 def start_java_process(libs: Path, main_class: str, *args: str, log: Path
@@ -644,10 +651,8 @@ def start_java_process(libs: Path, main_class: str, *args: str, log: Path
     Connect worker, MirrorMaker), its output to ``log``, killed at exit if still running
     (``register_process``)."""
     with open(log, "w") as out:
-        process = subprocess.Popen(
-            [java_binary(), *TOOL_JVM_OPTS, f"-Dlog4j2.configurationFile={log4j2_config()}",
-             "-Dgatehouse.kafka.log.level=WARN", "-cp", classpath(libs), main_class, *args],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(java_command(libs, main_class, args), stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
     register_process(process)
     return process
 
