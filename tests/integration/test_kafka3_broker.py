@@ -22,6 +22,7 @@ from tests.integration.test_rules_groups import committed
 from tests.support.clients import (
     consume,
     kafka_python_produce,
+    kafka_python_read,
     kafka_python_send_one,
     produce,
     unique,
@@ -43,20 +44,6 @@ def kafka3(kafka_libs: Path) -> Iterator[KafkaCluster]:
         yield cluster
 
 
-def read_in_group(args: dict[str, object], topic: str, group: str, count: int) -> list[bytes]:
-    """``count`` values read by kafka-python in ``group``, committed."""
-    from kafka import KafkaConsumer
-
-    reader = KafkaConsumer(topic, **args, group_id=group, auto_offset_reset="earliest",
-                           enable_auto_commit=False, consumer_timeout_ms=20_000)
-    try:
-        got = [m.value for m, _ in zip(reader, range(count), strict=False)]
-        reader.commit()
-        return got
-    finally:
-        reader.close()
-
-
 @pytest.mark.parametrize("api_version", [(0, 8, 2), (0, 9), (0, 10, 1)],
                          ids=["kafka-0.8.2", "kafka-0.9", "kafka-0.10.1"])
 def test_clients_of_removed_versions_through_a_tenant_prefix(
@@ -68,7 +55,7 @@ def test_clients_of_removed_versions_through_a_tenant_prefix(
     with ProxyThread(kafka3.bootstrap, rules_yaml=RULES, observers=[capture]) as proxy:
         args = {"bootstrap_servers": proxy.bootstrap, "api_version": api_version}
         kafka_python_produce(args, sent, topic)
-        assert read_in_group(args, topic, group, RECORDS) == sent
+        assert kafka_python_read(args, topic, RECORDS, 20_000, group=group, commit=True) == sent
         produced = proxy.summed("gatehouse_topic_records_total", topic=topic,
                                 direction="produce")
         fetched = proxy.summed("gatehouse_topic_records_total", topic=topic, direction="fetch")

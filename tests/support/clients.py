@@ -214,14 +214,21 @@ def kafka_python_send_one(bootstrap: str, api_version: tuple[int, ...], topic: s
 
 
 def kafka_python_read(args: dict[str, Any], topic: str, count: int,
-                      timeout_ms: int = 15_000) -> list[bytes]:
+                      timeout_ms: int = 15_000, *, group: str | None = None,
+                      commit: bool = False) -> list[bytes]:
     """The first ``count`` values of ``topic`` (from the start), read by kafka-python
-    with ``args`` in a new group; fewer if ``timeout_ms`` passes without one."""
+    with ``args`` in ``group`` (default a new one); fewer if ``timeout_ms`` passes
+    without one.  ``commit``: what was read committed at the end (and only then)."""
     from kafka import KafkaConsumer
 
+    committing = {"enable_auto_commit": False} if commit else {}
     reader = KafkaConsumer(topic, **args, auto_offset_reset="earliest",
-                           consumer_timeout_ms=timeout_ms, group_id=unique("g"))
+                           consumer_timeout_ms=timeout_ms, group_id=group or unique("g"),
+                           **committing)
     try:
-        return [m.value for m, _ in zip(reader, range(count), strict=False)]
+        got = [m.value for m, _ in zip(reader, range(count), strict=False)]
+        if commit:
+            reader.commit()
+        return got
     finally:
         reader.close()
