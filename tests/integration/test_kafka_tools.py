@@ -44,6 +44,16 @@ def acls_on_broker(admin: AdminClient, prefix: str) -> set[tuple[str, str, str, 
             for b in found if b.name.startswith(prefix)}
 
 
+def run_tool(kafka: KafkaCluster, bootstrap: str, name: str, *args: str,
+             command: tuple[str, ...] = (), ok: bool = True) -> str:
+    """Kafka's tool ``name`` (``command`` before its options) at ``bootstrap``: its
+    output when it succeeds, as ``ok`` says it must; its error output when it fails."""
+    run = kafka.run_java_tool(TOOLS + name, *command, "--bootstrap-server", bootstrap, *args,
+                              timeout=120)
+    assert (run.returncode == 0) == ok, (name, args, run.stdout, run.stderr[-3000:])
+    return run.stdout if ok else run.stderr
+
+
 def committed_transaction(conf: dict[str, str], transactional_id: str, topic: str) -> None:
     producer = ck.Producer({**conf, "transactional.id": transactional_id, "log_level": 0})
     producer.init_transactions(30)
@@ -80,14 +90,11 @@ def test_kafkas_tools_as_a_tenant(kafka_acls: KafkaCluster, tmp_path: Path) -> N
         assert sum(ends.values()) == 102  # 100, one record and its commit marker
 
         def tool(name: str, *args: str, ok: bool = True) -> str:
-            run = kafka.run_java_tool(TOOLS + name, "--bootstrap-server", proxy.bootstrap,
-                                      *args, timeout=120)
-            assert (run.returncode == 0) == ok, (name, args, run.stdout, run.stderr[-3000:])
-            if not ok:
-                return run.stderr
-            # Only the tenant's names: none of the broker's (its prefix, the other's).
-            assert prefix not in run.stdout and theirs not in run.stdout, run.stdout
-            return run.stdout
+            out = run_tool(kafka, proxy.bootstrap, name, *args, ok=ok)
+            if ok:
+                # Only the tenant's names: none of the broker's (its prefix, the other's).
+                assert prefix not in out and theirs not in out, out
+            return out
 
         # kafka-configs: a topic's and a group's (KIP-848) dynamic configs.
         tool("ConfigCommand", "--entity-type", "topics", "--entity-name", topic, "--alter",
@@ -211,11 +218,9 @@ def test_kafkas_operations_tools_through_the_edge_of_a_cluster(kafka_cluster: Ka
         at_proxy = {str(port) for port in proxy.broker_ports}
 
         def tool(name: str, *args: str, command: tuple[str, ...] = ()) -> str:
-            run = kafka.run_java_tool(TOOLS + name, *command, "--bootstrap-server",
-                                      proxy.bootstrap, *args, timeout=120)
-            assert run.returncode == 0, (name, args, run.stdout, run.stderr[-3000:])
-            assert not brokers_own & set(re.findall(r"\b\d+\b", run.stdout)), run.stdout
-            return run.stdout
+            out = run_tool(kafka, proxy.bootstrap, name, *args, command=command)
+            assert not brokers_own & set(re.findall(r"\b\d+\b", out)), out
+            return out
 
         # Each broker at the proxy's port for it.
         versions = tool("BrokerApiVersionsCommand")
