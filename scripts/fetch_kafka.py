@@ -270,10 +270,10 @@ def ensure_kafka_streams(version: str | None = None, *, log: bool = False) -> Pa
 def ensure_kafka_connect(version: str | None = None, *, log: bool = False) -> Path:
     """A libs directory with a Kafka Connect worker (connect-runtime), the file
     connectors (connect-file) and MirrorMaker 2 (connect-mirror) of one release, for a
-    worker run against the brokers of Kafka ``version``.  connect-file is not on Maven Central for every release (4.4.0's
-    is missing): the newest of the same major version up to ``version`` is found first,
-    and the worker is taken from that same release (a connector needs its own release's
-    kafka-clients)."""
+    worker run against the brokers of Kafka ``version``.  connect-file is not on Maven
+    Central for every release (4.4.0's is missing): the newest of the same major version
+    up to ``version`` is found first, and the worker is taken from that same release (a
+    connector needs its own release's kafka-clients)."""
     version = kafka_version(version)
     found = ensure_maven_libs(cache_root() / "kafka-connect-file" / version,
                               _pom("kafka-connect-file", version, [
