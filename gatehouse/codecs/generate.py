@@ -159,8 +159,9 @@ def _merged_fields(newer: list[dict[str, Any]], older: list[dict[str, Any]],
                                                      list(field.get("fields", ())), versions, path)}
             merged[merged.index(by_name[name])] = mine
             by_name[name] = mine
+    older_names = {f["name"] for f in older}
     for field in newer:
-        if field["name"] not in {f["name"] for f in older} and any(
+        if field["name"] not in older_names and any(
                 v in _version_set(field["versions"]) for v in versions):
             raise ValueError(f"{where}.{field['name']}: in older versions only in the newer specs")
     return merged
