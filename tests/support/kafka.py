@@ -385,11 +385,16 @@ class KafkaCluster:
         node.paused = False
         self._close_log(node)
 
-    def start_node(self, i: int, *, timeout: float = START_TIMEOUT) -> None:
-        """Start node ``i`` again with its data and ports; wait until it lists the live brokers."""
+    def start_node(self, i: int, *, timeout: float = START_TIMEOUT, libs: Path | None = None
+                   ) -> None:
+        """Start node ``i`` again with its data and ports; wait until it lists the live
+        brokers.  ``libs``: another Kafka's, for this node and every node started after it
+        (a rolling upgrade)."""
         node = self.nodes[i]
         if node.running:
             raise RuntimeError(f"node {i} is running")
+        if libs is not None:
+            self._libs = libs
         self._launch(node)
         self._wait_ready(node, time.monotonic() + timeout)
 
