@@ -50,7 +50,8 @@ _STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 
 # Seconds between Metadata requests for a broker a client named that the proxy did not
-# know (SNI routing): a client retrying a gone broker must not turn into a request storm.
+# know (SNI routing), or one that did not answer at its address (it may have moved): a
+# client retrying a gone broker must not turn into a request storm.
 _REDISCOVER_EVERY = 5.0
 
 
@@ -262,6 +263,26 @@ class Proxy:
         self.upstream_reachable = False
         raise UpstreamUnavailable("; ".join(errors))
 
+    async def _open_upstream_where_it_is(self, node_id: int | None) -> Upstream:
+        """``open_upstream``; for a broker that does not answer at the address the proxy
+        knows, the cluster is asked where its brokers are (``_rediscover``) and a new
+        address tried at once: a broker restarted on another address (a new pod IP, a new
+        port) is reached on the client's first try rather than after the client has
+        failed, backed off and asked for metadata again."""
+        try:
+            return await self.open_upstream(node_id)
+        except UpstreamUnavailable:
+            if node_id is None:
+                raise
+            known = self.brokers[node_id].real
+            # Bounded: brokers that swallow connections must not hold the client for a
+            # connect timeout per bootstrap server on top of the one already spent.
+            with trio.move_on_after(self.config.limits.connect_timeout):
+                await self._rediscover()
+            if self.brokers[node_id].real == known:
+                raise
+            return await self.open_upstream(node_id)
+
     # -- listeners ----------------------------------------------------------------------
 
     async def _accept_loop(
@@ -391,7 +412,7 @@ class Proxy:
                     await _aclose(client)
                     return
             try:
-                upstream = await self.open_upstream(node_id)
+                upstream = await self._open_upstream_where_it_is(node_id)
             except UpstreamUnavailable as exc:
                 reason, level = f"upstream unreachable: {exc}", logging.WARNING
                 await _aclose(client)
@@ -457,18 +478,20 @@ class Proxy:
             now = trio.current_time()
             if now - self._discovered_at < _REDISCOVER_EVERY:
                 return
+            self._discovered_at = now  # an attempt cut short by its caller counts too
             await self.discover()
-            self._discovered_at = trio.current_time()
 
     # -- discovery ----------------------------------------------------------------------
 
     async def discover(self) -> None:
-        """Ask the cluster for its brokers once, so their ports are open from the start."""
+        """Ask the cluster for its brokers and their addresses: once at the start, so
+        their ports are open from then on, and again when a client needs a broker the
+        proxy does not know or cannot reach (``_rediscover``)."""
         try:
             upstream = await self.open_upstream(None)
         except UpstreamUnavailable as exc:
-            log_event(logger, logging.WARNING, "brokers not reachable at start-up; will "
-                      "discover them from client traffic", error=str(exc))
+            log_event(logger, logging.WARNING, "brokers not reachable to discover them; "
+                      "they will be learnt from client traffic", error=str(exc))
             return
         stream, target = upstream.stream, upstream.target
         try:

@@ -90,6 +90,34 @@ def test_three_brokers_port_per_broker_and_no_bypass(kafka_cluster: KafkaCluster
         assert not seen & real_ports  # the client never learned a real broker address
 
 
+def test_a_broker_back_at_another_address_is_reached_at_its_proxy_port(
+        kafka_cluster: KafkaCluster) -> None:
+    """A broker restarted on another port (as a rescheduled pod comes back on a new IP):
+    the first connection to its proxy port reaches it there (the old address refused, the
+    proxy asks the cluster where its brokers are), the proxy port stays its own, and
+    clients go on."""
+    cluster = kafka_cluster
+    with ProxyThread(cluster.bootstrap) as proxy:
+        topic = unique("moved")
+        cluster.create_topic(topic, partitions=3, replication=3)
+        conf = {"bootstrap.servers": proxy.bootstrap}
+        sent = produce(conf, topic, 60, tag="before")
+        port, old = proxy.proxy.brokers[2].port, cluster.nodes[2].port
+        cluster.move_node(2)
+        assert cluster.nodes[2].port != old
+        assert proxy.proxy.brokers[2].real.port == old  # no answer has named the new one
+        versions = call(f"127.0.0.1:{port}", 18, 3, {"client_software_name": "raw",
+                                                     "client_software_version": "1"})
+        assert versions.error_code == 0
+        assert proxy.proxy.brokers[2].real.port == cluster.nodes[2].port
+        sent += produce(conf, topic, 60, tag="after")
+        assert sorted(consume(conf, topic, len(sent))) == sorted(sent)
+        brokers = AdminClient(conf).list_topics(timeout=10).brokers
+        assert {b.id: b.port for b in brokers.values()} == {
+            node_id: broker.port for node_id, broker in proxy.proxy.brokers.items()}
+        assert brokers[2].port == port
+
+
 def test_transactional_producer_and_group_rebalance(kafka: KafkaCluster) -> None:
     with ProxyThread(kafka.bootstrap) as proxy:
         topic = unique("tx")

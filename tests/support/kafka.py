@@ -398,6 +398,15 @@ class KafkaCluster:
         self._launch(node)
         self._wait_ready(node, time.monotonic() + timeout)
 
+    def move_node(self, i: int) -> None:
+        """Restart node ``i`` on another client port, its data and node id kept: a broker
+        back at a new address, as a rescheduled pod comes back on a new IP."""
+        self.stop_node(i)
+        node = self.nodes[i]
+        node.port = free_port()
+        node.config_path.write_text(self._server_properties(node))
+        self.start_node(i)
+
     def pause_node(self, i: int) -> None:
         """SIGSTOP node ``i``: it keeps its sockets but answers nothing."""
         node = self.nodes[i]
