@@ -7,6 +7,7 @@ import json
 import socket
 import struct
 import time
+from pathlib import Path
 from typing import Any
 
 import confluent_kafka as ck
@@ -98,7 +99,7 @@ def test_a_broker_back_at_another_address_is_reached_at_its_proxy_port(
     clients go on."""
     cluster = kafka_cluster
     with ProxyThread(cluster.bootstrap) as proxy:
-        topic = unique("moved")
+        topic = unique("relocated")
         cluster.create_topic(topic, partitions=3, replication=3)
         conf = {"bootstrap.servers": proxy.bootstrap}
         sent = produce(conf, topic, 60, tag="before")
@@ -116,6 +117,44 @@ def test_a_broker_back_at_another_address_is_reached_at_its_proxy_port(
         assert {b.id: b.port for b in brokers.values()} == {
             node_id: broker.port for node_id, broker in proxy.proxy.brokers.items()}
         assert brokers[2].port == port
+
+
+def fetches_by_listener(proxy: ProxyThread) -> dict[str, float]:
+    """Fetch requests the proxy passed on, by the listener (broker port) they came in on."""
+    counts: dict[str, float] = {}
+    for metric in proxy.metrics.registry.collect():
+        for s in metric.samples:
+            if s.name == "gatehouse_requests_total" and s.labels.get("api") == "Fetch":
+                counts[s.labels["listener"]] = counts.get(s.labels["listener"], 0) + s.value
+    return counts
+
+
+def test_consumers_fetch_from_the_replica_in_their_rack_through_its_proxy_port(
+        kafka_libs: Path) -> None:
+    """KIP-392 behind the proxy: brokers in three racks with the rack-aware replica
+    selector; the leader names the replica in a consumer's rack (a node id, mapped to the
+    proxy's port for that node), and the consumer reads there, through the proxy; a
+    consumer with no rack reads from the leader."""
+    with KafkaCluster(3, libs=kafka_libs, extra_config={
+            "replica.selector.class": "org.apache.kafka.common.replica.RackAwareReplicaSelector"},
+            node_config={i: {"broker.rack": f"rack-{i}"} for i in range(3)}) as cluster, \
+            ProxyThread(cluster.bootstrap) as proxy:
+        topic = unique("racks")
+        admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+        admin.create_topics([NewTopic(topic, num_partitions=1, replica_assignment=[[0, 1, 2]])]
+                            )[topic].result(30)
+        conf = {"bootstrap.servers": proxy.bootstrap}
+        sent = produce(conf, topic, 200)  # acks=all: every replica has them
+        for rack, reader in ((None, "broker-0"), ("rack-2", "broker-2"), ("rack-1", "broker-1")):
+            before = fetches_by_listener(proxy)
+            got = consume({**conf, **({"client.rack": rack} if rack else {})}, topic, len(sent))
+            assert sorted(got) == sorted(sent), rack
+            fetched = {listener: n - before.get(listener, 0)
+                       for listener, n in fetches_by_listener(proxy).items()
+                       if n > before.get(listener, 0)}
+            # The leader (broker 0) answers the first Fetch with the preferred replica.
+            assert set(fetched) == ({"broker-0"} if rack is None else {"broker-0", reader}), (
+                rack, fetched)
 
 
 def test_transactional_producer_and_group_rebalance(kafka: KafkaCluster) -> None:

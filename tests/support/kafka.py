@@ -265,6 +265,7 @@ class KafkaCluster:
         version: str | None = None,
         libs: Path | None = None,
         extra_config: Mapping[str, object] | None = None,
+        node_config: Mapping[int, Mapping[str, object]] | None = None,
         start_timeout: float = START_TIMEOUT,
         jvm_opts: Iterable[str] = BROKER_JVM_OPTS,
         log_level: str = "WARN",
@@ -277,6 +278,8 @@ class KafkaCluster:
         self.version = version
         self._libs = libs
         self.extra_config = dict(extra_config or {})
+        self.node_config = {node_id: dict(config) for node_id, config in
+                            (node_config or {}).items()}  # a node's own (broker.rack...)
         self.start_timeout = start_timeout
         self.jvm_opts = tuple(jvm_opts)
         self.log_level = log_level
@@ -566,6 +569,7 @@ class KafkaCluster:
                     " required;",
             })
         props.update(self.extra_config)
+        props.update(self.node_config.get(node.node_id, {}))
         return "".join(f"{key}={value}\n" for key, value in props.items())
 
     def _format(self, libs: Path) -> None:
