@@ -119,14 +119,38 @@ def test_a_broker_back_at_another_address_is_reached_at_its_proxy_port(
         assert brokers[2].port == port
 
 
-def fetches_by_listener(proxy: ProxyThread) -> dict[str, float]:
-    """Fetch requests the proxy passed on, by the listener (broker port) they came in on."""
+def requests_by_listener(proxy: ProxyThread, api: str) -> dict[str, float]:
+    """``api``'s requests the proxy passed on, by the listener (broker port) they came in
+    on."""
     counts: dict[str, float] = {}
     for metric in proxy.metrics.registry.collect():
         for s in metric.samples:
-            if s.name == "gatehouse_requests_total" and s.labels.get("api") == "Fetch":
+            if s.name == "gatehouse_requests_total" and s.labels.get("api") == api:
                 counts[s.labels["listener"]] = counts.get(s.labels["listener"], 0) + s.value
     return counts
+
+
+def test_a_broker_added_to_the_cluster_is_served_without_a_restart(kafka_libs: Path) -> None:
+    """A cluster scaled out behind a running proxy: the new broker gets its listener from
+    the first answer that names it, and a topic that lives only on it is produced and
+    consumed through the proxy's port for it."""
+    with KafkaCluster(1, libs=kafka_libs) as cluster, \
+            ProxyThread(cluster.bootstrap) as proxy:
+        assert set(proxy.proxy.brokers) == {0}
+        new = cluster.add_broker()
+        topic = unique("scaled")
+        admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+        admin.create_topics([NewTopic(topic, num_partitions=1,
+                                      replica_assignment=[[new.node_id]])])[topic].result(30)
+        conf = {"bootstrap.servers": proxy.bootstrap}
+        sent = produce(conf, topic, 100)
+        assert sorted(consume(conf, topic, len(sent))) == sorted(sent)
+        assert set(proxy.proxy.brokers) == {0, new.node_id}
+        listener = f"broker-{new.node_id}"
+        assert listener in requests_by_listener(proxy, "Produce")
+        assert listener in requests_by_listener(proxy, "Fetch")
+        brokers = AdminClient(conf).list_topics(timeout=10).brokers
+        assert brokers[new.node_id].port == proxy.proxy.brokers[new.node_id].port != new.port
 
 
 def test_consumers_fetch_from_the_replica_in_their_rack_through_its_proxy_port(
@@ -146,11 +170,11 @@ def test_consumers_fetch_from_the_replica_in_their_rack_through_its_proxy_port(
         conf = {"bootstrap.servers": proxy.bootstrap}
         sent = produce(conf, topic, 200)  # acks=all: every replica has them
         for rack, reader in ((None, "broker-0"), ("rack-2", "broker-2"), ("rack-1", "broker-1")):
-            before = fetches_by_listener(proxy)
+            before = requests_by_listener(proxy, "Fetch")
             got = consume({**conf, **({"client.rack": rack} if rack else {})}, topic, len(sent))
             assert sorted(got) == sorted(sent), rack
             fetched = {listener: n - before.get(listener, 0)
-                       for listener, n in fetches_by_listener(proxy).items()
+                       for listener, n in requests_by_listener(proxy, "Fetch").items()
                        if n > before.get(listener, 0)}
             # The leader (broker 0) answers the first Fetch with the preferred replica.
             assert set(fetched) == ({"broker-0"} if rack is None else {"broker-0", reader}), (

@@ -208,11 +208,11 @@ def _random_cluster_id() -> str:
 
 @dataclass
 class KafkaNode:
-    """One combined broker+controller JVM."""
+    """One combined broker+controller JVM (or a broker only: ``KafkaCluster.add_broker``)."""
 
     node_id: int
     port: int  # PLAINTEXT client listener (also the inter-broker listener)
-    controller_port: int
+    controller_port: int | None  # None: a broker only
     sasl_port: int | None
     dir: Path
     process: subprocess.Popen[bytes] | None = None
@@ -401,6 +401,23 @@ class KafkaCluster:
         self._launch(node)
         self._wait_ready(node, time.monotonic() + timeout)
 
+    def add_broker(self, *, timeout: float = START_TIMEOUT) -> KafkaNode:
+        """A new broker (no controller) joins the running cluster under the next node id,
+        as when a cluster is scaled out; started and waited for as the others were."""
+        if self.base_dir is None:
+            raise RuntimeError("the cluster is not running")
+        node_id = max(node.node_id for node in self.nodes) + 1
+        node = KafkaNode(node_id=node_id, port=free_port(), controller_port=None,
+                         sasl_port=free_port() if self.sasl_scram else None,
+                         dir=self.base_dir / f"node{node_id}")
+        node.dir.mkdir()
+        self.nodes.append(node)
+        node.config_path.write_text(self._server_properties(node))
+        self._format(self.libs, [node])
+        self._launch(node)
+        self._wait_ready(node, time.monotonic() + timeout)
+        return node
+
     def move_node(self, i: int) -> None:
         """Restart node ``i`` on another client port, its data and node id kept: a broker
         back at a new address, as a rescheduled pod comes back on a new IP."""
@@ -509,7 +526,7 @@ class KafkaCluster:
     def _server_properties(self, node: KafkaNode) -> str:
         n = self.n_nodes
         voters = ",".join(f"{other.node_id}@{LOCALHOST}:{other.controller_port}"
-                          for other in self.nodes)
+                          for other in self.nodes if other.controller_port is not None)
         listeners = [f"PLAINTEXT://{LOCALHOST}:{node.port}"]
         advertised = [f"PLAINTEXT://{LOCALHOST}:{node.port}"]
         protocols = ["PLAINTEXT:PLAINTEXT", "CONTROLLER:PLAINTEXT"]
@@ -517,9 +534,10 @@ class KafkaCluster:
             listeners.append(f"SASL_PLAINTEXT://{LOCALHOST}:{node.sasl_port}")
             advertised.append(f"SASL_PLAINTEXT://{LOCALHOST}:{node.sasl_port}")
             protocols.append("SASL_PLAINTEXT:SASL_PLAINTEXT")
-        listeners.append(f"CONTROLLER://{LOCALHOST}:{node.controller_port}")
+        if node.controller_port is not None:
+            listeners.append(f"CONTROLLER://{LOCALHOST}:{node.controller_port}")
         props: dict[str, object] = {
-            "process.roles": "broker,controller",
+            "process.roles": "broker" if node.controller_port is None else "broker,controller",
             "node.id": node.node_id,
             "controller.quorum.voters": voters,
             "controller.listener.names": "CONTROLLER",
@@ -572,15 +590,16 @@ class KafkaCluster:
         props.update(self.node_config.get(node.node_id, {}))
         return "".join(f"{key}={value}\n" for key, value in props.items())
 
-    def _format(self, libs: Path) -> None:
+    def _format(self, libs: Path, nodes: Iterable[KafkaNode] | None = None) -> None:
         extra: list[str] = []
         if self.sasl_scram:
             extra = ["--add-scram", f"{SCRAM_MECHANISM}=[name={SCRAM_USER},password={SCRAM_PASSWORD}]"]
         procs = []
-        for node in self.nodes:
+        for node in self.nodes if nodes is None else nodes:
             cmd = [java_binary(), *TOOL_JVM_OPTS, *self._log_opts(), "-cp", classpath(libs),
                    STORAGE_TOOL_MAIN, "format", "--config", str(node.config_path),
-                   f"--cluster-id={self.cluster_id}", *extra]  # ids may start with "-"
+                   f"--cluster-id={self.cluster_id}",  # ids may start with "-"
+                   *(extra if node.controller_port is not None else ())]  # users: the quorum's
             procs.append((node, subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)))
         errors = []
