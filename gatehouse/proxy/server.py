@@ -275,10 +275,7 @@ class Proxy:
             if node_id is None:
                 raise
             known = self.brokers[node_id].real
-            # Bounded: brokers that swallow connections must not hold the client for a
-            # connect timeout per bootstrap server on top of the one already spent.
-            with trio.move_on_after(self.config.limits.connect_timeout):
-                await self._rediscover()
+            await self._rediscover()
             if self.brokers[node_id].real == known:
                 raise
             return await self.open_upstream(node_id)
@@ -473,13 +470,16 @@ class Proxy:
 
     async def _rediscover(self) -> None:
         """``discover`` again, at most once per ``_REDISCOVER_EVERY`` seconds however many
-        connections ask at once."""
-        async with self._discovery_lock:
-            now = trio.current_time()
-            if now - self._discovered_at < _REDISCOVER_EVERY:
-                return
-            self._discovered_at = now  # an attempt cut short by its caller counts too
-            await self.discover()
+        connections ask at once, and for at most ``connect_timeout``: a client waits on
+        it, and bootstrap servers that swallow connections must not hold it for a connect
+        timeout each."""
+        with trio.move_on_after(self.config.limits.connect_timeout):
+            async with self._discovery_lock:
+                now = trio.current_time()
+                if now - self._discovered_at < _REDISCOVER_EVERY:
+                    return
+                self._discovered_at = now  # an attempt cut short counts too
+                await self.discover()
 
     # -- discovery ----------------------------------------------------------------------
 
