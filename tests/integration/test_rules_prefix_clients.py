@@ -5,20 +5,23 @@ and by id, partitions added, configured, offsets listed, records deleted, produc
 dirs, a preferred election, a reassignment, a group's offsets, deleted); kafka-python's
 admin (its own encoding of the same APIs) around a live consumer group, whose member
 subscriptions and assignments it decodes; librdkafka's admin; aiokafka's admin,
-producer (transactional too) and consumer group. All of it lands on the broker
-under the prefix and answers with the tenant's names; nothing of another tenant's is
-shown."""
+producer (transactional too) and consumer group; Kafka 3.9's Java producer and consumer
+group. All of it lands on the broker under the prefix and answers with the tenant's
+names; nothing of another tenant's is shown."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import confluent_kafka as ck
 from confluent_kafka.admin import AdminClient
 
-from tests.integration.test_rules_groups import transactions
-from tests.support.clients import produce, unique
+from scripts.fetch_kafka import PREVIOUS_KAFKA_VERSION, ensure_kafka
+from tests.integration.test_rules_groups import committed, transactions
+from tests.reliability.test_no_loss import consumed_records, start_tool
+from tests.support.clients import produce, unique, watermarks
 from tests.support.kafka import JAVA_SOURCES, KafkaCluster
 from tests.support.proxythread import ProxyThread
 
@@ -303,3 +306,34 @@ def test_librdkafkas_admin_as_a_tenant_reaches_its_own_topic_only(kafka: KafkaCl
         [ConsumerGroupTopicPartitions("a." + group)]).values()
     assert [(tp.topic, tp.offset) for tp in offsets.result(30).topic_partitions] == [
         ("a." + topic, 1)]
+
+
+def test_kafka_3_java_clients_as_a_tenant(kafka: KafkaCluster, tmp_path: Path) -> None:
+    """Kafka 3.9's Java clients (the last 3.x, as many applications still ship: Produce v11
+    by topic name, the classic group protocol) on the 4.4 broker through the prefix: an
+    idempotent producer's records read back in order by a group that commits, all of it
+    under the prefix on the broker."""
+    libs = ensure_kafka(PREVIOUS_KAFKA_VERSION)
+    topic, group, records = unique("legacy-java"), unique("legacy-readers"), 200
+    kafka.create_topic("a." + topic)
+    with ProxyThread(kafka.bootstrap, rules_yaml=RULES) as proxy:
+        producer = start_tool(
+            "producer", "org.apache.kafka.tools.VerifiableProducer",
+            ["--topic", topic, "--bootstrap-server", proxy.bootstrap, "--max-messages",
+             str(records), "--acks", "-1"],
+            {"client.id": "a-producer", "enable.idempotence": "true", "retries": "2147483647"},
+            tmp_path, libs, "--producer.config")
+        assert producer.process.wait(120) == 0
+        consumer = start_tool(
+            "consumer", "org.apache.kafka.tools.VerifiableConsumer",
+            ["--topic", topic, "--bootstrap-server", proxy.bootstrap, "--group-id", group,
+             "--max-messages", str(records), "--reset-policy", "earliest", "--verbose"],
+            {"client.id": "a-consumer"}, tmp_path, libs, "--consumer.config")
+        assert consumer.process.wait(120) == 0
+        assert proxy.summed("gatehouse_requests_total", api="Produce", version="11") > 0
+    assert producer.named("tool_data")[-1]["acked"] == records
+    acked = [e["value"] for e in producer.named("producer_send_success")]
+    assert [value for _, _, value in consumed_records(consumer)] == acked
+    broker = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    assert watermarks(kafka.bootstrap, "a." + topic) == (0, records)
+    assert committed(broker, "a." + group, "a." + topic) == records

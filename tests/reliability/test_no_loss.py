@@ -117,10 +117,12 @@ class Tool:
 
 
 def start_tool(name: str, main: str, args: list[str], config: dict[str, Any], workdir: Path,
-               libs: Path) -> Tool:
+               libs: Path, config_option: str = "--command-config") -> Tool:
+    """``main`` with ``config`` in a properties file given by ``config_option`` (Kafka
+    3.x's tools: ``--producer.config``, ``--consumer.config``)."""
     props = workdir / f"{name}.properties"
     props.write_text("".join(f"{k}={v}\n" for k, v in config.items()))
-    cmd = java_command(libs, main, [*args, "--command-config", str(props)])
+    cmd = java_command(libs, main, [*args, config_option, str(props)])
     stderr = open(workdir / f"{name}.stderr", "w")  # noqa: SIM115 - the process owns it
     process = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                stderr=stderr, text=True, start_new_session=True)
