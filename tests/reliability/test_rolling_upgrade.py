@@ -76,9 +76,14 @@ def features(libs: Path, bootstrap: str, *args: str) -> str:
 
 
 def in_sync(cluster: KafkaCluster, topic: str) -> bool:
-    """Every partition of ``topic`` has all its replicas in sync (the brokers say)."""
+    """Every partition of ``topic`` has all its replicas in sync (the brokers say; a node
+    just restarted may fail the question, which then says not yet)."""
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap, "log_level": 0})
-    described = admin.describe_topics(ck.TopicCollection([topic]))[topic].result(timeout=10)
+    try:
+        described = admin.describe_topics(ck.TopicCollection([topic]))[topic].result(
+            timeout=10)
+    except ck.KafkaException:
+        return False
     return all(len(p.isr) == len(p.replicas) for p in described.partitions)
 
 
