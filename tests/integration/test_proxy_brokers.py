@@ -18,6 +18,7 @@ from gatehouse import codecs
 from gatehouse.codecs.records import encode_batch
 from gatehouse.proxy.hooks import AGE_LIMIT, ConnectionInfo, Observer, Policy
 from tests.integration.test_rules_topic_ids import call, topic_ids
+from tests.integration.test_sni_routing import requests_by_listener
 from tests.support.clients import (
     consume,
     kafka_python_produce,
@@ -117,17 +118,6 @@ def test_a_broker_back_at_another_address_is_reached_at_its_proxy_port(
         assert {b.id: b.port for b in brokers.values()} == {
             node_id: broker.port for node_id, broker in proxy.proxy.brokers.items()}
         assert brokers[2].port == port
-
-
-def requests_by_listener(proxy: ProxyThread, api: str) -> dict[str, float]:
-    """``api``'s requests the proxy passed on, by the listener (broker port) they came in
-    on."""
-    counts: dict[str, float] = {}
-    for metric in proxy.metrics.registry.collect():
-        for s in metric.samples:
-            if s.name == "gatehouse_requests_total" and s.labels.get("api") == api:
-                counts[s.labels["listener"]] = counts.get(s.labels["listener"], 0) + s.value
-    return counts
 
 
 def test_a_broker_added_to_the_cluster_is_served_without_a_restart(kafka_libs: Path) -> None:

@@ -66,13 +66,8 @@ def sni_proxy(kafka: KafkaCluster, tmp_path: Path) -> ProxyThread:
 
 
 def requests_by_listener(proxy: ProxyThread, api: str) -> dict[str, float]:
-    found: dict[str, float] = {}
-    for family in proxy.metrics.registry.collect():
-        for s in family.samples:
-            if s.name == "gatehouse_requests_total" and s.labels["api"] == api:
-                listener = s.labels["listener"]
-                found[listener] = found.get(listener, 0.0) + s.value
-    return found
+    """``api``'s requests the proxy passed on, by the listener they came in on."""
+    return proxy.summed_by("gatehouse_requests_total", "listener", api=api)
 
 
 def test_java_clients_reach_each_broker_by_its_name(kafka: KafkaCluster, tmp_path: Path,

@@ -162,9 +162,8 @@ def test_rolling_upgrade_from_kafka_3_to_4_behind_a_tenants_proxy(kafka_libs: Pa
                                     for versions in (old_versions, new_versions))
         assert old_produce < new_produce
         assert {str(old_produce), str(new_produce)} <= {
-            s.labels["version"] for m in proxy.metrics.registry.collect() for s in m.samples
-            if s.name == "gatehouse_requests_total" and s.labels.get("api") == "Produce"
-            and s.value}
+            version for version, n in proxy.summed_by("gatehouse_requests_total", "version",
+                                                      api="Produce").items() if n}
         # A consumer of the KIP-848 protocol, which the finalized group.version enabled.
         read = read_and_commit({"bootstrap.servers": proxy.bootstrap,
                                 "group.protocol": "consumer"}, topic, kip848_group, 50)

@@ -123,6 +123,16 @@ class ProxyThread:
                    for s in metric.samples
                    if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
 
+    def summed_by(self, name: str, label: str, **labels: str) -> dict[str, float]:
+        """``summed`` for each value of ``label`` (the samples that hold ``labels``)."""
+        assert self.metered, "this proxy has no metrics observer: every sample would be 0"
+        found: dict[str, float] = {}
+        for metric in self.metrics.registry.collect():
+            for s in metric.samples:
+                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                    found[s.labels[label]] = found.get(s.labels[label], 0.0) + s.value
+        return found
+
     def sample_reaches(self, name: str, minimum: float, timeout: float = 10.0,
                        **labels: str) -> float:
         """``sample``, read again until it reaches ``minimum`` (or ``timeout`` passes):
