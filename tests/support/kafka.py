@@ -596,10 +596,11 @@ class KafkaCluster:
             extra = ["--add-scram", f"{SCRAM_MECHANISM}=[name={SCRAM_USER},password={SCRAM_PASSWORD}]"]
         procs = []
         for node in self.nodes if nodes is None else nodes:
-            cmd = [java_binary(), *TOOL_JVM_OPTS, *self._log_opts(), "-cp", classpath(libs),
-                   STORAGE_TOOL_MAIN, "format", "--config", str(node.config_path),
-                   f"--cluster-id={self.cluster_id}",  # ids may start with "-"
-                   *(extra if node.controller_port is not None else ())]  # users: the quorum's
+            cmd = java_command(libs, STORAGE_TOOL_MAIN, [
+                "format", "--config", str(node.config_path),
+                f"--cluster-id={self.cluster_id}",  # ids may start with "-"
+                *(extra if node.controller_port is not None else ())],  # users: the quorum's
+                log_level=self.log_level)
             procs.append((node, subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)))
         errors = []
@@ -615,15 +616,11 @@ class KafkaCluster:
         if errors:
             raise BrokerStartError("kafka storage format failed: " + "\n".join(errors))
 
-    def _log_opts(self) -> list[str]:
-        return [f"-Dlog4j2.configurationFile={log4j2_config()}",
-                f"-Dgatehouse.kafka.log.level={self.log_level}"]
-
     def _launch(self, node: KafkaNode) -> None:
         self._close_log(node)
         node._log_file = open(node.log_path, "ab")  # noqa: SIM115 (closed in _close_log)
-        cmd = [java_binary(), *self.jvm_opts, *self._log_opts(), "-cp", classpath(self.libs),
-               BROKER_MAIN, str(node.config_path)]
+        cmd = java_command(self.libs, BROKER_MAIN, [str(node.config_path)], self.jvm_opts,
+                           self.log_level)
         node.process = subprocess.Popen(
             cmd, cwd=node.dir, stdin=subprocess.DEVNULL, stdout=node._log_file,
             stderr=subprocess.STDOUT, start_new_session=True,
