@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,9 @@ from gatehouse.proxy.oauth import (
     TokenSource,
     TokenValidator,
     UnknownSigningKey,
+    fetch_token,
     parse_jwks,
+    renew_after,
 )
 from gatehouse.proxy.sasl import ClientSasl
 from tests.support.oauth import (
@@ -471,6 +474,25 @@ async def test_a_token_source_fetches_once_for_many_logins() -> None:
             await TokenSource(OAuthClient(endpoint.url, "gh", "guess")).token()
     with pytest.raises(SaslError, match="cannot reach the token endpoint"):
         await TokenSource(OAuthClient(endpoint.url, "gh", "s3cret")).token()
+
+
+def test_a_token_is_renewed_before_the_broker_would_end_its_sessions_too_soon() -> None:
+    """A token lasts until its exp or its expires_in, whichever is sooner (a broker ends
+    the session at exp; an endpoint that rounds exp down says a second too many), and is
+    used for logins until 80% of that has passed or 2 s are left: a login with less would
+    get a session shorter than the broker's one-second floor between re-authentications
+    lets the proxy renew."""
+    client = OAuthClient(token_endpoint_url="", client_id="gh", client_secret="s3cret")
+    for claims, expected in [({"exp": int(time.time()) + 300}, 300),  # exp sooner
+                             ({}, 600),  # exp later by at most the rounding: expires_in
+                             ({"exp": None}, 600)]:  # no exp
+        endpoint = TokenEndpoint(RSA, "gh", "s3cret", lifetime=600.5, **claims)
+        with endpoint.running():
+            token, lifetime = fetch_token(replace(client, token_endpoint_url=endpoint.url))
+        assert token == endpoint.issued[0]
+        assert lifetime is not None and expected - 2 < lifetime <= expected, (claims, lifetime)
+    assert renew_after(3600) == 2880 and renew_after(6) == 4 and renew_after(1.5) == 0
+    assert renew_after(None) == renew_after(0) == 48  # not known: a minute
 
 
 async def test_the_proxy_logs_in_with_a_token_as_a_broker_expects() -> None:

@@ -371,8 +371,13 @@ def load_jwks_file(path: Path) -> SigningKeys:
 # -- the proxy's own tokens (origination) ---------------------------------------------------
 
 # A token is fetched again once this share of its lifetime has passed (Kafka's login
-# refreshes at sasl.login.refresh.window.factor, 0.8).
+# refreshes at sasl.login.refresh.window.factor, 0.8)...
 RENEW_AT: Final = 0.8
+# ... or when fewer seconds than this are left, whichever comes first: a broker gives a
+# session no longer than the token's life, and takes a re-authentication at most once a
+# second (KafkaChannel's MIN_REAUTH_INTERVAL_ONE_SECOND), so a login with a token nearly
+# spent makes a session the proxy cannot renew in time (it tries at 85%).
+RENEW_BEFORE_END: Final = 2.0
 # A token whose lifetime cannot be told (no expires_in, no exp) is used this long.
 UNKNOWN_LIFETIME: Final = 60.0
 
@@ -489,8 +494,11 @@ def fetch_token(client: OAuthClient) -> tuple[str, float | None]:
         if not token:
             raise SaslError(f"the token file {path} is empty")
         return token, None
-    token, lifetime = _client_credentials(client)
-    return token, lifetime if lifetime is not None else _lifetime_of(token)
+    token, expires_in = _client_credentials(client)
+    # The broker ends the session at the token's exp; expires_in can say more (whole
+    # seconds from the answer, where exp was rounded down from the issue).
+    lifetimes = [t for t in (expires_in, _lifetime_of(token)) if t is not None]
+    return token, min(lifetimes) if lifetimes else None
 
 
 def _client_credentials(client: OAuthClient) -> tuple[str, float | None]:
@@ -552,10 +560,18 @@ def _lifetime_of(token: str) -> float | None:
     return expires - time.time() if _is_number(expires) else None
 
 
+def renew_after(lifetime: float | None) -> float:
+    """Seconds a token of this lifetime (None or <= 0: not known) is used for logins."""
+    if lifetime is None or lifetime <= 0:
+        lifetime = UNKNOWN_LIFETIME
+    return max(0.0, min(RENEW_AT * lifetime, lifetime - RENEW_BEFORE_END))
+
+
 class TokenSource:
     """The proxy's token for the brokers: fetched from the endpoint and kept until
-    RENEW_AT of its lifetime has passed (one fetch for every broker connection that
-    opens meanwhile), or read from the file at every login."""
+    RENEW_AT of its lifetime has passed or RENEW_BEFORE_END seconds are left (one fetch
+    for every broker connection that opens meanwhile), or read from the file at every
+    login."""
 
     def __init__(self, client: OAuthClient) -> None:
         self.client = client
@@ -584,8 +600,7 @@ class TokenSource:
             token, lifetime = await trio.to_thread.run_sync(
                 fetch_token, self.client, abandon_on_cancel=True)
             self._token = token
-            self._renew_at = trio.current_time() + RENEW_AT * (
-                lifetime if lifetime is not None and lifetime > 0 else UNKNOWN_LIFETIME)
+            self._renew_at = trio.current_time() + renew_after(lifetime)
             log_event(logger, logging.DEBUG, "OAUTHBEARER token fetched",
                       endpoint=self.client.token_endpoint_url, seconds=lifetime)
             return token
@@ -605,4 +620,5 @@ __all__ = [
     "load_jwks_file",
     "parse_jwks",
     "read_client_sasl",
+    "renew_after",
 ]
