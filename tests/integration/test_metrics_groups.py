@@ -91,7 +91,7 @@ def test_census_counts_classic_and_kip848_groups_while_members_live(
                                ("SyncGroup", "response")):
             assert proxy.sample("gatehouse_group_protocol_fallbacks_total", api=api,
                                 direction=direction, outcome="resolved") == 2, (api, direction)
-        assert sum_samples(proxy, "gatehouse_group_protocol_fallbacks_total",
+        assert proxy.summed("gatehouse_group_protocol_fallbacks_total",
                            outcome="unresolved") == 0
 
 
@@ -111,18 +111,9 @@ def test_java_classic_consumer_needs_no_fallback(kafka: KafkaCluster) -> None:
                  if s.name == "gatehouse_requests_total" and s.labels["api"] == "JoinGroup"
                  and s.value]
         assert joins and min(int(s.labels["version"]) for s in joins) >= 7
-        assert sum_samples(proxy, "gatehouse_group_protocol_fallbacks_total") == 0
+        assert proxy.summed("gatehouse_group_protocol_fallbacks_total") == 0
         # The group left when the tool exited.
-        assert wait_until(lambda: sum_samples(proxy, "gatehouse_consumer_groups") == 0)
-
-
-def sum_samples(proxy: ProxyThread, name: str, **labels: str) -> float:
-    total = 0.0
-    for family in proxy.metrics.registry.collect():
-        for s in family.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                total += s.value
-    return total
+        assert wait_until(lambda: proxy.summed("gatehouse_consumer_groups") == 0)
 
 
 def test_rename_rule_decodes_pre_kip559_payloads_with_the_fallback(
@@ -267,7 +258,7 @@ def test_java_share_consumer_is_a_share_group_until_it_leaves(
             assert sorted(got) == sorted(f"record {v.decode()}" for v in values)
             # Consuming: the member joined and holds an assignment.
             assert watch.groups() == 1
-            assert sum_samples(proxy, "gatehouse_consumer_groups", protocol_type="consumer") == 0
+            assert proxy.summed("gatehouse_consumer_groups", protocol_type="consumer") == 0
             # Its records counted as fetched (ShareFetch answers), as they were produced.
             for direction in ("produce", "fetch"):
                 assert proxy.sample("gatehouse_topic_records_total", topic=topic,
@@ -295,7 +286,7 @@ def test_kafka_streams_app_is_a_streams_group_until_it_leaves(
             got = [member.wait_for("record ") for _ in values]
             assert sorted(got) == sorted(f"record {v.decode()}" for v in values)
             assert watch.groups() == 1
-            assert sum_samples(proxy, "gatehouse_consumer_groups", protocol_type="consumer") == 0
+            assert proxy.summed("gatehouse_consumer_groups", protocol_type="consumer") == 0
             member.leave()
         assert watch.groups() == 0
         assert_left_by_its_heartbeat(watch)

@@ -205,12 +205,9 @@ class Faults:
         """The error codes of the Produce answers every proxy so far passed on, by name."""
         out: dict[str, float] = {}
         for proxy in self.proxies:
-            for family in proxy.metrics.registry.collect():
-                for sample in family.samples:
-                    if (sample.name == "gatehouse_responses_total"
-                            and sample.labels.get("api") == "Produce"):
-                        error = sample.labels["error"]
-                        out[error] = out.get(error, 0.0) + sample.value
+            for error, count in proxy.summed_by("gatehouse_responses_total", "error",
+                                                api="Produce").items():
+                out[error] = out.get(error, 0.0) + count
         return out
 
     def close(self) -> None:
