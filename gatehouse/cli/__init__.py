@@ -219,8 +219,14 @@ def _check(path: str) -> int:
     from gatehouse.proxy.oauth import OAuthClient
 
     if isinstance(up, OAuthClient):
-        source = (f"of client {up.client_id!r} from {up.token_endpoint_url}"
-                  if up.token_endpoint_url is not None else f"read from {up.token_file}")
+        if up.aws_region is not None:
+            source = (f"of Amazon MSK IAM in {up.aws_region}, signed with the "
+                      + (f"{up.aws_profile!r} profile's" if up.aws_profile else "default")
+                      + " AWS credentials")
+        elif up.token_endpoint_url is not None:
+            source = f"of client {up.client_id!r} from {up.token_endpoint_url}"
+        else:
+            source = f"read from {up.token_file}"
         print(f"sasl.upstream: the proxy authenticates to the brokers with OAUTHBEARER "
               f"tokens {source}")
     elif up is not None:

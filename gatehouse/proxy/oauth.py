@@ -45,6 +45,7 @@ from gatehouse.configfile import (
     take_password,
 )
 from gatehouse.logs import log_event
+from gatehouse.proxy.awsiam import EXTRA_HINT, msk_iam_token, signer_installed
 from gatehouse.proxy.kerberos import (
     DEFAULT_SERVICE_NAME,
     GSSAPI,
@@ -385,7 +386,7 @@ UNKNOWN_LIFETIME: Final = 60.0
 @dataclass(frozen=True)
 class OAuthClient:
     """``sasl.upstream`` with OAUTHBEARER: where the proxy's own tokens come from, a
-    token endpoint (client credentials) or a file."""
+    token endpoint (client credentials), a file, or AWS credentials (Amazon MSK IAM)."""
 
     token_endpoint_url: str | None = None
     client_id: str | None = None
@@ -393,10 +394,14 @@ class OAuthClient:
     scope: str | None = None
     token_file: Path | None = None
     mechanism: str = OAUTHBEARER
+    aws_region: str | None = None  # aws_msk_iam: the MSK cluster's region
+    aws_profile: str | None = None  # ... and the credentials' profile (None: the default)
 
     @property
     def username(self) -> str:
         """Who the proxy is to the identity provider, for the log."""
+        if self.aws_region is not None:
+            return f"AWS IAM ({self.aws_profile or 'default'} credentials, {self.aws_region})"
         return self.client_id if self.client_id is not None else f"the token in {self.token_file}"
 
 
@@ -405,8 +410,9 @@ def read_client_sasl(up: Reader, base: Path
     """What a client side of the proxy's (``sasl.upstream``, ``capture.kafka.sasl``)
     logs in with: a user and password (PLAIN, SCRAM), where OAUTHBEARER tokens come
     from: ``{mechanism: OAUTHBEARER, token_endpoint_url, client_id, client_secret |
-    client_secret_file | client_secret_env, scope}`` or ``{..., token_file}``, or a
-    Kerberos principal: ``{mechanism: GSSAPI, principal, keytab, service_name}``."""
+    client_secret_file | client_secret_env, scope}``, ``{..., token_file}`` or
+    ``{..., aws_msk_iam: {region, profile}}``, or a Kerberos principal:
+    ``{mechanism: GSSAPI, principal, keytab, service_name}``."""
     what = up.what
     mechanism = up.data.get("mechanism") if isinstance(up.data, dict) else None
     if isinstance(mechanism, str) and mechanism.upper() == GSSAPI:
@@ -416,10 +422,23 @@ def read_client_sasl(up: Reader, base: Path
     up.take("mechanism", str)
     url = up.take("token_endpoint_url", str)
     token_file = up.take("token_file", str)
-    if (url is None) == (token_file is None):
+    aws = up.child("aws_msk_iam") if up.has("aws_msk_iam") else None
+    if sum(x is not None for x in (url, token_file, aws)) != 1:
         raise up.error(None, f"{what} with OAUTHBEARER needs one of token_endpoint_url (the "
-                       "identity provider's, with client_id and client_secret) and "
-                       "token_file (a token something else keeps fresh)")
+                       "identity provider's, with client_id and client_secret), "
+                       "token_file (a token something else keeps fresh) and aws_msk_iam "
+                       "(Amazon MSK's IAM tokens)")
+    if aws is not None:
+        region = aws.take("region", str)
+        if not region:
+            raise aws.error(None, f"{aws.what} needs region: the MSK cluster's (us-east-1...)")
+        profile = aws.take("profile", str)
+        aws.finish()
+        if not signer_installed():
+            raise up.error("aws_msk_iam", f"{what}.aws_msk_iam needs AWS's token signer: "
+                           f"{EXTRA_HINT}")
+        up.finish()
+        return OAuthClient(aws_region=region, aws_profile=profile or None)
     if url is not None and not url.startswith(("https://", "http://")):
         raise up.error("token_endpoint_url", f"{what}.token_endpoint_url must be an "
                        f"https:// (or http://) URL, not {url!r}")
@@ -484,6 +503,8 @@ def fetch_token(client: OAuthClient) -> tuple[str, float | None]:
     """A token to log in with (blocking: run in a thread) and the seconds it lasts
     (None: not known, or a file's, read again at every login); SaslError saying why
     there is none."""
+    if client.aws_region is not None:
+        return msk_iam_token(client.aws_region, client.aws_profile)
     path = client.token_file
     if path is not None:
         try:

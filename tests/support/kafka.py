@@ -52,6 +52,23 @@ TOOL_JVM_OPTS = (
 )
 
 
+def libs_with_plugin(libs: Path, source: Path, where: Path) -> Path:
+    """A Kafka libs directory (its jars linked into ``where/libs``) with the tests' own
+    Java ``source`` compiled into a jar beside them: a broker plugin (a SASL callback
+    handler...) on a broker's classpath."""
+    classes, jars = where / "classes", where / "libs"
+    classes.mkdir(parents=True)
+    jars.mkdir()
+    javac = str(Path(java_binary()).with_name("javac"))
+    subprocess.run([javac, "-cp", classpath(libs), "-d", str(classes), str(source)],
+                   check=True, capture_output=True, timeout=120)
+    subprocess.run([str(Path(javac).with_name("jar")), "cf", str(jars / f"{source.stem}.jar"),
+                    "-C", str(classes), "."], check=True, capture_output=True, timeout=60)
+    for jar in libs.glob("*.jar"):
+        (jars / jar.name).symlink_to(jar)
+    return jars
+
+
 class BrokerStartError(RuntimeError):
     """A broker did not start, or did not become ready in time."""
 
