@@ -101,11 +101,24 @@ def test_a_profiles_credentials_sign_its_tokens(aws_env: Path) -> None:
     assert verify_msk_token(token, {"AKIADEFAULT": "other"}).access_key == "AKIADEFAULT"
 
 
-def test_no_credentials_is_a_login_error_that_says_so(aws_env: Path) -> None:
-    with pytest.raises(SaslError, match="no AWS credentials found for aws_msk_iam"):
+def test_no_credentials_is_a_login_error_that_says_so(aws_env: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(SaslError, match=r"no AWS credentials found for aws_msk_iam \(looked"):
         fetch_token(OAuthClient(aws_region="eu-west-1"))
     with pytest.raises(SaslError, match=r"cannot sign an MSK IAM token: .*\(nope\)"):
         fetch_token(OAuthClient(aws_region="eu-west-1", aws_profile="nope"))
+    # Whatever else the signer raises is a login error too (reported, the proxy runs on).
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("clock skew")
+
+    from aws_msk_iam_sasl_signer import MSKAuthTokenProvider
+    monkeypatch.setattr(MSKAuthTokenProvider, "generate_auth_token_from_credentials_provider",
+                        broken)
+    with pytest.raises(SaslError, match="cannot sign an MSK IAM token: RuntimeError: clock skew"):
+        fetch_token(OAuthClient(aws_region="eu-west-1"))
 
 
 async def test_the_proxy_logs_in_to_an_msk_broker_with_one_token_for_its_connections(

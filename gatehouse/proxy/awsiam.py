@@ -37,17 +37,18 @@ def msk_iam_token(region: str, profile: str | None) -> tuple[str, float]:
         raise SaslError(f"aws_msk_iam needs AWS's token signer: {EXTRA_HINT}") from None
     try:
         credentials = botocore.session.Session(profile=profile).get_credentials()
-        if credentials is None:
-            raise SaslError("no AWS credentials found for aws_msk_iam (environment, "
-                            "shared credentials and config files, web identity, container "
-                            "and instance credentials were looked at)"
-                            + (f" in profile {profile!r}" if profile else ""))
+    except botocore.exceptions.BotoCoreError as exc:  # a profile not found...
+        raise SaslError(f"cannot sign an MSK IAM token: {exc}") from None
+    if credentials is None:
+        raise SaslError("no AWS credentials found for aws_msk_iam"
+                        + (f" in profile {profile!r}" if profile else "")
+                        + " (looked in: the environment, the shared credentials and config "
+                        "files, web identity, container and instance credentials)")
+    try:
         token, expires_ms = MSKAuthTokenProvider.generate_auth_token_from_credentials_provider(
             region, _resolved(credentials))
-    except botocore.exceptions.BotoCoreError as exc:
-        raise SaslError(f"cannot sign an MSK IAM token: {exc}") from None
-    except ValueError as exc:  # the signer's own check: an empty key
-        raise SaslError(f"cannot sign an MSK IAM token: {exc}") from None
+    except Exception as exc:  # whatever the signer says is a login error, reported
+        raise SaslError(f"cannot sign an MSK IAM token: {type(exc).__name__}: {exc}") from None
     return token, expires_ms / 1000 - time.time()
 
 
