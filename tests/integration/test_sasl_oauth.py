@@ -73,8 +73,13 @@ class Minter:
         token = self.key.token(self.subject, lifetime=self.lifetime, **self.claims)
         self.tokens.append(token)
         # librdkafka will not send a token it is told has expired: an expired one (for
-        # the proxy to refuse) is said to last a minute.
-        return token, time.time() + (self.lifetime if self.lifetime > 0 else 60)
+        # the proxy to refuse) is said to last a minute.  Otherwise its exp, which is
+        # what the proxy ends the session at (whole seconds: up to one before now +
+        # lifetime), so that librdkafka renews it when it should.
+        if self.lifetime <= 0:
+            return token, time.time() + 60
+        expires = jwt.decode(token, options={"verify_signature": False}).get("exp")
+        return token, float(expires) if expires is not None else time.time() + self.lifetime
 
 
 def oauth_conf(proxy: ProxyThread, minter: Minter, **extra: Any) -> dict[str, Any]:
