@@ -45,6 +45,10 @@ def _parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check", help="validate a config (and its rules) without running")
     check.add_argument("--config", "-c", required=True)
+    check.add_argument("--probe", action="store_true",
+                       help="also connect to the bootstrap servers and every broker the "
+                       "cluster lists as the proxy would (tls.upstream, sasl.upstream), "
+                       "one line each; exit 1 if any does not answer")
 
     demo = sub.add_parser(
         "demo", help="an embedded broker, the proxy in front, a workload, and what it saw"
@@ -85,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "check":
-        return _check(args.config)
+        return _check(args.config, probe=args.probe)
     if args.command == "run":
         return _run(args)
     if args.command == "report":
@@ -156,7 +160,7 @@ def _credential(user: str, mechanisms: Sequence[str], iterations: int,
     return 0
 
 
-def _check(path: str) -> int:
+def _check(path: str, probe: bool = False) -> int:
     from gatehouse.proxy.setup import load_everything
 
     try:
@@ -238,6 +242,17 @@ def _check(path: str) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     for advice in _policy.ruleset.advice(shared_identity=up is not None):
         print(f"warning: {advice}", file=sys.stderr)
+    if probe:
+        import trio
+
+        from gatehouse.proxy.probe import probe_upstream
+        from gatehouse.proxy.server import Proxy
+
+        print("probe:")
+        if not trio.run(probe_upstream, Proxy(config), lambda line: print(f"  {line}")):
+            print("error: the probe found brokers the proxy cannot reach or log in to",
+                  file=sys.stderr)
+            return 1
     return 0
 
 

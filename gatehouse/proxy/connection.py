@@ -149,7 +149,7 @@ _WALKED_FETCH_VERSIONS = range(fetch.FIRST_VERSION, api(FETCH).versions.hi + 1)
 # Produce requests whose records the walk of a spliced request counts (``produce.RequestWalk``):
 # a newer one goes through the proxy's buffers when an observer counts its records.
 _WALKED_PRODUCE_VERSIONS = range(produce.FIRST_VERSION, api(PRODUCE).versions.hi + 1)
-_STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 
 @dataclass
@@ -336,8 +336,8 @@ class ProxyConnection:
             self.request_bytes.give(self.request_bytes.held)
             self.response_bytes.give(self.response_bytes.held)
             with trio.CancelScope(shield=True):
-                await _aclose_quietly(self.upstream)
-                await _aclose_quietly(self.client)
+                await aclose_quietly(self.upstream)
+                await aclose_quietly(self.client)
 
     async def _guard(self, task: Callable[[], Awaitable[None]]) -> None:
         try:
@@ -345,7 +345,7 @@ class ProxyConnection:
         except _Close as exc:
             self._record_close(exc.reason, exc.level)
             self.nursery.cancel_scope.cancel()
-        except _STREAM_ERRORS as exc:
+        except STREAM_ERRORS as exc:
             self._record_close(f"connection error: {exc!r}", logging.INFO)
             self.nursery.cancel_scope.cancel()
 
@@ -1645,14 +1645,14 @@ def _keep(real: BrokerAddress) -> None:
     return None
 
 
-async def _aclose_quietly(stream: trio.abc.AsyncResource) -> None:
+async def aclose_quietly(resource: trio.abc.AsyncResource) -> None:
+    """Closed, within a second and whatever cancels around it: a stream already broken
+    is closed enough."""
     try:
-        with trio.move_on_after(1):
-            await stream.aclose()
-    except _STREAM_ERRORS:
+        with trio.CancelScope(shield=True), trio.move_on_after(1):
+            await resource.aclose()
+    except STREAM_ERRORS:
         pass
-    except trio.Cancelled:  # pragma: no cover - shielded by the caller
-        raise
 
 
 def elapsed_ms(started: float) -> float:

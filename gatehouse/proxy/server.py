@@ -27,7 +27,12 @@ from gatehouse.codecs._native import BYTE_READERS, PYTHON_ASKED, python_reason
 from gatehouse.logs import FIELDS_ATTR, log_event
 from gatehouse.proxy.addresses import BrokerAddress
 from gatehouse.proxy.config import Address, ProxyConfig, security_warnings
-from gatehouse.proxy.connection import ConnectionContext, ProxyConnection
+from gatehouse.proxy.connection import (
+    STREAM_ERRORS,
+    ConnectionContext,
+    ProxyConnection,
+    aclose_quietly,
+)
 from gatehouse.proxy.hooks import CLIENT_CLOSED, ConnectionInfo, Observer, Observers, Policy
 from gatehouse.proxy.hostcounts import HostCounts
 from gatehouse.proxy.kerberos import KerberosAcceptor, KerberosCredentials, kerberos_identity
@@ -46,7 +51,7 @@ from gatehouse.proxy.tls import TlsContexts, accept_tls
 logger = logging.getLogger("gatehouse.proxy")
 _KEPT_ERRORS = 16  # internal errors remembered (each is logged)
 
-_STREAM_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+API_VERSIONS, METADATA = 18, 3
 
 
 # Seconds between Metadata requests for a broker a client named that the proxy did not
@@ -57,6 +62,22 @@ _REDISCOVER_EVERY = 5.0
 
 class UpstreamUnavailable(Exception):
     pass
+
+
+async def ask_for_brokers(stream: trio.abc.Stream) -> Any | None:
+    """The cluster's Metadata answer (no topics) on a broker connection ready for
+    requests: its brokers, cluster id and controller; None from a broker too old to
+    list them (Metadata v0)."""
+    versions = await roundtrip(stream, Request.build(
+        API_VERSIONS, 0, 1, "gatehouse", codecs.api(API_VERSIONS).request.root.cls()))
+    ranges = {e.api_key: (e.min_version, e.max_version) for e in versions.body.api_keys}
+    lo, hi = ranges.get(METADATA, (0, 0))
+    version = min(hi, codecs.api(METADATA).versions.hi)
+    if version < max(lo, 1):
+        return None
+    metadata = await roundtrip(stream, Request.build(
+        METADATA, version, 2, "gatehouse", codecs.api(METADATA).request.root.cls(topics=())))
+    return metadata.body
 
 
 @dataclass
@@ -230,38 +251,51 @@ class Proxy:
         return [Address(real.host, real.port)]
 
     async def open_upstream(self, node_id: int | None) -> Upstream:
+        """A connection to broker ``node_id`` (None: a bootstrap server, each tried in
+        turn); UpstreamUnavailable with every target's failure."""
         errors = []
         for target in self._upstream_targets(node_id):
-            stream: trio.abc.Stream | None = None
             try:
-                with trio.fail_after(self.config.limits.connect_timeout):
-                    stream = await trio.open_tcp_stream(target.host, target.port)
-                    client_ssl = self.tls.client  # read once: a reload may replace it
-                    if client_ssl is not None:
-                        hostname = (self.config.tls_upstream.server_hostname  # type: ignore[union-attr]
-                                    or target.host)
-                        tls_stream = trio.SSLStream(stream, client_ssl,
-                                                    server_hostname=hostname)
-                        await tls_stream.do_handshake()
-                        stream = tls_stream
-                    lifetime = None
-                    if self.upstream_credentials is not None:
-                        lifetime = await authenticate_upstream(partial(roundtrip, stream),
-                                                               self.upstream_credentials,
-                                                               target.host)
-                self.upstream_reachable = True
-                return Upstream(stream, target, lifetime)
-            except trio.TooSlowError:
-                errors.append(f"{target}: connect timed out")
-            except SaslError as exc:
-                errors.append(f"{target}: SASL authentication failed: {exc}")
-            except (*_STREAM_ERRORS, ssl.SSLError, codecs.ProtocolError) as exc:
-                errors.append(f"{target}: {_describe(exc)}")
-            if stream is not None:
-                await _aclose(stream)
-            self.observer.upstream_failure(str(target), errors[-1])
+                upstream = await self.connect_to(target)
+            except UpstreamUnavailable as exc:
+                errors.append(str(exc))
+                continue
+            self.upstream_reachable = True
+            return upstream
         self.upstream_reachable = False
         raise UpstreamUnavailable("; ".join(errors))
+
+    async def connect_to(self, target: Address) -> Upstream:
+        """One connection to ``target`` as every broker connection is opened: TCP within
+        the connect timeout, TLS (tls.upstream), the proxy's SASL login (sasl.upstream);
+        UpstreamUnavailable saying what failed (also told to the observers)."""
+        stream: trio.abc.Stream | None = None
+        try:
+            with trio.fail_after(self.config.limits.connect_timeout):
+                stream = await trio.open_tcp_stream(target.host, target.port)
+                client_ssl = self.tls.client  # read once: a reload may replace it
+                if client_ssl is not None:
+                    hostname = (self.config.tls_upstream.server_hostname  # type: ignore[union-attr]
+                                or target.host)
+                    tls_stream = trio.SSLStream(stream, client_ssl, server_hostname=hostname)
+                    await tls_stream.do_handshake()
+                    stream = tls_stream
+                lifetime = None
+                if self.upstream_credentials is not None:
+                    lifetime = await authenticate_upstream(partial(roundtrip, stream),
+                                                           self.upstream_credentials,
+                                                           target.host)
+            return Upstream(stream, target, lifetime)
+        except trio.TooSlowError:
+            error = f"{target}: connect timed out"
+        except SaslError as exc:
+            error = f"{target}: SASL authentication failed: {exc}"
+        except (*STREAM_ERRORS, ssl.SSLError, codecs.ProtocolError) as exc:
+            error = f"{target}: {_describe(exc)}"
+        if stream is not None:
+            await aclose_quietly(stream)
+        self.observer.upstream_failure(str(target), error)
+        raise UpstreamUnavailable(error)
 
     async def _open_upstream_where_it_is(self, node_id: int | None) -> Upstream:
         """``open_upstream``; for a broker that does not answer at the address the proxy
@@ -342,19 +376,19 @@ class Proxy:
         try:
             with trio.fail_after(self.config.limits.connect_timeout):
                 source = await read_proxy_header(stream)
-        except (trio.TooSlowError, ProxyHeaderError, *_STREAM_ERRORS) as exc:
+        except (trio.TooSlowError, ProxyHeaderError, *STREAM_ERRORS) as exc:
             self._connections -= 1
             why = ("no header within limits.connect_timeout"
                    if isinstance(exc, trio.TooSlowError) else _describe(exc))
             log_event(logger, logging.WARNING, "connection closed: bad PROXY protocol "
                       "header", balancer=balancer, error=why)
-            await _aclose(stream)
+            await aclose_quietly(stream)
             return
         host, client = (_peer(stream) if source is None
                         else (source[0], _address_text(*source)))
         if not self._admit_host(host, client):
             self._connections -= 1
-            await _aclose(stream)
+            await aclose_quietly(stream)
             return
         await self._serve_client(stream, listener, node_id, host, client,
                                  via=balancer if source is not None else None)
@@ -383,16 +417,16 @@ class Proxy:
                 try:
                     with trio.fail_after(self.config.limits.connect_timeout):
                         server_name = await accept_tls(tls)
-                except (trio.TooSlowError, *_STREAM_ERRORS, ssl.SSLError) as exc:
+                except (trio.TooSlowError, *STREAM_ERRORS, ssl.SSLError) as exc:
                     reason, level = f"TLS handshake failed: {_describe(exc)}", logging.WARNING
-                    await _aclose(stream)
+                    await aclose_quietly(stream)
                     return
                 client = tls
                 if self.config.brokers.sni is not None:
                     refusal = await self._route_by_name(conn, server_name)
                     if refusal is not None:
                         reason, level = refusal, logging.WARNING
-                        await _aclose(client)
+                        await aclose_quietly(client)
                         return
                     node_id = conn.node_id
                 # A certificate the client CA verified names the client (SASL, if it
@@ -406,13 +440,13 @@ class Proxy:
                     reason, level = ("no tls.downstream.principal_mapping_rules rule matches "
                                      f"the client certificate's subject {subject!r}",
                                      logging.WARNING)
-                    await _aclose(client)
+                    await aclose_quietly(client)
                     return
             try:
                 upstream = await self._open_upstream_where_it_is(node_id)
             except UpstreamUnavailable as exc:
                 reason, level = f"upstream unreachable: {exc}", logging.WARNING
-                await _aclose(client)
+                await aclose_quietly(client)
                 return
             conn.upstream = str(upstream.target)
             self.observer.connection_opened(conn)
@@ -436,7 +470,7 @@ class Proxy:
             logger.error("internal error: the connection is closed (a bug: please report "
                          "it with this traceback)", exc_info=exc,
                          extra={FIELDS_ATTR: conn.describe()})
-            await _aclose(client)
+            await aclose_quietly(client)
         finally:
             self._connections -= 1
             self.host_counts.release(host)
@@ -496,23 +530,16 @@ class Proxy:
         stream, target = upstream.stream, upstream.target
         try:
             with trio.fail_after(self.config.limits.connect_timeout * 2):
-                versions = await roundtrip(stream, Request.build(18, 0, 1, "gatehouse", codecs.api(18).request.root.cls()))
-                ranges = {e.api_key: (e.min_version, e.max_version)
-                          for e in versions.body.api_keys}
-                lo, hi = ranges.get(3, (0, 0))
-                version = min(hi, codecs.api(3).versions.hi)
-                if version < max(lo, 1):
-                    return
-                metadata = await roundtrip(
-                    stream, Request.build(3, version, 2, "gatehouse",
-                                  codecs.api(3).request.root.cls(topics=())))
-            seen = [BrokerAddress(b.node_id, b.host, b.port) for b in metadata.body.brokers]
+                metadata = await ask_for_brokers(stream)
+            if metadata is None:
+                return
+            seen = [BrokerAddress(b.node_id, b.host, b.port) for b in metadata.brokers]
             await self.brokers_seen(seen)
-        except (trio.TooSlowError, *_STREAM_ERRORS, codecs.ProtocolError) as exc:
+        except (trio.TooSlowError, *STREAM_ERRORS, codecs.ProtocolError) as exc:
             log_event(logger, logging.WARNING, "broker discovery failed", upstream=str(target),
                       error=str(exc) or repr(exc))
         finally:
-            await _aclose(stream)
+            await aclose_quietly(stream)
 
     # -- running ------------------------------------------------------------------------
 
@@ -560,9 +587,9 @@ class Proxy:
             outer.cancel_scope.deadline = trio.current_time() + self.config.limits.shutdown_grace
             for entry in self.brokers.values():
                 for ln in entry.listeners:
-                    await _aclose(ln)
+                    await aclose_quietly(ln)
             for ln in listeners:
-                await _aclose(ln)
+                await aclose_quietly(ln)
         if self.ctx.pipes is not None:
             self.ctx.pipes.close()
         self.stopped.set()
@@ -667,14 +694,6 @@ def _within(host: str, networks: tuple[Any, ...]) -> bool:
     except ValueError:
         return False
     return any(address in network for network in networks)
-
-
-async def _aclose(resource: trio.abc.AsyncResource) -> None:
-    try:
-        with trio.CancelScope(shield=True), trio.move_on_after(1):
-            await resource.aclose()
-    except _STREAM_ERRORS:
-        pass
 
 
 async def serve_proxy(

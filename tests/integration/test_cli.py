@@ -128,3 +128,56 @@ def test_run_advises_cluster_acls_where_the_brokers_see_one_user(tmp_path: Path)
     log = proc.stderr.read() if proc.stderr else ""
     advice = [line for line in log.splitlines() if '"event": "rules advice"' in line]
     assert len(advice) == 1 and "rule team-a: its acls say nothing of the cluster" in advice[0]
+
+
+def test_check_probe_reaches_every_broker_as_the_proxy_would(
+        kafka_cluster: KafkaCluster, kafka_scram: KafkaCluster, tmp_path: Path) -> None:
+    """`gatehouse check --probe`: each bootstrap server and each broker the cluster lists,
+    connected to (and logged in to) as the proxy's connections are, one line each, with
+    the address clients are told; exit 1 naming what does not answer."""
+    config = tmp_path / "proxy.yaml"
+    dead = free_port()
+    config.write_text(f"listen: 127.0.0.1:9192\nupstream: [{kafka_cluster.bootstrap}]\n"
+                      "brokers: {start_port: 19300}\n")
+
+    def probe() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*GATEHOUSE, "check", "--config", str(config), "--probe"],
+                              capture_output=True, text=True, timeout=120)
+
+    result = probe()
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.split("probe:\n", 1)[1].splitlines()
+    servers = kafka_cluster.bootstrap.split(",")
+    assert lines[:3] == [f"  bootstrap {server}: connected" for server in servers]
+    assert re.fullmatch(r"  cluster \S+: 3 brokers, controller \d+", lines[3]), lines
+    nodes = {node.node_id: node for node in kafka_cluster.nodes}
+    assert lines[4:] == [f"  broker {n} (clients: 127.0.0.1:{19300 + n}) "
+                         f"127.0.0.1:{nodes[n].port}: connected" for n in sorted(nodes)]
+
+    # A bootstrap server that is not there: said, and the exit status says so.
+    config.write_text(f"listen: 127.0.0.1:9192\nupstream: [127.0.0.1:{dead}, "
+                      f"{servers[0]}]\n")
+    result = probe()
+    assert result.returncode == 1
+    assert (f"  bootstrap 127.0.0.1:{dead}: all attempts to connect to 127.0.0.1:{dead} "
+            "failed") in result.stdout, result.stdout
+    assert "3 brokers" in result.stdout
+    assert "cannot reach or log in to" in result.stderr
+
+    # The proxy's own SASL login, and a password the broker refuses.
+    from tests.support.kafka import SCRAM_MECHANISM, SCRAM_PASSWORD, SCRAM_USER
+
+    for password, status in ((SCRAM_PASSWORD, 0), ("wrong", 1)):
+        config.write_text(
+            f"listen: 127.0.0.1:9192\nupstream: [{kafka_scram.sasl_bootstrap}]\n"
+            f"sasl:\n  upstream: {{mechanism: {SCRAM_MECHANISM}, username: {SCRAM_USER}, "
+            f"password: {password}}}\n")
+        result = probe()
+        assert result.returncode == status, result.stdout + result.stderr
+        if status == 0:
+            assert (f"  bootstrap {kafka_scram.sasl_bootstrap}: connected, logged in as "
+                    f"{SCRAM_USER!r} ({SCRAM_MECHANISM})") in result.stdout, result.stdout
+        else:
+            assert (f"  bootstrap {kafka_scram.sasl_bootstrap}: SASL authentication failed: "
+                    f"the broker refused {SCRAM_USER!r}") in result.stdout, result.stdout
+            assert "wrong" not in result.stdout + result.stderr

@@ -12,6 +12,8 @@ consume through it, across the broker's re-authentications.
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -100,3 +102,30 @@ def test_credentials_the_broker_does_not_know_are_reported_naming_the_broker(
     reasons = [str(f.get("reason")) for f in logged(caplog, "connection closed")]
     assert any("SASL authentication failed: no AWS credentials found for aws_msk_iam" in r
                for r in reasons), reasons
+
+
+def test_check_probe_says_whether_the_pods_aws_credentials_log_in(
+        kafka_msk: KafkaCluster, aws_credentials: Path, monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    """The deploy-time question (`gatehouse check --probe`): do these AWS credentials get
+    the proxy into the cluster?"""
+    config = tmp_path / "proxy.yaml"
+    config.write_text(f"listen: 127.0.0.1:9192\nupstream: [{kafka_msk.sasl_bootstrap}]\n"
+                      + UPSTREAM)
+
+    def probe() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "gatehouse.cli", "check", "--config",
+                               str(config), "--probe"], capture_output=True, text=True,
+                              timeout=120)
+
+    result = probe()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (f"  bootstrap {kafka_msk.sasl_bootstrap}: connected, logged in as 'AWS IAM "
+            f"(default credentials, {REGION})' (OAUTHBEARER), session 4 s") in result.stdout
+    assert SECRET not in result.stdout + result.stderr
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    result = probe()
+    assert result.returncode == 1
+    assert (f"  bootstrap {kafka_msk.sasl_bootstrap}: SASL authentication failed: no AWS "
+            "credentials found for aws_msk_iam") in result.stdout, result.stdout

@@ -1,0 +1,84 @@
+"""``gatehouse check --probe``: the brokers as the proxy would reach them, before any
+client does.
+
+Each bootstrap server is connected to exactly as a client's connection would be (TCP
+within the connect timeout, tls.upstream, the proxy's own SASL login), the cluster is
+asked for its brokers, and each broker is connected to the same way at the address the
+cluster gives: the addresses a sidecar or an edge proxy cannot resolve or reach, the
+certificates it does not trust and the credentials the brokers refuse (a pod without
+its AWS role, a rotated password) show at deploy time, one line each, instead of as
+clients' errors later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import trio
+
+from gatehouse.codecs import ProtocolError
+from gatehouse.proxy.addresses import BrokerAddress
+from gatehouse.proxy.config import Address
+from gatehouse.proxy.connection import STREAM_ERRORS, aclose_quietly
+from gatehouse.proxy.server import Proxy, Upstream, UpstreamUnavailable, ask_for_brokers
+
+
+async def probe_upstream(proxy: Proxy, say: Callable[[str], None]) -> bool:
+    """Connect to every bootstrap server and every broker the cluster lists, as the
+    proxy does; ``say`` one line for each.  True if every one answered."""
+    config = proxy.config
+    proxy.bootstrap_ports = [config.listen.port]  # what clients are told, under SNI
+    ok = True
+    metadata = None
+    for target in config.upstream:
+        upstream = await _connect(proxy, target, "bootstrap", say)
+        if upstream is None:
+            ok = False
+            continue
+        try:
+            if metadata is None:
+                with trio.fail_after(config.limits.connect_timeout * 2):
+                    metadata = await ask_for_brokers(upstream.stream)
+        except (trio.TooSlowError, *STREAM_ERRORS, ProtocolError) as exc:
+            say(f"bootstrap {target}: no answer to Metadata: {str(exc) or repr(exc)}")
+            ok = False
+        finally:
+            await aclose_quietly(upstream.stream)
+    if metadata is None:
+        say("the cluster's brokers: not known (no bootstrap server answered)")
+        return False
+    brokers = sorted(metadata.brokers, key=lambda b: b.node_id)
+    say(f"cluster {metadata.cluster_id}: {len(brokers)} "
+        f"broker{'s' if len(brokers) != 1 else ''}, controller {metadata.controller_id}")
+    for broker in brokers:
+        served = proxy.map_address(BrokerAddress(broker.node_id, broker.host, broker.port))
+        what = (f"broker {broker.node_id} (clients: "
+                + (f"{served[0]}:{served[1] or 'a port chosen at start'})" if served
+                   else "no proxy port: brokers.ports names none for it)"))
+        if served is None:
+            ok = False
+        upstream = await _connect(proxy, Address(broker.host, broker.port), what, say)
+        if upstream is None:
+            ok = False
+        else:
+            await aclose_quietly(upstream.stream)
+    return ok
+
+
+async def _connect(proxy: Proxy, target: Address, what: str,
+                   say: Callable[[str], None]) -> Upstream | None:
+    try:
+        upstream = await proxy.connect_to(target)
+    except UpstreamUnavailable as exc:
+        say(f"{what} {exc}")  # the message starts with the target
+        return None
+    credentials = proxy.upstream_credentials
+    said = [f"{what} {target}: connected"]
+    if proxy.tls.client is not None:
+        said.append("TLS")
+    if credentials is not None:
+        said.append(f"logged in as {credentials.username!r} ({credentials.mechanism})")
+    if upstream.session_lifetime is not None:
+        said.append(f"session {upstream.session_lifetime:g} s")
+    say(", ".join(said))
+    return upstream
