@@ -251,6 +251,19 @@ def test_wiring(rendered: dict[str, list[dict[str, Any]]], kustomization: str,
                 told = sni.advertise_port if sni is not None else None
                 assert served[name]["port"] == (told or port)
 
+    # At the edge: replicas spread over nodes and zones, and evicted one at a time (a
+    # budget that selects them and always leaves one serving).
+    if not is_loopback(config.listen.host):
+        replicas = deployment["spec"]["replicas"]
+        assert replicas >= 2
+        spread = pod["topologySpreadConstraints"]
+        assert {c["topologyKey"] for c in spread} == {"kubernetes.io/hostname",
+                                                      "topology.kubernetes.io/zone"}
+        assert all(selects(c["labelSelector"]["matchLabels"], labels) for c in spread)
+        [budget] = [b for b in by_kind(objects, "PodDisruptionBudget")
+                    if selects(b["spec"]["selector"]["matchLabels"], labels)]
+        assert 1 <= budget["spec"]["maxUnavailable"] < replicas
+
     # Prometheus: the monitor selects this pod (or a Service of it) and its metrics port.
     for monitor in by_kind(objects, "PodMonitor"):
         assert selects(monitor["spec"]["selector"]["matchLabels"], labels)
