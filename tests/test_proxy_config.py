@@ -235,3 +235,23 @@ def test_check_advises_cluster_acls_where_the_brokers_see_one_user(
     path.write_text("listen: 127.0.0.1:9192\nupstream: [127.0.0.1:9092]\n" + rules)
     assert main(["check", "--config", str(path)]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_the_probe_says_what_of_a_brokers_apis_the_proxy_does_not_know() -> None:
+    """`gatehouse check --probe` on a broker newer than the proxy's tables: the versions
+    and API keys it will not offer clients, by name."""
+    from gatehouse.codecs import APIS
+    from gatehouse.proxy.probe import versions_line
+
+    ranges = {key: (spec.versions.lo, spec.versions.hi) for key, spec in APIS.items()}
+    assert versions_line(ranges) == (f"broker APIs: {len(ranges)}, {len(ranges)} known to "
+                                     "this proxy's tables")
+    produce_hi, fetch_hi = APIS[0].versions.hi, APIS[1].versions.hi
+    ranges[0] = (0, produce_hi + 2)
+    ranges[1] = (4, fetch_hi + 1)
+    ranges[9999] = (0, 1)
+    assert versions_line(ranges) == (
+        f"broker APIs: {len(ranges)}, {len(ranges) - 1} known to this proxy's tables; "
+        f"versions newer than its tables (not offered to clients): Produce "
+        f"v{produce_hi + 1}-{produce_hi + 2}, Fetch v{fetch_hi + 1}-{fetch_hi + 1}; API keys "
+        "it does not know (not offered to clients): 9999")

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import trio
 
-from gatehouse.codecs import ProtocolError
+from gatehouse.codecs import APIS, ProtocolError, api_name
 from gatehouse.proxy.addresses import BrokerAddress
 from gatehouse.proxy.config import Address
 from gatehouse.proxy.connection import STREAM_ERRORS, aclose_quietly
@@ -30,6 +30,7 @@ async def probe_upstream(proxy: Proxy, say: Callable[[str], None]) -> bool:
     proxy.bootstrap_ports = [config.listen.port]  # what clients are told, under SNI
     ok = True
     metadata = None
+    ranges: dict[int, tuple[int, int]] = {}
     for target in config.upstream:
         upstream = await _connect(proxy, target, "bootstrap", say)
         if upstream is None:
@@ -38,7 +39,7 @@ async def probe_upstream(proxy: Proxy, say: Callable[[str], None]) -> bool:
         try:
             if metadata is None:
                 with trio.fail_after(config.limits.connect_timeout * 2):
-                    metadata = await ask_for_brokers(upstream.stream)
+                    ranges, metadata = await ask_for_brokers(upstream.stream)
         except (trio.TooSlowError, *STREAM_ERRORS, ProtocolError) as exc:
             say(f"bootstrap {target}: no answer to Metadata: {str(exc) or repr(exc)}")
             ok = False
@@ -50,6 +51,7 @@ async def probe_upstream(proxy: Proxy, say: Callable[[str], None]) -> bool:
     brokers = sorted(metadata.brokers, key=lambda b: b.node_id)
     say(f"cluster {metadata.cluster_id}: {len(brokers)} "
         f"broker{'s' if len(brokers) != 1 else ''}, controller {metadata.controller_id}")
+    say(versions_line(ranges))
     for broker in brokers:
         served = proxy.map_address(BrokerAddress(broker.node_id, broker.host, broker.port))
         what = (f"broker {broker.node_id} (clients: "
@@ -82,3 +84,23 @@ async def _connect(proxy: Proxy, target: Address, what: str,
         said.append(f"session {upstream.session_lifetime:g} s")
     say(", ".join(said))
     return upstream
+
+
+def versions_line(ranges: dict[int, tuple[int, int]]) -> str:
+    """What the broker's API versions mean for the proxy: how many it decodes, and what
+    is newer than its tables (forwarded untouched, and kept out of clients' ApiVersions
+    answers) -- a broker upgraded past the proxy shows here."""
+    newer, unknown = [], []
+    for key, (_, hi) in sorted(ranges.items()):
+        spec = APIS.get(key)
+        if spec is None:
+            unknown.append(str(key))
+        elif hi > spec.versions.hi:
+            newer.append(f"{api_name(key)} v{spec.versions.hi + 1}-{hi}")
+    line = (f"broker APIs: {len(ranges)}, {len(ranges) - len(unknown)} known to this "
+            "proxy's tables")
+    if newer:
+        line += f"; versions newer than its tables (not offered to clients): {', '.join(newer)}"
+    if unknown:
+        line += f"; API keys it does not know (not offered to clients): {', '.join(unknown)}"
+    return line

@@ -64,20 +64,21 @@ class UpstreamUnavailable(Exception):
     pass
 
 
-async def ask_for_brokers(stream: trio.abc.Stream) -> Any | None:
-    """The cluster's Metadata answer (no topics) on a broker connection ready for
-    requests: its brokers, cluster id and controller; None from a broker too old to
-    list them (Metadata v0)."""
+async def ask_for_brokers(stream: trio.abc.Stream
+                          ) -> tuple[dict[int, tuple[int, int]], Any | None]:
+    """On a broker connection ready for requests: the API version ranges the broker
+    offers, and the cluster's Metadata answer (no topics: its brokers, cluster id and
+    controller; None from a broker too old to list them, Metadata v0 only)."""
     versions = await roundtrip(stream, Request.build(
         API_VERSIONS, 0, 1, "gatehouse", codecs.api(API_VERSIONS).request.root.cls()))
     ranges = {e.api_key: (e.min_version, e.max_version) for e in versions.body.api_keys}
     lo, hi = ranges.get(METADATA, (0, 0))
     version = min(hi, codecs.api(METADATA).versions.hi)
     if version < max(lo, 1):
-        return None
+        return ranges, None
     metadata = await roundtrip(stream, Request.build(
         METADATA, version, 2, "gatehouse", codecs.api(METADATA).request.root.cls(topics=())))
-    return metadata.body
+    return ranges, metadata.body
 
 
 @dataclass
@@ -530,7 +531,7 @@ class Proxy:
         stream, target = upstream.stream, upstream.target
         try:
             with trio.fail_after(self.config.limits.connect_timeout * 2):
-                metadata = await ask_for_brokers(stream)
+                _, metadata = await ask_for_brokers(stream)
             if metadata is None:
                 return
             seen = [BrokerAddress(b.node_id, b.host, b.port) for b in metadata.brokers]

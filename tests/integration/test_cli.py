@@ -150,8 +150,10 @@ def test_check_probe_reaches_every_broker_as_the_proxy_would(
     servers = kafka_cluster.bootstrap.split(",")
     assert lines[:3] == [f"  bootstrap {server}: connected" for server in servers]
     assert re.fullmatch(r"  cluster \S+: 3 brokers, controller \d+", lines[3]), lines
+    # Kafka 4.4, the release the tables come from: every API known, none newer.
+    assert re.fullmatch(r"  broker APIs: (\d+), \1 known to this proxy's tables", lines[4])
     nodes = {node.node_id: node for node in kafka_cluster.nodes}
-    assert lines[4:] == [f"  broker {n} (clients: 127.0.0.1:{19300 + n}) "
+    assert lines[5:] == [f"  broker {n} (clients: 127.0.0.1:{19300 + n}) "
                          f"127.0.0.1:{nodes[n].port}: connected" for n in sorted(nodes)]
 
     # A bootstrap server that is not there: said, and the exit status says so.
