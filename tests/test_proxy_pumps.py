@@ -257,6 +257,55 @@ def test_every_broker_address_in_every_answer_is_rewritten(api_key: int, version
     check()
 
 
+@pytest.mark.parametrize("version", list(codecs.api("DescribeConfigs").versions))
+def test_a_brokers_advertised_listeners_in_describe_configs_name_the_proxy(
+        version: int) -> None:
+    """DescribeConfigs of a broker: advertised.listeners (and its synonyms, v1+) is where
+    its clients connect; through the proxy, every listener in it is the proxy's address
+    for that broker.  Other configs, other resources and the cluster-wide defaults are
+    left as they are; nothing is learnt from it."""
+    api = codecs.api("DescribeConfigs")
+    structs = api.response.structs
+    Result, Config = structs["DescribeConfigsResult"].cls, structs["DescribeConfigsResourceResult"].cls
+    Synonym = structs["DescribeConfigsSynonym"].cls
+    listeners = "PLAINTEXT://kafka-2.internal:9092,SSL://[fd00::2]:9093"
+
+    def config(name: str, value: str | None) -> Any:
+        synonyms = (Synonym(name=name, value=value, source=2),) if version >= 1 else ()
+        return Config(name=name, value=value, read_only=True, is_default=False,
+                      config_source=4, is_sensitive=False, synonyms=synonyms,
+                      config_type=0, documentation=None)
+
+    def result(kind: int, name: str, *configs: Any) -> Any:
+        return Result(error_code=0, error_message=None, resource_type=kind,
+                      resource_name=name, configs=configs)
+
+    body = api.response.root.cls(throttle_time_ms=0, results=(
+        result(4, "2", config("advertised.listeners", listeners),
+               config("listeners", "PLAINTEXT://0.0.0.0:9092"), config("log.dirs", "/k")),
+        result(4, "", config("advertised.listeners", listeners)),  # the defaults: no node
+        result(2, "orders", config("advertised.listeners", listeners)),  # a topic's
+    ))
+    resp = codecs.Response.build(api.key, version, 7, body)
+    assert carries_addresses(api.key, version)
+    shown, seen = rewrite_addresses(resp, lambda b: ("proxy.example", 19000 + b.node_id))
+    assert seen == []
+    shown = codecs.decode_response(bytes(shown.encode()), api.key, version)
+    broker, defaults, topic = shown.body.results
+    advertised, bind, dirs = broker.configs
+    assert advertised.value == "PLAINTEXT://proxy.example:19002,SSL://proxy.example:19002"
+    if version >= 1:
+        assert advertised.synonyms[0].value == advertised.value
+    assert (bind.value, dirs.value) == ("PLAINTEXT://0.0.0.0:9092", "/k")
+    assert defaults.configs[0].value == topic.configs[0].value == listeners
+    # A broker the proxy has no port for, and a value that is not a listener list: kept.
+    kept, _ = rewrite_addresses(resp, lambda b: None)
+    assert kept is resp
+    odd = codecs.Response.build(api.key, version, 7, body.replace(results=(
+        result(4, "2", config("advertised.listeners", "not a listener")),)))
+    assert rewrite_addresses(odd, lambda b: ("proxy.example", 1))[0] is odd
+
+
 def test_only_versions_with_node_endpoints_are_decoded_for_addresses() -> None:
     assert not carries_addresses(0, 9) and carries_addresses(0, 10)  # Produce (KIP-951)
     assert not carries_addresses(1, 15) and carries_addresses(1, 16)  # Fetch

@@ -5,7 +5,9 @@ API (one the broker listener serves) with ``Host`` and ``Port`` and a node id
 (``NodeId``/``BrokerId``).  In Kafka 4.4 that is Metadata, FindCoordinator (v0-3 at
 the top level, v4+ per coordinator), DescribeCluster, the KIP-951 ``NodeEndpoints`` of
 Produce v10+ and Fetch v16+, and ShareFetch/ShareAcknowledge.  Raft APIs (controller
-listeners) and Streams application endpoints (no node id) are left alone.
+listeners) and Streams application endpoints (no node id) are left alone.  One more
+place is a config's value, which no table marks: a broker's ``advertised.listeners`` in
+DescribeConfigs.
 """
 
 from __future__ import annotations
@@ -45,10 +47,19 @@ def address_apis() -> frozenset[int]:
     return frozenset(keys)
 
 
+# DescribeConfigs names brokers in a config's value: a broker's advertised.listeners
+# ("PLAINTEXT://host:9092,SSL://host:9093"), the addresses its clients are given.
+DESCRIBE_CONFIGS = 32
+BROKER_RESOURCE = 4
+LISTENER_CONFIGS = frozenset({"advertised.listeners"})
+
+
 @cache
 def carries_addresses(api_key: int, version: int) -> bool:
     """Whether a response of this API *version* can hold a broker address: Produce < v10
     and Fetch < v16 cannot (no NodeEndpoints), so they need not be decoded for it."""
+    if api_key == DESCRIBE_CONFIGS:
+        return True
     if api_key not in address_apis():
         return False
     return _struct_has_address(APIS[api_key].response.root, version)
@@ -99,6 +110,8 @@ def rewrite_addresses(resp: Response, mapper: AddressMapper) -> tuple[Response, 
     """
     if not resp.known or not carries_addresses(resp.api_key, resp.api_version):
         return resp, []
+    if resp.api_key == DESCRIBE_CONFIGS:
+        return _rewrite_listener_configs(resp, mapper), []
     seen: list[BrokerAddress] = []
 
     def visit(struct: StructSpec, record: Any) -> Any:
@@ -121,3 +134,61 @@ def rewrite_addresses(resp: Response, mapper: AddressMapper) -> tuple[Response, 
     if body is resp.body:
         return resp, seen
     return resp.replace(body=body), seen
+
+
+def _rewrite_listener_configs(resp: Response, mapper: AddressMapper) -> Response:
+    """A DescribeConfigs answer with each broker's advertised.listeners (and its
+    synonyms' values) naming the proxy's address for that broker in every listener:
+    what the broker advertises is where its clients connect, and through the proxy
+    that is the proxy.  The brokers are not learnt from it (a value is no Metadata)."""
+    results = []
+    changed = False
+    for result in resp.body.results:
+        node_id = _node_of(result)
+        configs = []
+        ours = False
+        for config in result.configs or ():
+            if node_id is not None and config.name in LISTENER_CONFIGS:
+                value = _mapped_listeners(config.value, node_id, mapper)
+                synonyms = tuple(
+                    s.replace(value=_mapped_listeners(s.value, node_id, mapper))
+                    if s.name in LISTENER_CONFIGS else s for s in config.synonyms or ())
+                if value != config.value or synonyms != tuple(config.synonyms or ()):
+                    config = config.replace(value=value, synonyms=synonyms)
+                    ours = True
+            configs.append(config)
+        results.append(result.replace(configs=tuple(configs)) if ours else result)
+        changed = changed or ours
+    if not changed:
+        return resp
+    return resp.replace(body=resp.body.replace(results=tuple(results)))
+
+
+def _node_of(result: Any) -> int | None:
+    """The broker a DescribeConfigs result is of (its resource name is the node id)."""
+    if result.resource_type != BROKER_RESOURCE:
+        return None
+    try:
+        return int(result.resource_name)
+    except (TypeError, ValueError):
+        return None  # "": the cluster-wide defaults
+
+
+def _mapped_listeners(value: str | None, node_id: int, mapper: AddressMapper) -> str | None:
+    """``NAME://host:port,...`` with each host:port the proxy's for ``node_id``."""
+    if not value:
+        return value
+    out = []
+    for listener in value.split(","):
+        name, sep, address = listener.strip().partition("://")
+        host, colon, port = address.rpartition(":")
+        if not sep or not colon or not port.isdigit():
+            out.append(listener)  # not NAME://host:port: left as the broker wrote it
+            continue
+        mapped = mapper(BrokerAddress(node_id, host.strip("[]"), int(port)))
+        if mapped is None:
+            out.append(listener)
+            continue
+        proxy_host = f"[{mapped[0]}]" if ":" in mapped[0] else mapped[0]
+        out.append(f"{name}://{proxy_host}:{mapped[1]}")
+    return ",".join(out)

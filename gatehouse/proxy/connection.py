@@ -59,6 +59,7 @@ from gatehouse.codecs.scram import SaslError
 from gatehouse.logs import log_event
 from gatehouse.proxy import fastio
 from gatehouse.proxy.addresses import (
+    DESCRIBE_CONFIGS,
     AddressMapper,
     BrokerAddress,
     address_tags,
@@ -1355,6 +1356,8 @@ class ProxyConnection:
         """``resp`` with the proxy's address for every broker it names: first the brokers
         are learnt (their listeners must be open before the client reads their
         addresses), then rewritten with their ports."""
+        if resp.api_key == DESCRIBE_CONFIGS:  # names brokers, lists none to learn
+            return rewrite_addresses(resp, self.ctx.address_mapper)[0]
         _, seen = rewrite_addresses(resp, _keep)
         if seen:
             await self.ctx.brokers_seen(seen)

@@ -92,6 +92,35 @@ def test_three_brokers_port_per_broker_and_no_bypass(kafka_cluster: KafkaCluster
         assert not seen & real_ports  # the client never learned a real broker address
 
 
+def test_a_brokers_advertised_listeners_name_its_proxy_port(kafka_cluster: KafkaCluster
+                                                            ) -> None:
+    """A broker's configs described through the proxy (librdkafka's admin client, and
+    Kafka's own kafka-configs tool): advertised.listeners, where its clients connect,
+    names the proxy's port for that broker, not the broker's."""
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    with ProxyThread(kafka_cluster.bootstrap) as proxy:
+        admin = AdminClient({"bootstrap.servers": proxy.bootstrap})
+        admin.list_topics(timeout=10)  # the brokers learnt, their ports open
+        ports = {b.node_id: b.port for b in proxy.proxy.brokers.values()}
+        assert len(ports) == 3
+        for node in kafka_cluster.nodes:
+            [future] = admin.describe_configs(
+                [ConfigResource(ResourceType.BROKER, str(node.node_id))]).values()
+            configs = future.result(timeout=30)
+            advertised = configs["advertised.listeners"].value
+            assert advertised == f"PLAINTEXT://127.0.0.1:{ports[node.node_id]}", advertised
+            assert str(node.port) not in advertised
+        tool = kafka_cluster.run_java_tool(
+            "org.apache.kafka.tools.ConfigCommand", "--bootstrap-server", proxy.bootstrap,
+            "--describe", "--entity-type", "brokers", "--entity-name",
+            str(kafka_cluster.nodes[0].node_id), "--all", timeout=120, check=True)
+        said = [line for line in tool.stdout.splitlines()
+                if line.strip().startswith("advertised.listeners=")]
+        assert said and all(f"127.0.0.1:{ports[kafka_cluster.nodes[0].node_id]}" in line
+                            and f":{kafka_cluster.nodes[0].port}" not in line for line in said), said
+
+
 def test_a_broker_back_at_another_address_is_reached_at_its_proxy_port(
         kafka_cluster: KafkaCluster) -> None:
     """A broker restarted on another port (as a rescheduled pod comes back on a new IP):
