@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from gatehouse.codecs import APIS, FieldSpec, Response, StructSpec
+from gatehouse.codecs import APIS, FieldSpec, Response, StructSpec, api
 from gatehouse.codecs.walk import reaches, rewrite
 
 NODE_ID_ATTRS = ("node_id", "broker_id")
@@ -49,7 +49,7 @@ def address_apis() -> frozenset[int]:
 
 # DescribeConfigs names brokers in a config's value: a broker's advertised.listeners
 # ("PLAINTEXT://host:9092,SSL://host:9093"), the addresses its clients are given.
-DESCRIBE_CONFIGS = 32
+DESCRIBE_CONFIGS = api("DescribeConfigs").key
 BROKER_RESOURCE = 4
 LISTENER_CONFIGS = frozenset({"advertised.listeners"})
 

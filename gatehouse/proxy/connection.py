@@ -336,9 +336,8 @@ class ProxyConnection:
         finally:
             self.request_bytes.give(self.request_bytes.held)
             self.response_bytes.give(self.response_bytes.held)
-            with trio.CancelScope(shield=True):
-                await aclose_quietly(self.upstream)
-                await aclose_quietly(self.client)
+            await aclose_quietly(self.upstream)  # each shielded from the cancel around it
+            await aclose_quietly(self.client)
 
     async def _guard(self, task: Callable[[], Awaitable[None]]) -> None:
         try:

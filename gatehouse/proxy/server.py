@@ -26,6 +26,7 @@ from gatehouse.codecs import Request
 from gatehouse.codecs._native import BYTE_READERS, PYTHON_ASKED, python_reason
 from gatehouse.logs import FIELDS_ATTR, log_event
 from gatehouse.proxy.addresses import BrokerAddress
+from gatehouse.proxy.apiversions import API_VERSIONS
 from gatehouse.proxy.config import Address, ProxyConfig, security_warnings
 from gatehouse.proxy.connection import (
     STREAM_ERRORS,
@@ -51,7 +52,7 @@ from gatehouse.proxy.tls import TlsContexts, accept_tls
 logger = logging.getLogger("gatehouse.proxy")
 _KEPT_ERRORS = 16  # internal errors remembered (each is logged)
 
-API_VERSIONS, METADATA = 18, 3
+METADATA = codecs.api("Metadata").key
 
 
 # Seconds between Metadata requests for a broker a client named that the proxy did not
