@@ -89,6 +89,7 @@ async def proxied(
     sasl_session_lifetime: float | None = None,
     upstream_session: float | None = None,
     upstream_credentials: SaslCredentials | None = None,
+    client_telemetry: Any = None,
 ) -> AsyncIterator[Harness]:
     """The pumps of one connection between a test's client and a fake broker, over
     memory streams (lock-step ones with ``lockstep``) or, with ``tcp``, real loopback
@@ -122,6 +123,8 @@ async def proxied(
         sasl_mechanisms=("SCRAM-SHA-256", "PLAIN") if sasl_users is not None else (),
         upstream_credentials=upstream_credentials,
         sasl_session_lifetime=sasl_session_lifetime,
+        client_telemetry=client_telemetry,
+        added_apis=client_telemetry.added_apis if client_telemetry is not None else (),
     )
     conn = ConnectionInfo(id=1, client="127.0.0.1:5555", listener="bootstrap",
                           upstream="broker:9092")
@@ -526,6 +529,43 @@ async def test_api_versions_adjusters_that_cannot_be_a_key_still_apply() -> None
             body = codecs.decode_response(await h.client.receive(), 18, 4).body
             assert [(k.api_key, k.max_version) for k in body.api_keys] == [(3, 5)]
         assert h.pumps.ctx.api_versions_answers == {}
+
+
+async def test_telemetry_requests_are_the_proxys_to_answer_in_their_place_in_line() -> None:
+    """metrics.client_telemetry: ApiVersions offers KIP-714's two APIs (this broker has
+    no receiver), and the client's GetTelemetrySubscriptions and PushTelemetry are
+    answered by the proxy, never sent on, each after the answers owed before it."""
+    from gatehouse.metrics.telemetry import ClientTelemetry, TelemetrySettings
+
+    telemetry = ClientTelemetry(TelemetrySettings(push_interval=5))
+    instance = "6f2b3c1e-0d7a-4c55-9a4e-2b1c3d4e5f60"
+
+    def handler(req: codecs.Request) -> Any:
+        if req.api_key == 18:
+            return response_body(18, req.api_version, api_keys=[
+                {"api_key": 3, "min_version": 0, "max_version": 12},
+                {"api_key": 18, "min_version": 0, "max_version": 4}])
+        return response_body(3, req.api_version, brokers=[], topics=[])
+
+    async with proxied(handler, client_telemetry=telemetry) as h:
+        await h.client.send(request(18, 4, 1, client_software_name="librdkafka",
+                                    client_software_version="2.16.0").encode())
+        body = codecs.decode_response(await h.client.receive(), 18, 4).body
+        assert {k.api_key: (k.min_version, k.max_version) for k in body.api_keys} == {
+            3: (0, 12), 18: (0, 4), 71: (0, 0), 72: (0, 0)}
+        # Pipelined: Metadata (the broker's), then the two telemetry requests (ours).
+        await h.client.send(request(3, 12, 2).encode())
+        await h.client.send(request(71, 0, 3, client_instance_id=instance).encode())
+        await h.client.send(request(
+            72, 0, 4, client_instance_id=instance, subscription_id=telemetry.subscription_id,
+            terminating=False, compression_type=0, metrics=b"").encode())
+        answers = [await h.client.receive() for _ in range(3)]
+        assert [struct.unpack_from(">i", a)[0] for a in answers] == [2, 3, 4]
+        subscription = codecs.decode_response(answers[1], 71, 0).body
+        assert subscription.push_interval_ms == 5000
+        assert codecs.decode_response(answers[2], 72, 0).body.error_code == 0
+        assert [codecs.decode_request_header(f).api_key for f in h.broker.received] == [18, 3]
+        assert h.conn.requests == 4
 
 
 async def test_api_versions_unsupported_version_answered_in_v0_format() -> None:

@@ -35,6 +35,7 @@ from gatehouse.codecs.frames import _UNSET
 from gatehouse.logs import log_event
 from gatehouse.metrics.groups import GROUP_APIS, GROUP_RESPONSES, GroupCensus
 from gatehouse.metrics.tally import CounterFamily, HistogramFamily, Tally, counting
+from gatehouse.metrics.telemetry import ClientTelemetry, TelemetrySettings
 from gatehouse.proxy.config import Address
 from gatehouse.proxy.hooks import (
     CLEAN_CLOSES,
@@ -178,7 +179,8 @@ class ProxyMetrics(Observer):
     reads_scans = True  # Fetch records and bytes per topic, every response's codes
     counts_request_records = True  # a Produce request's topics and records
 
-    def __init__(self, label_cap: int = 500, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, label_cap: int = 500, registry: CollectorRegistry | None = None,
+                 client_telemetry: TelemetrySettings | None = None) -> None:
         # auto_describe off: the connections gauge and the connections_total counter share
         # a base name, which the text format allows but the registry's check does not.
         self.registry = registry or CollectorRegistry(auto_describe=False)
@@ -271,6 +273,12 @@ class ProxyMetrics(Observer):
         self.upstream_ok = False
         # What /readyz answers; serve_metrics installs the proxy's own check.
         self.ready_check: Callable[[], bool] = lambda: self.upstream_ok
+        # metrics.client_telemetry: the clients' own metrics (KIP-714), received by the
+        # proxy (its connections hand it their telemetry requests), exported here.
+        self.client_telemetry: ClientTelemetry | None = None
+        if client_telemetry is not None:
+            self.client_telemetry = ClientTelemetry(client_telemetry)
+            r.register(self.client_telemetry)
         r.register(_ReadyGauge(self))
         # Produce v13 and Fetch v13+ name topics by id: names come from the Metadata
         # responses this proxy has seen (bounded; "unknown" until then).

@@ -191,6 +191,9 @@ class ProxyConfig:
     tls_upstream: UpstreamTls | None = None
     metrics_listen: Address | None = None
     metrics_label_cap: int = 500  # distinct topic / client values per label
+    # metrics.client_telemetry: the proxy receives the clients' KIP-714 metrics (a
+    # gatehouse.metrics.telemetry.TelemetrySettings); None: the brokers' business.
+    client_telemetry: Any = None
     capture: Any = None  # a gatehouse.capture.CaptureSettings
     rules: Any = None  # validated by gatehouse.rules
     rules_file: Path | None = None
@@ -256,6 +259,32 @@ def _positive(reader: Reader, key: str, default: float | None, integer: bool = F
     if value <= 0:
         raise reader.error(key, f"{reader.what}.{key} must be positive, not {value}")
     return value
+
+
+def _client_telemetry(section: Reader) -> Any:
+    """``metrics.client_telemetry``: which metrics the clients are asked for (name
+    prefixes; none given: all), how often (seconds), and the bounds."""
+    from gatehouse.metrics.telemetry import TelemetrySettings
+
+    wanted = section.take_each("metrics", str)
+    if wanted is None:
+        wanted = [("", None)]  # all of them
+    for prefix, line in wanted:
+        if not isinstance(prefix, str):
+            raise section.source.error(f"{section.what}.metrics: each entry is a metric "
+                                       f"name prefix (text), not {prefix!r}", line)
+    if not wanted:
+        raise section.error("metrics", f"{section.what}.metrics asks for no metric: name "
+                            "prefixes, or '' for all (leave client_telemetry out for none)")
+    settings = TelemetrySettings(
+        metrics=tuple(prefix for prefix, _ in wanted),
+        push_interval=float(_positive(section, "push_interval",
+                                      TelemetrySettings.push_interval)),
+        max_bytes=_positive(section, "max_bytes", TelemetrySettings.max_bytes, True),
+        max_series=_positive(section, "max_series", TelemetrySettings.max_series, True),
+    )
+    section.finish()
+    return settings
 
 
 def parse_config(data: Any, source_name: str = "<config>", base: Path | None = None) -> ProxyConfig:
@@ -357,6 +386,7 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
 
     metrics_listen = None
     label_cap = 500
+    client_telemetry = None
     if top.has("metrics"):
         metrics = top.child("metrics")
         # Localhost unless a host is named: /metrics tells anyone who can reach it the
@@ -369,6 +399,8 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
         if label_cap < 1:
             raise metrics.error("label_cap", f"metrics.label_cap must be at least 1, not "
                                 f"{label_cap}")
+        if metrics.has("client_telemetry"):
+            client_telemetry = _client_telemetry(metrics.child("client_telemetry"))
         metrics.finish()
 
     sasl = top.child("sasl")
@@ -426,6 +458,7 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
         tls_upstream=tls_up,
         metrics_listen=metrics_listen,
         metrics_label_cap=label_cap,
+        client_telemetry=client_telemetry,
         capture=capture,
         rules=rules,
         rules_file=rules_file,

@@ -105,6 +105,9 @@ logger = logging.getLogger("gatehouse.proxy")
 _SIZE = struct.Struct(">i")
 PRODUCE = 0
 SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
+# KIP-714's GetTelemetrySubscriptions and PushTelemetry: the proxy's to answer when it
+# receives the clients' telemetry (metrics.client_telemetry).
+_TELEMETRY_APIS = frozenset((71, 72))
 # SaslHandshake v0 is followed by raw size-prefixed tokens, no Kafka header.  How many
 # client tokens each mechanism sends; None: unknown, so watch for the first frame that
 # parses as a whole Kafka request (GSSAPI's exchange length varies).
@@ -180,6 +183,10 @@ class ConnectionContext:
     # SASL requests would find them authenticated already), and re-authenticated in the
     # middle of a client's traffic when the broker limits sessions (KIP-368).
     upstream_credentials: UpstreamCredentials | None = None
+    # metrics.client_telemetry: the clients' KIP-714 telemetry requests are answered by
+    # it (a gatehouse.metrics.telemetry.ClientTelemetry), and offered to them.
+    client_telemetry: Any = None
+    added_apis: tuple[tuple[int, int, int], ...] = ()
     request_budget: ByteBudget = field(init=False)
     response_budget: ByteBudget = field(init=False)
     frame_buffers: BufferPool = field(init=False)
@@ -291,6 +298,7 @@ class ProxyConnection:
         # The request being received was found not to stream: not asked again at every
         # receive of its bytes.
         self.store_and_forward = False
+        self.telemetry_keys = _TELEMETRY_APIS if ctx.client_telemetry is not None else ()
         # Whether large frames' records may go socket to socket: both ends are plain TCP.
         self.splices_requests = (ctx.pipes is not None and self.client_io.socket is not None
                                  and self.upstream_io.socket is not None)
@@ -535,7 +543,13 @@ class ProxyConnection:
         except ProtocolError as exc:
             self._malformed("request", exc)
         now = trio.current_time()
-        if isinstance(decision, Forward):
+        if isinstance(decision, Forward) and header.api_key in self.telemetry_keys:
+            # The proxy is the clients' telemetry receiver: never the broker's to answer.
+            answer = self.ctx.client_telemetry.answer(decision.request, conn)
+            await self._answer_locally(Pending(
+                header.correlation_id, header.api_key, header.api_version, now,
+                local=bytes(answer.encode()), policy=policy))
+        elif isinstance(decision, Forward):
             charges = policy.quota_charges(conn, now)
             if charges:
                 now = await self._hold_for_quotas(charges, policy, header.api_key,
@@ -1477,7 +1491,7 @@ class ProxyConnection:
             if not resp.known:
                 return frame
             if key == API_VERSIONS:
-                resp = adjust_api_versions(resp, *adjusters)
+                resp = adjust_api_versions(resp, *adjusters, added=self.ctx.added_apis)
             if rewrite:
                 resp = await self._with_proxy_addresses(resp)
             if pending.wants_response:

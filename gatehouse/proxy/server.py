@@ -110,7 +110,11 @@ class Proxy:
         policy: Policy | None = None,
         observers: Sequence[Observer] = (),
         host_counts: HostCounts | None = None,
+        client_telemetry: Any = None,
     ) -> None:
+        """``client_telemetry``: the receiver of the clients' KIP-714 metrics (a
+        ``gatehouse.metrics.telemetry.ClientTelemetry``), which answers their telemetry
+        requests; None: they go to the brokers."""
         self.config = config
         self.policy = policy or Policy()
         self.observer = Observers(list(observers))
@@ -173,6 +177,8 @@ class Proxy:
             sasl_session_lifetime=(config.sasl_downstream.session_lifetime
                                    if config.sasl_downstream is not None else None),
             upstream_credentials=self.upstream_credentials,
+            client_telemetry=client_telemetry,
+            added_apis=client_telemetry.added_apis if client_telemetry is not None else (),
         )
 
     # -- broker map ---------------------------------------------------------------------

@@ -45,7 +45,8 @@ def build_observers(config: ProxyConfig, policy: Policy, reloader: Reloader | No
     if config.metrics_listen is not None:
         from gatehouse.metrics import ProxyMetrics
 
-        metrics = ProxyMetrics(label_cap=config.metrics_label_cap)
+        metrics = ProxyMetrics(label_cap=config.metrics_label_cap,
+                               client_telemetry=config.client_telemetry)
         metrics.attach(policy, reloader)
         observers.append(metrics)
         registry = metrics.registry
@@ -118,7 +119,9 @@ async def run_configured(config: ProxyConfig, policy: RulesPolicy, path: str | P
     reloader = Reloader(policy, rules_source(config, path),
                         shared_identity=config.sasl_upstream is not None)
     observers = build_observers(config, policy, reloader)
-    proxy = Proxy(config, policy, observers, host_counts)
+    proxy = Proxy(config, policy, observers, host_counts,
+                  client_telemetry=(observers[0].client_telemetry  # type: ignore[attr-defined]
+                                    if config.metrics_listen is not None else None))
     if config.metrics_listen is not None:
         observers[0].watch_buffers(proxy.ctx.request_budget,  # type: ignore[attr-defined]
                                    proxy.ctx.response_budget)

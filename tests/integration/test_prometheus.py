@@ -2,7 +2,7 @@
 
 Four `gatehouse run` processes serve /metrics: one in front of Kafka 4.4 carrying real
 traffic (librdkafka producer, consumer group, refused admin requests, a garbage frame, a
-rules reload that fails), one whose upstream is a dead port (a client keeps trying), one
+rules reload that fails; the clients push their own metrics to it, KIP-714), one whose upstream is a dead port (a client keeps trying), one
 in front of a SASL listener with TLS for its clients (a certificate reload that fails),
 and one that allows one connection per client address (a second one is refused).  A
 real Prometheus (Debian package, installed by `make prometheus`) scrapes them every
@@ -54,14 +54,15 @@ def tool(name: str) -> str:
 
 
 def start_gatehouse(tmp: Path, name: str, upstream: str, rules: str, extra: str = "",
-                    brokers: str = "{start_port: 0}"
+                    brokers: str = "{start_port: 0}", metrics: str = ""
                     ) -> tuple[subprocess.Popen[bytes], int, int, Path]:
+    """``metrics``: more of the metrics section (``, client_telemetry: {}``)."""
     port, metrics_port = free_port(), free_port()
     rules_file = tmp / f"{name}-rules.yaml"
     rules_file.write_text(rules)
     config = tmp / f"{name}.yaml"
     config.write_text(f"listen: 127.0.0.1:{port}\nupstream: [{upstream}]\n"
-                      f"brokers: {brokers}\nmetrics: {{listen: 127.0.0.1:{metrics_port}}}\n"
+                      f"brokers: {brokers}\nmetrics: {{listen: 127.0.0.1:{metrics_port}{metrics}}}\n"
                       f"rules_file: {rules_file}\nlog: {{level: WARNING}}\n{extra}")
     proc = subprocess.Popen([*GATEHOUSE, "run", "--config", str(config)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -173,7 +174,8 @@ def test_dashboard_is_importable() -> None:
     walk(dashboard["panels"])
     assert len(ids) == len(set(ids))
     for wanted in ("Throughput by API and topic", "Latency by API", "Errors by code",
-                   "Client census", "Rule decisions", "Connections"):
+                   "Client census", "Rule decisions", "Connections",
+                   "Clients' own metrics (KIP-714)"):
         assert wanted in rows
     assert "__inputs" not in dashboard  # no hard-wired datasource to map on import
 
@@ -246,8 +248,10 @@ def test_every_dashboard_and_alert_expression_returns_data(
              "  - name: json-values\n    mode: observe\n    validate_records: {value: json}\n"
              "  - name: registered\n    mode: observe\n    validate_records:\n"
              f"      value: {{registry: {{url: 'http://127.0.0.1:{free_port()}', timeout: 1}}}}\n")
-    live, port, live_metrics, rules_file = start_gatehouse(tmp_path, "live", kafka.bootstrap,
-                                                           rules)
+    # Its clients push their own metrics to it (KIP-714) every second.
+    live, port, live_metrics, rules_file = start_gatehouse(
+        tmp_path, "live", kafka.bootstrap, rules,
+        metrics=", client_telemetry: {push_interval: 1}")
     processes.append(live)
     dead_upstream = f"127.0.0.1:{free_port()}"  # nothing listens there
     dead, dead_port, dead_metrics, _ = start_gatehouse(tmp_path, "dead", dead_upstream, rules)

@@ -41,12 +41,13 @@ class ProxyThread:
             policy = RulesPolicy(parse_rules(load_yaml_text(rules_yaml, "rules.yaml"),
                                              "rules.yaml"))
         self.policy = policy or Policy()
-        self.metrics = ProxyMetrics()
+        self.metrics = ProxyMetrics(client_telemetry=self.config.client_telemetry)
         if isinstance(self.policy, RulesPolicy):
             self.metrics.attach(self.policy, None)
         self.metered = metrics
         self.proxy = Proxy(self.config, self.policy,
-                           [self.metrics, *observers] if metrics else list(observers))
+                           [self.metrics, *observers] if metrics else list(observers),
+                           client_telemetry=self.metrics.client_telemetry if metrics else None)
         self._thread: threading.Thread | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._started = threading.Event()

@@ -1,0 +1,320 @@
+"""The clients' own metrics (KIP-714), received by the proxy and exported on /metrics.
+
+Kafka clients (the Java clients from 3.7, librdkafka from 2.5) push their metrics to a
+broker that asks for them: GetTelemetrySubscriptions says which metrics and how often,
+PushTelemetry carries them (OTLP, maybe compressed).  A broker asks only when a plugin
+receives them (a ``ClientTelemetry`` metrics reporter), which few clusters have.  With
+``metrics.client_telemetry`` the proxy is that receiver for every client it serves, with
+no broker change: it offers the two APIs in ApiVersions answers (``ADDED_APIS``), answers
+them itself (``ClientTelemetry.answer``: they never reach a broker), and exports what the
+clients push as ``kafka_client_*`` metrics labelled with who pushed them, as the proxy
+knows the connection (client id, KIP-511 software, principal), not as the client says.
+
+Bounded: at most ``max_series`` samples over all clients (the rest dropped and counted),
+``max_bytes`` per push (compressed and decompressed), label values cut at
+``_MAX_LABEL_VALUE`` characters, and a client instance's samples forgotten three push
+intervals after its last push (one interval after a terminating push).  Scrapes read
+from another thread: each instance's samples are replaced whole, never changed in place.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from gatehouse import compression
+from gatehouse.codecs import ProtocolError, Request, Response, api
+from gatehouse.codecs.otlp import ResourceMetrics, decode_metrics_data
+
+GET_TELEMETRY_SUBSCRIPTIONS: Final = 71
+PUSH_TELEMETRY: Final = 72
+# What the proxy answers itself, offered in ApiVersions answers: (key, min, max).
+ADDED_APIS: Final = ((GET_TELEMETRY_SUBSCRIPTIONS, 0, 0), (PUSH_TELEMETRY, 0, 0))
+
+NONE: Final = 0
+INVALID_REQUEST: Final = 42
+UNSUPPORTED_COMPRESSION_TYPE: Final = 76
+INVALID_RECORD: Final = 87
+THROTTLING_QUOTA_EXCEEDED: Final = 89
+UNKNOWN_SUBSCRIPTION_ID: Final = 117
+TELEMETRY_TOO_LARGE: Final = 118
+
+# Kafka's compression type ids; offered in this order of preference.
+_CODECS: Final = {4: "zstd", 3: "lz4", 1: "gzip", 2: "snappy"}
+_NO_COMPRESSION: Final = 0
+_ZERO_ID: Final = uuid.UUID(int=0)
+_KAFKA_PREFIX: Final = "org.apache.kafka."
+METRIC_PREFIX: Final = "kafka_client_"
+_MAX_LABEL_VALUE: Final = 200
+_PURGE_EVERY: Final = 1.0  # seconds between sweeps for forgotten client instances
+# Labels the proxy sets from the connection; a client's attribute of the same name loses.
+IDENTITY_LABELS: Final = ("client_instance_id", "client_id", "client_software_name",
+                          "client_software_version", "principal")
+_NOT_NAME: Final = re.compile(r"[^a-zA-Z0-9_]")
+
+_OUTCOMES: Final = {NONE: "accepted", INVALID_REQUEST: "invalid_request",
+                    UNSUPPORTED_COMPRESSION_TYPE: "unsupported_compression",
+                    INVALID_RECORD: "invalid_metrics", THROTTLING_QUOTA_EXCEEDED: "throttled",
+                    UNKNOWN_SUBSCRIPTION_ID: "unknown_subscription",
+                    TELEMETRY_TOO_LARGE: "too_large"}
+
+
+@dataclass(frozen=True)
+class TelemetrySettings:
+    """``metrics.client_telemetry``: which metrics clients are asked for (name prefixes,
+    KIP-714's subscription; ``("",)``: all), how often (seconds), the largest push
+    (bytes) and the most samples kept over all clients."""
+
+    metrics: tuple[str, ...] = ("",)
+    push_interval: float = 30.0
+    max_bytes: int = 1024 * 1024
+    max_series: int = 10_000
+
+    @property
+    def subscription_id(self) -> int:
+        """The same for the same settings, in every worker and after a restart: a client
+        whose push names another has an old subscription and must ask again."""
+        text = "\n".join((*self.metrics, str(self.push_interval), str(self.max_bytes)))
+        return zlib.crc32(text.encode()) & 0x7FFFFFFF
+
+
+def prometheus_name(metric: str) -> str:
+    """``org.apache.kafka.producer.record.queue.time.avg`` ->
+    ``kafka_client_producer_record_queue_time_avg``: under the proxy's own prefix, so a
+    client can never pose as one of the proxy's metrics."""
+    if metric.startswith(_KAFKA_PREFIX):
+        metric = metric[len(_KAFKA_PREFIX):]
+    return METRIC_PREFIX + _NOT_NAME.sub("_", metric)
+
+
+def label_name(key: str) -> str:
+    name = _NOT_NAME.sub("_", key)
+    return f"_{name}" if name[:1].isdigit() or not name else name
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    family: str  # the Prometheus name
+    counter: bool  # a monotonic sum
+    labels: tuple[tuple[str, str], ...]
+    value: float
+
+
+@dataclass
+class _Instance:
+    """One client instance (its KIP-714 id): what it pushed last, and until when it is
+    kept."""
+
+    last_push: float
+    expires: float
+    samples: tuple[Sample, ...] = ()
+
+
+@dataclass
+class _Counts:
+    pushes: dict[str, int] = field(default_factory=dict)
+    dropped_samples: int = 0
+
+
+class ClientTelemetry:
+    """The proxy as the clients' telemetry receiver: ``answer`` a GetTelemetrySubscriptions
+    or PushTelemetry request, ``collect`` what was pushed (a Prometheus collector)."""
+
+    def __init__(self, settings: TelemetrySettings,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
+        self.subscription_id = settings.subscription_id
+        self.clock = clock
+        self.instances: dict[uuid.UUID, _Instance] = {}
+        self.kept_samples = 0  # over all instances: at most settings.max_series
+        self.counts = _Counts()
+        self._next_purge = 0.0
+
+    added_apis = ADDED_APIS  # offered to clients in ApiVersions answers
+
+    # -- the two requests ------------------------------------------------------------
+
+    def answer(self, req: Request, conn: Any) -> Response:
+        """The answer to a GetTelemetrySubscriptions or PushTelemetry request of a
+        connection (a ``proxy.hooks.ConnectionInfo``: who pushes, as the proxy knows)."""
+        now = self.clock()
+        self._purge(now)
+        if req.api_key == GET_TELEMETRY_SUBSCRIPTIONS:
+            return self._subscription(req)
+        if req.api_key != PUSH_TELEMETRY:
+            raise ValueError(f"not a telemetry request: API key {req.api_key}")
+        code = self._push(req, identity_of(conn), now)
+        outcome = _OUTCOMES[code]
+        self.counts.pushes[outcome] = self.counts.pushes.get(outcome, 0) + 1
+        body = api(PUSH_TELEMETRY).response.root.cls(error_code=code)
+        return Response.build(PUSH_TELEMETRY, req.api_version, req.correlation_id, body)
+
+    def _subscription(self, req: Request) -> Response:
+        instance_id = req.body.client_instance_id
+        if instance_id == _ZERO_ID:
+            instance_id = uuid.uuid4()
+        s = self.settings
+        body = api(GET_TELEMETRY_SUBSCRIPTIONS).response.root.cls(
+            client_instance_id=instance_id,
+            subscription_id=self.subscription_id,
+            accepted_compression_types=tuple(_CODECS),
+            push_interval_ms=round(s.push_interval * 1000),
+            telemetry_max_bytes=s.max_bytes,
+            delta_temporality=False,  # cumulative: Prometheus counters as they are
+            requested_metrics=s.metrics,
+        )
+        return Response.build(GET_TELEMETRY_SUBSCRIPTIONS, req.api_version,
+                              req.correlation_id, body)
+
+    def _push(self, req: Request, identity: Sequence[tuple[str, str | None]],
+              now: float) -> int:
+        body = req.body
+        s = self.settings
+        instance_id = body.client_instance_id
+        if instance_id == _ZERO_ID:
+            return INVALID_REQUEST
+        if body.subscription_id != self.subscription_id:
+            return UNKNOWN_SUBSCRIPTION_ID
+        data = body.metrics or b""
+        if len(data) > s.max_bytes:
+            return TELEMETRY_TOO_LARGE
+        known = self.instances.get(instance_id)
+        if (known is not None and not body.terminating
+                and now - known.last_push < s.push_interval / 2):
+            return THROTTLING_QUOTA_EXCEEDED  # as a broker: not more often than asked
+        codec = body.compression_type
+        if codec != _NO_COMPRESSION:
+            name = _CODECS.get(codec)
+            if name is None:
+                return UNSUPPORTED_COMPRESSION_TYPE
+            try:
+                data = compression.decompress(name, data, s.max_bytes)
+            except compression.DecompressionLimit:
+                return TELEMETRY_TOO_LARGE
+            except compression.DecompressionError:
+                return INVALID_RECORD
+        try:
+            resources = decode_metrics_data(data)
+        except ProtocolError:
+            return INVALID_RECORD
+        labels = (("client_instance_id", str(instance_id)),
+                  *((key, value[:_MAX_LABEL_VALUE]) for key, value in identity if value))
+        keep_for = s.push_interval * (1 if body.terminating else 3)
+        if known is not None:
+            self.kept_samples -= len(known.samples)
+        samples = self._samples(resources, labels, s.max_series - self.kept_samples)
+        self.kept_samples += len(samples)
+        self.instances[instance_id] = _Instance(now, now + keep_for, samples)
+        return NONE
+
+    def _samples(self, resources: Sequence[ResourceMetrics],
+                 identity: tuple[tuple[str, str], ...], room: int) -> tuple[Sample, ...]:
+        taken = {key for key, _ in identity}
+        wanted = self.settings.metrics
+        # One sample per name and labels (the last sent): a series twice over in one
+        # exposition is one Prometheus refuses.
+        samples: dict[tuple[str, tuple[tuple[str, str], ...]], Sample] = {}
+        for resource in resources:
+            base = [*identity, *_labels(resource.attributes, taken)]
+            own = {key for key, _ in base}
+            for point in resource.points:
+                if not point.name.startswith(wanted):
+                    continue  # not asked for: a client's error, not kept
+                name = prometheus_name(point.name)
+                labels = (*base, *_labels(point.attributes, own))
+                key = (name, tuple(sorted(labels)))
+                if key not in samples and len(samples) >= room:
+                    self.counts.dropped_samples += 1
+                    continue
+                counter = point.kind == "sum" and point.monotonic
+                samples[key] = Sample(name, counter, labels, point.value)
+        return tuple(samples.values())
+
+    def _purge(self, now: float) -> None:
+        if now < self._next_purge:
+            return
+        self._next_purge = now + _PURGE_EVERY
+        gone = [key for key, instance in self.instances.items() if instance.expires <= now]
+        for key in gone:
+            self.kept_samples -= len(self.instances.pop(key).samples)
+
+    # -- the collector (a scrape's thread) ---------------------------------------------
+
+    def collect(self) -> Iterator[Metric]:
+        now = self.clock()
+        families: dict[str, Metric] = {}
+        # Every name a family's samples take (a counter's ``x`` and ``x_total``): a
+        # client's gauge named as another's counter total would make the exposition
+        # one Prometheus refuses, so the first family to take a name keeps it.
+        names: dict[str, Metric] = {}
+        live = 0
+        for instance in list(self.instances.values()):
+            if instance.expires <= now:
+                continue
+            live += 1
+            for sample in instance.samples:
+                family = families.get(sample.family)
+                if family is None:
+                    family = _family(sample)
+                    taken = {family.name, f"{family.name}_total"} if sample.counter else {
+                        family.name}
+                    if any(name in names for name in taken):
+                        continue
+                    families[sample.family] = family
+                    names.update(dict.fromkeys(taken, family))
+                elif (family.type == "counter") != sample.counter:
+                    continue  # the same name as a counter and a gauge: the first kept
+                name = family.name + "_total" if sample.counter else family.name
+                family.add_sample(name, dict(sample.labels), sample.value)
+        yield from families.values()
+        pushes = CounterMetricFamily(
+            "gatehouse_client_telemetry_pushes", "Clients' telemetry pushes (KIP-714) the "
+            "proxy answered, by outcome", labels=["outcome"])
+        for outcome, count in list(self.counts.pushes.items()):
+            pushes.add_metric([outcome], count)
+        yield pushes
+        instances = GaugeMetricFamily("gatehouse_client_telemetry_instances",
+                                      "Client instances whose pushed metrics are exported")
+        instances.add_metric([], live)
+        yield instances
+        dropped = CounterMetricFamily(
+            "gatehouse_client_telemetry_dropped_samples", "Pushed samples not exported: "
+            "metrics.client_telemetry.max_series was reached")
+        dropped.add_metric([], self.counts.dropped_samples)
+        yield dropped
+
+
+def _family(sample: Sample) -> Metric:
+    help_text = "A client's own metric (KIP-714), as it pushed it"
+    if sample.counter:
+        return CounterMetricFamily(sample.family, help_text)
+    return GaugeMetricFamily(sample.family, help_text)
+
+
+def _labels(pairs: Sequence[tuple[str, str]], taken: set[str]) -> list[tuple[str, str]]:
+    """A client's attributes as labels: names made valid, values cut, none that would
+    replace one already set (the proxy's identity labels above all)."""
+    out = []
+    seen = set(taken)
+    for key, value in pairs:
+        name = label_name(key)
+        if name in seen or name.startswith("__"):
+            continue
+        seen.add(name)
+        out.append((name, value[:_MAX_LABEL_VALUE]))
+    return out
+
+
+def identity_of(conn: Any) -> tuple[tuple[str, str | None], ...]:
+    """The identity labels of a connection (a ``proxy.hooks.ConnectionInfo``)."""
+    return (("client_id", conn.client_id), ("client_software_name", conn.software_name),
+            ("client_software_version", conn.software_version),
+            ("principal", conn.principal))

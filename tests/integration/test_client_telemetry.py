@@ -1,0 +1,129 @@
+"""The clients' own metrics (KIP-714) through the proxy, from real clients, real brokers.
+
+Kafka 4.4 offers no telemetry APIs without a receiver plugin, so without the proxy its
+clients push nothing.  With ``metrics.client_telemetry`` the proxy offers the APIs,
+answers them, and exports what librdkafka and the Java clients push, labelled with who
+pushed it as the proxy saw the connection.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import confluent_kafka as ck
+
+from tests.support.clients import consume, produce, unique
+from tests.support.kafka import KafkaCluster
+from tests.support.proxythread import ProxyThread
+
+PERF = "org.apache.kafka.tools.ProducerPerformance"
+
+
+def telemetry_config(push_interval: float) -> str:
+    return f"metrics:\n  client_telemetry:\n    push_interval: {push_interval}\n"
+
+
+def client_samples(proxy: ProxyThread, client_id: str) -> dict[str, dict[str, Any]]:
+    """The kafka_client_* samples of the client with ``client_id``: name -> labels."""
+    found = {}
+    for family in proxy.metrics.registry.collect():
+        for sample in family.samples:
+            if (sample.name.startswith("kafka_client_")
+                    and sample.labels.get("client_id") == client_id):
+                found[sample.name] = {**sample.labels, "value": sample.value}
+    return found
+
+
+def wait_for_samples(proxy: ProxyThread, client_id: str, wanted: str,
+                     serve: Any, timeout: float = 30.0) -> dict[str, dict[str, Any]]:
+    """The client's samples once one named ``wanted`` is among them; ``serve()`` runs the
+    client's own loop meanwhile (its pushes are sent from it)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = client_samples(proxy, client_id)
+        if wanted in found:
+            return found
+        assert time.monotonic() < deadline, sorted(found)
+        serve()
+
+
+def test_librdkafka_producers_and_consumers_push_their_metrics_to_the_proxy(
+        kafka: KafkaCluster) -> None:
+    topic = unique("telemetry")
+    kafka.create_topic(topic, partitions=2)
+    with ProxyThread(kafka.bootstrap, extra_config=telemetry_config(1)) as proxy:
+        producer = ck.Producer({"bootstrap.servers": proxy.bootstrap,
+                                "client.id": "telemetry-producer", "log_level": 3})
+        for i in range(200):
+            producer.produce(topic, f"m{i}".encode())
+        assert producer.flush(30) == 0
+        found = wait_for_samples(proxy, "telemetry-producer",
+                                 "kafka_client_producer_record_queue_time_avg",
+                                 lambda: producer.poll(0.2))
+        labels = found["kafka_client_producer_connection_creation_total"]
+        assert labels["client_software_name"] == "confluent-kafka-python"
+        assert labels["client_software_version"].endswith(ck.libversion()[0])
+        assert labels["value"] >= 1  # a counter: it made its connections
+        latency = found["kafka_client_producer_node_request_latency_avg"]
+        assert latency["node_id"] == "0"  # a data point's own attribute
+        instance = latency["client_instance_id"]
+
+        consumer = ck.Consumer({"bootstrap.servers": proxy.bootstrap,
+                                "client.id": "telemetry-consumer", "group.id": unique("g"),
+                                "auto.offset.reset": "earliest", "log_level": 3})
+        consumer.subscribe([topic])
+        seen = 0
+        deadline = time.monotonic() + 60
+        while seen < 200:
+            assert time.monotonic() < deadline, seen
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                seen += 1
+        found = wait_for_samples(proxy, "telemetry-consumer",
+                                 "kafka_client_consumer_fetch_manager_fetch_latency_avg",
+                                 lambda: consumer.poll(0.2))
+        assert found["kafka_client_consumer_fetch_manager_fetch_latency_avg"][
+            "client_instance_id"] != instance
+        consumer.close()  # its last push, terminating
+
+        # Every telemetry request was the proxy's to answer, and it took every push.
+        pushes = proxy.summed("gatehouse_requests_total", api="PushTelemetry")
+        assert pushes >= 2
+        assert proxy.sample("gatehouse_client_telemetry_pushes_total",
+                            outcome="accepted") == pushes
+        assert proxy.sample("gatehouse_responses_total", api="PushTelemetry",
+                            error="NONE") == pushes
+        assert proxy.summed("gatehouse_requests_total", api="GetTelemetrySubscriptions") >= 2
+
+
+def test_java_clients_push_their_metrics_to_the_proxy(kafka: KafkaCluster) -> None:
+    topic = unique("telemetry-java")
+    kafka.create_topic(topic, partitions=1)
+    # A long interval: the producer's last push, as it closes, stays exported that long.
+    with ProxyThread(kafka.bootstrap, extra_config=telemetry_config(60)) as proxy:
+        produced = kafka.run_java_tool(
+            PERF, "--topic", topic, "--num-records", "2000", "--record-size", "100",
+            "--throughput", "-1", "--producer-props", f"bootstrap.servers={proxy.bootstrap}",
+            "client.id=telemetry-java", "acks=all", timeout=120)
+        assert produced.returncode == 0, produced.stderr[-2000:]
+        found = client_samples(proxy, "telemetry-java")
+        assert found, "the Java producer pushed nothing"
+        some = next(iter(found.values()))
+        assert some["client_software_name"] == "apache-kafka-java"
+        assert any(name.startswith("kafka_client_producer_") for name in found), sorted(found)
+        assert proxy.sample("gatehouse_client_telemetry_pushes_total",
+                            outcome="accepted") >= 1
+
+
+def test_without_client_telemetry_clients_push_nothing(kafka: KafkaCluster) -> None:
+    """The broker offers no telemetry APIs: what the test above saw is the proxy's."""
+    topic = unique("no-telemetry")
+    kafka.create_topic(topic, partitions=1)
+    with ProxyThread(kafka.bootstrap) as proxy:
+        conf = {"bootstrap.servers": proxy.bootstrap, "client.id": "quiet"}
+        produce(conf, topic, 50)
+        assert len(consume(conf, topic, 50)) == 50
+        assert proxy.summed("gatehouse_requests_total", api="GetTelemetrySubscriptions") == 0
+        assert proxy.summed("gatehouse_requests_total", api="PushTelemetry") == 0
+        assert proxy.summed("gatehouse_requests_total", api="ApiVersions") >= 2
