@@ -21,11 +21,17 @@ from gatehouse import codecs
 from gatehouse.codecs.otlp import DataPoint, decode_metrics_data
 from gatehouse.configfile import ConfigError
 from gatehouse.metrics import ProxyMetrics
-from gatehouse.metrics.telemetry import ClientTelemetry, TelemetrySettings, prometheus_name
+from gatehouse.metrics.telemetry import (
+    READ_IN_THREAD,
+    ClientTelemetry,
+    TelemetrySettings,
+    prometheus_name,
+)
 from gatehouse.proxy.apiversions import adjust_api_versions
 from gatehouse.proxy.config import config_from_text
 from gatehouse.proxy.hooks import ConnectionInfo
 from tests.support.fakebroker import request, response_body
+from tests.support.protowire import nested
 
 SUBSCRIBE, PUSH = 71, 72
 CLIENT = uuid.UUID("6f2b3c1e-0d7a-4c55-9a4e-2b1c3d4e5f60")
@@ -68,14 +74,6 @@ PRODUCER = metrics_data(
 
 
 # -- the OTLP reader ----------------------------------------------------------------------
-
-
-def nested(inner: bytes, *fields: int) -> bytes:
-    """``inner`` as field ``fields[-1]`` of a message that is field ``fields[-2]`` of ...
-    of the outermost message (short lengths only)."""
-    for number in reversed(fields):
-        inner = bytes([number << 3 | 2, len(inner)]) + inner
-    return inner
 
 
 def test_otlp_metrics_data_read_as_opentelemetry_wrote_it() -> None:
@@ -284,6 +282,54 @@ def test_pushes_refused_as_a_broker_refuses_them() -> None:
     assert outcomes == {"invalid_request": 1, "unknown_subscription": 1, "too_large": 2,
                         "unsupported_compression": 1, "invalid_metrics": 2,
                         "accepted": 2, "throttled": 1}
+
+
+LARGE = metrics_data(*(gauge(f"org.apache.kafka.producer.part.{i}", float(i),
+                             kv("topic", string_value="orders")) for i in range(2000)))
+
+
+def test_a_large_push_is_read_by_work_for_a_thread() -> None:
+    """Pushes of READ_IN_THREAD bytes and more are read (decompressed, decoded) by work
+    the connection runs in a thread; smaller ones, and ones refused before their
+    metrics are read, are answered as they are."""
+    assert len(LARGE) >= READ_IN_THREAD > len(PRODUCER)
+    receiver = ClientTelemetry(TelemetrySettings(push_interval=10))
+    conn = connection()
+
+    def push_request(data: bytes, instance: uuid.UUID = CLIENT) -> codecs.Request:
+        return request(PUSH, 0, 9, client_instance_id=str(instance),
+                       subscription_id=receiver.subscription_id, terminating=False,
+                       compression_type=0, metrics=data)
+
+    assert receiver.offload(push_request(PRODUCER), conn) is None
+    assert receiver.offload(request(SUBSCRIBE, 0, 5, client_instance_id=str(NO_ID)),
+                            conn) is None
+    large = push_request(LARGE)
+    work = receiver.offload(large, conn)
+    assert work is not None
+    read = work()
+    assert not isinstance(read, int) and len(read[0].points) == 2000
+    assert receiver.kept_samples == 0  # the work changed nothing
+    answer = receiver.answer(large, conn, read)
+    assert codecs.decode_response(answer.encode(), PUSH, 0).body.error_code == 0
+    assert receiver.kept_samples == 2000
+    # Throttled now: refused without reading, so no work.
+    assert receiver.offload(push_request(LARGE, uuid.UUID(int=5)), conn) is None
+    bad = push_request(b"\x07" * READ_IN_THREAD, uuid.UUID(int=6))
+    other = connection()
+    work = receiver.offload(bad, other)
+    assert work is not None and work() == 87
+
+
+def test_made_up_instance_ids_do_not_let_a_connection_push_more_often() -> None:
+    clock = Clock()
+    receiver = ClientTelemetry(TelemetrySettings(push_interval=10), clock=clock)
+    conn = connection()
+    assert push(receiver, PRODUCER, instance=uuid.UUID(int=1), conn=conn) == 0
+    assert push(receiver, PRODUCER, instance=uuid.UUID(int=2), conn=conn) == 89
+    assert push(receiver, PRODUCER, instance=uuid.UUID(int=3)) == 0  # another connection
+    clock.now += 5
+    assert push(receiver, PRODUCER, instance=uuid.UUID(int=2), conn=conn) == 0
 
 
 def test_a_client_that_stops_pushing_is_forgotten() -> None:

@@ -42,6 +42,7 @@ from tests.support.fakebroker import (
     response_body,
     tcp_pair,
 )
+from tests.support.protowire import nested
 
 
 @dataclass
@@ -535,7 +536,7 @@ async def test_telemetry_requests_are_the_proxys_to_answer_in_their_place_in_lin
     """metrics.client_telemetry: ApiVersions offers KIP-714's two APIs (this broker has
     no receiver), and the client's GetTelemetrySubscriptions and PushTelemetry are
     answered by the proxy, never sent on, each after the answers owed before it."""
-    from gatehouse.metrics.telemetry import ClientTelemetry, TelemetrySettings
+    from gatehouse.metrics.telemetry import READ_IN_THREAD, ClientTelemetry, TelemetrySettings
 
     telemetry = ClientTelemetry(TelemetrySettings(push_interval=5))
     instance = "6f2b3c1e-0d7a-4c55-9a4e-2b1c3d4e5f60"
@@ -564,8 +565,23 @@ async def test_telemetry_requests_are_the_proxys_to_answer_in_their_place_in_lin
         subscription = codecs.decode_response(answers[1], 71, 0).body
         assert subscription.push_interval_ms == 5000
         assert codecs.decode_response(answers[2], 72, 0).body.error_code == 0
+        # A push large enough to be read in a thread, from another instance: throttled
+        # (this connection pushed just now), then, as it closes, taken.
+        big = b"".join(  # 3,000 gauges, OTLP written by hand: MetricsData > ... > Metric
+            nested(b"\x0a" + bytes([len(name)]) + name + nested(b"\x21" + bytes(8), 5, 1),
+                   1, 2, 2) for name in (f"m{i:05}".encode() for i in range(3000)))
+        assert len(big) >= READ_IN_THREAD
+        for correlation_id, terminating in ((5, False), (6, True)):
+            await h.client.send(request(
+                72, 0, correlation_id, client_instance_id="00000000-0000-0000-0000-000000000009",
+                subscription_id=telemetry.subscription_id, terminating=terminating,
+                compression_type=0, metrics=big).encode())
+        codes = [codecs.decode_response(await h.client.receive(), 72, 0).body.error_code
+                 for _ in range(2)]
+        assert codes == [89, 0]  # THROTTLING_QUOTA_EXCEEDED, then taken
+        assert telemetry.kept_samples == 3000
         assert [codecs.decode_request_header(f).api_key for f in h.broker.received] == [18, 3]
-        assert h.conn.requests == 4
+        assert h.conn.requests == 6
 
 
 async def test_api_versions_unsupported_version_answered_in_v0_format() -> None:

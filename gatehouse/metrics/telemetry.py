@@ -19,12 +19,14 @@ from another thread: each instance's samples are replaced whole, never changed i
 
 from __future__ import annotations
 
+import math
 import re
 import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Final
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -54,6 +56,8 @@ _ZERO_ID: Final = uuid.UUID(int=0)
 _KAFKA_PREFIX: Final = "org.apache.kafka."
 METRIC_PREFIX: Final = "kafka_client_"
 _MAX_LABEL_VALUE: Final = 200
+READ_IN_THREAD: Final = 64 * 1024  # a push's bytes from which it is read in a thread
+_LAST_PUSH: Final = "client_telemetry.last_push"  # in a connection's state
 _PURGE_EVERY: Final = 1.0  # seconds between sweeps for forgotten client instances
 # Labels the proxy sets from the connection; a client's attribute of the same name loses.
 IDENTITY_LABELS: Final = ("client_instance_id", "client_id", "client_software_name",
@@ -65,6 +69,10 @@ _OUTCOMES: Final = {NONE: "accepted", INVALID_REQUEST: "invalid_request",
                     INVALID_RECORD: "invalid_metrics", THROTTLING_QUOTA_EXCEEDED: "throttled",
                     UNKNOWN_SUBSCRIPTION_ID: "unknown_subscription",
                     TELEMETRY_TOO_LARGE: "too_large"}
+
+
+# A push's metrics as read, or the error code that refuses them.
+Metrics = tuple[ResourceMetrics, ...] | int
 
 
 @dataclass(frozen=True)
@@ -142,16 +150,17 @@ class ClientTelemetry:
 
     # -- the two requests ------------------------------------------------------------
 
-    def answer(self, req: Request, conn: Any) -> Response:
+    def answer(self, req: Request, conn: Any, read: Metrics | None = None) -> Response:
         """The answer to a GetTelemetrySubscriptions or PushTelemetry request of a
-        connection (a ``proxy.hooks.ConnectionInfo``: who pushes, as the proxy knows)."""
+        connection (a ``proxy.hooks.ConnectionInfo``: who pushes, as the proxy knows);
+        ``read``: what ``offload``'s work found in the push."""
         now = self.clock()
         self._purge(now)
         if req.api_key == GET_TELEMETRY_SUBSCRIPTIONS:
             return self._subscription(req)
         if req.api_key != PUSH_TELEMETRY:
             raise ValueError(f"not a telemetry request: API key {req.api_key}")
-        code = self._push(req, identity_of(conn), now)
+        code = self._push(req, conn, now, read)
         outcome = _OUTCOMES[code]
         self.counts.pushes[outcome] = self.counts.pushes.get(outcome, 0) + 1
         body = api(PUSH_TELEMETRY).response.root.cls(error_code=code)
@@ -174,8 +183,19 @@ class ClientTelemetry:
         return Response.build(GET_TELEMETRY_SUBSCRIPTIONS, req.api_version,
                               req.correlation_id, body)
 
-    def _push(self, req: Request, identity: Sequence[tuple[str, str | None]],
-              now: float) -> int:
+    def offload(self, req: Request, conn: Any) -> Callable[[], Metrics] | None:
+        """For a push of more than ``READ_IN_THREAD`` bytes that the cheap checks let
+        through: the reading of its metrics (decompressed, decoded: pure, no state of
+        the receiver's), for the caller to run in a thread and give to ``answer``, so a
+        large push does not hold the event loop.  None: ``answer`` reads it itself."""
+        if req.api_key != PUSH_TELEMETRY or len(req.body.metrics or b"") < READ_IN_THREAD:
+            return None
+        if self._refusal(req, conn, self.clock()) is not None:
+            return None
+        return partial(self._read, req.body)
+
+    def _refusal(self, req: Request, conn: Any, now: float) -> int | None:
+        """What the push is refused with before its metrics are read; None: nothing."""
         body = req.body
         s = self.settings
         instance_id = body.client_instance_id
@@ -183,31 +203,52 @@ class ClientTelemetry:
             return INVALID_REQUEST
         if body.subscription_id != self.subscription_id:
             return UNKNOWN_SUBSCRIPTION_ID
-        data = body.metrics or b""
-        if len(data) > s.max_bytes:
+        if len(body.metrics or b"") > s.max_bytes:
             return TELEMETRY_TOO_LARGE
         known = self.instances.get(instance_id)
-        if (known is not None and not body.terminating
-                and now - known.last_push < s.push_interval / 2):
-            return THROTTLING_QUOTA_EXCEEDED  # as a broker: not more often than asked
+        # As a broker: not more often than asked, by the client instance, and (so that
+        # made-up instance ids do not make a connection's pushes free) by the connection.
+        last = max(known.last_push if known is not None else -math.inf,
+                   conn.state.get(_LAST_PUSH, -math.inf))
+        if not body.terminating and now - last < s.push_interval / 2:
+            return THROTTLING_QUOTA_EXCEEDED
+        return None
+
+    def _read(self, body: Any) -> Metrics:
+        """A push's metrics, or the error code that refuses them."""
+        data = body.metrics or b""
         codec = body.compression_type
         if codec != _NO_COMPRESSION:
             name = _CODECS.get(codec)
             if name is None:
                 return UNSUPPORTED_COMPRESSION_TYPE
             try:
-                data = compression.decompress(name, data, s.max_bytes)
+                data = compression.decompress(name, data, self.settings.max_bytes)
             except compression.DecompressionLimit:
                 return TELEMETRY_TOO_LARGE
             except compression.DecompressionError:
                 return INVALID_RECORD
         try:
-            resources = decode_metrics_data(data)
+            return decode_metrics_data(data)
         except ProtocolError:
             return INVALID_RECORD
+
+    def _push(self, req: Request, conn: Any, now: float, read: Metrics | None) -> int:
+        refusal = self._refusal(req, conn, now)
+        if refusal is not None:
+            return refusal
+        body = req.body
+        resources = read if read is not None else self._read(body)
+        if isinstance(resources, int):
+            return resources
+        s = self.settings
+        instance_id = body.client_instance_id
+        conn.state[_LAST_PUSH] = now
         labels = (("client_instance_id", str(instance_id)),
-                  *((key, value[:_MAX_LABEL_VALUE]) for key, value in identity if value))
+                  *((key, value[:_MAX_LABEL_VALUE]) for key, value in identity_of(conn)
+                    if value))
         keep_for = s.push_interval * (1 if body.terminating else 3)
+        known = self.instances.get(instance_id)
         if known is not None:
             self.kept_samples -= len(known.samples)
         samples = self._samples(resources, labels, s.max_series - self.kept_samples)

@@ -545,7 +545,11 @@ class ProxyConnection:
         now = trio.current_time()
         if isinstance(decision, Forward) and header.api_key in self.telemetry_keys:
             # The proxy is the clients' telemetry receiver: never the broker's to answer.
-            answer = self.ctx.client_telemetry.answer(decision.request, conn)
+            telemetry = self.ctx.client_telemetry
+            read = telemetry.offload(decision.request, conn)
+            if read is not None:  # a large push: read in a thread, the loop serving on
+                read = await trio.to_thread.run_sync(read)
+            answer = telemetry.answer(decision.request, conn, read)
             await self._answer_locally(Pending(
                 header.correlation_id, header.api_key, header.api_version, now,
                 local=bytes(answer.encode()), policy=policy))
