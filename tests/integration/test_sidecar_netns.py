@@ -191,6 +191,13 @@ table inet pod_egress {{
         produced = re.search(rf'^gatehouse_topic_records_total\{{direction="produce",'
                              rf'topic="{topic}"\}} (\S+)$', scraped.stdout, re.M)
         assert produced is not None and float(produced.group(1)) == COUNT
+        # The application's own client metrics (KIP-714) beside the proxy's: the
+        # sidecar's config receives them, the broker (Tansu) has no part in it.
+        pushed = re.search(r'^kafka_client_producer_record_queue_time_avg\{.*'
+                           r'client_software_name="confluent-kafka-python".*\} \S+$',
+                           scraped.stdout, re.M)
+        assert pushed is not None, [line for line in scraped.stdout.splitlines()
+                                    if "telemetry" in line]
     finally:
         stop(processes)
         for process in processes:
