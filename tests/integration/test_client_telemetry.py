@@ -13,7 +13,14 @@ from typing import Any
 
 import confluent_kafka as ck
 
-from tests.support.clients import consume, produce, unique
+from tests.support.clients import (
+    aiokafka_produce,
+    consume,
+    kafka_python_produce,
+    kafka_python_read,
+    produce,
+    unique,
+)
 from tests.support.kafka import KafkaCluster
 from tests.support.proxythread import ProxyThread
 
@@ -114,6 +121,21 @@ def test_java_clients_push_their_metrics_to_the_proxy(kafka: KafkaCluster) -> No
         assert any(name.startswith("kafka_client_producer_") for name in found), sorted(found)
         assert proxy.sample("gatehouse_client_telemetry_pushes_total",
                             outcome="accepted") >= 1
+
+
+def test_clients_without_kip_714_are_not_troubled_by_the_apis_offered(
+        kafka: KafkaCluster) -> None:
+    """kafka-python and aiokafka know neither API the proxy adds to ApiVersions: they
+    produce and consume as before, and push nothing."""
+    topic = unique("telemetry-old")
+    kafka.create_topic(topic, partitions=1)
+    with ProxyThread(kafka.bootstrap, extra_config=telemetry_config(1)) as proxy:
+        args = {"bootstrap_servers": proxy.bootstrap}
+        kafka_python_produce(args, [b"kp-1", b"kp-2"], topic)
+        aiokafka_produce([b"aio-1"], topic, bootstrap_servers=proxy.bootstrap)
+        assert sorted(kafka_python_read(args, topic, 3)) == [b"aio-1", b"kp-1", b"kp-2"]
+        assert proxy.summed("gatehouse_requests_total", api="PushTelemetry") == 0
+        assert proxy.summed("gatehouse_requests_total", api="Produce") >= 2
 
 
 def test_without_client_telemetry_clients_push_nothing(kafka: KafkaCluster) -> None:
