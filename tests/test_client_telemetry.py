@@ -31,39 +31,12 @@ from gatehouse.proxy.apiversions import adjust_api_versions
 from gatehouse.proxy.config import config_from_text
 from gatehouse.proxy.hooks import ConnectionInfo
 from tests.support.fakebroker import request, response_body
+from tests.support.otlp import counter, gauge, kv, metrics_data
 from tests.support.protowire import nested
 
 SUBSCRIBE, PUSH = 71, 72
 CLIENT = uuid.UUID("6f2b3c1e-0d7a-4c55-9a4e-2b1c3d4e5f60")
 NO_ID = uuid.UUID(int=0)  # a client's first request: the receiver assigns one
-
-
-def kv(key: str, **value: Any) -> common_pb2.KeyValue:
-    return common_pb2.KeyValue(key=key, value=common_pb2.AnyValue(**value))
-
-
-def metrics_data(*metrics: metrics_pb2.Metric,
-                 resource: tuple[common_pb2.KeyValue, ...] = ()) -> bytes:
-    data = metrics_pb2.MetricsData()
-    rm = data.resource_metrics.add()
-    rm.resource.attributes.extend(resource)
-    rm.scope_metrics.add().metrics.extend(metrics)
-    return data.SerializeToString()
-
-
-def gauge(name: str, value: float, *attributes: common_pb2.KeyValue) -> metrics_pb2.Metric:
-    metric = metrics_pb2.Metric(name=name)
-    metric.gauge.data_points.add(as_double=value, attributes=attributes)
-    return metric
-
-
-def counter(name: str, value: int, *attributes: common_pb2.KeyValue,
-            monotonic: bool = True) -> metrics_pb2.Metric:
-    metric = metrics_pb2.Metric(name=name)
-    metric.sum.aggregation_temporality = metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
-    metric.sum.is_monotonic = monotonic
-    metric.sum.data_points.add(as_int=value, attributes=attributes, time_unix_nano=123)
-    return metric
 
 
 PRODUCER = metrics_data(

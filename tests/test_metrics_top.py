@@ -11,6 +11,10 @@ from rich.console import Console
 
 from gatehouse.cli.top import ScrapeError, latency_quantiles, parse, quantile, rates, render
 from gatehouse.metrics import ProxyMetrics
+from gatehouse.metrics.telemetry import TelemetrySettings
+from gatehouse.proxy.hooks import ConnectionInfo
+from tests.support.fakebroker import request
+from tests.support.otlp import gauge, kv, metrics_data
 
 
 def test_quantile_interpolates_like_prometheus() -> None:
@@ -66,3 +70,34 @@ def test_render_from_a_real_registry() -> None:
     assert "orders" in shown and "old-clients" in shown
     principal = next(line for line in shown.splitlines() if "principal: svc-orders" in line)
     assert principal.split("│")[3].strip() == "2"  # its live connections
+
+
+def test_render_shows_the_clients_own_measures_when_they_push_them() -> None:
+    metrics = ProxyMetrics(client_telemetry=TelemetrySettings())
+    assert metrics.client_telemetry is not None
+    out = io.StringIO()
+    console = Console(file=out, width=200, color_system=None)
+    empty = parse(generate_latest(metrics.registry).decode(), 1.0)
+    console.print(render(None, empty, "URL"))
+    assert "Clients' own measures" not in out.getvalue()  # nothing pushed: no table
+
+    pushed = metrics_data(
+        gauge("org.apache.kafka.producer.record.queue.time.avg", 3.25),
+        gauge("org.apache.kafka.producer.node.request.latency.avg", 2.0, kv("node_id", int_value=1)),
+        gauge("org.apache.kafka.producer.node.request.latency.avg", 7.5, kv("node_id", int_value=2)),
+        gauge("org.apache.kafka.consumer.fetch.manager.records.lag.max", 1200.0,
+              kv("topic", string_value="orders")))
+    conn = ConnectionInfo(id=1, client="10.0.0.5:40000", listener="broker-0",
+                          client_id="orders-app", software_name="apache-kafka-java")
+    req = request(72, 0, 1, client_instance_id="00000000-0000-0000-0000-000000000001",
+                  subscription_id=metrics.client_telemetry.subscription_id,
+                  terminating=False, compression_type=0, metrics=pushed)
+    metrics.client_telemetry.answer(req, conn)
+    snap = parse(generate_latest(metrics.registry).decode(), 2.0)
+    console.print(render(empty, snap, "URL"))
+    shown = out.getvalue()
+    assert "Clients' own measures (KIP-714)" in shown
+    # client id | software | queue ms | request ms (the slowest broker) | fetch ms | lag
+    cells = [c.strip() for c in next(line for line in shown.splitlines()
+                                     if "orders-app" in line).split("│") if c.strip()]
+    assert cells[:6] == ["orders-app", "apache-kafka-java", "3.2", "7.5", "-", "1,200"]

@@ -82,6 +82,17 @@ def grouped(snap: Snapshot, name: str, by: Iterable[str], **match: str) -> dict[
     return dict(out)
 
 
+def maxed(snap: Snapshot, name: str, by: Iterable[str]) -> dict[tuple[str, ...], float]:
+    """Largest of ``name`` by the labels ``by`` (PromQL ``max by``)."""
+    keys = tuple(by)
+    out: dict[tuple[str, ...], float] = {}
+    for labels, value in snap.series(name).items():
+        found = dict(labels)
+        key = tuple(found.get(k, "") for k in keys)
+        out[key] = max(value, out.get(key, -math.inf))
+    return out
+
+
 def rates(prev: Snapshot | None, cur: Snapshot, name: str, by: Iterable[str],
           **match: str) -> dict[tuple[str, ...], float]:
     """Per-second increase between two scrapes, by ``by`` (0 without a previous scrape)."""
@@ -256,7 +267,43 @@ def render(prev: Snapshot | None, cur: Snapshot, url: str) -> RenderableType:
         connections.add_row(key[0], key[1], _num(conn_rates.get(key, 0.0)),
                             _num(conn_totals[key]))
 
-    return Group(header, api, err_table, topics, census, decisions, connections)
+    parts: list[RenderableType] = [header, api, err_table, topics, census, decisions,
+                                   connections]
+    measured = _client_measures(cur)
+    if measured is not None:
+        parts.insert(5, measured)
+    return Group(*parts)
+
+
+# What the clients measure themselves (KIP-714, metrics.client_telemetry): column ->
+# the exported metrics it shows (the largest over a client's brokers and partitions).
+CLIENT_MEASURES = {
+    "queue ms": ("kafka_client_producer_record_queue_time_avg",),
+    "request ms": ("kafka_client_producer_node_request_latency_avg",
+                   "kafka_client_consumer_node_request_latency_avg"),
+    "fetch ms": ("kafka_client_consumer_fetch_manager_fetch_latency_avg",),
+    "lag": ("kafka_client_consumer_fetch_manager_records_lag_max",),
+}
+
+
+def _client_measures(cur: Snapshot) -> Table | None:
+    """The clients' own measures by client id and software; None when none pushed."""
+    by = ("client_id", "client_software_name")
+    columns: dict[str, dict[tuple[str, ...], float]] = {c: {} for c in CLIENT_MEASURES}
+    for column, names in CLIENT_MEASURES.items():
+        for name in names:
+            for key, value in maxed(cur, name, by).items():
+                columns[column][key] = max(value, columns[column].get(key, -math.inf))
+    clients = sorted({key for values in columns.values() for key in values})
+    if not clients:
+        return None
+    table = _table("Clients' own measures (KIP-714)", [
+        ("client id", "left"), ("software", "left"),
+        *((column, "right") for column in CLIENT_MEASURES)])
+    for key in clients[:TOP_ROWS]:
+        table.add_row(*key, *(_num(columns[c][key]) if key in columns[c] else "-"
+                              for c in CLIENT_MEASURES))
+    return table
 
 
 def _without_none(values: dict[tuple[str, ...], float]) -> dict[tuple[str, ...], float]:

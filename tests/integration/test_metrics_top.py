@@ -25,11 +25,13 @@ GATEHOUSE = [sys.executable, "-m", "gatehouse.cli"]
 
 @pytest.fixture
 def gatehouse(kafka: KafkaCluster, tmp_path: Path) -> Iterator[tuple[str, str]]:
-    """`gatehouse run` with metrics and a refusing rule: (bootstrap, metrics URL)."""
+    """`gatehouse run` with metrics (the clients' own too) and a refusing rule:
+    (bootstrap, metrics URL)."""
     port, metrics_port = free_port(), free_port()
     config = tmp_path / "gatehouse.yaml"
     config.write_text(f"listen: 127.0.0.1:{port}\nupstream: [{kafka.bootstrap}]\n"
-                      f"brokers: {{start_port: 0}}\nmetrics: {{listen: 127.0.0.1:{metrics_port}}}\n"
+                      f"brokers: {{start_port: 0}}\nmetrics: {{listen: 127.0.0.1:{metrics_port}, "
+                      "client_telemetry: {push_interval: 30}}\n"
                       "rules:\n  - name: no-describe-configs\n    deny_apis: [DescribeConfigs]\n"
                       "log: {level: WARNING}\n")
     proc = subprocess.Popen([*GATEHOUSE, "run", "--config", str(config)],
@@ -93,6 +95,9 @@ def test_top_once_shows_traffic_census_topics_and_refusals(
     assert row(text, "no-describe-configs", "refuse")[3] == "1"
     assert row(text, "DescribeConfigs", "CLUSTER_AUTHORIZATION_FAILED")[3] == "1"
     assert row(text, "client")  # the connections table
+    # What the producers measured themselves and pushed as they closed (KIP-714).
+    measured = row(text, "rdkafka", "confluent-kafka-python")
+    assert float(measured[2]) >= 0  # the producer's record queue time, in ms
 
 
 def test_top_command_once_and_unreachable(gatehouse: tuple[str, str]) -> None:
