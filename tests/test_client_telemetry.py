@@ -451,3 +451,31 @@ def test_the_clients_metrics_of_several_workers_are_served_as_one() -> None:
     assert creation.type == "counter"
     assert sorted((s.labels["worker"], s.labels["client_instance_id"][-1], s.value)
                   for s in creation.samples) == [("0", "1", 3.0), ("1", "2", 3.0)]
+
+
+def test_check_says_what_the_clients_are_asked_to_push(tmp_path: Any,
+                                                       capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    from gatehouse.cli import main
+
+    config = tmp_path / "gatehouse.yaml"
+    config.write_text("listen: 127.0.0.1:9192\nupstream: [127.0.0.1:9092]\nmetrics:\n"
+                      "  client_telemetry: {metrics: [org.apache.kafka.producer.], "
+                      "push_interval: 60}\n")
+    assert main(["check", "--config", str(config)]) == 0
+    assert ("metrics.client_telemetry: clients push metrics named "
+            "org.apache.kafka.producer.* to the proxy every 60 s (KIP-714), exported as "
+            "kafka_client_*, at most 10,000 samples") in capsys.readouterr().out
+
+
+def test_the_probe_says_who_receives_the_clients_metrics() -> None:
+    """A broker with a receiver of its own offers PushTelemetry: with client_telemetry
+    the proxy's answers keep the clients' metrics from it, which the probe says."""
+    from gatehouse.proxy.probe import telemetry_line
+
+    with_receiver = {18: (0, 4), 71: (0, 0), 72: (0, 0)}
+    without = {18: (0, 4)}
+    assert "none of these clients' metrics" in (telemetry_line(True, with_receiver) or "")
+    assert "the brokers have no receiver" in (telemetry_line(True, without) or "")
+    assert "through the proxy" in (telemetry_line(False, with_receiver) or "")
+    assert telemetry_line(False, without) is None

@@ -179,6 +179,13 @@ def _check(path: str, probe: bool = False) -> int:
     from gatehouse.capture.schema import native
 
     print(f"capture records: {'python' if native is None else 'c'}")
+    telemetry = config.client_telemetry
+    if telemetry is not None:
+        wanted = ("all their metrics" if telemetry.metrics == ("",) else
+                  "metrics named " + ", ".join(f"{p}*" for p in telemetry.metrics))
+        print(f"metrics.client_telemetry: clients push {wanted} to the proxy every "
+              f"{telemetry.push_interval:g} s (KIP-714), exported as kafka_client_*, at most "
+              f"{telemetry.max_series:,} samples")
     down, up = config.sasl_downstream, config.sasl_upstream
     if down is not None:
         from gatehouse.proxy.sasl import load_users

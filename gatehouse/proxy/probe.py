@@ -52,6 +52,9 @@ async def probe_upstream(proxy: Proxy, say: Callable[[str], None]) -> bool:
     say(f"cluster {metadata.cluster_id}: {len(brokers)} "
         f"broker{'s' if len(brokers) != 1 else ''}, controller {metadata.controller_id}")
     say(versions_line(ranges))
+    telemetry = telemetry_line(config.client_telemetry is not None, ranges)
+    if telemetry is not None:
+        say(telemetry)
     for broker in brokers:
         served = proxy.map_address(BrokerAddress(broker.node_id, broker.host, broker.port))
         what = (f"broker {broker.node_id} (clients: "
@@ -104,3 +107,23 @@ def versions_line(ranges: dict[int, tuple[int, int]]) -> str:
     if unknown:
         line += f"; API keys it does not know (not offered to clients): {', '.join(unknown)}"
     return line
+
+
+_PUSH_TELEMETRY = 72
+
+
+def telemetry_line(receiving: bool, ranges: dict[int, tuple[int, int]]) -> str | None:
+    """Who receives the clients' own metrics (KIP-714), when the proxy does
+    (``receiving``: metrics.client_telemetry) or the brokers do (they offer
+    PushTelemetry only with a receiver plugin); None when neither does."""
+    brokers = _PUSH_TELEMETRY in ranges
+    if receiving and brokers:
+        return ("client telemetry: the brokers have a receiver of their own, which gets "
+                "none of these clients' metrics: the proxy answers them "
+                "(metrics.client_telemetry)")
+    if receiving:
+        return ("client telemetry: the proxy receives the clients' metrics (the brokers "
+                "have no receiver)")
+    if brokers:
+        return "client telemetry: the brokers receive the clients' metrics, through the proxy"
+    return None

@@ -163,11 +163,14 @@ def test_check_probe_reaches_every_broker_as_the_proxy_would(
     assert lines[5:] == [f"  broker {n} (clients: 127.0.0.1:{19300 + n}) "
                          f"127.0.0.1:{nodes[n].port}: connected" for n in sorted(nodes)]
 
-    # A bootstrap server that is not there: said, and the exit status says so.
+    # A bootstrap server that is not there: said, and the exit status says so.  (The
+    # proxy receives the clients' own metrics: Kafka, with no receiver, offers none.)
     config.write_text(f"listen: 127.0.0.1:9192\nupstream: [127.0.0.1:{dead}, "
-                      f"{servers[0]}]\n")
+                      f"{servers[0]}]\nmetrics: {{client_telemetry: {{}}}}\n")
     result = probe()
     assert result.returncode == 1
+    assert ("  client telemetry: the proxy receives the clients' metrics (the brokers "
+            "have no receiver)") in result.stdout, result.stdout
     assert (f"  bootstrap 127.0.0.1:{dead}: all attempts to connect to 127.0.0.1:{dead} "
             "failed") in result.stdout, result.stdout
     assert "3 brokers" in result.stdout
