@@ -466,6 +466,11 @@ def test_check_says_what_the_clients_are_asked_to_push(tmp_path: Any,
     assert ("metrics.client_telemetry: clients push metrics named "
             "org.apache.kafka.producer.* to the proxy every 60 s (KIP-714), exported as "
             "kafka_client_*, at most 10,000 samples") in capsys.readouterr().out
+    config.write_text("listen: 127.0.0.1:9192\nupstream: [127.0.0.1:9092]\nmetrics:\n"
+                      "  client_telemetry: {mode: observe}\n")
+    assert main(["check", "--config", str(config)]) == 0
+    assert ("the proxy reads what clients push to the brokers' own receiver (KIP-714), "
+            "keeps all their metrics") in capsys.readouterr().out
 
 
 def test_the_probe_says_who_receives_the_clients_metrics() -> None:
@@ -479,3 +484,55 @@ def test_the_probe_says_who_receives_the_clients_metrics() -> None:
     assert "the brokers have no receiver" in (telemetry_line(True, without) or "")
     assert "through the proxy" in (telemetry_line(False, with_receiver) or "")
     assert telemetry_line(False, without) is None
+
+
+# -- observing the pushes on their way to the brokers' receiver -----------------------------
+
+
+def test_observing_reads_pushes_and_leaves_them_to_the_broker() -> None:
+    receiver = ClientTelemetry(TelemetrySettings(mode="observe", push_interval=10))
+    assert receiver.intercepts == {PUSH} and receiver.added_apis == ()
+    conn = connection()
+    for instance in (CLIENT, CLIENT, uuid.UUID(int=3)):  # no throttling: the broker's call
+        req = request(PUSH, 0, 9, client_instance_id=str(instance), subscription_id=4242,
+                      terminating=False, compression_type=4,
+                      metrics=bytes(cramjam.zstd.compress(PRODUCER)))
+        assert receiver.answer(req, conn) is None  # it goes on to the broker
+    assert receiver.answer(request(PUSH, 0, 9, client_instance_id=str(CLIENT),
+                                   subscription_id=1, terminating=False,
+                                   compression_type=0, metrics=b"\x07bad"), conn) is None
+    assert len(samples(receiver, "kafka_client_producer_connection_creation_total")) == 2
+    outcomes = {labels["outcome"]: value for labels, value in
+                samples(receiver, "gatehouse_client_telemetry_pushes_total")}
+    assert outcomes == {"observed": 3, "invalid_metrics": 1}
+    with pytest.raises(ValueError, match="not a telemetry request the proxy takes"):
+        receiver.answer(request(SUBSCRIBE, 0, 5, client_instance_id=str(NO_ID)), conn)
+
+
+def test_delta_sums_add_up_to_a_counter() -> None:
+    """A broker's subscription asks for deltas (Kafka's default): each push's increase is
+    added to what the series had, so Prometheus sees a counter either way."""
+    clock = Clock()
+    receiver = ClientTelemetry(TelemetrySettings(mode="observe"), clock=clock)
+
+    def delta(value: int) -> bytes:
+        metric = counter("org.apache.kafka.producer.record.send.total", value)
+        metric.sum.aggregation_temporality = metrics_pb2.AGGREGATION_TEMPORALITY_DELTA
+        return metrics_data(metric, gauge("org.apache.kafka.producer.queue", float(value)))
+
+    for value in (3, 4, 0):
+        req = request(PUSH, 0, 9, client_instance_id=str(CLIENT), subscription_id=1,
+                      terminating=False, compression_type=0, metrics=delta(value))
+        assert receiver.answer(req, connection()) is None
+        clock.now += 30
+    assert samples(receiver, "kafka_client_producer_record_send_total")[0][1] == 7.0
+    assert samples(receiver, "kafka_client_producer_queue")[0][1] == 0.0  # gauges: the last
+
+
+def test_client_telemetry_mode_config() -> None:
+    base = "listen: 127.0.0.1:9192\nupstream: [127.0.0.1:9092]\nmetrics:\n  client_telemetry:"
+    assert config_from_text(base + " {mode: observe}\n").client_telemetry.mode == "observe"
+    with pytest.raises(ConfigError) as info:
+        config_from_text(base + "\n    mode: steal\n", "proxy.yaml")
+    assert str(info.value).startswith("proxy.yaml:5: ")
+    assert "'receive'" in str(info.value) and "'observe'" in str(info.value)

@@ -584,6 +584,36 @@ async def test_telemetry_requests_are_the_proxys_to_answer_in_their_place_in_lin
         assert h.conn.requests == 6
 
 
+async def test_observed_telemetry_goes_on_to_the_brokers_receiver() -> None:
+    """client_telemetry in observe mode: the broker's ApiVersions stand, and a push is
+    read on its way to the broker, which answers it."""
+    from gatehouse.metrics.telemetry import ClientTelemetry, TelemetrySettings
+
+    telemetry = ClientTelemetry(TelemetrySettings(mode="observe"))
+    offered = [{"api_key": 18, "min_version": 0, "max_version": 4},
+               {"api_key": 71, "min_version": 0, "max_version": 0},
+               {"api_key": 72, "min_version": 0, "max_version": 0}]
+
+    def handler(req: codecs.Request) -> Any:
+        if req.api_key == 18:
+            return response_body(18, req.api_version, api_keys=offered)
+        return response_body(72, 0, error_code=0, throttle_time_ms=7)
+
+    gauge = nested(b"\x0a\x01g" + nested(b"\x21" + bytes(8), 5, 1), 1, 2, 2)
+    async with proxied(handler, client_telemetry=telemetry) as h:
+        await h.client.send(request(18, 3, 1).encode())
+        body = codecs.decode_response(await h.client.receive(), 18, 3).body
+        assert sorted(k.api_key for k in body.api_keys) == [18, 71, 72]
+        await h.client.send(request(
+            72, 0, 2, client_instance_id="00000000-0000-0000-0000-000000000009",
+            subscription_id=77, terminating=False, compression_type=0,
+            metrics=gauge).encode())
+        answer = codecs.decode_response(await h.client.receive(), 72, 0).body
+        assert answer.throttle_time_ms == 7  # the broker's answer
+        assert [codecs.decode_request_header(f).api_key for f in h.broker.received] == [18, 72]
+        assert telemetry.kept_samples == 1
+
+
 async def test_api_versions_unsupported_version_answered_in_v0_format() -> None:
     # A broker that does not know ApiVersions v4 answers error 35 in the v0 layout.
     v0_body = response_body(18, 0, error_code=35, api_keys=[

@@ -183,9 +183,14 @@ def _check(path: str, probe: bool = False) -> int:
     if telemetry is not None:
         wanted = ("all their metrics" if telemetry.metrics == ("",) else
                   "metrics named " + ", ".join(f"{p}*" for p in telemetry.metrics))
-        print(f"metrics.client_telemetry: clients push {wanted} to the proxy every "
-              f"{telemetry.push_interval:g} s (KIP-714), exported as kafka_client_*, at most "
-              f"{telemetry.max_series:,} samples")
+        if telemetry.mode == "observe":
+            print(f"metrics.client_telemetry: the proxy reads what clients push to the "
+                  f"brokers' own receiver (KIP-714), keeps {wanted}, exported as "
+                  f"kafka_client_*, at most {telemetry.max_series:,} samples")
+        else:
+            print(f"metrics.client_telemetry: clients push {wanted} to the proxy every "
+                  f"{telemetry.push_interval:g} s (KIP-714), exported as kafka_client_*, "
+                  f"at most {telemetry.max_series:,} samples")
     down, up = config.sasl_downstream, config.sasl_upstream
     if down is not None:
         from gatehouse.proxy.sasl import load_users

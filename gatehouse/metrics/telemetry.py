@@ -79,12 +79,16 @@ Metrics = tuple[ResourceMetrics, ...] | int
 class TelemetrySettings:
     """``metrics.client_telemetry``: which metrics clients are asked for (name prefixes,
     KIP-714's subscription; ``("",)``: all), how often (seconds), the largest push
-    (bytes) and the most samples kept over all clients."""
+    (bytes), the most samples kept over all clients, and who receives the pushes."""
 
     metrics: tuple[str, ...] = ("",)
     push_interval: float = 30.0
     max_bytes: int = 1024 * 1024
     max_series: int = 10_000
+    # "receive": the proxy is the clients' receiver (it offers and answers the two APIs);
+    # "observe": the brokers are (a plugin of theirs), and the proxy reads the pushes on
+    # their way to them (``metrics`` then only filters what it keeps).
+    mode: str = "receive"
 
     @property
     def subscription_id(self) -> int:
@@ -145,24 +149,33 @@ class ClientTelemetry:
         self.kept_samples = 0  # over all instances: at most settings.max_series
         self.counts = _Counts()
         self._next_purge = 0.0
-
-    added_apis = ADDED_APIS  # offered to clients in ApiVersions answers
+        self.receives = settings.mode == "receive"
+        # What the connections hand over (``answer``), and offer to their clients.
+        self.intercepts = frozenset((GET_TELEMETRY_SUBSCRIPTIONS, PUSH_TELEMETRY)
+                                    if self.receives else (PUSH_TELEMETRY,))
+        self.added_apis = ADDED_APIS if self.receives else ()
 
     # -- the two requests ------------------------------------------------------------
 
-    def answer(self, req: Request, conn: Any, read: Metrics | None = None) -> Response:
+    def answer(self, req: Request, conn: Any, read: Metrics | None = None
+               ) -> Response | None:
         """The answer to a GetTelemetrySubscriptions or PushTelemetry request of a
         connection (a ``proxy.hooks.ConnectionInfo``: who pushes, as the proxy knows);
-        ``read``: what ``offload``'s work found in the push."""
+        ``read``: what ``offload``'s work found in the push.  Observing, a push is read
+        and None returned: it goes on to the broker, which answers it."""
         now = self.clock()
         self._purge(now)
-        if req.api_key == GET_TELEMETRY_SUBSCRIPTIONS:
+        if req.api_key == GET_TELEMETRY_SUBSCRIPTIONS and self.receives:
             return self._subscription(req)
         if req.api_key != PUSH_TELEMETRY:
-            raise ValueError(f"not a telemetry request: API key {req.api_key}")
-        code = self._push(req, conn, now, read)
-        outcome = _OUTCOMES[code]
+            raise ValueError(f"not a telemetry request the proxy takes: API key "
+                             f"{req.api_key}")
+        code = self._push(req, conn, now, read) if self.receives else self._observe(
+            req, conn, now, read)
+        outcome = "observed" if code == NONE and not self.receives else _OUTCOMES[code]
         self.counts.pushes[outcome] = self.counts.pushes.get(outcome, 0) + 1
+        if not self.receives:
+            return None
         body = api(PUSH_TELEMETRY).response.root.cls(error_code=code)
         return Response.build(PUSH_TELEMETRY, req.api_version, req.correlation_id, body)
 
@@ -188,11 +201,12 @@ class ClientTelemetry:
         through: the reading of its metrics (decompressed, decoded: pure, no state of
         the receiver's), for the caller to run in a thread and give to ``answer``, so a
         large push does not hold the event loop.  None: ``answer`` reads it itself."""
-        if req.api_key != PUSH_TELEMETRY or len(req.body.metrics or b"") < READ_IN_THREAD:
+        size = len(req.body.metrics or b"") if req.api_key == PUSH_TELEMETRY else 0
+        if size < READ_IN_THREAD:
             return None
-        if self._refusal(req, conn, self.clock()) is not None:
-            return None
-        return partial(self._read, req.body)
+        refused = (self._refusal(req, conn, self.clock()) is not None if self.receives
+                   else size > self.settings.max_bytes)
+        return None if refused else partial(self._read, req.body)
 
     def _refusal(self, req: Request, conn: Any, now: float) -> int | None:
         """What the push is refused with before its metrics are read; None: nothing."""
@@ -241,23 +255,47 @@ class ClientTelemetry:
         resources = read if read is not None else self._read(body)
         if isinstance(resources, int):
             return resources
+        conn.state[_LAST_PUSH] = now
+        self._keep(body, conn, now, resources)
+        return NONE
+
+    def _observe(self, req: Request, conn: Any, now: float, read: Metrics | None) -> int:
+        """A push on its way to the broker's receiver, read (what the broker answers is
+        its own business); the code says why it was not."""
+        body = req.body
+        if len(body.metrics or b"") > self.settings.max_bytes:
+            return TELEMETRY_TOO_LARGE
+        resources = read if read is not None else self._read(body)
+        if isinstance(resources, int):
+            return resources
+        self._keep(body, conn, now, resources)
+        return NONE
+
+    def _keep(self, body: Any, conn: Any, now: float,
+              resources: Sequence[ResourceMetrics]) -> None:
+        """A client instance's samples are now what it pushed."""
         s = self.settings
         instance_id = body.client_instance_id
-        conn.state[_LAST_PUSH] = now
         labels = (("client_instance_id", str(instance_id)),
                   *((key, value[:_MAX_LABEL_VALUE]) for key, value in identity_of(conn)
                     if value))
+        # A client pushes at the interval its subscription gives: the broker's, when the
+        # proxy observes (its own setting stands in for it).
         keep_for = s.push_interval * (1 if body.terminating else 3)
         known = self.instances.get(instance_id)
         if known is not None:
             self.kept_samples -= len(known.samples)
-        samples = self._samples(resources, labels, s.max_series - self.kept_samples)
+        samples = self._samples(resources, labels, s.max_series - self.kept_samples,
+                                known.samples if known is not None else ())
         self.kept_samples += len(samples)
         self.instances[instance_id] = _Instance(now, now + keep_for, samples)
-        return NONE
 
     def _samples(self, resources: Sequence[ResourceMetrics],
-                 identity: tuple[tuple[str, str], ...], room: int) -> tuple[Sample, ...]:
+                 identity: tuple[tuple[str, str], ...], room: int,
+                 before: Sequence[Sample]) -> tuple[Sample, ...]:
+        """The samples of a push, at most ``room`` of them; a delta sum's value is added to
+        the one it had ``before`` (a counter stays a counter, as Prometheus wants)."""
+        previous = {(b.family, tuple(sorted(b.labels))): b.value for b in before}
         taken = {key for key, _ in identity}
         wanted = self.settings.metrics
         # One sample per name and labels (the last sent): a series twice over in one
@@ -276,7 +314,10 @@ class ClientTelemetry:
                     self.counts.dropped_samples += 1
                     continue
                 counter = point.kind == "sum" and point.monotonic
-                samples[key] = Sample(name, counter, labels, point.value)
+                value = point.value
+                if point.temporality == "delta":
+                    value += samples[key].value if key in samples else previous.get(key, 0.0)
+                samples[key] = Sample(name, counter, labels, value)
         return tuple(samples.values())
 
     def _purge(self, now: float) -> None:

@@ -276,7 +276,13 @@ def _client_telemetry(section: Reader) -> Any:
     if not wanted:
         raise section.error("metrics", f"{section.what}.metrics asks for no metric: name "
                             "prefixes, or '' for all (leave client_telemetry out for none)")
+    mode = section.take("mode", str, "receive")
+    if mode not in ("receive", "observe"):
+        raise section.error("mode", f"{section.what}.mode is 'receive' (the proxy receives "
+                            "the clients' metrics) or 'observe' (the brokers do, the proxy "
+                            f"reads them on the way), not {mode!r}")
     settings = TelemetrySettings(
+        mode=mode,
         metrics=tuple(prefix for prefix, _ in wanted),
         push_interval=float(_positive(section, "push_interval",
                                       TelemetrySettings.push_interval)),

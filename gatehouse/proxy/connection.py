@@ -105,9 +105,6 @@ logger = logging.getLogger("gatehouse.proxy")
 _SIZE = struct.Struct(">i")
 PRODUCE = 0
 SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
-# KIP-714's GetTelemetrySubscriptions and PushTelemetry: the proxy's to answer when it
-# receives the clients' telemetry (metrics.client_telemetry).
-_TELEMETRY_APIS = frozenset((71, 72))
 # SaslHandshake v0 is followed by raw size-prefixed tokens, no Kafka header.  How many
 # client tokens each mechanism sends; None: unknown, so watch for the first frame that
 # parses as a whole Kafka request (GSSAPI's exchange length varies).
@@ -298,7 +295,8 @@ class ProxyConnection:
         # The request being received was found not to stream: not asked again at every
         # receive of its bytes.
         self.store_and_forward = False
-        self.telemetry_keys = _TELEMETRY_APIS if ctx.client_telemetry is not None else ()
+        self.telemetry_keys = (ctx.client_telemetry.intercepts
+                               if ctx.client_telemetry is not None else ())
         # Whether large frames' records may go socket to socket: both ends are plain TCP.
         self.splices_requests = (ctx.pipes is not None and self.client_io.socket is not None
                                  and self.upstream_io.socket is not None)
@@ -544,16 +542,19 @@ class ProxyConnection:
             self._malformed("request", exc)
         now = trio.current_time()
         if isinstance(decision, Forward) and header.api_key in self.telemetry_keys:
-            # The proxy is the clients' telemetry receiver: never the broker's to answer.
+            # The clients' telemetry, received by the proxy (answered here, never by the
+            # broker), or observed on its way to the broker's own receiver.
             telemetry = self.ctx.client_telemetry
             read = telemetry.offload(decision.request, conn)
             if read is not None:  # a large push: read in a thread, the loop serving on
                 read = await trio.to_thread.run_sync(read)
             answer = telemetry.answer(decision.request, conn, read)
-            await self._answer_locally(Pending(
-                header.correlation_id, header.api_key, header.api_version, now,
-                local=bytes(answer.encode()), policy=policy))
-        elif isinstance(decision, Forward):
+            if answer is not None:
+                await self._answer_locally(Pending(
+                    header.correlation_id, header.api_key, header.api_version, now,
+                    local=bytes(answer.encode()), policy=policy))
+                return
+        if isinstance(decision, Forward):
             charges = policy.quota_charges(conn, now)
             if charges:
                 now = await self._hold_for_quotas(charges, policy, header.api_key,

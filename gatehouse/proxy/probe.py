@@ -52,7 +52,8 @@ async def probe_upstream(proxy: Proxy, say: Callable[[str], None]) -> bool:
     say(f"cluster {metadata.cluster_id}: {len(brokers)} "
         f"broker{'s' if len(brokers) != 1 else ''}, controller {metadata.controller_id}")
     say(versions_line(ranges))
-    telemetry = telemetry_line(config.client_telemetry is not None, ranges)
+    telemetry = telemetry_line(config.client_telemetry is not None
+                               and config.client_telemetry.mode == "receive", ranges)
     if telemetry is not None:
         say(telemetry)
     for broker in brokers:

@@ -8,10 +8,15 @@ pushed it as the proxy saw the connection.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import confluent_kafka as ck
+import pytest
 
 from tests.support.clients import (
     aiokafka_produce,
@@ -21,10 +26,40 @@ from tests.support.clients import (
     produce,
     unique,
 )
-from tests.support.kafka import KafkaCluster
+from tests.support.kafka import BROKER_JVM_OPTS, JAVA_SOURCES, KafkaCluster, libs_with_plugin
 from tests.support.proxythread import ProxyThread
 
 PERF = "org.apache.kafka.tools.ProducerPerformance"
+CLIENT_METRICS = "org.apache.kafka.tools.ClientMetricsCommand"
+
+
+@pytest.fixture(scope="module")
+def kafka_receiver(kafka_libs: Path, tmp_path_factory: pytest.TempPathFactory
+                   ) -> Iterator[tuple[KafkaCluster, Path]]:
+    """A broker with a telemetry receiver of its own (tests/support/java/
+    TelemetryRecorder.java, a metrics reporter that writes one line per push it gets to
+    the file it yields) and a subscription asking every client for every metric each
+    second."""
+    where = tmp_path_factory.mktemp("telemetry-receiver")
+    libs = libs_with_plugin(kafka_libs, JAVA_SOURCES / "TelemetryRecorder.java",
+                            where / "plugin")
+    received = where / "received.txt"
+    with KafkaCluster(1, libs=libs, extra_config={"metric.reporters": "TelemetryRecorder"},
+                      jvm_opts=(*BROKER_JVM_OPTS,
+                                f"-Dgatehouse.telemetry.file={received}")) as cluster:
+        subscribed = cluster.run_java_tool(
+            CLIENT_METRICS, "--bootstrap-server", cluster.bootstrap, "--alter", "--name",
+            "everything", "--metrics", "*", "--interval", "1000", timeout=120)
+        assert subscribed.returncode == 0, subscribed.stderr[-2000:]
+        yield cluster, received
+
+
+def pushes_received(received: Path, client_id: str) -> int:
+    """How many pushes of ``client_id`` the broker's receiver got."""
+    if not received.exists():
+        return 0
+    return sum(1 for line in received.read_text().splitlines()
+               if line.split(" ", 1)[0] == client_id)
 
 
 def telemetry_config(push_interval: float) -> str:
@@ -149,3 +184,62 @@ def test_without_client_telemetry_clients_push_nothing(kafka: KafkaCluster) -> N
         assert proxy.summed("gatehouse_requests_total", api="GetTelemetrySubscriptions") == 0
         assert proxy.summed("gatehouse_requests_total", api="PushTelemetry") == 0
         assert proxy.summed("gatehouse_requests_total", api="ApiVersions") >= 2
+
+
+def test_observing_leaves_the_pushes_to_the_brokers_receiver_and_reads_them_too(
+        kafka_receiver: tuple[KafkaCluster, Path]) -> None:
+    """mode: observe, in front of a cluster whose plugin receives the clients' metrics:
+    the plugin gets every push, and the proxy exports what they carry."""
+    kafka, received = kafka_receiver
+    topic = unique("telemetry-observed")
+    kafka.create_topic(topic, partitions=1)
+    config = "metrics:\n  client_telemetry: {mode: observe}\n"
+    with ProxyThread(kafka.bootstrap, extra_config=config) as proxy:
+        producer = ck.Producer({"bootstrap.servers": proxy.bootstrap,
+                                "client.id": "observed-producer", "log_level": 3})
+        for i in range(100):
+            producer.produce(topic, f"m{i}".encode())
+        assert producer.flush(30) == 0
+        wait_for_samples(proxy, "observed-producer",
+                         "kafka_client_producer_record_queue_time_avg",
+                         lambda: producer.poll(0.2))
+        deadline = time.monotonic() + 30
+        while pushes_received(received, "observed-producer") < 2:
+            assert time.monotonic() < deadline, "the broker's receiver got no pushes"
+            producer.poll(0.2)
+        observed = proxy.sample("gatehouse_client_telemetry_pushes_total", outcome="observed")
+        assert observed >= 2
+        # The broker answered each (the proxy answered none), and offered the APIs itself.
+        assert proxy.sample("gatehouse_responses_total", api="PushTelemetry",
+                            error="NONE") >= observed - 1  # the last may be in flight
+        # A delta sum (librdkafka's connections made since the last push, 0 here: it
+        # connected before its subscription) exported as a counter all the same.
+        assert "kafka_client_producer_connection_creation_total" in client_samples(
+            proxy, "observed-producer")
+
+
+def test_receiving_keeps_the_pushes_from_the_brokers_receiver(
+        kafka_receiver: tuple[KafkaCluster, Path], tmp_path: Path) -> None:
+    """mode: receive (the default) in front of the same cluster: the proxy answers the
+    pushes and the broker's plugin gets none of them, which `check --probe` says."""
+    kafka, received = kafka_receiver
+    topic = unique("telemetry-kept")
+    kafka.create_topic(topic, partitions=1)
+    with ProxyThread(kafka.bootstrap, extra_config=telemetry_config(1)) as proxy:
+        producer = ck.Producer({"bootstrap.servers": proxy.bootstrap,
+                                "client.id": "kept-producer", "log_level": 3})
+        producer.produce(topic, b"x")
+        assert producer.flush(30) == 0
+        wait_for_samples(proxy, "kept-producer", "kafka_client_producer_record_queue_time_avg",
+                         lambda: producer.poll(0.2))
+        assert proxy.sample("gatehouse_client_telemetry_pushes_total", outcome="accepted") >= 1
+    assert pushes_received(received, "kept-producer") == 0
+    config = tmp_path / "proxy.yaml"
+    config.write_text(f"listen: 127.0.0.1:9192\nupstream: [{kafka.bootstrap}]\n"
+                      "metrics: {client_telemetry: {}}\n")
+    result = subprocess.run([sys.executable, "-m", "gatehouse.cli", "check", "--config",
+                             str(config), "--probe"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert ("client telemetry: the brokers have a receiver of their own, which gets none "
+            "of these clients' metrics") in result.stdout, result.stdout
