@@ -213,6 +213,17 @@ def test_a_client_cannot_pose_as_another_or_as_the_proxy() -> None:
         "kafka_client_consumer_fetch_manager_fetch_latency_avg")
 
 
+def test_a_client_cannot_name_a_principal_the_connection_has_not() -> None:
+    receiver = ClientTelemetry(TelemetrySettings())
+    anonymous = ConnectionInfo(id=2, client="10.0.0.6:40000", listener="broker-0",
+                               client_id="app")
+    data = metrics_data(gauge("g", 1.0, kv("principal", string_value="User:admin")),
+                        resource=(kv("client_software_name", string_value="fake"),))
+    assert push(receiver, data, conn=anonymous) == 0
+    ((labels, _),) = samples(receiver, "kafka_client_g")
+    assert "principal" not in labels and "client_software_name" not in labels
+
+
 def test_only_the_metrics_asked_for_are_kept() -> None:
     receiver = ClientTelemetry(TelemetrySettings(metrics=("org.apache.kafka.producer.node",)))
     assert push(receiver, PRODUCER) == 0

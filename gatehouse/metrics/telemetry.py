@@ -9,6 +9,8 @@ no broker change: it offers the two APIs in ApiVersions answers (``ADDED_APIS``)
 them itself (``ClientTelemetry.answer``: they never reach a broker), and exports what the
 clients push as ``kafka_client_*`` metrics labelled with who pushed them, as the proxy
 knows the connection (client id, KIP-511 software, principal), not as the client says.
+In front of brokers that have a receiver of their own, ``mode: observe`` leaves the two
+APIs to them and reads each push on its way (``answer`` returns None: it goes on).
 
 Bounded: at most ``max_series`` samples over all clients (the rest dropped and counted),
 ``max_bytes`` per push (compressed and decompressed), label values cut at
@@ -33,11 +35,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from gatehouse import compression
-from gatehouse.codecs import ProtocolError, Request, Response, api
+from gatehouse.codecs import API_KEYS_BY_NAME, ProtocolError, Request, Response, api
 from gatehouse.codecs.otlp import ResourceMetrics, decode_metrics_data
 
-GET_TELEMETRY_SUBSCRIPTIONS: Final = 71
-PUSH_TELEMETRY: Final = 72
+GET_TELEMETRY_SUBSCRIPTIONS: Final = API_KEYS_BY_NAME["GetTelemetrySubscriptions"]
+PUSH_TELEMETRY: Final = API_KEYS_BY_NAME["PushTelemetry"]
 # What the proxy answers itself, offered in ApiVersions answers: (key, min, max).
 ADDED_APIS: Final = ((GET_TELEMETRY_SUBSCRIPTIONS, 0, 0), (PUSH_TELEMETRY, 0, 0))
 
@@ -296,14 +298,14 @@ class ClientTelemetry:
         """The samples of a push, at most ``room`` of them; a delta sum's value is added to
         the one it had ``before`` (a counter stays a counter, as Prometheus wants)."""
         previous = {(b.family, tuple(sorted(b.labels))): b.value for b in before}
-        taken = {key for key, _ in identity}
+        taken = set(IDENTITY_LABELS)  # also those this connection has no value for
         wanted = self.settings.metrics
         # One sample per name and labels (the last sent): a series twice over in one
         # exposition is one Prometheus refuses.
         samples: dict[tuple[str, tuple[tuple[str, str], ...]], Sample] = {}
         for resource in resources:
             base = [*identity, *_labels(resource.attributes, taken)]
-            own = {key for key, _ in base}
+            own = taken | {key for key, _ in base}
             for point in resource.points:
                 if not point.name.startswith(wanted):
                     continue  # not asked for: a client's error, not kept
