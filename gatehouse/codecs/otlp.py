@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from gatehouse.codecs.errors import RemoteProtocolError
+from gatehouse.codecs.primitives import read_uvarlong
 
 _DOUBLE: Final = struct.Struct("<d")
 _INT64: Final = struct.Struct("<q")
@@ -80,21 +81,6 @@ def _is_message(wire: int, what: str) -> bool:
     return True
 
 
-def _varint(view: memoryview, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(view):
-            raise RemoteProtocolError("telemetry metrics: a varint runs past the end")
-        byte = view[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result, pos
-        shift += 7
-        if shift >= 70:
-            raise RemoteProtocolError("telemetry metrics: a varint longer than 10 bytes")
-
-
 def _fields(view: memoryview) -> list[tuple[int, int, int, int]]:
     """Each field of a message: (number, wire type, start, end); a varint's value is its
     ``start`` (and ``end`` is 0), other fields' bytes are ``view[start:end]``."""
@@ -102,12 +88,12 @@ def _fields(view: memoryview) -> list[tuple[int, int, int, int]]:
     pos = 0
     end_of_message = len(view)
     while pos < end_of_message:
-        key, pos = _varint(view, pos)
+        key, pos = read_uvarlong(view, pos)
         number, wire = key >> 3, key & 7
         if number == 0:
             raise RemoteProtocolError("telemetry metrics: a field numbered 0")
         if wire == _VARINT:
-            value, pos = _varint(view, pos)
+            value, pos = read_uvarlong(view, pos)
             fields.append((number, wire, value, 0))
             continue
         if wire == _FIXED64:
@@ -115,7 +101,7 @@ def _fields(view: memoryview) -> list[tuple[int, int, int, int]]:
         elif wire == _FIXED32:
             size = 4
         elif wire == _LENGTH:
-            size, pos = _varint(view, pos)
+            size, pos = read_uvarlong(view, pos)
         else:
             raise RemoteProtocolError(f"telemetry metrics: wire type {wire} "
                                       f"(field {number}) is not one protobuf has")
