@@ -542,7 +542,12 @@ def test_delta_sums_add_up_to_a_counter() -> None:
 
 def test_client_telemetry_mode_config() -> None:
     base = "listen: 127.0.0.1:9192\nupstream: [127.0.0.1:9092]\nmetrics:\n  client_telemetry:"
-    assert config_from_text(base + " {mode: observe}\n").client_telemetry.mode == "observe"
+    observed = config_from_text(base + " {mode: observe}\n").client_telemetry
+    assert observed.mode == "observe"
+    # The brokers' interval, as Kafka's default, keeps a client's series between pushes.
+    assert observed.push_interval == 300.0
+    assert config_from_text(base + " {mode: observe, push_interval: 60}\n"
+                            ).client_telemetry.push_interval == 60.0
     with pytest.raises(ConfigError) as info:
         config_from_text(base + "\n    mode: steal\n", "proxy.yaml")
     assert str(info.value).startswith("proxy.yaml:5: ")

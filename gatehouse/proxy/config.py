@@ -261,6 +261,9 @@ def _positive(reader: Reader, key: str, default: float | None, integer: bool = F
     return value
 
 
+OBSERVED_PUSH_INTERVAL = 300.0  # seconds: Kafka's client metrics interval.ms default
+
+
 def _client_telemetry(section: Reader) -> Any:
     """``metrics.client_telemetry``: which metrics the clients are asked for (name
     prefixes; none given: all), how often (seconds), and the bounds."""
@@ -281,11 +284,15 @@ def _client_telemetry(section: Reader) -> Any:
         raise section.error("mode", f"{section.what}.mode is 'receive' (the proxy receives "
                             "the clients' metrics) or 'observe' (the brokers do, the proxy "
                             f"reads them on the way), not {mode!r}")
+    # Observing, the brokers' subscription sets the interval: Kafka's default
+    # (interval.ms, 5 minutes) stands in for it unless told, so that a client's series
+    # outlive the time between its pushes.
     settings = TelemetrySettings(
         mode=mode,
         metrics=tuple(prefix for prefix, _ in wanted),
         push_interval=float(_positive(section, "push_interval",
-                                      TelemetrySettings.push_interval)),
+                                      TelemetrySettings.push_interval if mode == "receive"
+                                      else OBSERVED_PUSH_INTERVAL)),
         max_bytes=_positive(section, "max_bytes", TelemetrySettings.max_bytes, True),
         max_series=_positive(section, "max_series", TelemetrySettings.max_series, True),
     )
