@@ -77,6 +77,18 @@ def client_samples(proxy: ProxyThread, client_id: str) -> dict[str, dict[str, An
     return found
 
 
+def pushes_taken(proxy: ProxyThread, outcome: str) -> float:
+    """How many pushes the proxy took with ``outcome``, checked to be every push request
+    it got, each answered with NONE (by it or the broker) but maybe the last, whose
+    client may have gone.  Read once the proxy has stopped: clients push every second,
+    and a push counted as a request may be a moment from its answer."""
+    taken = proxy.sample("gatehouse_client_telemetry_pushes_total", outcome=outcome)
+    assert proxy.summed("gatehouse_requests_total", api="PushTelemetry") == taken
+    answered = proxy.sample("gatehouse_responses_total", api="PushTelemetry", error="NONE")
+    assert taken - 1 <= answered <= taken
+    return taken
+
+
 def wait_for_samples(proxy: ProxyThread, client_id: str, wanted: str,
                      serve: Any, timeout: float = 30.0) -> dict[str, dict[str, Any]]:
     """The client's samples once one named ``wanted`` is among them; ``serve()`` runs the
@@ -130,15 +142,8 @@ def test_librdkafka_producers_and_consumers_push_their_metrics_to_the_proxy(
         consumer.close()  # its last push, terminating
         producer.close()
 
-    # Read once the proxy has stopped: the clients push every second, and a push counted
-    # as a request may be a moment from its answer.  Every telemetry request was the
-    # proxy's to answer, and it took every push.
-    pushes = proxy.summed("gatehouse_requests_total", api="PushTelemetry")
-    assert pushes >= 2
-    assert proxy.sample("gatehouse_client_telemetry_pushes_total", outcome="accepted") == pushes
-    # (The last push's answer may find its client gone.)
-    answered = proxy.sample("gatehouse_responses_total", api="PushTelemetry", error="NONE")
-    assert pushes - 1 <= answered <= pushes
+    # Every telemetry request was the proxy's to answer, and it took every push.
+    assert pushes_taken(proxy, "accepted") >= 2
     assert proxy.summed("gatehouse_requests_total", api="GetTelemetrySubscriptions") >= 2
 
 
@@ -215,13 +220,8 @@ def test_observing_leaves_the_pushes_to_the_brokers_receiver_and_reads_them_too(
         assert "kafka_client_producer_connection_creation_total" in client_samples(
             proxy, "observed-producer")
         producer.close()
-    # Once the proxy has stopped: the broker answered each push the proxy read (the
-    # proxy answered none; the last answer may find its client gone).
-    observed = proxy.sample("gatehouse_client_telemetry_pushes_total", outcome="observed")
-    assert observed >= 2
-    assert proxy.summed("gatehouse_requests_total", api="PushTelemetry") == observed
-    answered = proxy.sample("gatehouse_responses_total", api="PushTelemetry", error="NONE")
-    assert observed - 1 <= answered <= observed
+    # The proxy read every push, and the broker answered each (the proxy none).
+    assert pushes_taken(proxy, "observed") >= 2
 
 
 def test_receiving_keeps_the_pushes_from_the_brokers_receiver(
