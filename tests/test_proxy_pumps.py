@@ -125,7 +125,6 @@ async def proxied(
         upstream_credentials=upstream_credentials,
         sasl_session_lifetime=sasl_session_lifetime,
         client_telemetry=client_telemetry,
-        added_apis=client_telemetry.added_apis if client_telemetry is not None else (),
     )
     conn = ConnectionInfo(id=1, client="127.0.0.1:5555", listener="bootstrap",
                           upstream="broker:9092")

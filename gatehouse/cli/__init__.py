@@ -183,7 +183,7 @@ def _check(path: str, probe: bool = False) -> int:
     if telemetry is not None:
         wanted = ("all their metrics" if telemetry.metrics == ("",) else
                   "metrics named " + ", ".join(f"{p}*" for p in telemetry.metrics))
-        if telemetry.mode == "observe":
+        if not telemetry.receives:
             print(f"metrics.client_telemetry: the proxy reads what clients push to the "
                   f"brokers' own receiver (KIP-714), keeps {wanted}, exported as "
                   f"kafka_client_*, at most {telemetry.max_series:,} samples")

@@ -61,9 +61,13 @@ _MAX_LABEL_VALUE: Final = 200
 READ_IN_THREAD: Final = 64 * 1024  # a push's bytes from which it is read in a thread
 _LAST_PUSH: Final = "client_telemetry.last_push"  # in a connection's state
 _PURGE_EVERY: Final = 1.0  # seconds between sweeps for forgotten client instances
-# Labels the proxy sets from the connection; a client's attribute of the same name loses.
-IDENTITY_LABELS: Final = ("client_instance_id", "client_id", "client_software_name",
-                          "client_software_version", "principal")
+# Labels the proxy sets from the connection (label, ConnectionInfo attribute), after the
+# client instance id; a client's attribute of the same name loses.
+_CONNECTION_LABELS: Final = (("client_id", "client_id"),
+                             ("client_software_name", "software_name"),
+                             ("client_software_version", "software_version"),
+                             ("principal", "principal"))
+IDENTITY_LABELS: Final = ("client_instance_id", *(label for label, _ in _CONNECTION_LABELS))
 _NOT_NAME: Final = re.compile(r"[^a-zA-Z0-9_]")
 
 _OUTCOMES: Final = {NONE: "accepted", INVALID_REQUEST: "invalid_request",
@@ -91,6 +95,11 @@ class TelemetrySettings:
     # "observe": the brokers are (a plugin of theirs), and the proxy reads the pushes on
     # their way to them (``metrics`` then only filters what it keeps).
     mode: str = "receive"
+
+    @property
+    def receives(self) -> bool:
+        """Whether the proxy is the receiver (else it observes the brokers')."""
+        return self.mode == "receive"
 
     @property
     def subscription_id(self) -> int:
@@ -151,7 +160,7 @@ class ClientTelemetry:
         self.kept_samples = 0  # over all instances: at most settings.max_series
         self.counts = _Counts()
         self._next_purge = 0.0
-        self.receives = settings.mode == "receive"
+        self.receives = settings.receives
         # What the connections hand over (``answer``), and offer to their clients.
         self.intercepts = frozenset((GET_TELEMETRY_SUBSCRIPTIONS, PUSH_TELEMETRY)
                                     if self.receives else (PUSH_TELEMETRY,))
@@ -399,6 +408,4 @@ def _labels(pairs: Sequence[tuple[str, str]], taken: set[str]) -> list[tuple[str
 
 def identity_of(conn: Any) -> tuple[tuple[str, str | None], ...]:
     """The identity labels of a connection (a ``proxy.hooks.ConnectionInfo``)."""
-    return (("client_id", conn.client_id), ("client_software_name", conn.software_name),
-            ("client_software_version", conn.software_version),
-            ("principal", conn.principal))
+    return tuple((label, getattr(conn, attr)) for label, attr in _CONNECTION_LABELS)

@@ -183,7 +183,7 @@ class ConnectionContext:
     # metrics.client_telemetry: the clients' KIP-714 telemetry requests are answered by
     # it (a gatehouse.metrics.telemetry.ClientTelemetry), and offered to them.
     client_telemetry: Any = None
-    added_apis: tuple[tuple[int, int, int], ...] = ()
+    added_apis: tuple[tuple[int, int, int], ...] = field(init=False)  # in ApiVersions
     request_budget: ByteBudget = field(init=False)
     response_budget: ByteBudget = field(init=False)
     frame_buffers: BufferPool = field(init=False)
@@ -193,6 +193,8 @@ class ConnectionContext:
     pipes: PipePool | None = field(init=False)
 
     def __post_init__(self) -> None:
+        self.added_apis = (self.client_telemetry.added_apis
+                           if self.client_telemetry is not None else ())
         self.request_budget = ByteBudget(self.limits.max_buffered_request_bytes)
         self.response_budget = ByteBudget(self.limits.max_buffered_response_bytes)
         # Kept between large frames; within the response budget, at most 32 MiB.

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import trio
 
-from gatehouse.codecs import APIS, ProtocolError, api_name
+from gatehouse.codecs import APIS, ProtocolError, api, api_name
 from gatehouse.proxy.addresses import BrokerAddress
 from gatehouse.proxy.config import Address
 from gatehouse.proxy.connection import STREAM_ERRORS, aclose_quietly
@@ -53,7 +53,7 @@ async def probe_upstream(proxy: Proxy, say: Callable[[str], None]) -> bool:
         f"broker{'s' if len(brokers) != 1 else ''}, controller {metadata.controller_id}")
     say(versions_line(ranges))
     telemetry = telemetry_line(config.client_telemetry is not None
-                               and config.client_telemetry.mode == "receive", ranges)
+                               and config.client_telemetry.receives, ranges)
     if telemetry is not None:
         say(telemetry)
     for broker in brokers:
@@ -110,7 +110,7 @@ def versions_line(ranges: dict[int, tuple[int, int]]) -> str:
     return line
 
 
-_PUSH_TELEMETRY = 72
+_PUSH_TELEMETRY = api("PushTelemetry").key
 
 
 def telemetry_line(receiving: bool, ranges: dict[int, tuple[int, int]]) -> str | None:

@@ -178,7 +178,6 @@ class Proxy:
                                    if config.sasl_downstream is not None else None),
             upstream_credentials=self.upstream_credentials,
             client_telemetry=client_telemetry,
-            added_apis=client_telemetry.added_apis if client_telemetry is not None else (),
         )
 
     # -- broker map ---------------------------------------------------------------------
