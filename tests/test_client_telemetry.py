@@ -540,6 +540,56 @@ def test_delta_sums_add_up_to_a_counter() -> None:
     assert samples(receiver, "kafka_client_producer_queue")[0][1] == 0.0  # gauges: the last
 
 
+def subscription_answer(instance: uuid.UUID, interval_ms: int, error_code: int = 0
+                        ) -> codecs.Response:
+    body = response_body(SUBSCRIBE, 0, error_code=error_code,
+                         client_instance_id=str(instance), subscription_id=5,
+                         push_interval_ms=interval_ms, telemetry_max_bytes=1 << 20,
+                         requested_metrics=["org.apache.kafka."])
+    return codecs.Response.build(SUBSCRIBE, 0, 1, body)
+
+
+def test_observing_keeps_series_as_long_as_the_brokers_interval_says() -> None:
+    """The brokers' answer to GetTelemetrySubscriptions gives each client its interval:
+    a client told to push every 20 minutes keeps its series between pushes, where the
+    setting (300 s: 15 minutes kept) would drop them; an error answer teaches nothing."""
+    clock = Clock()
+    receiver = ClientTelemetry(TelemetrySettings(mode="observe", push_interval=300),
+                               clock=clock)
+    assert receiver.reads_answers == {SUBSCRIBE}
+    slow, usual = CLIENT, uuid.UUID(int=3)
+    receiver.subscribed(subscription_answer(slow, 1_200_000))
+    receiver.subscribed(subscription_answer(usual, 1_200_000, error_code=117))
+    assert receiver.intervals == {slow: 1200.0}
+    for instance in (slow, usual):
+        req = request(PUSH, 0, 9, client_instance_id=str(instance), subscription_id=5,
+                      terminating=False, compression_type=0, metrics=PRODUCER)
+        assert receiver.answer(req, connection()) is None
+    clock.now += 3 * 300  # past three of the setting's intervals: only the slow one kept
+    name = "kafka_client_producer_connection_creation_total"
+    assert [labels["client_instance_id"] for labels, _ in samples(receiver, name)] == [str(slow)]
+    # The brokers shorten its interval: its series now go three of those after its push.
+    receiver.subscribed(subscription_answer(slow, 60_000))
+    clock.now += 1
+    assert samples(receiver, name) == []
+    # Forgotten with its series, at the next request's sweep.
+    assert receiver.answer(request(PUSH, 0, 9, client_instance_id=str(usual),
+                                   subscription_id=5, terminating=False,
+                                   compression_type=0, metrics=PRODUCER),
+                           connection()) is None
+    assert receiver.intervals == {}
+    # Receiving, the proxy's own interval is the one clients get: no answers to read.
+    assert ClientTelemetry(TelemetrySettings()).reads_answers == frozenset()
+
+
+def test_what_observing_learns_of_intervals_is_bounded() -> None:
+    receiver = ClientTelemetry(TelemetrySettings(mode="observe", max_series=2))
+    for n in range(1, 5):
+        receiver.subscribed(subscription_answer(uuid.UUID(int=n), n * 1000))
+    receiver.subscribed(subscription_answer(uuid.UUID(int=0), 1000))  # no instance id
+    assert receiver.intervals == {uuid.UUID(int=3): 3.0, uuid.UUID(int=4): 4.0}
+
+
 def test_client_telemetry_mode_config() -> None:
     base = "listen: 127.0.0.1:9192\nupstream: [127.0.0.1:9092]\nmetrics:\n  client_telemetry:"
     observed = config_from_text(base + " {mode: observe}\n").client_telemetry

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -589,6 +590,7 @@ async def test_observed_telemetry_goes_on_to_the_brokers_receiver() -> None:
     from gatehouse.metrics.telemetry import ClientTelemetry, TelemetrySettings
 
     telemetry = ClientTelemetry(TelemetrySettings(mode="observe"))
+    instance = "00000000-0000-0000-0000-000000000009"
     offered = [{"api_key": 18, "min_version": 0, "max_version": 4},
                {"api_key": 71, "min_version": 0, "max_version": 0},
                {"api_key": 72, "min_version": 0, "max_version": 0}]
@@ -596,6 +598,10 @@ async def test_observed_telemetry_goes_on_to_the_brokers_receiver() -> None:
     def handler(req: codecs.Request) -> Any:
         if req.api_key == 18:
             return response_body(18, req.api_version, api_keys=offered)
+        if req.api_key == 71:
+            return response_body(71, 0, error_code=0, client_instance_id=instance,
+                                 subscription_id=77, push_interval_ms=600_000,
+                                 telemetry_max_bytes=1 << 20, requested_metrics=["g"])
         return response_body(72, 0, error_code=0, throttle_time_ms=7)
 
     gauge = nested(b"\x0a\x01g" + nested(b"\x21" + bytes(8), 5, 1), 1, 2, 2)
@@ -603,13 +609,21 @@ async def test_observed_telemetry_goes_on_to_the_brokers_receiver() -> None:
         await h.client.send(request(18, 3, 1).encode())
         body = codecs.decode_response(await h.client.receive(), 18, 3).body
         assert sorted(k.api_key for k in body.api_keys) == [18, 71, 72]
+        # The broker's subscription gives the client its instance id and interval,
+        # which the proxy reads on the way (its answer the broker's very bytes).
+        await h.client.send(request(71, 0, 3, client_instance_id=str(uuid.UUID(int=0))
+                                    ).encode())
+        subscription = codecs.decode_response(await h.client.receive(), 71, 0).body
+        assert subscription.push_interval_ms == 600_000
+        assert telemetry.intervals == {uuid.UUID(instance): 600.0}
         await h.client.send(request(
-            72, 0, 2, client_instance_id="00000000-0000-0000-0000-000000000009",
+            72, 0, 2, client_instance_id=instance,
             subscription_id=77, terminating=False, compression_type=0,
             metrics=gauge).encode())
         answer = codecs.decode_response(await h.client.receive(), 72, 0).body
         assert answer.throttle_time_ms == 7  # the broker's answer
-        assert [codecs.decode_request_header(f).api_key for f in h.broker.received] == [18, 72]
+        assert [codecs.decode_request_header(f).api_key for f in h.broker.received] == [
+            18, 71, 72]
         assert telemetry.kept_samples == 1
 
 

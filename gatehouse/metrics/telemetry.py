@@ -27,7 +27,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Final
 
@@ -165,6 +165,12 @@ class ClientTelemetry:
         self.intercepts = frozenset((GET_TELEMETRY_SUBSCRIPTIONS, PUSH_TELEMETRY)
                                     if self.receives else (PUSH_TELEMETRY,))
         self.added_apis = ADDED_APIS if self.receives else ()
+        # Observing: the brokers' answers to GetTelemetrySubscriptions, which say how
+        # often each client instance pushes (``subscribed``), and what they taught:
+        # instance -> seconds between its pushes (the oldest forgotten past the bound).
+        self.reads_answers = (frozenset() if self.receives
+                              else frozenset((GET_TELEMETRY_SUBSCRIPTIONS,)))
+        self.intervals: dict[uuid.UUID, float] = {}
 
     # -- the two requests ------------------------------------------------------------
 
@@ -189,6 +195,23 @@ class ClientTelemetry:
             return None
         body = api(PUSH_TELEMETRY).response.root.cls(error_code=code)
         return Response.build(PUSH_TELEMETRY, req.api_version, req.correlation_id, body)
+
+    def subscribed(self, resp: Response) -> None:
+        """Observing: a broker's answer to a client's GetTelemetrySubscriptions, read for
+        the interval it gives that client instance, so its series outlive the gaps
+        between its pushes whatever the brokers' subscription says."""
+        body = resp.body
+        instance_id = body.client_instance_id
+        if body.error_code != NONE or instance_id == _ZERO_ID or body.push_interval_ms <= 0:
+            return
+        self.intervals.pop(instance_id, None)  # re-inserted: the newest, last forgotten
+        self.intervals[instance_id] = body.push_interval_ms / 1000
+        while len(self.intervals) > self.settings.max_series:
+            del self.intervals[next(iter(self.intervals))]
+        known = self.instances.get(instance_id)
+        if known is not None:  # pushes from now on come at the new interval
+            self.instances[instance_id] = replace(
+                known, expires=known.last_push + 3 * self.intervals[instance_id])
 
     def _subscription(self, req: Request) -> Response:
         instance_id = req.body.client_instance_id
@@ -291,8 +314,9 @@ class ClientTelemetry:
                   *((key, value[:_MAX_LABEL_VALUE]) for key, value in identity_of(conn)
                     if value))
         # A client pushes at the interval its subscription gives: the broker's, when the
-        # proxy observes (its own setting stands in for it).
-        keep_for = s.push_interval * (1 if body.terminating else 3)
+        # proxy observes (as its answer said; the setting stands in for one not seen).
+        interval = self.intervals.get(instance_id, s.push_interval)
+        keep_for = interval * (1 if body.terminating else 3)
         known = self.instances.get(instance_id)
         if known is not None:
             self.kept_samples -= len(known.samples)
@@ -338,6 +362,7 @@ class ClientTelemetry:
         gone = [key for key, instance in self.instances.items() if instance.expires <= now]
         for key in gone:
             self.kept_samples -= len(self.instances.pop(key).samples)
+            self.intervals.pop(key, None)
 
     # -- the collector (a scrape's thread) ---------------------------------------------
 

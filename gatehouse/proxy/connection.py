@@ -299,6 +299,9 @@ class ProxyConnection:
         self.store_and_forward = False
         self.telemetry_keys = (ctx.client_telemetry.intercepts
                                if ctx.client_telemetry is not None else ())
+        # Answers the telemetry receiver reads (observing: the brokers' subscriptions).
+        self.telemetry_answers = (ctx.client_telemetry.reads_answers
+                                  if ctx.client_telemetry is not None else ())
         # Whether large frames' records may go socket to socket: both ends are plain TCP.
         self.splices_requests = (ctx.pipes is not None and self.client_io.socket is not None
                                  and self.upstream_io.socket is not None)
@@ -1476,7 +1479,8 @@ class ProxyConnection:
             # Read from the bytes, also when a policy will read the answer: walking a
             # decoded answer for addresses it does not hold costs more than the scan.
             rewrite = not self._names_no_brokers(pending, frame)
-        if not (rewrite or key == API_VERSIONS or pending.wants_response):
+        if not (rewrite or key == API_VERSIONS or pending.wants_response
+                or key in self.telemetry_answers):
             return frame  # nothing to look at: the original bytes go through
         policy: Policy = pending.policy or self.ctx.get_policy()
         adjusters: tuple[Any, ...] = ()
@@ -1497,6 +1501,8 @@ class ProxyConnection:
             came = resp = decode_response(frame, key, pending.api_version)
             if not resp.known:
                 return frame
+            if key in self.telemetry_answers:
+                self.ctx.client_telemetry.subscribed(resp)
             if key == API_VERSIONS:
                 resp = adjust_api_versions(resp, *adjusters, added=self.ctx.added_apis)
             if rewrite:

@@ -222,6 +222,10 @@ def test_observing_leaves_the_pushes_to_the_brokers_receiver_and_reads_them_too(
         producer.close()
     # The proxy read every push, and the broker answered each (the proxy none).
     assert pushes_taken(proxy, "observed") >= 2
+    # And read the brokers' subscription on its way: the interval they gave the client
+    # (--interval 1000) is how long its series stay, not the setting's 300 s.
+    telemetry = proxy.metrics.client_telemetry
+    assert telemetry is not None and set(telemetry.intervals.values()) == {1.0}
 
 
 def test_receiving_keeps_the_pushes_from_the_brokers_receiver(
