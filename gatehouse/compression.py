@@ -61,6 +61,14 @@ def decompress(codec: str, data: Buffer, limit: int) -> bytes:
     raise DecompressionError(f"unknown compression {codec!r}")
 
 
+def compress_zstd(data: bytes) -> bytes:
+    """``data`` as one zstd frame (level 3, zstd's default): record values compressed
+    before they are encrypted (``encrypt_records``)."""
+    import cramjam
+
+    return bytes(cramjam.zstd.compress(data, level=3))
+
+
 def _gunzip(data: Buffer, limit: int) -> bytes:
     inflater = zlib.decompressobj(wbits=31)  # a gzip header and trailer
     out = inflater.decompress(data, limit + 1)

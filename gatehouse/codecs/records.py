@@ -51,6 +51,7 @@ _C_COUNT_RECORDS: Final = None if speedups is None else speedups.count_records
 # ``iter_records``' reading in C, where built: records a chunk at a time, None (or a
 # short chunk) at a record the Python reader is to read (and say what is wrong with).
 _C_READ_RECORDS: Final = None if speedups is None else speedups.read_records
+_C_CRC32C: Final = None if speedups is None else speedups.crc32c
 _C_CHUNK: Final = 256  # records made at once: a batch of millions is not all in memory
 V2_HEAD: Final = struct.Struct(">8xi4xb40xi")  # length (8), magic (16), count (57)
 _CRC_DATA_FROM: Final = 21  # CRC-32C covers attributes onwards
@@ -76,7 +77,14 @@ _CRC32C_TABLE: Final = _crc32c_table()
 
 
 def crc32c(data: Buffer, crc: int = 0) -> int:
-    """CRC-32C (Castagnoli), as record batches v2 use.  Pure Python: checks, not hot paths."""
+    """CRC-32C (Castagnoli), as record batches v2 use (in C where built)."""
+    if _C_CRC32C is not None:
+        return int(_C_CRC32C(data, crc))
+    return _crc32c(data, crc)
+
+
+def _crc32c(data: Buffer, crc: int = 0) -> int:
+    """``crc32c`` in Python."""
     table = _CRC32C_TABLE
     crc ^= 0xFFFFFFFF
     for byte in memoryview(data).cast("B"):
@@ -443,6 +451,89 @@ def encode_batch(
     # The length counts everything after itself: leader epoch, magic, CRC and the rest.
     length = 4 + 1 + 4 + len(after_crc)
     return _BEFORE_CRC.pack(base_offset, length, partition_leader_epoch, 2,
+                            crc32c(after_crc)) + after_crc
+
+
+class RawRecord(NamedTuple):
+    """One record of a v2 batch with every field it has on the wire, so that a batch
+    written back from these (``encode_raw_records``) keeps its offsets and timestamps:
+    what a rewrite of values (record encryption) reads and writes."""
+
+    attributes: int
+    timestamp_delta: int
+    offset_delta: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...]
+
+
+def read_raw_records(data: Buffer, count: int) -> list[RawRecord]:
+    """The ``count`` records of a v2 batch's (decompressed) records section, whole.
+
+    Raises ``RemoteProtocolError`` as ``iter_records`` does."""
+    buf = bytes(data)
+    end = len(buf)
+    pos = 0
+    out = []
+    try:
+        for index in range(count):
+            length, pos = _varint(buf, pos)
+            stop = pos + length
+            if length < 0 or stop > end:
+                raise RemoteProtocolError(f"record {index}: length {length} runs past its "
+                                          "batch", offset=pos)
+            attributes = buf[pos]
+            timestamp_delta, pos = read_varlong(buf, pos + 1)
+            offset_delta, pos = read_varint(buf, pos)
+            key, pos = _read_bytes(buf, pos, stop, index, "key")
+            value, pos = _read_bytes(buf, pos, stop, index, "value")
+            header_count, pos = read_varint(buf, pos)
+            headers: tuple[tuple[str, bytes | None], ...] = ()
+            if header_count:
+                headers, pos = _read_headers(buf, pos, stop, index, header_count)
+            if pos != stop:
+                raise RemoteProtocolError(f"record {index}: its fields do not fill its "
+                                          f"length {length}", offset=pos)
+            out.append(RawRecord(attributes, timestamp_delta, offset_delta, key, value,
+                                 headers))
+    except IndexError:
+        raise RemoteProtocolError("the batch's records end inside a record", offset=pos) from None
+    if pos != end:
+        raise RemoteProtocolError(f"{end - pos} bytes after the batch's {count} records",
+                                  offset=pos)
+    return out
+
+
+def encode_raw_records(records: Sequence[RawRecord]) -> bytes:
+    """A v2 batch's records section (uncompressed) holding ``records``."""
+    parts = []
+    for r in records:
+        body = b"".join((
+            bytes((r.attributes,)),
+            varint_bytes(r.timestamp_delta),
+            varint_bytes(r.offset_delta),
+            _NULL if r.key is None else varint_bytes(len(r.key)) + r.key,
+            _NULL if r.value is None else varint_bytes(len(r.value)) + r.value,
+            _headers(r.headers),
+        ))
+        parts.append(varint_bytes(len(body)))
+        parts.append(body)
+    return b"".join(parts)
+
+
+def rebuilt_batch(batch: RecordBatch, section: Buffer) -> bytes:
+    """``batch`` with ``section`` (uncompressed records) in place of its records: every
+    header field kept (offsets, epochs, timestamps, producer, sequence, transactional,
+    control, timestamp type), its compression none, its length and CRC-32C new."""
+    attributes = batch.attributes & ~0x07
+    after_crc = b"".join((
+        _AFTER_CRC.pack(attributes, batch.last_offset_delta, batch.base_timestamp,
+                        batch.max_timestamp, batch.producer_id, batch.producer_epoch,
+                        batch.base_sequence, batch.record_count),
+        section,
+    ))
+    length = 4 + 1 + 4 + len(after_crc)
+    return _BEFORE_CRC.pack(batch.base_offset, length, batch.partition_leader_epoch, 2,
                             crc32c(after_crc)) + after_crc
 
 

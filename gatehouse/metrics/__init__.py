@@ -227,6 +227,11 @@ class ProxyMetrics(Observer):
                                        "validate_records found invalid (enforced: refused "
                                        "with their batch; observe mode: written)",
                                        ["rule", "topic", "mode"], registry=r)
+        self.encrypted_records = Counter("gatehouse_encrypted_records", "Records a rule's "
+                                         "encrypt_records encrypted (Produce), decrypted "
+                                         "(Fetch) or could not decrypt (passed on "
+                                         "encrypted)", ["rule", "topic", "outcome"],
+                                         registry=r)
         self.schema_lookups = Counter("gatehouse_schema_registry_lookups", "Schema ids "
                                       "validate_records looked up in a Schema Registry "
                                       "(found, not_found, error)", ["registry", "outcome"],
@@ -354,6 +359,8 @@ class ProxyMetrics(Observer):
             policy.throttle_listeners.append(self._throttled)
         if hasattr(policy, "invalid_records_listeners"):
             policy.invalid_records_listeners.append(self._invalid_records)
+        if hasattr(policy, "encryption_listeners"):
+            policy.encryption_listeners.append(self._encrypted_records)
         schemas = getattr(policy, "schemas", None)
         if schemas is not None and hasattr(schemas, "listeners"):
             schemas.listeners.append(self._schema_lookup)
@@ -370,6 +377,10 @@ class ProxyMetrics(Observer):
     def _invalid_records(self, rule: str, topic: str, mode: str, count: int) -> None:
         self.invalid_records.labels(rule=rule, topic=self.topic_label(topic),
                                     mode=mode).inc(count)
+
+    def _encrypted_records(self, rule: str, topic: str, outcome: str, count: int) -> None:
+        self.encrypted_records.labels(rule=rule, topic=self.topic_label(topic),
+                                      outcome=outcome).inc(count)
 
     def _schema_lookup(self, registry: str, outcome: str) -> None:
         self.schema_lookups.labels(registry=registry, outcome=outcome).inc()

@@ -1508,6 +1508,9 @@ class ProxyConnection:
             if rewrite:
                 resp = await self._with_proxy_addresses(resp)
             if pending.wants_response:
+                work = policy.offload_response(self.conn, pending, resp)
+                if work is not None:  # long work on a large answer: the loop serves on
+                    await trio.to_thread.run_sync(work)
                 resp = policy.on_response(self.conn, pending, resp)
             if resp is not came:
                 pending.decoded = resp  # observers need not decode it again

@@ -187,6 +187,12 @@ class Policy:
         and touches nothing else the loop uses.  None: nothing to do."""
         return None
 
+
+    def offload_response(self, conn: ConnectionInfo, pending: Pending, resp: Response
+                         ) -> Callable[[], None] | None:
+        """The same for an answer ``on_response`` will change at length (a large Fetch
+        answer's records decrypted): run in a thread before it.  None: nothing to do."""
+        return None
     def refuses_unread(self, conn: ConnectionInfo, req: Request) -> str | None:
         """Why a request the codec cannot read (an API or version newer than its tables,
         which the ApiVersions answer did not offer) may not go on untouched: a rule that

@@ -21,7 +21,7 @@ from gatehouse.codecs import (
     api_name,
     produce,
 )
-from gatehouse.compression import DecompressionError, decompress
+from gatehouse.compression import DecompressionError, compress_zstd, decompress
 from gatehouse.configfile import ConfigError, FileWatch, load_yaml_file
 from gatehouse.logs import log_event
 from gatehouse.proxy.apiversions import RangeAdjuster
@@ -52,6 +52,14 @@ from gatehouse.rules import (
     parse_rules,
 )
 from gatehouse.rules.acl import names_cluster_configs
+from gatehouse.rules.encryption import (
+    OpenedAnswer,
+    RecordCipher,
+    SealedRequest,
+    answer_may_hold,
+    open_answer,
+    seal_request,
+)
 from gatehouse.rules.errors import (
     GROUP_AUTHORIZATION_FAILED,
     INVALID_REQUEST,
@@ -131,6 +139,11 @@ _FOREIGN_ID = "names by id a topic outside the client's prefix"
 _LEARN_IDS = object()
 # Produce requests from this size on have their records read in a thread (``offload``).
 _OFFLOAD_BYTES = 64 * 1024
+# encrypt_records: the answers whose records are opened, and what ``offload`` and
+# ``offload_response`` leave in a connection's state for on_request and on_response.
+_OPENED_ANSWERS = frozenset((FETCH, API_KEYS_BY_NAME["ShareFetch"]))
+_SEALED = "encrypt_records.sealed"
+_OPENED = "encrypt_records.opened"
 # The verdict on the partitions of a topic named by an id not learned yet (rules.records).
 _UNSEEN_ID = PartitionVerdict(UNKNOWN_TOPIC_ID, UNSEEN_ID)
 # What a broker answers a client its ACLs do not allow to use the name.
@@ -210,6 +223,11 @@ class RulesPolicy(Policy):
         self.invalid_records_listeners: list[Callable[[str, str, str, int], None]] = []
         # The schemas validate_records' registry checks look up (kept across reloads).
         self.schemas = SchemaRegistries()
+        # encrypt_records' data keys (kept across reloads: a key file's keys stay), and
+        # who hears how many records were encrypted or decrypted, or did not decrypt:
+        # (rule, topic as the client names it, outcome, how many).
+        self.cipher = RecordCipher()
+        self.encryption_listeners: list[Callable[[str, str, str, int], None]] = []
         # The rules and, per client facts, their ApiVersions adjusters.
         self._adjusters: tuple[RuleSet | None, dict[ClientFacts, tuple[RangeAdjuster, ...]]] = (
             None, {})
@@ -259,6 +277,18 @@ class RulesPolicy(Policy):
                 withheld.append(held)
             else:
                 refused = held
+        if (refused is None and evaluation.encryptions and req.api_key == PRODUCE
+                and req.known and evaluation.refusal is None):
+            found = conn.state.pop(_SEALED, None)
+            sealing = self._sealed(conn, req, evaluation, outcomes,
+                                   found[1] if found is not None and found[0] is req else None)
+            if isinstance(sealing, _Withholding):
+                req, outcomes = sealing.rest, sealing.outcomes
+                withheld.append(sealing)
+            elif isinstance(sealing, Request):
+                req = sealing
+            else:
+                refused = sealing
         self._emit(outcomes if refused is None else refused[1])
         observed = evaluation.observed_map
         if observed is not None and observed.filters:
@@ -277,7 +307,14 @@ class RulesPolicy(Policy):
                              "the codec has no table for that version to build its error "
                              "response, so the connection is closed")
             return _refused(req, refusal.message, refusal.code, refusal.message)
-        return _with_withheld(self._forwarded(conn, req, evaluation, ruleset), withheld)
+        decision = self._forwarded(conn, req, evaluation, ruleset)
+        if (evaluation.encryptions and req.api_key in _OPENED_ANSWERS
+                and isinstance(decision, Forward) and answer_may_hold(
+                    req, evaluation.encryptions, self._id_names(evaluation))):
+            # Its answer's records are opened for the client (``on_response``).
+            decision = dataclasses.replace(decision, wants_response=True, context=_Opening(
+                decision.context if decision.wants_response else None, evaluation))
+        return _with_withheld(decision, withheld)
 
     def refuses_unread(self, conn: ConnectionInfo, req: Request) -> str | None:
         ruleset = self.ruleset
@@ -292,6 +329,7 @@ class RulesPolicy(Policy):
                else "the rules read its records" if (evaluation.produce_policies
                                                      or evaluation.record_validations)
                else "the rules hold its topics to a topic_policy" if evaluation.topic_policies
+               else "the rules encrypt its records" if evaluation.encryptions
                else None)
         if why is None:
             return None
@@ -383,6 +421,14 @@ class RulesPolicy(Policy):
         answers: list[_Withheld] = []
         while isinstance(context, _Withheld):
             answers.append(context)
+            context = context.inner
+        if isinstance(context, _Opening):
+            # The broker's answer opened (by ``offload_response``'s work if it did it),
+            # then mapped as any other.
+            found = conn.state.pop(_OPENED, None)
+            opened = (found[1] if found is not None and found[0] is resp
+                      else self._open(resp, context.evaluation))
+            resp = self._count_opened(opened)
             context = context.inner
         resp = self._answered(conn, pending, context, resp)
         for withheld in reversed(answers):  # in the order the entries were taken out
@@ -566,21 +612,52 @@ class RulesPolicy(Policy):
         if refusing is None:
             self._emit(tuple(extra))
             return None
-        outcomes = _refusing(evaluation, (refusing,), "validate_records", extra)
-        rest = without(req, withheld)
-        if _acks(req) == 0:
-            # As a broker does: the partitions that pass are written, then the connection
-            # closes, the only way to tell the client of the others.
-            place = partition_place(*next(iter(withheld)))
-            reason = (f"refused records of an acks=0 Produce ({place}): no response exists "
-                      "to carry the error, so the connection is closed")
-            if rest is None:
-                return Close(reason), outcomes
-            return _Withholding(rest, None, outcomes, close_after=reason)
-        answer = withheld_answer(req, withheld)
-        if rest is None:
-            return Respond(answer), outcomes
-        return _Withholding(rest, answer, outcomes)
+        return _withholding_partitions(
+            req, withheld, _refusing(evaluation, (refusing,), "validate_records", extra))
+
+    def _sealed(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation,
+                outcomes: tuple[Outcome, ...], found: SealedRequest | None
+                ) -> Request | _Withholding | tuple[Decision, tuple[Outcome, ...]]:
+        """A Produce request's values sealed (``encrypt_records``): the request to send
+        on; or, where some partitions cannot be sealed, the others, with the answer for
+        those (as ``_checked_records``).  ``found``: ``offload``'s work on it."""
+        sealed = found or self._seal(req, evaluation)
+        for (rule, topic), count in sealed.sealed.items():
+            for listener in self.encryption_listeners:
+                listener(rule, topic, "encrypted", count)
+        if not sealed.refused:
+            return sealed.request
+        (where, first), *_ = sealed.refused.items()
+        rules = tuple(dict.fromkeys(rule for rule, _ in evaluation.encryptions))
+        self._log_refusal(conn, req, rules[0], f"{partition_place(*where)}: {first.message}",
+                          observe=False, once=f"encrypt {where[0]}")
+        return _withholding_partitions(
+            sealed.request, sealed.refused,
+            (*(o for o in outcomes if o.rule not in rules),
+             *(Outcome(rule, "encrypt_records", "refuse", "enforce") for rule in rules)))
+
+    def _seal(self, req: Request, evaluation: Evaluation) -> SealedRequest:
+        return seal_request(req, evaluation.encryptions, self._id_names(evaluation),
+                            self.cipher, decompress, compress_zstd)
+
+    def _open(self, resp: Response, evaluation: Evaluation) -> OpenedAnswer:
+        """The broker's Fetch (ShareFetch) answer with its sealed values opened; its
+        topics named as the client knows them (the evaluation's map applied)."""
+        topic_map = evaluation.topic_map
+        return open_answer(resp, evaluation.encryptions, self._id_names(evaluation),
+                           self.cipher, decompress,
+                           None if topic_map is None else topic_map.to_client)
+
+    def _count_opened(self, opened: OpenedAnswer) -> Response:
+        for (rule, topic), count in opened.opened.items():
+            for listener in self.encryption_listeners:
+                listener(rule, topic, "decrypted", count)
+        for (rule, topic), (count, reason) in opened.failed.items():
+            for listener in self.encryption_listeners:
+                listener(rule, topic, "undecryptable", count)
+            log_event(logger, logging.WARNING, "records not decrypted: passed on encrypted",
+                      rule=rule, topic=topic, records=count, reason=reason)
+        return opened.response
 
     def _checked_topic_policy(self, conn: ConnectionInfo, req: Request,
                               evaluation: Evaluation
@@ -672,17 +749,38 @@ class RulesPolicy(Policy):
         if (req.api_key != PRODUCE or not ruleset or req.frame is None
                 or len(req.frame) < _OFFLOAD_BYTES or not req.known):
             return None
-        judged = conn.state.get("record_verdicts")
-        if judged is not None and judged[0] is req:
-            return None  # judged while its schemas were looked up (``lookups``)
         evaluation = _evaluated(ruleset, facts_of(conn, req), req, conn.state)
-        if evaluation.refusal is not None or not (evaluation.record_validations
-                                                  or evaluation.records_observed):
+        if evaluation.refusal is not None:
+            return None
+        judged = conn.state.get("record_verdicts")
+        judges = (bool(evaluation.record_validations or evaluation.records_observed)
+                  and not (judged is not None and judged[0] is req))  # else: ``lookups``
+        if not (judges or evaluation.encryptions):
             return None
 
         def work() -> None:
-            conn.state["record_verdicts"] = (req, self._judged(req, evaluation,
-                                                               self.schemas.lookup))
+            if judges:
+                conn.state["record_verdicts"] = (req, self._judged(req, evaluation,
+                                                                   self.schemas.lookup))
+            if evaluation.encryptions:
+                # Used unless on_request takes some partitions out first (then it seals
+                # what is left itself).
+                conn.state[_SEALED] = (req, self._seal(req, evaluation))
+
+        return work
+
+    def offload_response(self, conn: ConnectionInfo, pending: Pending, resp: Response
+                         ) -> Callable[[], None] | None:
+        """A large Fetch answer's values opened (``encrypt_records``) in a thread."""
+        context = pending.context
+        while isinstance(context, _Withheld):
+            context = context.inner
+        if (not isinstance(context, _Opening) or resp.frame is None
+                or len(resp.frame) < _OFFLOAD_BYTES):
+            return None
+
+        def work() -> None:
+            conn.state[_OPENED] = (resp, self._open(resp, context.evaluation))
 
         return work
 
@@ -1146,6 +1244,37 @@ class _Withholding:
     outcomes: tuple[Outcome, ...]
     close_after: str | None = None
     merge: Callable[[Response, Response], Response] = merged
+
+
+@dataclass(frozen=True, slots=True)
+class _Opening:
+    """The context of a Fetch (ShareFetch) request whose answer's values are opened
+    for the client (``encrypt_records``), with the evaluation that says how, and the
+    context the rest of the policy gave it (``inner``)."""
+
+    inner: Any
+    evaluation: Evaluation
+
+
+def _withholding_partitions(req: Request, withheld: dict[PartitionKey, PartitionVerdict],
+                            outcomes: tuple[Outcome, ...]
+                            ) -> _Withholding | tuple[Decision, tuple[Outcome, ...]]:
+    """A Produce request sent on without its ``withheld`` partitions, which the proxy
+    answers; none left: the proxy's answer alone.  acks=0, as a broker does: the
+    partitions that pass are written, then the connection closes, the only way to tell
+    the client of the others."""
+    rest = without(req, withheld)
+    if _acks(req) == 0:
+        place = partition_place(*next(iter(withheld)))
+        reason = (f"refused records of an acks=0 Produce ({place}): no response exists "
+                  "to carry the error, so the connection is closed")
+        if rest is None:
+            return Close(reason), outcomes
+        return _Withholding(rest, None, outcomes, close_after=reason)
+    answer = withheld_answer(req, withheld)
+    if rest is None:
+        return Respond(answer), outcomes
+    return _Withholding(rest, answer, outcomes)
 
 
 @dataclass(frozen=True, slots=True)

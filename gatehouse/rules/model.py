@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Literal
 
 from gatehouse.codecs import APIS, Request
+from gatehouse.rules.encryption import RecordEncryption
 from gatehouse.rules.errors import (
     CLUSTER_AUTHORIZATION_FAILED,
     UNSUPPORTED_VERSION,
@@ -40,6 +41,9 @@ Mode = Literal["enforce", "observe"]
 Effect = Literal["refuse", "rewrite", "pass", "throttle"]
 API_VERSIONS = 18
 PRODUCE, METADATA = 0, 3
+FETCH, SHARE_FETCH = 1, 78
+# The APIs whose records ``encrypt_records`` seals (requests) or opens (answers).
+RECORD_APIS = frozenset((PRODUCE, FETCH, SHARE_FETCH))
 
 
 @dataclass(frozen=True)
@@ -173,6 +177,9 @@ class Rule:
     # ``topic_policy``: what the topics the client creates or changes must be
     # (rules.topicpolicy).
     topic_policy: TopicPolicy | None = None
+    # ``encrypt_records``: the topics whose values the client's Produce requests have
+    # sealed and its Fetch answers opened (rules.encryption).
+    encrypt_records: RecordEncryption | None = None
 
     def map_for(self, api_key: int) -> TopicMap | None:
         """The names map this rule applies to requests of ``api_key`` and their answers."""
@@ -231,12 +238,16 @@ class Evaluation:
     # topics are held to, by rule name; enforced, observed (rules.topicpolicy).
     topic_policies: tuple[tuple[str, TopicPolicy], ...] = ()
     topic_policies_observed: tuple[tuple[str, TopicPolicy], ...] = ()
+    # Produce requests and Fetch and ShareFetch answers: the record encryptions their
+    # records go through, by rule name (enforced only: rules.encryption).
+    encryptions: tuple[tuple[str, RecordEncryption], ...] = ()
 
     @property
     def reads_produce(self) -> bool:
         """Whether a Produce request's body decides (its acks, batches or records)."""
         return bool(self.produce_policies or self.produce_observed
-                    or self.record_validations or self.records_observed)
+                    or self.record_validations or self.records_observed
+                    or self.encryptions)
 
 
 def parse_version(text: str | None) -> tuple[int, ...] | None:
@@ -341,6 +352,8 @@ class RuleSet:
                         found[check.schema.path] = None
                     if check.protobuf is not None:
                         found.update(dict.fromkeys(check.protobuf.files))
+            if rule.encrypt_records is not None:
+                found[Path(rule.encrypt_records.ring.path)] = None
         return tuple(found)
 
     @functools.cached_property
@@ -352,11 +365,18 @@ class RuleSet:
     @functools.cached_property
     def scopes_produce_by_topic(self) -> bool:
         """Whether some rule's ``produce_policy`` or ``validate_records`` holds some
-        topics only: Produce v13 names topics by id, so the proxy learns ids from the
-        answers (rules.produce, rules.records)."""
+        topics only, or some rule encrypts records: Produce v13 (and Fetch v13,
+        ShareFetch) names topics by id, so the proxy learns ids from the answers
+        (rules.produce, rules.records, rules.encryption)."""
         return any((r.validate_records is not None and r.validate_records.topics is not None)
                    or (r.produce_policy is not None and r.produce_policy.topics is not None)
+                   or r.encrypt_records is not None
                    for r in self.rules)
+
+    @functools.cached_property
+    def encrypts(self) -> bool:
+        """Whether some rule has ``encrypt_records``."""
+        return any(r.encrypt_records is not None for r in self.rules)
 
     def evaluate(self, facts: ClientFacts, req: Request) -> Evaluation:
         key, version = req.api_key, req.api_version
@@ -374,6 +394,7 @@ class RuleSet:
         validations_observed: list[tuple[str, RecordValidation]] = []
         topic_policies: list[tuple[str, TopicPolicy]] = []
         topic_policies_observed: list[tuple[str, TopicPolicy]] = []
+        encryptions: list[tuple[str, RecordEncryption]] = []
         for rule in self.matching(facts):
             found: list[Refusal] = []
             bound = rule.min_api_version.get(key)
@@ -417,6 +438,8 @@ class RuleSet:
             if key == PRODUCE and rule.validate_records is not None:
                 (validations if rule.mode == "enforce" else validations_observed).append(
                     (rule.name, rule.validate_records))
+            if key in RECORD_APIS and rule.encrypt_records is not None:
+                encryptions.append((rule.name, rule.encrypt_records))
             # (Metadata: the topics the brokers create because it asks for them.)
             if rule.topic_policy is not None and (key in POLICY_APIS or (
                     key == METADATA and rule.topic_policy.judges_auto_creation)):
@@ -438,7 +461,7 @@ class RuleSet:
         if (refusal is None and not would and not maps and not observed
                 and config_refusal is None and not config_would and not policies
                 and not policies_observed and not validations and not validations_observed
-                and not topic_policies and not topic_policies_observed):
+                and not topic_policies and not topic_policies_observed and not encryptions):
             return _passed(tuple(outcomes))  # nearly every request: one shared answer
         return Evaluation(
             refusal=refusal,
@@ -454,6 +477,7 @@ class RuleSet:
             records_observed=tuple(validations_observed),
             topic_policies=tuple(topic_policies),
             topic_policies_observed=tuple(topic_policies_observed),
+            encryptions=tuple(encryptions),
         )
 
     def version_ranges(self, facts: ClientFacts, api_key: int, lo: int,
@@ -490,6 +514,12 @@ class RuleSet:
                            "apart by what a client says of itself (client id, software), "
                            "which any client may claim: leave match out (every client), or "
                            "match on principal or source")
+            if rule.encrypt_records is not None and _self_described(match):
+                out.append(f"{self._where(rule)}: rule {rule.name}: decrypts records for "
+                           "the clients it matches, but tells clients apart by what a "
+                           "client says of itself (client id, software), which any client "
+                           "may claim: match on principal or source, or leave match out "
+                           "(every client of the proxy)")
             topic_map = next(iter(rule.maps()), None)  # its own, else its ACLs'
             if rule.mode != "enforce" or topic_map is None or not (
                     topic_map.hides_others or topic_map.filters):

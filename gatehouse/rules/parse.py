@@ -26,6 +26,7 @@ from gatehouse.rules.acl import (
     cluster_refusals,
     compile_acls,
 )
+from gatehouse.rules.encryption import KEY_BYTES, RecordEncryption, load_key_ring
 from gatehouse.rules.model import (
     API_VERSIONS,
     PRODUCE,
@@ -289,6 +290,14 @@ def _rule(data: Any, source: Source, line: int | None, index: int) -> Rule:
     topic_policy_raw = reader.take("topic_policy", dict)
     topic_policy = (None if topic_policy_raw is None else _topic_policy(
         Reader(topic_policy_raw, source, "topic_policy", reader.line_of("topic_policy"))))
+    encryption_raw = reader.take("encrypt_records", dict)
+    encryption = None
+    if encryption_raw is not None:
+        if mode == "observe":
+            raise reader.error("encrypt_records", "encrypt_records cannot be observed (mode: "
+                               "observe): records are encrypted or they are not")
+        encryption = _encrypt_records(Reader(encryption_raw, source, "encrypt_records",
+                                             reader.line_of("encrypt_records")))
     reader.finish()
     return Rule(name=name, match=match, mode=mode,
                 min_api_version=minimum, max_api_version=maximum, deny_apis=deny,
@@ -299,7 +308,31 @@ def _rule(data: Any, source: Source, line: int | None, index: int) -> Rule:
                 cluster_refused=MappingProxyType(cluster_refused),
                 cluster_configs=MappingProxyType(cluster_configs),
                 acls_name_cluster=names_cluster, produce_policy=produce_policy,
-                validate_records=validation, topic_policy=topic_policy)
+                validate_records=validation, topic_policy=topic_policy,
+                encrypt_records=encryption)
+
+
+def _encrypt_records(reader: Reader) -> RecordEncryption:
+    """``encrypt_records: {topics, key_file, key, max_decompressed_bytes}``: the topics
+    whose values the rule's clients have encrypted as they produce and decrypted as
+    they fetch, under the key ``key`` of ``key_file`` (any of its keys decrypts)."""
+    topics = _topic_scope(reader, "encrypt_records")
+    key_file = reader.require("key_file", str)
+    try:
+        ring = load_key_ring(_beside_rules(key_file, reader.source.file))
+    except ConfigError as exc:
+        raise reader.error("key_file", f"encrypt_records.key_file: {exc}") from None
+    key = reader.require("key", str)
+    if key not in ring.keys:
+        raise reader.error("key", f"encrypt_records.key: {key!r} is not a key of {ring.path} "
+                           f"(it has {', '.join(sorted(ring.keys))}); a key is {KEY_BYTES} "
+                           "random bytes in base64")
+    limit = reader.take("max_decompressed_bytes", int, DEFAULT_MAX_DECOMPRESSED)
+    if limit < 1:
+        raise reader.error("max_decompressed_bytes", "encrypt_records.max_decompressed_bytes "
+                           "must be a positive number of bytes")
+    reader.finish()
+    return RecordEncryption(topics, key, ring, limit)
 
 
 def _validate_records(reader: Reader) -> RecordValidation:

@@ -12,6 +12,7 @@ dashboard and of the alert rules must return data, and every alert must become a
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import os
@@ -184,16 +185,18 @@ def test_alert_rules_parse_with_promtool() -> None:
     result = subprocess.run([tool("promtool"), "check", "rules", str(ALERTS)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 11 rules found" in result.stdout
+    assert "SUCCESS: 12 rules found" in result.stdout
 
 
 def keep_traffic_flowing(bootstrap: str, dead_bootstrap: str, topic: str,
                          stop: threading.Event, errors: list[BaseException],
-                         refused: list[int]) -> None:
+                         refused: list[int], broker: str) -> None:
     """Real clients until ``stop``: produce, consume in a group, get refused, and a client
-    that keeps trying a proxy whose broker is gone."""
+    that keeps trying a proxy whose broker is gone; and one that writes round the proxy
+    (to ``broker``) records it cannot decrypt."""
     conf = {"bootstrap.servers": bootstrap, "log_level": 0}
     producer = ck.Producer({**conf, "linger.ms": 5})
+    forger = ck.Producer({"bootstrap.servers": broker, "log_level": 0})
     consumer = ck.Consumer({**conf, "group.id": unique("dash"), "auto.offset.reset":
                             "earliest", "session.timeout.ms": 6000})
     admin = AdminClient(conf)
@@ -208,6 +211,8 @@ def keep_traffic_flowing(bootstrap: str, dead_bootstrap: str, topic: str,
                 i += 1
             producer.produce(topic, value=b"\x00\x00\x00\x00\x07{}")  # schema 7
             producer.poll(0)
+            forger.produce(topic, value=b"not sealed", headers=[("gatehouse.encryption", b"\x01")])
+            forger.poll(0)
             consumer.poll(0.05)
             stranded.poll(0)
             # Refused by the `no-describe-configs` rule: an error response every time.
@@ -244,7 +249,12 @@ def test_every_dashboard_and_alert_expression_returns_data(
     # observe-mode validate_records: written all the same).
     # Values in the Schema Registry's framing are looked up in a registry that is down
     # (observe mode: written all the same; each failure counted).
+    # Its records are encrypted (a key file beside the rules files); records written
+    # round the proxy under its header do not decrypt.
+    (tmp_path / "keys.yaml").write_text("keys: {dash: " + base64.b64encode(os.urandom(32))
+                                        .decode() + "}\n")
     rules = ("rules:\n  - name: no-describe-configs\n    deny_apis: [DescribeConfigs]\n"
+             "  - name: sealed\n    encrypt_records: {key_file: keys.yaml, key: dash}\n"
              "  - name: json-values\n    mode: observe\n    validate_records: {value: json}\n"
              "  - name: registered\n    mode: observe\n    validate_records:\n"
              f"      value: {{registry: {{url: 'http://127.0.0.1:{free_port()}', timeout: 1}}}}\n")
@@ -314,7 +324,7 @@ def test_every_dashboard_and_alert_expression_returns_data(
     refused: list[int] = []
     traffic = threading.Thread(target=keep_traffic_flowing,
                                args=(f"127.0.0.1:{port}", f"127.0.0.1:{dead_port}", topic,
-                                     stop, errors, refused), daemon=True)
+                                     stop, errors, refused, kafka.bootstrap), daemon=True)
     traffic.start()
     # An authenticated client that stays connected (SCRAM over TLS, as the broker's user).
     authenticated = AdminClient({**kafka_scram.client_config(sasl=True), "log_level": 0,
@@ -418,6 +428,7 @@ def test_every_dashboard_and_alert_expression_returns_data(
         assert firing["GatehouseWorkerRestarted"] == {f"127.0.0.1:{workers_metrics}"}
         assert firing["GatehouseSaslAuthenticationFailures"] == {sasl_instance}
         assert live_instance in firing["GatehouseInvalidRecords"]
+        assert live_instance in firing["GatehouseUndecryptableRecords"]
         # The authenticated client's connection, and new ones, still work.
         assert authenticated.list_topics(timeout=30).topics is not None
     finally:

@@ -1,0 +1,528 @@
+"""``encrypt_records`` without a broker: the key file and the rule (errors with
+file:line, never a key), values sealed and opened (tampering, unknown keys, data keys
+renewed), batches in every codec rewritten with their offsets, timestamps and producer
+fields kept, and the policy: Produce requests sealed, Fetch answers opened for the
+rule's clients only, topics named by id, a tenant's prefix, large messages in a thread,
+the key file reloaded."""
+
+from __future__ import annotations
+
+import base64
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gatehouse import codecs
+from gatehouse.codecs.records import (
+    RecordBatch,
+    encode_batch,
+    encode_raw_records,
+    iter_batches,
+    iter_records,
+    read_raw_records,
+    rebuilt_batch,
+    records_section,
+)
+from gatehouse.compression import compress_zstd, decompress
+from gatehouse.configfile import ConfigError
+from gatehouse.proxy.hooks import Close, Forward, Pending, Respond
+from gatehouse.proxy.policy import Reloader, RulesPolicy, RulesSource
+from gatehouse.rules import encryption as enc
+from gatehouse.rules import error_response, load_rules_file
+from gatehouse.rules.encryption import (
+    HEADER,
+    RecordCipher,
+    RecordEncryption,
+    Undecryptable,
+    Unsealable,
+    load_key_ring,
+    open_records,
+    seal_records,
+)
+from gatehouse.rules.errors import UNKNOWN_TOPIC_ID
+from tests.test_rules import req
+from tests.test_rules_records import TS, batch, legacy, partitions
+from tests.test_rules_topic_filter import conn, metadata_answer
+
+SECRET = "the card number 4111 1111 1111 1111"
+PAYMENTS_ID = uuid.UUID("0b7e3f0c-6a43-4d8c-b1f2-5c7d8e9fa0b1")
+LIMIT = 1 << 20
+
+
+def new_key() -> str:
+    return base64.b64encode(os.urandom(32)).decode()
+
+
+def key_file(tmp_path: Path, **keys: str) -> Path:
+    path = tmp_path / "keys.yaml"
+    path.write_text("keys:\n" + "".join(f"  {name}: {value}\n" for name, value in keys.items()))
+    return path
+
+
+def rules_file(tmp_path: Path, key: str = "pay-1", topics: str = "[payments, 'pay\\..*']",
+               extra: str = "") -> Path:
+    path = tmp_path / "rules.yaml"
+    path.write_text("rules:\n"
+                    "  - name: payments-encrypted\n"
+                    "    match: {client_id: '^app'}\n"
+                    "    encrypt_records:\n"
+                    f"      topics: {topics}\n"
+                    "      key_file: keys.yaml\n"
+                    f"      key: {key}\n" + extra)
+    return path
+
+
+@pytest.fixture
+def policy(tmp_path: Path) -> RulesPolicy:
+    key_file(tmp_path, **{"pay-1": new_key(), "pay-0": new_key()})
+    return RulesPolicy(load_rules_file(rules_file(tmp_path)))
+
+
+def encryption(tmp_path: Path) -> RecordEncryption:
+    ring = load_key_ring(key_file(tmp_path, a=new_key()))
+    return RecordEncryption(None, "a", ring, LIMIT)
+
+
+def values(records: bytes) -> list[tuple[bytes | None, bytes | None, tuple[Any, ...]]]:
+    """(key, value, headers) of every record of a records field's whole batches."""
+    out = []
+    for b in iter_batches(records):
+        assert isinstance(b, RecordBatch) and b.crc_ok(records)
+        section = records_section(records, b)
+        if b.compression != "none":
+            section = decompress(b.compression, section, LIMIT)  # type: ignore[assignment]
+        out += [(r.key, r.value, r.headers) for r in iter_records(section, b.record_count)]
+    return out
+
+
+# -- the key file and the rule ---------------------------------------------------------------
+
+
+def test_the_rule_and_its_key_file(tmp_path: Path) -> None:
+    key_file(tmp_path, **{"pay-1": new_key()})
+    [rule] = load_rules_file(rules_file(tmp_path)).rules
+    encryption = rule.encrypt_records
+    assert encryption is not None and encryption.key == "pay-1"
+    assert encryption.applies_to("payments") and encryption.applies_to("pay.eu")
+    assert not encryption.applies_to("orders")
+    assert len(encryption.kek) == 32
+    assert "keys" not in repr(encryption.ring) or "=b'" not in repr(encryption.ring)
+    ruleset = load_rules_file(rules_file(tmp_path))
+    assert ruleset.files == (tmp_path / "keys.yaml",)  # watched: a change reloads
+
+
+@pytest.mark.parametrize(("keys", "rule_key", "extra", "error"), [
+    ("keys:\n  pay-1: not-base64!\n", "pay-1", "", "keys.yaml:2: key 'pay-1' is not base64"),
+    ("keys:\n  pay-1: " + base64.b64encode(b"short").decode() + "\n", "pay-1", "",
+     "keys.yaml:2: key 'pay-1' is 5 bytes: an AES-256 key is 32"),
+    ("keys: {}\n", "pay-1", "", "keys.yaml:1: the key file has no keys"),
+    ("other: 1\n", "pay-1", "", "a key file holds `keys: {name: base64 of 32 bytes}`"),
+    (None, "pay-2", "", "rules.yaml:7: encrypt_records.key: 'pay-2' is not a key of"),
+    (None, "pay-1", "    mode: observe\n", "rules.yaml:4: encrypt_records cannot be observed"),
+])
+def test_a_bad_key_file_or_rule_is_refused_with_its_line(
+        tmp_path: Path, keys: str | None, rule_key: str, extra: str, error: str) -> None:
+    secret = new_key()
+    (tmp_path / "keys.yaml").write_text(keys if keys is not None else f"keys:\n  pay-1: {secret}\n")
+    path = rules_file(tmp_path, key=rule_key, extra=extra)
+    with pytest.raises(ConfigError) as info:
+        load_rules_file(path)
+    assert error in str(info.value)
+    assert secret not in str(info.value)  # never a key in an error
+
+
+def test_a_missing_key_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"rules.yaml:6: encrypt_records.key_file: .*keys.yaml: "
+                                          r"cannot read"):
+        load_rules_file(rules_file(tmp_path))
+
+
+# -- values ------------------------------------------------------------------------------------
+
+
+def test_a_value_sealed_opens_only_as_it_was(tmp_path: Path) -> None:
+    e = encryption(tmp_path)
+    cipher = RecordCipher()
+    value = (SECRET * 10).encode()
+    sealed = cipher.seal(value, "a", e.kek, compress_zstd)
+    assert SECRET.encode() not in sealed and sealed[1] == enc.ZSTD  # compressed first
+    assert len(sealed) < len(value)
+    assert cipher.open(sealed, e.ring.keys, decompress, LIMIT) == value
+    assert RecordCipher().open(sealed, e.ring.keys, decompress, LIMIT) == value  # no state
+    short = cipher.seal(b"x", "a", e.kek, compress_zstd)
+    assert short[1] == 0 and cipher.open(short, e.ring.keys, decompress, LIMIT) == b"x"
+    # Every byte of it counts: the value, its flags, its key's name, its data key.
+    for at in (len(sealed) - 1, len(sealed) - 20, 1, 10, 3):
+        changed = bytearray(sealed)
+        changed[at] ^= 0x01
+        with pytest.raises(Undecryptable):
+            RecordCipher().open(bytes(changed), e.ring.keys, decompress, LIMIT)
+    with pytest.raises(Undecryptable, match="KEK 'a' is not in the key file"):
+        cipher.open(sealed, {"b": e.kek}, decompress, LIMIT)
+    with pytest.raises(Undecryptable, match="does not open under KEK 'a'"):
+        RecordCipher().open(sealed, {"a": os.urandom(32)}, decompress, LIMIT)
+    with pytest.raises(Undecryptable, match="not an envelope"):
+        cipher.open(b"\x01\x00", e.ring.keys, decompress, LIMIT)
+
+
+def test_data_keys_are_renewed_by_use_and_by_age(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    e = encryption(tmp_path)
+    now = [0.0]
+    cipher = RecordCipher(clock=lambda: now[0])
+    monkeypatch.setattr(enc, "DEK_USES", 3)
+    edeks = {cipher.seal(b"v", "a", e.kek)[4:64] for _ in range(7)}
+    assert len(edeks) == 3 == cipher.deks_made  # 3 + 3 + 1 values
+    now[0] += enc.DEK_SECONDS
+    cipher.seal(b"v", "a", e.kek)
+    assert cipher.deks_made == 4
+
+
+# -- batches -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4", "zstd"])
+def test_batches_of_every_codec_sealed_and_opened(tmp_path: Path, codec: str) -> None:
+    e = encryption(tmp_path)
+    cipher = RecordCipher()
+    records = batch((b"k1", SECRET.encode() * 3), (b"k2", None), (None, b"short"),
+                    compression=codec, headers=[("trace", b"t")])
+    sealed, count = seal_records(records, e, cipher, decompress, compress_zstd)
+    assert count == 2  # the tombstone stays a tombstone
+    assert SECRET.encode() not in sealed
+    [b] = iter_batches(sealed)
+    assert isinstance(b, RecordBatch) and b.compression == "none" and b.crc_ok(sealed)
+    [original] = iter_batches(records)
+    assert isinstance(original, RecordBatch)
+    for field in ("base_offset", "last_offset_delta", "base_timestamp", "max_timestamp",
+                  "producer_id", "producer_epoch", "base_sequence", "record_count"):
+        assert getattr(b, field) == getattr(original, field)
+    got = values(sealed)
+    assert [(k, h) for k, _, h in got] == [
+        (b"k1", (("trace", b"t"), (HEADER, b"\x01"))), (b"k2", (("trace", b"t"),)),
+        (None, (("trace", b"t"), (HEADER, b"\x01")))]
+    assert got[1][1] is None
+    opened = open_records(sealed, e.ring.keys, RecordCipher(), decompress, LIMIT)
+    assert opened.opened == 2 and opened.failed == 0 and opened.records is not None
+    assert values(opened.records) == [
+        (b"k1", SECRET.encode() * 3, (("trace", b"t"),)), (b"k2", None, (("trace", b"t"),)),
+        (None, b"short", (("trace", b"t"),))]
+
+
+def test_offsets_and_timestamps_of_every_record_kept(tmp_path: Path) -> None:
+    """A compacted topic's batch has gaps between offsets: every record's deltas stay."""
+    e = encryption(tmp_path)
+    plain = encode_batch([(TS, b"a", b"1"), (TS + 7, b"b", b"2")], base_offset=40,
+                         producer_id=9, producer_epoch=2, base_sequence=11)
+    [b] = iter_batches(plain)
+    raws = read_raw_records(records_section(plain, b), 2)
+    gapped = [raws[0], raws[1]._replace(offset_delta=5)]
+    records = rebuilt_batch(b, encode_raw_records(gapped))
+    sealed, _ = seal_records(records, e, RecordCipher(), decompress, compress_zstd)
+    [s] = iter_batches(sealed)
+    assert [(r.offset_delta, r.timestamp_delta) for r in
+            read_raw_records(records_section(sealed, s), 2)] == [(0, 0), (5, 7)]
+    opened = open_records(sealed, e.ring.keys, RecordCipher(), decompress, LIMIT)
+    assert opened.records == records  # byte for byte the batch the producer sent
+
+
+def test_records_that_cannot_be_sealed(tmp_path: Path) -> None:
+    e = encryption(tmp_path)
+    cipher = RecordCipher()
+    with pytest.raises(Unsealable) as info:
+        seal_records(legacy(None, b"v"), e, cipher, decompress, compress_zstd)
+    assert info.value.code == enc.UNSUPPORTED_FOR_MESSAGE_FORMAT
+    whole = batch((None, b"v"))
+    with pytest.raises(Unsealable, match="partial record batch") as info:
+        seal_records(whole + whole[:30], e, cipher, decompress, compress_zstd)
+    assert info.value.code == enc.CORRUPT_MESSAGE
+    broken = bytearray(batch((None, b"v"), compression="zstd"))
+    broken[61:65] = bytes(4)  # no zstd frame
+    with pytest.raises(Unsealable, match="cannot be read") as info:
+        seal_records(bytes(broken), e, cipher, decompress, compress_zstd)
+    assert info.value.code == enc.CORRUPT_MESSAGE
+
+
+def test_what_opening_leaves_as_it_was(tmp_path: Path) -> None:
+    """Batches with nothing sealed keep their bytes (compression too); a partial batch
+    at the end (the broker's cut) stays; a value under an unknown key stays sealed and
+    is counted; a value sealed twice (ciphertext produced again) opens twice."""
+    e = encryption(tmp_path)
+    cipher = RecordCipher()
+    plain = batch((b"k", b"in the clear"), compression="lz4")
+    sealed, _ = seal_records(batch((b"k", SECRET.encode())), e, cipher, decompress,
+                             compress_zstd)
+    twice, _ = seal_records(sealed, e, cipher, decompress, compress_zstd)
+    records = plain + sealed + twice + plain[:40]
+    opened = open_records(records, e.ring.keys, cipher, decompress, LIMIT)
+    assert opened.opened == 2 and opened.records is not None
+    assert opened.records.startswith(plain) and opened.records.endswith(plain[:40])
+    assert [v for _, v, _ in values(opened.records)] == [b"in the clear", SECRET.encode(),
+                                                         SECRET.encode()]
+    assert open_records(plain + plain[:40], e.ring.keys, cipher, decompress,
+                        LIMIT).records is None  # nothing to open: the same bytes go on
+    unknown = open_records(sealed, {}, cipher, decompress, LIMIT)
+    assert unknown.failed == 1 and unknown.records is None
+    assert "not in the key file" in (unknown.reason or "")
+
+
+# -- the policy --------------------------------------------------------------------------------
+
+
+def produce(records: bytes, topic: str = "payments", version: int = 9, acks: int = -1,
+            client_id: str = "app-1", others: bytes | None = None) -> codecs.Request:
+    named = {"topic_id": PAYMENTS_ID} if version >= 13 else {"name": topic}
+    topics = [{**named, "partition_data": [{"index": 0, "records": records}]}]
+    if others is not None:
+        topics.append({"name": "orders", "partition_data": [{"index": 1, "records": others}]})
+    return req(0, version, client_id, acks=acks, timeout_ms=1000, topic_data=topics)
+
+
+def fetch(version: int = 12, client_id: str = "app-1", topic: str | None = "payments",
+          session: tuple[int, int] = (0, -1)) -> codecs.Request:
+    """A Fetch of partition 0 of ``topic`` (None: of nothing), in fetch session
+    ``session`` (id, epoch; (0, -1): none)."""
+    named = {"topic_id": PAYMENTS_ID} if version >= 13 else {"topic": topic}
+    topics = [] if topic is None else [{**named, "partitions": [
+        {"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}]}]
+    return req(1, version, client_id, replica_id=-1, max_wait_ms=500, min_bytes=1,
+               max_bytes=1 << 20, isolation_level=0, session_id=session[0],
+               session_epoch=session[1], topics=topics, forgotten_topics_data=[],
+               rack_id="")
+
+
+def fetch_answer(records: bytes, version: int = 12, topic: str = "payments"
+                 ) -> codecs.Response:
+    named = {"topic_id": PAYMENTS_ID} if version >= 13 else {"topic": topic}
+    body = {"responses": [{**named, "partitions": [
+        {"partition_index": 0, "high_watermark": 10, "records": records}]}]}
+    frame = bytes(codecs.response_from_dict({"header": {"correlation_id": 1}, "body": body},
+                                            api_key=1, api_version=version).encode())
+    return codecs.decode_response(memoryview(frame), 1, version)
+
+
+def fetched(resp: codecs.Response) -> list[Any]:
+    answer = codecs.decode_response(memoryview(bytes(resp.encode())), 1, resp.api_version)
+    [topic] = answer.body.responses
+    [partition] = topic.partitions
+    return values(bytes(partition.records))
+
+
+def sent_records(decision: Any, topic: int = 0) -> bytes:
+    assert isinstance(decision, Forward)
+    sent = codecs.decode_request(bytes(decision.request.encode()))  # as the broker reads it
+    return bytes(sent.body.topic_data[topic].partition_data[0].records)
+
+
+def through(policy: RulesPolicy, request: codecs.Request, answer: codecs.Response) -> Any:
+    decision = policy.on_request(conn(), request)
+    assert isinstance(decision, Forward)
+    if not decision.wants_response:
+        return answer
+    return policy.on_response(conn(), Pending(1, request.api_key, request.api_version, 0.0,
+                                              context=decision.context), answer)
+
+
+def test_produced_values_reach_the_broker_sealed_and_come_back_open(
+        policy: RulesPolicy) -> None:
+    heard: list[tuple[str, str, str, int]] = []
+    policy.encryption_listeners.append(lambda *args: heard.append(args))
+    request = produce(batch((b"k", SECRET.encode()), (None, b"2")),
+                      others=batch((None, b"orders in the clear")))
+    decision = policy.on_request(conn(), request)
+    stored = sent_records(decision)
+    assert SECRET.encode() not in stored
+    assert [v for _, v, _ in values(sent_records(decision, 1))] == [b"orders in the clear"]
+    assert heard == [("payments-encrypted", "payments", "encrypted", 2)]
+    # The rule's consumers read it in the clear; its topic's other partitions too.
+    answer = through(policy, fetch(), fetch_answer(stored))
+    assert [v for _, v, _ in fetched(answer)] == [SECRET.encode(), b"2"]
+    assert heard[-1] == ("payments-encrypted", "payments", "decrypted", 2)
+    # Clients the rule does not match get what the broker holds.
+    other = through(policy, fetch(client_id="analytics"), fetch_answer(stored))
+    assert SECRET.encode() not in bytes(other.encode())
+    decision = policy.on_request(conn(), produce(batch((None, b"x")), client_id="batch-job"))
+    assert isinstance(decision, Forward) and sent_records(decision) == batch((None, b"x"))
+
+
+def test_topics_the_rule_does_not_hold_pass_untouched(policy: RulesPolicy) -> None:
+    request = produce(batch((None, b"plain")), topic="orders")
+    decision = policy.on_request(conn(), request)
+    assert isinstance(decision, Forward) and decision.request is request
+    # A Fetch of other topics only: its answer goes on unread.
+    decision = policy.on_request(conn(), fetch(topic="orders"))
+    assert isinstance(decision, Forward) and not decision.wants_response
+    answer = fetch_answer(batch((None, b"plain")), topic="orders")
+    assert through(policy, fetch(topic="orders"), answer) is answer
+
+
+def test_a_fetch_in_a_session_is_answered_for_topics_it_does_not_name(
+        policy: RulesPolicy) -> None:
+    """KIP-227: past its first request, a fetch session's requests name only what
+    changed (often nothing), and the broker answers for every topic of the session."""
+    stored = sent_records(policy.on_request(conn(), produce(batch((None, SECRET.encode())))))
+    for session in ((7, 1), (7, 12)):
+        request = fetch(topic=None, session=session)
+        decision = policy.on_request(conn(), request)
+        assert isinstance(decision, Forward) and decision.wants_response
+        assert [v for _, v, _ in fetched(through(policy, request, fetch_answer(stored)))] == [
+            SECRET.encode()]
+    # Its first request names every topic of the session.
+    decision = policy.on_request(conn(), fetch(topic="orders", session=(0, 0)))
+    assert isinstance(decision, Forward) and not decision.wants_response
+
+
+def test_a_partition_that_cannot_be_sealed_is_refused_and_never_sent(
+        policy: RulesPolicy) -> None:
+    request = produce(legacy(None, SECRET.encode()), others=batch((None, b"o")))
+    decision = policy.on_request(conn(), request)
+    assert isinstance(decision, Forward)
+    assert [t.name for t in decision.request.body.topic_data] == ["orders"]
+    answer = policy.on_response(conn(), Pending(1, 0, 9, 0.0, context=decision.context),
+                                error_response(decision.request, 0))
+    codes = {k: p.error_code for k, p in partitions(answer).items()}
+    assert codes == {("payments", 0): enc.UNSUPPORTED_FOR_MESSAGE_FORMAT, ("orders", 1): 0}
+    alone = policy.on_request(conn(), produce(legacy(None, SECRET.encode())))
+    assert isinstance(alone, Respond)
+    closed = policy.on_request(conn(), produce(legacy(None, SECRET.encode()), acks=0))
+    assert isinstance(closed, Close) and "acks=0" in closed.reason
+
+
+def test_topics_named_by_id_are_sealed_once_their_ids_are_learned(policy: RulesPolicy) -> None:
+    request = produce(batch((None, SECRET.encode())), version=13)
+    refused = policy.on_request(conn(), request)
+    assert isinstance(refused, Respond)  # not sent in the clear to what may be payments
+    assert {p.error_code for p in partitions(refused.response).values()} == {UNKNOWN_TOPIC_ID}
+    metadata = req(3, 12, "app-1", topics=None, allow_auto_topic_creation=False,
+                   include_topic_authorized_operations=False)
+    learned = policy.on_request(conn(), metadata)
+    assert isinstance(learned, Forward) and learned.wants_response
+    policy.on_response(conn(), Pending(1, 3, 12, 0.0, context=learned.context),
+                       metadata_answer(("payments", PAYMENTS_ID)))
+    stored = sent_records(policy.on_request(conn(), request))
+    assert SECRET.encode() not in stored
+    answer = through(policy, fetch(version=13), fetch_answer(stored, version=13))
+    assert [v for _, v, _ in fetched(answer)] == [SECRET.encode()]
+
+
+def test_a_fetch_of_an_unknown_id_opens_with_every_key(tmp_path: Path) -> None:
+    """Opening needs no topic: a value names its key, and an id not learned yet may be
+    a topic the rule holds."""
+    key_file(tmp_path, **{"pay-1": new_key()})
+    policy = RulesPolicy(load_rules_file(rules_file(tmp_path)))
+    warm = RulesPolicy(load_rules_file(rules_file(tmp_path)))
+    warm.on_response(conn(), Pending(1, 3, 12, 0.0, context=warm.on_request(
+        conn(), req(3, 12, "app-1", topics=None, allow_auto_topic_creation=False,
+                    include_topic_authorized_operations=False)).context),  # type: ignore[union-attr]
+        metadata_answer(("payments", PAYMENTS_ID)))
+    stored = sent_records(warm.on_request(conn(), produce(batch((None, SECRET.encode())),
+                                                          version=13)))
+    answer = through(policy, fetch(version=13), fetch_answer(stored, version=13))
+    assert [v for _, v, _ in fetched(answer)] == [SECRET.encode()]
+
+
+def test_under_a_tenant_prefix_the_rule_names_topics_as_the_client_does(
+        tmp_path: Path) -> None:
+    key_file(tmp_path, **{"pay-1": new_key()})
+    path = rules_file(tmp_path, extra="    topic_prefix: tenant-a.\n")
+    policy = RulesPolicy(load_rules_file(path))
+    decision = policy.on_request(conn(), produce(batch((None, SECRET.encode()))))
+    assert isinstance(decision, Forward)
+    assert decision.request.body.topic_data[0].name == "tenant-a.payments"
+    stored = sent_records(decision)
+    assert SECRET.encode() not in stored
+    answer = through(policy, fetch(), fetch_answer(stored, topic="tenant-a.payments"))
+    body = codecs.decode_response(memoryview(bytes(answer.encode())), 1, 12).body
+    assert body.responses[0].topic == "payments"
+    assert [v for _, v, _ in fetched(answer)] == [SECRET.encode()]
+
+
+def test_large_messages_are_sealed_and_opened_in_a_thread(
+        policy: RulesPolicy, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gatehouse.proxy.policy as policy_module
+
+    calls: list[str] = []
+    for name in ("seal_request", "open_answer"):
+        real = getattr(policy_module, name)
+        monkeypatch.setattr(policy_module, name, lambda *a, _r=real, _n=name, **k: (
+            calls.append(_n), _r(*a, **k))[1])
+    big = batch(*[(None, SECRET.encode() * 40)] * 200)
+    request = produce(big)
+    assert len(request.frame or b"") >= 64 * 1024
+    connection = conn()
+    work = policy.offload(connection, request)
+    assert work is not None
+    work()
+    made = policy.cipher.deks_made
+    decision = policy.on_request(connection, request)
+    stored = sent_records(decision)
+    assert SECRET.encode() not in stored and policy.cipher.deks_made == made
+    assert calls == ["seal_request"]  # sealed once, in the work
+    assert not [k for k in connection.state if k.startswith("encrypt")]  # nothing held
+    assert policy.offload(conn(), produce(batch((None, b"x")))) is None  # small: inline
+    fetch_request = fetch()
+    decision = policy.on_request(connection, fetch_request)
+    assert isinstance(decision, Forward)
+    broker = fetch_answer(stored)
+    pending = Pending(1, 1, 12, 0.0, context=decision.context)
+    work = policy.offload_response(connection, pending, broker)
+    assert work is not None
+    work()
+    answer = policy.on_response(connection, pending, broker)
+    assert [v for _, v, _ in fetched(answer)] == [SECRET.encode() * 40] * 200
+    assert calls == ["seal_request", "open_answer"]
+    assert not [k for k in connection.state if k.startswith("encrypt")]
+
+
+def test_a_new_key_in_the_key_file_reloads_the_rules_and_old_records_still_open(
+        tmp_path: Path) -> None:
+    old = new_key()
+    key_file(tmp_path, **{"pay-1": old})
+    path = rules_file(tmp_path)
+    policy = RulesPolicy(load_rules_file(path))
+    reloader = Reloader(policy, RulesSource(None, path))
+    stored = sent_records(policy.on_request(conn(), produce(batch((None, b"before"))), ))
+    # Rotation: a new key, the rule switched to it, the old one kept for what it sealed.
+    key_file(tmp_path, **{"pay-1": old, "pay-2": new_key()})
+    path.write_text(path.read_text().replace("key: pay-1", "key: pay-2"))
+    assert reloader.changed() and reloader.reload()
+    after = sent_records(policy.on_request(conn(), produce(batch((None, b"after")))))
+    assert b"pay-2" in after and b"pay-1" in stored
+    for records, value in ((stored, b"before"), (after, b"after")):
+        assert [v for _, v, _ in fetched(through(policy, fetch(), fetch_answer(records)))] == [
+            value]
+    # A broken key file keeps the rules (and keys) in force.
+    (tmp_path / "keys.yaml").write_text("keys:\n  pay-2: nope\n")
+    assert reloader.changed() and not reloader.reload()
+    assert "keys.yaml:2" in (reloader.last_error or "")
+    assert [v for _, v, _ in fetched(through(policy, fetch(), fetch_answer(after)))] == [
+        b"after"]
+
+
+def test_the_readme_rules_example_parses(tmp_path: Path) -> None:
+    """The rules block of the README's Rules section, as a user copies it (with the key
+    file it names beside it)."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme.split("## Rules", 1)[1]
+    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "rules.yaml").write_text(block)
+    key_file(tmp_path, **{"pay-2026": new_key()})
+    ruleset = load_rules_file(tmp_path / "rules.yaml")
+    [encrypting] = [r for r in ruleset.rules if r.encrypt_records is not None]
+    assert encrypting.encrypt_records is not None
+    assert encrypting.encrypt_records.applies_to("payments.eu")
+
+
+def test_check_warns_of_a_rule_that_decrypts_for_whoever_claims_a_client_id(
+        tmp_path: Path) -> None:
+    key_file(tmp_path, **{"pay-1": new_key()})
+    [advice] = load_rules_file(rules_file(tmp_path)).advice()
+    assert advice.startswith(f"{tmp_path / 'rules.yaml'}:2: rule payments-encrypted: decrypts "
+                             "records for the clients it matches")
+    by_principal = rules_file(tmp_path).read_text().replace(
+        "match: {client_id: '^app'}", "match: {principal: '^app'}")
+    (tmp_path / "rules.yaml").write_text(by_principal)
+    assert load_rules_file(tmp_path / "rules.yaml").advice() == []
