@@ -69,6 +69,14 @@ def compress_zstd(data: bytes) -> bytes:
     return bytes(cramjam.zstd.compress(data, level=3))
 
 
+def compress_gzip(data: bytes) -> bytes:
+    """``data`` gzip-compressed (level 6, as the Java client's default): for clients too
+    old for zstd."""
+    import gzip
+
+    return gzip.compress(data, compresslevel=6, mtime=0)
+
+
 def _gunzip(data: Buffer, limit: int) -> bytes:
     inflater = zlib.decompressobj(wbits=31)  # a gzip header and trailer
     out = inflater.decompress(data, limit + 1)

@@ -521,11 +521,12 @@ def encode_raw_records(records: Sequence[RawRecord]) -> bytes:
     return b"".join(parts)
 
 
-def rebuilt_batch(batch: RecordBatch, section: Buffer) -> bytes:
-    """``batch`` with ``section`` (uncompressed records) in place of its records: every
-    header field kept (offsets, epochs, timestamps, producer, sequence, transactional,
-    control, timestamp type), its compression none, its length and CRC-32C new."""
-    attributes = batch.attributes & ~0x07
+def rebuilt_batch(batch: RecordBatch, section: Buffer, compression: str = "none") -> bytes:
+    """``batch`` with ``section`` (its records, compressed with ``compression``) in place
+    of its records: every header field kept (offsets, epochs, timestamps, producer,
+    sequence, transactional, control, timestamp type), its compression, length and
+    CRC-32C new."""
+    attributes = (batch.attributes & ~0x07) | COMPRESSION_NAMES.index(compression)
     after_crc = b"".join((
         _AFTER_CRC.pack(attributes, batch.last_offset_delta, batch.base_timestamp,
                         batch.max_timestamp, batch.producer_id, batch.producer_epoch,

@@ -21,7 +21,7 @@ from gatehouse.codecs import (
     api_name,
     produce,
 )
-from gatehouse.compression import DecompressionError, compress_zstd, decompress
+from gatehouse.compression import DecompressionError, compress_gzip, compress_zstd, decompress
 from gatehouse.configfile import ConfigError, FileWatch, load_yaml_file
 from gatehouse.logs import log_event
 from gatehouse.proxy.apiversions import RangeAdjuster
@@ -644,9 +644,13 @@ class RulesPolicy(Policy):
         """The broker's Fetch (ShareFetch) answer with its sealed values opened; its
         topics named as the client knows them (the evaluation's map applied)."""
         topic_map = evaluation.topic_map
+        # Batches that came compressed go out compressed: zstd where the client's Fetch
+        # version takes it (v10+, as brokers hold to), else gzip, which every one reads.
+        repack = (("zstd", compress_zstd) if resp.api_key != FETCH or resp.api_version >= 10
+                  else ("gzip", compress_gzip))
         return open_answer(resp, evaluation.encryptions, self._id_names(evaluation),
                            self.cipher, decompress,
-                           None if topic_map is None else topic_map.to_client)
+                           None if topic_map is None else topic_map.to_client, repack)
 
     def _count_opened(self, opened: OpenedAnswer) -> Response:
         for (rule, topic), count in opened.opened.items():

@@ -336,11 +336,19 @@ def _is_sealed(r: RawRecord) -> bool:
     return bool(r.headers) and r.headers[-1][0] == HEADER
 
 
+Repack = tuple[str, Compress]  # a codec name, and its compressor
+
+
 def open_records(records: Any, keys: Mapping[str, bytes], cipher: RecordCipher,
-                 decompress: Decompress, limit: int) -> Opened:
+                 decompress: Decompress, limit: int, repack: Repack | None = None
+                 ) -> Opened:
     """A Fetch partition's records field with every sealed value opened: batches with
     none kept as they came, a partial batch at the end kept too (the client drops it);
-    a value that does not open is left sealed (its header kept) and counted."""
+    a value that does not open is left sealed (its header kept) and counted.  A batch
+    that came compressed (the broker recompresses what the proxy writes uncompressed,
+    under a topic's ``compression.type``) goes out compressed with ``repack``, so that
+    an answer does not outgrow what the client expects of one; the others as they
+    were, uncompressed."""
     if not records:
         return Opened(None)
     view = memoryview(records)
@@ -380,7 +388,11 @@ def open_records(records: Any, keys: Mapping[str, bytes], cipher: RecordCipher,
         if result.opened == before:  # none opened: the batch as it came
             out.append(whole)
             continue
-        out.append(rebuilt_batch(batch, encode_raw_records(opened)))
+        section = encode_raw_records(opened)
+        if batch.compression != "none" and repack is not None:
+            out.append(rebuilt_batch(batch, repack[1](section), repack[0]))
+        else:
+            out.append(rebuilt_batch(batch, section))
         changed_any = True
     if not changed_any:
         return result
@@ -488,7 +500,8 @@ class OpenedAnswer:
 
 def open_answer(resp: Response, encryptions: Encryptions, id_names: IdNames,
                 cipher: RecordCipher, decompress: Decompress,
-                to_client: Callable[[str], str | None] | None = None) -> OpenedAnswer:
+                to_client: Callable[[str], str | None] | None = None,
+                repack: Repack | None = None) -> OpenedAnswer:
     """A broker's Fetch or ShareFetch answer with the sealed values of the topics
     ``encryptions`` hold opened (a topic whose id is not known yet: opened with every
     key of theirs).  ``to_client``: a topic's name as the client knows it (a rule's
@@ -519,7 +532,7 @@ def open_answer(resp: Response, encryptions: Encryptions, id_names: IdNames,
         topic_changed = False
         for p in topic.partitions:
             try:
-                found = open_records(p.records, keys, cipher, decompress, limit)
+                found = open_records(p.records, keys, cipher, decompress, limit, repack)
             except Exception as exc:  # records that do not read: the client's to judge
                 count, reason = failed.get(where, (0, f"records that do not read: {exc}"))
                 failed[where] = (count + 1, reason)  # a partition's records, as one

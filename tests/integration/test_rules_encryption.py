@@ -123,6 +123,28 @@ def test_librdkafka_records_stored_encrypted_and_read_back_in_the_clear(
     assert all(m.headers()[-1] == (HEADER, b"\x01") for m in sealed)
 
 
+def test_a_topic_the_broker_compresses(kafka: KafkaCluster, policy: RulesPolicy) -> None:
+    """compression.type=lz4 on the topic: the broker compresses the batches the proxy
+    writes uncompressed; its consumers still read every value, and a Fetch answer the
+    proxy opened is compressed again (zstd), not grown to its records' full size."""
+    topic = unique("pay-lz4")
+    kafka.create_topic(topic, config={"compression.type": "lz4"})
+    sent = [SECRET * 20 + b"%d" % i for i in range(200)]
+    with ProxyThread(kafka.bootstrap, policy=policy) as proxy:
+        producer = ck.Producer({"bootstrap.servers": proxy.bootstrap, "client.id": "app-w",
+                                "linger.ms": 50, "log_level": 3})
+        for value in sent:
+            producer.produce(topic, value)
+        assert producer.flush(30) == 0
+        got = read_all(proxy.bootstrap, topic, len(sent))
+        answered = proxy.sample("gatehouse_bytes_total", direction="proxy_to_client")
+    assert sorted(m.value() for m in got) == sorted(sent)
+    assert stored_plainly(kafka, topic, SECRET) == []
+    # What went to the clients (both connections' answers, all of them) is less than the
+    # records' own bytes: the opened batches were compressed.
+    assert 0 < answered < sum(len(v) for v in sent)
+
+
 def test_transactions_and_read_committed(kafka: KafkaCluster, policy: RulesPolicy) -> None:
     topic = unique("pay-tx")
     kafka.create_topic(topic)
