@@ -301,6 +301,9 @@ def ensure_kroxylicious(version: str = KROXYLICIOUS_VERSION, *, log: bool = Fals
     deps: list[Dependency] = [("io.kroxylicious", "kroxylicious-runtime", version),
             # the filter of its "filter-comparable" run in bench/peers.py
             ("io.kroxylicious", "kroxylicious-multitenant", version),
+            # its record encryption and in-memory KMS, for bench/encryption.py
+            ("io.kroxylicious", "kroxylicious-record-encryption", version),
+            ("io.kroxylicious", "kroxylicious-kms-provider-kroxylicious-inmemory", version),
             ("org.apache.logging.log4j", "log4j-slf4j2-impl", "2.24.3"),
             ("org.apache.logging.log4j", "log4j-core", "2.24.3")]
     return ensure_maven_libs(cache_root() / "kroxylicious" / version,

@@ -565,3 +565,23 @@ def test_fetch_answers_keep_a_codec_the_client_reads(policy: RulesPolicy, versio
     [b] = iter_batches(records)
     assert isinstance(b, RecordBatch) and b.compression == codec
     assert [v for _, v, _ in values(records)] == [SECRET.encode()] * 20
+
+
+def test_check_says_what_is_encrypted_and_warns(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from gatehouse.cli import main
+
+    key_file(tmp_path, **{"pay-1": new_key(), "pay-0": new_key()})
+    rules = rules_file(tmp_path)
+    config = tmp_path / "gatehouse.yaml"
+    config.write_text(f"listen: 127.0.0.1:9192\nupstream: [127.0.0.1:9092]\n"
+                      f"rules_file: {rules}\n")
+    assert main(["check", "--config", str(config)]) == 0
+    out, err = capsys.readouterr()
+    assert (f"encrypt_records (rule payments-encrypted): values of topics matching payments, "
+            f"pay\\..* encrypted under key 'pay-1' of {tmp_path / 'keys.yaml'} (2 keys, any "
+            "of which decrypts), for the clients the rule matches") in out
+    assert "decrypts records for the clients it matches, but tells clients apart" in err
+    (tmp_path / "keys.yaml").write_text("keys:\n  pay-1: short\n")
+    assert main(["check", "--config", str(config)]) == 1
+    assert "keys.yaml:2: key 'pay-1' is not base64" in capsys.readouterr().err

@@ -191,6 +191,16 @@ def _check(path: str, probe: bool = False) -> int:
             print(f"metrics.client_telemetry: clients push {wanted} to the proxy every "
                   f"{telemetry.push_interval:g} s (KIP-714), exported as kafka_client_*, "
                   f"at most {telemetry.max_series:,} samples")
+    for rule in _policy.ruleset.rules:
+        encryption = rule.encrypt_records
+        if encryption is not None:
+            topics = ("every topic" if encryption.topics is None else "topics matching "
+                      + ", ".join(p.pattern for p in encryption.topics))
+            count = len(encryption.ring.keys)
+            print(f"encrypt_records (rule {rule.name}): values of {topics} encrypted under "
+                  f"key {encryption.key!r} of {encryption.ring.path} ({count} key"
+                  f"{'s' if count != 1 else ''}, any of which decrypts), for the clients "
+                  "the rule matches; the others read ciphertext")
     down, up = config.sasl_downstream, config.sasl_upstream
     if down is not None:
         from gatehouse.proxy.sasl import load_users

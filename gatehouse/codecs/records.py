@@ -26,7 +26,7 @@ from __future__ import annotations
 import gzip
 import struct
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final, NamedTuple
 
@@ -52,6 +52,7 @@ _C_COUNT_RECORDS: Final = None if speedups is None else speedups.count_records
 # short chunk) at a record the Python reader is to read (and say what is wrong with).
 _C_READ_RECORDS: Final = None if speedups is None else speedups.read_records
 _C_CRC32C: Final = None if speedups is None else speedups.crc32c
+_C_REWRITE: Final = None if speedups is None else speedups.rewrite_values
 _C_CHUNK: Final = 256  # records made at once: a batch of millions is not all in memory
 V2_HEAD: Final = struct.Struct(">8xi4xb40xi")  # length (8), magic (16), count (57)
 _CRC_DATA_FROM: Final = 21  # CRC-32C covers attributes onwards
@@ -520,6 +521,99 @@ def encode_raw_records(records: Sequence[RawRecord]) -> bytes:
         parts.append(body)
     return b"".join(parts)
 
+
+def rewrite_values(section: Buffer, count: int, fn: Callable[[bytes], bytes | None], *,
+                   add: tuple[bytes, bytes] | None = None, strip: bytes | None = None
+                   ) -> tuple[bytes, int]:
+    """A v2 batch's ``count`` records (its uncompressed records section) with values
+    rewritten by ``fn``, and how many were; the rest of each record as it was.
+
+    ``add`` (header key, value): every record with a value (null stays null) gets
+    ``fn(value)`` and that header last.  ``strip`` (a header key): every record with a
+    value whose last header has that key gets ``fn(value)`` and loses the header, again
+    while its next last header has it (at most four times: a record rewritten twice).
+    ``fn`` returning None leaves a record as it is (as far as it got).  In C where
+    built; ``RemoteProtocolError`` for records that do not parse."""
+    if (add is None) == (strip is None):
+        raise ValueError("rewrite_values: add a header or strip one")
+    if _C_REWRITE is not None:
+        found = _C_REWRITE(section, count, fn, None if add is None else add[0],
+                           None if add is None else add[1], strip)
+        if found is not None:
+            return bytes(found[0]), int(found[1])
+    return _rewrite_values(section, count, fn, add, strip)
+
+
+def _rewrite_values(section: Buffer, count: int, fn: Callable[[bytes], bytes | None],
+                    add: tuple[bytes, bytes] | None, strip: bytes | None
+                    ) -> tuple[bytes, int]:
+    """``rewrite_values`` in Python: each record read to its fields' places (header keys
+    as bytes, as the C version compares them), the ones rewritten written again."""
+    buf = bytes(section)
+    end = len(buf)
+    mark = add[0] if add is not None else strip
+    out: list[bytes] = []
+    pos = changed = 0
+    try:
+        for index in range(count):
+            record_at = pos
+            length, pos = _varint(buf, pos)
+            start, stop = pos, pos + length
+            if length < 1 or stop > end:
+                raise RemoteProtocolError(f"record {index}: length {length} runs past its "
+                                          "batch", offset=pos)
+            _, pos = read_varlong(buf, pos + 1)  # attributes, timestamp delta
+            _, pos = read_varint(buf, pos)  # offset delta
+            _, pos = _read_bytes(buf, pos, stop, index, "key")
+            value_field = pos
+            value, pos = _read_bytes(buf, pos, stop, index, "value")
+            header_count, pos = read_varint(buf, pos)
+            if header_count < 0:
+                raise RemoteProtocolError(f"record {index}: {header_count} headers", offset=pos)
+            headers_at = pos
+            starts, keys = [], []
+            for _ in range(header_count):
+                starts.append(pos)
+                key, pos = _read_bytes(buf, pos, stop, index, "header key")
+                if key is None:
+                    raise RemoteProtocolError(f"record {index}: a header with a null key",
+                                              offset=pos)
+                keys.append(key)
+                _, pos = _read_bytes(buf, pos, stop, index, "header value")
+            if pos != stop:
+                raise RemoteProtocolError(f"record {index}: its fields do not fill its "
+                                          f"length {length}", offset=pos)
+            kept, layers = header_count, 0
+            while value is not None and (add is not None or (kept and keys[kept - 1] == mark)):
+                new = fn(value)
+                if new is None:
+                    break
+                value, layers = new, layers + 1
+                if add is not None:
+                    break
+                kept -= 1
+                if layers >= 4:
+                    break
+            if not layers:
+                out.append(buf[record_at:stop])
+                continue
+            assert value is not None
+            if add is not None:
+                headers = (varint_bytes(header_count + 1) + buf[headers_at:stop]
+                           + varint_bytes(len(add[0])) + add[0]
+                           + varint_bytes(len(add[1])) + add[1])
+            else:
+                headers = varint_bytes(kept) + buf[headers_at : starts[kept] if kept < header_count
+                                                   else stop]
+            body = b"".join((buf[start:value_field], varint_bytes(len(value)), value, headers))
+            out.append(varint_bytes(len(body)) + body)
+            changed += 1
+    except IndexError:
+        raise RemoteProtocolError("the batch's records end inside a record", offset=pos) from None
+    if pos != end:
+        raise RemoteProtocolError(f"{end - pos} bytes after the batch's {count} records",
+                                  offset=pos)
+    return b"".join(out), changed
 
 def rebuilt_batch(batch: RecordBatch, section: Buffer, compression: str = "none") -> bytes:
     """``batch`` with ``section`` (its records, compressed with ``compression``) in place

@@ -45,13 +45,11 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from gatehouse.codecs import Request, Response
 from gatehouse.codecs.records import (
     LegacyMessage,
-    RawRecord,
     RecordBatch,
-    encode_raw_records,
     iter_batches,
-    read_raw_records,
     rebuilt_batch,
     records_section,
+    rewrite_values,
 )
 from gatehouse.configfile import ConfigError, Source, line_of, load_yaml_file
 from gatehouse.rules.errors import UNKNOWN_TOPIC_ID
@@ -70,7 +68,6 @@ DEK_USES: Final = 1 << 24
 DEK_SECONDS: Final = 3600.0
 OPENED_DEKS: Final = 1024
 _COMPRESS_FROM: Final = 64  # bytes: smaller values are sealed as they are
-_MAX_LAYERS: Final = 4  # a record sealed twice (re-produced ciphertext) opens twice
 
 # Kafka error codes a Produce partition is refused with.
 CORRUPT_MESSAGE: Final = 2
@@ -154,6 +151,7 @@ class Undecryptable(Exception):
 class _Dek:
     aead: AESGCM
     prefix: bytes  # version, flags 0, KEK name, EDEK: the envelope up to the nonce
+    salt: bytes  # a nonce's first 4 bytes; the other 8 count its uses (never repeated)
     uses: int
     expires: float
 
@@ -169,69 +167,63 @@ class RecordCipher:
         self._opened: OrderedDict[tuple[str, bytes], AESGCM] = OrderedDict()
         self.deks_made = 0
 
-    def _dek(self, name: str, kek: bytes) -> _Dek:
+    def _reserve(self, name: str, kek: bytes, count: int) -> tuple[_Dek, int]:
+        """A DEK of KEK ``name`` with ``count`` uses taken, and the first of them."""
         key = (name, kek)
-        dek = self._deks.get(key)
-        if dek is None or dek.uses >= DEK_USES or self.clock() >= dek.expires:
-            secret = AESGCM.generate_key(bit_length=256)
-            raw_name = name.encode()
-            nonce = os.urandom(_NONCE)
-            edek = nonce + AESGCM(kek).encrypt(nonce, secret, _edek_aad(raw_name))
-            prefix = bytes((VERSION, 0, len(raw_name))) + raw_name + bytes((len(edek),)) + edek
-            dek = self._deks[key] = _Dek(AESGCM(secret), prefix, 0, self.clock() + DEK_SECONDS)
-            self.deks_made += 1
-        dek.uses += 1
-        return dek
+        with self._lock:
+            dek = self._deks.get(key)
+            if dek is None or dek.uses + count > DEK_USES or self.clock() >= dek.expires:
+                secret = AESGCM.generate_key(bit_length=256)
+                raw_name = name.encode()
+                nonce = os.urandom(_NONCE)
+                edek = nonce + AESGCM(kek).encrypt(nonce, secret, _edek_aad(raw_name))
+                prefix = (bytes((VERSION, 0, len(raw_name))) + raw_name
+                          + bytes((len(edek),)) + edek)
+                dek = self._deks[key] = _Dek(AESGCM(secret), prefix, os.urandom(4), 0,
+                                             self.clock() + DEK_SECONDS)
+                self.deks_made += 1
+            first = dek.uses
+            dek.uses += count
+        return dek, first
+
+    def sealer(self, name: str, kek: bytes, count: int, compress: Compress | None = None
+               ) -> Callable[[bytes], bytes]:
+        """What seals ``count`` values (a batch's) under one DEK of KEK ``name``, each
+        compressed first with ``compress`` (zstd) when given and it saves bytes."""
+        dek, used = self._reserve(name, kek, count)
+        aead, prefix, salt = dek.aead, dek.prefix, dek.salt
+        packed_prefix = prefix[:1] + bytes((ZSTD,)) + prefix[2:]
+        last = used + count
+
+        def seal(value: bytes) -> bytes:
+            nonlocal used
+            if used >= last:
+                raise RuntimeError("a sealer sealed more values than it reserved")
+            nonce = salt + used.to_bytes(8, "big")
+            used += 1
+            head = prefix
+            if compress is not None and len(value) >= _COMPRESS_FROM:
+                packed = compress(value)
+                if len(packed) < len(value):
+                    value, head = packed, packed_prefix
+            return b"".join((head, nonce, aead.encrypt(nonce, value, head)))
+
+        return seal
 
     def seal(self, value: bytes, name: str, kek: bytes, compress: Compress | None = None
              ) -> bytes:
-        """``value`` sealed under a DEK of KEK ``name``; compressed first with
-        ``compress`` (zstd) when given and it saves bytes."""
-        with self._lock:
-            dek = self._dek(name, kek)
-        prefix = dek.prefix
-        if compress is not None and len(value) >= _COMPRESS_FROM:
-            packed = compress(value)
-            if len(packed) < len(value):
-                value = packed
-                prefix = prefix[:1] + bytes((ZSTD,)) + prefix[2:]
-        nonce = os.urandom(_NONCE)
-        return b"".join((prefix, nonce, dek.aead.encrypt(nonce, value, prefix)))
+        """One value sealed (``sealer`` for one)."""
+        return self.sealer(name, kek, 1, compress)(value)
 
     def open(self, envelope: bytes, keys: Mapping[str, bytes],
              decompress: Decompress, limit: int) -> bytes:
         """The plaintext of a sealed value, opened with ``keys`` (KEK name -> key)."""
-        try:
-            version, flags, name_length = envelope[0], envelope[1], envelope[2]
-            at = 3 + name_length
-            raw_name = envelope[3:at]
-            edek_length = envelope[at]
-            edek = envelope[at + 1 : at + 1 + edek_length]
-            at += 1 + edek_length
-        except IndexError:
-            raise Undecryptable("not an envelope: too short") from None
-        if version != VERSION:
-            raise Undecryptable(f"envelope version {version}, not {VERSION}")
-        if flags & ~ZSTD:
-            raise Undecryptable(f"unknown envelope flags {flags:#x}")
-        if len(edek) != edek_length or len(envelope) < at + _NONCE + _TAG:
-            raise Undecryptable("not an envelope: too short")
-        name = raw_name.decode(errors="replace")
-        kek = keys.get(name)
-        if kek is None:
-            raise Undecryptable(f"KEK {name!r} is not in the key file")
-        aead = self._opened_dek(name, kek, raw_name, bytes(edek))
-        try:
-            plain = aead.decrypt(envelope[at : at + _NONCE], envelope[at + _NONCE :],
-                                 envelope[:at])
-        except InvalidTag:
-            raise Undecryptable("the value does not open under its DEK (changed?)") from None
-        if flags & ZSTD:
-            try:
-                plain = decompress("zstd", plain, limit)
-            except Exception as exc:  # the decompressor's own errors, limit included
-                raise Undecryptable(f"its zstd plaintext: {exc}") from None
-        return plain
+        return _Opener(self, keys, decompress, limit).open(envelope)
+
+    def opener(self, keys: Mapping[str, bytes], decompress: Decompress, limit: int
+               ) -> _Opener:
+        """What opens values with ``keys`` (a batch's, one after another)."""
+        return _Opener(self, keys, decompress, limit)
 
     def _opened_dek(self, name: str, kek: bytes, raw_name: bytes, edek: bytes) -> AESGCM:
         key = (name, edek)
@@ -254,6 +246,67 @@ class RecordCipher:
                 self._opened.popitem(last=False)
         return aead
 
+
+class _Opener:
+    """Opens values one after another, the last DEK at hand (a batch's values share
+    one); as a function, gives None for a value that does not open, counted, with why
+    the first did not."""
+
+    def __init__(self, cipher: RecordCipher, keys: Mapping[str, bytes],
+                 decompress: Decompress, limit: int) -> None:
+        self.cipher = cipher
+        self.keys = keys
+        self.decompress = decompress
+        self.limit = limit
+        self.failed = 0
+        self.reason: str | None = None
+        self._last: tuple[bytes, bytes, AESGCM] | None = None  # (name, EDEK, its DEK)
+
+    def __call__(self, envelope: bytes) -> bytes | None:
+        try:
+            return self.open(envelope)
+        except Undecryptable as exc:
+            self.failed += 1
+            self.reason = self.reason or str(exc)
+            return None
+
+    def open(self, envelope: bytes) -> bytes:
+        try:
+            version, flags, name_length = envelope[0], envelope[1], envelope[2]
+            at = 3 + name_length
+            raw_name = envelope[3:at]
+            edek_length = envelope[at]
+            edek = envelope[at + 1 : at + 1 + edek_length]
+            at += 1 + edek_length
+        except IndexError:
+            raise Undecryptable("not an envelope: too short") from None
+        if version != VERSION:
+            raise Undecryptable(f"envelope version {version}, not {VERSION}")
+        if flags & ~ZSTD:
+            raise Undecryptable(f"unknown envelope flags {flags:#x}")
+        if len(edek) != edek_length or len(envelope) < at + _NONCE + _TAG:
+            raise Undecryptable("not an envelope: too short")
+        last = self._last
+        if last is not None and last[0] == raw_name and last[1] == edek:
+            aead = last[2]
+        else:
+            name = raw_name.decode(errors="replace")
+            kek = self.keys.get(name)
+            if kek is None:
+                raise Undecryptable(f"KEK {name!r} is not in the key file")
+            aead = self.cipher._opened_dek(name, kek, raw_name, bytes(edek))
+            self._last = (raw_name, edek, aead)
+        try:
+            plain = aead.decrypt(envelope[at : at + _NONCE], envelope[at + _NONCE :],
+                                 envelope[:at])
+        except InvalidTag:
+            raise Undecryptable("the value does not open under its DEK (changed?)") from None
+        if flags & ZSTD:
+            try:
+                plain = self.decompress("zstd", plain, self.limit)
+            except Exception as exc:  # the decompressor's own errors, limit included
+                raise Undecryptable(f"its zstd plaintext: {exc}") from None
+        return plain
 
 def _edek_aad(raw_name: bytes) -> bytes:
     return bytes((VERSION,)) + raw_name
@@ -299,19 +352,13 @@ def seal_records(records: Any, encryption: RecordEncryption, cipher: RecordCiphe
             if batch.is_control:
                 out.append(bytes(memoryview(records)[batch.position : taken]))
                 continue
-            compressed = batch.compression != "none"
-            raws = read_raw_records(_section(records, batch, decompress, limit),
-                                    batch.record_count)
-            packing = compress if compressed else None
-            changed = []
-            for r in raws:
-                if r.value is None:
-                    changed.append(r)
-                    continue
-                changed.append(r._replace(value=cipher.seal(r.value, name, kek, packing),
-                                          headers=(*r.headers, (HEADER, _MARK))))
-                sealed += 1
-            out.append(rebuilt_batch(batch, encode_raw_records(changed)))
+            seal = cipher.sealer(name, kek, batch.record_count,
+                                 compress if batch.compression != "none" else None)
+            section, count = rewrite_values(_section(records, batch, decompress, limit),
+                                            batch.record_count, seal,
+                                            add=(_HEADER_BYTES, _MARK))
+            sealed += count
+            out.append(rebuilt_batch(batch, section))
     except Unsealable:
         raise
     except Exception as exc:  # the codec's and the decompressor's errors
@@ -332,10 +379,6 @@ class Opened:
     reason: str | None = None  # why the first that failed did
 
 
-def _is_sealed(r: RawRecord) -> bool:
-    return bool(r.headers) and r.headers[-1][0] == HEADER
-
-
 Repack = tuple[str, Compress]  # a codec name, and its compressor
 
 
@@ -354,6 +397,7 @@ def open_records(records: Any, keys: Mapping[str, bytes], cipher: RecordCipher,
     view = memoryview(records)
     out: list[Any] = []
     result = Opened(None)
+    opener = cipher.opener(keys, decompress, limit)
     changed_any = False
     taken = 0
     for batch in iter_batches(records):
@@ -366,40 +410,23 @@ def open_records(records: Any, keys: Mapping[str, bytes], cipher: RecordCipher,
         if _HEADER_BYTES not in section:  # cheap: no record of it can be sealed
             out.append(whole)
             continue
-        raws = read_raw_records(section, batch.record_count)
-        if not any(_is_sealed(r) for r in raws):
+        section, opened = rewrite_values(section, batch.record_count, opener,
+                                         strip=_HEADER_BYTES)
+        if not opened:  # none opened: the batch as it came
             out.append(whole)
             continue
-        opened = []
-        before = result.opened
-        for r in raws:
-            layers = 0
-            while _is_sealed(r) and r.value is not None and layers < _MAX_LAYERS:
-                try:
-                    plain = cipher.open(r.value, keys, decompress, limit)
-                except Undecryptable as exc:
-                    result.failed += 1
-                    result.reason = result.reason or str(exc)
-                    break
-                r = r._replace(value=plain, headers=r.headers[:-1])
-                layers += 1
-            result.opened += layers > 0
-            opened.append(r)
-        if result.opened == before:  # none opened: the batch as it came
-            out.append(whole)
-            continue
-        section = encode_raw_records(opened)
+        result.opened += opened
         if batch.compression != "none" and repack is not None:
             out.append(rebuilt_batch(batch, repack[1](section), repack[0]))
         else:
             out.append(rebuilt_batch(batch, section))
         changed_any = True
+    result.failed, result.reason = opener.failed, opener.reason
     if not changed_any:
         return result
     out.append(view[taken:])  # a partial batch at the end, as the broker cut it
     result.records = b"".join(out)
     return result
-
 
 # -- requests and answers -------------------------------------------------------------------
 
