@@ -518,7 +518,7 @@ def test_the_readme_rules_example_parses(tmp_path: Path) -> None:
 
 def test_check_warns_of_a_rule_that_decrypts_for_whoever_claims_a_client_id(
         tmp_path: Path) -> None:
-    key_file(tmp_path, **{"pay-1": new_key()})
+    key_file(tmp_path, **{"pay-1": new_key()}).chmod(0o600)
     [advice] = load_rules_file(rules_file(tmp_path)).advice()
     assert advice.startswith(f"{tmp_path / 'rules.yaml'}:2: rule payments-encrypted: decrypts "
                              "records for the clients it matches")
@@ -585,3 +585,15 @@ def test_check_says_what_is_encrypted_and_warns(tmp_path: Path,
     (tmp_path / "keys.yaml").write_text("keys:\n  pay-1: short\n")
     assert main(["check", "--config", str(config)]) == 1
     assert "keys.yaml:2: key 'pay-1' is not base64" in capsys.readouterr().err
+
+
+def test_check_warns_of_a_key_file_others_may_read(tmp_path: Path) -> None:
+    keys = key_file(tmp_path, **{"pay-1": new_key()})
+    path = rules_file(tmp_path, extra="")
+    path.write_text(path.read_text().replace("    match: {client_id: '^app'}\n", ""))
+    keys.chmod(0o644)
+    [advice] = load_rules_file(path).advice()
+    assert advice.endswith(f"its key file {keys} is readable by other users: chmod 600 it "
+                           "(a Kubernetes Secret: defaultMode: 0400)")
+    keys.chmod(0o640)
+    assert load_rules_file(path).advice() == []

@@ -282,6 +282,14 @@ def _software_versions(name: str | None, version: str | None
     return MappingProxyType(out)
 
 
+def _open_to_others(path: str) -> bool:
+    """Whether users other than the file's owner and group may read it."""
+    try:
+        return bool(Path(path).stat().st_mode & 0o004)
+    except OSError:
+        return False
+
+
 def _self_described(match: Match) -> bool:
     """Whether ``match`` tells clients apart only by what they say of themselves."""
     return match.principal is None and not match.sources and (
@@ -514,6 +522,10 @@ class RuleSet:
                            "apart by what a client says of itself (client id, software), "
                            "which any client may claim: leave match out (every client), or "
                            "match on principal or source")
+            if rule.encrypt_records is not None and _open_to_others(rule.encrypt_records.ring.path):
+                out.append(f"{self._where(rule)}: rule {rule.name}: its key file "
+                           f"{rule.encrypt_records.ring.path} is readable by other users: "
+                           "chmod 600 it (a Kubernetes Secret: defaultMode: 0400)")
             if rule.encrypt_records is not None and _self_described(match):
                 out.append(f"{self._where(rule)}: rule {rule.name}: decrypts records for "
                            "the clients it matches, but tells clients apart by what a "
