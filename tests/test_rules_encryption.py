@@ -597,3 +597,26 @@ def test_check_warns_of_a_key_file_others_may_read(tmp_path: Path) -> None:
                            "(a Kubernetes Secret: defaultMode: 0400)")
     keys.chmod(0o640)
     assert load_rules_file(path).advice() == []
+
+
+def test_records_that_do_not_decrypt_are_counted_and_logged_once_a_minute(
+        policy: RulesPolicy, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    other = tmp_path / "other"
+    other.mkdir()
+    foreign = encryption(other)  # a key this proxy does not have
+    stored, _ = seal_records(batch((None, SECRET.encode()), (None, b"2")), foreign,
+                             RecordCipher(), decompress, compress_zstd)
+    heard: list[tuple[str, str, str, int]] = []
+    policy.encryption_listeners.append(lambda *args: heard.append(args))
+    caplog.set_level(logging.WARNING, logger="gatehouse.rules")
+    for _ in range(3):
+        answer = through(policy, fetch(), fetch_answer(stored))
+        assert SECRET.encode() not in bytes(answer.encode())  # passed on as stored
+    assert heard == [("payments-encrypted", "payments", "undecryptable", 2)] * 3
+    lines = [r.gatehouse_fields for r in caplog.records  # type: ignore[attr-defined]
+             if r.getMessage() == "records not decrypted: passed on encrypted"]
+    assert lines == [{"rule": "payments-encrypted", "topic": "payments", "records": 2,
+                      "reason": "KEK 'a' is not in the key file"}]
+    assert SECRET not in caplog.text

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
+import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -144,6 +146,8 @@ _OFFLOAD_BYTES = 64 * 1024
 _OPENED_ANSWERS = frozenset((FETCH, API_KEYS_BY_NAME["ShareFetch"]))
 _SEALED = "encrypt_records.sealed"
 _OPENED = "encrypt_records.opened"
+_UNDECRYPTABLE_LOG_EVERY = 60.0  # seconds between "records not decrypted" lines per topic
+_UNDECRYPTABLE_LOGGED_MAX = 10_000  # (rule, topic) pairs remembered for it
 # The verdict on the partitions of a topic named by an id not learned yet (rules.records).
 _UNSEEN_ID = PartitionVerdict(UNKNOWN_TOPIC_ID, UNSEEN_ID)
 # What a broker answers a client its ACLs do not allow to use the name.
@@ -228,6 +232,9 @@ class RulesPolicy(Policy):
         # (rule, topic as the client names it, outcome, how many).
         self.cipher = RecordCipher()
         self.encryption_listeners: list[Callable[[str, str, str, int], None]] = []
+        # (rule, topic) -> when records not decrypted were last logged, and how many
+        # since (logged with the next line).
+        self._undecryptable_logged: dict[tuple[str, str], tuple[float, int]] = {}
         # The rules and, per client facts, their ApiVersions adjusters.
         self._adjusters: tuple[RuleSet | None, dict[ClientFacts, tuple[RangeAdjuster, ...]]] = (
             None, {})
@@ -244,6 +251,7 @@ class RulesPolicy(Policy):
         evaluation = _evaluated(ruleset, facts_of(conn, req), req, conn.state)
         # What ``offload``'s work found for this request (never held past it).
         offloaded = conn.state.pop("record_verdicts", None)
+        sealed_found = conn.state.pop(_SEALED, None)
         refused = (self._refused_cluster_configs(conn, req, evaluation)
                    or self._refused_produce(conn, req, evaluation))
         # What is sent on without some of its topics (partitions), with the proxy's
@@ -279,9 +287,9 @@ class RulesPolicy(Policy):
                 refused = held
         if (refused is None and evaluation.encryptions and req.api_key == PRODUCE
                 and req.known and evaluation.refusal is None):
-            found = conn.state.pop(_SEALED, None)
             sealing = self._sealed(conn, req, evaluation, outcomes,
-                                   found[1] if found is not None and found[0] is req else None)
+                                   sealed_found[1] if sealed_found is not None
+                                   and sealed_found[0] is req else None)
             if isinstance(sealing, _Withholding):
                 req, outcomes = sealing.rest, sealing.outcomes
                 withheld.append(sealing)
@@ -656,11 +664,20 @@ class RulesPolicy(Policy):
         for (rule, topic), count in opened.opened.items():
             for listener in self.encryption_listeners:
                 listener(rule, topic, "decrypted", count)
+        now = time.monotonic()
         for (rule, topic), (count, reason) in opened.failed.items():
             for listener in self.encryption_listeners:
                 listener(rule, topic, "undecryptable", count)
+            # Consumers fetch such records again and again: a line a minute per topic.
+            logged, since = self._undecryptable_logged.get((rule, topic), (-math.inf, 0))
+            if now - logged < _UNDECRYPTABLE_LOG_EVERY:
+                self._undecryptable_logged[(rule, topic)] = (logged, since + count)
+                continue
+            if len(self._undecryptable_logged) >= _UNDECRYPTABLE_LOGGED_MAX:
+                self._undecryptable_logged.clear()
+            self._undecryptable_logged[(rule, topic)] = (now, 0)
             log_event(logger, logging.WARNING, "records not decrypted: passed on encrypted",
-                      rule=rule, topic=topic, records=count, reason=reason)
+                      rule=rule, topic=topic, records=count + since, reason=reason)
         return opened.response
 
     def _checked_topic_policy(self, conn: ConnectionInfo, req: Request,
