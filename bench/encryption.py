@@ -40,6 +40,7 @@ KEK = os.urandom(32)
 def start_encrypting_gatehouse(upstream: str) -> tuple[subprocess.Popen[bytes], str]:
     keys = Path(tempfile.mkdtemp()) / "keys.yaml"
     keys.write_text(f"keys: {{bench: {base64.b64encode(KEK).decode()}}}\n")
+    keys.chmod(0o600)
     return start_gatehouse(upstream, "rules:\n  - name: sealed\n    encrypt_records: "
                                      f"{{key_file: {keys}, key: bench}}\n")
 
