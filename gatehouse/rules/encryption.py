@@ -5,9 +5,10 @@ Envelope encryption, as a KMS does it.  A data key (DEK, AES-256) seals record v
 with AES-256-GCM; the DEK itself is sealed under a key-encryption key (KEK) from the
 rule's key file, and that sealed DEK (EDEK) travels in every record it sealed, so a
 record opens with nothing but the KEK it names: any proxy holding the key file reads
-it, after restarts and in every worker.  A DEK seals at most ``DEK_USES`` values
-(random 96-bit nonces: NIST SP 800-38D bounds a key to 2^32 of them) and is replaced
-after ``DEK_SECONDS``; opened DEKs are kept (at most ``OPENED_DEKS``).
+it, after restarts and in every worker.  A DEK seals at most ``DEK_USES`` values, far
+below the 2^32 NIST SP 800-38D allows a key, each under a nonce of its own (a random
+4-byte salt of the DEK and a count of its uses: never repeated), and is replaced after
+``DEK_SECONDS``; opened DEKs are kept (at most ``OPENED_DEKS``).
 
 A sealed record carries the header ``gatehouse.encryption`` (its last) and a value of
 
@@ -21,7 +22,8 @@ the batch a sealed record is written in is not compressed).  Keys, null values
 (tombstones), other headers, offsets and timestamps are left as they were: compaction,
 partitioning and the consumers' offsets work as before.
 
-The batch work here is pure (bytes in, bytes out); decompression and compression are
+The batch work here is pure (bytes in, bytes out; the records rewritten by
+``codecs.records.rewrite_values``, in C where built); decompression and compression are
 the caller's (``Decompress``/``Compress``), as in ``rules.records``.
 """
 
