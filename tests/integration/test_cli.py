@@ -62,6 +62,20 @@ def test_demo_runs_on_the_embedded_broker() -> None:
     assert acl and int(acl[-1]) > 0, result.stdout[-2000:]
     # The clients pushed their own metrics to the proxy (KIP-714; Tansu has no part).
     final_summary = result.stdout.rsplit("=== gatehouse demo", 1)[1]
+    # Every value went to Tansu encrypted and came back decrypted (the consumer counted
+    # only records it read without an error); Tansu holds ciphertext, under the header.
+    sealed = re.search(r"^rule encrypted-orders: (\d+) values encrypted on their way to "
+                       r"the broker, (\d+) decrypted on their way back$", final_summary, re.M)
+    assert sealed is not None, final_summary
+    # (Records sent as the workload stopped may be encrypted but not yet acknowledged,
+    # and fetched but not yet polled.)
+    assert int(sealed.group(1)) >= int(final.group(1)) > 0
+    assert int(sealed.group(2)) >= int(final.group(2)) > 0
+    stored = re.search(r"^a record as the broker stores it: headers \[gatehouse\.encryption\], "
+                       r"value 01000464656d6f[0-9a-f]{18}\.\.\. \((\d+) bytes\)$",
+                       final_summary, re.M)
+    assert stored is not None, final_summary
+    assert int(stored.group(1)) > len("order 0") + 60  # an envelope, not the order
     assert "the clients' own metrics (KIP-714)" in final_summary, final_summary
     assert re.search(r"^  demo-producer \(orders-writer\): .*record queue time avg "
                      r"\d+\.\d ms", final_summary, re.M), final_summary
