@@ -53,6 +53,49 @@ a_record = st.builds(
              max_size=6))
 
 
+def joined_unless_bad(first: bytes, rest: bytes, head: bytes) -> bytes:
+    """A ``fast`` call: raises for a value whose rest starts with "bad" (so ``fn`` gets
+    it after all)."""
+    if rest.startswith(b"bad"):
+        raise ValueError("bad")
+    return b"<" + head + b"|" + first + b"|" + rest + b">"
+
+
+FAST = (b"\x01\x00", 2, joined_unless_bad)  # values beginning \x01\x00: 2 bytes, the rest
+
+a_value = st.one_of(st.none(), st.just(b""), st.binary(max_size=40), st.just(b"x1"),
+                    st.binary(max_size=10).map(lambda b: b"\x01\x00" + b),
+                    st.binary(max_size=4).map(lambda b: b"\x01\x00" + b + b"bad"))
+a_fast_record = st.builds(
+    record_bytes, st.integers(-(2**40), 2**40), st.integers(0, 2**31 - 1),
+    st.one_of(st.none(), st.binary(max_size=8)), a_value,
+    st.lists(st.tuples(header_names, st.one_of(st.none(), st.binary(max_size=4))),
+             max_size=6))
+
+
+@settings(max_examples=examples(400), deadline=None)
+@given(parts=st.lists(a_fast_record, max_size=10))
+def test_the_fast_call_the_same_in_c_and_python(parts: list[bytes]) -> None:
+    section = b"".join(parts)
+    for how in ({"add": (MARK, b"\x01")}, {"strip": MARK}):
+        c, python = both(section, len(parts), reverse_unless_x, fast=FAST, **how)
+        assert c == python and c[0] != "error"
+
+
+def test_the_fast_call_takes_what_begins_with_its_head() -> None:
+    values = [b"\x01\x00ab-cd", b"\x01\x00abbad", b"\x01\x00a", b"other"]
+    section = b"".join(record_bytes(0, i, None, v, [(MARK, None)])
+                       for i, v in enumerate(values))
+    opened, count = records.rewrite_values(section, 4, lambda v: b"fn:" + v, strip=MARK,
+                                           fast=FAST)
+    assert count == 4
+    got = [r.value for r in records.iter_records(opened, 4)]
+    assert got == [b"<\x01\x00|ab|-cd>", b"fn:\x01\x00abbad", b"fn:\x01\x00a", b"fn:other"]
+    with pytest.raises(TypeError, match="fast is"):
+        records.rewrite_values(section, 4, bytes, strip=MARK,
+                               fast=("no", 2, bytes))  # type: ignore[arg-type]
+
+
 @settings(max_examples=examples(400), deadline=None)
 @given(parts=st.lists(a_record, max_size=10), data=st.data())
 def test_the_same_section_from_c_and_python(parts: list[bytes], data: st.DataObject) -> None:

@@ -620,3 +620,27 @@ def test_records_that_do_not_decrypt_are_counted_and_logged_once_a_minute(
     assert lines == [{"rule": "payments-encrypted", "topic": "payments", "records": 2,
                       "reason": "KEK 'a' is not in the key file"}]
     assert SECRET not in caplog.text
+
+
+def test_a_changed_value_in_a_later_batch_is_caught_on_the_fast_path(tmp_path: Path) -> None:
+    """From a batch's second on, values under the DEK of the one before go straight to
+    the AES; one that was changed still fails its tag, and is counted, not opened."""
+    e = encryption(tmp_path)
+    cipher = RecordCipher()
+    first, _ = seal_records(batch(*[(None, b"first %d" % i) for i in range(3)]), e, cipher,
+                            decompress, compress_zstd)
+    second, _ = seal_records(batch(*[(None, b"second %d" % i) for i in range(3)]), e, cipher,
+                             decompress, compress_zstd)
+    [b] = iter_batches(second)
+    assert isinstance(b, RecordBatch)
+    raws = read_raw_records(records_section(second, b), 3)
+    value = bytearray(raws[1].value or b"")
+    value[-1] ^= 1
+    changed = rebuilt_batch(b, encode_raw_records([raws[0], raws[1]._replace(value=bytes(value)),
+                                                   raws[2]]))
+    opened = open_records(first + changed, e.ring.keys, RecordCipher(), decompress, LIMIT)
+    assert (opened.opened, opened.failed) == (5, 1)
+    assert opened.reason == "the value does not open under its DEK (changed?)"
+    assert opened.records is not None
+    assert [v for _, v, _ in values(opened.records)][3:] == [b"second 0", bytes(value),
+                                                            b"second 2"]

@@ -1481,15 +1481,67 @@ rv_header_is(const unsigned char *p, Py_ssize_t stop, Py_ssize_t at, const char 
     return memcmp(p + at, key, (size_t)key_len) == 0;
 }
 
+/* fast (head, split, call): a value that begins with head is given to
+ * call(value[h:h + split], value[h + split:], head) instead of to fn (h = len(head));
+ * if that raises, to fn after all.  A new reference, or NULL with an exception set. */
+static PyObject *
+rv_call(PyObject *fn, PyObject *value, const char *head, Py_ssize_t head_len,
+        Py_ssize_t split, PyObject *call, PyObject *head_obj)
+{
+    Py_ssize_t n = PyBytes_GET_SIZE(value);
+    if (call != NULL && n >= head_len + split
+            && memcmp(PyBytes_AS_STRING(value), head, (size_t)head_len) == 0) {
+        const char *v = PyBytes_AS_STRING(value);
+        PyObject *first = PyBytes_FromStringAndSize(v + head_len, split);
+        PyObject *rest = first == NULL ? NULL
+            : PyBytes_FromStringAndSize(v + head_len + split, n - head_len - split);
+        PyObject *out = NULL;
+        if (rest != NULL) {
+            PyObject *call_args[3] = {first, rest, head_obj};
+            out = PyObject_Vectorcall(call, call_args, 3, NULL);
+        }
+        Py_XDECREF(first);
+        Py_XDECREF(rest);
+        if (out != NULL)
+            return out;
+        if (!PyErr_ExceptionMatches(PyExc_Exception))
+            return NULL;  /* KeyboardInterrupt and the like go on */
+        PyErr_Clear();
+    }
+    return PyObject_CallOneArg(fn, value);
+}
+
 static PyObject *
 rewrite_values(PyObject *module, PyObject *args)
 {
     Py_buffer data;
     Py_ssize_t count;
-    PyObject *fn, *add_key, *add_value, *strip_key;
-    if (!PyArg_ParseTuple(args, "y*nOOOO", &data, &count, &fn, &add_key, &add_value,
-                          &strip_key))
+    PyObject *fn, *add_key, *add_value, *strip_key, *fast = Py_None;
+    if (!PyArg_ParseTuple(args, "y*nOOOO|O", &data, &count, &fn, &add_key, &add_value,
+                          &strip_key, &fast))
         return NULL;
+    PyObject *head_obj = NULL, *call = NULL;
+    Py_ssize_t split = 0;
+    if (fast != Py_None) {
+        if (!PyTuple_Check(fast) || PyTuple_GET_SIZE(fast) != 3
+                || !PyBytes_Check(PyTuple_GET_ITEM(fast, 0))
+                || !PyLong_Check(PyTuple_GET_ITEM(fast, 1))) {
+            PyBuffer_Release(&data);
+            PyErr_SetString(PyExc_TypeError, "rewrite_values: fast is (head, split, call)");
+            return NULL;
+        }
+        head_obj = PyTuple_GET_ITEM(fast, 0);
+        split = PyLong_AsSsize_t(PyTuple_GET_ITEM(fast, 1));
+        call = PyTuple_GET_ITEM(fast, 2);
+        if (split < 0) {
+            PyBuffer_Release(&data);
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "rewrite_values: a negative split");
+            return NULL;
+        }
+    }
+    const char *fast_head = head_obj == NULL ? NULL : PyBytes_AS_STRING(head_obj);
+    Py_ssize_t fast_head_len = head_obj == NULL ? 0 : PyBytes_GET_SIZE(head_obj);
     PyObject *result = NULL;
     rv_out out = {NULL, 0, 0}, body = {NULL, 0, 0};
     Py_ssize_t *starts = NULL, starts_cap = 0;
@@ -1567,7 +1619,8 @@ rewrite_values(PyObject *module, PyObject *args)
             goto done;
         int layers = 0;
         for (;;) {
-            PyObject *next = PyObject_CallOneArg(fn, value);
+            PyObject *next = rv_call(fn, value, fast_head, fast_head_len, split, call,
+                                     head_obj);
             if (next == NULL) {
                 Py_DECREF(value);
                 goto done;
@@ -1753,7 +1806,7 @@ static PyMethodDef methods[] = {
      "read_records(data, pos, index, n, cls) -> ([record, ...], pos) | None"},
     {"crc32c", crc32c, METH_VARARGS, "crc32c(data, crc=0) -> CRC-32C of data"},
     {"rewrite_values", rewrite_values, METH_VARARGS,
-     "rewrite_values(section, count, fn, add_key, add_value, strip_key)"
+     "rewrite_values(section, count, fn, add_key, add_value, strip_key, fast=None)"
      " -> (section, changed) | None"},
     {"flat_records", flat_records, METH_VARARGS,
      "flat_records(raw, n, size, plan, tagged, cls) -> tuple of n records"},

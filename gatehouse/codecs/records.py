@@ -522,9 +522,13 @@ def encode_raw_records(records: Sequence[RawRecord]) -> bytes:
     return b"".join(parts)
 
 
+# ``rewrite_values``' shortcut: (head, split, call), see there.
+FastCall = tuple[bytes, int, Callable[[bytes, bytes, bytes], bytes]]
+
+
 def rewrite_values(section: Buffer, count: int, fn: Callable[[bytes], bytes | None], *,
-                   add: tuple[bytes, bytes] | None = None, strip: bytes | None = None
-                   ) -> tuple[bytes, int]:
+                   add: tuple[bytes, bytes] | None = None, strip: bytes | None = None,
+                   fast: FastCall | None = None) -> tuple[bytes, int]:
     """A v2 batch's ``count`` records (its uncompressed records section) with values
     rewritten by ``fn``, and how many were; the rest of each record as it was.
 
@@ -532,16 +536,38 @@ def rewrite_values(section: Buffer, count: int, fn: Callable[[bytes], bytes | No
     ``fn(value)`` and that header last.  ``strip`` (a header key): every record with a
     value whose last header has that key gets ``fn(value)`` and loses the header, again
     while its next last header has it (at most four times: a record rewritten twice).
-    ``fn`` returning None leaves a record as it is (as far as it got).  In C where
-    built; ``RemoteProtocolError`` for records that do not parse."""
+    ``fn`` returning None leaves a record as it is (as far as it got).  ``fast`` (head,
+    split, call): a value that begins with ``head`` is given to ``call(value[h:h+split],
+    value[h+split:], head)`` instead (h: the head's length; an AEAD's nonce, ciphertext
+    and associated data), and to ``fn`` if that raises.  In C where built;
+    ``RemoteProtocolError`` for records that do not parse."""
     if (add is None) == (strip is None):
         raise ValueError("rewrite_values: add a header or strip one")
     if _C_REWRITE is not None:
         found = _C_REWRITE(section, count, fn, None if add is None else add[0],
-                           None if add is None else add[1], strip)
+                           None if add is None else add[1], strip, fast)
         if found is not None:
             return bytes(found[0]), int(found[1])
-    return _rewrite_values(section, count, fn, add, strip)
+    return _rewrite_values(section, count, _with_fast(fn, fast), add, strip)
+
+
+def _with_fast(fn: Callable[[bytes], bytes | None], fast: FastCall | None
+               ) -> Callable[[bytes], bytes | None]:
+    """``fn`` behind ``rewrite_values``' ``fast`` shortcut."""
+    if fast is None:
+        return fn
+    head, split, call = fast
+    at = len(head)
+
+    def rewritten(value: bytes) -> bytes | None:
+        if len(value) >= at + split and value.startswith(head):
+            try:
+                return call(value[at : at + split], value[at + split :], head)
+            except Exception:
+                pass  # fn says
+        return fn(value)
+
+    return rewritten
 
 
 def _rewrite_values(section: Buffer, count: int, fn: Callable[[bytes], bytes | None],
