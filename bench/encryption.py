@@ -27,13 +27,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.peers import free_port_block
+from bench.peers import start_kroxylicious
 from bench.proxy import compare_throughput, print_ratios, start_gatehouse
-from gatehouse.embedded import free_port, wait_for_port
-from scripts.fetch_kafka import ensure_kroxylicious, java_binary
 from tests.support.kafka import KafkaCluster
 
-HERE = Path(__file__).resolve().parent
 KEK = os.urandom(32)
 
 
@@ -45,15 +42,11 @@ def start_encrypting_gatehouse(upstream: str) -> tuple[subprocess.Popen[bytes], 
                                      f"{{key_file: {keys}, key: bench}}\n")
 
 
-def start_kroxylicious(upstream: str, encrypt: bool) -> tuple[subprocess.Popen[bytes], str]:
-    libs = ensure_kroxylicious(log=True)
-    port = free_port()
-    filters = ""
-    if encrypt:
-        # Its in-memory KMS (UnitTestingKmsService) with one AES key, the alias every
-        # topic's template names.
-        key = base64.b64encode(KEK).decode()
-        filters = f"""filterDefinitions:
+def start_encrypting_kroxylicious(upstream: str) -> tuple[subprocess.Popen[bytes], str]:
+    """Kroxylicious with its RecordEncryption filter: its in-memory KMS
+    (UnitTestingKmsService) with one AES key, the alias every topic's template names."""
+    key = base64.b64encode(KEK).decode()
+    return start_kroxylicious(upstream, f"""filterDefinitions:
   - name: encrypt
     type: RecordEncryption
     config:
@@ -66,27 +59,7 @@ def start_kroxylicious(upstream: str, encrypt: bool) -> tuple[subprocess.Popen[b
       selector: TemplateKekSelector
       selectorConfig: {{template: bench}}
 defaultFilters: [encrypt]
-"""
-    config = Path(tempfile.mkdtemp()) / "kroxylicious.yaml"
-    config.write_text(filters + f"""virtualClusters:
-  bench:
-    targetCluster:
-      bootstrap_servers: {upstream}
-    clusterNetworkAddressConfigProvider:
-      type: PortPerBrokerClusterNetworkAddressConfigProvider
-      config:
-        bootstrapAddress: 127.0.0.1:{port}
-        brokerStartPort: {free_port_block()}
-    logNetwork: false
-    logFrames: false
 """)
-    log = Path(tempfile.mkdtemp()) / "kroxylicious.log"
-    proc = subprocess.Popen(
-        [java_binary(), "-Xmx512m", "-cp", f"{libs}/*",
-         str(HERE / "peers" / "KroxyliciousLauncher.java"), str(config)],
-        stdin=subprocess.DEVNULL, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    wait_for_port("127.0.0.1", port, 90, proc)
-    return proc, f"127.0.0.1:{port}"
 
 
 def encrypted_headers(kafka: KafkaCluster, addr: str, topic: str) -> list[str]:
@@ -120,8 +93,8 @@ def main() -> None:
         procs = {
             "gatehouse": start_gatehouse(kafka.bootstrap),
             "gatehouse-enc": start_encrypting_gatehouse(kafka.bootstrap),
-            "kroxylicious": start_kroxylicious(kafka.bootstrap, encrypt=False),
-            "kroxylicious-enc": start_kroxylicious(kafka.bootstrap, encrypt=True),
+            "kroxylicious": start_kroxylicious(kafka.bootstrap),
+            "kroxylicious-enc": start_encrypting_kroxylicious(kafka.bootstrap),
         }
         try:
             for name in ("gatehouse-enc", "kroxylicious-enc"):

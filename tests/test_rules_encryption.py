@@ -16,13 +16,12 @@ from typing import Any
 import pytest
 
 from gatehouse import codecs
+from gatehouse.codecs.primitives import read_varint
 from gatehouse.codecs.records import (
     RecordBatch,
     encode_batch,
-    encode_raw_records,
     iter_batches,
     iter_records,
-    read_raw_records,
     rebuilt_batch,
     records_section,
 )
@@ -43,6 +42,7 @@ from gatehouse.rules.encryption import (
     seal_records,
 )
 from gatehouse.rules.errors import UNKNOWN_TOPIC_ID
+from tests.test_codec_records_native import record_bytes
 from tests.test_rules import req
 from tests.test_rules_records import TS, batch, legacy, partitions
 from tests.test_rules_topic_filter import conn, metadata_answer
@@ -213,18 +213,27 @@ def test_batches_of_every_codec_sealed_and_opened(tmp_path: Path, codec: str) ->
 
 
 def test_offsets_and_timestamps_of_every_record_kept(tmp_path: Path) -> None:
-    """A compacted topic's batch has gaps between offsets: every record's deltas stay."""
+    """A compacted topic's batch has gaps between offsets: every record's deltas stay,
+    and the batch opens to the very bytes the producer sent."""
     e = encryption(tmp_path)
     plain = encode_batch([(TS, b"a", b"1"), (TS + 7, b"b", b"2")], base_offset=40,
                          producer_id=9, producer_epoch=2, base_sequence=11)
     [b] = iter_batches(plain)
-    raws = read_raw_records(records_section(plain, b), 2)
-    gapped = [raws[0], raws[1]._replace(offset_delta=5)]
-    records = rebuilt_batch(b, encode_raw_records(gapped))
+    assert isinstance(b, RecordBatch)
+    gapped = record_bytes(0, 0, b"a", b"1", []) + record_bytes(7, 5, b"b", b"2", [])
+    records = rebuilt_batch(b, gapped)
     sealed, _ = seal_records(records, e, RecordCipher(), decompress, compress_zstd)
     [s] = iter_batches(sealed)
-    assert [(r.offset_delta, r.timestamp_delta) for r in
-            read_raw_records(records_section(sealed, s), 2)] == [(0, 0), (5, 7)]
+    assert isinstance(s, RecordBatch)
+    # Each record begins: its length, attributes, timestamp delta, offset delta.
+    section = bytes(records_section(sealed, s))
+    deltas, pos = [], 0
+    for _ in range(2):
+        length, at = read_varint(section, pos)
+        timestamp_delta, after = read_varint(section, at + 1)
+        deltas.append((timestamp_delta, read_varint(section, after)[0]))
+        pos = at + length
+    assert deltas == [(0, 0), (7, 5)] and pos == len(section)
     opened = open_records(sealed, e.ring.keys, RecordCipher(), decompress, LIMIT)
     assert opened.records == records  # byte for byte the batch the producer sent
 
@@ -633,11 +642,12 @@ def test_a_changed_value_in_a_later_batch_is_caught_on_the_fast_path(tmp_path: P
                              decompress, compress_zstd)
     [b] = iter_batches(second)
     assert isinstance(b, RecordBatch)
-    raws = read_raw_records(records_section(second, b), 3)
-    value = bytearray(raws[1].value or b"")
-    value[-1] ^= 1
-    changed = rebuilt_batch(b, encode_raw_records([raws[0], raws[1]._replace(value=bytes(value)),
-                                                   raws[2]]))
+    section = bytearray(records_section(second, b))
+    value = [v for _, v, _ in values(second)][1]
+    assert value is not None and section.count(value) == 1
+    section[section.index(value) + len(value) - 1] ^= 1  # its tag's last byte
+    changed = rebuilt_batch(b, bytes(section))
+    value = value[:-1] + bytes((value[-1] ^ 1,))
     opened = open_records(first + changed, e.ring.keys, RecordCipher(), decompress, LIMIT)
     assert (opened.opened, opened.failed) == (5, 1)
     assert opened.reason == "the value does not open under its DEK (changed?)"

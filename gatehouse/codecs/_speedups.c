@@ -1421,8 +1421,13 @@ rv_reserve(rv_out *o, Py_ssize_t n)
     if (o->len + n <= o->cap)
         return 0;
     Py_ssize_t cap = o->cap ? o->cap : 4096;
-    while (cap < o->len + n)
+    while (cap < o->len + n) {
+        if (cap > PY_SSIZE_T_MAX / 2) {
+            PyErr_NoMemory();
+            return -1;
+        }
         cap *= 2;
+    }
     char *grown = PyMem_Realloc(o->buf, (size_t)cap);
     if (grown == NULL) {
         PyErr_NoMemory();
