@@ -19,6 +19,8 @@ decompressed it (compression is not the codec's business: it imports no codec li
 
 ``encode_batch`` goes the other way for a producer of our own (the capture's Kafka
 sink): records in, one batch v2 out, CRC-32C computed, optionally gzip-compressed.
+``rewrite_values`` and ``rebuilt_batch`` give a batch new values and nothing else new
+(record encryption), in C where built.
 """
 
 from __future__ import annotations
