@@ -55,7 +55,11 @@ from gatehouse.codecs.records import (
     rewrite_values,
 )
 from gatehouse.configfile import ConfigError, Source, line_of, load_yaml_file
-from gatehouse.rules.errors import UNKNOWN_TOPIC_ID
+from gatehouse.rules.errors import (
+    CORRUPT_MESSAGE,
+    UNKNOWN_TOPIC_ID,
+    UNSUPPORTED_FOR_MESSAGE_FORMAT,
+)
 from gatehouse.rules.produce import UNSEEN_ID, IdNames, client_topic_names, in_scope, topic_key
 from gatehouse.rules.records import PartitionKey, PartitionVerdict
 
@@ -71,10 +75,6 @@ DEK_USES: Final = 1 << 24
 DEK_SECONDS: Final = 3600.0
 OPENED_DEKS: Final = 1024
 _COMPRESS_FROM: Final = 64  # bytes: smaller values are sealed as they are
-
-# Kafka error codes a Produce partition is refused with.
-CORRUPT_MESSAGE: Final = 2
-UNSUPPORTED_FOR_MESSAGE_FORMAT: Final = 43
 
 Decompress = Callable[[str, Any, int], bytes]
 Compress = Callable[[bytes], bytes]
@@ -332,6 +332,7 @@ class _Opener:
                 raise Undecryptable(f"its zstd plaintext: {exc}") from None
         return plain
 
+
 def _edek_aad(raw_name: bytes) -> bytes:
     return bytes((VERSION,)) + raw_name
 
@@ -451,6 +452,7 @@ def open_records(records: Any, keys: Mapping[str, bytes], cipher: RecordCipher,
     out.append(view[taken:])  # a partial batch at the end, as the broker cut it
     result.records = b"".join(out)
     return result
+
 
 # -- requests and answers -------------------------------------------------------------------
 

@@ -381,11 +381,6 @@ class RuleSet:
                    or r.encrypt_records is not None
                    for r in self.rules)
 
-    @functools.cached_property
-    def encrypts(self) -> bool:
-        """Whether some rule has ``encrypt_records``."""
-        return any(r.encrypt_records is not None for r in self.rules)
-
     def evaluate(self, facts: ClientFacts, req: Request) -> Evaluation:
         key, version = req.api_key, req.api_version
         api_name = APIS[key].name if key in APIS else f"api-{key}"
