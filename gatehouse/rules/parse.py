@@ -327,12 +327,19 @@ def _encrypt_records(reader: Reader) -> RecordEncryption:
         raise reader.error("key", f"encrypt_records.key: {key!r} is not a key of {ring.path} "
                            f"(it has {', '.join(sorted(ring.keys))}); a key is {KEY_BYTES} "
                            "random bytes in base64")
-    limit = reader.take("max_decompressed_bytes", int, DEFAULT_MAX_DECOMPRESSED)
-    if limit < 1:
-        raise reader.error("max_decompressed_bytes", "encrypt_records.max_decompressed_bytes "
-                           "must be a positive number of bytes")
+    limit = _max_decompressed(reader, "encrypt_records")
     reader.finish()
     return RecordEncryption(topics, key, ring, limit)
+
+
+def _max_decompressed(reader: Reader, what: str) -> int:
+    """``max_decompressed_bytes`` of a part of a rule that reads records: the most a
+    batch may decompress to."""
+    limit = reader.take("max_decompressed_bytes", int, DEFAULT_MAX_DECOMPRESSED)
+    if limit < 1:
+        raise reader.error("max_decompressed_bytes", f"{what}.max_decompressed_bytes "
+                           "must be a positive number of bytes")
+    return int(limit)
 
 
 def _validate_records(reader: Reader) -> RecordValidation:
@@ -348,10 +355,7 @@ def _validate_records(reader: Reader) -> RecordValidation:
             raise reader.source.error(f"validate_records.headers: {header!r} is not a header "
                                       "key", line)
         headers.append(header)
-    limit = reader.take("max_decompressed_bytes", int, DEFAULT_MAX_DECOMPRESSED)
-    if limit < 1:
-        raise reader.error("max_decompressed_bytes", "validate_records.max_decompressed_bytes "
-                           "must be a positive number of bytes")
+    limit = _max_decompressed(reader, "validate_records")
     if key == FieldCheck() and value == FieldCheck() and not headers:
         raise reader.error(None, "validate_records needs at least one of key, value, headers "
                            "to check")
