@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +34,14 @@ from gatehouse.rules import encryption as enc
 from gatehouse.rules import error_response, load_rules_file
 from gatehouse.rules.encryption import (
     HEADER,
+    Kek,
+    LocalKek,
     RecordCipher,
     RecordEncryption,
     Undecryptable,
     Unsealable,
     load_key_ring,
+    local_keys,
     open_records,
     seal_records,
 )
@@ -46,6 +50,19 @@ from tests.test_codec_records_native import record_bytes
 from tests.test_rules import req
 from tests.test_rules_records import TS, batch, legacy, partitions
 from tests.test_rules_topic_filter import conn, metadata_answer
+
+
+def sealing(encryption: RecordEncryption) -> LocalKek:
+    """The key-file KEK an encryption seals under."""
+    kek = local_keys(encryption).sealing
+    assert isinstance(kek, LocalKek)
+    return kek
+
+
+def keys(found: dict[str, bytes]) -> Callable[[str], Kek | None]:
+    """KEKs by name, as ``RecordCipher.open`` finds them."""
+    return lambda name: LocalKek(name, found[name]) if name in found else None
+
 
 SECRET = "the card number 4111 1111 1111 1111"
 PAYMENTS_ID = uuid.UUID("0b7e3f0c-6a43-4d8c-b1f2-5c7d8e9fa0b1")
@@ -108,7 +125,7 @@ def test_the_rule_and_its_key_file(tmp_path: Path) -> None:
     assert encryption is not None and encryption.key == "pay-1"
     assert encryption.applies_to("payments") and encryption.applies_to("pay.eu")
     assert not encryption.applies_to("orders")
-    assert len(encryption.kek) == 32
+    assert len(local_keys(encryption).sealing.key) == 32
     assert "keys" not in repr(encryption.ring) or "=b'" not in repr(encryption.ring)
     ruleset = load_rules_file(rules_file(tmp_path))
     assert ruleset.files == (tmp_path / "keys.yaml",)  # watched: a change reloads
@@ -147,25 +164,25 @@ def test_a_value_sealed_opens_only_as_it_was(tmp_path: Path) -> None:
     e = encryption(tmp_path)
     cipher = RecordCipher()
     value = (SECRET * 10).encode()
-    sealed = cipher.seal(value, "a", e.kek, compress_zstd)
+    sealed = cipher.seal(value, sealing(e), compress_zstd)
     assert SECRET.encode() not in sealed and sealed[1] == enc.ZSTD  # compressed first
     assert len(sealed) < len(value)
-    assert cipher.open(sealed, e.ring.keys, decompress, LIMIT) == value
-    assert RecordCipher().open(sealed, e.ring.keys, decompress, LIMIT) == value  # no state
-    short = cipher.seal(b"x", "a", e.kek, compress_zstd)
-    assert short[1] == 0 and cipher.open(short, e.ring.keys, decompress, LIMIT) == b"x"
+    assert cipher.open(sealed, local_keys(e).find, decompress, LIMIT) == value
+    assert RecordCipher().open(sealed, local_keys(e).find, decompress, LIMIT) == value  # no state
+    short = cipher.seal(b"x", sealing(e), compress_zstd)
+    assert short[1] == 0 and cipher.open(short, local_keys(e).find, decompress, LIMIT) == b"x"
     # Every byte of it counts: the value, its flags, its key's name, its data key.
     for at in (len(sealed) - 1, len(sealed) - 20, 1, 10, 3):
         changed = bytearray(sealed)
         changed[at] ^= 0x01
         with pytest.raises(Undecryptable):
-            RecordCipher().open(bytes(changed), e.ring.keys, decompress, LIMIT)
+            RecordCipher().open(bytes(changed), local_keys(e).find, decompress, LIMIT)
     with pytest.raises(Undecryptable, match="KEK 'a' is not in the key file"):
-        cipher.open(sealed, {"b": e.kek}, decompress, LIMIT)
+        cipher.open(sealed, keys({"b": sealing(e).key}), decompress, LIMIT)
     with pytest.raises(Undecryptable, match="does not open under KEK 'a'"):
-        RecordCipher().open(sealed, {"a": os.urandom(32)}, decompress, LIMIT)
+        RecordCipher().open(sealed, keys({"a": os.urandom(32)}), decompress, LIMIT)
     with pytest.raises(Undecryptable, match="not an envelope"):
-        cipher.open(b"\x01\x00", e.ring.keys, decompress, LIMIT)
+        cipher.open(b"\x01\x00", local_keys(e).find, decompress, LIMIT)
 
 
 def test_data_keys_are_renewed_by_use_and_by_age(tmp_path: Path,
@@ -174,10 +191,10 @@ def test_data_keys_are_renewed_by_use_and_by_age(tmp_path: Path,
     now = [0.0]
     cipher = RecordCipher(clock=lambda: now[0])
     monkeypatch.setattr(enc, "DEK_USES", 3)
-    edeks = {cipher.seal(b"v", "a", e.kek)[4:64] for _ in range(7)}
+    edeks = {cipher.seal(b"v", sealing(e))[4:64] for _ in range(7)}
     assert len(edeks) == 3 == cipher.deks_made  # 3 + 3 + 1 values
     now[0] += enc.DEK_SECONDS
-    cipher.seal(b"v", "a", e.kek)
+    cipher.seal(b"v", sealing(e))
     assert cipher.deks_made == 4
 
 
@@ -205,7 +222,7 @@ def test_batches_of_every_codec_sealed_and_opened(tmp_path: Path, codec: str) ->
         (b"k1", (("trace", b"t"), (HEADER, b"\x01"))), (b"k2", (("trace", b"t"),)),
         (None, (("trace", b"t"), (HEADER, b"\x01")))]
     assert got[1][1] is None
-    opened = open_records(sealed, e.ring.keys, RecordCipher(), decompress, LIMIT)
+    opened = open_records(sealed, local_keys(e).find, RecordCipher(), decompress, LIMIT)
     assert opened.opened == 2 and opened.failed == 0 and opened.records is not None
     assert values(opened.records) == [
         (b"k1", SECRET.encode() * 3, (("trace", b"t"),)), (b"k2", None, (("trace", b"t"),)),
@@ -234,7 +251,7 @@ def test_offsets_and_timestamps_of_every_record_kept(tmp_path: Path) -> None:
         deltas.append((timestamp_delta, read_varint(section, after)[0]))
         pos = at + length
     assert deltas == [(0, 0), (7, 5)] and pos == len(section)
-    opened = open_records(sealed, e.ring.keys, RecordCipher(), decompress, LIMIT)
+    opened = open_records(sealed, local_keys(e).find, RecordCipher(), decompress, LIMIT)
     assert opened.records == records  # byte for byte the batch the producer sent
 
 
@@ -266,14 +283,14 @@ def test_what_opening_leaves_as_it_was(tmp_path: Path) -> None:
                              compress_zstd)
     twice, _ = seal_records(sealed, e, cipher, decompress, compress_zstd)
     records = plain + sealed + twice + plain[:40]
-    opened = open_records(records, e.ring.keys, cipher, decompress, LIMIT)
+    opened = open_records(records, local_keys(e).find, cipher, decompress, LIMIT)
     assert opened.opened == 2 and opened.records is not None
     assert opened.records.startswith(plain) and opened.records.endswith(plain[:40])
     assert [v for _, v, _ in values(opened.records)] == [b"in the clear", SECRET.encode(),
                                                          SECRET.encode()]
-    assert open_records(plain + plain[:40], e.ring.keys, cipher, decompress,
+    assert open_records(plain + plain[:40], local_keys(e).find, cipher, decompress,
                         LIMIT).records is None  # nothing to open: the same bytes go on
-    unknown = open_records(sealed, {}, cipher, decompress, LIMIT)
+    unknown = open_records(sealed, keys({}), cipher, decompress, LIMIT)
     assert unknown.failed == 1 and unknown.records is None
     assert "not in the key file" in (unknown.reason or "")
 
@@ -553,7 +570,7 @@ def test_a_batch_the_broker_compressed_goes_out_compressed(tmp_path: Path) -> No
     sealed, _ = seal_records(batch(*[(None, SECRET.encode())] * 50), e, RecordCipher(),
                              decompress, compress_zstd)
     stored = recompressed(sealed, "lz4")
-    opened = open_records(stored, e.ring.keys, RecordCipher(), decompress, LIMIT,
+    opened = open_records(stored, local_keys(e).find, RecordCipher(), decompress, LIMIT,
                           ("zstd", compress_zstd))
     assert opened.records is not None
     [b] = iter_batches(opened.records)
@@ -648,7 +665,7 @@ def test_a_changed_value_in_a_later_batch_is_caught_on_the_fast_path(tmp_path: P
     section[section.index(value) + len(value) - 1] ^= 1  # its tag's last byte
     changed = rebuilt_batch(b, bytes(section))
     value = value[:-1] + bytes((value[-1] ^ 1,))
-    opened = open_records(first + changed, e.ring.keys, RecordCipher(), decompress, LIMIT)
+    opened = open_records(first + changed, local_keys(e).find, RecordCipher(), decompress, LIMIT)
     assert (opened.opened, opened.failed) == (5, 1)
     assert opened.reason == "the value does not open under its DEK (changed?)"
     assert opened.records is not None

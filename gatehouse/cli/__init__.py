@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import logging
 import signal
 import sys
@@ -196,11 +197,25 @@ def _check(path: str, probe: bool = False) -> int:
         if encryption is not None:
             topics = ("every topic" if encryption.topics is None else "topics matching "
                       + ", ".join(p.pattern for p in encryption.topics))
-            count = len(encryption.ring.keys)
+            ring, kms = encryption.ring, encryption.kms
+            count = 0 if ring is None else len(ring.keys)
+            keys = "" if ring is None else (
+                f"{ring.path} ({count} key{'s' if count != 1 else ''}, any of which decrypts)")
+            if kms is None:
+                under = f"key {encryption.key!r} of {keys}"
+            else:
+                where = ", ".join(part for part in (
+                    kms.region and f"region {kms.region}",
+                    kms.endpoint and f"endpoint {kms.endpoint}") if part)
+                if importlib.util.find_spec("botocore") is None:
+                    print(f"warning: rule {rule.name}: encrypt_records.kms needs botocore: "
+                          "pip install 'kafka-gatehouse[aws]'", file=sys.stderr)
+                under = (f"data keys made by AWS KMS under its key {kms.key!r}"
+                         + (f" ({where})" if where else "")
+                         + f", each KMS call bounded by {kms.timeout:g} s"
+                         + (f"; older keys of {keys}" if ring is not None else ""))
             print(f"encrypt_records (rule {rule.name}): values of {topics} encrypted under "
-                  f"key {encryption.key!r} of {encryption.ring.path} ({count} key"
-                  f"{'s' if count != 1 else ''}, any of which decrypts), for the clients "
-                  "the rule matches; the others read ciphertext")
+                  f"{under}, for the clients the rule matches; the others read ciphertext")
     down, up = config.sasl_downstream, config.sasl_upstream
     if down is not None:
         from gatehouse.proxy.sasl import load_users
@@ -275,6 +290,17 @@ def _check(path: str, probe: bool = False) -> int:
             print("error: the probe found brokers the proxy cannot reach or log in to",
                   file=sys.stderr)
             return 1
+        from gatehouse.proxy.kms import probe_kms
+
+        for rule in _policy.ruleset.rules:
+            encryption = rule.encrypt_records
+            if encryption is not None and encryption.kms is not None:
+                line, usable = probe_kms(encryption)
+                print(f"  encrypt_records (rule {rule.name}): {line}")
+                if not usable:
+                    print(f"error: rule {rule.name}'s KMS makes or opens no data key: its "
+                          "clients' records would wait for it", file=sys.stderr)
+                    return 1
     return 0
 
 

@@ -191,7 +191,9 @@ class Policy:
     def offload_response(self, conn: ConnectionInfo, pending: Pending, resp: Response
                          ) -> Callable[[], None] | None:
         """The same for an answer ``on_response`` will change at length (a large Fetch
-        answer's records decrypted): run in a thread before it.  None: nothing to do."""
+        answer's records decrypted), or that needs blocking I/O first (a data key a KMS
+        must open): run in a thread before it.  None: nothing to do there (what is
+        quick may be done here, kept in ``conn.state`` for ``on_response``)."""
         return None
     def refuses_unread(self, conn: ConnectionInfo, req: Request) -> str | None:
         """Why a request the codec cannot read (an API or version newer than its tables,

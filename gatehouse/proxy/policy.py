@@ -37,6 +37,7 @@ from gatehouse.proxy.hooks import (
     Respond,
     scanned_response,
 )
+from gatehouse.proxy.kms import KmsClients
 from gatehouse.proxy.quotas import Charge, QuotaBuckets
 from gatehouse.proxy.registry import SchemaRegistries
 from gatehouse.rules import (
@@ -55,6 +56,8 @@ from gatehouse.rules import (
 )
 from gatehouse.rules.acl import names_cluster_configs
 from gatehouse.rules.encryption import (
+    Kek,
+    KmsUnavailable,
     OpenedAnswer,
     RecordCipher,
     SealedRequest,
@@ -231,10 +234,11 @@ class RulesPolicy(Policy):
         # who hears how many records were encrypted or decrypted, or did not decrypt:
         # (rule, topic as the client names it, outcome, how many).
         self.cipher = RecordCipher()
+        self.kms = KmsClients()
         self.encryption_listeners: list[Callable[[str, str, str, int], None]] = []
-        # (rule, topic) -> when records not decrypted were last logged, and how many
-        # since (logged with the next line).
-        self._undecryptable_logged: dict[tuple[str, str], tuple[float, int]] = {}
+        # (message, rule, topic) -> when records not decrypted (or not sealed for want
+        # of a KMS) were last logged, and how many since (logged with the next line).
+        self._undecryptable_logged: dict[tuple[str, ...], tuple[float, int]] = {}
         # The rules and, per client facts, their ApiVersions adjusters.
         self._adjusters: tuple[RuleSet | None, dict[ClientFacts, tuple[RangeAdjuster, ...]]] = (
             None, {})
@@ -435,7 +439,7 @@ class RulesPolicy(Policy):
             # then mapped as any other.
             found = conn.state.pop(_OPENED, None)
             opened = (found[1] if found is not None and found[0] is resp
-                      else self._open(resp, context.evaluation))
+                      else self._open(resp, context.evaluation, block=False))
             resp = self._count_opened(opened)
             context = context.inner
         resp = self._answered(conn, pending, context, resp)
@@ -629,10 +633,13 @@ class RulesPolicy(Policy):
         """A Produce request's values sealed (``encrypt_records``): the request to send
         on; or, where some partitions cannot be sealed, the others, with the answer for
         those (as ``_checked_records``).  ``found``: ``offload``'s work on it."""
-        sealed = found or self._seal(req, evaluation)
+        sealed = found or self._seal(req, evaluation, block=False)
         for (rule, topic), count in sealed.sealed.items():
             for listener in self.encryption_listeners:
                 listener(rule, topic, "encrypted", count)
+        for (rule, topic), count in sealed.kms_unavailable.items():
+            for listener in self.encryption_listeners:
+                listener(rule, topic, "kms_unavailable", count)
         if not sealed.refused:
             return sealed.request
         (where, first), *_ = sealed.refused.items()
@@ -644,13 +651,15 @@ class RulesPolicy(Policy):
             (*(o for o in outcomes if o.rule not in rules),
              *(Outcome(rule, "encrypt_records", "refuse", "enforce") for rule in rules)))
 
-    def _seal(self, req: Request, evaluation: Evaluation) -> SealedRequest:
+    def _seal(self, req: Request, evaluation: Evaluation, block: bool) -> SealedRequest:
+        """``req`` sealed; ``block``: in a thread, where a KMS may be asked."""
         return seal_request(req, evaluation.encryptions, self._id_names(evaluation),
-                            self.cipher, decompress, compress_zstd)
+                            self.cipher, decompress, compress_zstd, self.kms.keys_of, block)
 
-    def _open(self, resp: Response, evaluation: Evaluation) -> OpenedAnswer:
+    def _open(self, resp: Response, evaluation: Evaluation, block: bool) -> OpenedAnswer:
         """The broker's Fetch (ShareFetch) answer with its sealed values opened; its
-        topics named as the client knows them (the evaluation's map applied)."""
+        topics named as the client knows them (the evaluation's map applied).
+        ``block``: in a thread, where a KMS may be asked."""
         topic_map = evaluation.topic_map
         # Batches that came compressed go out compressed: zstd where the client's Fetch
         # version takes it (v10+, as brokers hold to), else gzip, which every one reads.
@@ -658,27 +667,43 @@ class RulesPolicy(Policy):
                   else ("gzip", compress_gzip))
         return open_answer(resp, evaluation.encryptions, self._id_names(evaluation),
                            self.cipher, decompress,
-                           None if topic_map is None else topic_map.to_client, repack)
+                           None if topic_map is None else topic_map.to_client, repack,
+                           self.kms.keys_of, block)
 
     def _count_opened(self, opened: OpenedAnswer) -> Response:
         for (rule, topic), count in opened.opened.items():
             for listener in self.encryption_listeners:
                 listener(rule, topic, "decrypted", count)
-        now = time.monotonic()
         for (rule, topic), (count, reason) in opened.failed.items():
             for listener in self.encryption_listeners:
                 listener(rule, topic, "undecryptable", count)
-            # Consumers fetch such records again and again: a line a minute per topic.
-            logged, since = self._undecryptable_logged.get((rule, topic), (-math.inf, 0))
-            if now - logged < _UNDECRYPTABLE_LOG_EVERY:
-                self._undecryptable_logged[(rule, topic)] = (logged, since + count)
-                continue
-            if len(self._undecryptable_logged) >= _UNDECRYPTABLE_LOGGED_MAX:
-                self._undecryptable_logged.clear()
-            self._undecryptable_logged[(rule, topic)] = (now, 0)
-            log_event(logger, logging.WARNING, "records not decrypted: passed on encrypted",
-                      rule=rule, topic=topic, records=count + since, reason=reason)
+            self._log_encryption_trouble("records not decrypted: passed on encrypted",
+                                         {"rule": rule, "topic": topic}, count, reason)
+        for (rule, topic), (count, reason) in opened.withheld.items():
+            for listener in self.encryption_listeners:
+                listener(rule, topic, "kms_unavailable", count)
+            self._log_encryption_trouble("records not decrypted: the KMS could not be "
+                                         "asked; their partitions answered "
+                                         "UNKNOWN_SERVER_ERROR (fetched again)",
+                                         {"rule": rule, "topic": topic}, count, reason)
         return opened.response
+
+    def _log_encryption_trouble(self, message: str, where: dict[str, str], count: int,
+                                reason: str) -> None:
+        """Records that did not decrypt, or were not sealed or opened for want of a
+        KMS, logged: consumers fetch them again and again, so a line a minute per
+        message and place (rule, topic or key), with how many since the last."""
+        now = time.monotonic()
+        key = (message, *where.values())
+        logged, since = self._undecryptable_logged.get(key, (-math.inf, 0))
+        if now - logged < _UNDECRYPTABLE_LOG_EVERY:
+            self._undecryptable_logged[key] = (logged, since + count)
+            return
+        if len(self._undecryptable_logged) >= _UNDECRYPTABLE_LOGGED_MAX:
+            self._undecryptable_logged.clear()
+        self._undecryptable_logged[key] = (now, 0)
+        log_event(logger, logging.WARNING, message, **where, records=count + since,
+                  reason=reason)
 
     def _checked_topic_policy(self, conn: ConnectionInfo, req: Request,
                               evaluation: Evaluation
@@ -786,22 +811,29 @@ class RulesPolicy(Policy):
             if evaluation.encryptions:
                 # Used unless on_request takes some partitions out first (then it seals
                 # what is left itself).
-                conn.state[_SEALED] = (req, self._seal(req, evaluation))
+                conn.state[_SEALED] = (req, self._seal(req, evaluation, block=True))
 
         return work
 
     def offload_response(self, conn: ConnectionInfo, pending: Pending, resp: Response
                          ) -> Callable[[], None] | None:
-        """A large Fetch answer's values opened (``encrypt_records``) in a thread."""
+        """A Fetch answer's values opened (``encrypt_records``): a large answer's in a
+        thread; a small one's here, unless it holds a data key only a KMS opens (not
+        opened before): then in a thread too, where the KMS is asked."""
         context = pending.context
         while isinstance(context, _Withheld):
             context = context.inner
-        if (not isinstance(context, _Opening) or resp.frame is None
-                or len(resp.frame) < _OFFLOAD_BYTES):
+        if not isinstance(context, _Opening) or resp.frame is None:
             return None
+        evaluation = context.evaluation
+        if len(resp.frame) < _OFFLOAD_BYTES:
+            opened = self._open(resp, evaluation, block=False)
+            if not opened.kms_needed:
+                conn.state[_OPENED] = (resp, opened)
+                return None
 
         def work() -> None:
-            conn.state[_OPENED] = (resp, self._open(resp, context.evaluation))
+            conn.state[_OPENED] = (resp, self._open(resp, evaluation, block=True))
 
         return work
 
@@ -821,16 +853,65 @@ class RulesPolicy(Policy):
 
     def lookups(self, conn: ConnectionInfo, req: Request
                 ) -> Callable[[], Awaitable[None]] | None:
+        """For a Produce request: the data keys a KMS must make before it is sealed
+        (``encrypt_records.kms``; made ahead, before the last runs out, so that this
+        seldom waits), then the schemas its records name (``_schema_lookups``)."""
+        ruleset = self.ruleset
+        if not ruleset or req.api_key != PRODUCE or not req.known:
+            return None
+        evaluation = _evaluated(ruleset, facts_of(conn, req), req, conn.state)
+        if evaluation.refusal is not None:
+            return None
+        judge = (self._schema_lookups(conn, req, evaluation) if ruleset.looks_up_schemas
+                 else None)
+        keks = self._keks_to_prepare(evaluation)
+        if not keks:
+            return judge
+
+        async def prepare_then_judge() -> None:
+            for rule, kek, timeout in keks:
+                await self._prepare(rule, kek, timeout)
+            if judge is not None:
+                await judge()
+
+        return prepare_then_judge
+
+    def _keks_to_prepare(self, evaluation: Evaluation) -> list[tuple[str, Kek, float]]:
+        """The KMS-held KEKs the evaluation seals under that want a new DEK made, with
+        their rule and how long the KMS may take."""
+        found = []
+        for rule, encryption in evaluation.encryptions:
+            if encryption.kms is None:
+                continue
+            kek = self.kms.keys_of(encryption).sealing
+            if kek is not None and not self.cipher.ready(kek):
+                found.append((rule, kek, encryption.kms.timeout))
+        return found
+
+    async def _prepare(self, rule: str, kek: Kek, timeout: float) -> None:
+        """A DEK of ``kek`` made by its KMS, in a thread; a KMS that fails or takes
+        too long is logged (the request's partitions are then answered
+        REQUEST_TIMED_OUT, and the producer sends them again)."""
+        reason = f"no answer within {2 * timeout:g} s"
+        with trio.move_on_after(2 * timeout):
+            try:
+                await trio.to_thread.run_sync(self.cipher.prepare, kek,
+                                              abandon_on_cancel=True)
+                return
+            except KmsUnavailable as exc:
+                reason = str(exc)
+        self.cipher.failures[kek.name] = reason
+        self._log_encryption_trouble("records not encrypted: the KMS made no data key; "
+                                     "their partitions answered REQUEST_TIMED_OUT (sent "
+                                     "again)", {"rule": rule, "key": kek.name}, 1, reason)
+
+    def _schema_lookups(self, conn: ConnectionInfo, req: Request, evaluation: Evaluation
+                        ) -> Callable[[], Awaitable[None]] | None:
         """A Produce request judged (``validate_records``) with the schemas its records
         name, for the registry checks: judged once with the schemas kept; the ids not
         kept are fetched (``proxy.registry``), and then it is judged again, with them.
         The verdicts are ``on_request``'s (in a thread from 64 KiB on, as ``offload``)."""
-        ruleset = self.ruleset
-        if (not ruleset or not ruleset.looks_up_schemas or req.api_key != PRODUCE
-                or not req.known):
-            return None
-        evaluation = _evaluated(ruleset, facts_of(conn, req), req, conn.state)
-        if evaluation.refusal is not None or not any(
+        if not any(
                 validation.looks_up_schemas for _, validation in (*evaluation.record_validations,
                                                             *evaluation.records_observed)):
             return None

@@ -2,22 +2,25 @@
 them, opened as its clients fetch them; the brokers store and replicate ciphertext.
 
 Envelope encryption, as a KMS does it.  A data key (DEK, AES-256) seals record values
-with AES-256-GCM; the DEK itself is sealed under a key-encryption key (KEK) from the
-rule's key file, and that sealed DEK (EDEK) travels in every record it sealed, so a
-record opens with nothing but the KEK it names: any proxy holding the key file reads
-it, after restarts and in every worker.  A DEK seals at most ``DEK_USES`` values, far
+with AES-256-GCM; the DEK itself is sealed under a key-encryption key (KEK): one of the
+rule's key file, or one held by a KMS that never lets it out (``Kek``; the KMS client
+is the proxy's, ``gatehouse.kms``), and that sealed DEK (EDEK) travels in every record
+it sealed, so a record opens with nothing but the KEK it names: any proxy holding the
+key file (or allowed to use the KMS key) reads it, after restarts and in every worker.
+A KMS is asked only in threads: for a new DEK before a Produce request is sealed
+(``RecordCipher.prepare``), for an EDEK not opened before when an answer is opened.  A DEK seals at most ``DEK_USES`` values, far
 below the 2^32 NIST SP 800-38D allows a key, each under a nonce of its own (a random
 4-byte salt of the DEK and a count of its uses: never repeated), and is replaced after
 ``DEK_SECONDS``; opened DEKs are kept (at most ``OPENED_DEKS``).
 
 A sealed record carries the header ``gatehouse.encryption`` (its last) and a value of
 
-    version (1) | flags (1) | KEK name length (1) | KEK name | EDEK length (1) | EDEK
-    | nonce (12) | ciphertext and GCM tag (16)
+    version (1) | flags (1) | KEK name length (1) | KEK name | EDEK length (1, or 2
+    with flag ``WIDE``) | EDEK | nonce (12) | ciphertext and GCM tag (16)
 
 where everything before the nonce is the value's associated data (a changed flag, KEK
-name or EDEK fails the tag), and flag ``ZSTD`` says the plaintext was compressed with
-zstd first (when the producer compressed its batch: ciphertext does not compress, so
+name or EDEK fails the tag), flag ``WIDE`` says the EDEK is longer than 255 bytes (a
+KMS's may be), and flag ``ZSTD`` says the plaintext was compressed with zstd first (when the producer compressed its batch: ciphertext does not compress, so
 the batch a sealed record is written in is not compressed).  Keys, null values
 (tombstones), other headers, offsets and timestamps are left as they were: compaction,
 partitioning and the consumers' offsets work as before.
@@ -39,7 +42,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -57,6 +60,8 @@ from gatehouse.codecs.records import (
 from gatehouse.configfile import ConfigError, Source, line_of, load_yaml_file
 from gatehouse.rules.errors import (
     CORRUPT_MESSAGE,
+    REQUEST_TIMED_OUT,
+    UNKNOWN_SERVER_ERROR,
     UNKNOWN_TOPIC_ID,
     UNSUPPORTED_FOR_MESSAGE_FORMAT,
 )
@@ -68,11 +73,17 @@ _HEADER_BYTES: Final = HEADER.encode()
 VERSION: Final = 1
 _MARK: Final = bytes((VERSION,))  # the header's value
 ZSTD: Final = 0x01  # flags: the plaintext was compressed with zstd
+WIDE: Final = 0x02  # flags: the EDEK's length takes two bytes
+_FLAGS: Final = ZSTD | WIDE
 KEY_BYTES: Final = 32  # AES-256
 _NONCE: Final = 12
 _TAG: Final = 16
 DEK_USES: Final = 1 << 24
 DEK_SECONDS: Final = 3600.0
+# A KMS's DEK is made again before it runs out (``RecordCipher.prepare``), so that
+# requests sealed on the event loop never wait for the KMS.
+_RENEW_SECONDS: Final = 300.0
+_RENEW_USES: Final = DEK_USES // 4
 OPENED_DEKS: Final = 1024
 _COMPRESS_FROM: Final = 64  # bytes: smaller values are sealed as they are
 
@@ -81,6 +92,85 @@ Compress = Callable[[bytes], bytes]
 
 
 # -- keys -------------------------------------------------------------------------------
+
+
+class Kek(Protocol):
+    """A key-encryption key, by the name envelopes give it: makes DEKs, opens EDEKs."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def remote(self) -> bool:
+        """Its work is a KMS's (network I/O): done only in threads."""
+        ...
+
+    def new_dek(self) -> tuple[bytes, bytes]:
+        """A new DEK (32 bytes) and its EDEK; ``KmsUnavailable`` when it cannot."""
+        ...
+
+    def unwrap(self, edek: bytes) -> bytes:
+        """The DEK an EDEK seals: ``Undecryptable`` when it does not open (changed,
+        another key's), ``KmsUnavailable`` when the KMS cannot be asked."""
+        ...
+
+
+class KmsUnavailable(Exception):
+    """A KMS could not be asked or refused to answer (down, slow, throttling, no
+    permission on the key, the key disabled): nothing is sealed or opened with it, and
+    the clients are answered with a retriable error meanwhile."""
+
+
+class KmsNeeded(KmsUnavailable):
+    """The KMS must be asked, and the caller may not wait for it (the event loop)."""
+
+
+@dataclass(frozen=True)
+class LocalKek:
+    """A KEK of a key file."""
+
+    name: str
+    key: bytes = field(repr=False)
+
+    @property
+    def remote(self) -> bool:
+        return False
+
+    def new_dek(self) -> tuple[bytes, bytes]:
+        secret = AESGCM.generate_key(bit_length=256)
+        nonce = os.urandom(_NONCE)
+        return secret, nonce + AESGCM(self.key).encrypt(nonce, secret,
+                                                        _edek_aad(self.name.encode()))
+
+    def unwrap(self, edek: bytes) -> bytes:
+        if len(edek) < _NONCE + _TAG:
+            raise Undecryptable("not an envelope: its EDEK is too short")
+        try:
+            return AESGCM(self.key).decrypt(edek[:_NONCE], edek[_NONCE:],
+                                            _edek_aad(self.name.encode()))
+        except InvalidTag:
+            raise Undecryptable(f"its DEK does not open under KEK {self.name!r} (another "
+                                "key of that name?)") from None
+
+
+@dataclass(frozen=True)
+class KmsSpec:
+    """``encrypt_records.kms``: a KMS that holds the KEK, and the key new DEKs are
+    made under.  Its envelopes name it ``<type>-kms:<key>``."""
+
+    type: str  # "aws": AWS KMS, or a service that speaks its API
+    key: str  # a key id, ARN, alias name or alias ARN
+    region: str | None = None  # None: the AWS SDK's own (AWS_REGION, the profile...)
+    endpoint: str | None = None  # None: the region's
+    timeout: float = 5.0  # seconds a KMS call may take, retries included
+
+    @property
+    def prefix(self) -> str:
+        return f"{self.type}-kms:"
+
+    @property
+    def kek_name(self) -> str:
+        return self.prefix + self.key
 
 
 @dataclass(frozen=True)
@@ -130,16 +220,35 @@ class RecordEncryption:
     answers they get opened with any key of ``ring``."""
 
     topics: tuple[re.Pattern[str], ...] | None  # None: every topic
-    key: str
-    ring: KeyRing
+    key: str  # the KEK's name: a key of ``ring``, or ``kms``' (``KmsSpec.kek_name``)
+    ring: KeyRing | None
     max_decompressed: int
+    kms: KmsSpec | None = None
 
     def applies_to(self, topic: str) -> bool:
         return in_scope(self.topics, topic)
 
-    @property
-    def kek(self) -> bytes:
-        return self.ring.keys[self.key]
+
+@dataclass(frozen=True)
+class EncryptionKeys:
+    """An encryption's KEKs: the one it seals under, and the one an envelope names."""
+
+    sealing: Kek | None  # None: its KMS cannot be used (said when sealing)
+    find: Callable[[str], Kek | None]
+
+
+def local_keys(encryption: RecordEncryption) -> EncryptionKeys:
+    """The KEKs of an encryption's key file (a KMS's are the proxy's to add)."""
+    keys = encryption.ring.keys if encryption.ring is not None else {}
+
+    def find(name: str) -> Kek | None:
+        key = keys.get(name)
+        return None if key is None else LocalKek(name, key)
+
+    return EncryptionKeys(find(encryption.key), find)
+
+
+KeysOf = Callable[[RecordEncryption], EncryptionKeys]
 
 
 # -- sealing and opening values -----------------------------------------------------------
@@ -153,7 +262,7 @@ class Undecryptable(Exception):
 @dataclass
 class _Dek:
     aead: AESGCM
-    prefix: bytes  # version, flags 0, KEK name, EDEK: the envelope up to the nonce
+    prefix: bytes  # version, flags (WIDE or 0), KEK name, EDEK: the envelope to the nonce
     salt: bytes  # a nonce's first 4 bytes; the other 8 count its uses (never repeated)
     uses: int
     expires: float
@@ -161,41 +270,93 @@ class _Dek:
 
 class RecordCipher:
     """Seals and opens record values; holds the DEKs (thread-safe: large requests are
-    sealed in threads)."""
+    sealed in threads, and a KMS is asked in threads)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self._lock = threading.Lock()
-        self._deks: dict[tuple[str, bytes], _Dek] = {}
+        self._deks: dict[Kek, _Dek] = {}
+        self._makers: dict[Kek, threading.Lock] = {}  # one DEK made at a time per KEK
         self._opened: OrderedDict[tuple[str, bytes], AESGCM] = OrderedDict()
         self.deks_made = 0
+        self.kms_calls = 0
+        self.failures: dict[str, str] = {}  # KEK name -> why its KMS made no DEK last
 
-    def _reserve(self, name: str, kek: bytes, count: int) -> tuple[_Dek, int]:
-        """A DEK of KEK ``name`` with ``count`` uses taken, and the first of them."""
-        key = (name, kek)
+    def _usable(self, dek: _Dek | None, count: int, margin: bool = False) -> bool:
+        if dek is None:
+            return False
+        uses, seconds = (_RENEW_USES, _RENEW_SECONDS) if margin else (0, 0.0)
+        return dek.uses + count + uses <= DEK_USES and self.clock() < dek.expires - seconds
+
+    def ready(self, kek: Kek) -> bool:
+        """Whether ``kek`` has a DEK that will not run out soon (``prepare``'s)."""
         with self._lock:
-            dek = self._deks.get(key)
-            if dek is None or dek.uses + count > DEK_USES or self.clock() >= dek.expires:
-                secret = AESGCM.generate_key(bit_length=256)
-                raw_name = name.encode()
-                nonce = os.urandom(_NONCE)
-                edek = nonce + AESGCM(kek).encrypt(nonce, secret, _edek_aad(raw_name))
-                prefix = (bytes((VERSION, 0, len(raw_name))) + raw_name
-                          + bytes((len(edek),)) + edek)
-                dek = self._deks[key] = _Dek(AESGCM(secret), prefix, os.urandom(4), 0,
-                                             self.clock() + DEK_SECONDS)
-                self.deks_made += 1
-            first = dek.uses
-            dek.uses += count
-        return dek, first
+            return self._usable(self._deks.get(kek), 0, margin=True)
 
-    def sealer(self, name: str, kek: bytes, count: int, compress: Compress | None = None
-               ) -> Callable[[bytes], bytes]:
-        """What seals ``count`` values (a batch's) under one DEK of KEK ``name``, each
+    def prepare(self, kek: Kek) -> None:
+        """A DEK of ``kek`` made ahead, unless it has one that will not run out soon:
+        asks a KMS (in a thread: it blocks); ``KmsUnavailable`` when it cannot."""
+        with self._maker(kek):
+            if not self.ready(kek):
+                try:
+                    made = kek.new_dek()
+                except KmsUnavailable as exc:
+                    self.failures[kek.name] = str(exc)
+                    raise
+                self._install(kek, *made)
+                self.failures.pop(kek.name, None)
+
+    def _maker(self, kek: Kek) -> threading.Lock:
+        with self._lock:
+            lock = self._makers.get(kek)
+            if lock is None:
+                lock = self._makers[kek] = threading.Lock()
+            return lock
+
+    def _install(self, kek: Kek, secret: bytes, edek: bytes) -> None:
+        raw_name = kek.name.encode()
+        flags = WIDE if len(edek) > 255 else 0
+        prefix = b"".join((bytes((VERSION, flags, len(raw_name))), raw_name,
+                           len(edek).to_bytes(2 if flags else 1, "big"), edek))
+        dek = _Dek(AESGCM(secret), prefix, os.urandom(4), 0, self.clock() + DEK_SECONDS)
+        with self._lock:
+            self._deks[kek] = dek
+            self.deks_made += 1
+            self.kms_calls += kek.remote
+            self._keep_opened((kek.name, edek), dek.aead)  # what it seals opens here as is
+
+    def _reserve(self, kek: Kek, count: int, block: bool) -> tuple[_Dek, int]:
+        """A DEK of ``kek`` with ``count`` uses taken, and the first of them; a new DEK
+        is made when none can serve them, unless that means asking a KMS and the caller
+        may not ``block`` (``KmsNeeded``)."""
+        while True:
+            with self._lock:
+                dek = self._deks.get(kek)
+                if self._usable(dek, count):
+                    assert dek is not None
+                    first = dek.uses
+                    dek.uses += count
+                    return dek, first
+            if kek.remote and not block:
+                failure = self.failures.get(kek.name)
+                raise KmsNeeded(f"no data key of {kek.name} made yet"
+                                + (f" ({failure})" if failure else ""))
+            with self._maker(kek):
+                with self._lock:
+                    dek = self._deks.get(kek)
+                    if self._usable(dek, count):
+                        continue  # another thread made one meanwhile
+                if count > DEK_USES:
+                    raise ValueError(f"{count} values under one data key")
+                self._install(kek, *kek.new_dek())
+
+    def sealer(self, kek: Kek, count: int, compress: Compress | None = None,
+               block: bool = True) -> Callable[[bytes], bytes]:
+        """What seals ``count`` values (a batch's) under one DEK of ``kek``, each
         compressed first with ``compress`` (zstd) when given and it saves bytes."""
-        dek, used = self._reserve(name, kek, count)
+        dek, used = self._reserve(kek, count, block)
         aead, prefix, salt = dek.aead, dek.prefix, dek.salt
-        packed_prefix = prefix[:1] + bytes((ZSTD,)) + prefix[2:]
+        packed_prefix = prefix[:1] + bytes((prefix[1] | ZSTD,)) + prefix[2:]
         last = used + count
 
         def seal(value: bytes) -> bytes:
@@ -213,54 +374,56 @@ class RecordCipher:
 
         return seal
 
-    def seal(self, value: bytes, name: str, kek: bytes, compress: Compress | None = None
-             ) -> bytes:
+    def seal(self, value: bytes, kek: Kek, compress: Compress | None = None) -> bytes:
         """One value sealed (``sealer`` for one)."""
-        return self.sealer(name, kek, 1, compress)(value)
+        return self.sealer(kek, 1, compress)(value)
 
-    def open(self, envelope: bytes, keys: Mapping[str, bytes],
+    def open(self, envelope: bytes, find: Callable[[str], Kek | None],
              decompress: Decompress, limit: int) -> bytes:
-        """The plaintext of a sealed value, opened with ``keys`` (KEK name -> key)."""
-        return _Opener(self, keys, decompress, limit).open(envelope)
+        """The plaintext of a sealed value, opened with the KEK ``find`` gives for the
+        name it holds."""
+        return _Opener(self, find, decompress, limit).open(envelope)
 
-    def opener(self, keys: Mapping[str, bytes], decompress: Decompress, limit: int
-               ) -> _Opener:
-        """What opens values with ``keys`` (a batch's, one after another)."""
-        return _Opener(self, keys, decompress, limit)
+    def opener(self, find: Callable[[str], Kek | None], decompress: Decompress, limit: int,
+               block: bool = True) -> _Opener:
+        """What opens values with the KEKs ``find`` gives (a batch's, one after
+        another); not ``block``: an EDEK a KMS must open raises ``KmsNeeded``."""
+        return _Opener(self, find, decompress, limit, block)
 
-    def _opened_dek(self, name: str, kek: bytes, raw_name: bytes, edek: bytes) -> AESGCM:
-        key = (name, edek)
+    def _opened_dek(self, kek: Kek, edek: bytes, block: bool) -> AESGCM:
+        key = (kek.name, edek)
         with self._lock:
             aead = self._opened.get(key)
             if aead is not None:
                 self._opened.move_to_end(key)
                 return aead
-        if len(edek) < _NONCE + _TAG:
-            raise Undecryptable("not an envelope: its EDEK is too short")
-        try:
-            secret = AESGCM(kek).decrypt(edek[:_NONCE], edek[_NONCE:], _edek_aad(raw_name))
-        except InvalidTag:
-            raise Undecryptable(f"its DEK does not open under KEK {name!r} (another key of "
-                                "that name?)") from None
-        aead = AESGCM(secret)
+        if kek.remote and not block:
+            raise KmsNeeded(f"a data key of {kek.name} not opened before")
+        aead = AESGCM(kek.unwrap(edek))
         with self._lock:
-            self._opened[key] = aead
-            while len(self._opened) > OPENED_DEKS:
-                self._opened.popitem(last=False)
+            self.kms_calls += kek.remote
+            self._keep_opened(key, aead)
         return aead
+
+    def _keep_opened(self, key: tuple[str, bytes], aead: AESGCM) -> None:
+        self._opened[key] = aead
+        while len(self._opened) > OPENED_DEKS:
+            self._opened.popitem(last=False)
 
 
 class _Opener:
     """Opens values one after another, the last DEK at hand (a batch's values share
     one); as a function, gives None for a value that does not open, counted, with why
-    the first did not."""
+    the first did not.  ``KmsUnavailable`` (and ``KmsNeeded``) go through: the values
+    are not judged, they wait for the KMS."""
 
-    def __init__(self, cipher: RecordCipher, keys: Mapping[str, bytes],
-                 decompress: Decompress, limit: int) -> None:
+    def __init__(self, cipher: RecordCipher, find: Callable[[str], Kek | None],
+                 decompress: Decompress, limit: int, block: bool = True) -> None:
         self.cipher = cipher
-        self.keys = keys
+        self.find = find
         self.decompress = decompress
         self.limit = limit
+        self.block = block
         self.failed = 0
         self.reason: str | None = None
         self._last: tuple[bytes, bytes, AESGCM] | None = None  # (name, EDEK, its DEK)
@@ -297,14 +460,19 @@ class _Opener:
             version, flags, name_length = envelope[0], envelope[1], envelope[2]
             at = 3 + name_length
             raw_name = envelope[3:at]
-            edek_length = envelope[at]
-            edek = envelope[at + 1 : at + 1 + edek_length]
-            at += 1 + edek_length
+            if flags & WIDE:
+                edek_length = int.from_bytes(envelope[at : at + 2], "big")
+                at += 2
+            else:
+                edek_length = envelope[at]
+                at += 1
+            edek = envelope[at : at + edek_length]
+            at += edek_length
         except IndexError:
             raise Undecryptable("not an envelope: too short") from None
         if version != VERSION:
             raise Undecryptable(f"envelope version {version}, not {VERSION}")
-        if flags & ~ZSTD:
+        if flags & ~_FLAGS:
             raise Undecryptable(f"unknown envelope flags {flags:#x}")
         if len(edek) != edek_length or len(envelope) < at + _NONCE + _TAG:
             raise Undecryptable("not an envelope: too short")
@@ -313,23 +481,23 @@ class _Opener:
             aead = last[2]
         else:
             name = raw_name.decode(errors="replace")
-            kek = self.keys.get(name)
+            kek = self.find(name)
             if kek is None:
                 raise Undecryptable(f"KEK {name!r} is not in the key file")
-            aead = self.cipher._opened_dek(name, kek, raw_name, bytes(edek))
+            aead = self.cipher._opened_dek(kek, bytes(edek), self.block)
             self._last = (raw_name, edek, aead)
         try:
             plain = aead.decrypt(envelope[at : at + _NONCE], envelope[at + _NONCE :],
                                  envelope[:at])
         except InvalidTag:
             raise Undecryptable("the value does not open under its DEK (changed?)") from None
-        if not flags:
-            self._head, self._aead = envelope[:at], aead
         if flags & ZSTD:
             try:
                 plain = self.decompress("zstd", plain, self.limit)
             except Exception as exc:  # the decompressor's own errors, limit included
                 raise Undecryptable(f"its zstd plaintext: {exc}") from None
+        else:
+            self._head, self._aead = envelope[:at], aead
         return plain
 
 
@@ -357,15 +525,22 @@ def _section(records: Any, batch: RecordBatch, decompress: Decompress, limit: in
 
 
 def seal_records(records: Any, encryption: RecordEncryption, cipher: RecordCipher,
-                 decompress: Decompress, compress: Compress) -> tuple[bytes, int]:
-    """A Produce partition's records field with every non-null value sealed, and how
-    many were; ``Unsealable`` for records it cannot read (legacy message sets, batches
-    that do not parse or decompress)."""
+                 decompress: Decompress, compress: Compress,
+                 kek: Kek | None = None, block: bool = True) -> tuple[bytes, int]:
+    """A Produce partition's records field with every non-null value sealed under
+    ``kek`` (default: the key file's key the encryption names), and how many were;
+    ``Unsealable`` for records it cannot read (legacy message sets, batches that do not
+    parse or decompress), or when a KMS gives no DEK (REQUEST_TIMED_OUT: retriable;
+    not ``block``: when it would have to be asked)."""
     if records is None:
         return b"", 0
+    if kek is None:
+        kek = local_keys(encryption).sealing
+    if kek is None:
+        raise Unsealable(REQUEST_TIMED_OUT, f"KEK {encryption.key!r} cannot be used")
     out: list[bytes] = []
     sealed = 0
-    name, kek, limit = encryption.key, encryption.kek, encryption.max_decompressed
+    limit = encryption.max_decompressed
     taken = 0
     try:
         for batch in iter_batches(records):
@@ -377,8 +552,8 @@ def seal_records(records: Any, encryption: RecordEncryption, cipher: RecordCiphe
             if batch.is_control:
                 out.append(bytes(memoryview(records)[batch.position : taken]))
                 continue
-            seal = cipher.sealer(name, kek, batch.record_count,
-                                 compress if batch.compression != "none" else None)
+            seal = cipher.sealer(kek, batch.record_count,
+                                 compress if batch.compression != "none" else None, block)
             section, count = rewrite_values(_section(records, batch, decompress, limit),
                                             batch.record_count, seal,
                                             add=(_HEADER_BYTES, _MARK))
@@ -386,6 +561,8 @@ def seal_records(records: Any, encryption: RecordEncryption, cipher: RecordCiphe
             out.append(rebuilt_batch(batch, section))
     except Unsealable:
         raise
+    except KmsUnavailable as exc:
+        raise Unsealable(REQUEST_TIMED_OUT, f"no data key from the KMS: {exc}") from None
     except Exception as exc:  # the codec's and the decompressor's errors
         raise Unsealable(CORRUPT_MESSAGE, f"records that cannot be read to encrypt them: "
                          f"{str(exc)[:200]}") from None
@@ -407,22 +584,23 @@ class Opened:
 Repack = tuple[str, Compress]  # a codec name, and its compressor
 
 
-def open_records(records: Any, keys: Mapping[str, bytes], cipher: RecordCipher,
-                 decompress: Decompress, limit: int, repack: Repack | None = None
-                 ) -> Opened:
+def open_records(records: Any, find: Callable[[str], Kek | None], cipher: RecordCipher,
+                 decompress: Decompress, limit: int, repack: Repack | None = None,
+                 block: bool = True) -> Opened:
     """A Fetch partition's records field with every sealed value opened: batches with
     none kept as they came, a partial batch at the end kept too (the client drops it);
     a value that does not open is left sealed (its header kept) and counted.  A batch
     that came compressed (the broker recompresses what the proxy writes uncompressed,
     under a topic's ``compression.type``) goes out compressed with ``repack``, so that
     an answer does not outgrow what the client expects of one; the others as they
-    were, uncompressed."""
+    were, uncompressed.  ``KmsUnavailable`` when an EDEK needs a KMS that cannot be
+    asked (not ``block``: ``KmsNeeded`` when it would have to be)."""
     if not records:
         return Opened(None)
     view = memoryview(records)
     out: list[Any] = []
     result = Opened(None)
-    opener = cipher.opener(keys, decompress, limit)
+    opener = cipher.opener(find, decompress, limit, block)
     changed_any = False
     taken = 0
     for batch in iter_batches(records):
@@ -478,16 +656,20 @@ class SealedRequest:
     request: Request
     refused: dict[PartitionKey, PartitionVerdict]
     sealed: dict[tuple[str, str], int]
+    # Of those refused, how many records had no DEK from their KMS, per (rule, topic).
+    kms_unavailable: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 def seal_request(req: Request, encryptions: Encryptions, id_names: IdNames,
-                 cipher: RecordCipher, decompress: Decompress, compress: Compress
-                 ) -> SealedRequest:
-    """A Produce request with the values of the topics ``encryptions`` hold sealed.  A
-    topic named by an id not learned yet, while some encryption holds some topics only,
-    is refused UNKNOWN_TOPIC_ID (retriable: the client's next Metadata teaches it)."""
-    refused: dict[PartitionKey, PartitionVerdict] = {}
-    sealed: dict[tuple[str, str], int] = {}
+                 cipher: RecordCipher, decompress: Decompress, compress: Compress,
+                 keys_of: KeysOf = local_keys, block: bool = True) -> SealedRequest:
+    """A Produce request with the values of the topics ``encryptions`` hold sealed
+    under their KEKs (``keys_of``).  A topic named by an id not learned yet, while some
+    encryption holds some topics only, is refused UNKNOWN_TOPIC_ID (retriable: the
+    client's next Metadata teaches it); partitions a KMS gives no DEK for (or, not
+    ``block``, would have to be asked for) REQUEST_TIMED_OUT."""
+    result = SealedRequest(req, {}, {})
+    refused, sealed = result.refused, result.sealed
     topics = []
     changed = False
     for topic, name in client_topic_names(req.body, id_names):
@@ -504,11 +686,15 @@ def seal_request(req: Request, encryptions: Encryptions, id_names: IdNames,
         for p in topic.partition_data:
             try:
                 records, count = seal_records(p.records, encryption, cipher, decompress,
-                                              compress)
+                                              compress, keys_of(encryption).sealing, block)
             except Unsealable as exc:
                 refused[(key, p.index)] = PartitionVerdict(
                     exc.code, f"{exc.message} (rule {rule}, encrypt_records)")
                 partitions.append(p)
+                if exc.code == REQUEST_TIMED_OUT:
+                    where = (rule, name or "unknown")
+                    result.kms_unavailable[where] = (result.kms_unavailable.get(where, 0)
+                                                     + _record_count(p.records))
                 continue
             partitions.append(p.replace(records=records))
             where = (rule, name or "unknown")
@@ -516,8 +702,8 @@ def seal_request(req: Request, encryptions: Encryptions, id_names: IdNames,
         topics.append(topic.replace(partition_data=tuple(partitions)))
         changed = True
     if changed:
-        req = req.replace(body=req.body.replace(topic_data=tuple(topics)))
-    return SealedRequest(req, refused, sealed)
+        result.request = req.replace(body=req.body.replace(topic_data=tuple(topics)))
+    return result
 
 
 _FETCH: Final = 1
@@ -544,27 +730,58 @@ def answer_may_hold(req: Request, encryptions: Encryptions, id_names: IdNames) -
 @dataclass
 class OpenedAnswer:
     """``open_answer``'s work: the answer with its values opened, and per (rule, topic)
-    how many records opened and how many did not (with why the first did not)."""
+    how many records opened, how many did not (with why the first did not), and how
+    many were held back for a KMS that could not be asked (their partitions answered
+    UNKNOWN_SERVER_ERROR: the client fetches them again); ``kms_needed``: some were
+    held back only because the KMS was not to be asked (not ``block``)."""
 
     response: Response
     opened: dict[tuple[str, str], int]
     failed: dict[tuple[str, str], tuple[int, str]]
+    withheld: dict[tuple[str, str], tuple[int, str]] = field(default_factory=dict)
+    kms_needed: bool = False
+
+
+def _held_back(partition: Any) -> Any:
+    """A Fetch (ShareFetch) partition answered without its records, retriably (the
+    Java consumer logs UNKNOWN_SERVER_ERROR and fetches again; a share group's records
+    go back to the group when their acquisition lock runs out)."""
+    changes: dict[str, Any] = {"error_code": UNKNOWN_SERVER_ERROR, "records": b""}
+    if hasattr(partition, "acquired_records"):
+        changes["acquired_records"] = ()
+    return partition.replace(**changes)
+
+
+def _record_count(records: Any) -> int:
+    try:
+        return sum(batch.record_count for batch in iter_batches(records)
+                   if not isinstance(batch, LegacyMessage))
+    except Exception:  # records that do not read: one, as a partition
+        return 1
 
 
 def open_answer(resp: Response, encryptions: Encryptions, id_names: IdNames,
                 cipher: RecordCipher, decompress: Decompress,
                 to_client: Callable[[str], str | None] | None = None,
-                repack: Repack | None = None) -> OpenedAnswer:
+                repack: Repack | None = None, keys_of: KeysOf = local_keys,
+                block: bool = True) -> OpenedAnswer:
     """A broker's Fetch or ShareFetch answer with the sealed values of the topics
     ``encryptions`` hold opened (a topic whose id is not known yet: opened with every
-    key of theirs).  ``to_client``: a topic's name as the client knows it (a rule's
-    rename or prefix), from the broker's; ``id_names`` gives the client's already."""
-    every_key: dict[str, bytes] = {}
-    for _, encryption in reversed(encryptions):
-        every_key.update(encryption.ring.keys)  # the first rule's key wins a name
+    KEK of theirs).  ``to_client``: a topic's name as the client knows it (a rule's
+    rename or prefix), from the broker's; ``id_names`` gives the client's already.
+    Not ``block``: EDEKs that only a KMS opens are not asked of it (``kms_needed``)."""
+    finds = {id(encryption): keys_of(encryption).find for _, encryption in encryptions}
+
+    def any_key(name: str) -> Kek | None:  # the first rule's KEK wins a name
+        for find in finds.values():
+            kek = find(name)
+            if kek is not None:
+                return kek
+        return None
+
     limit = max(e.max_decompressed for _, e in encryptions)
-    opened: dict[tuple[str, str], int] = {}
-    failed: dict[tuple[str, str], tuple[int, str]] = {}
+    result = OpenedAnswer(resp, {}, {})
+    opened, failed, withheld = result.opened, result.failed, result.withheld
     topics = []
     changed = False
     for topic in resp.body.responses:
@@ -578,14 +795,22 @@ def open_answer(resp: Response, encryptions: Encryptions, id_names: IdNames,
         if covering is None and name is not None:
             topics.append(topic)
             continue
-        rule, keys = ((covering[0], covering[1].ring.keys) if covering is not None
-                      else (encryptions[0][0], every_key))
+        rule, find = ((covering[0], finds[id(covering[1])]) if covering is not None
+                      else (encryptions[0][0], any_key))
         where = (rule, name or "unknown")
         partitions = []
         topic_changed = False
         for p in topic.partitions:
             try:
-                found = open_records(p.records, keys, cipher, decompress, limit, repack)
+                found = open_records(p.records, find, cipher, decompress, limit, repack,
+                                     block)
+            except KmsUnavailable as exc:
+                count, reason = withheld.get(where, (0, str(exc)))
+                withheld[where] = (count + _record_count(p.records), reason)
+                result.kms_needed = result.kms_needed or isinstance(exc, KmsNeeded)
+                partitions.append(_held_back(p))
+                topic_changed = True
+                continue
             except Exception as exc:  # records that do not read: the client's to judge
                 count, reason = failed.get(where, (0, f"records that do not read: {exc}"))
                 failed[where] = (count + 1, reason)  # a partition's records, as one
@@ -607,15 +832,22 @@ def open_answer(resp: Response, encryptions: Encryptions, id_names: IdNames,
         else:
             topics.append(topic)
     if changed:
-        resp = resp.replace(body=resp.body.replace(responses=tuple(topics)))
-    return OpenedAnswer(resp, opened, failed)
+        result.response = resp.replace(body=resp.body.replace(responses=tuple(topics)))
+    return result
 
 
 __all__ = [
     "HEADER",
     "ConfigError",
+    "EncryptionKeys",
     "Encryptions",
+    "Kek",
     "KeyRing",
+    "KeysOf",
+    "KmsNeeded",
+    "KmsSpec",
+    "KmsUnavailable",
+    "LocalKek",
     "Opened",
     "OpenedAnswer",
     "RecordCipher",
@@ -624,6 +856,7 @@ __all__ = [
     "Undecryptable",
     "Unsealable",
     "load_key_ring",
+    "local_keys",
     "open_answer",
     "open_records",
     "seal_records",

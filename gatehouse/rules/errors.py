@@ -39,6 +39,7 @@ CORRUPT_MESSAGE = 2
 UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
 INVALID_REQUEST = 42
 REQUEST_TIMED_OUT = 7
+UNKNOWN_SERVER_ERROR = -1
 
 _PARTITION_KEYS = frozenset({"partition", "partition_index", "index", "partition_id"})
 _KEY_ATTRS = frozenset({

@@ -360,7 +360,7 @@ class RuleSet:
                         found[check.schema.path] = None
                     if check.protobuf is not None:
                         found.update(dict.fromkeys(check.protobuf.files))
-            if rule.encrypt_records is not None:
+            if rule.encrypt_records is not None and rule.encrypt_records.ring is not None:
                 found[Path(rule.encrypt_records.ring.path)] = None
         return tuple(found)
 
@@ -517,9 +517,10 @@ class RuleSet:
                            "apart by what a client says of itself (client id, software), "
                            "which any client may claim: leave match out (every client), or "
                            "match on principal or source")
-            if rule.encrypt_records is not None and _open_to_others(rule.encrypt_records.ring.path):
+            ring = rule.encrypt_records.ring if rule.encrypt_records is not None else None
+            if ring is not None and _open_to_others(ring.path):
                 out.append(f"{self._where(rule)}: rule {rule.name}: its key file "
-                           f"{rule.encrypt_records.ring.path} is readable by other users: "
+                           f"{ring.path} is readable by other users: "
                            "chmod 600 it (a Kubernetes Secret: defaultMode: 0400)")
             if rule.encrypt_records is not None and _self_described(match):
                 out.append(f"{self._where(rule)}: rule {rule.name}: decrypts records for "

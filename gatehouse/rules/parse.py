@@ -26,7 +26,7 @@ from gatehouse.rules.acl import (
     cluster_refusals,
     compile_acls,
 )
-from gatehouse.rules.encryption import KEY_BYTES, RecordEncryption, load_key_ring
+from gatehouse.rules.encryption import KEY_BYTES, KmsSpec, RecordEncryption, load_key_ring
 from gatehouse.rules.model import (
     API_VERSIONS,
     PRODUCE,
@@ -313,23 +313,71 @@ def _rule(data: Any, source: Source, line: int | None, index: int) -> Rule:
 
 
 def _encrypt_records(reader: Reader) -> RecordEncryption:
-    """``encrypt_records: {topics, key_file, key, max_decompressed_bytes}``: the topics
-    whose values the rule's clients have encrypted as they produce and decrypted as
-    they fetch, under the key ``key`` of ``key_file`` (any of its keys decrypts)."""
+    """``encrypt_records: {topics, key_file, key, kms, max_decompressed_bytes}``: the
+    topics whose values the rule's clients have encrypted as they produce and decrypted
+    as they fetch, under the key ``key`` of ``key_file`` (any of its keys decrypts), or
+    under ``kms``' key (the key file, if given too, opens what older keys sealed)."""
     topics = _topic_scope(reader, "encrypt_records")
-    key_file = reader.require("key_file", str)
-    try:
-        ring = load_key_ring(_beside_rules(key_file, reader.source.file))
-    except ConfigError as exc:
-        raise reader.error("key_file", f"encrypt_records.key_file: {exc}") from None
-    key = reader.require("key", str)
-    if key not in ring.keys:
-        raise reader.error("key", f"encrypt_records.key: {key!r} is not a key of {ring.path} "
-                           f"(it has {', '.join(sorted(ring.keys))}); a key is {KEY_BYTES} "
-                           "random bytes in base64")
+    kms = _kms(reader)
+    key_file = reader.require("key_file", str) if kms is None else reader.take("key_file",
+                                                                               str)
+    ring = None
+    if key_file is not None:
+        try:
+            ring = load_key_ring(_beside_rules(key_file, reader.source.file))
+        except ConfigError as exc:
+            raise reader.error("key_file", f"encrypt_records.key_file: {exc}") from None
+    if kms is not None:
+        if reader.take("key", str) is not None:
+            raise reader.error("key", "encrypt_records.key names a key of the key file; "
+                               "with kms, the key is kms.key")
+        key = kms.kek_name
+    else:
+        assert ring is not None
+        key = reader.require("key", str)
+        if key not in ring.keys:
+            raise reader.error("key", f"encrypt_records.key: {key!r} is not a key of "
+                               f"{ring.path} (it has {', '.join(sorted(ring.keys))}); a key "
+                               f"is {KEY_BYTES} random bytes in base64")
     limit = _max_decompressed(reader, "encrypt_records")
     reader.finish()
-    return RecordEncryption(topics, key, ring, limit)
+    return RecordEncryption(topics, key, ring, limit, kms)
+
+
+_KMS_TYPES = {"aws": "AWS KMS (or a service that speaks its API)"}
+
+
+def _kms(reader: Reader) -> KmsSpec | None:
+    """``kms: {type, key, region, endpoint, timeout_seconds}``: the KMS that holds the
+    key-encryption key (credentials never here: the SDK's own chain finds them)."""
+    raw = reader.take("kms", dict)
+    if raw is None:
+        return None
+    sub = Reader(raw, reader.source, "encrypt_records.kms", reader.line_of("kms"))
+    kind = sub.require("type", str)
+    if kind not in _KMS_TYPES:
+        raise sub.error("type", f"encrypt_records.kms.type: {kind!r} is not one of "
+                        + ", ".join(f"{k} ({v})" for k, v in _KMS_TYPES.items()))
+    key = sub.require("key", str)
+    if not key or len(f"{kind}-kms:{key}".encode()) > 255:
+        raise sub.error("key", "encrypt_records.kms.key: a key id, key ARN, alias name "
+                        "(alias/...) or alias ARN, at most 247 bytes")
+    region = sub.take("region", str)
+    endpoint = sub.take("endpoint", str)
+    if endpoint is not None and urllib.parse.urlsplit(endpoint).scheme not in ("http",
+                                                                               "https"):
+        raise sub.error("endpoint", f"encrypt_records.kms.endpoint: {endpoint!r} is not an "
+                        "http(s) URL")
+    timeout = sub.take("timeout_seconds", (int, float), 5.0)
+    if not 0 < timeout <= 60:
+        raise sub.error("timeout_seconds", "encrypt_records.kms.timeout_seconds: more than "
+                        "0 and at most 60 (a Produce request waits for it)")
+    if "credentials" in raw or "access_key_id" in raw or "secret_access_key" in raw:
+        raise sub.error(None, "encrypt_records.kms takes no credentials: the AWS SDK finds "
+                        "them (environment, profile, web identity on Kubernetes, instance "
+                        "role)")
+    sub.finish()
+    return KmsSpec(kind, key, region, endpoint, float(timeout))
 
 
 def _max_decompressed(reader: Reader, what: str) -> int:

@@ -185,15 +185,16 @@ def test_alert_rules_parse_with_promtool() -> None:
     result = subprocess.run([tool("promtool"), "check", "rules", str(ALERTS)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 12 rules found" in result.stdout
+    assert "SUCCESS: 13 rules found" in result.stdout
 
 
 def keep_traffic_flowing(bootstrap: str, dead_bootstrap: str, topic: str,
                          stop: threading.Event, errors: list[BaseException],
-                         refused: list[int], broker: str) -> None:
+                         refused: list[int], broker: str, kms_topic: str) -> None:
     """Real clients until ``stop``: produce, consume in a group, get refused, and a client
-    that keeps trying a proxy whose broker is gone; and one that writes round the proxy
-    (to ``broker``) records it cannot decrypt."""
+    that keeps trying a proxy whose broker is gone; one that writes round the proxy
+    (to ``broker``) records it cannot decrypt; and one whose records (of ``kms_topic``)
+    wait for a KMS that is down."""
     conf = {"bootstrap.servers": bootstrap, "log_level": 0}
     producer = ck.Producer({**conf, "linger.ms": 5})
     forger = ck.Producer({"bootstrap.servers": broker, "log_level": 0})
@@ -213,6 +214,8 @@ def keep_traffic_flowing(bootstrap: str, dead_bootstrap: str, topic: str,
             producer.poll(0)
             forger.produce(topic, value=b"not sealed", headers=[("gatehouse.encryption", b"\x01")])
             forger.poll(0)
+            if i % 200 == 0:  # retried by the producer until the KMS answers (never)
+                producer.produce(kms_topic, value=b"waits for the KMS")
             consumer.poll(0.05)
             stranded.poll(0)
             # Refused by the `no-describe-configs` rule: an error response every time.
@@ -245,15 +248,21 @@ def test_every_dashboard_and_alert_expression_returns_data(
     prometheus = tool("prometheus")
     topic = unique("dash")
     kafka.create_topic(topic, partitions=2)
+    kms_topic = unique("kms")
+    kafka.create_topic(kms_topic)
     # Every proxy refuses DescribeConfigs, and counts the values that are not JSON (an
     # observe-mode validate_records: written all the same).
     # Values in the Schema Registry's framing are looked up in a registry that is down
     # (observe mode: written all the same; each failure counted).
     # Its records are encrypted (a key file beside the rules files); records written
-    # round the proxy under its header do not decrypt.
+    # round the proxy under its header do not decrypt; those of kms_topic would be
+    # encrypted under a KMS key, but nothing listens where the KMS should.
     (tmp_path / "keys.yaml").write_text("keys: {dash: " + base64.b64encode(os.urandom(32))
                                         .decode() + "}\n")
     rules = ("rules:\n  - name: no-describe-configs\n    deny_apis: [DescribeConfigs]\n"
+             "  - name: kms-down\n    encrypt_records: {topics: [" + kms_topic + "], kms: "
+             "{type: aws, key: alias/x, region: eu-west-1, endpoint: 'http://127.0.0.1:"
+             f"{free_port()}', timeout_seconds: 1}}}}\n"
              "  - name: sealed\n    encrypt_records: {key_file: keys.yaml, key: dash}\n"
              "  - name: json-values\n    mode: observe\n    validate_records: {value: json}\n"
              "  - name: registered\n    mode: observe\n    validate_records:\n"
@@ -324,7 +333,8 @@ def test_every_dashboard_and_alert_expression_returns_data(
     refused: list[int] = []
     traffic = threading.Thread(target=keep_traffic_flowing,
                                args=(f"127.0.0.1:{port}", f"127.0.0.1:{dead_port}", topic,
-                                     stop, errors, refused, kafka.bootstrap), daemon=True)
+                                     stop, errors, refused, kafka.bootstrap, kms_topic),
+                               daemon=True)
     traffic.start()
     # An authenticated client that stays connected (SCRAM over TLS, as the broker's user).
     authenticated = AdminClient({**kafka_scram.client_config(sasl=True), "log_level": 0,
