@@ -20,6 +20,7 @@ from gatehouse.proxy.kms import AwsKek, KmsClients
 from gatehouse.proxy.policy import RulesPolicy
 from gatehouse.rules import error_response, load_rules_file
 from gatehouse.rules.encryption import (
+    KMS_BACKOFF_SECONDS,
     KmsNeeded,
     KmsSpec,
     KmsUnavailable,
@@ -64,6 +65,19 @@ def aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
 def alias(kms: KmsServer) -> str:
     kms.new_key("alias/payments")
     return "alias/payments"
+
+
+class Clock:
+    """The cipher's clock, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
 
 
 def spec(kms: KmsServer, key: str, timeout: float = 5.0) -> KmsSpec:
@@ -164,7 +178,8 @@ def test_an_answer_waiting_for_the_kms_holds_its_partitions_back(kms: KmsServer,
     sealed, _ = seal_records(batch((None, SECRET.encode())), e, cipher, decompress,
                              compress_zstd, clients.keys_of(e).sealing)
     encryptions = (("payments-encrypted", e),)
-    fresh = RecordCipher()
+    clock = Clock()
+    fresh = RecordCipher(clock)
     on_loop = open_answer(fetch_answer(sealed), encryptions, lambda _: None, fresh,
                           decompress, keys_of=clients.keys_of, block=False)
     assert on_loop.kms_needed
@@ -179,7 +194,14 @@ def test_an_answer_waiting_for_the_kms_holds_its_partitions_back(kms: KmsServer,
     assert partition.error_code == UNKNOWN_SERVER_ERROR and not partition.records
     assert partition.high_watermark == 10
     assert SECRET.encode() not in bytes(held.response.encode())
-    # The KMS back: the same answer opens.
+    # For a while the KMS is not asked again: answered at once, even on the event loop.
+    calls = fresh.kms_calls
+    again = open_answer(fetch_answer(sealed), encryptions, lambda _: None, fresh,
+                        decompress, keys_of=clients.keys_of, block=False)
+    assert not again.kms_needed and "not asked again yet" in again.withheld[where][1]
+    assert fresh.kms_calls == calls
+    # The KMS back (and the while over): the same answer opens.
+    clock.advance(KMS_BACKOFF_SECONDS)
     opened = open_answer(fetch_answer(sealed), encryptions, lambda _: None, fresh,
                          decompress, keys_of=clients.keys_of, block=True)
     assert opened.opened == {("payments-encrypted", "payments"): 1}
@@ -275,6 +297,8 @@ async def test_a_kms_outage_is_answered_retriably_logged_and_counted(
         tmp_path: Path, kms: KmsServer, alias: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="gatehouse.rules")
     policy = RulesPolicy(load_rules_file(kms_rules(tmp_path, kms, alias, timeout=1.0)))
+    clock = Clock()
+    policy.cipher.clock = clock
     heard: list[tuple[str, str, str, int]] = []
     policy.encryption_listeners.append(lambda *args: heard.append(args))
     connection = app_conn()
@@ -297,10 +321,13 @@ async def test_a_kms_outage_is_answered_retriably_logged_and_counted(
              if r.getMessage().startswith("records not encrypted: the KMS made no data key")]
     assert lines and lines[0]["key"] == "aws-kms:alias/payments"
     assert SECRET not in caplog.text
-    # Alone, the request is answered by the proxy; after the outage, it is sealed.
+    # Alone, the request is answered by the proxy, at once for a while (the KMS not
+    # asked again); after that, the KMS back, it is sealed.
     alone = produce(batch((None, SECRET.encode())), client_id="app-1")
+    assert policy.lookups(connection, alone) is None  # type: ignore[arg-type]
     refused = policy.on_request(connection, alone)  # type: ignore[arg-type]
     assert isinstance(refused, Respond)
+    clock.advance(KMS_BACKOFF_SECONDS)
     fetch_key = policy.lookups(connection, alone)  # type: ignore[arg-type]
     assert fetch_key is not None
     await fetch_key()

@@ -884,7 +884,8 @@ class RulesPolicy(Policy):
             if encryption.kms is None:
                 continue
             kek = self.kms.keys_of(encryption).sealing
-            if kek is not None and not self.cipher.ready(kek):
+            if (kek is not None and not self.cipher.ready(kek)
+                    and not self.cipher.backing_off(kek)):
                 found.append((rule, kek, encryption.kms.timeout))
         return found
 
@@ -893,14 +894,15 @@ class RulesPolicy(Policy):
         too long is logged (the request's partitions are then answered
         REQUEST_TIMED_OUT, and the producer sends them again)."""
         reason = f"no answer within {2 * timeout:g} s"
-        with trio.move_on_after(2 * timeout):
+        with trio.move_on_after(2 * timeout) as waited:
             try:
                 await trio.to_thread.run_sync(self.cipher.prepare, kek,
                                               abandon_on_cancel=True)
                 return
-            except KmsUnavailable as exc:
+            except KmsUnavailable as exc:  # the cipher keeps it (and backs off)
                 reason = str(exc)
-        self.cipher.failures[kek.name] = reason
+        if waited.cancelled_caught:
+            self.cipher.failed(kek, reason)
         self._log_encryption_trouble("records not encrypted: the KMS made no data key; "
                                      "their partitions answered REQUEST_TIMED_OUT (sent "
                                      "again)", {"rule": rule, "key": kek.name}, 1, reason)

@@ -84,6 +84,9 @@ DEK_SECONDS: Final = 3600.0
 # requests sealed on the event loop never wait for the KMS.
 _RENEW_SECONDS: Final = 300.0
 _RENEW_USES: Final = DEK_USES // 4
+# After a KMS failed, it is not asked again for this long (per KEK): while it is down,
+# requests are answered at once (retriably) rather than each waiting out its timeout.
+KMS_BACKOFF_SECONDS: Final = 2.0
 OPENED_DEKS: Final = 1024
 _COMPRESS_FROM: Final = 64  # bytes: smaller values are sealed as they are
 
@@ -280,7 +283,8 @@ class RecordCipher:
         self._opened: OrderedDict[tuple[str, bytes], AESGCM] = OrderedDict()
         self.deks_made = 0
         self.kms_calls = 0
-        self.failures: dict[str, str] = {}  # KEK name -> why its KMS made no DEK last
+        # KEK name -> when its KMS last failed, and why (``KMS_BACKOFF_SECONDS``).
+        self.failures: dict[str, tuple[float, str]] = {}
 
     def _usable(self, dek: _Dek | None, count: int, margin: bool = False) -> bool:
         if dek is None:
@@ -298,13 +302,30 @@ class RecordCipher:
         asks a KMS (in a thread: it blocks); ``KmsUnavailable`` when it cannot."""
         with self._maker(kek):
             if not self.ready(kek):
-                try:
-                    made = kek.new_dek()
-                except KmsUnavailable as exc:
-                    self.failures[kek.name] = str(exc)
-                    raise
-                self._install(kek, *made)
-                self.failures.pop(kek.name, None)
+                self._install(kek, *self._ask(kek, kek.new_dek))
+
+    def _ask(self, kek: Kek, call: Callable[[], Any]) -> Any:
+        """``call``, a request to ``kek``'s KMS, unless it failed in the last
+        ``KMS_BACKOFF_SECONDS``; its failure kept, with why."""
+        if self.backing_off(kek):
+            raise KmsUnavailable(f"not asked again yet: {self.failures[kek.name][1]}")
+        try:
+            result = call()
+        except KmsUnavailable as exc:
+            self.failed(kek, str(exc))
+            raise
+        self.failures.pop(kek.name, None)
+        return result
+
+    def backing_off(self, kek: Kek) -> bool:
+        """Whether ``kek``'s KMS failed too recently to be asked again."""
+        failure = self.failures.get(kek.name)
+        return (kek.remote and failure is not None
+                and self.clock() - failure[0] < KMS_BACKOFF_SECONDS)
+
+    def failed(self, kek: Kek, why: str) -> None:
+        """``kek``'s KMS failed (or took too long): not asked again for a while."""
+        self.failures[kek.name] = (self.clock(), why)
 
     def _maker(self, kek: Kek) -> threading.Lock:
         with self._lock:
@@ -340,7 +361,7 @@ class RecordCipher:
             if kek.remote and not block:
                 failure = self.failures.get(kek.name)
                 raise KmsNeeded(f"no data key of {kek.name} made yet"
-                                + (f" ({failure})" if failure else ""))
+                                + (f" ({failure[1]})" if failure else ""))
             with self._maker(kek):
                 with self._lock:
                     dek = self._deks.get(kek)
@@ -348,7 +369,7 @@ class RecordCipher:
                         continue  # another thread made one meanwhile
                 if count > DEK_USES:
                     raise ValueError(f"{count} values under one data key")
-                self._install(kek, *kek.new_dek())
+                self._install(kek, *self._ask(kek, kek.new_dek))
 
     def sealer(self, kek: Kek, count: int, compress: Compress | None = None,
                block: bool = True) -> Callable[[bytes], bytes]:
@@ -398,8 +419,10 @@ class RecordCipher:
                 self._opened.move_to_end(key)
                 return aead
         if kek.remote and not block:
+            if self.backing_off(kek):  # not worth a thread
+                raise KmsUnavailable(f"not asked again yet: {self.failures[kek.name][1]}")
             raise KmsNeeded(f"a data key of {kek.name} not opened before")
-        aead = AESGCM(kek.unwrap(edek))
+        aead = AESGCM(self._ask(kek, lambda: kek.unwrap(edek)))
         with self._lock:
             self.kms_calls += kek.remote
             self._keep_opened(key, aead)
