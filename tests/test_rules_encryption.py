@@ -671,3 +671,26 @@ def test_a_changed_value_in_a_later_batch_is_caught_on_the_fast_path(tmp_path: P
     assert opened.records is not None
     assert [v for _, v, _ in values(opened.records)][3:] == [b"second 0", bytes(value),
                                                             b"second 2"]
+
+
+def test_values_open_in_c_as_they_do_in_python(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The AES-256-GCM opening in C (rules/_aead.c, built here with OpenSSL's headers)
+    writes the records the Python AESGCM path writes, byte for byte: values of every
+    size, empty ones, other headers kept, a tombstone, a value sealed twice."""
+    assert enc._gcm_opener is not None, "gatehouse.rules._aead was not built"
+    e = encryption(tmp_path)
+    cipher = RecordCipher()
+    sizes = [0, 1, 15, 16, 17, 100, 1024, 5000]
+    batches = [seal_records(batch(*[(b"k%d" % n, os.urandom(n)) for n in sizes],
+                                  (b"gone", None)), e, cipher, decompress, compress_zstd)[0]
+               for _ in range(3)]
+    twice, _ = seal_records(batches[0], e, cipher, decompress, compress_zstd)
+    records = b"".join(batches) + twice
+    in_c = open_records(records, local_keys(e).find, RecordCipher(), decompress, LIMIT)
+    monkeypatch.setattr(enc, "_gcm_opener", None)
+    in_python = open_records(records, local_keys(e).find, RecordCipher(), decompress, LIMIT)
+    assert in_c.records is not None and in_c.records == in_python.records
+    assert (in_c.opened, in_c.failed) == (in_python.opened, in_python.failed) == (
+        len(sizes) * 4, 0)
+    assert all(HEADER not in [k for k, _ in h] for _, _, h in values(in_c.records))

@@ -35,6 +35,7 @@ from gatehouse.rules.errors import REQUEST_TIMED_OUT, UNKNOWN_SERVER_ERROR
 from tests.support.kms import CREDENTIALS, REGION, KmsServer, kms_server
 from tests.test_rules_encryption import (
     LIMIT,
+    PAYMENTS_ID,
     SECRET,
     fetch,
     fetch_answer,
@@ -333,3 +334,33 @@ async def test_a_kms_outage_is_answered_retriably_logged_and_counted(
     await fetch_key()
     stored = sent_records(policy.on_request(connection, alone))  # type: ignore[arg-type]
     assert SECRET.encode() not in stored
+
+
+def test_a_share_fetch_waiting_for_the_kms_acquires_nothing(kms: KmsServer,
+                                                            alias: str) -> None:
+    """A ShareFetch partition held back gives up its acquired records too: the share
+    group's broker hands them out again when their acquisition lock runs out."""
+    e = kms_encryption(kms, alias, timeout=1.0)
+    clients = KmsClients()
+    sealed, _ = seal_records(batch((None, SECRET.encode())), e, RecordCipher(), decompress,
+                             compress_zstd, clients.keys_of(e).sealing)
+    version = max(codecs.APIS[78].versions)
+    body = {"responses": [{"topic_id": PAYMENTS_ID, "partitions": [{
+        "partition_index": 0, "records": sealed,
+        "acquired_records": [{"first_offset": 0, "last_offset": 0, "delivery_count": 1}]}]}]}
+    frame = bytes(codecs.response_from_dict({"header": {"correlation_id": 1}, "body": body},
+                                            api_key=78, api_version=version).encode())
+    broker = codecs.decode_response(memoryview(frame), 78, version)
+    names = {PAYMENTS_ID.bytes: "payments"}
+    with kms.paused():
+        held = open_answer(broker, (("payments-encrypted", e),), names.get, RecordCipher(),
+                           decompress, keys_of=clients.keys_of, block=True)
+    answer = codecs.decode_response(memoryview(bytes(held.response.encode())), 78, version)
+    [partition] = answer.body.responses[0].partitions
+    assert partition.error_code == UNKNOWN_SERVER_ERROR
+    assert not partition.records and list(partition.acquired_records) == []
+    opened = open_answer(broker, (("payments-encrypted", e),), names.get, RecordCipher(),
+                         decompress, keys_of=clients.keys_of, block=True)
+    [partition] = opened.response.body.responses[0].partitions
+    assert list(partition.acquired_records) != [] and opened.opened == {
+        ("payments-encrypted", "payments"): 1}

@@ -457,8 +457,8 @@ def encode_batch(
                             crc32c(after_crc)) + after_crc
 
 
-# ``rewrite_values``' shortcut: (head, split, call), see there.
-FastCall = tuple[bytes, int, Callable[[bytes, bytes, bytes], bytes]]
+# ``rewrite_values``' shortcut: (head, split, call, opener), see there.
+FastCall = tuple[bytes, int, Callable[[bytes, bytes, bytes], bytes], object]
 
 
 def rewrite_values(section: Buffer, count: int, fn: Callable[[bytes], bytes | None], *,
@@ -474,7 +474,9 @@ def rewrite_values(section: Buffer, count: int, fn: Callable[[bytes], bytes | No
     ``fn`` returning None leaves a record as it is (as far as it got).  ``fast`` (head,
     split, call): a value that begins with ``head`` is given to ``call(value[h:h+split],
     value[h+split:], head)`` instead (h: the head's length; an AEAD's nonce, ciphertext
-    and associated data), and to ``fn`` if that raises.  In C where built;
+    and associated data), and to ``fn`` if that raises; ``opener``, when not None, is
+    a capsule that does what ``call`` does in C (codecs/_opener.h: rules/_aead.c makes
+    one), used by the C version for a value sealed once.  In C where built;
     ``RemoteProtocolError`` for records that do not parse."""
     if (add is None) == (strip is None):
         raise ValueError("rewrite_values: add a header or strip one")
@@ -491,7 +493,7 @@ def _with_fast(fn: Callable[[bytes], bytes | None], fast: FastCall | None
     """``fn`` behind ``rewrite_values``' ``fast`` shortcut."""
     if fast is None:
         return fn
-    head, split, call = fast
+    head, split, call = fast[0], fast[1], fast[2]
     at = len(head)
 
     def rewritten(value: bytes) -> bytes | None:
@@ -581,16 +583,22 @@ def rebuilt_batch(batch: RecordBatch, section: Buffer, compression: str = "none"
     of its records: every header field kept (offsets, epochs, timestamps, producer,
     sequence, transactional, control, timestamp type), its compression, length and
     CRC-32C new."""
+    return b"".join(rebuilt_batch_parts(batch, section, compression))
+
+
+def rebuilt_batch_parts(batch: RecordBatch, section: Buffer, compression: str = "none"
+                        ) -> tuple[bytes, Buffer]:
+    """``rebuilt_batch`` as its new header and ``section``, for a caller that joins
+    many batches once (a batch's records are not copied to be framed)."""
     attributes = (batch.attributes & ~0x07) | COMPRESSION_NAMES.index(compression)
-    after_crc = b"".join((
-        _AFTER_CRC.pack(attributes, batch.last_offset_delta, batch.base_timestamp,
-                        batch.max_timestamp, batch.producer_id, batch.producer_epoch,
-                        batch.base_sequence, batch.record_count),
-        section,
-    ))
-    length = 4 + 1 + 4 + len(after_crc)
+    after_crc = _AFTER_CRC.pack(attributes, batch.last_offset_delta, batch.base_timestamp,
+                                batch.max_timestamp, batch.producer_id, batch.producer_epoch,
+                                batch.base_sequence, batch.record_count)
+    size = memoryview(section).nbytes
+    length = 4 + 1 + 4 + len(after_crc) + size
+    crc = crc32c(section, crc32c(after_crc))
     return _BEFORE_CRC.pack(batch.base_offset, length, batch.partition_leader_epoch, 2,
-                            crc32c(after_crc)) + after_crc
+                            crc) + after_crc, section
 
 
 def _headers(headers: Sequence[tuple[str, bytes | None]]) -> bytes:

@@ -53,7 +53,7 @@ from gatehouse.codecs.records import (
     LegacyMessage,
     RecordBatch,
     iter_batches,
-    rebuilt_batch,
+    rebuilt_batch_parts,
     records_section,
     rewrite_values,
 )
@@ -67,6 +67,12 @@ from gatehouse.rules.errors import (
 )
 from gatehouse.rules.produce import UNSEEN_ID, IdNames, client_topic_names, in_scope, topic_key
 from gatehouse.rules.records import PartitionKey, PartitionVerdict
+
+_gcm_opener: Callable[[bytes], object] | None
+try:  # AES-256-GCM opening in C with the system's OpenSSL, where built (setup.py)
+    from gatehouse.rules._aead import gcm_opener as _gcm_opener
+except ImportError:  # pragma: no cover - built wherever OpenSSL's headers are
+    _gcm_opener = None
 
 HEADER: Final = "gatehouse.encryption"
 _HEADER_BYTES: Final = HEADER.encode()
@@ -265,6 +271,7 @@ class Undecryptable(Exception):
 @dataclass
 class _Dek:
     aead: AESGCM
+    secret: bytes = field(repr=False)
     prefix: bytes  # version, flags (WIDE or 0), KEK name, EDEK: the envelope to the nonce
     salt: bytes  # a nonce's first 4 bytes; the other 8 count its uses (never repeated)
     uses: int
@@ -280,7 +287,8 @@ class RecordCipher:
         self._lock = threading.Lock()
         self._deks: dict[Kek, _Dek] = {}
         self._makers: dict[Kek, threading.Lock] = {}  # one DEK made at a time per KEK
-        self._opened: OrderedDict[tuple[str, bytes], AESGCM] = OrderedDict()
+        # (KEK name, EDEK) -> its DEK, as an AESGCM and as the key itself.
+        self._opened: OrderedDict[tuple[str, bytes], tuple[AESGCM, bytes]] = OrderedDict()
         self.deks_made = 0
         self.kms_calls = 0
         # KEK name -> when its KMS last failed, and why (``KMS_BACKOFF_SECONDS``).
@@ -339,12 +347,13 @@ class RecordCipher:
         flags = WIDE if len(edek) > 255 else 0
         prefix = b"".join((bytes((VERSION, flags, len(raw_name))), raw_name,
                            len(edek).to_bytes(2 if flags else 1, "big"), edek))
-        dek = _Dek(AESGCM(secret), prefix, os.urandom(4), 0, self.clock() + DEK_SECONDS)
+        dek = _Dek(AESGCM(secret), secret, prefix, os.urandom(4), 0,
+                   self.clock() + DEK_SECONDS)
         with self._lock:
             self._deks[kek] = dek
             self.deks_made += 1
             self.kms_calls += kek.remote
-            self._keep_opened((kek.name, edek), dek.aead)  # what it seals opens here as is
+            self._keep_opened((kek.name, edek), (dek.aead, secret))  # what it seals opens
 
     def _reserve(self, kek: Kek, count: int, block: bool) -> tuple[_Dek, int]:
         """A DEK of ``kek`` with ``count`` uses taken, and the first of them; a new DEK
@@ -411,25 +420,26 @@ class RecordCipher:
         another); not ``block``: an EDEK a KMS must open raises ``KmsNeeded``."""
         return _Opener(self, find, decompress, limit, block)
 
-    def _opened_dek(self, kek: Kek, edek: bytes, block: bool) -> AESGCM:
+    def _opened_dek(self, kek: Kek, edek: bytes, block: bool) -> tuple[AESGCM, bytes]:
         key = (kek.name, edek)
         with self._lock:
-            aead = self._opened.get(key)
-            if aead is not None:
+            found = self._opened.get(key)
+            if found is not None:
                 self._opened.move_to_end(key)
-                return aead
+                return found
         if kek.remote and not block:
             if self.backing_off(kek):  # not worth a thread
                 raise KmsUnavailable(f"not asked again yet: {self.failures[kek.name][1]}")
             raise KmsNeeded(f"a data key of {kek.name} not opened before")
-        aead = AESGCM(self._ask(kek, lambda: kek.unwrap(edek)))
+        secret = self._ask(kek, lambda: kek.unwrap(edek))
+        opened = (AESGCM(secret), secret)
         with self._lock:
             self.kms_calls += kek.remote
-            self._keep_opened(key, aead)
-        return aead
+            self._keep_opened(key, opened)
+        return opened
 
-    def _keep_opened(self, key: tuple[str, bytes], aead: AESGCM) -> None:
-        self._opened[key] = aead
+    def _keep_opened(self, key: tuple[str, bytes], opened: tuple[AESGCM, bytes]) -> None:
+        self._opened[key] = opened
         while len(self._opened) > OPENED_DEKS:
             self._opened.popitem(last=False)
 
@@ -449,18 +459,26 @@ class _Opener:
         self.block = block
         self.failed = 0
         self.reason: str | None = None
-        self._last: tuple[bytes, bytes, AESGCM] | None = None  # (name, EDEK, its DEK)
+        # (name, EDEK, its DEK as an AESGCM and as the key)
+        self._last: tuple[bytes, bytes, tuple[AESGCM, bytes]] | None = None
         # The last uncompressed envelope's head (up to the nonce) and its DEK: the
         # values of a batch share them, and open with three slices and the AES.
         self._head = b"\xff"  # no envelope starts so
         self._aead: AESGCM | None = None
+        self._secret = b""
+        self._capsule: tuple[bytes, object] | None = None  # (key, its C opener)
 
     def fast(self) -> FastCall | None:
         """``rewrite_values``' shortcut to the AES for values under the last envelope
-        head (the batch before's: most batches share their DEK)."""
+        head (the batch before's: most batches share their DEK), in C where built."""
         if self._aead is None:
             return None
-        return (self._head, _NONCE, self._aead.decrypt)
+        capsule = None
+        if _gcm_opener is not None:
+            if self._capsule is None or self._capsule[0] is not self._secret:
+                self._capsule = (self._secret, _gcm_opener(self._secret))
+            capsule = self._capsule[1]
+        return (self._head, _NONCE, self._aead.decrypt, capsule)
 
     def __call__(self, envelope: bytes) -> bytes | None:
         head = self._head
@@ -501,14 +519,14 @@ class _Opener:
             raise Undecryptable("not an envelope: too short")
         last = self._last
         if last is not None and last[0] == raw_name and last[1] == edek:
-            aead = last[2]
+            aead, secret = last[2]
         else:
             name = raw_name.decode(errors="replace")
             kek = self.find(name)
             if kek is None:
                 raise Undecryptable(f"KEK {name!r} is not in the key file")
-            aead = self.cipher._opened_dek(kek, bytes(edek), self.block)
-            self._last = (raw_name, edek, aead)
+            aead, secret = found = self.cipher._opened_dek(kek, bytes(edek), self.block)
+            self._last = (raw_name, edek, found)
         try:
             plain = aead.decrypt(envelope[at : at + _NONCE], envelope[at + _NONCE :],
                                  envelope[:at])
@@ -520,7 +538,7 @@ class _Opener:
             except Exception as exc:  # the decompressor's own errors, limit included
                 raise Undecryptable(f"its zstd plaintext: {exc}") from None
         else:
-            self._head, self._aead = envelope[:at], aead
+            self._head, self._aead, self._secret = envelope[:at], aead, secret
         return plain
 
 
@@ -561,7 +579,7 @@ def seal_records(records: Any, encryption: RecordEncryption, cipher: RecordCiphe
         kek = local_keys(encryption).sealing
     if kek is None:
         raise Unsealable(REQUEST_TIMED_OUT, f"KEK {encryption.key!r} cannot be used")
-    out: list[bytes] = []
+    out: list[Any] = []
     sealed = 0
     limit = encryption.max_decompressed
     taken = 0
@@ -581,7 +599,7 @@ def seal_records(records: Any, encryption: RecordEncryption, cipher: RecordCiphe
                                             batch.record_count, seal,
                                             add=(_HEADER_BYTES, _MARK))
             sealed += count
-            out.append(rebuilt_batch(batch, section))
+            out.extend(rebuilt_batch_parts(batch, section))
     except Unsealable:
         raise
     except KmsUnavailable as exc:
@@ -632,20 +650,17 @@ def open_records(records: Any, find: Callable[[str], Kek | None], cipher: Record
         if isinstance(batch, LegacyMessage) or batch.is_control:
             out.append(whole)
             continue
-        section = bytes(_section(records, batch, decompress, limit))
-        if _HEADER_BYTES not in section:  # cheap: no record of it can be sealed
-            out.append(whole)
-            continue
-        section, opened = rewrite_values(section, batch.record_count, opener,
-                                         strip=_HEADER_BYTES, fast=opener.fast())
+        section, opened = rewrite_values(_section(records, batch, decompress, limit),
+                                         batch.record_count, opener, strip=_HEADER_BYTES,
+                                         fast=opener.fast())
         if not opened:  # none opened: the batch as it came
             out.append(whole)
             continue
         result.opened += opened
         if batch.compression != "none" and repack is not None:
-            out.append(rebuilt_batch(batch, repack[1](section), repack[0]))
+            out.extend(rebuilt_batch_parts(batch, repack[1](section), repack[0]))
         else:
-            out.append(rebuilt_batch(batch, section))
+            out.extend(rebuilt_batch_parts(batch, section))
         changed_any = True
     result.failed, result.reason = opener.failed, opener.reason
     if not changed_any:

@@ -1,0 +1,24 @@
+/* What rewrite_values (gatehouse/codecs/_speedups.c) calls to open a value in C, given
+ * in a capsule named "gatehouse.opener" as the fourth item of its ``fast`` tuple: an
+ * AEAD's open, kept out of the codecs (gatehouse/rules/_aead.c makes it).
+ *
+ * open(ctx, nonce, aad, aad_len, sealed, sealed_len, out): writes sealed_len - 16 bytes
+ * of plaintext to out and returns 1 when the tag (the last 16 bytes of sealed) holds;
+ * else 0, and out holds nothing to use.  One caller at a time (the GIL held). */
+#ifndef GATEHOUSE_OPENER_H
+#define GATEHOUSE_OPENER_H
+
+#define GATEHOUSE_OPENER_CAPSULE "gatehouse.opener"
+#define GATEHOUSE_OPENER_TAG 16
+
+typedef int (*gatehouse_open_fn)(void *ctx, const unsigned char *nonce,
+                                 const unsigned char *aad, Py_ssize_t aad_len,
+                                 const unsigned char *sealed, Py_ssize_t sealed_len,
+                                 unsigned char *out);
+
+typedef struct {
+    gatehouse_open_fn open;
+    void *ctx;
+} gatehouse_opener;
+
+#endif

@@ -1,0 +1,101 @@
+/* AES-256-GCM opening in C for encrypt_records (gatehouse/rules/encryption.py), with
+ * the system's OpenSSL (libcrypto): ``gcm_opener(key)`` gives a capsule that
+ * rewrite_values (gatehouse/codecs/_speedups.c) calls for each value under one data key,
+ * writing the plaintext straight into the batch it builds; the key schedule is made once
+ * per capsule, not per value as a Python call to cryptography's AESGCM does.  Optional:
+ * without it (no OpenSSL headers) the values are opened by AESGCM, with the same result.
+ * A capsule is used by one thread at a time (each opening makes its own). */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <limits.h>
+#include <openssl/evp.h>
+
+#include "../codecs/_opener.h"
+
+#define KEY_BYTES 32
+#define NONCE_BYTES 12
+
+static int
+gcm_open(void *ctx, const unsigned char *nonce, const unsigned char *aad,
+         Py_ssize_t aad_len, const unsigned char *sealed, Py_ssize_t sealed_len,
+         unsigned char *out)
+{
+    EVP_CIPHER_CTX *c = (EVP_CIPHER_CTX *)ctx;
+    int len = 0, last = 0;
+    Py_ssize_t text_len = sealed_len - GATEHOUSE_OPENER_TAG;
+    if (text_len < 0 || text_len > INT_MAX || aad_len > INT_MAX)
+        return 0;
+    if (EVP_DecryptInit_ex(c, NULL, NULL, NULL, nonce) != 1
+            || EVP_DecryptUpdate(c, NULL, &len, aad, (int)aad_len) != 1
+            || EVP_DecryptUpdate(c, out, &len, sealed, (int)text_len) != 1
+            || EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_TAG, GATEHOUSE_OPENER_TAG,
+                                   (void *)(sealed + text_len)) != 1)
+        return 0;
+    return EVP_DecryptFinal_ex(c, out + len, &last) == 1;
+}
+
+static void
+opener_free(PyObject *capsule)
+{
+    gatehouse_opener *o = PyCapsule_GetPointer(capsule, GATEHOUSE_OPENER_CAPSULE);
+    if (o != NULL) {
+        EVP_CIPHER_CTX_free((EVP_CIPHER_CTX *)o->ctx);  /* cleanses the key schedule */
+        PyMem_Free(o);
+    }
+}
+
+static PyObject *
+gcm_opener(PyObject *module, PyObject *arg)
+{
+    Py_buffer key;
+    if (PyObject_GetBuffer(arg, &key, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (key.len != KEY_BYTES) {
+        PyBuffer_Release(&key);
+        PyErr_SetString(PyExc_ValueError, "gcm_opener: an AES-256 key is 32 bytes");
+        return NULL;
+    }
+    EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
+    int ok = c != NULL
+        && EVP_DecryptInit_ex(c, EVP_aes_256_gcm(), NULL, NULL, NULL) == 1
+        && EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_IVLEN, NONCE_BYTES, NULL) == 1
+        && EVP_DecryptInit_ex(c, NULL, NULL, (const unsigned char *)key.buf, NULL) == 1;
+    PyBuffer_Release(&key);
+    if (!ok) {
+        EVP_CIPHER_CTX_free(c);
+        PyErr_SetString(PyExc_RuntimeError, "gcm_opener: OpenSSL refused AES-256-GCM");
+        return NULL;
+    }
+    gatehouse_opener *o = PyMem_Malloc(sizeof(gatehouse_opener));
+    if (o == NULL) {
+        EVP_CIPHER_CTX_free(c);
+        return PyErr_NoMemory();
+    }
+    o->open = gcm_open;
+    o->ctx = c;
+    PyObject *capsule = PyCapsule_New(o, GATEHOUSE_OPENER_CAPSULE, opener_free);
+    if (capsule == NULL) {
+        EVP_CIPHER_CTX_free(c);
+        PyMem_Free(o);
+    }
+    return capsule;
+}
+
+static PyMethodDef methods[] = {
+    {"gcm_opener", gcm_opener, METH_O,
+     "gcm_opener(key): a capsule that opens AES-256-GCM values (12-byte nonces) under "
+     "key for rewrite_values' fast path."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_aead", "AES-256-GCM opening for rewrite_values.", -1,
+    methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__aead(void)
+{
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,3 @@
+# AES-256-GCM opening in C (_aead.c, the system's OpenSSL): a capsule that
+# rewrite_values' fast path calls for each value sealed under ``key``.
+def gcm_opener(key: bytes | bytearray | memoryview, /) -> object: ...
