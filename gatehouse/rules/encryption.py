@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import os
 import re
 import threading
@@ -48,6 +49,8 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from gatehouse.codecs import Request, Response
+from gatehouse.codecs.errors import ProtocolError
+from gatehouse.codecs.primitives import read_varint, read_varlong
 from gatehouse.codecs.records import (
     FastCall,
     LegacyMessage,
@@ -480,6 +483,13 @@ class _Opener:
             capsule = self._capsule[1]
         return (self._head, _NONCE, self._aead.decrypt, capsule)
 
+    def learn(self, envelope: bytes | None) -> None:
+        """The fast path's head taken from ``envelope`` (a batch's first value), if it
+        opens; nothing counted: the batch's values are opened next."""
+        if envelope:
+            with contextlib.suppress(Undecryptable):
+                self.open(envelope)
+
     def __call__(self, envelope: bytes) -> bytes | None:
         head = self._head
         if envelope.startswith(head):
@@ -556,6 +566,22 @@ class Unsealable(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+def _first_value(section: Any) -> bytes | None:
+    """The value of the first record of a records section (None: null, or records that
+    do not read, which ``rewrite_values`` then reports)."""
+    try:
+        _, at = read_varint(section, 0)  # the record's length
+        at += 1  # attributes
+        _, at = read_varlong(section, at)  # timestamp delta
+        _, at = read_varint(section, at)  # offset delta
+        length, at = read_varint(section, at)  # the key
+        at += max(length, 0)
+        length, at = read_varint(section, at)
+    except ProtocolError:
+        return None
+    return bytes(section[at : at + length]) if length >= 0 else None
 
 
 def _section(records: Any, batch: RecordBatch, decompress: Decompress, limit: int) -> Any:
@@ -650,9 +676,11 @@ def open_records(records: Any, find: Callable[[str], Kek | None], cipher: Record
         if isinstance(batch, LegacyMessage) or batch.is_control:
             out.append(whole)
             continue
-        section, opened = rewrite_values(_section(records, batch, decompress, limit),
-                                         batch.record_count, opener, strip=_HEADER_BYTES,
-                                         fast=opener.fast())
+        section = _section(records, batch, decompress, limit)
+        if opener.fast() is None:
+            opener.learn(_first_value(section))  # so that the whole batch takes it
+        section, opened = rewrite_values(section, batch.record_count, opener,
+                                         strip=_HEADER_BYTES, fast=opener.fast())
         if not opened:  # none opened: the batch as it came
             out.append(whole)
             continue
