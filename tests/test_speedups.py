@@ -73,7 +73,9 @@ def test_gatehouse_pure_python_turns_them_off(tmp_path: Path) -> None:
             "assert type(ProxyMetrics().requests.labels('a', 'b', 'c', 'd')) is tally.Tally\n"
             "from gatehouse.capture import schema\n"  # and the log's records are json's
             "assert schema.native is None\n"
-            "assert schema.encode_lines([{'a': 1}]) == b'{\"a\":1}\\n'\n")
+            "assert schema.encode_lines([{'a': 1}]) == b'{\"a\":1}\\n'\n"
+            "from gatehouse.rules import encryption\n"  # records opened by AESGCM
+            "assert encryption._gcm_opener is None\n")
     env = {**os.environ, "GATEHOUSE_PURE_PYTHON": "1"}
     subprocess.run([sys.executable, "-c", code], env=env, check=True, cwd=ROOT)
     config = tmp_path / "gatehouse.yaml"

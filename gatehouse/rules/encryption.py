@@ -71,11 +71,14 @@ from gatehouse.rules.errors import (
 from gatehouse.rules.produce import UNSEEN_ID, IdNames, client_topic_names, in_scope, topic_key
 from gatehouse.rules.records import PartitionKey, PartitionVerdict
 
-_gcm_opener: Callable[[bytes], object] | None
-try:  # AES-256-GCM opening in C with the system's OpenSSL, where built (setup.py)
-    from gatehouse.rules._aead import gcm_opener as _gcm_opener
-except ImportError:  # pragma: no cover - built wherever OpenSSL's headers are
-    _gcm_opener = None
+# AES-256-GCM opening in C with the system's OpenSSL (_aead.c, built where its headers
+# are), unless GATEHOUSE_PURE_PYTHON is set; else cryptography's AESGCM, per value.
+_gcm_opener: Callable[[bytes], object] | None = None
+if not os.environ.get("GATEHOUSE_PURE_PYTHON"):
+    try:
+        from gatehouse.rules._aead import gcm_opener as _gcm_opener
+    except ImportError:  # not built here
+        _gcm_opener = None
 
 HEADER: Final = "gatehouse.encryption"
 _HEADER_BYTES: Final = HEADER.encode()
