@@ -31,8 +31,9 @@ from gatehouse.rules.encryption import (
     open_records,
     seal_records,
 )
-from gatehouse.rules.errors import REQUEST_TIMED_OUT, UNKNOWN_SERVER_ERROR
+from gatehouse.rules.errors import REQUEST_TIMED_OUT, UNKNOWN_SERVER_ERROR, UNKNOWN_TOPIC_ID
 from tests.support.kms import CREDENTIALS, REGION, KmsServer, kms_server
+from tests.test_rules import req
 from tests.test_rules_encryption import (
     LIMIT,
     PAYMENTS_ID,
@@ -364,3 +365,79 @@ def test_a_share_fetch_waiting_for_the_kms_acquires_nothing(kms: KmsServer,
     [partition] = opened.response.body.responses[0].partitions
     assert list(partition.acquired_records) != [] and opened.opened == {
         ("payments-encrypted", "payments"): 1}
+
+
+async def test_each_topic_sealed_under_its_own_kms_key(tmp_path: Path, kms: KmsServer,
+                                                       caplog: pytest.LogCaptureFixture
+                                                       ) -> None:
+    """``kms.key: alias/pay-{topic}``: each topic's values under its own key (deleting
+    it makes that topic alone unreadable); a topic without a key is answered
+    retriably, logged with the key it wants; a topic named by an id not learned yet is
+    asked to look again (UNKNOWN_TOPIC_ID), as no key can be named for it."""
+    caplog.set_level(logging.WARNING, logger="gatehouse.rules")
+    kms.new_key("alias/pay-payments")
+    kms.new_key("alias/pay-refunds")
+    path = kms_rules(tmp_path, kms, "alias/pay-{topic}")
+    path.write_text(path.read_text().replace("topics: [payments]",
+                                             "topics: [payments, refunds, ledger]"))
+    policy = RulesPolicy(load_rules_file(path))
+    connection = app_conn()
+    both = req(0, 9, "app-1", acks=-1, timeout_ms=1000, topic_data=[
+        {"name": topic, "partition_data": [{"index": 0, "records": batch(
+            (None, SECRET.encode() + topic.encode()))}]} for topic in ("payments", "refunds")])
+    prepare = policy.lookups(connection, both)  # type: ignore[arg-type]
+    assert prepare is not None
+    await prepare()
+    assert policy.cipher.kms_calls == 2  # a data key for each topic's key
+    decision = policy.on_request(connection, both)  # type: ignore[arg-type]
+    assert isinstance(decision, Forward)
+    sent = codecs.decode_request(bytes(decision.request.encode()))
+    stored = {t.name: bytes(t.partition_data[0].records) for t in sent.body.topic_data}
+    assert b"aws-kms:alias/pay-payments" in stored["payments"]
+    assert b"aws-kms:alias/pay-refunds" in stored["refunds"]
+    assert b"pay-refunds" not in stored["payments"] and SECRET.encode() not in b"".join(
+        stored.values())
+    # Each opens through another proxy (its own data keys, the KMS's).
+    other = RulesPolicy(load_rules_file(path))
+    for topic, records in stored.items():
+        decision = other.on_request(connection, fetch(client_id="app-1", topic=topic))  # type: ignore[arg-type]
+        assert isinstance(decision, Forward)
+        pending = Pending(1, 1, 12, 0.0, context=decision.context)
+        broker = fetch_answer(records, topic=topic)
+        work = other.offload_response(connection, pending, broker)  # type: ignore[arg-type]
+        assert work is not None
+        await trio.to_thread.run_sync(work)
+        answer = other.on_response(connection, pending, broker)  # type: ignore[arg-type]
+        assert [v for _, v, _ in fetched(answer)] == [SECRET.encode() + topic.encode()]
+    # A topic whose key the KMS does not have: refused retriably, and said.
+    ledger = produce(batch((None, SECRET.encode())), topic="ledger", client_id="app-1")
+    prepare = policy.lookups(connection, ledger)  # type: ignore[arg-type]
+    assert prepare is not None
+    await prepare()
+    refused = policy.on_request(connection, ledger)  # type: ignore[arg-type]
+    assert isinstance(refused, Respond)
+    [(_, partition)] = partitions(refused.response).items()
+    assert partition.error_code == REQUEST_TIMED_OUT
+    [line] = [r.gatehouse_fields for r in caplog.records  # type: ignore[attr-defined]
+              if r.getMessage().startswith("records not encrypted: the KMS made no data")]
+    assert line["key"] == "aws-kms:alias/pay-ledger" and "NotFoundException" in line["reason"]
+    # By id, not learned yet: no key can be named.
+    by_id = produce(batch((None, SECRET.encode())), version=13, client_id="app-1")
+    refused = policy.on_request(connection, by_id)  # type: ignore[arg-type]
+    assert isinstance(refused, Respond)
+    [(_, partition)] = partitions(refused.response).items()
+    assert partition.error_code == UNKNOWN_TOPIC_ID
+
+
+def test_a_per_topic_key_is_an_alias(tmp_path: Path, kms: KmsServer) -> None:
+    from gatehouse.configfile import ConfigError
+
+    for key, error in (("pay-{topic}", "the one placeholder is {topic}"),
+                       ("alias/pay-{name}", "the one placeholder is {topic}")):
+        with pytest.raises(ConfigError) as caught:
+            load_rules_file(kms_rules(tmp_path, kms, key))
+        assert "rules.yaml:8: encrypt_records.kms.key" in str(caught.value)
+        assert error in str(caught.value)
+    [rule] = load_rules_file(kms_rules(tmp_path, kms, "alias/pay-{topic}")).rules
+    assert rule.encrypt_records is not None and rule.encrypt_records.kms is not None
+    assert rule.encrypt_records.kms.kek_name_for("orders") == "aws-kms:alias/pay-orders"

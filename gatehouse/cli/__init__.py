@@ -210,7 +210,8 @@ def _check(path: str, probe: bool = False) -> int:
                 if importlib.util.find_spec("botocore") is None:
                     print(f"warning: rule {rule.name}: encrypt_records.kms needs botocore: "
                           "pip install 'kafka-gatehouse[aws]'", file=sys.stderr)
-                under = (f"data keys made by AWS KMS under its key {kms.key!r}"
+                whose = "each topic's key" if kms.per_topic else "its key"
+                under = (f"data keys made by AWS KMS under {whose} {kms.key!r}"
                          + (f" ({where})" if where else "")
                          + f", each KMS call bounded by {kms.timeout:g} s"
                          + (f"; older keys of {keys}" if ring is not None else ""))

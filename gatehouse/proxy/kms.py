@@ -138,6 +138,8 @@ class KmsClients:
                 return kms.kek(name)
             return local.find(name)
 
+        if spec.per_topic:
+            return EncryptionKeys(None, find, lambda topic: kms.kek(spec.kek_name_for(topic)))
         return EncryptionKeys(kms.kek(spec.kek_name), find)
 
 
@@ -145,6 +147,11 @@ def probe_kms(encryption: RecordEncryption) -> tuple[str, bool]:
     """``gatehouse check --probe``: a data key made under an encryption's KMS key and
     opened again, as the proxy would (blocking); a line saying how it went, and whether
     it did."""
+    spec = encryption.kms
+    assert spec is not None
+    if spec.per_topic:
+        return (f"{spec.kek_name}: one key per topic, named by the topic: none probed (a "
+                "topic without one is answered REQUEST_TIMED_OUT and logged)"), True
     kek = KmsClients().keys_of(encryption).sealing
     assert kek is not None
     started = time.monotonic()

@@ -64,6 +64,7 @@ from gatehouse.rules.encryption import (
     answer_may_hold,
     open_answer,
     seal_request,
+    sealing_keks,
 )
 from gatehouse.rules.errors import (
     GROUP_AUTHORIZATION_FAILED,
@@ -864,7 +865,7 @@ class RulesPolicy(Policy):
             return None
         judge = (self._schema_lookups(conn, req, evaluation) if ruleset.looks_up_schemas
                  else None)
-        keks = self._keks_to_prepare(evaluation)
+        keks = self._keks_to_prepare(req, evaluation)
         if not keks:
             return judge
 
@@ -876,18 +877,19 @@ class RulesPolicy(Policy):
 
         return prepare_then_judge
 
-    def _keks_to_prepare(self, evaluation: Evaluation) -> list[tuple[str, Kek, float]]:
-        """The KMS-held KEKs the evaluation seals under that want a new DEK made, with
-        their rule and how long the KMS may take."""
-        found = []
-        for rule, encryption in evaluation.encryptions:
-            if encryption.kms is None:
-                continue
-            kek = self.kms.keys_of(encryption).sealing
-            if (kek is not None and not self.cipher.ready(kek)
-                    and not self.cipher.backing_off(kek)):
-                found.append((rule, kek, encryption.kms.timeout))
-        return found
+    def _keks_to_prepare(self, req: Request, evaluation: Evaluation
+                         ) -> list[tuple[str, Kek, float]]:
+        """The KMS-held KEKs a Produce request's values would be sealed under that want
+        a new DEK made, with a rule of each and how long the KMS may take."""
+        encryptions = [(rule, e) for rule, e in evaluation.encryptions if e.kms is not None]
+        if not encryptions:
+            return []
+        timeout = max(e.kms.timeout for _, e in encryptions if e.kms is not None)
+        return [(rule, kek, timeout) for kek, rule in sealing_keks(
+                    req, evaluation.encryptions, self._id_names(evaluation),
+                    self.kms.keys_of).items()
+                if kek.remote and not self.cipher.ready(kek)
+                and not self.cipher.backing_off(kek)]
 
     async def _prepare(self, rule: str, kek: Kek, timeout: float) -> None:
         """A DEK of ``kek`` made by its KMS, in a thread; a KMS that fails or takes

@@ -63,6 +63,7 @@ from gatehouse.codecs.records import (
 from gatehouse.configfile import ConfigError, Source, line_of, load_yaml_file
 from gatehouse.rules.errors import (
     CORRUPT_MESSAGE,
+    POLICY_VIOLATION,
     REQUEST_TIMED_OUT,
     UNKNOWN_SERVER_ERROR,
     UNKNOWN_TOPIC_ID,
@@ -87,6 +88,7 @@ _MARK: Final = bytes((VERSION,))  # the header's value
 ZSTD: Final = 0x01  # flags: the plaintext was compressed with zstd
 WIDE: Final = 0x02  # flags: the EDEK's length takes two bytes
 _FLAGS: Final = ZSTD | WIDE
+TOPIC_PLACEHOLDER: Final = "{topic}"  # in a KMS key's name: the topic's (as the client's)
 KEY_BYTES: Final = 32  # AES-256
 _NONCE: Final = 12
 _TAG: Final = 16
@@ -174,7 +176,7 @@ class KmsSpec:
     made under.  Its envelopes name it ``<type>-kms:<key>``."""
 
     type: str  # "aws": AWS KMS, or a service that speaks its API
-    key: str  # a key id, ARN, alias name or alias ARN
+    key: str  # a key id, ARN, alias name or alias ARN; ``{topic}``: one key per topic
     region: str | None = None  # None: the AWS SDK's own (AWS_REGION, the profile...)
     endpoint: str | None = None  # None: the region's
     timeout: float = 5.0  # seconds a KMS call may take, retries included
@@ -186,6 +188,15 @@ class KmsSpec:
     @property
     def kek_name(self) -> str:
         return self.prefix + self.key
+
+    @property
+    def per_topic(self) -> bool:
+        """Each topic's values sealed under a key of its own (``{topic}`` in ``key``):
+        the topic's records made unreadable by deleting its key alone."""
+        return TOPIC_PLACEHOLDER in self.key
+
+    def kek_name_for(self, topic: str) -> str:
+        return self.prefix + self.key.replace(TOPIC_PLACEHOLDER, topic)
 
 
 @dataclass(frozen=True)
@@ -246,10 +257,19 @@ class RecordEncryption:
 
 @dataclass(frozen=True)
 class EncryptionKeys:
-    """An encryption's KEKs: the one it seals under, and the one an envelope names."""
+    """An encryption's KEKs: the one it seals under (or each topic's), and the one an
+    envelope names."""
 
-    sealing: Kek | None  # None: its KMS cannot be used (said when sealing)
+    sealing: Kek | None  # None: one per topic, or a key not in the key file
     find: Callable[[str], Kek | None]
+    per_topic: Callable[[str], Kek] | None = None  # a topic's, where each has its own
+
+    def sealing_for(self, topic: str | None) -> Kek | None:
+        """The KEK a topic's values are sealed under (None: a topic whose name is not
+        known, where each topic has its own)."""
+        if self.per_topic is None:
+            return self.sealing
+        return None if topic is None else self.per_topic(topic)
 
 
 def local_keys(encryption: RecordEncryption) -> EncryptionKeys:
@@ -751,11 +771,23 @@ def seal_request(req: Request, encryptions: Encryptions, id_names: IdNames,
             topics.append(topic)
             continue
         rule, encryption = covering
+        kek = keys_of(encryption).sealing_for(name)
+        refusal = None
+        if kek is None and name is None:  # each topic has its own key: not known yet
+            refusal = PartitionVerdict(UNKNOWN_TOPIC_ID, UNSEEN_ID)
+        elif kek is not None and len(kek.name.encode()) > 255:
+            refusal = PartitionVerdict(POLICY_VIOLATION, f"the key name {kek.name!r} is "
+                                       f"longer than 255 bytes (rule {rule}, encrypt_records)")
+        if refusal is not None:
+            for p in topic.partition_data:
+                refused[(key, p.index)] = refusal
+            topics.append(topic)
+            continue
         partitions = []
         for p in topic.partition_data:
             try:
                 records, count = seal_records(p.records, encryption, cipher, decompress,
-                                              compress, keys_of(encryption).sealing, block)
+                                              compress, kek, block)
             except Unsealable as exc:
                 refused[(key, p.index)] = PartitionVerdict(
                     exc.code, f"{exc.message} (rule {rule}, encrypt_records)")
@@ -773,6 +805,20 @@ def seal_request(req: Request, encryptions: Encryptions, id_names: IdNames,
     if changed:
         result.request = req.replace(body=req.body.replace(topic_data=tuple(topics)))
     return result
+
+
+def sealing_keks(req: Request, encryptions: Encryptions, id_names: IdNames,
+                 keys_of: KeysOf) -> dict[Kek, str]:
+    """The KEKs a Produce request's values would be sealed under, with a rule of each
+    (so that their DEKs can be made before it is sealed)."""
+    found: dict[Kek, str] = {}
+    for _, name in client_topic_names(req.body, id_names):
+        covering = _covering(encryptions, name)
+        if covering is not None:
+            kek = keys_of(covering[1]).sealing_for(name)
+            if kek is not None:
+                found.setdefault(kek, covering[0])
+    return found
 
 
 _FETCH: Final = 1
@@ -930,4 +976,5 @@ __all__ = [
     "open_records",
     "seal_records",
     "seal_request",
+    "sealing_keks",
 ]

@@ -26,7 +26,13 @@ from gatehouse.rules.acl import (
     cluster_refusals,
     compile_acls,
 )
-from gatehouse.rules.encryption import KEY_BYTES, KmsSpec, RecordEncryption, load_key_ring
+from gatehouse.rules.encryption import (
+    KEY_BYTES,
+    TOPIC_PLACEHOLDER,
+    KmsSpec,
+    RecordEncryption,
+    load_key_ring,
+)
 from gatehouse.rules.model import (
     API_VERSIONS,
     PRODUCE,
@@ -362,6 +368,11 @@ def _kms(reader: Reader) -> KmsSpec | None:
     if not key or len(f"{kind}-kms:{key}".encode()) > 255:
         raise sub.error("key", "encrypt_records.kms.key: a key id, key ARN, alias name "
                         "(alias/...) or alias ARN, at most 247 bytes")
+    if ("{" in key.replace(TOPIC_PLACEHOLDER, "") or "}" in key.replace(TOPIC_PLACEHOLDER, "")
+            or (TOPIC_PLACEHOLDER in key and not key.startswith(("alias/", "arn:")))):
+        raise sub.error("key", f"encrypt_records.kms.key: {key!r}: the one placeholder is "
+                        f"{TOPIC_PLACEHOLDER} (each topic's key: an alias, alias/...-"
+                        f"{TOPIC_PLACEHOLDER}, or an alias ARN)")
     region = sub.take("region", str)
     endpoint = sub.take("endpoint", str)
     if endpoint is not None and urllib.parse.urlsplit(endpoint).scheme not in ("http",
