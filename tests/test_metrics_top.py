@@ -101,3 +101,25 @@ def test_render_shows_the_clients_own_measures_when_they_push_them() -> None:
     cells = [c.strip() for c in next(line for line in shown.splitlines()
                                      if "orders-app" in line).split("│") if c.strip()]
     assert cells[:6] == ["orders-app", "apache-kafka-java", "3.2", "7.5", "-", "1,200"]
+
+
+def test_render_shows_what_encrypt_records_did() -> None:
+    metrics = ProxyMetrics()
+    out = io.StringIO()
+    console = Console(file=out, width=220, color_system=None)
+    empty = parse(generate_latest(metrics.registry).decode(), 1.0)
+    console.print(render(None, empty, "URL"))
+    assert "Records encrypted" not in out.getvalue()  # no rule encrypts: no table
+    for outcome, count in (("encrypted", 100), ("decrypted", 40), ("kms_unavailable", 6)):
+        metrics._encrypted_records("payments-encrypted", "payments", outcome, count)
+    first = parse(generate_latest(metrics.registry).decode(), 1.0)
+    metrics._encrypted_records("payments-encrypted", "payments", "encrypted", 20)
+    metrics._encrypted_records("payments-encrypted", "payments", "undecryptable", 2)
+    second = parse(generate_latest(metrics.registry).decode(), 3.0)
+    console.print(render(first, second, "URL"))
+    shown = out.getvalue()
+    assert "Records encrypted (encrypt_records)" in shown
+    # rule | topic | encrypted/s | decrypted/s | undecryptable/s | KMS/s | not opened
+    cells = [c.strip() for c in next(line for line in shown.splitlines()
+                                     if "payments-encrypted" in line).split("│") if c.strip()]
+    assert cells == ["payments-encrypted", "payments", "10", "0", "1", "0", "8"]

@@ -272,7 +272,41 @@ def render(prev: Snapshot | None, cur: Snapshot, url: str) -> RenderableType:
     measured = _client_measures(cur)
     if measured is not None:
         parts.insert(5, measured)
+    encrypted = _encryption(prev, cur)
+    if encrypted is not None:
+        parts.insert(parts.index(decisions) + 1, encrypted)
     return Group(*parts)
+
+
+# encrypt_records' outcomes, as the columns show them.
+ENCRYPTION_OUTCOMES = {"encrypted/s": "encrypted", "decrypted/s": "decrypted",
+                       "undecryptable/s": "undecryptable",
+                       "waiting for the KMS/s": "kms_unavailable"}
+
+
+def _encryption(prev: Snapshot | None, cur: Snapshot) -> Table | None:
+    """Records encrypted and decrypted by rule and topic, and those that were not
+    (undecryptable, or held back for the KMS) with their totals; None when no rule
+    encrypts."""
+    by = ("rule", "topic", "outcome")
+    totals = grouped(cur, "gatehouse_encrypted_records_total", by)
+    if not totals:
+        return None
+    per_second = rates(prev, cur, "gatehouse_encrypted_records_total", by)
+    places = {(rule, topic) for rule, topic, _ in totals}
+    table = _table("Records encrypted (encrypt_records)", [
+        ("rule", "left"), ("topic", "left"),
+        *((column, "right") for column in ENCRYPTION_OUTCOMES),
+        ("not opened, total", "right")])
+    ranked: dict[tuple[str, ...], float] = {
+        place: sum((v for (r, t, _), v in totals.items() if (r, t) == place), 0.0)
+        for place in places}
+    for rule, topic in _top(ranked):
+        failed = sum(totals.get((rule, topic, o), 0.0)
+                     for o in ("undecryptable", "kms_unavailable"))
+        table.add_row(rule, topic, *(_num(per_second.get((rule, topic, o), 0.0))
+                                     for o in ENCRYPTION_OUTCOMES.values()), _num(failed))
+    return table
 
 
 # What the clients measure themselves (KIP-714, metrics.client_telemetry): column ->
