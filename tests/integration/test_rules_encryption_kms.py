@@ -191,3 +191,39 @@ def test_check_probe_makes_and_opens_a_data_key(kafka: KafkaCluster, kms: KmsSer
     assert ("  encrypt_records (rule payments): aws-kms:alias/nowhere: "
             f"{kms.endpoint}: NotFoundException") in result.stdout, result.stdout
     assert "rule payments's KMS makes or opens no data key" in result.stderr
+
+
+def test_each_topic_under_its_own_kms_key(kafka: KafkaCluster, kms: KmsServer) -> None:
+    """``kms.key: alias/pay-{topic}``: librdkafka producing to two topics at once, each
+    stored under its own key, both read back through another proxy."""
+    topics = [unique("pay-a"), unique("pay-b")]
+    for topic in topics:
+        kafka.create_topic(topic)
+        kms.new_key(f"alias/pay-{topic}")
+    rules = ("- name: payments\n"
+             "  match: {client_id: '^app'}\n"
+             "  encrypt_records:\n"
+             "    topics: ['pay-.*']\n"
+             "    kms: {type: aws, key: 'alias/pay-{topic}', region: " + REGION
+             + ", endpoint: '" + kms.endpoint + "', timeout_seconds: 1}\n")
+
+    def policy() -> RulesPolicy:
+        return RulesPolicy(parse_rules(load_yaml_text(rules, "rules.yaml"), "rules.yaml"))
+
+    with ProxyThread(kafka.bootstrap, policy=policy()) as proxy:
+        producer = ck.Producer({"bootstrap.servers": proxy.bootstrap, "client.id": "app-w",
+                                "enable.idempotence": True, "linger.ms": 20, "log_level": 3})
+        for i in range(100):
+            for topic in topics:
+                producer.produce(topic, SECRET + topic.encode() + b"%d" % i)
+        assert producer.flush(30) == 0
+    for topic in topics:
+        direct = read_all(kafka.bootstrap, topic, 100)
+        names = {m.value().split(b"aws-kms:")[1][:len(f"alias/pay-{topic}")] for m in direct}
+        assert names == {f"alias/pay-{topic}".encode()}
+        assert stored_plainly(kafka, topic, SECRET) == []
+    with ProxyThread(kafka.bootstrap, policy=policy()) as other:
+        for topic in topics:
+            got = read_all(other.bootstrap, topic, 100)
+            assert sorted(m.value() for m in got) == sorted(
+                SECRET + topic.encode() + b"%d" % i for i in range(100))
