@@ -25,6 +25,7 @@ from gatehouse.codecs.records import (
     iter_records,
     rebuilt_batch,
     records_section,
+    rewrite_values,
 )
 from gatehouse.compression import compress_zstd, decompress
 from gatehouse.configfile import ConfigError
@@ -694,3 +695,31 @@ def test_values_open_in_c_as_they_do_in_python(tmp_path: Path,
     assert (in_c.opened, in_c.failed) == (in_python.opened, in_python.failed) == (
         len(sizes) * 4, 0)
     assert all(HEADER not in [k for k, _ in h] for _, _, h in values(in_c.records))
+
+
+def test_values_sealed_in_c_as_they_are_in_python(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The AES-256-GCM sealing in C (rules/_aead.c) writes, byte for byte, the batch the
+    Python sealer writes under the same data key and nonces (its uses rewound here to
+    seal the batch again): values of every size, empty ones, a tombstone, headers."""
+    assert enc._gcm_sealer is not None, "gatehouse.rules._aead was not built"
+    e = encryption(tmp_path)
+    cipher = RecordCipher()
+    sizes = [0, 1, 15, 16, 17, 100, 1024, 5000]
+    plain = batch(*[(b"k%d" % n, os.urandom(n)) for n in sizes], (b"gone", None))
+    in_c, count = seal_records(plain, e, cipher, decompress, compress_zstd)
+    [dek] = cipher._deks.values()
+    dek.uses = 0  # the same nonces again (never done outside this test)
+    monkeypatch.setattr(enc, "_gcm_sealer", None)
+    in_python, again = seal_records(plain, e, cipher, decompress, compress_zstd)
+    assert (count, again) == (len(sizes), len(sizes)) and in_c == in_python
+    opened = open_records(in_c, local_keys(e).find, RecordCipher(), decompress, LIMIT)
+    assert opened.records is not None
+    assert values(opened.records) == values(plain)
+    # A sealer runs out of nonces rather than reuse one.
+    from gatehouse.rules._aead import gcm_sealer
+
+    sealer = gcm_sealer(os.urandom(32), b"salt", 0, 1)
+    with pytest.raises(RuntimeError, match="no nonce left"):
+        rewrite_values(records_section(plain, next(iter_batches(plain))), len(sizes) + 1,
+                       bytes, add=(b"h", b"1"), sealer=(b"head", sealer))

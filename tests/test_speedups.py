@@ -75,7 +75,7 @@ def test_gatehouse_pure_python_turns_them_off(tmp_path: Path) -> None:
             "assert schema.native is None\n"
             "assert schema.encode_lines([{'a': 1}]) == b'{\"a\":1}\\n'\n"
             "from gatehouse.rules import encryption\n"  # records opened by AESGCM
-            "assert encryption._gcm_opener is None\n")
+            "assert encryption._gcm_opener is None and encryption._gcm_sealer is None\n")
     env = {**os.environ, "GATEHOUSE_PURE_PYTHON": "1"}
     subprocess.run([sys.executable, "-c", code], env=env, check=True, cwd=ROOT)
     config = tmp_path / "gatehouse.yaml"

@@ -18,5 +18,6 @@ def read_records(data: bytes, pos: int, index: int, n: int, cls: type, /
 def crc32c(data: Buffer, crc: int = ..., /) -> int: ...
 def rewrite_values(section: Buffer, count: int, fn: Any, add_key: bytes | None,
                    add_value: bytes | None, strip_key: bytes | None,
-                   fast: tuple[bytes, int, Any] | tuple[bytes, int, Any, object] | None = ..., /
+                   fast: tuple[bytes, int, Any] | tuple[bytes, int, Any, object] | None = ...,
+                   sealer: tuple[bytes, object] | None = ..., /
                    ) -> tuple[bytes, int] | None: ...

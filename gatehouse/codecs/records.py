@@ -463,7 +463,8 @@ FastCall = tuple[bytes, int, Callable[[bytes, bytes, bytes], bytes], object]
 
 def rewrite_values(section: Buffer, count: int, fn: Callable[[bytes], bytes | None], *,
                    add: tuple[bytes, bytes] | None = None, strip: bytes | None = None,
-                   fast: FastCall | None = None) -> tuple[bytes, int]:
+                   fast: FastCall | None = None, sealer: tuple[bytes, object] | None = None
+                   ) -> tuple[bytes, int]:
     """A v2 batch's ``count`` records (its uncompressed records section) with values
     rewritten by ``fn``, and how many were; the rest of each record as it was.
 
@@ -476,13 +477,16 @@ def rewrite_values(section: Buffer, count: int, fn: Callable[[bytes], bytes | No
     value[h+split:], head)`` instead (h: the head's length; an AEAD's nonce, ciphertext
     and associated data), and to ``fn`` if that raises; ``opener``, when not None, is
     a capsule that does what ``call`` does in C (codecs/_opener.h: rules/_aead.c makes
-    one), used by the C version for a value sealed once.  In C where built;
+    one), used by the C version for a value sealed once.  ``sealer`` (head, capsule),
+    with ``add``: the C version gives each value ``head`` + the capsule's sealing of it
+    (codecs/_opener.h: rules/_aead.c makes one) instead of ``fn(value)``, which must
+    give the same.  In C where built;
     ``RemoteProtocolError`` for records that do not parse."""
     if (add is None) == (strip is None):
         raise ValueError("rewrite_values: add a header or strip one")
     if _C_REWRITE is not None:
         found = _C_REWRITE(section, count, fn, None if add is None else add[0],
-                           None if add is None else add[1], strip, fast)
+                           None if add is None else add[1], strip, fast, sealer)
         if found is not None:
             return bytes(found[0]), int(found[1])
     return _rewrite_values(section, count, _with_fast(fn, fast), add, strip)

@@ -1,4 +1,4 @@
-/* AES-256-GCM opening in C for encrypt_records (gatehouse/rules/encryption.py), with
+/* AES-256-GCM opening (and sealing) in C for encrypt_records (gatehouse/rules/encryption.py), with
  * the system's OpenSSL (libcrypto): ``gcm_opener(key)`` gives a capsule that
  * rewrite_values (gatehouse/codecs/_speedups.c) calls for each value under one data key,
  * writing the plaintext straight into the batch it builds; the key schedule is made once
@@ -9,6 +9,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <limits.h>
+#include <string.h>
 #include <openssl/evp.h>
 
 #include "../codecs/_opener.h"
@@ -82,10 +83,101 @@ gcm_opener(PyObject *module, PyObject *arg)
     return capsule;
 }
 
+typedef struct {
+    EVP_CIPHER_CTX *c;
+    unsigned char salt[4];
+    unsigned long long next, last;  /* the nonces' counts left: [next, last) */
+} sealing;
+
+static int
+gcm_seal(void *ctx, const unsigned char *aad, Py_ssize_t aad_len,
+         const unsigned char *plain, Py_ssize_t plain_len, unsigned char *out)
+{
+    sealing *s = (sealing *)ctx;
+    int len = 0, last = 0;
+    if (s->next >= s->last || plain_len > INT_MAX - 32 || aad_len > INT_MAX)
+        return 0;
+    unsigned char *nonce = out;
+    memcpy(nonce, s->salt, 4);
+    for (int i = 0; i < 8; i++)
+        nonce[4 + i] = (unsigned char)(s->next >> (8 * (7 - i)));
+    s->next++;
+    unsigned char *text = out + NONCE_BYTES;
+    if (EVP_EncryptInit_ex(s->c, NULL, NULL, NULL, nonce) != 1
+            || EVP_EncryptUpdate(s->c, NULL, &len, aad, (int)aad_len) != 1
+            || EVP_EncryptUpdate(s->c, text, &len, plain, (int)plain_len) != 1
+            || EVP_EncryptFinal_ex(s->c, text + len, &last) != 1
+            || EVP_CIPHER_CTX_ctrl(s->c, EVP_CTRL_GCM_GET_TAG, GATEHOUSE_OPENER_TAG,
+                                   text + plain_len) != 1)
+        return 0;
+    return 1;
+}
+
+static void
+sealer_free(PyObject *capsule)
+{
+    gatehouse_sealer *o = PyCapsule_GetPointer(capsule, GATEHOUSE_SEALER_CAPSULE);
+    if (o != NULL) {
+        sealing *s = (sealing *)o->ctx;
+        EVP_CIPHER_CTX_free(s->c);
+        PyMem_Free(s);
+        PyMem_Free(o);
+    }
+}
+
+static PyObject *
+gcm_sealer(PyObject *module, PyObject *args)
+{
+    Py_buffer key, salt;
+    unsigned long long first, count;
+    if (!PyArg_ParseTuple(args, "y*y*KK", &key, &salt, &first, &count))
+        return NULL;
+    int sizes = key.len == KEY_BYTES && salt.len == 4 && first + count >= first;
+    EVP_CIPHER_CTX *c = sizes ? EVP_CIPHER_CTX_new() : NULL;
+    int ok = c != NULL
+        && EVP_EncryptInit_ex(c, EVP_aes_256_gcm(), NULL, NULL, NULL) == 1
+        && EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_IVLEN, NONCE_BYTES, NULL) == 1
+        && EVP_EncryptInit_ex(c, NULL, NULL, (const unsigned char *)key.buf, NULL) == 1;
+    sealing *s = ok ? PyMem_Malloc(sizeof(sealing)) : NULL;
+    gatehouse_sealer *o = s != NULL ? PyMem_Malloc(sizeof(gatehouse_sealer)) : NULL;
+    if (o == NULL) {
+        PyBuffer_Release(&key);
+        PyBuffer_Release(&salt);
+        EVP_CIPHER_CTX_free(c);
+        PyMem_Free(s);
+        if (!sizes)
+            PyErr_SetString(PyExc_ValueError, "gcm_sealer: a 32-byte key, a 4-byte salt");
+        else if (!ok)
+            PyErr_SetString(PyExc_RuntimeError, "gcm_sealer: OpenSSL refused AES-256-GCM");
+        else
+            PyErr_NoMemory();
+        return NULL;
+    }
+    memcpy(s->salt, salt.buf, 4);
+    PyBuffer_Release(&key);
+    PyBuffer_Release(&salt);
+    s->c = c;
+    s->next = first;
+    s->last = first + count;
+    o->seal = gcm_seal;
+    o->ctx = s;
+    PyObject *capsule = PyCapsule_New(o, GATEHOUSE_SEALER_CAPSULE, sealer_free);
+    if (capsule == NULL) {
+        EVP_CIPHER_CTX_free(c);
+        PyMem_Free(s);
+        PyMem_Free(o);
+    }
+    return capsule;
+}
+
 static PyMethodDef methods[] = {
     {"gcm_opener", gcm_opener, METH_O,
      "gcm_opener(key): a capsule that opens AES-256-GCM values (12-byte nonces) under "
      "key for rewrite_values' fast path."},
+    {"gcm_sealer", gcm_sealer, METH_VARARGS,
+     "gcm_sealer(key, salt, first, count): a capsule that seals values under key with "
+     "AES-256-GCM for rewrite_values' add mode, each under the nonce salt + a count "
+     "from first (big-endian, 8 bytes), at most count of them."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,3 +1,4 @@
-# AES-256-GCM opening in C (_aead.c, the system's OpenSSL): a capsule that
-# rewrite_values' fast path calls for each value sealed under ``key``.
+# AES-256-GCM opening and sealing in C (_aead.c, the system's OpenSSL): capsules that
+# rewrite_values calls for each value (its fast path, its ``sealer``).
 def gcm_opener(key: bytes | bytearray | memoryview, /) -> object: ...
+def gcm_sealer(key: bytes, salt: bytes, first: int, count: int, /) -> object: ...

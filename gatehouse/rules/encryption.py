@@ -75,11 +75,13 @@ from gatehouse.rules.records import PartitionKey, PartitionVerdict
 # AES-256-GCM opening in C with the system's OpenSSL (_aead.c, built where its headers
 # are), unless GATEHOUSE_PURE_PYTHON is set; else cryptography's AESGCM, per value.
 _gcm_opener: Callable[[bytes], object] | None = None
+_gcm_sealer: Callable[[bytes, bytes, int, int], object] | None = None
 if not os.environ.get("GATEHOUSE_PURE_PYTHON"):
     try:
         from gatehouse.rules._aead import gcm_opener as _gcm_opener
+        from gatehouse.rules._aead import gcm_sealer as _gcm_sealer
     except ImportError:  # not built here
-        _gcm_opener = None
+        _gcm_opener = _gcm_sealer = None
 
 HEADER: Final = "gatehouse.encryption"
 _HEADER_BYTES: Final = HEADER.encode()
@@ -411,6 +413,22 @@ class RecordCipher:
         """What seals ``count`` values (a batch's) under one DEK of ``kek``, each
         compressed first with ``compress`` (zstd) when given and it saves bytes."""
         dek, used = self._reserve(kek, count, block)
+        return self._sealer(dek, used, count, compress)
+
+    def batch_sealer(self, kek: Kek, count: int, compress: Compress | None = None,
+                     block: bool = True
+                     ) -> tuple[Callable[[bytes], bytes], tuple[bytes, object] | None]:
+        """``sealer``, and for ``rewrite_values`` in C the same sealing done there
+        (``sealer``: head, capsule; None where not built, or values are compressed
+        first), by the same DEK and nonces: one of the two is used."""
+        dek, used = self._reserve(kek, count, block)
+        in_c = None
+        if compress is None and _gcm_sealer is not None:
+            in_c = (dek.prefix, _gcm_sealer(dek.secret, dek.salt, used, count))
+        return self._sealer(dek, used, count, compress), in_c
+
+    def _sealer(self, dek: _Dek, used: int, count: int, compress: Compress | None
+                ) -> Callable[[bytes], bytes]:
         aead, prefix, salt = dek.aead, dek.prefix, dek.salt
         packed_prefix = prefix[:1] + bytes((prefix[1] | ZSTD,)) + prefix[2:]
         last = used + count
@@ -642,11 +660,12 @@ def seal_records(records: Any, encryption: RecordEncryption, cipher: RecordCiphe
             if batch.is_control:
                 out.append(bytes(memoryview(records)[batch.position : taken]))
                 continue
-            seal = cipher.sealer(kek, batch.record_count,
-                                 compress if batch.compression != "none" else None, block)
+            seal, in_c = cipher.batch_sealer(
+                kek, batch.record_count, compress if batch.compression != "none" else None,
+                block)
             section, count = rewrite_values(_section(records, batch, decompress, limit),
                                             batch.record_count, seal,
-                                            add=(_HEADER_BYTES, _MARK))
+                                            add=(_HEADER_BYTES, _MARK), sealer=in_c)
             sealed += count
             out.extend(rebuilt_batch_parts(batch, section))
     except Unsealable:
