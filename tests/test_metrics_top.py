@@ -72,6 +72,12 @@ def test_render_from_a_real_registry() -> None:
     assert principal.split("│")[3].strip() == "2"  # its live connections
 
 
+def row_cells(shown: str, needle: str) -> list[str]:
+    """The cells of the first table row of ``shown`` that holds ``needle``."""
+    line = next(line for line in shown.splitlines() if needle in line)
+    return [c.strip() for c in line.split("│") if c.strip()]
+
+
 def test_render_shows_the_clients_own_measures_when_they_push_them() -> None:
     metrics = ProxyMetrics(client_telemetry=TelemetrySettings())
     assert metrics.client_telemetry is not None
@@ -98,9 +104,7 @@ def test_render_shows_the_clients_own_measures_when_they_push_them() -> None:
     shown = out.getvalue()
     assert "Clients' own measures (KIP-714)" in shown
     # client id | software | queue ms | request ms (the slowest broker) | fetch ms | lag
-    cells = [c.strip() for c in next(line for line in shown.splitlines()
-                                     if "orders-app" in line).split("│") if c.strip()]
-    assert cells[:6] == ["orders-app", "apache-kafka-java", "3.2", "7.5", "-", "1,200"]
+    assert row_cells(shown, "orders-app")[:6] == ["orders-app", "apache-kafka-java", "3.2", "7.5", "-", "1,200"]
 
 
 def test_render_shows_what_encrypt_records_did() -> None:
@@ -120,6 +124,4 @@ def test_render_shows_what_encrypt_records_did() -> None:
     shown = out.getvalue()
     assert "Records encrypted (encrypt_records)" in shown
     # rule | topic | encrypted/s | decrypted/s | undecryptable/s | KMS/s | not opened
-    cells = [c.strip() for c in next(line for line in shown.splitlines()
-                                     if "payments-encrypted" in line).split("│") if c.strip()]
-    assert cells == ["payments-encrypted", "payments", "10", "0", "1", "0", "8"]
+    assert row_cells(shown, "payments-encrypted") == ["payments-encrypted", "payments", "10", "0", "1", "0", "8"]

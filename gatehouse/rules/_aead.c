@@ -36,6 +36,28 @@ gcm_open(void *ctx, const unsigned char *nonce, const unsigned char *aad,
     return EVP_DecryptFinal_ex(c, out + len, &last) == 1;
 }
 
+/* An AES-256-GCM context with ``key`` set (its schedule made once), 12-byte nonces, for
+ * encrypting (encrypt 1) or decrypting; NULL with an exception set. */
+static EVP_CIPHER_CTX *
+gcm_context(const Py_buffer *key, int encrypt, const char *who)
+{
+    if (key->len != KEY_BYTES) {
+        PyErr_Format(PyExc_ValueError, "%s: an AES-256 key is 32 bytes", who);
+        return NULL;
+    }
+    EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
+    if (c == NULL
+            || EVP_CipherInit_ex(c, EVP_aes_256_gcm(), NULL, NULL, NULL, encrypt) != 1
+            || EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_IVLEN, NONCE_BYTES, NULL) != 1
+            || EVP_CipherInit_ex(c, NULL, NULL, (const unsigned char *)key->buf, NULL,
+                                 encrypt) != 1) {
+        EVP_CIPHER_CTX_free(c);
+        PyErr_Format(PyExc_RuntimeError, "%s: OpenSSL refused AES-256-GCM", who);
+        return NULL;
+    }
+    return c;
+}
+
 static void
 opener_free(PyObject *capsule)
 {
@@ -52,22 +74,10 @@ gcm_opener(PyObject *module, PyObject *arg)
     Py_buffer key;
     if (PyObject_GetBuffer(arg, &key, PyBUF_SIMPLE) < 0)
         return NULL;
-    if (key.len != KEY_BYTES) {
-        PyBuffer_Release(&key);
-        PyErr_SetString(PyExc_ValueError, "gcm_opener: an AES-256 key is 32 bytes");
-        return NULL;
-    }
-    EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
-    int ok = c != NULL
-        && EVP_DecryptInit_ex(c, EVP_aes_256_gcm(), NULL, NULL, NULL) == 1
-        && EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_IVLEN, NONCE_BYTES, NULL) == 1
-        && EVP_DecryptInit_ex(c, NULL, NULL, (const unsigned char *)key.buf, NULL) == 1;
+    EVP_CIPHER_CTX *c = gcm_context(&key, 0, "gcm_opener");
     PyBuffer_Release(&key);
-    if (!ok) {
-        EVP_CIPHER_CTX_free(c);
-        PyErr_SetString(PyExc_RuntimeError, "gcm_opener: OpenSSL refused AES-256-GCM");
+    if (c == NULL)
         return NULL;
-    }
     gatehouse_opener *o = PyMem_Malloc(sizeof(gatehouse_opener));
     if (o == NULL) {
         EVP_CIPHER_CTX_free(c);
@@ -132,24 +142,19 @@ gcm_sealer(PyObject *module, PyObject *args)
     unsigned long long first, count;
     if (!PyArg_ParseTuple(args, "y*y*KK", &key, &salt, &first, &count))
         return NULL;
-    int sizes = key.len == KEY_BYTES && salt.len == 4 && first + count >= first;
-    EVP_CIPHER_CTX *c = sizes ? EVP_CIPHER_CTX_new() : NULL;
-    int ok = c != NULL
-        && EVP_EncryptInit_ex(c, EVP_aes_256_gcm(), NULL, NULL, NULL) == 1
-        && EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_SET_IVLEN, NONCE_BYTES, NULL) == 1
-        && EVP_EncryptInit_ex(c, NULL, NULL, (const unsigned char *)key.buf, NULL) == 1;
-    sealing *s = ok ? PyMem_Malloc(sizeof(sealing)) : NULL;
+    EVP_CIPHER_CTX *c = NULL;
+    if (salt.len != 4 || first + count < first)
+        PyErr_SetString(PyExc_ValueError, "gcm_sealer: a 4-byte salt, nonces to 2^64");
+    else
+        c = gcm_context(&key, 1, "gcm_sealer");
+    sealing *s = c != NULL ? PyMem_Malloc(sizeof(sealing)) : NULL;
     gatehouse_sealer *o = s != NULL ? PyMem_Malloc(sizeof(gatehouse_sealer)) : NULL;
     if (o == NULL) {
         PyBuffer_Release(&key);
         PyBuffer_Release(&salt);
         EVP_CIPHER_CTX_free(c);
         PyMem_Free(s);
-        if (!sizes)
-            PyErr_SetString(PyExc_ValueError, "gcm_sealer: a 32-byte key, a 4-byte salt");
-        else if (!ok)
-            PyErr_SetString(PyExc_RuntimeError, "gcm_sealer: OpenSSL refused AES-256-GCM");
-        else
+        if (c != NULL)
             PyErr_NoMemory();
         return NULL;
     }
