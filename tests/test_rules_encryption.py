@@ -8,6 +8,7 @@ the key file reloaded."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import os
 import uuid
 from collections.abc import Callable
@@ -723,3 +724,33 @@ def test_values_sealed_in_c_as_they_are_in_python(tmp_path: Path,
     with pytest.raises(RuntimeError, match="no nonce left"):
         rewrite_values(records_section(plain, next(iter_batches(plain))), len(sizes) + 1,
                        bytes, add=(b"h", b"1"), sealer=(b"head", sealer))
+
+
+@dataclasses.dataclass(frozen=True)
+class WideKek(LocalKek):
+    """A KEK whose EDEKs are longer than 255 bytes (as a KMS's may be)."""
+
+    def new_dek(self) -> tuple[bytes, bytes]:
+        secret, edek = super().new_dek()
+        return secret, edek + bytes(300)
+
+    def unwrap(self, edek: bytes) -> bytes:
+        assert edek.endswith(bytes(300))
+        return super().unwrap(edek[:-300])
+
+
+@pytest.mark.parametrize("in_c", [True, False])
+def test_a_long_edek_is_carried_with_a_two_byte_length(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_c: bool) -> None:
+    if not in_c:
+        monkeypatch.setattr(enc, "_gcm_opener", None)
+        monkeypatch.setattr(enc, "_gcm_sealer", None)
+    e = encryption(tmp_path)
+    kek = WideKek("a", sealing(e).key)
+    sent = [(None, b"v%d" % i * 40) for i in range(5)]
+    sealed, _ = seal_records(batch(*sent), e, RecordCipher(), decompress, compress_zstd, kek)
+    [first, *_] = [v for _, v, _ in values(sealed)]
+    assert first is not None and first[1] == enc.WIDE and len(first) > 300
+    opened = open_records(sealed, lambda name: kek if name == "a" else None, RecordCipher(),
+                          decompress, LIMIT)
+    assert opened.records is not None and values(opened.records) == values(batch(*sent))

@@ -4,14 +4,15 @@ them, opened as its clients fetch them; the brokers store and replicate cipherte
 Envelope encryption, as a KMS does it.  A data key (DEK, AES-256) seals record values
 with AES-256-GCM; the DEK itself is sealed under a key-encryption key (KEK): one of the
 rule's key file, or one held by a KMS that never lets it out (``Kek``; the KMS client
-is the proxy's, ``gatehouse.kms``), and that sealed DEK (EDEK) travels in every record
-it sealed, so a record opens with nothing but the KEK it names: any proxy holding the
-key file (or allowed to use the KMS key) reads it, after restarts and in every worker.
-A KMS is asked only in threads: for a new DEK before a Produce request is sealed
-(``RecordCipher.prepare``), for an EDEK not opened before when an answer is opened.  A DEK seals at most ``DEK_USES`` values, far
-below the 2^32 NIST SP 800-38D allows a key, each under a nonce of its own (a random
-4-byte salt of the DEK and a count of its uses: never repeated), and is replaced after
-``DEK_SECONDS``; opened DEKs are kept (at most ``OPENED_DEKS``).
+is the proxy's, ``gatehouse.proxy.kms``), and that sealed DEK (EDEK) travels in every
+record it sealed, so a record opens with nothing but the KEK it names: any proxy
+holding the key file (or allowed to use the KMS key) reads it, after restarts and in
+every worker.  A KMS is asked only in threads: for a new DEK before a Produce request
+is sealed (``RecordCipher.prepare``), for an EDEK not opened before when an answer is
+opened.  A DEK seals at most ``DEK_USES`` values, far below the 2^32 NIST SP 800-38D
+allows a key, each under a nonce of its own (a random 4-byte salt of the DEK and a
+count of its uses: never repeated), and is replaced after ``DEK_SECONDS``; opened DEKs
+are kept (at most ``OPENED_DEKS``).
 
 A sealed record carries the header ``gatehouse.encryption`` (its last) and a value of
 
@@ -20,14 +21,16 @@ A sealed record carries the header ``gatehouse.encryption`` (its last) and a val
 
 where everything before the nonce is the value's associated data (a changed flag, KEK
 name or EDEK fails the tag), flag ``WIDE`` says the EDEK is longer than 255 bytes (a
-KMS's may be), and flag ``ZSTD`` says the plaintext was compressed with zstd first (when the producer compressed its batch: ciphertext does not compress, so
-the batch a sealed record is written in is not compressed).  Keys, null values
-(tombstones), other headers, offsets and timestamps are left as they were: compaction,
-partitioning and the consumers' offsets work as before.
+KMS's may be), and flag ``ZSTD`` says the plaintext was compressed with zstd first
+(when the producer compressed its batch: ciphertext does not compress, so the batch a
+sealed record is written in is not compressed).  Keys, null values (tombstones), other
+headers, offsets and timestamps are left as they were: compaction, partitioning and the
+consumers' offsets work as before.
 
 The batch work here is pure (bytes in, bytes out; the records rewritten by
-``codecs.records.rewrite_values``, in C where built); decompression and compression are
-the caller's (``Decompress``/``Compress``), as in ``rules.records``.
+``codecs.records.rewrite_values``, in C where built, their values sealed and opened
+there by OpenSSL where ``_aead.c`` was built); decompression and compression are the
+caller's (``Decompress``/``Compress``), as in ``rules.records``.
 """
 
 from __future__ import annotations
