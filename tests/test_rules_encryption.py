@@ -754,3 +754,12 @@ def test_a_long_edek_is_carried_with_a_two_byte_length(
     opened = open_records(sealed, lambda name: kek if name == "a" else None, RecordCipher(),
                           decompress, LIMIT)
     assert opened.records is not None and values(opened.records) == values(batch(*sent))
+
+
+def test_a_null_records_field_stays_null(policy: RulesPolicy) -> None:
+    """A Produce partition with no records (null) goes on as it came, for the broker to
+    answer as it answers one (not turned into an empty records field)."""
+    decision = policy.on_request(conn(), produce(None))  # type: ignore[arg-type]
+    assert isinstance(decision, Forward)
+    sent = codecs.decode_request(bytes(decision.request.encode()))
+    assert sent.body.topic_data[0].partition_data[0].records is None

@@ -637,14 +637,14 @@ def _section(records: Any, batch: RecordBatch, decompress: Decompress, limit: in
 
 def seal_records(records: Any, encryption: RecordEncryption, cipher: RecordCipher,
                  decompress: Decompress, compress: Compress,
-                 kek: Kek | None = None, block: bool = True) -> tuple[bytes, int]:
+                 kek: Kek | None = None, block: bool = True) -> tuple[bytes | None, int]:
     """A Produce partition's records field with every non-null value sealed under
     ``kek`` (default: the key file's key the encryption names), and how many were;
     ``Unsealable`` for records it cannot read (legacy message sets, batches that do not
     parse or decompress), or when a KMS gives no DEK (REQUEST_TIMED_OUT: retriable;
     not ``block``: when it would have to be asked)."""
-    if records is None:
-        return b"", 0
+    if records is None:  # null stays null (the broker answers it as it would)
+        return None, 0
     if kek is None:
         kek = local_keys(encryption).sealing
     if kek is None:
