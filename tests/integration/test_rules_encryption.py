@@ -168,6 +168,13 @@ def test_java_producer_and_consumer_by_topic_id(kafka: KafkaCluster, policy: Rul
     (Fetch v17) through the proxy: every acked value read back, at its offset."""
     topic = unique("pay-java")
     kafka.create_topic(topic, partitions=2)
+    java_round_trip(kafka, policy, tmp_path, topic)
+
+
+def java_round_trip(kafka: KafkaCluster, policy: RulesPolicy, tmp_path: Path, topic: str,
+                    rule: str = "payments") -> None:
+    """The Java VerifiableProducer's values through the proxy under ``policy``, each
+    read back by the VerifiableConsumer at its offset, and stored encrypted."""
     messages = 2000
     producer = consumer = None
     with ProxyThread(kafka.bootstrap, policy=policy) as proxy:
@@ -198,7 +205,7 @@ def test_java_producer_and_consumer_by_topic_id(kafka: KafkaCluster, policy: Rul
                 if tool is not None:
                     stop_process(tool.process, 30)  # type: ignore[arg-type]
         assert proxy.summed("gatehouse_requests_total", api="Produce", version="13") > 0
-        assert proxy.sample("gatehouse_encrypted_records_total", rule="payments",
+        assert proxy.sample("gatehouse_encrypted_records_total", rule=rule,
                             topic=topic, outcome="encrypted") == messages
     direct = read_all(kafka.bootstrap, topic, messages)
     assert all(m.headers()[-1][0] == HEADER for m in direct)

@@ -22,7 +22,13 @@ import pytest
 from gatehouse.configfile import load_yaml_text
 from gatehouse.proxy.policy import RulesPolicy
 from gatehouse.rules import parse_rules
-from tests.integration.test_rules_encryption import HEADER, SECRET, read_all, stored_plainly
+from tests.integration.test_rules_encryption import (
+    HEADER,
+    SECRET,
+    java_round_trip,
+    read_all,
+    stored_plainly,
+)
 from tests.support.clients import unique, watermarks
 from tests.support.kafka import KafkaCluster
 from tests.support.kms import CREDENTIALS, REGION, KmsServer, kms_server
@@ -227,3 +233,24 @@ def test_each_topic_under_its_own_kms_key(kafka: KafkaCluster, kms: KmsServer) -
             got = read_all(other.bootstrap, topic, 100)
             assert sorted(m.value() for m in got) == sorted(
                 SECRET + topic.encode() + b"%d" % i for i in range(100))
+
+
+def test_java_clients_by_topic_id_under_a_topic_key(kafka: KafkaCluster, kms: KmsServer,
+                                                    tmp_path: Path) -> None:
+    """The Java VerifiableProducer (Produce v13: topics by id) and VerifiableConsumer
+    (Fetch v17) under a per-topic KMS key: the key is named once the topic's id is
+    learned (the first requests are asked to look again), every acked value read back
+    at its offset."""
+    topic = unique("pay-java")
+    kafka.create_topic(topic, partitions=2)
+    kms.new_key(f"alias/pay-{topic}")
+    rules = ("- name: payments\n"
+             "  match: {client_id: '^java'}\n"
+             "  encrypt_records:\n"
+             "    topics: ['pay-.*']\n"
+             "    kms: {type: aws, key: 'alias/pay-{topic}', region: " + REGION
+             + ", endpoint: '" + kms.endpoint + "', timeout_seconds: 1}\n")
+    policy = RulesPolicy(parse_rules(load_yaml_text(rules, "rules.yaml"), "rules.yaml"))
+    java_round_trip(kafka, policy, tmp_path, topic)
+    direct = read_all(kafka.bootstrap, topic, 10)
+    assert all(f"aws-kms:alias/pay-{topic}".encode() in m.value() for m in direct)
