@@ -858,14 +858,15 @@ class RulesPolicy(Policy):
         (``encrypt_records.kms``; made ahead, before the last runs out, so that this
         seldom waits), then the schemas its records name (``_schema_lookups``)."""
         ruleset = self.ruleset
-        if not ruleset or req.api_key != PRODUCE or not req.known:
+        if (not ruleset or req.api_key != PRODUCE or not req.known
+                or not (ruleset.looks_up_schemas or ruleset.asks_kms)):
             return None
         evaluation = _evaluated(ruleset, facts_of(conn, req), req, conn.state)
         if evaluation.refusal is not None:
             return None
         judge = (self._schema_lookups(conn, req, evaluation) if ruleset.looks_up_schemas
                  else None)
-        keks = self._keks_to_prepare(req, evaluation)
+        keks = self._keks_to_prepare(req, evaluation) if ruleset.asks_kms else []
         if not keks:
             return judge
 

@@ -371,6 +371,12 @@ class RuleSet:
                    for r in self.rules)
 
     @functools.cached_property
+    def asks_kms(self) -> bool:
+        """Whether some rule's ``encrypt_records`` keeps its key in a KMS."""
+        return any(r.encrypt_records is not None and r.encrypt_records.kms is not None
+                   for r in self.rules)
+
+    @functools.cached_property
     def scopes_produce_by_topic(self) -> bool:
         """Whether some rule's ``produce_policy`` or ``validate_records`` holds some
         topics only, or some rule encrypts records: Produce v13 (and Fetch v13,
