@@ -763,3 +763,19 @@ def test_a_null_records_field_stays_null(policy: RulesPolicy) -> None:
     assert isinstance(decision, Forward)
     sent = codecs.decode_request(bytes(decision.request.encode()))
     assert sent.body.topic_data[0].partition_data[0].records is None
+
+
+def test_a_data_key_opened_for_one_key_is_not_served_to_another_of_its_name(
+        tmp_path: Path) -> None:
+    """Two rules whose key files each hold a key named ``a`` (different keys), one
+    proxy: records sealed under the first open for its clients, and still not for the
+    second's, though the proxy keeps the data key it opened."""
+    e = encryption(tmp_path)
+    cipher = RecordCipher()
+    sealed, _ = seal_records(batch((None, SECRET.encode())), e, cipher, decompress,
+                             compress_zstd)
+    mine = open_records(sealed, local_keys(e).find, cipher, decompress, LIMIT)
+    assert mine.opened == 1
+    theirs = open_records(sealed, keys({"a": os.urandom(32)}), cipher, decompress, LIMIT)
+    assert (theirs.opened, theirs.failed, theirs.records) == (0, 1, None)
+    assert "does not open under KEK 'a'" in (theirs.reason or "")

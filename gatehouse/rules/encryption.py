@@ -318,8 +318,9 @@ class RecordCipher:
         self._lock = threading.Lock()
         self._deks: dict[Kek, _Dek] = {}
         self._makers: dict[Kek, threading.Lock] = {}  # one DEK made at a time per KEK
-        # (KEK name, EDEK) -> its DEK, as an AESGCM and as the key itself.
-        self._opened: OrderedDict[tuple[str, bytes], tuple[AESGCM, bytes]] = OrderedDict()
+        # (KEK, EDEK) -> its DEK, as an AESGCM and as the key itself: by the KEK itself,
+        # not its name, so that a rule never opens what another's key of that name did.
+        self._opened: OrderedDict[tuple[Kek, bytes], tuple[AESGCM, bytes]] = OrderedDict()
         self.deks_made = 0
         self.kms_calls = 0
         # KEK name -> when its KMS last failed, and why (``KMS_BACKOFF_SECONDS``).
@@ -346,8 +347,9 @@ class RecordCipher:
     def _ask(self, kek: Kek, call: Callable[[], Any]) -> Any:
         """``call``, a request to ``kek``'s KMS, unless it failed in the last
         ``KMS_BACKOFF_SECONDS``; its failure kept, with why."""
-        if self.backing_off(kek):
-            raise KmsUnavailable(f"not asked again yet: {self.failures[kek.name][1]}")
+        why = self._backoff(kek)
+        if why is not None:
+            raise KmsUnavailable(f"not asked again yet: {why}")
         try:
             result = call()
         except KmsUnavailable as exc:
@@ -358,9 +360,14 @@ class RecordCipher:
 
     def backing_off(self, kek: Kek) -> bool:
         """Whether ``kek``'s KMS failed too recently to be asked again."""
-        failure = self.failures.get(kek.name)
-        return (kek.remote and failure is not None
-                and self.clock() - failure[0] < KMS_BACKOFF_SECONDS)
+        return self._backoff(kek) is not None
+
+    def _backoff(self, kek: Kek) -> str | None:
+        """Why ``kek``'s KMS is not to be asked again yet (None: it may be)."""
+        failure = self.failures.get(kek.name)  # once: threads change it
+        if kek.remote and failure is not None and self.clock() - failure[0] < KMS_BACKOFF_SECONDS:
+            return failure[1]
+        return None
 
     def failed(self, kek: Kek, why: str) -> None:
         """``kek``'s KMS failed (or took too long): not asked again for a while."""
@@ -384,7 +391,7 @@ class RecordCipher:
             self._deks[kek] = dek
             self.deks_made += 1
             self.kms_calls += kek.remote
-            self._keep_opened((kek.name, edek), (dek.aead, secret))  # what it seals opens
+            self._keep_opened((kek, edek), (dek.aead, secret))  # what it seals opens
 
     def _reserve(self, kek: Kek, count: int, block: bool) -> tuple[_Dek, int]:
         """A DEK of ``kek`` with ``count`` uses taken, and the first of them; a new DEK
@@ -468,15 +475,16 @@ class RecordCipher:
         return _Opener(self, find, decompress, limit, block)
 
     def _opened_dek(self, kek: Kek, edek: bytes, block: bool) -> tuple[AESGCM, bytes]:
-        key = (kek.name, edek)
+        key = (kek, edek)
         with self._lock:
             found = self._opened.get(key)
             if found is not None:
                 self._opened.move_to_end(key)
                 return found
         if kek.remote and not block:
-            if self.backing_off(kek):  # not worth a thread
-                raise KmsUnavailable(f"not asked again yet: {self.failures[kek.name][1]}")
+            why = self._backoff(kek)
+            if why is not None:  # not worth a thread
+                raise KmsUnavailable(f"not asked again yet: {why}")
             raise KmsNeeded(f"a data key of {kek.name} not opened before")
         secret = self._ask(kek, lambda: kek.unwrap(edek))
         opened = (AESGCM(secret), secret)
@@ -485,7 +493,7 @@ class RecordCipher:
             self._keep_opened(key, opened)
         return opened
 
-    def _keep_opened(self, key: tuple[str, bytes], opened: tuple[AESGCM, bytes]) -> None:
+    def _keep_opened(self, key: tuple[Kek, bytes], opened: tuple[AESGCM, bytes]) -> None:
         self._opened[key] = opened
         while len(self._opened) > OPENED_DEKS:
             self._opened.popitem(last=False)
