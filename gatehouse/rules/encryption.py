@@ -60,6 +60,7 @@ from gatehouse.codecs.records import (
     RecordBatch,
     iter_batches,
     rebuilt_batch_parts,
+    records_and_bytes,
     records_section,
     rewrite_values,
 )
@@ -898,10 +899,11 @@ def _held_back(partition: Any) -> Any:
 
 
 def _record_count(records: Any) -> int:
+    """How many records a records field holds, from its batch headers (one for records
+    that do not read: a partition's, as one)."""
     try:
-        return sum(batch.record_count for batch in iter_batches(records)
-                   if not isinstance(batch, LegacyMessage))
-    except Exception:  # records that do not read: one, as a partition
+        return records_and_bytes(records)[0]
+    except ProtocolError:
         return 1
 
 
