@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.kafka import stop_process
 from tests.support.ports import LOCALHOST, free_port
 
 REGION = "eu-west-1"
@@ -87,10 +88,4 @@ def kms_server(log: Path) -> Iterator[KmsServer]:
                 time.sleep(0.1)
         yield KmsServer(f"http://{LOCALHOST}:{port}", process)
     finally:
-        os.kill(process.pid, signal.SIGCONT)  # if a test left it paused
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, 10)  # woken first if a test left it paused
