@@ -89,7 +89,12 @@ async def aiokafka_tenant(bootstrap: str, topic: str, group: str, tx: str
     await admin.start()
     try:
         await admin.create_topics([NewTopic(topic, 2, 1)])
-        seen["listed"] = set(await admin.list_topics())
+        # The broker's metadata can trail the controller's answer to CreateTopics by a
+        # moment (KRaft): list until the new topic shows (a broken rule never shows it).
+        async with asyncio.timeout(30):
+            while topic not in (listed := set(await admin.list_topics())):
+                await asyncio.sleep(0.1)
+        seen["listed"] = listed
         [described] = await admin.describe_topics([topic])
         seen["described"] = (described["topic"], described["error_code"],
                              len(described["partitions"]))
