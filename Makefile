@@ -45,8 +45,9 @@ deploy-tools: install-dev
 	VENV=$(VENV) sh scripts/install_deploy_tools.sh
 
 # The Go and Node.js clients of tests/integration/test_clients_go_node.py (franz-go,
-# Sarama; KafkaJS): from the Go module proxy and the npm registry, retried; built once
-# per source, cached under ~/.cache/gatehouse/go-clients and kafkajs.
+# Sarama; KafkaJS) and Vault's transit engine for the `kms: {type: vault}` tests: from
+# the Go module proxy and the npm registry, retried; built once per source, cached
+# under ~/.cache/gatehouse/go-clients, vaulttransit and kafkajs.
 test-clients: install-dev
 	$(BIN)/python -m scripts.build_test_clients
 

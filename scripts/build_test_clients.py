@@ -3,6 +3,8 @@ source:
 
 - tests/support/go/gokafka: franz-go and Sarama, with their modules from the Go module
   proxy (needs Go: ``go`` on the PATH, or /usr/local/go/bin/go);
+- tests/support/go/vaulttransit: Vault's transit secrets engine behind Vault's HTTP API
+  (the KMS of encrypt_records' ``kms: {type: vault}`` tests), likewise;
 - tests/support/node/kafkajs: KafkaJS, installed from the npm registry by its lock file
   (needs Node.js and npm).
 
@@ -26,6 +28,7 @@ from scripts.fetch_kafka import FetchError, _locked, cache_root, retried
 
 SUPPORT = Path(__file__).resolve().parent.parent / "tests" / "support"
 GO_SOURCE = SUPPORT / "go" / "gokafka"
+VAULT_SOURCE = SUPPORT / "go" / "vaulttransit"
 KAFKAJS_SOURCE = SUPPORT / "node" / "kafkajs"
 ATTEMPTS = 4
 
@@ -66,10 +69,11 @@ def _download(what: str, cmd: list[str], cwd: Path, env: dict[str, str], log: bo
     retried(what, once, ATTEMPTS, log=log)
 
 
-def ensure_gokafka(*, log: bool = False) -> Path:
-    """The gokafka binary for the current sources: built once, cached."""
-    home = cache_root() / "go-clients" / source_hash(GO_SOURCE)
-    binary = home / "gokafka"
+def ensure_go_program(source: Path, name: str, cache: str, *, log: bool = False) -> Path:
+    """The binary ``name`` of the Go program in ``source`` for its current sources: built
+    once, cached under ``cache``."""
+    home = cache_root() / cache / source_hash(source)
+    binary = home / name
     if binary.is_file():
         return binary
     with _locked(home / ".lock"):
@@ -77,19 +81,29 @@ def ensure_gokafka(*, log: bool = False) -> Path:
             return binary
         env = {**os.environ, "GOFLAGS": "-mod=readonly", "CGO_ENABLED": "0"}
         go = go_binary()
-        _download("downloading the Go clients' modules", [go, "mod", "download"], GO_SOURCE,
-                 env, log)
+        _download(f"downloading the modules of {name}", [go, "mod", "download"], source,
+                  env, log)
         tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=home))
         try:
-            built = _run([go, "build", "-o", str(tmp / "gokafka"), "."], GO_SOURCE, env)
+            built = _run([go, "build", "-o", str(tmp / name), "."], source, env)
             if built.returncode != 0:
-                raise FetchError(f"go build failed: {built.stderr.strip()[-2000:]}")
-            os.rename(tmp / "gokafka", binary)
+                raise FetchError(f"go build of {name} failed: {built.stderr.strip()[-2000:]}")
+            os.rename(tmp / name, binary)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     if log:
         print(f"built {binary}", file=sys.stderr)
     return binary
+
+
+def ensure_gokafka(*, log: bool = False) -> Path:
+    """The gokafka binary (franz-go and Sarama) for the current sources."""
+    return ensure_go_program(GO_SOURCE, "gokafka", "go-clients", log=log)
+
+
+def ensure_vault_transit(*, log: bool = False) -> Path:
+    """The vaulttransit binary (Vault's transit engine over Vault's HTTP API)."""
+    return ensure_go_program(VAULT_SOURCE, "vaulttransit", "vaulttransit", log=log)
 
 
 def ensure_kafkajs(*, log: bool = False) -> Path:
@@ -123,6 +137,7 @@ def ensure_kafkajs(*, log: bool = False) -> Path:
 def main() -> None:
     try:
         print(ensure_gokafka(log=True))
+        print(ensure_vault_transit(log=True))
         print(ensure_kafkajs(log=True))
     except FetchError as exc:
         sys.exit(f"build_test_clients: {exc}")

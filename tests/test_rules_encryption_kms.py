@@ -226,7 +226,7 @@ def test_the_rule_names_its_kms_and_takes_no_credentials(tmp_path: Path, kms: Km
 
 
 @pytest.mark.parametrize(("change", "error"), [
-    (("type: aws", "type: vault"), "rules.yaml:7: encrypt_records.kms.type: 'vault' is not "
+    (("type: aws", "type: gcp"), "rules.yaml:7: encrypt_records.kms.type: 'gcp' is not "
      "one of aws"),
     (("        key: alias/payments\n", ""), "rules.yaml:7: encrypt_records.kms needs 'key'"),
     (("endpoint: http://", "endpoint: ftp://"), "rules.yaml:10: encrypt_records.kms.endpoint"),

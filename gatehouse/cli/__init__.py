@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import importlib.util
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -204,14 +205,25 @@ def _check(path: str, probe: bool = False) -> int:
             if kms is None:
                 under = f"key {encryption.key!r} of {keys}"
             else:
-                where = ", ".join(part for part in (
-                    kms.region and f"region {kms.region}",
-                    kms.endpoint and f"endpoint {kms.endpoint}") if part)
-                if importlib.util.find_spec("botocore") is None:
-                    print(f"warning: rule {rule.name}: encrypt_records.kms needs botocore: "
-                          "pip install 'kafka-gatehouse[aws]'", file=sys.stderr)
+                if kms.type == "aws":
+                    kind = "AWS KMS"
+                    where = ", ".join(part for part in (
+                        kms.region and f"region {kms.region}",
+                        kms.endpoint and f"endpoint {kms.endpoint}") if part)
+                    if importlib.util.find_spec("botocore") is None:
+                        print(f"warning: rule {rule.name}: encrypt_records.kms needs "
+                              "botocore: pip install 'kafka-gatehouse[aws]'", file=sys.stderr)
+                else:
+                    kind = f"the Vault transit engine at {kms.endpoint}/v1/{kms.mount}"
+                    where = ", ".join(part for part in (
+                        f"token from {kms.token_file or 'VAULT_TOKEN'}",
+                        kms.namespace and f"namespace {kms.namespace}",
+                        kms.ca_file and f"CA {kms.ca_file}") if part)
+                    if kms.token_file is None and not os.environ.get("VAULT_TOKEN"):
+                        print(f"warning: rule {rule.name}: encrypt_records.kms has no "
+                              "token_file and VAULT_TOKEN is not set", file=sys.stderr)
                 whose = "each topic's key" if kms.per_topic else "its key"
-                under = (f"data keys made by AWS KMS under {whose} {kms.key!r}"
+                under = (f"data keys made by {kind} under {whose} {kms.key!r}"
                          + (f" ({where})" if where else "")
                          + f", each KMS call bounded by {kms.timeout:g} s"
                          + (f"; older keys of {keys}" if ring is not None else ""))

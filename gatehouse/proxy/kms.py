@@ -7,12 +7,28 @@ never leaves the KMS.  The EDEK is bound to the KEK's name by the encryption con
 are botocore's (the ``aws`` extra), blocking: the cipher makes them in threads only.
 Credentials come from botocore's chain (environment, shared files and profiles, web
 identity on Kubernetes, container and instance roles), never from the rules file.
+
+A Vault (or OpenBao) transit secrets engine (``type: vault``): a DEK is made with
+``POST /v1/<mount>/datakey/plaintext/<key>`` (256 bits) and opened with
+``POST /v1/<mount>/decrypt/<key>``; the EDEK is Vault's ciphertext (``vault:v1:...``),
+which opens under that key alone.  The token is read for every call from ``token_file``
+(where Vault Agent keeps a renewed one) or from VAULT_TOKEN, never from the rules file;
+calls are the standard library's HTTP, blocking, in threads only.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import dataclasses
+import json
+import os
+import ssl
 import threading
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,20 +124,156 @@ class AwsKek:
         return bytes(opened["Plaintext"])
 
 
+# What Vault's transit engine answers (HTTP 400) for a ciphertext that is not one of the
+# key's (changed, or sealed under another key): the record is undecryptable.
+_NOT_VAULTS_CIPHERTEXT = ("invalid ciphertext", "message authentication failed")
+# Answers worth a second try (Vault standby, sealed for a moment, throttled).
+_VAULT_RETRIED = frozenset({412, 429, 500, 502, 503, 504})
+
+
+class VaultKms:
+    """One Vault transit engine (address, mount, namespace, token, CA, timeout)."""
+
+    def __init__(self, spec: KmsSpec) -> None:
+        assert spec.endpoint is not None
+        self.spec = spec
+        self.base = (f"{spec.endpoint.rstrip('/')}/v1/"
+                     f"{urllib.parse.quote(spec.mount.strip('/'))}/")
+        self._context: ssl.SSLContext | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def where(self) -> str:
+        return f"Vault {self.spec.endpoint} ({self.spec.mount})"
+
+    def _token(self) -> str:
+        """The token, read again for every call (Vault Agent renews it in place)."""
+        path = self.spec.token_file
+        if path is None:
+            token = os.environ.get("VAULT_TOKEN", "")
+            if not token:
+                raise KmsUnavailable(f"{self.where}: no token: set encrypt_records.kms."
+                                     "token_file or VAULT_TOKEN")
+            return token
+        try:
+            with open(path, encoding="utf-8") as f:
+                token = f.read().strip()
+        except OSError as exc:
+            raise KmsUnavailable(f"{self.where}: token_file {path}: {exc.strerror}"
+                                 ) from None
+        if not token:
+            raise KmsUnavailable(f"{self.where}: token_file {path} is empty")
+        return token
+
+    def _ssl(self) -> ssl.SSLContext:
+        with self._lock:
+            if self._context is None:
+                self._context = ssl.create_default_context(cafile=self.spec.ca_file)
+            return self._context
+
+    def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """One call to the transit engine (a second try on a network failure or an
+        answer worth retrying); its ``data``.  ``KmsUnavailable`` saying why it failed
+        (or ``Undecryptable``), never the token."""
+        headers = {"X-Vault-Token": self._token(), "Content-Type": "application/json"}
+        if self.spec.namespace:
+            headers["X-Vault-Namespace"] = self.spec.namespace
+        request = urllib.request.Request(self.base + path, json.dumps(body).encode(),
+                                         headers, method="POST")
+        context = self._ssl() if self.base.startswith("https:") else None
+        failure = ""
+        for _attempt in range(2):
+            try:
+                with urllib.request.urlopen(request, timeout=self.spec.timeout / 2,
+                                            context=context) as answer:
+                    data = json.load(answer).get("data")
+                if not isinstance(data, dict):
+                    raise KmsUnavailable(f"{self.where}: an answer without data")
+                return data
+            except urllib.error.HTTPError as exc:
+                failure = f"HTTP {exc.code}: {_vault_errors(exc)}"
+                if exc.code == 400 and path.startswith("decrypt/") and any(
+                        m in failure for m in _NOT_VAULTS_CIPHERTEXT):
+                    raise Undecryptable(f"{self.where} does not open its data key "
+                                        f"({failure})") from None
+                if exc.code not in _VAULT_RETRIED:
+                    break
+            except (urllib.error.URLError, OSError, ValueError) as exc:
+                reason = getattr(exc, "reason", exc)
+                failure = str(reason) or type(reason).__name__
+        raise KmsUnavailable(f"{self.where}: {failure}")
+
+    def kek(self, name: str) -> VaultKek:
+        return VaultKek(name, name[len(self.spec.prefix):], self.where, self)
+
+
+def _vault_errors(exc: urllib.error.HTTPError) -> str:
+    """The ``errors`` of a Vault error answer (its messages, short), or its reason."""
+    try:
+        errors = json.loads(exc.read(4096)).get("errors")
+    except (ValueError, OSError, AttributeError):
+        errors = None
+    if isinstance(errors, list) and errors:
+        return "; ".join(str(e) for e in errors)[:200]
+    return str(exc.reason)[:200]
+
+
+@dataclass(frozen=True)
+class VaultKek:
+    """A KEK held by a Vault transit engine, by the name envelopes give it
+    (``vault-kms:<key>``)."""
+
+    name: str
+    key: str  # the transit key's name
+    where: str  # the engine's address and mount: the same name elsewhere is another KEK
+    kms: VaultKms = field(compare=False, repr=False)
+
+    @property
+    def remote(self) -> bool:
+        return True
+
+    def new_dek(self) -> tuple[bytes, bytes]:
+        made = self.kms.call(f"datakey/plaintext/{urllib.parse.quote(self.key)}",
+                             {"bits": 256})
+        try:
+            secret = base64.b64decode(made["plaintext"], validate=True)
+            edek = str(made["ciphertext"]).encode("ascii")
+        except (KeyError, TypeError, ValueError, binascii.Error):
+            raise KmsUnavailable(f"{self.kms.where}: a data key answer without its "
+                                 "plaintext and ciphertext") from None
+        if len(secret) != 32:
+            raise KmsUnavailable(f"{self.kms.where}: a data key of {len(secret)} bytes")
+        return secret, edek
+
+    def unwrap(self, edek: bytes) -> bytes:
+        try:
+            ciphertext = edek.decode("ascii")
+        except UnicodeDecodeError:
+            raise Undecryptable("not a Vault ciphertext") from None
+        opened = self.kms.call(f"decrypt/{urllib.parse.quote(self.key)}",
+                               {"ciphertext": ciphertext})
+        try:
+            return base64.b64decode(opened["plaintext"], validate=True)
+        except (KeyError, TypeError, ValueError, binascii.Error):
+            raise KmsUnavailable(f"{self.kms.where}: a decrypt answer without its "
+                                 "plaintext") from None
+
+
 class KmsClients:
     """The KMS clients of the rules' encryptions, one per KMS (kept across reloads:
     a reload does not make new connections), and each encryption's KEKs."""
 
     def __init__(self) -> None:
-        self._clients: dict[tuple[str, str | None, str | None, float], AwsKms] = {}
+        self._clients: dict[KmsSpec, AwsKms | VaultKms] = {}
         self._lock = threading.Lock()
 
-    def client(self, spec: KmsSpec) -> AwsKms:
-        where = (spec.type, spec.region, spec.endpoint, spec.timeout)
+    def client(self, spec: KmsSpec) -> AwsKms | VaultKms:
+        where = dataclasses.replace(spec, key="")  # one client for all its keys
         with self._lock:
             found = self._clients.get(where)
             if found is None:
-                found = self._clients[where] = AwsKms(spec)
+                found = self._clients[where] = (AwsKms(spec) if spec.type == "aws"
+                                                else VaultKms(spec))
             return found
 
     def keys_of(self, encryption: RecordEncryption) -> EncryptionKeys:
@@ -165,4 +317,4 @@ def probe_kms(encryption: RecordEncryption) -> tuple[str, bool]:
             f"{(time.monotonic() - started) * 1000:.0f} ms"), True
 
 
-__all__ = ["AwsKek", "AwsKms", "KmsClients", "probe_kms"]
+__all__ = ["AwsKek", "AwsKms", "KmsClients", "VaultKek", "VaultKms", "probe_kms"]

@@ -181,11 +181,17 @@ class KmsSpec:
     """``encrypt_records.kms``: a KMS that holds the KEK, and the key new DEKs are
     made under.  Its envelopes name it ``<type>-kms:<key>``."""
 
-    type: str  # "aws": AWS KMS, or a service that speaks its API
-    key: str  # a key id, ARN, alias name or alias ARN; ``{topic}``: one key per topic
-    region: str | None = None  # None: the AWS SDK's own (AWS_REGION, the profile...)
-    endpoint: str | None = None  # None: the region's
+    type: str  # "aws": AWS KMS (or its API); "vault": a Vault transit secrets engine
+    # aws: a key id, ARN, alias name or alias ARN; vault: a transit key's name;
+    # ``{topic}``: one key per topic
+    key: str
+    region: str | None = None  # aws; None: the AWS SDK's own (AWS_REGION, the profile...)
+    endpoint: str | None = None  # aws: None, the region's; vault: its address (required)
     timeout: float = 5.0  # seconds a KMS call may take, retries included
+    mount: str = "transit"  # vault: the transit engine's mount path
+    token_file: str | None = None  # vault: a file holding the token; None: VAULT_TOKEN
+    namespace: str | None = None  # vault: X-Vault-Namespace (Enterprise, HCP)
+    ca_file: str | None = None  # vault: CA bundle for https (None: the system's)
 
     @property
     def prefix(self) -> str:

@@ -350,12 +350,20 @@ def _encrypt_records(reader: Reader) -> RecordEncryption:
     return RecordEncryption(topics, key, ring, limit, kms)
 
 
-_KMS_TYPES = {"aws": "AWS KMS (or a service that speaks its API)"}
+_KMS_TYPES = {"aws": "AWS KMS (or a service that speaks its API)",
+              "vault": "a HashiCorp Vault or OpenBao transit secrets engine"}
+# The keys only one type of KMS takes.
+_KMS_ONLY = {"aws": ("region",),
+             "vault": ("address", "mount", "token_file", "namespace", "ca_file")}
+# A Vault transit key's name (its path segment; ``{topic}`` stands for a topic's name).
+_VAULT_KEY = re.compile(r"[\w.@{}-]+")
 
 
 def _kms(reader: Reader) -> KmsSpec | None:
-    """``kms: {type, key, region, endpoint, timeout_seconds}``: the KMS that holds the
-    key-encryption key (credentials never here: the SDK's own chain finds them)."""
+    """``kms: {type, key, timeout_seconds, ...}``: the KMS that holds the key-encryption
+    key.  aws: ``region``, ``endpoint``; vault: ``address``, ``mount``, ``token_file``,
+    ``namespace``, ``ca_file``.  Credentials are never here: the AWS SDK's own chain finds
+    them; Vault's token is in a file (Vault Agent's sink) or VAULT_TOKEN."""
     raw = reader.take("kms", dict)
     if raw is None:
         return None
@@ -364,31 +372,64 @@ def _kms(reader: Reader) -> KmsSpec | None:
     if kind not in _KMS_TYPES:
         raise sub.error("type", f"encrypt_records.kms.type: {kind!r} is not one of "
                         + ", ".join(f"{k} ({v})" for k, v in _KMS_TYPES.items()))
+    for other, keys in _KMS_ONLY.items():
+        for name in keys:
+            if other != kind and name in raw:
+                raise sub.error(name, f"encrypt_records.kms.{name} is for type {other}, "
+                                f"not {kind}")
+    if "credentials" in raw or "access_key_id" in raw or "secret_access_key" in raw or (
+            "token" in raw):
+        raise sub.error(None, "encrypt_records.kms takes no credentials: "
+                        + ("the AWS SDK finds them (environment, profile, web identity on "
+                           "Kubernetes, instance role)" if kind == "aws" else
+                           "Vault's token is read from token_file (Vault Agent's sink) or "
+                           "VAULT_TOKEN"))
     key = sub.require("key", str)
     if not key or len(f"{kind}-kms:{key}".encode()) > 255:
-        raise sub.error("key", "encrypt_records.kms.key: a key id, key ARN, alias name "
-                        "(alias/...) or alias ARN, at most 247 bytes")
-    if ("{" in key.replace(TOPIC_PLACEHOLDER, "") or "}" in key.replace(TOPIC_PLACEHOLDER, "")
-            or (TOPIC_PLACEHOLDER in key and not key.startswith(("alias/", "arn:")))):
+        what = ("a key id, key ARN, alias name (alias/...) or alias ARN" if kind == "aws"
+                else "a transit key's name")
+        raise sub.error("key", f"encrypt_records.kms.key: {what}, at most "
+                        f"{255 - len(f'{kind}-kms:')} bytes")
+    braces = key.replace(TOPIC_PLACEHOLDER, "")
+    if kind == "aws" and ("{" in braces or "}" in braces or (
+            TOPIC_PLACEHOLDER in key and not key.startswith(("alias/", "arn:")))):
         raise sub.error("key", f"encrypt_records.kms.key: {key!r}: the one placeholder is "
                         f"{TOPIC_PLACEHOLDER} (each topic's key: an alias, alias/...-"
                         f"{TOPIC_PLACEHOLDER}, or an alias ARN)")
-    region = sub.take("region", str)
-    endpoint = sub.take("endpoint", str)
-    if endpoint is not None and urllib.parse.urlsplit(endpoint).scheme not in ("http",
-                                                                               "https"):
-        raise sub.error("endpoint", f"encrypt_records.kms.endpoint: {endpoint!r} is not an "
-                        "http(s) URL")
+    if kind == "vault" and ("{" in braces or "}" in braces or not _VAULT_KEY.fullmatch(key)):
+        raise sub.error("key", f"encrypt_records.kms.key: {key!r}: a transit key's name "
+                        f"(letters, digits, _ - . @; {TOPIC_PLACEHOLDER} for each topic's "
+                        "key)")
     timeout = sub.take("timeout_seconds", (int, float), 5.0)
     if not 0 < timeout <= 60:
         raise sub.error("timeout_seconds", "encrypt_records.kms.timeout_seconds: more than "
                         "0 and at most 60 (a Produce request waits for it)")
-    if "credentials" in raw or "access_key_id" in raw or "secret_access_key" in raw:
-        raise sub.error(None, "encrypt_records.kms takes no credentials: the AWS SDK finds "
-                        "them (environment, profile, web identity on Kubernetes, instance "
-                        "role)")
+    if kind == "aws":
+        spec = KmsSpec(kind, key, sub.take("region", str), _url(sub, "endpoint"),
+                       float(timeout))
+    else:
+        address = _url(sub, "address")
+        if address is None:
+            raise sub.error(None, "encrypt_records.kms.address: Vault's address "
+                            "(https://vault.example:8200) is required with type vault")
+        mount = sub.take("mount", str, "transit").strip("/")
+        if not mount or not re.fullmatch(r"[\w.@/-]+", mount):
+            raise sub.error("mount", f"encrypt_records.kms.mount: {mount!r} is not a mount "
+                            "path (transit, team-a/transit)")
+        files = {part: None if (name := sub.take(part, str)) is None
+                 else str(_beside_rules(name, reader.source.file))
+                 for part in ("token_file", "ca_file")}  # beside the rules unless absolute
+        spec = KmsSpec(kind, key, None, address, float(timeout), mount, files["token_file"],
+                       sub.take("namespace", str), files["ca_file"])
     sub.finish()
-    return KmsSpec(kind, key, region, endpoint, float(timeout))
+    return spec
+
+
+def _url(reader: Reader, key: str) -> str | None:
+    url: str | None = reader.take(key, str)
+    if url is not None and urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+        raise reader.error(key, f"encrypt_records.kms.{key}: {url!r} is not an http(s) URL")
+    return url
 
 
 def _max_decompressed(reader: Reader, what: str) -> int:

@@ -1,5 +1,6 @@
 """``encrypt_records.kms`` on a real Apache Kafka broker with librdkafka on both sides,
-the data keys made and opened by AWS KMS' API (moto's server, tests/support/kms.py):
+the data keys made and opened by each KMS the proxy speaks to (tests/support/kms.py: AWS
+KMS' API served by moto, and Vault's transit engine behind Vault's HTTP API):
 records stored encrypted under keys the proxy never holds at rest, read back in the
 clear by a second proxy that shares nothing with the first but the KMS; and through a
 KMS outage (its process stopped) nothing is lost, duplicated or handed over as
@@ -31,34 +32,53 @@ from tests.integration.test_rules_encryption import (
 )
 from tests.support.clients import unique, watermarks
 from tests.support.kafka import KafkaCluster
-from tests.support.kms import CREDENTIALS, REGION, KmsServer, kms_server
+from tests.support.kms import (
+    CREDENTIALS,
+    REGION,
+    VAULT_TOKEN,
+    KmsServer,
+    VaultServer,
+    kms_server,
+    vault_server,
+)
 from tests.support.proxythread import ProxyThread
 
 OUTCOMES = "gatehouse_encrypted_records_total"
 
 
-@pytest.fixture(scope="module")
-def kms(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KmsServer]:
-    with kms_server(tmp_path_factory.mktemp("kms") / "moto.log") as server:
-        server.new_key("alias/payments")
+Kms = KmsServer | VaultServer
+
+
+@pytest.fixture(scope="module", params=["aws", "vault"])
+def kms(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+        ) -> Iterator[Kms]:
+    serve = kms_server if request.param == "aws" else vault_server
+    server: Kms
+    with serve(tmp_path_factory.mktemp("kms") / "kms.log") as server:
+        server.key_for("payments")
         yield server
 
 
 @pytest.fixture(autouse=True)
-def aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, value in CREDENTIALS.items():
+def kms_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {**CREDENTIALS, "VAULT_TOKEN": VAULT_TOKEN}.items():
         monkeypatch.setenv(name, value)
 
 
-def kms_policy(kms: KmsServer) -> RulesPolicy:
-    """A proxy's rules (each call: a proxy of its own, with no data keys yet)."""
+def kms_policy(kms: Kms, key: str = "payments", client: str = "app") -> RulesPolicy:
+    """A proxy's rules (each call: a proxy of its own, with no data keys yet): the
+    values of pay-* topics its ``client`` clients write sealed under ``key`` of ``kms``."""
     rules = ("- name: payments\n"
-             "  match: {client_id: '^app'}\n"
+             f"  match: {{client_id: '^{client}'}}\n"
              "  encrypt_records:\n"
              "    topics: ['pay-.*']\n"
-             "    kms: {type: aws, key: alias/payments, region: " + REGION
-             + ", endpoint: '" + kms.endpoint + "', timeout_seconds: 1}\n")
+             f"    kms: {kms.rule_kms(kms.key_name(key))}\n")
     return RulesPolicy(parse_rules(load_yaml_text(rules, "rules.yaml"), "rules.yaml"))
+
+
+def kek_name(kms: Kms, key: str) -> bytes:
+    """The name the envelopes give ``key`` of ``kms``."""
+    return f"{kms.type}-kms:{kms.key_name(key)}".encode()
 
 
 def reached(proxy: ProxyThread, outcome: str, topic: str, timeout: float = 60) -> float:
@@ -68,7 +88,7 @@ def reached(proxy: ProxyThread, outcome: str, topic: str, timeout: float = 60) -
 
 
 def test_records_sealed_under_a_kms_key_and_read_through_another_proxy(
-        kafka: KafkaCluster, kms: KmsServer) -> None:
+        kafka: KafkaCluster, kms: Kms) -> None:
     topic = unique("pay-kms")
     kafka.create_topic(topic, partitions=2)
     sent = [(b"k%d" % i, SECRET + b"%d" % i) for i in range(200)]
@@ -83,7 +103,7 @@ def test_records_sealed_under_a_kms_key_and_read_through_another_proxy(
                             outcome="encrypted") == len(sent)
     assert stored_plainly(kafka, topic, SECRET) == []
     direct = read_all(kafka.bootstrap, topic, len(sent))
-    assert all(SECRET not in m.value() and b"aws-kms:alias/payments" in m.value()
+    assert all(SECRET not in m.value() and kek_name(kms, "payments") in m.value()
                and m.headers()[-1] == (HEADER, b"\x01") for m in direct)
     with ProxyThread(kafka.bootstrap, policy=kms_policy(kms)) as other:
         got = read_all(other.bootstrap, topic, len(sent))
@@ -93,7 +113,7 @@ def test_records_sealed_under_a_kms_key_and_read_through_another_proxy(
 
 
 def test_a_kms_outage_loses_nothing_and_hands_over_no_ciphertext(
-        kafka: KafkaCluster, kms: KmsServer) -> None:
+        kafka: KafkaCluster, kms: Kms) -> None:
     topic = unique("pay-outage")
     kafka.create_topic(topic, partitions=2)
     sent = {b"%d" % i: SECRET + b"%d" % i for i in range(100)}
@@ -155,7 +175,7 @@ def test_a_kms_outage_loses_nothing_and_hands_over_no_ciphertext(
 
 
 def test_nothing_needs_the_kms_where_the_rule_does_not_apply(
-        kafka: KafkaCluster, kms: KmsServer) -> None:
+        kafka: KafkaCluster, kms: Kms) -> None:
     """Other topics and other clients go on while the KMS is down."""
     topic = unique("orders")
     kafka.create_topic(topic)
@@ -168,7 +188,7 @@ def test_nothing_needs_the_kms_where_the_rule_does_not_apply(
         assert len(read_all(proxy.bootstrap, topic, 20)) == 20
 
 
-def test_check_probe_makes_and_opens_a_data_key(kafka: KafkaCluster, kms: KmsServer,
+def test_check_probe_makes_and_opens_a_data_key(kafka: KafkaCluster, kms: Kms,
                                                 tmp_path: Path) -> None:
     """`gatehouse check --probe` asks the KMS as the proxy would (with the credentials
     the proxy would find), and says so; exit 1 when it makes no data key."""
@@ -179,44 +199,43 @@ def test_check_probe_makes_and_opens_a_data_key(kafka: KafkaCluster, kms: KmsSer
 
     def probe(key: str) -> subprocess.CompletedProcess[str]:
         rules.write_text("rules:\n  - name: payments\n    encrypt_records:\n"
-                         f"      kms: {{type: aws, key: {key}, region: {REGION}, "
-                         f"endpoint: '{kms.endpoint}', timeout_seconds: 1}}\n")
+                         f"      kms: {kms.rule_kms(kms.key_name(key))}\n")
         return subprocess.run([sys.executable, "-m", "gatehouse.cli", "check", "--config",
                                str(config), "--probe"], capture_output=True, text=True,
                               timeout=120)
 
-    result = probe("alias/payments")
+    if isinstance(kms, KmsServer):
+        made_by = (f"AWS KMS under its key 'alias/payments' (region {REGION}, endpoint "
+                   f"{kms.endpoint})")
+        missing = f"{kms.endpoint}: NotFoundException"
+    else:
+        made_by = (f"the Vault transit engine at {kms.address}/v1/transit under its key "
+                   "'payments' (token from VAULT_TOKEN)")
+        missing = f"Vault {kms.address} (transit): HTTP 400: encryption key not found"
+    result = probe("payments")
     assert result.returncode == 0, result.stdout + result.stderr
     assert (f"encrypt_records (rule payments): values of every topic encrypted under data "
-            f"keys made by AWS KMS under its key 'alias/payments' (region {REGION}, endpoint "
-            f"{kms.endpoint}), each KMS call bounded by 1 s") in result.stdout
-    assert re.search(r"  encrypt_records \(rule payments\): aws-kms:alias/payments: a data "
+            f"keys made by {made_by}, each KMS call bounded by 1 s") in result.stdout
+    name = kek_name(kms, "payments").decode()
+    assert re.search(rf"  encrypt_records \(rule payments\): {re.escape(name)}: a data "
                      r"key made and opened in \d+ ms", result.stdout), result.stdout
-    result = probe("alias/nowhere")
+    result = probe("nowhere")
     assert result.returncode == 1
-    assert ("  encrypt_records (rule payments): aws-kms:alias/nowhere: "
-            f"{kms.endpoint}: NotFoundException") in result.stdout, result.stdout
+    assert (f"  encrypt_records (rule payments): {kek_name(kms, 'nowhere').decode()}: "
+            f"{missing}") in result.stdout, result.stdout
     assert "rule payments's KMS makes or opens no data key" in result.stderr
 
 
-def test_each_topic_under_its_own_kms_key(kafka: KafkaCluster, kms: KmsServer) -> None:
-    """``kms.key: alias/pay-{topic}``: librdkafka producing to two topics at once, each
-    stored under its own key, both read back through another proxy."""
+def test_each_topic_under_its_own_kms_key(kafka: KafkaCluster, kms: Kms) -> None:
+    """``kms.key: alias/pay-{topic}`` (Vault: ``pay-{topic}``): librdkafka producing to
+    two topics at once, each stored under its own key, both read back through another
+    proxy."""
     topics = [unique("pay-a"), unique("pay-b")]
     for topic in topics:
         kafka.create_topic(topic)
-        kms.new_key(f"alias/pay-{topic}")
-    rules = ("- name: payments\n"
-             "  match: {client_id: '^app'}\n"
-             "  encrypt_records:\n"
-             "    topics: ['pay-.*']\n"
-             "    kms: {type: aws, key: 'alias/pay-{topic}', region: " + REGION
-             + ", endpoint: '" + kms.endpoint + "', timeout_seconds: 1}\n")
+        kms.key_for(f"pay-{topic}")
 
-    def policy() -> RulesPolicy:
-        return RulesPolicy(parse_rules(load_yaml_text(rules, "rules.yaml"), "rules.yaml"))
-
-    with ProxyThread(kafka.bootstrap, policy=policy()) as proxy:
+    with ProxyThread(kafka.bootstrap, policy=kms_policy(kms, "pay-{topic}")) as proxy:
         producer = ck.Producer({"bootstrap.servers": proxy.bootstrap, "client.id": "app-w",
                                 "enable.idempotence": True, "linger.ms": 20, "log_level": 3})
         for i in range(100):
@@ -225,17 +244,17 @@ def test_each_topic_under_its_own_kms_key(kafka: KafkaCluster, kms: KmsServer) -
         assert producer.flush(30) == 0
     for topic in topics:
         direct = read_all(kafka.bootstrap, topic, 100)
-        names = {m.value().split(b"aws-kms:")[1][:len(f"alias/pay-{topic}")] for m in direct}
-        assert names == {f"alias/pay-{topic}".encode()}
+        name = kek_name(kms, f"pay-{topic}")
+        assert all(name in m.value() for m in direct)
         assert stored_plainly(kafka, topic, SECRET) == []
-    with ProxyThread(kafka.bootstrap, policy=policy()) as other:
+    with ProxyThread(kafka.bootstrap, policy=kms_policy(kms, "pay-{topic}")) as other:
         for topic in topics:
             got = read_all(other.bootstrap, topic, 100)
             assert sorted(m.value() for m in got) == sorted(
                 SECRET + topic.encode() + b"%d" % i for i in range(100))
 
 
-def test_java_clients_by_topic_id_under_a_topic_key(kafka: KafkaCluster, kms: KmsServer,
+def test_java_clients_by_topic_id_under_a_topic_key(kafka: KafkaCluster, kms: Kms,
                                                     tmp_path: Path) -> None:
     """The Java VerifiableProducer (Produce v13: topics by id) and VerifiableConsumer
     (Fetch v17) under a per-topic KMS key: the key is named once the topic's id is
@@ -243,14 +262,7 @@ def test_java_clients_by_topic_id_under_a_topic_key(kafka: KafkaCluster, kms: Km
     at its offset."""
     topic = unique("pay-java")
     kafka.create_topic(topic, partitions=2)
-    kms.new_key(f"alias/pay-{topic}")
-    rules = ("- name: payments\n"
-             "  match: {client_id: '^java'}\n"
-             "  encrypt_records:\n"
-             "    topics: ['pay-.*']\n"
-             "    kms: {type: aws, key: 'alias/pay-{topic}', region: " + REGION
-             + ", endpoint: '" + kms.endpoint + "', timeout_seconds: 1}\n")
-    policy = RulesPolicy(parse_rules(load_yaml_text(rules, "rules.yaml"), "rules.yaml"))
-    java_round_trip(kafka, policy, tmp_path, topic)
+    kms.key_for(f"pay-{topic}")
+    java_round_trip(kafka, kms_policy(kms, "pay-{topic}", client="java"), tmp_path, topic)
     direct = read_all(kafka.bootstrap, topic, 10)
-    assert all(f"aws-kms:alias/pay-{topic}".encode() in m.value() for m in direct)
+    assert all(kek_name(kms, f"pay-{topic}") in m.value() for m in direct)
