@@ -79,6 +79,10 @@ def test_a_data_key_made_by_vault_opens_under_its_key_alone(vault: VaultServer) 
         kek.unwrap(changed)
     with pytest.raises(Undecryptable, match="not a Vault ciphertext"):
         kek.unwrap(b"\xff\xfe")
+    # Something else the key encrypted (transit/encrypt), not a data key.
+    other_use = vault.call("POST", "transit/encrypt/payments", {"plaintext": "aGVsbG8="})
+    with pytest.raises(Undecryptable, match="opens to 5 bytes, not a data key"):
+        kek.unwrap(other_use["data"]["ciphertext"].encode())
     # A key Vault does not have: the KMS cannot serve it (its records wait, retried).
     missing = clients.client(spec(vault.address, "payments")).kek("vault-kms:none")
     with pytest.raises(KmsUnavailable, match="HTTP 400: encryption key not found"):

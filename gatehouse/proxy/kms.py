@@ -253,10 +253,13 @@ class VaultKek:
         opened = self.kms.call(f"decrypt/{urllib.parse.quote(self.key)}",
                                {"ciphertext": ciphertext})
         try:
-            return base64.b64decode(opened["plaintext"], validate=True)
+            secret = base64.b64decode(opened["plaintext"], validate=True)
         except (KeyError, TypeError, ValueError, binascii.Error):
             raise KmsUnavailable(f"{self.kms.where}: a decrypt answer without its "
                                  "plaintext") from None
+        if len(secret) != 32:  # another use of the key's: not a data key of ours
+            raise Undecryptable(f"it opens to {len(secret)} bytes, not a data key")
+        return secret
 
 
 class KmsClients:
