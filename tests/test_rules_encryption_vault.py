@@ -6,6 +6,7 @@ refuses is a KMS unavailable, a changed ciphertext an undecryptable record."""
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -160,6 +161,22 @@ def test_https_is_verified_against_the_rules_ca(tmp_path: Path) -> None:
         kek = sealing(vault_encryption(server.address, "payments", ca_file=str(files[2])))
         secret, edek = kek.new_dek()
         assert kek.unwrap(edek) == secret
+        # The CA file read again when it changes (the same client: rotated in place).
+        right = files[2].read_bytes()
+        trustme.CA().cert_pem.write_to_path(str(files[2]))
+        os.utime(files[2], ns=(1, 1))
+        with pytest.raises(KmsUnavailable, match="CERTIFICATE_VERIFY_FAILED"):
+            kek.new_dek()
+        files[2].write_bytes(right)
+        os.utime(files[2], ns=(2, 2))
+        assert kek.unwrap(edek) == secret
+        files[2].write_text("not a certificate\n")
+        os.utime(files[2], ns=(3, 3))
+        with pytest.raises(KmsUnavailable, match=re.escape(f"ca_file {files[2]}: ")):
+            kek.new_dek()
+        files[2].unlink()
+        with pytest.raises(KmsUnavailable, match=re.escape(f"ca_file {files[2]}: No such")):
+            kek.new_dek()
 
 
 def test_a_namespace_goes_with_every_call(tmp_path: Path) -> None:

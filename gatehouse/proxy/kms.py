@@ -140,6 +140,7 @@ class VaultKms:
         self.base = (f"{spec.endpoint.rstrip('/')}/v1/"
                      f"{urllib.parse.quote(spec.mount.strip('/'))}/")
         self._context: ssl.SSLContext | None = None
+        self._stamp: tuple[int, int, int] | None = None  # ca_file's, as last read
         self._lock = threading.Lock()
 
     @property
@@ -166,10 +167,21 @@ class VaultKms:
         return token
 
     def _ssl(self) -> ssl.SSLContext:
-        with self._lock:
-            if self._context is None:
-                self._context = ssl.create_default_context(cafile=self.spec.ca_file)
-            return self._context
+        """The TLS context, made again when ``ca_file`` changes (a rotated CA is used
+        without a restart)."""
+        cafile = self.spec.ca_file
+        try:
+            found = None if cafile is None else os.stat(cafile)
+            stamp = None if found is None else (found.st_mtime_ns, found.st_size,
+                                                found.st_ino)
+            with self._lock:
+                if self._context is None or stamp != self._stamp:
+                    self._context = ssl.create_default_context(cafile=cafile)
+                    self._stamp = stamp
+                return self._context
+        except (OSError, ssl.SSLError) as exc:
+            raise KmsUnavailable(f"{self.where}: ca_file {cafile}: "
+                                 f"{getattr(exc, 'strerror', None) or exc}") from None
 
     def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """One call to the transit engine (a second try on a network failure or an
