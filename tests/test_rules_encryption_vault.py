@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import re
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -124,6 +126,25 @@ def test_a_vault_that_hangs_is_given_up_within_its_timeout(vault: VaultServer) -
     gone = sealing(vault_encryption("http://127.0.0.1:9", "payments", timeout=1.0))
     with pytest.raises(KmsUnavailable, match="Connection refused"):
         gone.new_dek()
+
+
+def test_something_that_is_not_vault_is_a_kms_unavailable() -> None:
+    """What answers at the address but not in HTTP (a misnamed port) is said, not an
+    exception the opening thread cannot handle."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        def answer() -> None:
+            for _ in range(2):  # both attempts
+                peer, _ = server.accept()
+                with peer:
+                    peer.recv(65536)
+                    peer.sendall(b"\x00\x00\x00\x10not http at all\r\n\r\n")
+        thread = threading.Thread(target=answer, daemon=True)
+        thread.start()
+        port = server.getsockname()[1]
+        kek = sealing(vault_encryption(f"http://127.0.0.1:{port}", "payments", timeout=2.0))
+        with pytest.raises(KmsUnavailable, match=f"Vault http://127.0.0.1:{port} "):
+            kek.new_dek()
+        thread.join(5)
 
 
 def test_values_sealed_under_vault_open_at_another_proxy(vault: VaultServer) -> None:

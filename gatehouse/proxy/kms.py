@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import http.client
 import json
 import os
 import ssl
@@ -210,7 +211,8 @@ class VaultKms:
                                         f"({failure})") from None
                 if exc.code not in _VAULT_RETRIED:
                     break
-            except (urllib.error.URLError, OSError, ValueError) as exc:
+            except (urllib.error.URLError, OSError, ValueError,
+                    http.client.HTTPException) as exc:  # no route, timeouts, not HTTP
                 reason = getattr(exc, "reason", exc)
                 failure = str(reason) or type(reason).__name__
         raise KmsUnavailable(f"{self.where}: {failure}")
