@@ -135,6 +135,11 @@ def test_a_data_key_made_by_the_kms_opens_only_under_its_name(kms: KmsServer,
         kek.unwrap(bytes(changed))
     with pytest.raises(KmsUnavailable, match="NotFoundException"):
         clients.client(spec(kms, "alias/none")).kek("aws-kms:alias/none").new_dek()
+    # The alias of that name in another region (or behind another endpoint) is another
+    # KEK: the DEKs one opened are not the other's to use.
+    elsewhere = KmsSpec("aws", alias, "us-east-1", None, 5.0)
+    assert clients.client(elsewhere).kek(kek.name) != kek
+    assert clients.client(spec(kms, alias)).kek(kek.name) == kek
 
 
 def test_a_kms_that_hangs_is_given_up_within_its_timeout(kms: KmsServer, alias: str) -> None:

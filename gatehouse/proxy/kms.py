@@ -99,7 +99,7 @@ class AwsKms:
             raise KmsUnavailable(f"{self.where}: {exc}") from None
 
     def kek(self, name: str) -> AwsKek:
-        return AwsKek(name, name[len(self.spec.prefix):], self)
+        return AwsKek(name, name[len(self.spec.prefix):], self.where, self)
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,7 @@ class AwsKek:
 
     name: str
     key: str  # the key id, ARN or alias the name holds
+    where: str  # the KMS's endpoint or region: an alias of that name elsewhere is another KEK
     kms: AwsKms = field(compare=False, repr=False)
 
     @property
