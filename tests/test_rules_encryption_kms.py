@@ -86,9 +86,13 @@ def spec(kms: KmsServer, key: str, timeout: float = 5.0) -> KmsSpec:
     return KmsSpec("aws", key, REGION, kms.endpoint, timeout)
 
 
-def kms_encryption(kms: KmsServer, key: str, timeout: float = 5.0) -> RecordEncryption:
-    made = spec(kms, key, timeout)
+def encryption_under(made: KmsSpec) -> RecordEncryption:
+    """Every topic's values sealed under a key of the KMS ``made`` says."""
     return RecordEncryption(None, made.kek_name, None, LIMIT, made)
+
+
+def kms_encryption(kms: KmsServer, key: str, timeout: float = 5.0) -> RecordEncryption:
+    return encryption_under(spec(kms, key, timeout))
 
 
 def kms_rules(tmp_path: Path, kms: KmsServer, key: str, timeout: float = 5.0,

@@ -34,6 +34,7 @@ from gatehouse.rules.encryption import (
 )
 from tests.support.kms import VAULT_TOKEN, VaultServer, vault_server
 from tests.test_rules_encryption import LIMIT, SECRET, values
+from tests.test_rules_encryption_kms import encryption_under
 from tests.test_rules_records import batch
 
 
@@ -55,8 +56,7 @@ def spec(address: str, key: str, timeout: float = 5.0, **parts: Any) -> KmsSpec:
 
 def vault_encryption(address: str, key: str, timeout: float = 5.0, **parts: Any
                      ) -> RecordEncryption:
-    made = spec(address, key, timeout, **parts)
-    return RecordEncryption(None, made.kek_name, None, LIMIT, made)
+    return encryption_under(spec(address, key, timeout, **parts))
 
 
 def sealing(encryption: RecordEncryption) -> VaultKek:
