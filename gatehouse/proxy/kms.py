@@ -31,8 +31,10 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from gatehouse.configfile import FileState, file_state
 from gatehouse.proxy.awsiam import EXTRA_HINT
 from gatehouse.rules.encryption import (
     EncryptionKeys,
@@ -142,7 +144,7 @@ class VaultKms:
         self.base = (f"{spec.endpoint.rstrip('/')}/v1/"
                      f"{urllib.parse.quote(spec.mount.strip('/'))}/")
         self._context: ssl.SSLContext | None = None
-        self._stamp: tuple[int, int, int] | None = None  # ca_file's, as last read
+        self._stamp: FileState = None  # ca_file's, as last read
         self._lock = threading.Lock()
 
     @property
@@ -173,9 +175,7 @@ class VaultKms:
         without a restart)."""
         cafile = self.spec.ca_file
         try:
-            found = None if cafile is None else os.stat(cafile)
-            stamp = None if found is None else (found.st_mtime_ns, found.st_size,
-                                                found.st_ino)
+            stamp = None if cafile is None else file_state(Path(cafile))
             with self._lock:
                 if self._context is None or stamp != self._stamp:
                     self._context = ssl.create_default_context(cafile=cafile)
