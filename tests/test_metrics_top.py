@@ -125,3 +125,35 @@ def test_render_shows_what_encrypt_records_did() -> None:
     assert "Records encrypted (encrypt_records)" in shown
     # rule | topic | encrypted/s | decrypted/s | undecryptable/s | KMS/s | not opened
     assert row_cells(shown, "payments-encrypted") == ["payments-encrypted", "payments", "10", "0", "1", "0", "8"]
+
+
+def test_the_busiest_connections_between_two_scrapes() -> None:
+    def conn(id_: int, client_id: str, sent: int, got: int, requests: int,
+             **more: object) -> dict[str, object]:
+        return {"id": id_, "client": f"10.0.0.{id_}:4000", "client_id": client_id,
+                "software_name": "librdkafka", "software_version": "2.16", "principal": None,
+                "bytes_from_client": sent, "bytes_to_client": got, "requests": requests,
+                "answers_owed": 0, **more}
+
+    first = parse(text(1), 10.0)
+    first.connections = [conn(1, "quiet", 1_000, 1_000, 10),
+                         conn(2, "busy", 1_000, 0, 10)]
+    second = parse(text(2), 12.0)
+    second.connections = [conn(1, "quiet", 1_000, 3_048, 12),
+                          conn(2, "busy", 2_098_152, 0, 410, answers_owed=3),
+                          conn(3, "new", 0, 4_096, 2, principal="svc-new")]
+    out = io.StringIO()
+    Console(file=out, width=250, color_system=None).print(render(first, second, "URL"))
+    shown = out.getvalue().split("Busiest connections", 1)[1]
+    rows = [row_cells(shown, name) for name in ("busy", "new", "quiet")]
+    # id | client | client id | software | principal | req/s | in/s | out/s | owed
+    assert rows[0] == ["2", "10.0.0.2:4000", "busy", "librdkafka 2.16", "-", "200",
+                       "1.0 MiB", "0 B", "3"]
+    assert rows[1][4:8] == ["svc-new", "1", "0 B", "2.0 KiB"]  # new: counted from 0
+    assert rows[2][5:8] == ["1", "0 B", "1.0 KiB"]
+    assert shown.index("busy") < shown.index("new") < shown.index("quiet")
+    # Not served to us (or no connection): no table.
+    second.connections = None
+    out = io.StringIO()
+    Console(file=out, width=250, color_system=None).print(render(first, second, "URL"))
+    assert "Busiest connections" not in out.getvalue()

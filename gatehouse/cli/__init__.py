@@ -68,6 +68,22 @@ def _parser() -> argparse.ArgumentParser:
     top.add_argument("--once", action="store_true",
                      help="print one view (rates over one interval) and exit")
 
+    connections = sub.add_parser(
+        "connections", help="the client connections a proxy holds now (its /connections)")
+    connections.add_argument("--metrics", default="http://127.0.0.1:9464/metrics",
+                             metavar="URL", help="the proxy's metrics endpoint (default: "
+                             "%(default)s); its /connections is read")
+    connections.add_argument("--sort", default="age", choices=("age", "bytes", "requests",
+                                                               "idle", "owed", "client"),
+                             help="oldest, most bytes, most requests, longest idle, most "
+                             "answers owed first, or by client address (default: age)")
+    connections.add_argument("--match", metavar="TEXT",
+                             help="only connections whose client address, client id, "
+                             "principal, software, listener or broker contains TEXT")
+    connections.add_argument("--limit", type=int, metavar="N", help="at most N rows")
+    connections.add_argument("--json", action="store_true",
+                             help="print the connections as JSON instead of a table")
+
     credential = sub.add_parser(
         "credential", help="a user's SCRAM credentials for sasl.downstream's users file "
         "(the password from stdin, or asked for)")
@@ -102,6 +118,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gatehouse.cli.top import run_top
 
         return run_top(args.metrics, interval=args.interval, once=args.once)
+    if args.command == "connections":
+        from gatehouse.cli.connections import run_connections
+
+        return run_connections(args.metrics, sort=args.sort, match=args.match,
+                               limit=args.limit, as_json=args.json)
     if args.command == "credential":
         return _credential(args.user, args.mechanism or ["SCRAM-SHA-256", "SCRAM-SHA-512"],
                            args.iterations, args.file)

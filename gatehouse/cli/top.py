@@ -6,6 +6,7 @@ between two scrapes.  ``--once`` takes two scrapes, prints one view and exits.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import urllib.error
@@ -13,6 +14,7 @@ import urllib.request
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console, Group, JustifyMethod, RenderableType
@@ -33,6 +35,8 @@ class Snapshot:
 
     at: float
     samples: dict[str, dict[Labels, float]] = field(default_factory=dict)
+    # The proxy's /connections at the same moment; None where it is not served to us.
+    connections: list[dict[str, Any]] | None = None
 
     def series(self, name: str) -> dict[Labels, float]:
         return self.samples.get(name, {})
@@ -59,12 +63,18 @@ def parse(text: str, at: float) -> Snapshot:
 
 
 def scrape(url: str, timeout: float = 5.0) -> Snapshot:
+    """/metrics, and /connections beside it when the proxy answers us there."""
+    from gatehouse.cli.connections import ConnectionsError, connections_url, fetch
+
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
             text = response.read().decode("utf-8")
     except (urllib.error.URLError, OSError, UnicodeDecodeError) as exc:
         raise ScrapeError(f"{url}: {getattr(exc, 'reason', None) or exc}") from exc
-    return parse(text, time.monotonic())
+    snap = parse(text, time.monotonic())
+    with contextlib.suppress(ConnectionsError):  # not ours to read: the rest still is
+        snap.connections = fetch(connections_url(url), timeout)["connections"]
+    return snap
 
 
 # -- numbers ------------------------------------------------------------------------
@@ -269,6 +279,9 @@ def render(prev: Snapshot | None, cur: Snapshot, url: str) -> RenderableType:
 
     parts: list[RenderableType] = [header, api, err_table, topics, census, decisions,
                                    connections]
+    busiest = _busiest(prev, cur)
+    if busiest is not None:
+        parts.append(busiest)
     measured = _client_measures(cur)
     if measured is not None:
         parts.insert(5, measured)
@@ -276,6 +289,40 @@ def render(prev: Snapshot | None, cur: Snapshot, url: str) -> RenderableType:
     if encrypted is not None:
         parts.insert(parts.index(decisions) + 1, encrypted)
     return Group(*parts)
+
+
+def _busiest(prev: Snapshot | None, cur: Snapshot) -> Table | None:
+    """The client connections moving the most bytes between the two scrapes (with no
+    earlier scrape: the most bytes since they opened), from /connections; None when
+    the proxy did not serve it to us or holds no connection."""
+    if not cur.connections:
+        return None
+    seconds = cur.at - prev.at if prev is not None and cur.at > prev.at else 0.0
+    before = {(c.get("worker"), c["id"]): c for c in (prev.connections or [])} if prev else {}
+
+    def per_second(conn: dict[str, Any], key: str) -> float:
+        if not seconds:
+            return 0.0
+        earlier = before.get((conn.get("worker"), conn["id"]), {})
+        return float(conn[key] - earlier.get(key, 0)) / seconds
+
+    def moved(conn: dict[str, Any]) -> float:
+        return (per_second(conn, "bytes_from_client") + per_second(conn, "bytes_to_client")
+                if seconds else float(conn["bytes_from_client"] + conn["bytes_to_client"]))
+
+    table = _table("Busiest connections" + ("" if seconds else " (bytes since opened)"), [
+        ("id", "right"), ("client", "left"), ("client id", "left"), ("software", "left"),
+        ("principal", "left"), ("req/s", "right"), ("in/s", "right"), ("out/s", "right"),
+        ("owed", "right")])
+    for c in sorted(cur.connections, key=moved, reverse=True)[:TOP_ROWS]:
+        ident = f"{c['worker']}:{c['id']}" if "worker" in c else str(c["id"])
+        software = " ".join(filter(None, (c.get("software_name"),
+                                          c.get("software_version")))) or "-"
+        table.add_row(ident, c["client"], c.get("client_id") or "-", software,
+                      c.get("principal") or "-", _num(per_second(c, "requests")),
+                      _bytes(per_second(c, "bytes_from_client")),
+                      _bytes(per_second(c, "bytes_to_client")), _num(c["answers_owed"]))
+    return table
 
 
 # encrypt_records' outcomes, as the columns show them.

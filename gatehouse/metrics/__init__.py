@@ -8,8 +8,10 @@ what does not fit folds into ``other`` and the fold is counted.  See docs/metric
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from functools import partial
 from types import ModuleType
 from typing import Any
@@ -712,10 +714,50 @@ class _RewriteStatsCollector:
 # -- endpoints ------------------------------------------------------------------------
 
 Readiness = Callable[[], bool | Awaitable[tuple[bool, str]]]
+# /connections: the document (gatehouse.proxy.live), made when asked.
+Connections = Callable[[], Awaitable[bytes]]
+
+
+@dataclass(frozen=True)
+class ConnectionsEndpoint:
+    """/connections: what it serves and to whom (``metrics.connections``: "local",
+    loopback clients only; "any"; "off", not served)."""
+
+    document: Connections | None
+    readers: str = "local"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether an address (a socket's peer name) is this host's loopback (IPv4-mapped
+    IPv6 included)."""
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return bool((mapped or address).is_loopback)
+
+
+def _peer_host(stream: trio.SocketStream) -> str:
+    try:
+        return str(stream.socket.getpeername()[0])
+    except (OSError, AttributeError, IndexError):
+        return ""
+
+
+async def _connections_answer(stream: trio.SocketStream, endpoint: ConnectionsEndpoint | None
+                              ) -> tuple[bytes, str, str]:
+    """/connections' body, status and content type."""
+    if endpoint is None or endpoint.document is None or endpoint.readers == "off":
+        return b"not served here (metrics.connections: off)\n", "404 Not Found", "text/plain"
+    if endpoint.readers != "any" and not is_loopback(_peer_host(stream)):
+        return (b"/connections names every client: served to loopback clients only "
+                b"(metrics.connections: local)\n", "403 Forbidden", "text/plain")
+    return await endpoint.document(), "200 OK", "application/json"
 
 
 async def _http(stream: trio.SocketStream, render: Callable[[], bytes],
-                ready: Readiness) -> None:
+                ready: Readiness, connections: ConnectionsEndpoint | None = None) -> None:
     async with stream:
         data = b""
         with trio.move_on_after(5):
@@ -739,6 +781,8 @@ async def _http(stream: trio.SocketStream, render: Callable[[], bytes],
             body = b"ready\n" if ok else f"not ready: {why}\n".encode()
             status = "200 OK" if ok else "503 Service Unavailable"
             ctype = "text/plain"
+        elif path == "/connections":
+            body, status, ctype = await _connections_answer(stream, connections)
         else:
             body, status, ctype = b"not found\n", "404 Not Found", "text/plain"
         head = (f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}"
@@ -748,11 +792,12 @@ async def _http(stream: trio.SocketStream, render: Callable[[], bytes],
 
 
 async def serve_endpoints(listen: Address, render: Callable[[], bytes], ready: Readiness, *,
+                          connections: ConnectionsEndpoint | None = None,
                           task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
                           ) -> None:
     """Serve /metrics (``render()``, in a thread: a scrape never stalls the event loop),
-    /healthz and /readyz (``ready()``: a bool, or awaitable (ok, why not));
-    ``task_status`` gets the bound port."""
+    /healthz, /readyz (``ready()``: a bool, or awaitable (ok, why not)) and
+    /connections (``connections``); ``task_status`` gets the bound port."""
     try:
         listeners = await trio.open_tcp_listeners(listen.port, host=listen.host)
     except OSError as exc:
@@ -763,16 +808,19 @@ async def serve_endpoints(listen: Address, render: Callable[[], bytes], ready: R
     task_status.started(port)
 
     async def handler(stream: trio.SocketStream) -> None:
-        await _http(stream, render, ready)
+        await _http(stream, render, ready, connections)
 
     await trio.serve_listeners(handler, listeners)
 
 
 async def serve_metrics(listen: Address, metrics: ProxyMetrics,
                         ready: Callable[[], bool] | None = None, *,
+                        connections: ConnectionsEndpoint | None = None,
                         task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-    """Serve /metrics, /healthz and /readyz; ``task_status`` gets the bound port."""
+    """Serve /metrics, /healthz, /readyz and /connections; ``task_status`` gets the
+    bound port."""
     if ready is not None:
         metrics.ready_check = ready
     await serve_endpoints(listen, partial(generate_latest, metrics.registry),
-                          metrics.ready_check, task_status=task_status)
+                          metrics.ready_check, connections=connections,
+                          task_status=task_status)

@@ -191,6 +191,9 @@ class ProxyConfig:
     tls_upstream: UpstreamTls | None = None
     metrics_listen: Address | None = None
     metrics_label_cap: int = 500  # distinct topic / client values per label
+    # Who may read /connections (the live client connections): "local" (loopback
+    # clients), "any" (whoever reaches metrics.listen) or "off" (not served).
+    metrics_connections: str = "local"
     # metrics.client_telemetry: the proxy receives the clients' KIP-714 metrics (a
     # gatehouse.metrics.telemetry.TelemetrySettings); None: the brokers' business.
     client_telemetry: Any = None
@@ -259,6 +262,24 @@ def _positive(reader: Reader, key: str, default: float | None, integer: bool = F
     if value <= 0:
         raise reader.error(key, f"{reader.what}.{key} must be positive, not {value}")
     return value
+
+
+CONNECTIONS_READERS = ("local", "any", "off")
+
+
+def _connections_readers(metrics: Reader) -> str:
+    """``metrics.connections``: who may read /connections, which names every live
+    client (address, client id, principal): loopback clients by default (a shell on the
+    host, ``kubectl port-forward``), whoever reaches ``metrics.listen``, or nobody."""
+    value = metrics.take("connections", (str, bool), "local")
+    if value is False:  # YAML reads an unquoted off (or false, no) as false
+        return "off"
+    if value not in CONNECTIONS_READERS:
+        raise metrics.error("connections", "metrics.connections says who may read "
+                            "/connections: local (loopback clients, the default), any "
+                            f"(whoever reaches metrics.listen) or off, not "
+                            f"{'true' if value is True else repr(value)}")
+    return str(value)
 
 
 OBSERVED_PUSH_INTERVAL = 300.0  # seconds: Kafka's client metrics interval.ms default
@@ -399,6 +420,7 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
 
     metrics_listen = None
     label_cap = 500
+    connections = "local"
     client_telemetry = None
     if top.has("metrics"):
         metrics = top.child("metrics")
@@ -412,6 +434,7 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
         if label_cap < 1:
             raise metrics.error("label_cap", f"metrics.label_cap must be at least 1, not "
                                 f"{label_cap}")
+        connections = _connections_readers(metrics)
         if metrics.has("client_telemetry"):
             client_telemetry = _client_telemetry(metrics.child("client_telemetry"))
         metrics.finish()
@@ -471,6 +494,7 @@ def parse_config(data: Any, source_name: str = "<config>", base: Path | None = N
         tls_upstream=tls_up,
         metrics_listen=metrics_listen,
         metrics_label_cap=label_cap,
+        metrics_connections=connections,
         client_telemetry=client_telemetry,
         capture=capture,
         rules=rules,

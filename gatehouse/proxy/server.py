@@ -37,6 +37,7 @@ from gatehouse.proxy.connection import (
 from gatehouse.proxy.hooks import CLIENT_CLOSED, ConnectionInfo, Observer, Observers, Policy
 from gatehouse.proxy.hostcounts import HostCounts
 from gatehouse.proxy.kerberos import KerberosAcceptor, KerberosCredentials, kerberos_identity
+from gatehouse.proxy.live import LiveConnections
 from gatehouse.proxy.oauth import OAuthClient, TokenSource, TokenValidator
 from gatehouse.proxy.principal import certificate_principal, mapped_principal
 from gatehouse.proxy.proxyprotocol import ProxyHeaderError, read_proxy_header
@@ -130,6 +131,7 @@ class Proxy:
         self._ids = itertools.count(1)
         self._rotate = itertools.count()
         self._connections = 0
+        self.live = LiveConnections()  # what /connections shows
         # Open connections per client address (a worker's: over all the workers).
         self.host_counts = host_counts or HostCounts()
         self._refusing: set[str] = set()  # hosts at max_connections_per_ip, logged
@@ -414,6 +416,7 @@ class Proxy:
         server_ssl = self.tls.server  # read once: a reload may replace it
         conn = ConnectionInfo(id=next(self._ids), client=client_address, listener=listener,
                               node_id=node_id, tls=server_ssl is not None, via=via)
+        self.live.opened(conn)
         client: trio.abc.Stream = stream
         reason = CLIENT_CLOSED
         level = logging.INFO
@@ -461,6 +464,7 @@ class Proxy:
                       upstream=conn.upstream)
             pumps = ProxyConnection(client, upstream.stream, conn, self.ctx,
                                     upstream.session_lifetime, upstream.target.host)
+            self.live.serving(conn, pumps)
             try:
                 await pumps.run()
             finally:
@@ -479,6 +483,7 @@ class Proxy:
                          extra={FIELDS_ATTR: conn.describe()})
             await aclose_quietly(client)
         finally:
+            self.live.closed(conn)
             self._connections -= 1
             self.host_counts.release(host)
             self._refusing.discard(host)

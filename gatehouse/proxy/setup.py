@@ -139,11 +139,15 @@ async def run_configured(config: ProxyConfig, policy: RulesPolicy, path: str | P
             nursery.start_soon(watch_files, *watched)
             nursery.start_soon(freeze_heap_when_ready, proxy)
             if config.metrics_listen is not None:
-                from gatehouse.metrics import serve_metrics
+                from gatehouse.metrics import ConnectionsEndpoint, serve_metrics
 
-                port = await nursery.start(
-                    serve_metrics, config.metrics_listen, observers[0],
-                    lambda: proxy.ready.is_set() and proxy.upstream_reachable)
+                port = await nursery.start(partial(
+                    serve_metrics, config.metrics_listen, observers[0],  # type: ignore[arg-type]
+                    lambda: proxy.ready.is_set() and proxy.upstream_reachable,
+                    # A worker's is for its supervisor to read (over loopback).
+                    connections=ConnectionsEndpoint(proxy.live.json, (
+                        "local" if link is not None and config.metrics_connections == "any"
+                        else config.metrics_connections))))
                 if link is not None:
                     await link.report(metrics_port=port)
             if link is not None:

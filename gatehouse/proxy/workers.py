@@ -36,11 +36,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Final
 
 import trio
 
 from gatehouse.logs import log_event
+from gatehouse.proxy import live
 from gatehouse.proxy.config import ProxyConfig
 from gatehouse.proxy.hostcounts import HostTable
 from gatehouse.proxy.sharedquotas import SharedTable
@@ -132,10 +134,12 @@ class Supervisor:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._handle_signals)
             if self.config.metrics_listen is not None:
-                from gatehouse.metrics import serve_endpoints
+                from gatehouse.metrics import ConnectionsEndpoint, serve_endpoints
 
-                await nursery.start(serve_endpoints, self.config.metrics_listen,
-                                    self.render_metrics, self.readiness)
+                await nursery.start(partial(
+                    serve_endpoints, self.config.metrics_listen, self.render_metrics,
+                    self.readiness, connections=ConnectionsEndpoint(
+                        self.connections, self.config.metrics_connections)))
             async with trio.open_nursery() as keepers:
                 for worker in self.workers:
                     keepers.start_soon(self._keep, worker)
@@ -293,6 +297,32 @@ class Supervisor:
                                        "restarted after they died")
         restarts.add_metric([], self.restarts)
         return merge_by_worker(texts, own=[states, restarts])
+
+    def render_connections(self) -> bytes:
+        """Every worker's /connections as one document, each connection with its
+        ``worker`` (runs in a thread); ``workers_unavailable`` names those that did not
+        answer (starting, restarting), so a short list is never taken for the whole."""
+        entries: list[dict[str, Any]] = []
+        unavailable: list[int] = []
+        for worker in list(self.workers):
+            port = worker.metrics_port
+            try:
+                if port is None:
+                    raise OSError("not started")
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/connections",
+                                            timeout=SCRAPE_TIMEOUT) as answer:
+                    listed = json.loads(answer.read())["connections"]
+            except (OSError, urllib.error.URLError, ValueError, KeyError, TypeError) as exc:
+                unavailable.append(worker.index)
+                log_event(logger, logging.WARNING, "worker connections unavailable",
+                          worker=worker.index, error=str(exc))
+                continue
+            entries.extend({"worker": worker.index, **item} for item in listed)
+        return live.encode(live.document(entries, workers=len(self.workers),
+                                         workers_unavailable=unavailable))
+
+    async def connections(self) -> bytes:
+        return await trio.to_thread.run_sync(self.render_connections)
 
     async def readiness(self) -> tuple[bool, str]:
         """Ready when every worker is (each one's own /readyz)."""

@@ -65,7 +65,7 @@ def test_top_once_shows_traffic_census_topics_and_refusals(
     conf = {"bootstrap.servers": bootstrap}
     produce(conf, topic, count=1000)
     assert len(consume(conf, topic, 1000)) == 1000
-    admin = AdminClient(conf)
+    admin = AdminClient({**conf, "client.id": "top-admin"})
     resource = ConfigResource("topic", topic)
     with pytest.raises(ck.KafkaException):
         admin.describe_configs([resource], request_timeout=10)[resource].result(10)
@@ -95,6 +95,12 @@ def test_top_once_shows_traffic_census_topics_and_refusals(
     assert row(text, "no-describe-configs", "refuse")[3] == "1"
     assert row(text, "DescribeConfigs", "CLUSTER_AUTHORIZATION_FAILED")[3] == "1"
     assert row(text, "client")  # the connections table
+    # /connections beside /metrics: the admin client's connections, one by one.
+    busiest = text.split("Busiest connections", 1)[1]
+    admins = [[c.strip() for c in re.split(r"[│|┃]", line) if c.strip()]
+              for line in busiest.splitlines() if "top-admin" in line]
+    assert admins and all(cells[0].isdigit() and cells[3].startswith("confluent-kafka")
+                          for cells in admins), busiest
     # What the producers measured themselves and pushed as they closed (KIP-714).
     measured = row(text, "rdkafka", "confluent-kafka-python")
     assert float(measured[2]) >= 0  # the producer's record queue time, in ms

@@ -6,6 +6,7 @@ with it, and a worker that cannot start stops the lot with the reason in the log
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -15,6 +16,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -119,6 +121,11 @@ def test_workers_serve_one_set_of_ports_and_one_metrics_endpoint(kafka: KafkaClu
             opened = by_worker(scrape(metrics), "gatehouse_connections_total", side="client",
                                outcome="opened")
             assert set(opened) == {"0", "1"} and min(opened.values()) > 0, opened
+            # /connections: every worker's, each connection under its worker.
+            doc = json.loads(urllib.request.urlopen(
+                f"http://127.0.0.1:{metrics}/connections", timeout=10).read())
+            assert (doc["count"], doc["workers"], doc["workers_unavailable"]) == (24, 2, [])
+            assert Counter(str(c["worker"]) for c in doc["connections"]) == opened
 
         topic, conf, sent = round_trip(kafka, f"127.0.0.1:{port}", "workers", 200)
         # Every record the broker stored was counted (200, unless the producer resent a

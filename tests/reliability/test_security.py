@@ -1,5 +1,5 @@
-"""Security: no secret reaches the logs, the metrics or the capture; /metrics binds to
-localhost by default; upstream TLS verification is never turned off silently."""
+"""Security: no secret reaches the logs, the metrics (nor /connections) or the capture;
+/metrics binds to localhost by default; upstream TLS verification is never turned off silently."""
 
 from __future__ import annotations
 
@@ -7,14 +7,17 @@ import base64
 import gzip
 import hashlib
 import hmac
+import json
 import logging
 import os
 import socket
 import struct
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import confluent_kafka as ck
 import pytest
 import trustme
 
@@ -180,6 +183,19 @@ def test_scram_secrets_never_reach_logs_metrics_or_capture(kafka_scram: KafkaClu
         assert sorted(consume(conf, topic, 10)) == sorted(sent)
         page = scrape(metrics_port)
         assert 'api="SaslAuthenticate"' in page  # the exchanges were seen and counted
+        # /connections names the user of a live client's connections, and how it proved
+        # who it is: nothing more.
+        live = ck.Producer(conf)
+        live.produce(topic, b"live")
+        assert live.flush(30) == 0
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/connections",
+                                    timeout=10) as answer:
+            listing = answer.read()
+        del live
+        proven = [c for c in json.loads(listing)["connections"]
+                  if c["principal"] == SCRAM_USER]
+        assert proven, listing
+        assert {c["sasl_mechanism"] for c in proven} == {SCRAM_MECHANISM}
         assert proc.stop() == 0
     assert len(secrets) == 14
     log = proc.log_text()
@@ -194,7 +210,8 @@ def test_scram_secrets_never_reach_logs_metrics_or_capture(kafka_scram: KafkaClu
         assert any(f'"outcome":{gap}"by_proxy"'.encode() in captured for gap in ("", " "))
     # The user the broker accepted is recorded (a name, not a secret).
     assert any(f'"principal":{gap}"{SCRAM_USER}"'.encode() in captured for gap in ("", " "))
-    places = {"log": log.encode(), "metrics": page.encode(), "capture": captured}
+    places = {"log": log.encode(), "metrics": page.encode(), "capture": captured,
+              "connections": listing}
     for where, text in places.items():
         for name, secret in secrets.items():
             assert secret.encode() not in text, f"{name} found in the {where}"

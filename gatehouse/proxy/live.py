@@ -1,0 +1,122 @@
+"""/connections: the client connections a proxy holds now, one JSON object each.
+
+The question at an incident, or before raising a minimum version or moving a tenant, is
+who is on the proxy right now: from where, as whom, with which client library, to which
+broker, moving how much, waiting on what.  The metrics answer it in aggregate (the
+census gauges); this answers it per connection, from the proxy's own state, as
+pgbouncer's SHOW CLIENTS does for PostgreSQL.  ``gatehouse connections`` prints it as a
+table.
+
+It names clients (addresses, client ids, principals), so the metrics endpoint serves it
+to loopback clients only unless ``metrics.connections`` says otherwise.  No secret is
+on a connection's record: only the SASL mechanism and the principal it proved.
+
+The snapshot is taken on the event loop (a copy of the table: a reference per
+connection) and read in a thread, so ten thousand connections do not hold up the loop;
+each connection's numbers are read as they are at that moment (a few may move on while
+the others are read).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from gatehouse.proxy.hooks import ConnectionInfo
+
+if TYPE_CHECKING:
+    from gatehouse.proxy.connection import ProxyConnection
+
+# The connection's stage: before the pumps (a TLS handshake, a PROXY header, the
+# broker's connect), serving, or reading no more requests (the client closed its side,
+# or a drain: shutdown, max_connection_age) while the answers owed are delivered.
+CONNECTING, OPEN, CLOSING = "connecting", "open", "closing"
+
+
+class LiveConnections:
+    """The proxy's open client connections, by id; each one's pumps once they run."""
+
+    def __init__(self) -> None:
+        self.conns: dict[int, ConnectionInfo] = {}
+        self.pumps: dict[int, ProxyConnection] = {}
+
+    def opened(self, conn: ConnectionInfo) -> None:
+        self.conns[conn.id] = conn
+
+    def serving(self, conn: ConnectionInfo, pumps: ProxyConnection) -> None:
+        self.pumps[conn.id] = pumps
+
+    def closed(self, conn: ConnectionInfo) -> None:
+        self.conns.pop(conn.id, None)
+        self.pumps.pop(conn.id, None)
+
+    def __len__(self) -> int:
+        return len(self.conns)
+
+    async def json(self) -> bytes:
+        """The document /connections serves (see ``document``)."""
+        taken = [(conn, self.pumps.get(conn.id)) for conn in self.conns.values()]
+        now, wall, loop_now = time.monotonic(), time.time(), trio.current_time()
+        return await trio.to_thread.run_sync(_document_bytes, taken, now, wall, loop_now)
+
+
+def entry(conn: ConnectionInfo, pumps: ProxyConnection | None, now: float, wall: float,
+          loop_now: float) -> dict[str, Any]:
+    """One connection as /connections shows it (every key always there, null where the
+    proxy does not know: a stable shape for jq and dashboards)."""
+    opened = wall - (now - conn.opened)
+    client_sasl = pumps.client_sasl if pumps is not None else None
+    mechanism = (client_sasl.mechanism if client_sasl is not None
+                 else pumps.sasl_mechanism if pumps is not None else None)
+    return {
+        "id": conn.id,
+        "client": conn.client,
+        "via": conn.via,
+        "listener": conn.listener,
+        "node_id": conn.node_id,
+        "upstream": conn.upstream,
+        "state": (CONNECTING if pumps is None
+                  else CLOSING if pumps.client_done or pumps.stop_reading else OPEN),
+        "tls": conn.tls,
+        "sasl_mechanism": mechanism,
+        "principal": conn.principal,
+        "client_id": conn.client_id,
+        "software_name": conn.software_name,
+        "software_version": conn.software_version,
+        "opened": datetime.datetime.fromtimestamp(opened, datetime.UTC)
+        .isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "seconds_open": round(now - conn.opened, 3),
+        # Since its last whole request or the broker's last bytes (the idle timeout's
+        # measure).
+        "seconds_idle": (round(max(0.0, loop_now - pumps.last_active), 3)
+                         if pumps is not None else None),
+        "requests": conn.requests,
+        "responses": conn.responses,
+        "refused": conn.refused,
+        # Answers the client is owed, in the order it asked (the broker's and the
+        # proxy's own): a count that stays up is a client waiting on something.
+        "answers_owed": len(pumps.line) if pumps is not None else 0,
+        "bytes_from_client": conn.bytes_from_client,
+        "bytes_to_client": conn.bytes_to_client,
+    }
+
+
+def document(entries: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    """``{"count": N, "connections": [...]}`` (oldest first) plus ``extra``."""
+    entries.sort(key=lambda e: (e.get("worker", 0), e["id"]))
+    return {"count": len(entries), **extra, "connections": entries}
+
+
+def _document_bytes(taken: list[tuple[ConnectionInfo, ProxyConnection | None]], now: float,
+                    wall: float, loop_now: float) -> bytes:
+    entries = [entry(conn, pumps, now, wall, loop_now) for conn, pumps in taken]
+    return encode(document(entries))
+
+
+def encode(doc: Mapping[str, Any]) -> bytes:
+    return (json.dumps(doc, separators=(",", ":")) + "\n").encode()

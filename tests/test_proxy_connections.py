@@ -1,0 +1,334 @@
+"""/connections: the live client connections, as the proxy knows them (gatehouse.proxy.live),
+served by the metrics endpoint to loopback clients unless told otherwise, and
+`gatehouse connections`' table of them.  Real sockets: a fake broker, the proxy, raw
+Kafka frames; the real-broker tests are in tests/integration/test_connections.py."""
+
+from __future__ import annotations
+
+import datetime
+import io
+import json
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import Any
+
+import pytest
+import trio
+from rich.console import Console
+
+from gatehouse import codecs
+from gatehouse.cli.connections import chosen, connections_url, render, run_connections
+from gatehouse.configfile import ConfigError
+from gatehouse.metrics import ConnectionsEndpoint, is_loopback, serve_endpoints
+from gatehouse.proxy.config import Address, config_from_text
+from tests.reliability.support import FakeBrokerServer, connect, local_address, read_frame
+from tests.support.fakebroker import frame_bytes, request, response_body
+from tests.support.ports import free_port, port_is_listening
+from tests.support.proxythread import ProxyThread
+
+BASE = "listen: 127.0.0.1:9192\nupstream: [127.0.0.1:9092]\n"
+
+
+# -- who may read it -----------------------------------------------------------------
+
+
+def test_metrics_connections_is_local_unless_told() -> None:
+    assert config_from_text(BASE).metrics_connections == "local"
+    for said, readers in [("", "local"), ("connections: local", "local"),
+                          ("connections: any", "any"), ("connections: off", "off"),
+                          ("connections: false", "off")]:
+        config = config_from_text(BASE + "metrics:\n  listen: 9464\n  " + said + "\n")
+        assert config.metrics_connections == readers, said
+
+
+@pytest.mark.parametrize(("said", "error"), [
+    ("connections: true", "who may read /connections: local (loopback clients, the "
+                          "default), any (whoever reaches metrics.listen) or off, not true"),
+    ("connections: everyone", "or off, not 'everyone'"),
+    ("connections: 1", "metrics.connections must be a string or true or false"),
+])
+def test_metrics_connections_refused_with_its_line(said: str, error: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        config_from_text(BASE + "metrics:\n  listen: 9464\n  " + said + "\n", "proxy.yaml")
+    assert str(caught.value).startswith("proxy.yaml:5: ")
+    assert error in str(caught.value)
+
+
+@pytest.mark.parametrize(("host", "loopback"), [
+    ("127.0.0.1", True), ("127.3.2.1", True), ("::1", True), ("::ffff:127.0.0.1", True),
+    ("192.0.2.2", False), ("10.1.2.3", False), ("::ffff:10.1.2.3", False),
+    ("fe80::1%eth0", False), ("2001:db8::1", False), ("", False), ("not-an-address", False),
+])
+def test_loopback_peers(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
+
+
+def non_loopback_address() -> str:
+    """An address of this host that is not loopback: a connection made from it to this
+    host is not a loopback client's (the kernel keeps it on lo, with this source)."""
+    found = json.loads(subprocess.run(["ip", "-j", "-4", "addr"], capture_output=True,
+                                      check=True, text=True).stdout)
+    for link in found:
+        for info in link.get("addr_info", []):
+            if info.get("scope") == "global":
+                return str(info["local"])
+    raise AssertionError("this host has no IPv4 address but loopback's to test from")
+
+
+def get(url: str, source: str | None = None) -> tuple[int, bytes]:
+    """``GET url`` from ``source`` (an address of this host): status and body."""
+    parts = urllib.request.urlparse(url)
+    host, port = parts.hostname or "", parts.port or 80
+    with socket.create_connection((host, port), timeout=10,
+                                  source_address=(source, 0) if source else None) as sock:
+        sock.sendall(f"GET {parts.path} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+DOCUMENT = b'{"count":0,"connections":[]}\n'
+
+
+async def document() -> bytes:
+    return DOCUMENT
+
+
+@pytest.mark.parametrize(("readers", "from_loopback", "from_elsewhere"), [
+    ("local", 200, 403), ("any", 200, 200), ("off", 404, 404),
+])
+async def test_who_is_served_connections(readers: str, from_loopback: int,
+                                         from_elsewhere: int) -> None:
+    elsewhere = non_loopback_address()
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(lambda task_status: serve_endpoints(
+            Address("0.0.0.0", 0), lambda: b"", lambda: True,
+            connections=ConnectionsEndpoint(document, readers), task_status=task_status))
+        seen = [await trio.to_thread.run_sync(get, f"http://{host}:{port}/connections",
+                                              source)
+                for host, source in (("127.0.0.1", None), (elsewhere, elsewhere))]
+        # /metrics and the rest answer anyone who reaches them, as before.
+        metrics = await trio.to_thread.run_sync(get, f"http://{elsewhere}:{port}/healthz",
+                                                elsewhere)
+        nursery.cancel_scope.cancel()
+    assert [status for status, _ in seen] == [from_loopback, from_elsewhere]
+    for status, body in seen:
+        if status == 200:
+            assert body == DOCUMENT
+        elif status == 403:
+            assert b"served to loopback clients only (metrics.connections: local)" in body
+        else:
+            assert b"metrics.connections: off" in body
+    assert metrics == (200, b"ok\n")
+
+
+# -- what it shows -------------------------------------------------------------------
+
+
+def no_metadata_answer(req: codecs.Request) -> Any:
+    """The broker answers everything but Metadata (a client left waiting)."""
+    return None if req.api_key == 3 else response_body(req.api_key, req.api_version)
+
+
+@pytest.fixture
+def broker() -> Iterator[FakeBrokerServer]:
+    with FakeBrokerServer(no_metadata_answer) as server:
+        yield server
+
+
+@pytest.fixture
+def proxy(broker: FakeBrokerServer) -> Iterator[ProxyThread]:
+    with ProxyThread(f"127.0.0.1:{broker.port}", metrics=False,
+                     extra_config="limits: {shutdown_grace: 1}\n") as proxy:
+        yield proxy
+
+
+def listed(proxy: ProxyThread) -> dict[str, Any]:
+    async def take() -> bytes:
+        return await proxy.proxy.live.json()
+
+    return dict(json.loads(trio.from_thread.run(take, trio_token=proxy._token)))
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_each_connection_as_the_proxy_knows_it(proxy: ProxyThread) -> None:
+    assert listed(proxy) == {"count": 0, "connections": []}
+    before = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+    with connect(proxy.port) as known, connect(proxy.port) as silent:
+        hello = frame_bytes(request(18, 3, 1, client_id="orders-app",
+                                    client_software_name="probe-lib",
+                                    client_software_version="1.2.3").encode())
+        known.sendall(hello)
+        answer = read_frame(known)
+        assert answer is not None
+        # A request the broker leaves unanswered: owed to the client.
+        waiting = frame_bytes(request(3, 12, 2, client_id="orders-app", topics=None).encode())
+        known.sendall(waiting)
+        wait_until(lambda: len(listed(proxy)["connections"]) == 2
+                   and any(c["answers_owed"] == 1 for c in listed(proxy)["connections"]),
+                   "both connections, one owed an answer")
+        doc = listed(proxy)
+        assert doc["count"] == 2
+        first, second = doc["connections"]  # oldest first
+        assert first["id"] < second["id"]
+        by_client = {c["client"]: c for c in doc["connections"]}
+        mine = by_client[local_address(known)]
+        assert {k: mine[k] for k in ("listener", "node_id", "state", "tls", "sasl_mechanism",
+                                     "principal", "client_id", "software_name",
+                                     "software_version", "via", "requests", "responses",
+                                     "refused", "answers_owed")} == {
+            "listener": "bootstrap", "node_id": None, "state": "open", "tls": False,
+            "sasl_mechanism": None, "principal": None, "client_id": "orders-app",
+            "software_name": "probe-lib", "software_version": "1.2.3", "via": None,
+            "requests": 2, "responses": 1, "refused": 0, "answers_owed": 1}
+        assert mine["upstream"] == f"127.0.0.1:{proxy.config.upstream[0].port}"
+        assert mine["bytes_from_client"] == len(hello) + len(waiting)
+        assert mine["bytes_to_client"] == 4 + len(answer)
+        opened = datetime.datetime.fromisoformat(mine["opened"].replace("Z", "+00:00"))
+        assert before <= opened <= datetime.datetime.now(datetime.UTC)
+        assert 0 <= mine["seconds_idle"] <= mine["seconds_open"] < 60
+        quiet = by_client[local_address(silent)]
+        assert (quiet["client_id"], quiet["software_name"], quiet["requests"],
+                quiet["bytes_from_client"], quiet["state"]) == (None, None, 0, 0, "open")
+    # Closed: the silent one gone, the other waiting for its answer, to no one.
+    wait_until(lambda: [(c["client"], c["state"], c["answers_owed"])
+                        for c in listed(proxy)["connections"]]
+               == [(mine["client"], "closing", 1)], "the one owed an answer alone")
+
+
+def test_a_connection_past_its_age_closes_once_answered(broker: FakeBrokerServer) -> None:
+    with ProxyThread(f"127.0.0.1:{broker.port}", metrics=False,
+                     extra_config="limits: {max_connection_age: 0.5, shutdown_grace: 1}\n"
+                     ) as proxy, connect(proxy.port) as sock:
+        sock.sendall(frame_bytes(request(3, 12, 1, topics=None).encode()))  # left owed
+        # Past its age (0.45-0.55 s): no more requests read, the answer still awaited.
+        wait_until(lambda: [(c["state"], c["answers_owed"], c["requests"])
+                            for c in listed(proxy)["connections"]] == [("closing", 1, 1)],
+                   "the drain")
+
+
+# -- `gatehouse connections` -----------------------------------------------------------
+
+
+def test_the_endpoint_beside_the_metrics_one() -> None:
+    for given in ("http://127.0.0.1:9464/metrics", "http://127.0.0.1:9464/",
+                  "http://127.0.0.1:9464", "127.0.0.1:9464",
+                  "http://127.0.0.1:9464/connections"):
+        assert connections_url(given) == "http://127.0.0.1:9464/connections", given
+    assert connections_url("https://h:1/proxy/metrics") == "https://h:1/proxy/connections"
+
+
+def entry(id_: int, **fields: Any) -> dict[str, Any]:
+    base = {"id": id_, "client": f"10.0.0.{id_}:5000", "via": None, "listener": "bootstrap",
+            "node_id": None, "upstream": "b:9092", "state": "open", "tls": False,
+            "sasl_mechanism": None, "principal": None, "client_id": None,
+            "software_name": None, "software_version": None, "opened": "2026-01-01T00:00:00Z",
+            "seconds_open": 100.0 - id_, "seconds_idle": 1.0, "requests": 0, "responses": 0,
+            "refused": 0, "answers_owed": 0, "bytes_from_client": 0, "bytes_to_client": 0}
+    return {**base, **fields}
+
+
+DOC = {"count": 3, "connections": [
+    entry(1, client_id="billing", requests=5, bytes_from_client=10),
+    entry(2, client_id="orders-writer", principal="svc-orders", sasl_mechanism="SCRAM-SHA-512",
+          software_name="confluent-kafka-python", software_version="2.16.2", requests=50,
+          bytes_from_client=5000, bytes_to_client=100, answers_owed=2),
+    entry(3, client_id="orders-reader", requests=9, bytes_to_client=900_000,
+          seconds_idle=30.0),
+]}
+
+
+def test_sorted_matched_and_cut() -> None:
+    def ids(**how: Any) -> list[int]:
+        return [c["id"] for c in chosen(DOC, **how)]
+
+    assert ids() == [1, 2, 3]  # oldest first
+    assert ids(sort="bytes") == [3, 2, 1]
+    assert ids(sort="requests") == [2, 3, 1]
+    assert ids(sort="idle") == [3, 1, 2]
+    assert ids(sort="owed")[0] == 2
+    assert ids(match="ORDERS") == [2, 3]
+    assert ids(match="svc-orders") == [2]
+    assert ids(match="10.0.0.3") == [3]
+    assert ids(sort="bytes", limit=1) == [3]
+
+
+def test_the_table() -> None:
+    out = io.StringIO()
+    Console(file=out, width=250, color_system=None).print(
+        render(DOC, chosen(DOC, match="orders"), "http://h/connections"))
+    shown = out.getvalue()
+    assert "3 connections, 2 shown" in shown
+    row = next(line for line in shown.splitlines() if "orders-writer" in line)
+    cells = [c.strip() for c in row.split("│") if c.strip()]
+    assert cells[:7] == ["2", "10.0.0.2:5000", "bootstrap > b:9092", "open", "orders-writer",
+                         "confluent-kafka-python 2.16.2", "svc-orders (SCRAM-SHA-512)"]
+    assert cells[7:] == ["1m38s", "1s", "50", "2", "4.9 KiB", "100 B"]
+    assert "billing" not in shown
+    # A supervisor's: each connection is its worker's; a silent worker is said.
+    workers = {"count": 1, "workers": 2, "workers_unavailable": [1],
+               "connections": [{**entry(7), "worker": 0}]}
+    out = io.StringIO()
+    Console(file=out, width=250, color_system=None).print(
+        render(workers, chosen(workers), "u"))
+    assert "workers not answering: 1" in out.getvalue()
+    row = next(line for line in out.getvalue().splitlines() if "10.0.0.7:5000" in line)
+    assert next(c.strip() for c in row.split("│") if c.strip()) == "0:7"
+
+
+def serve_beside(proxy: ProxyThread, readers: str) -> int:
+    """The proxy's /connections on a port of its own, served by the proxy's event loop
+    (as `gatehouse run` serves it)."""
+    port = free_port()
+    trio.from_thread.run_sync(
+        trio.lowlevel.spawn_system_task, partial(
+            serve_endpoints, Address("127.0.0.1", port), lambda: b"", lambda: True,
+            connections=ConnectionsEndpoint(proxy.proxy.live.json, readers)),
+        trio_token=proxy._token)
+    wait_until(lambda: port_is_listening(port), "the endpoint")
+    return port
+
+
+def test_the_command_against_a_real_endpoint(proxy: ProxyThread) -> None:
+    on, off = serve_beside(proxy, "local"), serve_beside(proxy, "off")
+    with connect(proxy.port) as sock:
+        sock.sendall(frame_bytes(request(18, 3, 1, client_id="cli-test",
+                                         client_software_name="probe-lib",
+                                         client_software_version="9").encode()))
+        assert read_frame(sock) is not None
+        out = io.StringIO()
+        assert run_connections(f"http://127.0.0.1:{on}/metrics", as_json=True,
+                               console=Console(file=out, width=200)) == 0
+        [shown] = json.loads(out.getvalue())["connections"]
+        assert (shown["client_id"], shown["software_name"], shown["client"]) == (
+            "cli-test", "probe-lib", local_address(sock))
+        out = io.StringIO()
+        assert run_connections(f"http://127.0.0.1:{on}", console=Console(
+            file=out, width=250, color_system=None)) == 0
+        assert "cli-test" in out.getvalue() and "probe-lib 9" in out.getvalue()
+    out = io.StringIO()
+    assert run_connections(f"http://127.0.0.1:{off}/metrics", console=Console(
+        file=out, width=250, color_system=None)) == 1
+    assert "404 not served here (metrics.connections: off)" in out.getvalue()
+    out = io.StringIO()
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        closed = unused.getsockname()[1]
+    assert run_connections(f"http://127.0.0.1:{closed}/metrics", console=Console(
+        file=out, width=250, color_system=None)) == 1
+    assert "error:" in out.getvalue() and "refused" in out.getvalue().lower()
+    with pytest.raises(urllib.error.HTTPError):
+        urllib.request.urlopen(f"http://127.0.0.1:{off}/connections", timeout=10)
