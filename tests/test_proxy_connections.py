@@ -111,14 +111,18 @@ async def test_who_is_served_connections(readers: str, from_loopback: int,
         port = await nursery.start(lambda task_status: serve_endpoints(
             Address("0.0.0.0", 0), lambda: b"", lambda: True,
             connections=ConnectionsEndpoint(document, readers), task_status=task_status))
+        # From loopback to loopback; from elsewhere; and from loopback to the host's
+        # address, as a mesh sidecar hands over the network's connections (Istio:
+        # from 127.0.0.6 to the pod's address).
         seen = [await trio.to_thread.run_sync(get, f"http://{host}:{port}/connections",
                                               source)
-                for host, source in (("127.0.0.1", None), (elsewhere, elsewhere))]
+                for host, source in (("127.0.0.1", None), (elsewhere, elsewhere),
+                                     (elsewhere, "127.0.0.6"))]
         # /metrics and the rest answer anyone who reaches them, as before.
         metrics = await trio.to_thread.run_sync(get, f"http://{elsewhere}:{port}/healthz",
                                                 elsewhere)
         nursery.cancel_scope.cancel()
-    assert [status for status, _ in seen] == [from_loopback, from_elsewhere]
+    assert [status for status, _ in seen] == [from_loopback, from_elsewhere, from_elsewhere]
     for status, body in seen:
         if status == 200:
             assert body == DOCUMENT

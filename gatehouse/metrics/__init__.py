@@ -721,7 +721,7 @@ Connections = Callable[[], Awaitable[bytes]]
 @dataclass(frozen=True)
 class ConnectionsEndpoint:
     """/connections: what it serves and to whom (``metrics.connections``: "local",
-    loopback clients only; "any"; "off", not served)."""
+    loopback clients of a loopback address only; "any"; "off", not served)."""
 
     document: Connections | None
     readers: str = "local"
@@ -738,11 +738,16 @@ def is_loopback(host: str) -> bool:
     return bool((mapped or address).is_loopback)
 
 
-def _peer_host(stream: trio.SocketStream) -> str:
+def _from_this_host(stream: trio.SocketStream) -> bool:
+    """Whether a connection is a loopback client's to a loopback address: a shell on the
+    host, ``kubectl exec`` or ``port-forward``.  Both ends, not just the peer: a mesh
+    sidecar that hands the network's connections to the pod's own address from a
+    loopback one (Istio's 127.0.0.6) must not make them local."""
     try:
-        return str(stream.socket.getpeername()[0])
+        ends = (stream.socket.getpeername()[0], stream.socket.getsockname()[0])
     except (OSError, AttributeError, IndexError):
-        return ""
+        return False
+    return all(is_loopback(str(end)) for end in ends)
 
 
 async def _connections_answer(stream: trio.SocketStream, endpoint: ConnectionsEndpoint | None
@@ -750,7 +755,7 @@ async def _connections_answer(stream: trio.SocketStream, endpoint: ConnectionsEn
     """/connections' body, status and content type."""
     if endpoint is None or endpoint.document is None or endpoint.readers == "off":
         return b"not served here (metrics.connections: off)\n", "404 Not Found", "text/plain"
-    if endpoint.readers != "any" and not is_loopback(_peer_host(stream)):
+    if endpoint.readers != "any" and not _from_this_host(stream):
         return (b"/connections names every client: served to loopback clients only "
                 b"(metrics.connections: local)\n", "403 Forbidden", "text/plain")
     return await endpoint.document(), "200 OK", "application/json"
