@@ -140,7 +140,8 @@ def test_the_busiest_connections_between_two_scrapes() -> None:
                          conn(2, "busy", 1_000, 0, 10)]
     second = parse(text(2), 12.0)
     second.connections = [conn(1, "quiet", 1_000, 3_048, 12),
-                          conn(2, "busy", 2_098_152, 0, 410, answers_owed=3),
+                          conn(2, "busy", 2_098_152, 0, 410, answers_owed=3,
+                               oldest_owed={"api": "Produce", "version": 12, "seconds": 0.2}),
                           conn(3, "new", 0, 4_096, 2, principal="svc-new")]
     out = io.StringIO()
     Console(file=out, width=250, color_system=None).print(render(first, second, "URL"))
@@ -148,7 +149,7 @@ def test_the_busiest_connections_between_two_scrapes() -> None:
     rows = [row_cells(shown, name) for name in ("busy", "new", "quiet")]
     # id | client | client id | software | principal | req/s | in/s | out/s | owed
     assert rows[0] == ["2", "10.0.0.2:4000", "busy", "librdkafka 2.16", "-", "200",
-                       "1.0 MiB", "0 B", "3"]
+                       "1.0 MiB", "0 B", "3 (Produce v12, 0.2s)"]
     assert rows[1][4:8] == ["svc-new", "1", "0 B", "2.0 KiB"]  # new: counted from 0
     assert rows[2][5:8] == ["1", "0 B", "1.0 KiB"]
     assert shown.index("busy") < shown.index("new") < shown.index("quiet")

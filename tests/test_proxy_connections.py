@@ -204,9 +204,13 @@ def test_each_connection_as_the_proxy_knows_it(proxy: ProxyThread) -> None:
         opened = datetime.datetime.fromisoformat(mine["opened"].replace("Z", "+00:00"))
         assert before <= opened <= datetime.datetime.now(datetime.UTC)
         assert 0 <= mine["seconds_idle"] <= mine["seconds_open"] < 60
+        oldest = mine["oldest_owed"]
+        assert (oldest["api"], oldest["version"]) == ("Metadata", 12)
+        assert 0 <= oldest["seconds"] <= mine["seconds_open"]
         quiet = by_client[local_address(silent)]
         assert (quiet["client_id"], quiet["software_name"], quiet["requests"],
-                quiet["bytes_from_client"], quiet["state"]) == (None, None, 0, 0, "open")
+                quiet["bytes_from_client"], quiet["state"], quiet["oldest_owed"]) == (
+            None, None, 0, 0, "open", None)
     # Closed: the silent one gone, the other waiting for its answer, to no one.
     wait_until(lambda: [(c["client"], c["state"], c["answers_owed"])
                         for c in listed(proxy)["connections"]]
@@ -222,6 +226,9 @@ def test_a_connection_past_its_age_closes_once_answered(broker: FakeBrokerServer
         wait_until(lambda: [(c["state"], c["answers_owed"], c["requests"])
                             for c in listed(proxy)["connections"]] == [("closing", 1, 1)],
                    "the drain")
+        [waiting] = listed(proxy)["connections"]
+        assert waiting["oldest_owed"]["api"] == "Metadata"
+        assert waiting["oldest_owed"]["seconds"] >= 0.4  # past the age, nearly
 
 
 # -- `gatehouse connections` -----------------------------------------------------------
@@ -241,7 +248,8 @@ def entry(id_: int, **fields: Any) -> dict[str, Any]:
             "sasl_mechanism": None, "principal": None, "client_id": None,
             "software_name": None, "software_version": None, "opened": "2026-01-01T00:00:00Z",
             "seconds_open": 100.0 - id_, "seconds_idle": 1.0, "requests": 0, "responses": 0,
-            "refused": 0, "answers_owed": 0, "bytes_from_client": 0, "bytes_to_client": 0}
+            "refused": 0, "answers_owed": 0, "oldest_owed": None, "bytes_from_client": 0,
+            "bytes_to_client": 0}
     return {**base, **fields}
 
 
@@ -249,9 +257,11 @@ DOC = {"count": 3, "connections": [
     entry(1, client_id="billing", requests=5, bytes_from_client=10),
     entry(2, client_id="orders-writer", principal="svc-orders", sasl_mechanism="SCRAM-SHA-512",
           software_name="confluent-kafka-python", software_version="2.16.2", requests=50,
-          bytes_from_client=5000, bytes_to_client=100, answers_owed=2),
+          bytes_from_client=5000, bytes_to_client=100, answers_owed=2,
+          oldest_owed={"api": "Fetch", "version": 17, "seconds": 3.25}),
     entry(3, client_id="orders-reader", requests=9, bytes_to_client=900_000,
-          seconds_idle=30.0),
+          seconds_idle=30.0, answers_owed=5,
+          oldest_owed={"api": "Metadata", "version": 12, "seconds": 0.5}),
 ]}
 
 
@@ -263,7 +273,7 @@ def test_sorted_matched_and_cut() -> None:
     assert ids(sort="bytes") == [3, 2, 1]
     assert ids(sort="requests") == [2, 3, 1]
     assert ids(sort="idle") == [3, 1, 2]
-    assert ids(sort="owed")[0] == 2
+    assert ids(sort="owed") == [2, 3, 1]  # waiting longest first
     assert ids(match="ORDERS") == [2, 3]
     assert ids(match="svc-orders") == [2]
     assert ids(match="10.0.0.3") == [3]
@@ -280,7 +290,7 @@ def test_the_table() -> None:
     cells = [c.strip() for c in row.split("│") if c.strip()]
     assert cells[:7] == ["2", "10.0.0.2:5000", "bootstrap > b:9092", "open", "orders-writer",
                          "confluent-kafka-python 2.16.2", "svc-orders (SCRAM-SHA-512)"]
-    assert cells[7:] == ["1m38s", "1s", "50", "2", "4.9 KiB", "100 B"]
+    assert cells[7:] == ["1m38s", "1s", "50", "2 (Fetch v17, 3.2s)", "4.9 KiB", "100 B"]
     assert "billing" not in shown
     # A supervisor's: each connection is its worker's; a silent worker is said.
     workers = {"count": 1, "workers": 2, "workers_unavailable": [1],

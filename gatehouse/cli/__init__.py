@@ -75,8 +75,9 @@ def _parser() -> argparse.ArgumentParser:
                              "%(default)s); its /connections is read")
     connections.add_argument("--sort", default="age", choices=("age", "bytes", "requests",
                                                                "idle", "owed", "client"),
-                             help="oldest, most bytes, most requests, longest idle, most "
-                             "answers owed first, or by client address (default: age)")
+                             help="oldest, most bytes, most requests, longest idle, "
+                             "waiting longest for an answer first, or by client address "
+                             "(default: age)")
     connections.add_argument("--match", metavar="TEXT",
                              help="only connections whose client address, client id, "
                              "principal, software, listener or broker contains TEXT")

@@ -29,7 +29,8 @@ SORTS: Final[dict[str, Callable[[dict[str, Any]], Any]]] = {
     "bytes": lambda c: -(c["bytes_from_client"] + c["bytes_to_client"]),
     "requests": lambda c: -c["requests"],
     "idle": lambda c: -(c["seconds_idle"] or 0.0),
-    "owed": lambda c: -c["answers_owed"],
+    # Waiting longest first (then most owed).
+    "owed": lambda c: (-(c.get("oldest_owed") or {}).get("seconds", -1.0), -c["answers_owed"]),
     "client": lambda c: c["client"],
 }
 # --match looks in these.
@@ -93,6 +94,16 @@ def _duration(seconds: float | None) -> str:
     return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
 
 
+def owed(c: dict[str, Any]) -> str:
+    """The answers a connection is owed, and the one it has waited for longest."""
+    oldest = c.get("oldest_owed")
+    if not oldest:
+        return _num(c["answers_owed"])
+    what = oldest["api"] + (f" v{oldest['version']}" if oldest.get("version") is not None
+                            else "")
+    return f"{_num(c['answers_owed'])} ({what}, {oldest['seconds']:.1f}s)"
+
+
 def _who(c: dict[str, Any]) -> str:
     how = [m for m in (c.get("sasl_mechanism"), "TLS" if c.get("tls") else None) if m]
     principal = c.get("principal") or "-"
@@ -123,7 +134,7 @@ def render(doc: dict[str, Any], shown: list[dict[str, Any]], url: str) -> Render
         ident = f"{c['worker']}:{c['id']}" if workers else str(c["id"])
         table.add_row(ident, client, to, c["state"], c.get("client_id") or "-", software,
                       _who(c), _duration(c["seconds_open"]), _duration(c.get("seconds_idle")),
-                      _num(c["requests"]), _num(c["answers_owed"]),
+                      _num(c["requests"]), owed(c),
                       _bytes(c["bytes_from_client"]), _bytes(c["bytes_to_client"]))
     return Group(header, table)
 

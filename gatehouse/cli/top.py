@@ -295,6 +295,8 @@ def _busiest(prev: Snapshot | None, cur: Snapshot) -> Table | None:
     """The client connections moving the most bytes between the two scrapes (with no
     earlier scrape: the most bytes since they opened), from /connections; None when
     the proxy did not serve it to us or holds no connection."""
+    from gatehouse.cli.connections import owed
+
     if not cur.connections:
         return None
     seconds = cur.at - prev.at if prev is not None and cur.at > prev.at else 0.0
@@ -321,7 +323,7 @@ def _busiest(prev: Snapshot | None, cur: Snapshot) -> Table | None:
         table.add_row(ident, c["client"], c.get("client_id") or "-", software,
                       c.get("principal") or "-", _num(per_second(c, "requests")),
                       _bytes(per_second(c, "bytes_from_client")),
-                      _bytes(per_second(c, "bytes_to_client")), _num(c["answers_owed"]))
+                      _bytes(per_second(c, "bytes_to_client")), owed(c))
     return table
 
 

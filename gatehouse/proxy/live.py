@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from gatehouse.codecs import api_name
 from gatehouse.proxy.hooks import ConnectionInfo
 
 if TYPE_CHECKING:
@@ -101,9 +102,24 @@ def entry(conn: ConnectionInfo, pumps: ProxyConnection | None, now: float, wall:
         # Answers the client is owed, in the order it asked (the broker's and the
         # proxy's own): a count that stays up is a client waiting on something.
         "answers_owed": len(pumps.line) if pumps is not None else 0,
+        "oldest_owed": _oldest_owed(pumps, loop_now),
         "bytes_from_client": conn.bytes_from_client,
         "bytes_to_client": conn.bytes_to_client,
     }
+
+
+def _oldest_owed(pumps: ProxyConnection | None, loop_now: float) -> dict[str, Any] | None:
+    """The request whose answer the client has waited for longest (the first in its
+    line): which API, and for how long; None when none is owed."""
+    try:
+        pending = pumps.line[0] if pumps is not None else None
+    except IndexError:  # answered meanwhile (the loop runs on as this is read)
+        pending = None
+    if pending is None:
+        return None
+    return {"api": api_name(pending.api_key) if pending.api_key >= 0 else "SASL token",
+            "version": pending.api_version if pending.api_key >= 0 else None,
+            "seconds": round(max(0.0, loop_now - pending.started), 3)}
 
 
 def document(entries: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
