@@ -10,10 +10,9 @@ import io
 import json
 import socket
 import subprocess
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
@@ -26,7 +25,13 @@ from gatehouse.cli.connections import chosen, connections_url, render, run_conne
 from gatehouse.configfile import ConfigError
 from gatehouse.metrics import ConnectionsEndpoint, is_loopback, serve_endpoints
 from gatehouse.proxy.config import Address, config_from_text
-from tests.reliability.support import FakeBrokerServer, connect, local_address, read_frame
+from tests.reliability.support import (
+    FakeBrokerServer,
+    connect,
+    local_address,
+    read_frame,
+    wait_until,
+)
 from tests.support.fakebroker import frame_bytes, request, response_body
 from tests.support.ports import free_port, port_is_listening
 from tests.support.proxythread import ProxyThread
@@ -161,13 +166,6 @@ def listed(proxy: ProxyThread) -> dict[str, Any]:
     return dict(json.loads(trio.from_thread.run(take, trio_token=proxy._token)))
 
 
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
 def test_each_connection_as_the_proxy_knows_it(proxy: ProxyThread) -> None:
     assert listed(proxy) == {"count": 0, "connections": []}
     before = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
@@ -183,7 +181,7 @@ def test_each_connection_as_the_proxy_knows_it(proxy: ProxyThread) -> None:
         known.sendall(waiting)
         wait_until(lambda: len(listed(proxy)["connections"]) == 2
                    and any(c["answers_owed"] == 1 for c in listed(proxy)["connections"]),
-                   "both connections, one owed an answer")
+                   10, "both connections, one owed an answer")
         doc = listed(proxy)
         assert doc["count"] == 2
         first, second = doc["connections"]  # oldest first
@@ -214,7 +212,7 @@ def test_each_connection_as_the_proxy_knows_it(proxy: ProxyThread) -> None:
     # Closed: the silent one gone, the other waiting for its answer, to no one.
     wait_until(lambda: [(c["client"], c["state"], c["answers_owed"])
                         for c in listed(proxy)["connections"]]
-               == [(mine["client"], "closing", 1)], "the one owed an answer alone")
+               == [(mine["client"], "closing", 1)], 10, "the one owed an answer alone")
 
 
 def test_a_connection_past_its_age_closes_once_answered(broker: FakeBrokerServer) -> None:
@@ -225,7 +223,7 @@ def test_a_connection_past_its_age_closes_once_answered(broker: FakeBrokerServer
         # Past its age (0.45-0.55 s): no more requests read, the answer still awaited.
         wait_until(lambda: [(c["state"], c["answers_owed"], c["requests"])
                             for c in listed(proxy)["connections"]] == [("closing", 1, 1)],
-                   "the drain")
+                   10, "the drain")
         [waiting] = listed(proxy)["connections"]
         assert waiting["oldest_owed"]["api"] == "Metadata"
         assert waiting["oldest_owed"]["seconds"] >= 0.4  # past the age, nearly
@@ -312,7 +310,7 @@ def serve_beside(proxy: ProxyThread, readers: str) -> int:
             serve_endpoints, Address("127.0.0.1", port), lambda: b"", lambda: True,
             connections=ConnectionsEndpoint(proxy.proxy.live.json, readers)),
         trio_token=proxy._token)
-    wait_until(lambda: port_is_listening(port), "the endpoint")
+    wait_until(lambda: port_is_listening(port), 10, "the endpoint")
     return port
 
 

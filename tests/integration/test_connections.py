@@ -8,9 +8,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +17,10 @@ import confluent_kafka as ck
 import pytest
 from kafka import KafkaConsumer
 
+from tests.reliability.support import GatehouseProcess, wait_until
 from tests.support.clients import produce, unique
 from tests.support.kafka import KafkaCluster
-from tests.support.ports import free_port, wait_listening
+from tests.support.ports import free_port, port_is_listening
 from tests.test_proxy_connections import get, non_loopback_address
 
 GATEHOUSE = [sys.executable, "-m", "gatehouse.cli"]
@@ -35,16 +35,10 @@ def gatehouse(kafka: KafkaCluster, tmp_path: Path) -> Iterator[tuple[str, int]]:
     config.write_text(f"listen: 127.0.0.1:{port}\nupstream: [{kafka.bootstrap}]\n"
                       f"brokers: {{start_port: 0}}\nmetrics: {{listen: 0.0.0.0:{metrics_port}}}\n"
                       "log: {level: WARNING}\n")
-    proc = subprocess.Popen([*GATEHOUSE, "run", "--config", str(config)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        wait_listening(port, proc)
-        wait_listening(metrics_port, proc)
+    with GatehouseProcess(config, port, tmp_path / "gatehouse.log") as proc:
+        wait_until(lambda: port_is_listening(metrics_port), 10, "the metrics endpoint")
         yield f"127.0.0.1:{port}", metrics_port
-    finally:
-        proc.terminate()
-        proc.wait(30)
+        assert proc.stop() == 0, proc.log_text()
 
 
 def listed(metrics_port: int) -> list[dict[str, Any]]:
@@ -58,13 +52,6 @@ def listed(metrics_port: int) -> list[dict[str, Any]]:
 
 def of(connections: list[dict[str, Any]], client_id: str) -> list[dict[str, Any]]:
     return [c for c in connections if c["client_id"] == client_id]
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def test_real_clients_listed_as_the_proxy_saw_them(kafka: KafkaCluster,
@@ -124,8 +111,8 @@ def test_real_clients_listed_as_the_proxy_saw_them(kafka: KafkaCluster,
     finally:
         reader.close()
     # Closed: its connections leave the list; the producer's stay while it lives.
-    wait_for(lambda: not of(listed(metrics_port), "orders-reader"), "the reader to go")
+    wait_until(lambda: not of(listed(metrics_port), "orders-reader"), 30, "the reader to go")
     assert of(listed(metrics_port), "orders-writer")
     del writer
-    wait_for(lambda: not of(listed(metrics_port), "orders-writer"), "the writer to go")
+    wait_until(lambda: not of(listed(metrics_port), "orders-writer"), 30, "the writer to go")
     assert produce({"bootstrap.servers": bootstrap}, topic, count=1)  # still serving
