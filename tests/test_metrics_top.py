@@ -153,6 +153,13 @@ def test_the_busiest_connections_between_two_scrapes() -> None:
     assert rows[1][4:8] == ["svc-new", "1", "0 B", "2.0 KiB"]  # new: counted from 0
     assert rows[2][5:8] == ["1", "0 B", "1.0 KiB"]
     assert shown.index("busy") < shown.index("new") < shown.index("quiet")
+    # A restarted proxy's connection 1 is another connection: counted from 0.
+    third = parse(text(3), 14.0)
+    third.connections = [conn(1, "reborn", 2_048, 0, 1, opened="2026-12-06T16:00:00Z")]
+    out = io.StringIO()
+    Console(file=out, width=250, color_system=None).print(render(second, third, "URL"))
+    assert row_cells(out.getvalue().split("Busiest connections", 1)[1], "reborn")[5:8] == [
+        "0.5", "1.0 KiB", "0 B"]
     # Not served to us (or no connection): no table.
     second.connections = None
     out = io.StringIO()

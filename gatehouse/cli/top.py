@@ -300,12 +300,18 @@ def _busiest(prev: Snapshot | None, cur: Snapshot) -> Table | None:
     if not cur.connections:
         return None
     seconds = cur.at - prev.at if prev is not None and cur.at > prev.at else 0.0
-    before = {(c.get("worker"), c["id"]): c for c in (prev.connections or [])} if prev else {}
+
+    def identity(conn: dict[str, Any]) -> tuple[Any, ...]:
+        # Ids start again with a process (a restarted proxy or worker): when it opened
+        # tells the connections apart.
+        return conn.get("worker"), conn["id"], conn.get("opened")
+
+    before = {identity(c): c for c in (prev.connections or [])} if prev else {}
 
     def per_second(conn: dict[str, Any], key: str) -> float:
         if not seconds:
             return 0.0
-        earlier = before.get((conn.get("worker"), conn["id"]), {})
+        earlier = before.get(identity(conn), {})
         return float(conn[key] - earlier.get(key, 0)) / seconds
 
     def moved(conn: dict[str, Any]) -> float:
