@@ -56,9 +56,6 @@ class LiveConnections:
         self.conns.pop(conn.id, None)
         self.pumps.pop(conn.id, None)
 
-    def __len__(self) -> int:
-        return len(self.conns)
-
     async def json(self) -> bytes:
         """The document /connections serves (see ``document``)."""
         taken = [(conn, self.pumps.get(conn.id)) for conn in self.conns.values()]
