@@ -15,6 +15,7 @@ seconds and when you press Ctrl-C.
 from __future__ import annotations
 
 import base64
+import json
 import secrets
 import signal
 import sys
@@ -74,6 +75,9 @@ CLIENT_METRICS = {
 }
 
 
+LIVE_SHOWN = 6  # the connections a summary names
+
+
 class TrafficSummary(Observer):
     """Counts requests by API and client, and connections by client software."""
 
@@ -89,6 +93,8 @@ class TrafficSummary(Observer):
         self.connections = 0
         self.encrypted: Counter[str] = Counter()  # records, by encrypted / decrypted / ...
         self.stored: str | None = None  # a record as the broker holds it
+        # The connections the proxy holds at the summary (its /connections).
+        self.live: list[dict[str, Any]] = []
 
     def connection_opened(self, conn: ConnectionInfo) -> None:
         self.connections += 1
@@ -139,7 +145,26 @@ class TrafficSummary(Observer):
         if self.stored is not None:
             lines.append(f"a record as the broker stores it: {self.stored}")
         lines.extend(self._client_metrics())
+        lines.extend(self._live_connections())
         return "\n".join(lines)
+
+    def _live_connections(self) -> list[str]:
+        """The connections open now, busiest first, as `gatehouse connections` lists
+        them (its /connections)."""
+        if not self.live:
+            return []
+        lines = [f"connections now ({len(self.live)}; `gatehouse connections` lists them "
+                 "from a proxy's metrics endpoint):"]
+        busiest = sorted(self.live, key=lambda c: -(c["bytes_from_client"]
+                                                    + c["bytes_to_client"]))
+        for c in busiest[:LIVE_SHOWN]:
+            who = (f"{c['principal']}, {c['sasl_mechanism']}" if c["principal"]
+                   else "not authenticated")
+            lines.append(f"  #{c['id']} {c['client_id'] or '-'} ({who}) on {c['listener']}: "
+                         f"{c['requests']} requests, {c['bytes_from_client']} bytes in, "
+                         f"{c['bytes_to_client']} out, {c['answers_owed']} answer"
+                         f"{'' if c['answers_owed'] == 1 else 's'} owed")
+        return lines
 
     def _client_metrics(self) -> list[str]:
         """The clients' own measures (KIP-714), one line per client instance."""
@@ -301,6 +326,7 @@ async def _demo(broker: TansuProcess, duration: float | None, port: int, every: 
                     async def tick() -> None:
                         while True:
                             await trio.sleep(every)
+                            summary.live = json.loads(await proxy.live.json())["connections"]
                             print(f"\n--- after {time.monotonic() - started:.0f}s: produced "
                                   f"{produced[0]}, consumed {consumed[0]}\n{summary.render()}",
                                   file=out, flush=True)
@@ -312,6 +338,7 @@ async def _demo(broker: TansuProcess, duration: float | None, port: int, every: 
         with trio.move_on_after(15):
             await workload_done.wait()
         proxy.shutdown()
+    summary.live = []  # all closed by now
     summary.stored = await trio.to_thread.run_sync(stored_record, broker.bootstrap)
     print(f"\n=== gatehouse demo: produced {produced[0]}, consumed {consumed[0]} through the "
           f"proxy\n{summary.render()}", file=out, flush=True)
