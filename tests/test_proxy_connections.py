@@ -14,6 +14,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -227,6 +228,27 @@ def test_a_connection_past_its_age_closes_once_answered(broker: FakeBrokerServer
         [waiting] = listed(proxy)["connections"]
         assert waiting["oldest_owed"]["api"] == "Metadata"
         assert waiting["oldest_owed"]["seconds"] >= 0.4  # past the age, nearly
+
+
+def test_a_connection_still_in_its_tls_handshake_is_connecting(
+        broker: FakeBrokerServer, tmp_path: Path) -> None:
+    import trustme
+
+    cert = trustme.CA().issue_cert("127.0.0.1")
+    cert.private_key_and_cert_chain_pem.write_to_path(str(tmp_path / "proxy.pem"))
+    cert.private_key_pem.write_to_path(str(tmp_path / "proxy.key"))
+    with ProxyThread(f"127.0.0.1:{broker.port}", metrics=False, extra_config=(
+            f"tls: {{downstream: {{cert: {tmp_path / 'proxy.pem'}, "
+            f"key: {tmp_path / 'proxy.key'}}}}}\nlimits: {{shutdown_grace: 1}}\n")
+                     ) as proxy, connect(proxy.port) as sock:  # no ClientHello
+        wait_until(lambda: listed(proxy)["count"] == 1, 10, "the connection")
+        [conn] = listed(proxy)["connections"]
+        assert conn["client"] == local_address(sock)
+        assert (conn["state"], conn["tls"], conn["upstream"], conn["seconds_idle"],
+                conn["answers_owed"], conn["oldest_owed"], conn["requests"]) == (
+            "connecting", True, None, None, 0, None, 0)
+        sock.close()
+        wait_until(lambda: listed(proxy)["count"] == 0, 10, "the connection to go")
 
 
 # -- `gatehouse connections` -----------------------------------------------------------
