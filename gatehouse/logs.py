@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 import time
-from typing import Any
+from typing import Any, Final
 
 FIELDS_ATTR = "gatehouse_fields"
 
@@ -29,9 +30,15 @@ def _timestamp(record: logging.LogRecord) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", t) + f".{int(record.msecs):03d}Z"
 
 
+# Quoted (as JSON strings) in the text format: what would end or blur a field, and
+# control characters (a newline would forge a line; ESC drives the terminal of whoever
+# tails the log), all in values clients choose (client ids, software names, topics).
+_QUOTED: Final = re.compile(r'[\s"=\x00-\x1f\x7f-\x9f]')
+
+
 def _text_value(value: Any) -> str:
     text = str(value)
-    if text == "" or any(c in text for c in ' "='):
+    if text == "" or _QUOTED.search(text):
         return json.dumps(text)
     return text
 

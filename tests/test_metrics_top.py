@@ -165,3 +165,25 @@ def test_the_busiest_connections_between_two_scrapes() -> None:
     out = io.StringIO()
     Console(file=out, width=250, color_system=None).print(render(first, second, "URL"))
     assert "Busiest connections" not in out.getvalue()
+
+
+def test_what_clients_chose_is_shown_as_it_is() -> None:
+    """A client id, topic or software name that holds rich markup or a terminal's escape
+    sequences is printed literally: it cannot style, link or drive the terminal."""
+    evil = "[bold red]x[/] [link=http://evil]y[/link]\x1b]0;pwned\x07\x1b[2J\x9b"
+    metrics = ProxyMetrics()
+    metrics.topic_records.labels(topic=evil, direction="produce").inc(3)
+    metrics.clients.labels(software_name=evil, software_version="1").inc()
+    snap = parse(generate_latest(metrics.registry).decode(), 1.0)
+    snap.connections = [{"id": 1, "client": "10.0.0.1:1", "client_id": evil,
+                         "software_name": evil, "software_version": None,
+                         "principal": evil, "bytes_from_client": 1, "bytes_to_client": 0,
+                         "requests": 1, "answers_owed": 0}]
+    out = io.StringIO()
+    Console(file=out, width=400, force_terminal=True, color_system=None).print(
+        render(None, snap, "URL"))
+    shown = out.getvalue()
+    assert "\x1b" not in shown and "\x07" not in shown and "\x9b" not in shown
+    literal = r"[bold red]x[/] [link=http://evil]y[/link]\x1b]0;pwned\x07\x1b[2J\x9b"
+    # The topics table, the census and the busiest connections, each literally.
+    assert shown.count(literal) >= 3, shown

@@ -321,6 +321,13 @@ def test_the_table() -> None:
     assert "workers not answering: 1" in out.getvalue()
     row = next(line for line in out.getvalue().splitlines() if "10.0.0.7:5000" in line)
     assert next(c.strip() for c in row.split("│") if c.strip()) == "0:7"
+    # What a client chose is shown literally: no markup read, no escape sequence sent.
+    evil = {"count": 1, "connections": [entry(8, client_id="[red]x[/red]\x1b]0;t\x07")]}
+    out = io.StringIO()
+    Console(file=out, width=250, force_terminal=True, color_system=None).print(
+        render(evil, chosen(evil), "u"))
+    assert "\x1b" not in out.getvalue() and "\x07" not in out.getvalue()
+    assert r"[red]x[/red]\x1b]0;t\x07" in out.getvalue()
 
 
 def serve_beside(proxy: ProxyThread, readers: str) -> int:

@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import time
 import urllib.error
 import urllib.request
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console, Group, JustifyMethod, RenderableType
+from rich.style import StyleType
 from rich.table import Table
 from rich.text import Text
 
@@ -173,8 +175,28 @@ def _ms(seconds: float) -> str:
     return "-" if math.isnan(seconds) else f"{seconds * 1000:,.1f}"
 
 
+# C0 and C1 control characters: ESC starts a terminal's escape sequences.
+_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def plain(value: str) -> Text:
+    """A string the clients chose (a client id, a topic, a software name) shown as it
+    is: no rich markup read in it, and its control characters written out (\\x1b), so a
+    client cannot style, link or drive the terminal of whoever watches the proxy."""
+    return Text(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", value))
+
+
+class _Table(Table):
+    """A rich table whose text cells are ``plain``."""
+
+    def add_row(self, *renderables: RenderableType | None, style: StyleType | None = None,
+                end_section: bool = False) -> None:
+        super().add_row(*(plain(r) if isinstance(r, str) else r for r in renderables),
+                        style=style, end_section=end_section)
+
+
 def _table(title: str, columns: list[tuple[str, JustifyMethod]]) -> Table:
-    table = Table(title=title, title_justify="left", expand=False, pad_edge=False)
+    table = _Table(title=title, title_justify="left", expand=False, pad_edge=False)
     for name, justify in columns:
         table.add_column(name, justify=justify)
     return table
