@@ -5,11 +5,14 @@ Kafka frames; the real-broker tests are in tests/integration/test_connections.py
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import http.server
 import io
 import json
 import socket
 import subprocess
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -26,6 +29,7 @@ from gatehouse.cli.connections import chosen, connections_url, render, run_conne
 from gatehouse.configfile import ConfigError
 from gatehouse.metrics import ConnectionsEndpoint, is_loopback, serve_endpoints
 from gatehouse.proxy.config import Address, config_from_text
+from gatehouse.proxy.workers import Supervisor
 from tests.reliability.support import (
     FakeBrokerServer,
     connect,
@@ -373,3 +377,45 @@ def test_the_command_against_a_real_endpoint(proxy: ProxyThread) -> None:
     assert "error:" in out.getvalue() and "refused" in out.getvalue().lower()
     with pytest.raises(urllib.error.HTTPError):
         urllib.request.urlopen(f"http://127.0.0.1:{off}/connections", timeout=10)
+
+
+@contextlib.contextmanager
+def answering(status: int, body: bytes) -> Iterator[int]:
+    """A worker's metrics endpoint as the supervisor meets it: /connections answered
+    with ``status`` and ``body``; its port."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # the standard library calls it by this name
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_supervisor_lists_every_workers_connections() -> None:
+    supervisor = Supervisor(config_from_text(BASE + "workers: 4\nmetrics: {listen: 9464}\n"),
+                            [])
+    first = {"count": 2, "connections": [entry(5), entry(1)]}
+    last = {"count": 1, "connections": [entry(1, client_id="w3")]}
+    with answering(200, json.dumps(first).encode()) as port0, \
+            answering(404, b"not served here\n") as port2, \
+            answering(200, json.dumps(last).encode()) as port3:
+        # Worker 1 is starting again (no endpoint yet); worker 2 says no.
+        for index, port in ((0, port0), (2, port2), (3, port3)):
+            supervisor.workers[index].metrics_port = port
+        doc = json.loads(supervisor.render_connections())
+    assert (doc["count"], doc["workers"], doc["workers_unavailable"]) == (3, 4, [1, 2])
+    assert [(c["worker"], c["id"], c["client_id"]) for c in doc["connections"]] == [
+        (0, 1, None), (0, 5, None), (3, 1, "w3")]
