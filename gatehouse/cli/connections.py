@@ -104,6 +104,17 @@ def owed(c: dict[str, Any]) -> str:
     return f"{_num(c['answers_owed'])} ({what}, {oldest['seconds']:.1f}s)"
 
 
+def ident(c: dict[str, Any]) -> str:
+    """A connection's number, its worker's first under a supervisor (ids restart with
+    each process)."""
+    return f"{c['worker']}:{c['id']}" if "worker" in c else str(c["id"])
+
+
+def software(c: dict[str, Any]) -> str:
+    """The client library and version it gave (KIP-511), or "-"."""
+    return " ".join(filter(None, (c.get("software_name"), c.get("software_version")))) or "-"
+
+
 def _who(c: dict[str, Any]) -> str:
     how = [m for m in (c.get("sasl_mechanism"), "TLS" if c.get("tls") else None) if m]
     principal = c.get("principal") or "-"
@@ -111,7 +122,6 @@ def _who(c: dict[str, Any]) -> str:
 
 
 def render(doc: dict[str, Any], shown: list[dict[str, Any]], url: str) -> RenderableType:
-    workers = "worker" in doc or any("worker" in c for c in shown)
     count = doc.get("count", len(doc["connections"]))
     header = Text.assemble(("gatehouse connections ", "bold"), (url, "cyan"),
                            f"\n{count:,} connection{'' if count == 1 else 's'}")
@@ -127,12 +137,9 @@ def render(doc: dict[str, Any], shown: list[dict[str, Any]], url: str) -> Render
                                ("open", "right"), ("idle", "right"), ("requests", "right"),
                                ("owed", "right"), ("in", "right"), ("out", "right")])
     for c in shown:
-        software = " ".join(filter(None, (c.get("software_name"),
-                                          c.get("software_version")))) or "-"
         client = c["client"] + (f" via {c['via']}" if c.get("via") else "")
         to = f"{c['listener']} > {c.get('upstream') or '-'}"
-        ident = f"{c['worker']}:{c['id']}" if workers else str(c["id"])
-        table.add_row(ident, client, to, c["state"], c.get("client_id") or "-", software,
+        table.add_row(ident(c), client, to, c["state"], c.get("client_id") or "-", software(c),
                       _who(c), _duration(c["seconds_open"]), _duration(c.get("seconds_idle")),
                       _num(c["requests"]), owed(c),
                       _bytes(c["bytes_from_client"]), _bytes(c["bytes_to_client"]))

@@ -317,7 +317,7 @@ def _busiest(prev: Snapshot | None, cur: Snapshot) -> Table | None:
     """The client connections moving the most bytes between the two scrapes (with no
     earlier scrape: the most bytes since they opened), from /connections; None when
     the proxy did not serve it to us or holds no connection."""
-    from gatehouse.cli.connections import owed
+    from gatehouse.cli.connections import ident, owed, software
 
     if not cur.connections:
         return None
@@ -345,10 +345,7 @@ def _busiest(prev: Snapshot | None, cur: Snapshot) -> Table | None:
         ("principal", "left"), ("req/s", "right"), ("in/s", "right"), ("out/s", "right"),
         ("owed", "right")])
     for c in sorted(cur.connections, key=moved, reverse=True)[:TOP_ROWS]:
-        ident = f"{c['worker']}:{c['id']}" if "worker" in c else str(c["id"])
-        software = " ".join(filter(None, (c.get("software_name"),
-                                          c.get("software_version")))) or "-"
-        table.add_row(ident, c["client"], c.get("client_id") or "-", software,
+        table.add_row(ident(c), c["client"], c.get("client_id") or "-", software(c),
                       c.get("principal") or "-", _num(per_second(c, "requests")),
                       _bytes(per_second(c, "bytes_from_client")),
                       _bytes(per_second(c, "bytes_to_client")), owed(c))
