@@ -106,6 +106,15 @@ def test_check_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert "ok" in out and "byte readers: c\n" in out  # built here (tests/test_speedups.py)
     assert "metrics counting: c\n" in out
     assert "capture records: c\n" in out
+    assert "metrics.listen" not in out  # no metrics endpoint configured
+    for said, told in (("", "to loopback clients only (metrics.connections: local)"),
+                       (", connections: any", "to whoever reaches it (metrics.connections: any)"),
+                       (", connections: off", "not served (metrics.connections: off)")):
+        good.write_text("listen: 127.0.0.1:9192\nupstream: [127.0.0.1:9092]\n"
+                        f"metrics: {{listen: 9464{said}}}\n")
+        assert main(["check", "--config", str(good)]) == 0
+        assert ("metrics.listen 127.0.0.1:9464: /metrics, /healthz, /readyz; /connections "
+                f"(who is connected) {told}\n") in capsys.readouterr().out
     bad = tmp_path / "bad.yaml"
     bad.write_text("listen: 127.0.0.1:9192\nupstream: [127.0.0.1:9092]\nrulez: []\n")
     assert main(["check", "--config", str(bad)]) == 1

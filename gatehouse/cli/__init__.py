@@ -203,6 +203,12 @@ def _check(path: str, probe: bool = False) -> int:
     from gatehouse.capture.schema import native
 
     print(f"capture records: {'python' if native is None else 'c'}")
+    if config.metrics_listen is not None:
+        readers = {"local": "to loopback clients only", "any": "to whoever reaches it",
+                   "off": "not served"}[config.metrics_connections]
+        print(f"metrics.listen {config.metrics_listen}: /metrics, /healthz, /readyz; "
+              f"/connections (who is connected) {readers} "
+              f"(metrics.connections: {config.metrics_connections})")
     telemetry = config.client_telemetry
     if telemetry is not None:
         wanted = ("all their metrics" if telemetry.metrics == ("",) else
