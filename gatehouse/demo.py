@@ -28,6 +28,7 @@ from typing import Any, TextIO
 
 import trio
 
+from gatehouse.cli.connections import apis
 from gatehouse.codecs import Request
 from gatehouse.configfile import load_yaml_text
 from gatehouse.embedded import EmbeddedBrokerError, TansuProcess
@@ -163,7 +164,7 @@ class TrafficSummary(Observer):
             lines.append(f"  #{c['id']} {c['client_id'] or '-'} ({who}) on {c['listener']}: "
                          f"{c['requests']} requests, {c['bytes_from_client']} bytes in, "
                          f"{c['bytes_to_client']} out, {c['answers_owed']} answer"
-                         f"{'' if c['answers_owed'] == 1 else 's'} owed")
+                         f"{'' if c['answers_owed'] == 1 else 's'} owed; {apis(c)}")
         return lines
 
     def _client_metrics(self) -> list[str]:

@@ -91,11 +91,13 @@ EXCHANGE = st.sampled_from(["produce", "produce", "produce-decoded", "produce-fu
 @SETTINGS
 def test_the_same_samples_as_the_python_methods(data: st.DataObject) -> None:
     in_c, in_python = ProxyMetrics(), python_only(ProxyMetrics())
-    conns = [ConnectionInfo(id=next(_ids), client="127.0.0.1:1", listener="bootstrap",
-                            software_name="app", software_version="1")
-             for _ in range(data.draw(st.integers(1, 3)))]
+    # Each connection twice, one for each (the metrics keep a tally on it).
+    conns = [tuple(ConnectionInfo(id=conn_id, client="127.0.0.1:1", listener="bootstrap",
+                                  software_name="app", software_version="1")
+                   for _ in range(2))
+             for conn_id in [next(_ids) for _ in range(data.draw(st.integers(1, 3)))]]
     for _ in range(data.draw(st.integers(1, 12))):
-        conn = data.draw(st.sampled_from(conns))
+        pair = data.draw(st.sampled_from(conns))
         kind = data.draw(EXCHANGE)
         correlation_id = data.draw(st.integers(0, 1000))
         elapsed = data.draw(st.sampled_from([0.0, 0.0001, 0.00025, 0.0003, 0.7, 31.0]))
@@ -105,19 +107,19 @@ def test_the_same_samples_as_the_python_methods(data: st.DataObject) -> None:
             frame = draw_request_frame(data, version)
             if kind == "produce-future" and version >= produce.FLEXIBLE_SINCE:
                 frame = from_the_future(frame)  # a header of the same layout
-            for metrics in (in_c, in_python):
+            for metrics, conn in zip((in_c, in_python), pair, strict=True):
                 req = (walked_request_of(frame) if kind == "produce-walked"
                        else request_of(frame, kind == "produce-decoded"))
                 metrics.request(conn, req, len(frame))
             answer = memoryview(produce_answer(data, version, correlation_id))
-            for metrics in (in_c, in_python):
+            for metrics, conn in zip((in_c, in_python), pair, strict=True):
                 pending = Pending(correlation_id, 0, version, 0.0)
                 scanned_response(pending, answer)  # as the proxy reads it first
                 metrics.response(conn, pending, len(answer), elapsed, answer)
         elif kind in ("fetch", "unread"):
             version = data.draw(st.sampled_from(FETCH_VERSIONS))
             answer = memoryview(draw_response_frame(data, version))
-            for metrics in (in_c, in_python):
+            for metrics, conn in zip((in_c, in_python), pair, strict=True):
                 pending = Pending(correlation_id, 1, version, 0.0)
                 if kind == "fetch":
                     scanned_response(pending, answer)
@@ -125,19 +127,19 @@ def test_the_same_samples_as_the_python_methods(data: st.DataObject) -> None:
         elif kind == "metadata":
             answer = memoryview(metadata_answer(uuid.UUID(int=data.draw(st.integers(1, 3))),
                                                 data.draw(st.sampled_from(["a", "b"]))))
-            for metrics in (in_c, in_python):
+            for metrics, conn in zip((in_c, in_python), pair, strict=True):
                 metrics.response(conn, Pending(0, 3, 12, 0.0), len(answer), elapsed, answer)
         elif kind == "api-versions":
             plain = {"header": {"api_key": 18, "api_version": 3, "correlation_id": 1,
                                 "client_id": "app"},
                      "body": {"client_software_name": "app", "client_software_version": "1"}}
             frame = bytes(codecs.request_from_dict(plain).encode())
-            for metrics in (in_c, in_python):
+            for metrics, conn in zip((in_c, in_python), pair, strict=True):
                 metrics.request(conn, codecs.decode_request(frame), len(frame))
         else:  # the proxy's own answer, a SASL v0 token, an answer gone by unread
             version = data.draw(st.sampled_from(PRODUCE_VERSIONS))
             answer = memoryview(produce_answer(data, version, correlation_id))
-            for metrics in (in_c, in_python):
+            for metrics, conn in zip((in_c, in_python), pair, strict=True):
                 pending = Pending(correlation_id, 0, version, 0.0,
                                   local=bytes(answer) if kind == "local" else None,
                                   raw=kind == "raw")
@@ -147,6 +149,10 @@ def test_the_same_samples_as_the_python_methods(data: st.DataObject) -> None:
     got, expected = samples(in_c), samples(in_python)
     assert {k: v for k, v in got.items() if expected.get(k) != v} == {
         k: v for k, v in expected.items() if got.get(k) != v}
+    # And the same tallies on each connection (/connections).
+    for c_conn, python_conn in conns:
+        assert (c_conn.produced, c_conn.fetched) == (python_conn.produced,
+                                                     python_conn.fetched)
 
 
 class SlowCalls(CountsSlowCalls, ProxyMetrics):
@@ -196,6 +202,15 @@ def test_the_usual_exchange_is_counted_in_c() -> None:
         new = produce_request(topic, 2)
         metrics.request(conn, codecs.decode_request(new), len(new))
     assert metrics.slow["request"] == 2
+    # The connection's own tally, as /connections lists it, counted either way.
+    assert conn.produced == {"orders": [65, 13 * len(batch(5))],
+                             "payments": [4, 2 * len(batch(2))]}
+    # Another connection's first of a topic the proxy knows: its tally made in Python.
+    other = ConnectionInfo(id=next(_ids), client="127.0.0.1:2", listener="bootstrap")
+    for _ in range(2):
+        metrics.request(other, codecs.decode_request(frame), len(frame))
+    assert metrics.slow["request"] == 3  # its first request (its counters), then C
+    assert other.produced == {"orders": [10, 2 * len(batch(5))]}
 
 
 def test_a_produce_version_kafka_4_removed_is_counted_in_python() -> None:

@@ -141,15 +141,16 @@ def test_the_busiest_connections_between_two_scrapes() -> None:
     second = parse(text(2), 12.0)
     second.connections = [conn(1, "quiet", 1_000, 3_048, 12),
                           conn(2, "busy", 2_098_152, 0, 410, answers_owed=3,
-                               oldest_owed={"api": "Produce", "version": 12, "seconds": 0.2}),
+                               oldest_owed={"api": "Produce", "version": 12, "seconds": 0.2},
+                               produced={"orders": {"records": 2048, "bytes": 2_097_152}}),
                           conn(3, "new", 0, 4_096, 2, principal="svc-new")]
     out = io.StringIO()
     Console(file=out, width=250, color_system=None).print(render(first, second, "URL"))
     shown = out.getvalue().split("Busiest connections", 1)[1]
     rows = [row_cells(shown, name) for name in ("busy", "new", "quiet")]
-    # id | client | client id | software | principal | req/s | in/s | out/s | owed
+    # id | client | client id | software | principal | req/s | in/s | out/s | owed | topics
     assert rows[0] == ["2", "10.0.0.2:4000", "busy", "librdkafka 2.16", "-", "200",
-                       "1.0 MiB", "0 B", "3 (Produce v12, 0.2s)"]
+                       "1.0 MiB", "0 B", "3 (Produce v12, 0.2s)", "> orders"]
     assert rows[1][4:8] == ["svc-new", "1", "0 B", "2.0 KiB"]  # new: counted from 0
     assert rows[2][5:8] == ["1", "0 B", "1.0 KiB"]
     assert shown.index("busy") < shown.index("new") < shown.index("quiet")

@@ -11,6 +11,7 @@ import http.server
 import io
 import json
 import socket
+import struct
 import subprocess
 import threading
 import urllib.error
@@ -29,6 +30,7 @@ from gatehouse.cli.connections import chosen, connections_url, render, run_conne
 from gatehouse.configfile import ConfigError
 from gatehouse.metrics import ConnectionsEndpoint, is_loopback, serve_endpoints
 from gatehouse.proxy.config import Address, config_from_text
+from gatehouse.proxy.hooks import CONN_KEYS_MAX, OTHER, ConnectionInfo, tally_topic
 from gatehouse.proxy.workers import Supervisor
 from tests.reliability.support import (
     FakeBrokerServer,
@@ -196,11 +198,14 @@ def test_each_connection_as_the_proxy_knows_it(proxy: ProxyThread) -> None:
         assert {k: mine[k] for k in ("listener", "node_id", "state", "tls", "sasl_mechanism",
                                      "principal", "client_id", "software_name",
                                      "software_version", "via", "requests", "responses",
-                                     "refused", "answers_owed")} == {
+                                     "refused", "answers_owed", "requests_by_api",
+                                     "produced", "fetched")} == {
             "listener": "bootstrap", "node_id": None, "state": "open", "tls": False,
             "sasl_mechanism": None, "principal": None, "client_id": "orders-app",
             "software_name": "probe-lib", "software_version": "1.2.3", "via": None,
-            "requests": 2, "responses": 1, "refused": 0, "answers_owed": 1}
+            "requests": 2, "responses": 1, "refused": 0, "answers_owed": 1,
+            "requests_by_api": {"ApiVersions": 1, "Metadata": 1},
+            "produced": {}, "fetched": {}}  # no metrics here: no topics counted
         assert mine["upstream"] == f"127.0.0.1:{proxy.config.upstream[0].port}"
         assert mine["bytes_from_client"] == len(hello) + len(waiting)
         assert mine["bytes_to_client"] == 4 + len(answer)
@@ -212,8 +217,8 @@ def test_each_connection_as_the_proxy_knows_it(proxy: ProxyThread) -> None:
         assert 0 <= oldest["seconds"] <= mine["seconds_open"]
         quiet = by_client[local_address(silent)]
         assert (quiet["client_id"], quiet["software_name"], quiet["requests"],
-                quiet["bytes_from_client"], quiet["state"], quiet["oldest_owed"]) == (
-            None, None, 0, 0, "open", None)
+                quiet["bytes_from_client"], quiet["state"], quiet["oldest_owed"],
+                quiet["requests_by_api"]) == (None, None, 0, 0, "open", None, {})
     # Closed: the silent one gone, the other waiting for its answer, to no one.
     wait_until(lambda: [(c["client"], c["state"], c["answers_owed"])
                         for c in listed(proxy)["connections"]]
@@ -255,6 +260,90 @@ def test_a_connection_still_in_its_tls_handshake_is_connecting(
         wait_until(lambda: listed(proxy)["count"] == 0, 10, "the connection to go")
 
 
+def orders_batch(count: int) -> bytes:
+    """A v2 record batch whose header claims ``count`` records (what the metrics read)."""
+    body = struct.pack(">hiqqqhii", 0, 0, 0, 0, -1, -1, -1, count) + b"\x00" * 30
+    return struct.pack(">qii", 0, 9 + len(body), 0) + b"\x02" + struct.pack(">I", 0) + body
+
+
+def fetched_orders(req: codecs.Request) -> Any:
+    """A broker whose Fetch answers hold 7 records of "orders"."""
+    if req.api_key != 1:
+        return response_body(req.api_key, req.api_version)
+    return response_body(1, req.api_version, throttle_time_ms=0, error_code=0, session_id=0,
+                         responses=[{"topic": "orders", "partitions": [{
+                             "partition_index": 0, "error_code": 0, "high_watermark": 7,
+                             "last_stable_offset": 7, "log_start_offset": 0,
+                             "aborted_transactions": [], "preferred_read_replica": -1,
+                             "records": orders_batch(7)}]}])
+
+
+def test_what_each_connection_does_by_api_and_topic() -> None:
+    """Requests by API (most first), and the records and bytes of each topic produced
+    and fetched (the metrics' count, read from the batch headers), over real sockets:
+    the produced topics as the client named them, before any rename."""
+    with FakeBrokerServer(fetched_orders) as broker, ProxyThread(
+            f"127.0.0.1:{broker.port}", extra_config="limits: {shutdown_grace: 1}\n",
+            rules_yaml="rules:\n  - name: tenant\n    topic_prefix: acme.\n") as proxy, \
+            connect(proxy.port) as writer, connect(proxy.port) as reader:
+        for n in range(3):
+            writer.sendall(frame_bytes(request(
+                0, 9, n, transactional_id=None, acks=-1, timeout_ms=1000, topic_data=[
+                    {"name": "orders", "partition_data": [{"index": 0,
+                                                           "records": orders_batch(5)}]},
+                    {"name": "audit", "partition_data": [{"index": 0,
+                                                          "records": orders_batch(1)}]}],
+            ).encode()))
+            assert read_frame(writer) is not None
+        writer.sendall(frame_bytes(request(3, 12, 9, topics=None).encode()))
+        assert read_frame(writer) is not None
+        for n in range(2):
+            reader.sendall(frame_bytes(request(1, 12, n, max_wait_ms=0, min_bytes=1,
+                                               max_bytes=1 << 20, topics=[]).encode()))
+            assert read_frame(reader) is not None
+        by_client = {c["client"]: c for c in listed(proxy)["connections"]}
+        wrote, read = by_client[local_address(writer)], by_client[local_address(reader)]
+        size = len(orders_batch(5))
+        assert list(wrote["requests_by_api"].items()) == [("Produce", 3), ("Metadata", 1)]
+        assert list(wrote["produced"].items()) == [  # most bytes first
+            ("orders", {"records": 15, "bytes": 3 * size}),
+            ("audit", {"records": 3, "bytes": 3 * len(orders_batch(1))})]
+        assert (wrote["fetched"], read["produced"]) == ({}, {})
+        assert read["requests_by_api"] == {"Fetch": 2}
+        assert read["fetched"] == {"orders": {"records": 14, "bytes": 2 * len(orders_batch(7))}}
+
+
+def test_a_connections_tallies_are_bounded() -> None:
+    """A client choosing API keys no API has, and a consumer of thousands of topics:
+    past CONN_KEYS_MAX keys each tally folds the rest into "(other)"."""
+    conn = ConnectionInfo(id=1, client="c", listener="bootstrap")
+    for key in range(CONN_KEYS_MAX + 50):
+        conn.api_requests[key] = 1  # as the pumps count them, below
+    for n in range(CONN_KEYS_MAX + 50):
+        tally_topic(conn.fetched, f"t{n}", 2, 10)
+    assert len(conn.fetched) == CONN_KEYS_MAX + 1
+    assert conn.fetched[OTHER] == [100, 500]
+    assert conn.fetched["t0"] == [2, 10]
+    tally_topic(conn.fetched, "t0", 1, 1)  # a listed one goes on being counted
+    assert conn.fetched["t0"] == [3, 11]
+
+
+def test_requests_with_keys_no_api_has_fold_into_other() -> None:
+    with FakeBrokerServer(lambda req: None) as broker, ProxyThread(
+            f"127.0.0.1:{broker.port}", metrics=False,
+            extra_config="limits: {shutdown_grace: 1}\n") as proxy, \
+            connect(proxy.port) as sock:
+        # Unknown keys are forwarded untouched; this broker answers none of them.
+        for key in range(1000, 1000 + CONN_KEYS_MAX + 20):
+            sock.sendall(frame_bytes(struct.pack(">hhi", key, 0, key) + b"\xff\xff"))
+        wait_until(lambda: [c["requests"] for c in listed(proxy)["connections"]]
+                   == [CONN_KEYS_MAX + 20], 10, "every request read")
+        [conn] = listed(proxy)["connections"]
+        assert len(conn["requests_by_api"]) == CONN_KEYS_MAX + 1
+        assert conn["requests_by_api"]["(other)"] == 20
+        assert conn["requests_by_api"]["api-1000"] == 1
+
+
 # -- `gatehouse connections` -----------------------------------------------------------
 
 
@@ -271,7 +360,8 @@ def entry(id_: int, **fields: Any) -> dict[str, Any]:
             "node_id": None, "upstream": "b:9092", "state": "open", "tls": False,
             "sasl_mechanism": None, "principal": None, "client_id": None,
             "software_name": None, "software_version": None, "opened": "2026-01-01T00:00:00Z",
-            "seconds_open": 100.0 - id_, "seconds_idle": 1.0, "requests": 0, "responses": 0,
+            "seconds_open": 100.0 - id_, "seconds_idle": 1.0, "requests": 0,
+            "requests_by_api": {}, "produced": {}, "fetched": {}, "responses": 0,
             "refused": 0, "answers_owed": 0, "oldest_owed": None, "bytes_from_client": 0,
             "bytes_to_client": 0}
     return {**base, **fields}
@@ -281,9 +371,14 @@ DOC = {"count": 3, "connections": [
     entry(1, client_id="billing", requests=5, bytes_from_client=10),
     entry(2, client_id="orders-writer", principal="svc-orders", sasl_mechanism="SCRAM-SHA-512",
           software_name="confluent-kafka-python", software_version="2.16.2", requests=50,
+          requests_by_api={"Produce": 46, "Metadata": 3, "ApiVersions": 1},
+          produced={"orders": {"records": 4000, "bytes": 4900},
+                    "audit": {"records": 10, "bytes": 80},
+                    "payments-eu": {"records": 1, "bytes": 20}},
           bytes_from_client=5000, bytes_to_client=100, answers_owed=2,
           oldest_owed={"api": "Fetch", "version": 17, "seconds": 3.25}),
-    entry(3, client_id="orders-reader", requests=9, bytes_to_client=900_000,
+    entry(3, client_id="reader", requests=9, requests_by_api={"Fetch": 9},
+          fetched={"payments": {"records": 90, "bytes": 899_000}}, bytes_to_client=900_000,
           seconds_idle=30.0, answers_owed=5,
           oldest_owed={"api": "Metadata", "version": 12, "seconds": 0.5}),
 ]}
@@ -298,7 +393,9 @@ def test_sorted_matched_and_cut() -> None:
     assert ids(sort="requests") == [2, 3, 1]
     assert ids(sort="idle") == [3, 1, 2]
     assert ids(sort="owed") == [2, 3, 1]  # waiting longest first
-    assert ids(match="ORDERS") == [2, 3]
+    assert ids(match="ORDERS") == [2]
+    assert ids(match="payments") == [2, 3]  # a topic each produced to or fetched from
+    assert ids(match="payments-eu") == [2]
     assert ids(match="svc-orders") == [2]
     assert ids(match="10.0.0.3") == [3]
     assert ids(sort="bytes", limit=1) == [3]
@@ -307,14 +404,17 @@ def test_sorted_matched_and_cut() -> None:
 def test_the_table() -> None:
     out = io.StringIO()
     Console(file=out, width=250, color_system=None).print(
-        render(DOC, chosen(DOC, match="orders"), "http://h/connections"))
+        render(DOC, chosen(DOC, match="payments"), "http://h/connections"))
     shown = out.getvalue()
     assert "3 connections, 2 shown" in shown
     row = next(line for line in shown.splitlines() if "orders-writer" in line)
     cells = [c.strip() for c in row.split("│") if c.strip()]
     assert cells[:7] == ["2", "10.0.0.2:5000", "bootstrap > b:9092", "open", "orders-writer",
                          "confluent-kafka-python 2.16.2", "svc-orders (SCRAM-SHA-512)"]
-    assert cells[7:] == ["1m38s", "1s", "50", "2 (Fetch v17, 3.2s)", "4.9 KiB", "100 B"]
+    assert cells[7:] == ["1m38s", "1s", "50", "Produce 46, Metadata 3 +1",
+                         "> orders, audit +1", "2 (Fetch v17, 3.2s)", "4.9 KiB", "100 B"]
+    row = next(line for line in shown.splitlines() if "reader" in line)
+    assert [c.strip() for c in row.split("│") if c.strip()][10:12] == ["Fetch 9", "< payments"]
     assert "billing" not in shown
     # A supervisor's: each connection is its worker's; a silent worker is said.
     workers = {"count": 1, "workers": 2, "workers_unavailable": [1],

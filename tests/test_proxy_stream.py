@@ -734,6 +734,12 @@ async def test_over_sockets_a_large_request_the_metrics_count_goes_up_spliced_an
                          {"topic": "orders", "direction": "produce"}) == 700
             assert value("gatehouse_topic_bytes_total",
                          {"topic": "audit", "direction": "produce"}) == len(sets[1])
+            # And on the connection, for /connections.
+            assert h.conn.produced == {"orders": [700, len(sets[0])],
+                                       "audit": [5, len(sets[1])]}
+        else:
+            assert h.conn.produced == {}
+        assert h.conn.api_requests == {0: 1}
 
 
 @pytest.mark.parametrize("version", [8, 9, 12])
@@ -1188,9 +1194,11 @@ async def test_over_sockets_a_large_fetch_answer_the_metrics_count_goes_on_splic
             assert expected[2][0][1:] == ([0, 1], 435, size)
             assert value("gatehouse_topic_records_total", topic) == 435
             assert value("gatehouse_topic_bytes_total", topic) == size
+            assert h.pumps.conn.fetched == {topic["topic"]: [435, size]}  # /connections
         else:
             assert expected[2][0][1:] == ([0, 1], 0, 0)
             assert value("gatehouse_topic_records_total", topic) is None
+            assert h.pumps.conn.fetched == {}
         # The connection goes on: the next answer, small, comes whole to the observers.
         await send_fetch(h, 2, version)
         small = fetch_answer(2, records=record_batch(3, 500), version=version)

@@ -33,9 +33,10 @@ SORTS: Final[dict[str, Callable[[dict[str, Any]], Any]]] = {
     "owed": lambda c: (-(c.get("oldest_owed") or {}).get("seconds", -1.0), -c["answers_owed"]),
     "client": lambda c: c["client"],
 }
-# --match looks in these.
+# --match looks in these, and in the topics each produced to and fetched from.
 _SEARCHED: Final = ("client", "via", "client_id", "principal", "software_name",
                     "software_version", "listener", "upstream")
+_TOPICS: Final = ("produced", "fetched")
 
 
 class ConnectionsError(Exception):
@@ -71,12 +72,14 @@ def fetch(url: str, timeout: float = 10.0) -> dict[str, Any]:
 def chosen(doc: dict[str, Any], sort: str = "age", match: str | None = None,
            limit: int | None = None) -> list[dict[str, Any]]:
     """The connections to show: those ``match`` finds (a substring of any of
-    ``_SEARCHED``, case-insensitive), in ``sort`` order, at most ``limit``."""
+    ``_SEARCHED`` or of a topic it produced to or fetched from, case-insensitive), in
+    ``sort`` order, at most ``limit``."""
     listed: list[dict[str, Any]] = list(doc["connections"])
     if match:
         needle = match.lower()
         listed = [c for c in listed
-                  if any(needle in str(c.get(k) or "").lower() for k in _SEARCHED)]
+                  if any(needle in str(c.get(k) or "").lower() for k in _SEARCHED)
+                  or any(needle in topic.lower() for k in _TOPICS for topic in c.get(k) or ())]
     listed.sort(key=SORTS[sort])
     return listed[:limit] if limit is not None else listed
 
@@ -115,6 +118,24 @@ def software(c: dict[str, Any]) -> str:
     return " ".join(filter(None, (c.get("software_name"), c.get("software_version")))) or "-"
 
 
+def _first(names: list[str], shown: int = 2) -> str:
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f" +{more}" if more > 0 else "")
+
+
+def apis(c: dict[str, Any]) -> str:
+    """Its requests by API, most first (the first two named)."""
+    counts = c.get("requests_by_api") or {}
+    return _first([f"{api} {_num(n)}" for api, n in counts.items()]) or "-"
+
+
+def topics(c: dict[str, Any]) -> str:
+    """The topics it produced to (">") and fetched from ("<"), most bytes first."""
+    said = [f"{arrow} {_first(list(c[key]))}"
+            for arrow, key in ((">", "produced"), ("<", "fetched")) if c.get(key)]
+    return "  ".join(said) or "-"
+
+
 def _who(c: dict[str, Any]) -> str:
     how = [m for m in (c.get("sasl_mechanism"), "TLS" if c.get("tls") else None) if m]
     principal = c.get("principal") or "-"
@@ -135,13 +156,14 @@ def render(doc: dict[str, Any], shown: list[dict[str, Any]], url: str) -> Render
                                ("state", "left"), ("client id", "left"),
                                ("software", "left"), ("principal", "left"),
                                ("open", "right"), ("idle", "right"), ("requests", "right"),
-                               ("owed", "right"), ("in", "right"), ("out", "right")])
+                               ("APIs", "left"), ("topics", "left"), ("owed", "right"),
+                               ("in", "right"), ("out", "right")])
     for c in shown:
         client = c["client"] + (f" via {c['via']}" if c.get("via") else "")
         to = f"{c['listener']} > {c.get('upstream') or '-'}"
         table.add_row(ident(c), client, to, c["state"], c.get("client_id") or "-", software(c),
                       _who(c), _duration(c["seconds_open"]), _duration(c.get("seconds_idle")),
-                      _num(c["requests"]), owed(c),
+                      _num(c["requests"]), apis(c), topics(c), owed(c),
                       _bytes(c["bytes_from_client"]), _bytes(c["bytes_to_client"]))
     return Group(header, table)
 

@@ -48,6 +48,7 @@ from gatehouse.proxy.hooks import (
     Pending,
     decoded_response,
     scanned_response,
+    tally_topic,
 )
 
 logger = logging.getLogger("gatehouse.metrics")
@@ -296,8 +297,8 @@ class ProxyMetrics(Observer):
         self._conn_requests: dict[int, dict[int, Tally]] = {}
         # Produce request topics as the byte reader names them (a name, or the 16 bytes
         # of a topic id while its name is known) -> the records and bytes counters.
-        self._produced: dict[str | bytes, tuple[Tally, Tally]] = {}
-        self._fetched: dict[str | bytes, tuple[Tally, Tally]] = {}  # the same, of Fetch answers
+        self._produced: dict[str | bytes, tuple[Tally, Tally, str]] = {}  # and its name
+        self._fetched: dict[str | bytes, tuple[Tally, Tally, str]] = {}  # the same, of Fetch answers
         # Label children resolved once: labels() costs more than the increment itself.
         self._bytes_in, self._bytes_up, self._bytes_down, self._bytes_out = (
             self.bytes.labels(direction=d) for d in (
@@ -474,7 +475,7 @@ class ProxyMetrics(Observer):
                 if version in _PRODUCE_VERSIONS:  # a version from the future: not read
                     topics = None if req.body_decoded else produce.request_topics_of(req)
                     if topics is not None:
-                        self._count_scanned(topics, self._produced, "produce")
+                        self._count_scanned(topics, self._produced, "produce", conn.produced)
                     else:
                         self._count_produce(req, conn)
             elif key in GROUP_APIS and req.known:
@@ -505,24 +506,33 @@ class ProxyMetrics(Observer):
             counted, sized = self._topic(name, "produce")
             counted.inc(records_total)
             sized.inc(bytes_total)
+            tally_topic(conn.produced, name, records_total, bytes_total)
 
     def _count_scanned(self, topics: produce.TopicCounts,
-                       cache: dict[str | bytes, tuple[Tally, Tally]], direction: str) -> None:
+                       cache: dict[str | bytes, tuple[Tally, Tally, str]], direction: str,
+                       mine: dict[str, list[int]]) -> None:
         """Records and bytes per topic as a byte reader gives them (Produce requests,
-        Fetch answers); each topic's counters remembered in ``cache`` once its name is
-        known (an id not yet named counts as "unknown" until it is)."""
+        Fetch answers), in the proxy's counters and the connection's tally ``mine``;
+        each topic's counters and name remembered in ``cache`` once its name is known
+        (an id not yet named counts as "unknown" until it is)."""
         for topic, _, records_total, bytes_total in topics:
             if records_total <= 0:  # nothing (or a nonsense count from a bad header)
                 continue
             found = cache.get(topic)
             if found is None:
                 name = self._scanned_topic_name(topic)
-                found = self._topic(name, direction)
+                found = (*self._topic(name, direction), name)
                 if len(cache) < MAX_CACHED_TOPICS and (name != "unknown"
                                                        or isinstance(topic, str)):
                     cache[topic] = found
             found[0].value += records_total
             found[1].value += bytes_total
+            counts = mine.get(found[2])
+            if counts is None:
+                tally_topic(mine, found[2], records_total, bytes_total)
+            else:
+                counts[0] += records_total
+                counts[1] += bytes_total
 
     def _topic(self, name: str, direction: str) -> tuple[Any, Any]:
         """The records and bytes counters of a topic (its label capped)."""
@@ -566,7 +576,7 @@ class ProxyMetrics(Observer):
                 else:
                     self._response_counter(key, 0).value += 1
                 if key == FETCH:
-                    self._count_scanned(scan[2], self._fetched, "fetch")
+                    self._count_scanned(scan[2], self._fetched, "fetch", conn.fetched)
                 return
         if frame is None:  # its bytes went by unread, uncounted
             return
@@ -589,10 +599,11 @@ class ProxyMetrics(Observer):
                 for topic in resp.body.responses:
                     records_total, bytes_total = produce.partitions_total(topic.partitions)
                     if records_total > 0:
-                        counted, sized = self._topic(self._topic_name(topic, "topic"),
-                                                     "fetch")
+                        name = self._topic_name(topic, "topic")
+                        counted, sized = self._topic(name, "fetch")
                         counted.inc(records_total)
                         sized.inc(bytes_total)
+                        tally_topic(conn.fetched, name, records_total, bytes_total)
         except ProtocolError:
             pass
 

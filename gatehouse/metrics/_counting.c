@@ -10,7 +10,8 @@
  * Anything else goes to the Python methods, which stay the reference and run alone where
  * this module is not built or GATEHOUSE_PURE_PYTHON=1 is set: a counter not made yet, an
  * API whose requests the census reads (ApiVersions, the group APIs), an answer the proxy
- * made or decoded, a topic seen for the first time.  Every lookup is done before the
+ * made or decoded, a topic seen for the first time (by the proxy, or by the connection:
+ * its own tally of records and bytes per topic, ConnectionInfo.produced and .fetched).  Every lookup is done before the
  * first addition, so a call either counts all of an exchange or hands all of it over:
  * nothing is counted twice (tests/test_metrics_counting.py holds the two to the same
  * samples).  Counters are the Tally and HistogramTally objects of gatehouse/metrics/
@@ -28,7 +29,7 @@
 #define MAX_TOPICS 64         /* topics counted here at once; more: the Python method */
 
 static PyObject *s_value, *s_header, *s_id, *s_frame, *s_body,
-    *s_api_key, *s_local, *s_raw, *s_decoded, *s_scan, *s_read;
+    *s_api_key, *s_local, *s_raw, *s_decoded, *s_scan, *s_read, *s_produced, *s_fetched;
 
 /* request(state, conn, req, size) and response(state, ...): ``state`` is the tuple
  * ProxyMetrics builds (see _counting_state there), in this order. */
@@ -152,15 +153,17 @@ int_attr(PyObject *obj, PyObject *name, int *ok)
     return n;
 }
 
-/* Per topic of a reader's result (key, partitions, records, bytes): the (records,
- * bytes) tallies in ``table``, into ``pairs``; 1 when every topic with records has
- * them, 0 when one does not (or too many topics, or a shape not expected), -1 on error. */
+/* Per topic of a reader's result (key, partitions, records, bytes): the (records tally,
+ * bytes tally, name) in ``table``, into ``pairs``, and the connection's [records,
+ * bytes] of that name in ``mine`` (its ``produced`` or ``fetched``), into ``lists``; 1
+ * when every topic with records has them, 0 when one does not (or too many topics, or
+ * a shape not expected), -1 on error. */
 static int
-find_topics(PyObject *topics, PyObject *table, PyObject **pairs, long long *amounts,
-            Py_ssize_t *found)
+find_topics(PyObject *topics, PyObject *table, PyObject *mine, PyObject **pairs,
+            PyObject **lists, long long *amounts, Py_ssize_t *found)
 {
     *found = 0;
-    if (!PyList_CheckExact(topics) || !PyDict_CheckExact(table))
+    if (!PyList_CheckExact(topics) || !PyDict_CheckExact(table) || !PyDict_CheckExact(mine))
         return 0;
     Py_ssize_t n = PyList_GET_SIZE(topics);
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -178,9 +181,17 @@ find_topics(PyObject *topics, PyObject *table, PyObject **pairs, long long *amou
         PyObject *pair = PyDict_GetItemWithError(table, PyTuple_GET_ITEM(topic, 0));
         if (pair == NULL)
             return PyErr_Occurred() ? -1 : 0;
-        if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2)
+        if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 3)
+            return 0;
+        PyObject *counts = PyDict_GetItemWithError(mine, PyTuple_GET_ITEM(pair, 2));
+        if (counts == NULL)
+            return PyErr_Occurred() ? -1 : 0;  /* the connection's first of this topic */
+        if (!PyList_CheckExact(counts) || PyList_GET_SIZE(counts) != 2
+                || !PyLong_CheckExact(PyList_GET_ITEM(counts, 0))
+                || !PyLong_CheckExact(PyList_GET_ITEM(counts, 1)))
             return 0;
         pairs[*found] = Py_NewRef(pair);  /* held: the additions may run the collector */
+        lists[*found] = Py_NewRef(counts);
         amounts[2 * *found] = records;
         amounts[2 * *found + 1] = bytes;
         (*found)++;
@@ -195,12 +206,30 @@ release(PyObject **objects, Py_ssize_t n)
         Py_DECREF(objects[i]);
 }
 
+/* list[i] += amount (an int, checked by find_topics) */
 static int
-add_topics(PyObject **pairs, long long *amounts, Py_ssize_t found)
+add_int(PyObject *list, Py_ssize_t i, long long amount)
+{
+    PyObject *old = PyList_GET_ITEM(list, i);
+    long long value = PyLong_AsLongLong(old);
+    if (value == -1 && PyErr_Occurred())
+        return -1;
+    PyObject *sum = PyLong_FromLongLong(value + amount);
+    if (sum == NULL)
+        return -1;
+    PyList_SET_ITEM(list, i, sum);
+    Py_DECREF(old);
+    return 0;
+}
+
+static int
+add_topics(PyObject **pairs, PyObject **lists, long long *amounts, Py_ssize_t found)
 {
     for (Py_ssize_t i = 0; i < found; i++) {
         if (add(PyTuple_GET_ITEM(pairs[i], 0), (double)amounts[2 * i]) < 0
-                || add(PyTuple_GET_ITEM(pairs[i], 1), (double)amounts[2 * i + 1]) < 0)
+                || add(PyTuple_GET_ITEM(pairs[i], 1), (double)amounts[2 * i + 1]) < 0
+                || add_int(lists[i], 0, amounts[2 * i]) < 0
+                || add_int(lists[i], 1, amounts[2 * i + 1]) < 0)
             return -1;
     }
     return 0;
@@ -223,8 +252,8 @@ request(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *state = args[0], *conn = args[1], *req = args[2], *size = args[3];
     PyObject *slow = PyTuple_GET_ITEM(state, R_SLOW_REQUEST);
     PyObject *header = NULL, *conn_id = NULL, *slot = NULL, *frame = NULL, *body = NULL;
-    PyObject *topics = NULL, *counter = NULL, *result = NULL;
-    PyObject *pairs[MAX_TOPICS];
+    PyObject *topics = NULL, *counter = NULL, *result = NULL, *mine = NULL;
+    PyObject *pairs[MAX_TOPICS], *lists[MAX_TOPICS];
     long long amounts[2 * MAX_TOPICS];
     Py_ssize_t found = 0;
 
@@ -309,7 +338,10 @@ request(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             if (topics == NULL)
                 goto done;
         }
-        int ok = find_topics(topics, PyTuple_GET_ITEM(state, R_PRODUCED), pairs, amounts, &found);
+        if ((mine = PyObject_GetAttr(conn, s_produced)) == NULL)
+            goto done;
+        int ok = find_topics(topics, PyTuple_GET_ITEM(state, R_PRODUCED), mine, pairs, lists,
+                             amounts, &found);
         if (ok < 0)
             goto done;
         if (ok == 0)
@@ -317,7 +349,7 @@ request(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     /* Everything found: count it all. */
     if (add(PyTuple_GET_ITEM(state, R_BYTES_UP), (double)(nbytes + 4)) < 0
-            || add(counter, 1.0) < 0 || add_topics(pairs, amounts, found) < 0)
+            || add(counter, 1.0) < 0 || add_topics(pairs, lists, amounts, found) < 0)
         goto done;
     result = Py_NewRef(Py_None);
     goto done;
@@ -332,7 +364,9 @@ done:
     Py_XDECREF(body);
     Py_XDECREF(topics);
     Py_XDECREF(counter);
+    Py_XDECREF(mine);
     release(pairs, found);
+    release(lists, found);
     return result;
 }
 
@@ -481,11 +515,11 @@ response(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
      * where the answer went socket to socket and there is no frame). */
     PyObject *state = args[0], *pending = args[2];
     PyObject *local = NULL, *raw = NULL, *decoded = NULL, *scan = NULL, *result = NULL;
-    PyObject *histogram = NULL;
+    PyObject *histogram = NULL, *mine = NULL;
     PyObject *code_counters[32];
     long long code_amounts[32];
     Py_ssize_t codes_found = 0, found = 0;
-    PyObject *pairs[MAX_TOPICS];
+    PyObject *pairs[MAX_TOPICS], *lists[MAX_TOPICS];
     long long amounts[2 * MAX_TOPICS];
 
     int ok;
@@ -557,8 +591,10 @@ response(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             break;
     }
     if (key == FETCH) {
+        if ((mine = PyObject_GetAttr(args[1], s_fetched)) == NULL)
+            goto done;
         int got = find_topics(PyTuple_GET_ITEM(scan, 2), PyTuple_GET_ITEM(state, A_FETCHED),
-                              pairs, amounts, &found);
+                              mine, pairs, lists, amounts, &found);
         if (got < 0)
             goto done;
         if (got == 0)
@@ -573,7 +609,7 @@ response(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         if (add(code_counters[i], (double)code_amounts[i]) < 0)
             goto done;
     }
-    if (add_topics(pairs, amounts, found) < 0)
+    if (add_topics(pairs, lists, amounts, found) < 0)
         goto done;
     result = Py_NewRef(Py_None);
     goto done;
@@ -586,8 +622,10 @@ done:
     Py_XDECREF(decoded);
     Py_XDECREF(scan);
     Py_XDECREF(histogram);
+    Py_XDECREF(mine);
     release(code_counters, codes_found);
     release(pairs, found);
+    release(lists, found);
     return result;
 }
 
@@ -613,7 +651,8 @@ PyInit__counting(void)
         {&s_value, "value"},
         {&s_header, "header"}, {&s_id, "id"}, {&s_frame, "_frame"}, {&s_body, "_body"}, {&s_read, "_read"},
         {&s_api_key, "api_key"}, {&s_local, "local"}, {&s_raw, "raw"},
-        {&s_decoded, "decoded"}, {&s_scan, "scan"},
+        {&s_decoded, "decoded"}, {&s_scan, "scan"}, {&s_produced, "produced"},
+        {&s_fetched, "fetched"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         if (*names[i].slot == NULL && (*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL)

@@ -73,8 +73,10 @@ from gatehouse.proxy.fastio import FastStream, Pipe, PipePool
 from gatehouse.proxy.hooks import (
     AGE_LIMIT,
     CLIENT_CLOSED,
+    CONN_KEYS_MAX,
     FETCH,
     FETCHES,
+    OTHER,
     SCANNED_RESPONSES,
     SHUTTING_DOWN,
     Close,
@@ -807,6 +809,14 @@ class ProxyConnection:
     def _count_request(self, header: Any) -> None:
         conn = self.conn
         conn.requests += 1
+        by_api = conn.api_requests
+        key: int | str = header.api_key
+        count = by_api.get(key)
+        if count is None:
+            if len(by_api) >= CONN_KEYS_MAX:  # keys no API has, a client's choice
+                key = OTHER
+            count = by_api.get(key, 0)
+        by_api[key] = count + 1
         if header.client_id is not None:
             conn.client_id = header.client_id
 

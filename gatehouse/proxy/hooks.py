@@ -14,6 +14,25 @@ from typing import Any
 from gatehouse.codecs import Request, Response, decode_response, fetch, peek, produce
 from gatehouse.proxy.apiversions import RangeAdjuster
 
+# A connection's API and topic tallies hold this many keys; the rest fold into OTHER
+# (a client can send any int16 as an API key; a consumer of a regex may fetch thousands
+# of topics).  Parentheses are in no API's name nor in any legal topic name.
+CONN_KEYS_MAX = 100
+OTHER = "(other)"
+
+
+def tally_topic(tally: dict[str, list[int]], topic: str, records: int, size: int) -> None:
+    """Add a request's records and bytes of ``topic`` to a connection's ``tally``."""
+    counts = tally.get(topic)
+    if counts is None:
+        if len(tally) >= CONN_KEYS_MAX:
+            topic = OTHER
+        counts = tally.get(topic)
+        if counts is None:
+            counts = tally[topic] = [0, 0]
+    counts[0] += records
+    counts[1] += size
+
 
 @dataclass(eq=False)
 class ConnectionInfo:
@@ -39,6 +58,13 @@ class ConnectionInfo:
     bytes_from_client: int = 0
     bytes_to_client: int = 0
     refused: int = 0
+    # What it does, for /connections (gatehouse.proxy.live): requests by API key (the
+    # pumps count them), and [records, bytes] by client-side topic produced and fetched
+    # (the metrics count them, as they read the batch headers anyway; empty without
+    # metrics).  Each bounded: keys past CONN_KEYS_MAX fold into OTHER.
+    api_requests: dict[int | str, int] = field(default_factory=dict)
+    produced: dict[str, list[int]] = field(default_factory=dict)
+    fetched: dict[str, list[int]] = field(default_factory=dict)
     # Per-connection memory for policies, e.g. the protocol type a JoinGroup declared
     # (needed to decode consumer-protocol bytes of pre-KIP-559 versions).  Bounded by
     # the policy that writes it.

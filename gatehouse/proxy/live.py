@@ -23,7 +23,7 @@ import datetime
 import json
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import trio
 
@@ -58,15 +58,29 @@ class LiveConnections:
 
     async def json(self) -> bytes:
         """The document /connections serves (see ``document``)."""
-        taken = [(conn, self.pumps.get(conn.id)) for conn in self.conns.values()]
+        # The tallies copied here, on the loop, which adds keys to them (their numbers
+        # may move on while the thread reads them, as the connection's others).
+        taken = [(conn, self.pumps.get(conn.id), Tallies(dict(conn.api_requests),
+                                                         dict(conn.produced),
+                                                         dict(conn.fetched)))
+                 for conn in self.conns.values()]
         now, wall, loop_now = time.monotonic(), time.time(), trio.current_time()
         return await trio.to_thread.run_sync(_document_bytes, taken, now, wall, loop_now)
 
 
+class Tallies(NamedTuple):
+    """A connection's requests by API key and [records, bytes] by topic, copied."""
+
+    api_requests: dict[int | str, int]
+    produced: dict[str, list[int]]
+    fetched: dict[str, list[int]]
+
+
 def entry(conn: ConnectionInfo, pumps: ProxyConnection | None, now: float, wall: float,
-          loop_now: float) -> dict[str, Any]:
+          loop_now: float, tallies: Tallies) -> dict[str, Any]:
     """One connection as /connections shows it (every key always there, null where the
-    proxy does not know: a stable shape for jq and dashboards)."""
+    proxy does not know: a stable shape for jq and dashboards); ``tallies``: its own,
+    copied on the loop."""
     opened = wall - (now - conn.opened)
     client_sasl = pumps.client_sasl if pumps is not None else None
     mechanism = (client_sasl.mechanism if client_sasl is not None
@@ -94,6 +108,11 @@ def entry(conn: ConnectionInfo, pumps: ProxyConnection | None, now: float, wall:
         "seconds_idle": (round(max(0.0, loop_now - pumps.last_active), 3)
                          if pumps is not None else None),
         "requests": conn.requests,
+        # What it asks for and moves, most first: requests by API, and records and
+        # bytes by client-side topic (the metrics' count, from the batch headers).
+        "requests_by_api": _by_api(tallies.api_requests),
+        "produced": _by_topic(tallies.produced),
+        "fetched": _by_topic(tallies.fetched),
         "responses": conn.responses,
         "refused": conn.refused,
         # Answers the client is owed, in the order it asked (the broker's and the
@@ -103,6 +122,16 @@ def entry(conn: ConnectionInfo, pumps: ProxyConnection | None, now: float, wall:
         "bytes_from_client": conn.bytes_from_client,
         "bytes_to_client": conn.bytes_to_client,
     }
+
+
+def _by_api(counts: Mapping[int | str, int]) -> dict[str, int]:
+    named = [(api_name(key) if isinstance(key, int) else key, n) for key, n in counts.items()]
+    return dict(sorted(named, key=lambda item: -item[1]))
+
+
+def _by_topic(counts: Mapping[str, list[int]]) -> dict[str, dict[str, int]]:
+    ordered = sorted(counts.items(), key=lambda item: -item[1][1])  # bytes
+    return {topic: {"records": records, "bytes": size} for topic, (records, size) in ordered}
 
 
 def _oldest_owed(pumps: ProxyConnection | None, loop_now: float) -> dict[str, Any] | None:
@@ -125,9 +154,10 @@ def document(entries: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     return {"count": len(entries), **extra, "connections": entries}
 
 
-def _document_bytes(taken: list[tuple[ConnectionInfo, ProxyConnection | None]], now: float,
-                    wall: float, loop_now: float) -> bytes:
-    entries = [entry(conn, pumps, now, wall, loop_now) for conn, pumps in taken]
+def _document_bytes(taken: list[tuple[ConnectionInfo, ProxyConnection | None, Tallies]],
+                    now: float, wall: float, loop_now: float) -> bytes:
+    entries = [entry(conn, pumps, now, wall, loop_now, tallies)
+               for conn, pumps, tallies in taken]
     return encode(document(entries))
 
 

@@ -86,6 +86,15 @@ def test_real_clients_listed_as_the_proxy_saw_them(kafka: KafkaCluster,
         assert sum(c["bytes_from_client"] for c in writers) > 500 * 1000
         assert sum(c["bytes_to_client"] for c in readers) > 500 * 1000
         assert any(c["listener"].startswith("broker-") for c in writers)
+        # What each did: the records of the topic produced and fetched, exactly, on the
+        # brokers' connections (read from the batch headers by the metrics).
+        assert sum(c["produced"].get(topic, {}).get("records", 0) for c in writers) == 500
+        assert sum(c["fetched"].get(topic, {}).get("records", 0) for c in readers) >= 500
+        assert all(not c["fetched"] for c in writers) and all(not c["produced"] for c in readers)
+        assert sum(c["requests_by_api"].get("Produce", 0) for c in writers) >= 1
+        assert sum(c["requests_by_api"].get("Fetch", 0) for c in readers) >= 1
+        assert all(sum(c["requests_by_api"].values()) == c["requests"]
+                   for c in writers + readers)
 
         # The command: one row per connection, found by what the clients call themselves.
         table = subprocess.run(
@@ -102,6 +111,13 @@ def test_real_clients_listed_as_the_proxy_saw_them(kafka: KafkaCluster,
             check=True).stdout)
         assert {c["client_id"] for c in only["connections"]} == {"orders-reader"}
         assert only["shown"] == len(readers)
+        # Found by the topic it moves, too.
+        by_topic = json.loads(subprocess.run(
+            [*GATEHOUSE, "connections", "--metrics", f"127.0.0.1:{metrics_port}", "--match",
+             topic, "--json"], capture_output=True, text=True, timeout=60,
+            check=True).stdout)
+        assert {c["client_id"] for c in by_topic["connections"]} == {"orders-writer",
+                                                                     "orders-reader"}
 
         # Someone elsewhere on the network is not told who is connected.
         elsewhere = non_loopback_address()
