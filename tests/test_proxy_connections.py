@@ -30,7 +30,13 @@ from gatehouse.cli.connections import chosen, connections_url, render, run_conne
 from gatehouse.configfile import ConfigError
 from gatehouse.metrics import ConnectionsEndpoint, is_loopback, serve_endpoints
 from gatehouse.proxy.config import Address, config_from_text
-from gatehouse.proxy.hooks import CONN_KEYS_MAX, OTHER, ConnectionInfo, tally_topic
+from gatehouse.proxy.hooks import (
+    CONN_APIS_MAX,
+    CONN_TOPICS_MAX,
+    OTHER,
+    ConnectionInfo,
+    tally_topic,
+)
 from gatehouse.proxy.workers import Supervisor
 from tests.reliability.support import (
     FakeBrokerServer,
@@ -315,13 +321,12 @@ def test_what_each_connection_does_by_api_and_topic() -> None:
 
 def test_a_connections_tallies_are_bounded() -> None:
     """A client choosing API keys no API has, and a consumer of thousands of topics:
-    past CONN_KEYS_MAX keys each tally folds the rest into "(other)"."""
+    past CONN_TOPICS_MAX topics a tally folds the rest into "(other)" (the pumps' count
+    by API, past CONN_APIS_MAX keys: below)."""
     conn = ConnectionInfo(id=1, client="c", listener="bootstrap")
-    for key in range(CONN_KEYS_MAX + 50):
-        conn.api_requests[key] = 1  # as the pumps count them, below
-    for n in range(CONN_KEYS_MAX + 50):
+    for n in range(CONN_TOPICS_MAX + 50):
         tally_topic(conn.fetched, f"t{n}", 2, 10)
-    assert len(conn.fetched) == CONN_KEYS_MAX + 1
+    assert len(conn.fetched) == CONN_TOPICS_MAX + 1
     assert conn.fetched[OTHER] == [100, 500]
     assert conn.fetched["t0"] == [2, 10]
     tally_topic(conn.fetched, "t0", 1, 1)  # a listed one goes on being counted
@@ -334,12 +339,12 @@ def test_requests_with_keys_no_api_has_fold_into_other() -> None:
             extra_config="limits: {shutdown_grace: 1}\n") as proxy, \
             connect(proxy.port) as sock:
         # Unknown keys are forwarded untouched; this broker answers none of them.
-        for key in range(1000, 1000 + CONN_KEYS_MAX + 20):
+        for key in range(1000, 1000 + CONN_APIS_MAX + 20):
             sock.sendall(frame_bytes(struct.pack(">hhi", key, 0, key) + b"\xff\xff"))
         wait_until(lambda: [c["requests"] for c in listed(proxy)["connections"]]
-                   == [CONN_KEYS_MAX + 20], 10, "every request read")
+                   == [CONN_APIS_MAX + 20], 10, "every request read")
         [conn] = listed(proxy)["connections"]
-        assert len(conn["requests_by_api"]) == CONN_KEYS_MAX + 1
+        assert len(conn["requests_by_api"]) == CONN_APIS_MAX + 1
         assert conn["requests_by_api"]["(other)"] == 20
         assert conn["requests_by_api"]["api-1000"] == 1
 

@@ -73,7 +73,7 @@ from gatehouse.proxy.fastio import FastStream, Pipe, PipePool
 from gatehouse.proxy.hooks import (
     AGE_LIMIT,
     CLIENT_CLOSED,
-    CONN_KEYS_MAX,
+    CONN_APIS_MAX,
     FETCH,
     FETCHES,
     OTHER,
@@ -813,7 +813,7 @@ class ProxyConnection:
         key: int | str = header.api_key
         count = by_api.get(key)
         if count is None:
-            if len(by_api) >= CONN_KEYS_MAX:  # keys no API has, a client's choice
+            if len(by_api) >= CONN_APIS_MAX:  # keys no API has, a client's choice
                 key = OTHER
             count = by_api.get(key, 0)
         by_api[key] = count + 1

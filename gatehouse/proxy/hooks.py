@@ -14,10 +14,12 @@ from typing import Any
 from gatehouse.codecs import Request, Response, decode_response, fetch, peek, produce
 from gatehouse.proxy.apiversions import RangeAdjuster
 
-# A connection's API and topic tallies hold this many keys; the rest fold into OTHER
-# (a client can send any int16 as an API key; a consumer of a regex may fetch thousands
-# of topics).  Parentheses are in no API's name nor in any legal topic name.
-CONN_KEYS_MAX = 100
+# A connection's tallies hold this many API keys (Kafka has about 90; a client can send
+# any int16) and topics each way (a consumer of a regex may fetch thousands: ~150 bytes
+# a topic, so at most ~15 KiB a connection); the rest fold into OTHER.  Parentheses are
+# in no API's name nor in any legal topic name.
+CONN_APIS_MAX = 100
+CONN_TOPICS_MAX = 50
 OTHER = "(other)"
 
 
@@ -25,7 +27,7 @@ def tally_topic(tally: dict[str, list[int]], topic: str, records: int, size: int
     """Add a request's records and bytes of ``topic`` to a connection's ``tally``."""
     counts = tally.get(topic)
     if counts is None:
-        if len(tally) >= CONN_KEYS_MAX:
+        if len(tally) >= CONN_TOPICS_MAX:
             topic = OTHER
         counts = tally.get(topic)
         if counts is None:
@@ -61,7 +63,7 @@ class ConnectionInfo:
     # What it does, for /connections (gatehouse.proxy.live): requests by API key (the
     # pumps count them), and [records, bytes] by client-side topic produced and fetched
     # (the metrics count them, as they read the batch headers anyway; empty without
-    # metrics).  Each bounded: keys past CONN_KEYS_MAX fold into OTHER.
+    # metrics).  Each bounded (CONN_APIS_MAX, CONN_TOPICS_MAX): the rest under OTHER.
     api_requests: dict[int | str, int] = field(default_factory=dict)
     produced: dict[str, list[int]] = field(default_factory=dict)
     fetched: dict[str, list[int]] = field(default_factory=dict)
