@@ -1,7 +1,8 @@
-"""Connections per client address counted over the workers of a supervisor (the shared
-table of ``gatehouse.proxy.hostcounts``), two workers' views of one memfd: the limit is
-the sum, a dead worker's counts are zeroed, freed slots serve other addresses, and a
-full table falls back to counting per worker."""
+"""Connections per client address, and in all, counted over the workers of a supervisor
+(the shared table of ``gatehouse.proxy.hostcounts``), two workers' views of one memfd:
+the limit is the sum, a dead worker's counts are zeroed, freed slots serve other
+addresses, and a full table falls back to counting addresses per worker (never the
+total: its slot is its own)."""
 
 from __future__ import annotations
 
@@ -80,3 +81,30 @@ def test_a_full_table_counts_per_worker(monkeypatch: pytest.MonkeyPatch,
     assert first.open == {}
     assert [r.getMessage() for r in caplog.records].count(  # once by each worker
         "shared connection table full: new addresses are limited per worker") == 2
+
+
+def test_the_proxys_connections_are_counted_over_all_workers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``limits.max_connections``: the whole proxy's, in the slot past the addresses'."""
+    single = HostCounts()
+    assert single.admit_total(2) and single.admit_total(2) and not single.admit_total(2)
+    single.release_total()
+    assert single.admit_total(2)
+
+    monkeypatch.setattr(hostcounts, "SLOTS", 4)
+    monkeypatch.setattr(hostcounts, "_PROBES", 4)
+    table, (first, second, third) = workers()
+    assert all(first.admit(f"10.0.1.{i}", 1) for i in range(4))  # the addresses' full
+    assert first.admit_total(3) and first.admit_total(3) and second.admit_total(3)
+    assert not third.admit_total(3) and not first.admit_total(3)
+    assert table.total() == 3
+    assert all(table.total(hostcounts._key(f"10.0.1.{i}")) == 1 for i in range(4))
+    first.release_total()
+    assert third.admit_total(3) and not second.admit_total(3)
+    table.forget(0)  # worker 0 died holding one: the supervisor zeroes it
+    assert table.total() == 2
+    replacement = SharedHostCounts(HostTable(table.fd, 3), 0)
+    assert replacement.admit_total(3) and not second.admit_total(3)
+    replacement.release_total()
+    replacement.release_total()  # more releases than admissions change nothing
+    assert table.total() == 2

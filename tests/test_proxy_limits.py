@@ -1,6 +1,7 @@
 """Connection limits at the door, over real sockets: ``limits.max_connections_per_ip``
-turns away a host's connections past its share (counted, logged once), and frees the
-share as its connections close."""
+turns away a host's connections past its share (counted, logged once), and
+``limits.max_connections`` every connection past the proxy's (counted, logged each);
+either frees a place as connections close."""
 
 from __future__ import annotations
 
@@ -25,8 +26,12 @@ async def closed_by_proxy(stream: trio.SocketStream) -> bool:
     return False
 
 
-async def test_one_host_cannot_take_more_than_its_share(caplog: pytest.LogCaptureFixture
-                                                        ) -> None:
+@pytest.mark.parametrize(("limit", "refused", "logged"), [
+    ("max_connections_per_ip", "per-address limit reached", 1),  # once for the host
+    ("max_connections", "limit reached", 2),
+])
+async def test_connections_past_the_limit_are_turned_away(
+        limit: str, refused: str, logged: int, caplog: pytest.LogCaptureFixture) -> None:
     async def hold(stream: trio.SocketStream) -> None:
         await trio.sleep_forever()  # a broker that keeps the proxy's connections open
 
@@ -36,14 +41,14 @@ async def test_one_host_cannot_take_more_than_its_share(caplog: pytest.LogCaptur
         port = broker.socket.getsockname()[1]
         config = config_from_text(
             f"listen: 127.0.0.1:0\nupstream: [127.0.0.1:{port}]\nbrokers: {{start_port: 0}}\n"
-            "limits: {max_connections_per_ip: 2, connect_timeout: 0.5}\n")
+            f"limits: {{{limit}: 2, connect_timeout: 0.5}}\n")
         metrics = ProxyMetrics()
         proxy = Proxy(config, observers=[metrics])
         await nursery.start(proxy.serve)
         bootstrap = proxy.bootstrap_ports[0]
 
         first = [await trio.open_tcp_stream("127.0.0.1", bootstrap) for _ in range(2)]
-        while proxy._connections < 2:
+        while proxy.host_counts.total_open < 2:
             await trio.sleep(0.01)
         turned_away = [await trio.open_tcp_stream("127.0.0.1", bootstrap) for _ in range(2)]
         assert [await closed_by_proxy(s) for s in turned_away] == [True, True]
@@ -51,12 +56,12 @@ async def test_one_host_cannot_take_more_than_its_share(caplog: pytest.LogCaptur
         assert metrics.registry.get_sample_value(
             "gatehouse_connections_total", {"side": "client", "outcome": "refused"}) == 2
         refusals = [r for r in caplog.records
-                    if r.getMessage() == "connection refused: per-address limit reached"]
-        assert len(refusals) == 1  # once for the host, not once per connection
+                    if r.getMessage() == f"connection refused: {refused}"]
+        assert len(refusals) == logged
 
         # A connection that closes frees its share.
         await first[0].aclose()
-        while proxy._connections > 1:
+        while proxy.host_counts.total_open > 1:
             await trio.sleep(0.01)
         again = await trio.open_tcp_stream("127.0.0.1", bootstrap)
         assert not await closed_by_proxy(again)

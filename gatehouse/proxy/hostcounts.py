@@ -1,9 +1,11 @@
-"""Open connections per client address, for ``limits.max_connections_per_ip``.
+"""Open connections per client address, for ``limits.max_connections_per_ip``, and in
+all, for ``limits.max_connections``.
 
 One process counts in a dict.  The workers of one supervisor (``workers: N``) count in a
 table in shared memory (a memfd the supervisor makes and passes to each worker), so a
 client's connections count against its limit whichever workers the kernel spreads them
-over: the limit is the whole proxy's, as a quota is.
+over: the limit is the whole proxy's, as a quota is.  So is ``max_connections``: the
+table's last slot, past those of the addresses, counts every connection.
 
 A slot holds an address's key (a hash) and one count per worker: each worker changes
 only its own, and the supervisor zeroes a dead worker's counts before it starts the
@@ -40,6 +42,18 @@ class HostCounts:
 
     def __init__(self) -> None:
         self.open: dict[str, int] = {}
+        self.total_open = 0  # this process's connections
+
+    def admit_total(self, limit: int) -> bool:
+        """Counts a connection unless the proxy has ``limit`` open already."""
+        if self.total_open >= limit:
+            return False
+        self.total_open += 1
+        return True
+
+    def release_total(self) -> None:
+        """A connection counted by ``admit_total`` closed."""
+        self.total_open = max(0, self.total_open - 1)
 
     def admit(self, host: str, limit: int | None) -> bool:
         """Counts a connection of ``host`` unless it has ``limit`` open already."""
@@ -83,6 +97,17 @@ class SharedHostCounts(HostCounts):
             self.slots[host] = slot
         return ok
 
+    def admit_total(self, limit: int) -> bool:
+        if not self.table.admit_total(self.index, limit):
+            return False
+        self.total_open += 1
+        return True
+
+    def release_total(self) -> None:
+        if self.total_open > 0:
+            self.total_open -= 1
+            self.table.release(SLOTS, self.index)
+
     def release(self, host: str) -> None:
         slot = self.slots.get(host)
         if slot is None:
@@ -93,20 +118,21 @@ class SharedHostCounts(HostCounts):
 
 
 class HostTable:
-    """The slots in shared memory: a key, then a count per worker (``workers``)."""
+    """The slots in shared memory: a key, then a count per worker (``workers``); SLOTS
+    for addresses, then one for all connections (key 0, never probed)."""
 
     def __init__(self, fd: int, workers: int) -> None:
         self.fd = fd
         self.workers = workers
         self.slot = struct.Struct(f"<Q{workers}I")
-        self.size = SLOTS * self.slot.size
+        self.size = (SLOTS + 1) * self.slot.size
         self.memory = mmap.mmap(fd, self.size)
 
     @classmethod
     def create(cls, workers: int) -> HostTable:
         """A new, empty table (the supervisor's); its ``fd`` is passed to the workers."""
         fd = os.memfd_create("gatehouse-connections")
-        os.ftruncate(fd, SLOTS * struct.calcsize(f"<Q{workers}I"))
+        os.ftruncate(fd, (SLOTS + 1) * struct.calcsize(f"<Q{workers}I"))
         return cls(fd, workers)
 
     @staticmethod
@@ -157,6 +183,17 @@ class HostTable:
             self.slot.pack_into(self.memory, index * self.slot.size, key, *counts)
             return index, True
 
+    def admit_total(self, worker: int, limit: int) -> bool:
+        """Counts a connection for ``worker`` unless ``limit`` are open over all
+        workers."""
+        with self.locked():
+            _, *counts = self._read(SLOTS)
+            if sum(counts) >= limit:
+                return False
+            counts[worker] += 1
+            self.slot.pack_into(self.memory, SLOTS * self.slot.size, 0, *counts)
+            return True
+
     def release(self, index: int, worker: int) -> int:
         """A connection closed: ``worker``'s count at ``index`` down by one; its count
         left."""
@@ -171,12 +208,15 @@ class HostTable:
         connections the dead one held are gone."""
         offset = _KEY.size + 4 * worker
         with self.locked():
-            for index in range(SLOTS):
+            for index in range(SLOTS + 1):
                 struct.pack_into("<I", self.memory, index * self.slot.size + offset, 0)
 
-    def total(self, key: int) -> int:
-        """Connections of ``key`` open over all workers (for the tests)."""
+    def total(self, key: int | None = None) -> int:
+        """Connections of ``key`` (None: of every address) open over all workers (for the
+        tests)."""
         with self.locked():
+            if key is None:
+                return sum(self._read(SLOTS)[1:])
             index = self._find(key)
             if index is None:
                 return 0

@@ -130,7 +130,6 @@ class Proxy:
         self.internal_errors: list[Exception] = []
         self._ids = itertools.count(1)
         self._rotate = itertools.count()
-        self._connections = 0
         self.live = LiveConnections()  # what /connections shows
         # Open connections per client address (a worker's: over all the workers).
         self.host_counts = host_counts or HostCounts()
@@ -348,21 +347,21 @@ class Proxy:
                     continue
                 limits = self.config.limits
                 host, client = _peer(stream)  # one look at the address, for all below
-                if self._connections >= limits.max_connections:
+                # The whole proxy's limit (all workers': hostcounts).
+                if not self.host_counts.admit_total(limits.max_connections):
                     self._refuse(client, "limit reached", limits.max_connections)
                     await stream.aclose()
                     continue
                 if self._balancers and _within(host, self._balancers):
                     # The client is named by the header: the per-address limit waits
                     # for it (read in the connection's own task, not here).
-                    self._connections += 1
                     nursery.start_soon(self._admit_from_balancer, stream, name, node_id,
                                        client)
                     continue
                 if not self._admit_host(host, client):
+                    self.host_counts.release_total()
                     await stream.aclose()
                     continue
-                self._connections += 1
                 nursery.start_soon(self._serve_client, stream, name, node_id, host, client)
 
     def _admit_host(self, host: str, client: str) -> bool:
@@ -386,7 +385,7 @@ class Proxy:
             with trio.fail_after(self.config.limits.connect_timeout):
                 source = await read_proxy_header(stream)
         except (trio.TooSlowError, ProxyHeaderError, *STREAM_ERRORS) as exc:
-            self._connections -= 1
+            self.host_counts.release_total()
             why = ("no header within limits.connect_timeout"
                    if isinstance(exc, trio.TooSlowError) else _describe(exc))
             log_event(logger, logging.WARNING, "connection closed: bad PROXY protocol "
@@ -396,7 +395,7 @@ class Proxy:
         host, client = (_peer(stream) if source is None
                         else (source[0], _address_text(*source)))
         if not self._admit_host(host, client):
-            self._connections -= 1
+            self.host_counts.release_total()
             await aclose_quietly(stream)
             return
         await self._serve_client(stream, listener, node_id, host, client,
@@ -484,7 +483,7 @@ class Proxy:
             await aclose_quietly(client)
         finally:
             self.live.closed(conn)
-            self._connections -= 1
+            self.host_counts.release_total()
             self.host_counts.release(host)
             self._refusing.discard(host)
             log_event(logger, level, "connection closed", **conn.describe(),

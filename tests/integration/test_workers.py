@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.clients import consume, produce, round_trip, watermarks
@@ -289,19 +290,20 @@ def test_a_quota_is_the_whole_proxys_not_each_workers(kafka: KafkaCluster,
             proc.wait(30)
 
 
-def test_connections_per_address_are_counted_over_all_workers(kafka: KafkaCluster,
-                                                              tmp_path: Path) -> None:
-    """``max_connections_per_ip: 4`` with two workers: 4 connections from 127.0.0.1 in
-    all, wherever the kernel puts them (not 4 per worker); a worker killed with some of
-    them open gives them back (the supervisor zeroes its counts before its successor
-    starts), so the address may open as many again."""
+@pytest.mark.parametrize("limit", ["max_connections_per_ip", "max_connections"])
+def test_connections_are_limited_over_all_workers(limit: str, kafka: KafkaCluster,
+                                                  tmp_path: Path) -> None:
+    """``max_connections_per_ip: 4`` (or ``max_connections: 4``) with two workers: 4
+    connections from 127.0.0.1 (or anywhere) in all, wherever the kernel puts them (not 4
+    per worker); a worker killed with some of them open gives them back (the supervisor
+    zeroes its counts before its successor starts), so as many may open again."""
     from gatehouse import codecs
     from tests.support.clients import recv_exact
 
     port, metrics = free_port(), free_port()
     config = write_config(kafka, tmp_path, port=port, metrics=metrics)
     config.write_text(config.read_text().replace(
-        "limits: {shutdown_grace: 5}", "limits: {shutdown_grace: 5, max_connections_per_ip: 4}"))
+        "limits: {shutdown_grace: 5}", f"limits: {{shutdown_grace: 5, {limit}: 4}}"))
     log = tmp_path / "supervisor.log"
     proc = start(config, log)
     request = codecs.Request.build(18, 3, 1, "per-ip", codecs.api(18).request.root.cls(
