@@ -19,6 +19,7 @@ from gatehouse.metrics import ProxyMetrics
 from gatehouse.metrics.tally import counting
 from gatehouse.proxy.hooks import ConnectionInfo, Pending, scanned_response
 from tests.codec_strategies import build_message, message_body
+from tests.support.fakebroker import response_body
 from tests.support.slowcalls import CountsSlowCalls
 from tests.test_fetch_scan import draw_response_frame
 from tests.test_metrics_produce import SETTINGS, batch, draw_request_frame
@@ -151,8 +152,8 @@ def test_the_same_samples_as_the_python_methods(data: st.DataObject) -> None:
         k: v for k, v in expected.items() if got.get(k) != v}
     # And the same tallies on each connection (/connections).
     for c_conn, python_conn in conns:
-        assert (c_conn.produced, c_conn.fetched) == (python_conn.produced,
-                                                     python_conn.fetched)
+        assert (c_conn.produced, c_conn.fetched, c_conn.errors) == (
+            python_conn.produced, python_conn.fetched, python_conn.errors)
 
 
 class SlowCalls(CountsSlowCalls, ProxyMetrics):
@@ -211,6 +212,25 @@ def test_the_usual_exchange_is_counted_in_c() -> None:
         metrics.request(other, codecs.decode_request(frame), len(frame))
     assert metrics.slow["request"] == 3  # its first request (its counters), then C
     assert other.produced == {"orders": [10, 2 * len(batch(5))]}
+    # An answer carrying an error goes to Python, which counts it on the connection too.
+    failing = memoryview(bytes(codecs.Response.build(0, 9, 1, response_body(
+        0, 9, throttle_time_ms=0, responses=[{"name": "orders", "partition_responses": [
+            {"index": 0, "error_code": 6, "base_offset": -1}]}])).encode()))
+    slow_before = metrics.slow["response"]
+    for _ in range(2):
+        pending = Pending(1, 0, 9, 0.0)
+        scanned_response(pending, failing)
+        metrics.response(conn, pending, len(failing), 0.002, failing)
+    assert metrics.slow["response"] == slow_before + 2
+    assert conn.errors == {"Produce NOT_LEADER_OR_FOLLOWER": 2}
+    assert conn.last_error is not None and conn.last_error[:2] == ("Produce",
+                                                                   "NOT_LEADER_OR_FOLLOWER")
+    assert value("gatehouse_responses_total", {"api": "Produce",
+                                               "error": "NOT_LEADER_OR_FOLLOWER"}) == 2
+    pending = Pending(1, 0, 9, 0.0)
+    scanned_response(pending, answer)
+    metrics.response(conn, pending, len(answer), 0.002, answer)  # clean again: in C
+    assert metrics.slow["response"] == slow_before + 2
 
 
 def test_a_produce_version_kafka_4_removed_is_counted_in_python() -> None:

@@ -273,21 +273,23 @@ def orders_batch(count: int) -> bytes:
 
 
 def fetched_orders(req: codecs.Request) -> Any:
-    """A broker whose Fetch answers hold 7 records of "orders"."""
+    """A broker whose Fetch answers hold 7 records of "orders" partition 0, and
+    NOT_LEADER_OR_FOLLOWER for its partition 1."""
     if req.api_key != 1:
         return response_body(req.api_key, req.api_version)
+    partition = {"partition_index": 0, "error_code": 0, "high_watermark": 7,
+                 "last_stable_offset": 7, "log_start_offset": 0, "aborted_transactions": [],
+                 "preferred_read_replica": -1, "records": orders_batch(7)}
+    moved = {**partition, "partition_index": 1, "error_code": 6, "records": None}
     return response_body(1, req.api_version, throttle_time_ms=0, error_code=0, session_id=0,
-                         responses=[{"topic": "orders", "partitions": [{
-                             "partition_index": 0, "error_code": 0, "high_watermark": 7,
-                             "last_stable_offset": 7, "log_start_offset": 0,
-                             "aborted_transactions": [], "preferred_read_replica": -1,
-                             "records": orders_batch(7)}]}])
+                         responses=[{"topic": "orders", "partitions": [partition, moved]}])
 
 
 def test_what_each_connection_does_by_api_and_topic() -> None:
-    """Requests by API (most first), and the records and bytes of each topic produced
-    and fetched (the metrics' count, read from the batch headers), over real sockets:
-    the produced topics as the client named them, before any rename."""
+    """Requests by API (most first), the records and bytes of each topic produced and
+    fetched (the metrics' count, read from the batch headers), and the errors its
+    answers carried, over real sockets: the produced topics as the client named them,
+    before any rename."""
     with FakeBrokerServer(fetched_orders) as broker, ProxyThread(
             f"127.0.0.1:{broker.port}", extra_config="limits: {shutdown_grace: 1}\n",
             rules_yaml="rules:\n  - name: tenant\n    topic_prefix: acme.\n") as proxy, \
@@ -317,6 +319,12 @@ def test_what_each_connection_does_by_api_and_topic() -> None:
         assert (wrote["fetched"], read["produced"]) == ({}, {})
         assert read["requests_by_api"] == {"Fetch": 2}
         assert read["fetched"] == {"orders": {"records": 14, "bytes": 2 * len(orders_batch(7))}}
+        # A partition's error in each Fetch answer: counted on the reader, not the writer.
+        assert read["errors"] == {"Fetch NOT_LEADER_OR_FOLLOWER": 2}
+        last = read["last_error"]
+        assert (last["api"], last["error"]) == ("Fetch", "NOT_LEADER_OR_FOLLOWER")
+        assert 0 <= last["seconds_ago"] < 60
+        assert (wrote["errors"], wrote["last_error"]) == ({}, None)
 
 
 def test_a_connections_tallies_are_bounded() -> None:
@@ -367,7 +375,7 @@ def entry(id_: int, **fields: Any) -> dict[str, Any]:
             "software_name": None, "software_version": None, "opened": "2026-01-01T00:00:00Z",
             "seconds_open": 100.0 - id_, "seconds_idle": 1.0, "requests": 0,
             "requests_by_api": {}, "produced": {}, "fetched": {}, "responses": 0,
-            "refused": 0, "answers_owed": 0, "oldest_owed": None, "bytes_from_client": 0,
+            "refused": 0, "errors": {}, "last_error": None, "answers_owed": 0, "oldest_owed": None, "bytes_from_client": 0,
             "bytes_to_client": 0}
     return {**base, **fields}
 
@@ -384,6 +392,8 @@ DOC = {"count": 3, "connections": [
           oldest_owed={"api": "Fetch", "version": 17, "seconds": 3.25}),
     entry(3, client_id="reader", requests=9, requests_by_api={"Fetch": 9},
           fetched={"payments": {"records": 90, "bytes": 899_000}}, bytes_to_client=900_000,
+          errors={"Fetch NOT_LEADER_OR_FOLLOWER": 3, "Metadata LEADER_NOT_AVAILABLE": 1},
+          last_error={"api": "Fetch", "error": "NOT_LEADER_OR_FOLLOWER", "seconds_ago": 1.5},
           seconds_idle=30.0, answers_owed=5,
           oldest_owed={"api": "Metadata", "version": 12, "seconds": 0.5}),
 ]}
@@ -398,6 +408,8 @@ def test_sorted_matched_and_cut() -> None:
     assert ids(sort="requests") == [2, 3, 1]
     assert ids(sort="idle") == [3, 1, 2]
     assert ids(sort="owed") == [2, 3, 1]  # waiting longest first
+    assert ids(sort="errors") == [3, 1, 2]
+    assert ids(match="not_leader") == [3]  # an error it was answered with
     assert ids(match="ORDERS") == [2]
     assert ids(match="payments") == [2, 3]  # a topic each produced to or fetched from
     assert ids(match="payments-eu") == [2]
@@ -408,7 +420,7 @@ def test_sorted_matched_and_cut() -> None:
 
 def test_the_table() -> None:
     out = io.StringIO()
-    Console(file=out, width=250, color_system=None).print(
+    Console(file=out, width=320, color_system=None).print(
         render(DOC, chosen(DOC, match="payments"), "http://h/connections"))
     shown = out.getvalue()
     assert "3 connections, 2 shown" in shown
@@ -417,15 +429,16 @@ def test_the_table() -> None:
     assert cells[:7] == ["2", "10.0.0.2:5000", "bootstrap > b:9092", "open", "orders-writer",
                          "confluent-kafka-python 2.16.2", "svc-orders (SCRAM-SHA-512)"]
     assert cells[7:] == ["1m38s", "1s", "50", "Produce 46, Metadata 3 +1",
-                         "> orders, audit +1", "2 (Fetch v17, 3.2s)", "4.9 KiB", "100 B"]
+                         "> orders, audit +1", "-", "2 (Fetch v17, 3.2s)", "4.9 KiB", "100 B"]
     row = next(line for line in shown.splitlines() if "reader" in line)
-    assert [c.strip() for c in row.split("│") if c.strip()][10:12] == ["Fetch 9", "< payments"]
+    assert [c.strip() for c in row.split("│") if c.strip()][10:13] == [
+        "Fetch 9", "< payments", "4 (NOT_LEADER_OR_FOLLOWER)"]
     assert "billing" not in shown
     # A supervisor's: each connection is its worker's; a silent worker is said.
     workers = {"count": 1, "workers": 2, "workers_unavailable": [1],
                "connections": [{**entry(7), "worker": 0}]}
     out = io.StringIO()
-    Console(file=out, width=250, color_system=None).print(
+    Console(file=out, width=320, color_system=None).print(
         render(workers, chosen(workers), "u"))
     assert "workers not answering: 1" in out.getvalue()
     row = next(line for line in out.getvalue().splitlines() if "10.0.0.7:5000" in line)
@@ -433,7 +446,7 @@ def test_the_table() -> None:
     # What a client chose is shown literally: no markup read, no escape sequence sent.
     evil = {"count": 1, "connections": [entry(8, client_id="[red]x[/red]\x1b]0;t\x07")]}
     out = io.StringIO()
-    Console(file=out, width=250, force_terminal=True, color_system=None).print(
+    Console(file=out, width=320, force_terminal=True, color_system=None).print(
         render(evil, chosen(evil), "u"))
     assert "\x1b" not in out.getvalue() and "\x07" not in out.getvalue()
     assert r"[red]x[/red]\x1b]0;t\x07" in out.getvalue()

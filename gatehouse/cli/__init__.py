@@ -74,13 +74,16 @@ def _parser() -> argparse.ArgumentParser:
                              metavar="URL", help="the proxy's metrics endpoint (default: "
                              "%(default)s); its /connections is read")
     connections.add_argument("--sort", default="age", choices=("age", "bytes", "requests",
-                                                               "idle", "owed", "client"),
+                                                               "idle", "owed", "errors",
+                                                               "client"),
                              help="oldest, most bytes, most requests, longest idle, "
-                             "waiting longest for an answer first, or by client address "
-                             "(default: age)")
+                             "waiting longest for an answer first, most errors, or by "
+                             "client address (default: age)")
     connections.add_argument("--match", metavar="TEXT",
                              help="only connections whose client address, client id, "
-                             "principal, software, listener or broker contains TEXT")
+                             "principal, software, listener or broker contains TEXT, or "
+                             "a topic it produced to or fetched from, or an error it was "
+                             "answered with")
     connections.add_argument("--limit", type=int, metavar="N", help="at most N rows")
     connections.add_argument("--json", action="store_true",
                              help="print the connections as JSON instead of a table")

@@ -31,12 +31,14 @@ SORTS: Final[dict[str, Callable[[dict[str, Any]], Any]]] = {
     "idle": lambda c: -(c["seconds_idle"] or 0.0),
     # Waiting longest first (then most owed).
     "owed": lambda c: (-(c.get("oldest_owed") or {}).get("seconds", -1.0), -c["answers_owed"]),
+    "errors": lambda c: -sum((c.get("errors") or {}).values()),
     "client": lambda c: c["client"],
 }
-# --match looks in these, and in the topics each produced to and fetched from.
+# --match looks in these, and in the topics each produced to and fetched from and the
+# errors it was answered with.
 _SEARCHED: Final = ("client", "via", "client_id", "principal", "software_name",
                     "software_version", "listener", "upstream")
-_TOPICS: Final = ("produced", "fetched")
+_NAMED: Final = ("produced", "fetched", "errors")
 
 
 class ConnectionsError(Exception):
@@ -72,14 +74,14 @@ def fetch(url: str, timeout: float = 10.0) -> dict[str, Any]:
 def chosen(doc: dict[str, Any], sort: str = "age", match: str | None = None,
            limit: int | None = None) -> list[dict[str, Any]]:
     """The connections to show: those ``match`` finds (a substring of any of
-    ``_SEARCHED`` or of a topic it produced to or fetched from, case-insensitive), in
-    ``sort`` order, at most ``limit``."""
+    ``_SEARCHED``, of a topic it produced to or fetched from, or of an error it was
+    answered with, case-insensitive), in ``sort`` order, at most ``limit``."""
     listed: list[dict[str, Any]] = list(doc["connections"])
     if match:
         needle = match.lower()
         listed = [c for c in listed
                   if any(needle in str(c.get(k) or "").lower() for k in _SEARCHED)
-                  or any(needle in topic.lower() for k in _TOPICS for topic in c.get(k) or ())]
+                  or any(needle in name.lower() for k in _NAMED for name in c.get(k) or ())]
     listed.sort(key=SORTS[sort])
     return listed[:limit] if limit is not None else listed
 
@@ -136,6 +138,15 @@ def topics(c: dict[str, Any]) -> str:
     return "  ".join(said) or "-"
 
 
+def errors(c: dict[str, Any]) -> str:
+    """How many error codes its answers carried, and the latest."""
+    total = sum((c.get("errors") or {}).values())
+    last = c.get("last_error")
+    if not total:
+        return "-"
+    return f"{_num(total)} ({last['error']})" if last else _num(total)
+
+
 def _who(c: dict[str, Any]) -> str:
     how = [m for m in (c.get("sasl_mechanism"), "TLS" if c.get("tls") else None) if m]
     principal = c.get("principal") or "-"
@@ -156,14 +167,14 @@ def render(doc: dict[str, Any], shown: list[dict[str, Any]], url: str) -> Render
                                ("state", "left"), ("client id", "left"),
                                ("software", "left"), ("principal", "left"),
                                ("open", "right"), ("idle", "right"), ("requests", "right"),
-                               ("APIs", "left"), ("topics", "left"), ("owed", "right"),
-                               ("in", "right"), ("out", "right")])
+                               ("APIs", "left"), ("topics", "left"), ("errors", "left"),
+                               ("owed", "right"), ("in", "right"), ("out", "right")])
     for c in shown:
         client = c["client"] + (f" via {c['via']}" if c.get("via") else "")
         to = f"{c['listener']} > {c.get('upstream') or '-'}"
         table.add_row(ident(c), client, to, c["state"], c.get("client_id") or "-", software(c),
                       _who(c), _duration(c["seconds_open"]), _duration(c.get("seconds_idle")),
-                      _num(c["requests"]), apis(c), topics(c), owed(c),
+                      _num(c["requests"]), apis(c), topics(c), errors(c), owed(c),
                       _bytes(c["bytes_from_client"]), _bytes(c["bytes_to_client"]))
     return Group(header, table)
 

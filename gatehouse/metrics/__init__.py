@@ -48,6 +48,7 @@ from gatehouse.proxy.hooks import (
     Pending,
     decoded_response,
     scanned_response,
+    tally_error,
     tally_topic,
 )
 
@@ -573,6 +574,8 @@ class ProxyMetrics(Observer):
                         if counter is None:
                             counter = self._response_counter(key, code)
                         counter.value += n
+                        if code:
+                            self._connection_error(conn, key, code, n)
                 else:
                     self._response_counter(key, 0).value += 1
                 if key == FETCH:
@@ -588,9 +591,13 @@ class ProxyMetrics(Observer):
             first = codes[0]
             if all(code == first for code in codes):  # the usual case: all NONE
                 self._response_counter(key, first).inc(len(codes))
+                if first:
+                    self._connection_error(conn, key, first, len(codes))
             else:
                 for code in codes:
                     self._response_counter(key, code).inc()
+                    if code:
+                        self._connection_error(conn, key, code, 1)
             if key == METADATA:
                 self._learn_topic_ids(resp)
             elif key in GROUP_RESPONSES:
@@ -606,6 +613,11 @@ class ProxyMetrics(Observer):
                         tally_topic(conn.fetched, name, records_total, bytes_total)
         except ProtocolError:
             pass
+
+    @staticmethod
+    def _connection_error(conn: ConnectionInfo, key: int, code: int, count: int) -> None:
+        """The connection's own tally of errors (/connections), as the counters'."""
+        tally_error(conn, api_name(key), ERROR_NAMES.get(code, str(code)), count)
 
     def _response_counter(self, key: int, code: int) -> Any:
         slot = (key << 16) | (code & 0xFFFF)

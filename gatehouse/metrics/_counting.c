@@ -11,7 +11,8 @@
  * this module is not built or GATEHOUSE_PURE_PYTHON=1 is set: a counter not made yet, an
  * API whose requests the census reads (ApiVersions, the group APIs), an answer the proxy
  * made or decoded, a topic seen for the first time (by the proxy, or by the connection:
- * its own tally of records and bytes per topic, ConnectionInfo.produced and .fetched).  Every lookup is done before the
+ * its own tally of records and bytes per topic, ConnectionInfo.produced and .fetched),
+ * an answer carrying an error code (rare; the connection's tally of errors is Python's).  Every lookup is done before the
  * first addition, so a call either counts all of an exchange or hands all of it over:
  * nothing is counted twice (tests/test_metrics_counting.py holds the two to the same
  * samples).  Counters are the Tally and HistogramTally objects of gatehouse/metrics/
@@ -572,6 +573,8 @@ response(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             amount = PyLong_AsLongLong(n);
             if ((c == -1 || amount == -1) && PyErr_Occurred())
                 goto done;
+            if (c != 0)
+                goto slow_path;  /* an error: the connection's tally too, in Python */
         }
         if (codes_found == 32)
             goto slow_path;

@@ -20,7 +20,19 @@ from gatehouse.proxy.apiversions import RangeAdjuster
 # in no API's name nor in any legal topic name.
 CONN_APIS_MAX = 100
 CONN_TOPICS_MAX = 50
+CONN_ERRORS_MAX = 32  # kinds of error ("Fetch NOT_LEADER_OR_FOLLOWER")
 OTHER = "(other)"
+
+
+def tally_error(conn: ConnectionInfo, api: str, error: str, count: int) -> None:
+    """Add ``count`` answers of ``api`` carrying ``error`` (anywhere in them, a partition's
+    included) to the connection's ``errors``, and make it its ``last_error``."""
+    key = f"{api} {error}"
+    errors = conn.errors
+    if key not in errors and len(errors) >= CONN_ERRORS_MAX:
+        key = OTHER
+    errors[key] = errors.get(key, 0) + count
+    conn.last_error = (api, error, time.monotonic())
 
 
 def tally_topic(tally: dict[str, list[int]], topic: str, records: int, size: int) -> None:
@@ -67,6 +79,11 @@ class ConnectionInfo:
     api_requests: dict[int | str, int] = field(default_factory=dict)
     produced: dict[str, list[int]] = field(default_factory=dict)
     fetched: dict[str, list[int]] = field(default_factory=dict)
+    # Error codes in the answers it got, by "API ERROR_NAME" (the metrics count them:
+    # empty without metrics; at most CONN_ERRORS_MAX kinds), and the last one: (API,
+    # error, when: time.monotonic()).
+    errors: dict[str, int] = field(default_factory=dict)
+    last_error: tuple[str, str, float] | None = None
     # Per-connection memory for policies, e.g. the protocol type a JoinGroup declared
     # (needed to decode consumer-protocol bytes of pre-KIP-559 versions).  Bounded by
     # the policy that writes it.

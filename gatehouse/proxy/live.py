@@ -60,20 +60,21 @@ class LiveConnections:
         """The document /connections serves (see ``document``)."""
         # The tallies copied here, on the loop, which adds keys to them (their numbers
         # may move on while the thread reads them, as the connection's others).
-        taken = [(conn, self.pumps.get(conn.id), Tallies(dict(conn.api_requests),
-                                                         dict(conn.produced),
-                                                         dict(conn.fetched)))
+        taken = [(conn, self.pumps.get(conn.id), Tallies(
+            dict(conn.api_requests), dict(conn.produced), dict(conn.fetched), dict(conn.errors)))
                  for conn in self.conns.values()]
         now, wall, loop_now = time.monotonic(), time.time(), trio.current_time()
         return await trio.to_thread.run_sync(_document_bytes, taken, now, wall, loop_now)
 
 
 class Tallies(NamedTuple):
-    """A connection's requests by API key and [records, bytes] by topic, copied."""
+    """A connection's requests by API key, [records, bytes] by topic and errors by kind,
+    copied."""
 
     api_requests: dict[int | str, int]
     produced: dict[str, list[int]]
     fetched: dict[str, list[int]]
+    errors: dict[str, int]
 
 
 def entry(conn: ConnectionInfo, pumps: ProxyConnection | None, now: float, wall: float,
@@ -115,6 +116,10 @@ def entry(conn: ConnectionInfo, pumps: ProxyConnection | None, now: float, wall:
         "fetched": _by_topic(tallies.fetched),
         "responses": conn.responses,
         "refused": conn.refused,
+        # Error codes in its answers (a partition's included, as the metrics count
+        # them), most first, and the latest: a client in trouble, and with what.
+        "errors": dict(sorted(tallies.errors.items(), key=lambda item: -item[1])),
+        "last_error": _last_error(conn, now),
         # Answers the client is owed, in the order it asked (the broker's and the
         # proxy's own): a count that stays up is a client waiting on something.
         "answers_owed": len(pumps.line) if pumps is not None else 0,
@@ -132,6 +137,14 @@ def _by_api(counts: Mapping[int | str, int]) -> dict[str, int]:
 def _by_topic(counts: Mapping[str, list[int]]) -> dict[str, dict[str, int]]:
     ordered = sorted(counts.items(), key=lambda item: -item[1][1])  # bytes
     return {topic: {"records": records, "bytes": size} for topic, (records, size) in ordered}
+
+
+def _last_error(conn: ConnectionInfo, now: float) -> dict[str, Any] | None:
+    last = conn.last_error  # one tuple: replaced whole, never half-read
+    if last is None:
+        return None
+    api, error, when = last
+    return {"api": api, "error": error, "seconds_ago": round(max(0.0, now - when), 3)}
 
 
 def _oldest_owed(pumps: ProxyConnection | None, loop_now: float) -> dict[str, Any] | None:

@@ -101,7 +101,7 @@ def test_real_clients_listed_as_the_proxy_saw_them(kafka: KafkaCluster,
             [*GATEHOUSE, "connections", "--metrics",
              f"http://127.0.0.1:{metrics_port}/metrics", "--match", "orders-", "--sort",
              "bytes"], capture_output=True, text=True, timeout=60,
-            env={"COLUMNS": "250", "PATH": "/usr/bin:/bin"}, check=True).stdout
+            env={"COLUMNS": "400", "PATH": "/usr/bin:/bin"}, check=True).stdout
         rows = [line for line in table.splitlines() if "orders-" in line]
         assert len(rows) == len(writers) + len(readers), table
         assert any("kafka-python" in row for row in rows)
