@@ -31,7 +31,7 @@ SORTS: Final[dict[str, Callable[[dict[str, Any]], Any]]] = {
     "idle": lambda c: -(c["seconds_idle"] or 0.0),
     # Waiting longest first (then most owed).
     "owed": lambda c: (-(c.get("oldest_owed") or {}).get("seconds", -1.0), -c["answers_owed"]),
-    "errors": lambda c: -sum((c.get("errors") or {}).values()),
+    "errors": lambda c: -error_count(c),
     "client": lambda c: c["client"],
 }
 # --match looks in these, and in the topics each produced to and fetched from and the
@@ -138,9 +138,14 @@ def topics(c: dict[str, Any]) -> str:
     return "  ".join(said) or "-"
 
 
+def error_count(c: dict[str, Any]) -> int:
+    """How many error codes its answers carried."""
+    return sum((c.get("errors") or {}).values())
+
+
 def errors(c: dict[str, Any]) -> str:
     """How many error codes its answers carried, and the latest."""
-    total = sum((c.get("errors") or {}).values())
+    total = error_count(c)
     last = c.get("last_error")
     if not total:
         return "-"
