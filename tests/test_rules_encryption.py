@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import itertools
 import os
+import threading
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -698,6 +701,64 @@ def test_values_open_in_c_as_they_do_in_python(tmp_path: Path,
     assert all(HEADER not in [k for k, _ in h] for _, _, h in values(in_c.records))
 
 
+def test_whole_batches_open_in_c_as_they_do_batch_by_batch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``open_batches`` (batch after batch in C, no GIL) writes the records field that
+    ``rewrite_values`` batch by batch writes, and hands back each batch it does not
+    take: another data key, a plain batch amid sealed ones, a compressed batch, a value
+    changed on the way (counted, left sealed), a value sealed twice, the partial batch
+    the broker cut at the end."""
+    from gatehouse.codecs import records as records_module
+
+    e = encryption(tmp_path)
+    first, second = RecordCipher(), RecordCipher()  # two data keys
+
+    def sealed(cipher: RecordCipher, *values: bytes | None, compression: str = "none"
+               ) -> bytes:
+        plain = batch(*[(b"k%d" % i if i % 2 else None, v) for i, v in enumerate(values)],
+                      compression=compression)
+        return seal_records(plain, e, cipher, decompress, compress_zstd)[0] or b""
+
+    tampered = bytearray(sealed(first, b"one", b"two", b"three"))
+    tampered[-40] ^= 1  # inside the last value's ciphertext
+    parts = [sealed(first, b"a", b"b"), sealed(first, b"c" * 500, None, b"", b"d"),
+             batch((None, b"plain"), (b"k", b"text")), sealed(first, b"e"),
+             sealed(second, b"f", b"g"), sealed(second, b"h" * 3000),
+             sealed(first, b"i" * 2000, b"j", compression="zstd"), sealed(first, b"k"),
+             bytes(tampered), sealed(first, b"l"),
+             seal_records(sealed(first, b"twice"), e, first, decompress, compress_zstd)[0]
+             or b"", sealed(first, b"m", b"n")]
+    records = b"".join(parts) + sealed(first, b"cut")[:40]
+    calls: list[tuple[int, int]] = []
+    real = records_module._C_OPEN_BATCHES
+    assert real is not None, "gatehouse.codecs._speedups was not built"
+
+    def counted(data: Any, at: int, fast: Any, strip: bytes) -> Any:
+        done = real(data, at, fast, strip)
+        calls.append((at, done[1]))
+        return done
+
+    monkeypatch.setattr(records_module, "_C_OPEN_BATCHES", counted)
+    whole = open_records(records, local_keys(e).find, RecordCipher(), decompress, LIMIT)
+    monkeypatch.setattr(records_module, "_C_OPEN_BATCHES", None)
+    by_batch = open_records(records, local_keys(e).find, RecordCipher(), decompress, LIMIT)
+    assert whole.records is not None and whole.records == by_batch.records
+    assert (whole.opened, whole.failed, whole.reason) == (
+        by_batch.opened, by_batch.failed, by_batch.reason) == (
+        18, 1, "the value does not open under its DEK (changed?)")
+    # What C took: from the second batch to the first of another key, the second key's
+    # second batch alone (a compressed one next), from "k" to the changed value, and so
+    # on; a batch C hands back is never half taken.
+    starts = [0]
+    for part in parts:
+        starts.append(starts[-1] + len(part))
+    assert calls == [(starts[1], starts[4]), (starts[5], starts[6]), (starts[7], starts[8]),
+                     (starts[9], starts[10]), (starts[11], starts[12])]
+    opened = [v for _, v, _ in values(whole.records)]
+    assert opened[:4] == [b"a", b"b", b"c" * 500, None]
+    assert b"twice" in opened and b"m" in opened and b"n" in opened
+
+
 def test_values_sealed_in_c_as_they_are_in_python(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The AES-256-GCM sealing in C (rules/_aead.c) writes, byte for byte, the batch the
@@ -724,6 +785,72 @@ def test_values_sealed_in_c_as_they_are_in_python(tmp_path: Path,
     with pytest.raises(RuntimeError, match="no nonce left"):
         rewrite_values(records_section(plain, next(iter_batches(plain))), len(sizes) + 1,
                        bytes, add=(b"h", b"1"), sealer=(b"head", sealer))
+
+
+def _longest_stall(call: Callable[[], Any]) -> tuple[float, float]:
+    """The longest another Python thread went without going round its loop while
+    ``call`` ran, and how long that was: about all of it where ``call`` holds the GIL
+    throughout, no more than a switch interval or two (5 ms each) where it lets go."""
+    ticks: list[float] = []
+    done = threading.Event()
+
+    def tick() -> None:
+        while not done.is_set():
+            ticks.append(time.perf_counter())
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    try:
+        while not ticks:  # the ticker running first
+            time.sleep(0)
+        began = time.perf_counter()
+        call()
+        ended = time.perf_counter()
+    finally:
+        done.set()
+        ticker.join()
+    during = [began] + [t for t in ticks if began < t < ended] + [ended]
+    return max(b - a for a, b in itertools.pairwise(during)), ended - began
+
+
+@pytest.mark.parametrize("way", ["open", "seal"])
+def test_values_are_opened_and_sealed_in_c_without_the_gil(tmp_path: Path, way: str) -> None:
+    count = 1024
+    """A batch's values opened (or sealed) in C let the GIL go meanwhile: the event loop
+    goes on while a worker thread opens a large Fetch answer.  Another thread's loop
+    goes round while one batch of 64 MB is done (about 80 ms here)."""
+    assert enc._gcm_opener is not None, "gatehouse.rules._aead was not built"
+    e = encryption(tmp_path)
+    cipher = RecordCipher()
+    plain = batch(*[(None, os.urandom(64 * 1024)) for _ in range(count)])
+    sealed, _ = seal_records(plain, e, cipher, decompress, compress_zstd)
+    if way == "open":
+        [b] = iter_batches(sealed)
+        assert isinstance(b, RecordBatch)
+        section = records_section(sealed, b)
+        opener = cipher.opener(local_keys(e).find, decompress, LIMIT)
+        opener.learn(next(v for _, v, _ in values(sealed)))
+        fast = opener.fast()
+        assert fast is not None and fast[3] is not None  # the C opener
+
+        def work() -> None:
+            _, opened = rewrite_values(section, count, opener, strip=HEADER.encode(),
+                                       fast=fast)
+            assert opened == count
+    else:
+        [b] = iter_batches(plain)
+        assert isinstance(b, RecordBatch)
+        section = records_section(plain, b)
+
+        def work() -> None:
+            _, sealed_count = rewrite_values(section, count, seal,
+                                             add=(HEADER.encode(), b"1"), sealer=in_c)
+            assert sealed_count == count
+
+        seal, in_c = cipher.batch_sealer(sealing(e), count)
+        assert in_c is not None  # the C sealer
+    stall, took = _longest_stall(work)
+    assert stall < took / 4, (stall, took)
 
 
 @dataclasses.dataclass(frozen=True)

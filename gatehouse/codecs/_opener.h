@@ -4,7 +4,9 @@
  *
  * open(ctx, nonce, aad, aad_len, sealed, sealed_len, out): writes sealed_len - 16 bytes
  * of plaintext to out and returns 1 when the tag (the last 16 bytes of sealed) holds;
- * else 0, and out holds nothing to use.  One caller at a time (the GIL held). */
+ * else 0, and out holds nothing to use.  Called without the GIL (rewrite_values and
+ * open_batches let it go while only C runs), so a capsule belongs to one thread at a
+ * time: each opening and each batch's sealing makes its own. */
 #ifndef GATEHOUSE_OPENER_H
 #define GATEHOUSE_OPENER_H
 

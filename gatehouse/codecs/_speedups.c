@@ -1409,7 +1409,18 @@ produce_walk_feed(PyObject *module, PyObject *args)
  * None): every record with a value whose last header's key is strip_key gets
  * fn(value) and loses that header, again while the next last header is strip_key (at
  * most four times).  fn returning None leaves the record (or what is left of it) as
- * it is.  None: records that do not parse (the Python version says what is wrong). */
+ * it is.  None: records that do not parse (the Python version says what is wrong).
+ *
+ * With an opener or a sealer (the AES of record encryption), the GIL is let go while
+ * only C runs, so that the event loop (and another thread opening another partition)
+ * goes on meanwhile; it is taken back for Python (fn, the errors) and kept from the
+ * first record that needs it (a round trip a record would wait on the loop each time).
+ * The buffers are the raw allocator's for that; an allocation that fails ends the call
+ * with MemoryError once the GIL is back. */
+
+/* A section this small is done with the GIL held: letting it go costs more than the
+ * overlap gives. */
+#define RV_RELEASE_MIN 4096
 
 typedef struct {
     char *buf;
@@ -1423,17 +1434,13 @@ rv_reserve(rv_out *o, Py_ssize_t n)
         return 0;
     Py_ssize_t cap = o->cap ? o->cap : 4096;
     while (cap < o->len + n) {
-        if (cap > PY_SSIZE_T_MAX / 2) {
-            PyErr_NoMemory();
+        if (cap > PY_SSIZE_T_MAX / 2)
             return -1;
-        }
         cap *= 2;
     }
-    char *grown = PyMem_Realloc(o->buf, (size_t)cap);
-    if (grown == NULL) {
-        PyErr_NoMemory();
+    char *grown = realloc(o->buf, (size_t)cap);  /* the raw allocator: no GIL needed */
+    if (grown == NULL)
         return -1;
-    }
     o->buf = grown;
     o->cap = cap;
     return 0;
@@ -1485,6 +1492,95 @@ rv_header_is(const unsigned char *p, Py_ssize_t stop, Py_ssize_t at, const char 
     if (record_varint(p, stop, &at, &length) < 0 || length != key_len || length > stop - at)
         return 0;
     return memcmp(p + at, key, (size_t)key_len) == 0;
+}
+
+/* A record of a records section, as rewrite_values and open_batches read it. */
+typedef struct {
+    Py_ssize_t record_at;    /* its length */
+    Py_ssize_t start, stop;  /* its body: attributes on */
+    Py_ssize_t value_field;  /* the value's length */
+    Py_ssize_t value_at;
+    Py_ssize_t headers_at;   /* past the header count */
+    int64_t value_length, header_count;
+} rv_record;
+
+enum { RV_MALFORMED = -1, RV_NO_MEMORY = -2 };
+
+/* The record at ``pos`` (inside [0, end)) read into *r, where each of its headers
+ * starts into *starts (grown to *cap as needed): 0, RV_MALFORMED or RV_NO_MEMORY. */
+static int
+rv_read_record(const unsigned char *p, Py_ssize_t end, Py_ssize_t pos, rv_record *r,
+               Py_ssize_t **starts, Py_ssize_t *cap)
+{
+    Py_ssize_t at = pos;
+    int64_t length, skipped, key_length;
+    r->record_at = pos;
+    if (record_varint(p, end, &at, &length) < 0 || length < 1 || length > end - at)
+        return RV_MALFORMED;
+    r->start = at;
+    r->stop = at + (Py_ssize_t)length;
+    at += 1;  /* attributes */
+    if (record_skip_varlong(p, r->stop, &at) < 0
+            || record_varint(p, r->stop, &at, &skipped) < 0
+            || rv_skip_field(p, r->stop, &at, &key_length) < 0)
+        return RV_MALFORMED;
+    r->value_field = at;
+    if (rv_skip_field(p, r->stop, &at, &r->value_length) < 0)
+        return RV_MALFORMED;
+    r->value_at = at - (r->value_length > 0 ? (Py_ssize_t)r->value_length : 0);
+    if (record_varint(p, r->stop, &at, &r->header_count) < 0 || r->header_count < 0
+            || r->header_count > r->stop - at)
+        return RV_MALFORMED;
+    r->headers_at = at;
+    if (r->header_count > *cap) {
+        Py_ssize_t grown_cap = r->header_count < 16 ? 16 : (Py_ssize_t)r->header_count;
+        Py_ssize_t *grown = realloc(*starts, (size_t)grown_cap * sizeof(Py_ssize_t));
+        if (grown == NULL)
+            return RV_NO_MEMORY;
+        *starts = grown;
+        *cap = grown_cap;
+    }
+    for (int64_t h = 0; h < r->header_count; h++) {
+        int64_t field;
+        (*starts)[h] = at;
+        if (rv_skip_field(p, r->stop, &at, &field) < 0 || field < 0
+                || rv_skip_field(p, r->stop, &at, &field) < 0)
+            return RV_MALFORMED;
+    }
+    return at == r->stop ? 0 : RV_MALFORMED;
+}
+
+/* The fast opener's work on record ``r``, whose last header has the strip mark: its
+ * value, sealed once under the fast head (the header before the mark is not one too),
+ * opened in C straight into the record rebuilt at the end of *out (*body: scratch).
+ * 1 done; 0 not one for it (another head, sealed twice, a tag that fails: the caller
+ * takes it another way); RV_NO_MEMORY. */
+static int
+rv_open_fast(rv_out *out, rv_out *body, const unsigned char *p, const rv_record *r,
+             const Py_ssize_t *starts, const gatehouse_opener *opener, const char *head,
+             Py_ssize_t head_len, Py_ssize_t split, const char *mark, Py_ssize_t mark_len)
+{
+    int64_t kept = r->header_count;
+    if (r->value_length < head_len + split + GATEHOUSE_OPENER_TAG
+            || memcmp(p + r->value_at, head, (size_t)head_len) != 0
+            || (kept > 1 && rv_header_is(p, r->stop, starts[kept - 2], mark, mark_len)))
+        return 0;
+    const unsigned char *v = p + r->value_at;
+    Py_ssize_t sealed_len = (Py_ssize_t)r->value_length - head_len - split;
+    Py_ssize_t plain_len = sealed_len - GATEHOUSE_OPENER_TAG;
+    body->len = 0;
+    if (rv_put(body, p + r->start, r->value_field - r->start) < 0
+            || rv_varint(body, plain_len) < 0 || rv_reserve(body, plain_len) < 0)
+        return RV_NO_MEMORY;
+    if (!opener->open(opener->ctx, v + head_len, v, head_len, v + head_len + split,
+                      sealed_len, (unsigned char *)body->buf + body->len))
+        return 0;
+    body->len += plain_len;
+    if (rv_varint(body, kept - 1) < 0
+            || rv_put(body, p + r->headers_at, starts[kept - 1] - r->headers_at) < 0
+            || rv_varint(out, body->len) < 0 || rv_put(out, body->buf, body->len) < 0)
+        return RV_NO_MEMORY;
+    return 1;
 }
 
 /* fast (head, split, call): a value that begins with head is given to
@@ -1578,6 +1674,15 @@ rewrite_values(PyObject *module, PyObject *args)
     PyObject *result = NULL;
     rv_out out = {NULL, 0, 0}, body = {NULL, 0, 0};
     Py_ssize_t *starts = NULL, starts_cap = 0;
+    /* Not NULL: the GIL let go (see above); only where C alone may do a batch's work. */
+    PyThreadState *released = NULL;
+    int may_release = (opener != NULL || sealer != NULL) && data.len >= RV_RELEASE_MIN;
+#define RV_GIL_DROP() do { \
+        if (released == NULL && may_release) released = PyEval_SaveThread(); \
+    } while (0)
+#define RV_GIL_TAKE() do { \
+        if (released != NULL) { PyEval_RestoreThread(released); released = NULL; } \
+    } while (0)
     const char *mark = NULL, *mark_value = NULL;
     Py_ssize_t mark_len = 0, mark_value_len = 0;
     int adding = add_key != Py_None;
@@ -1600,43 +1705,22 @@ rewrite_values(PyObject *module, PyObject *args)
     }
     const unsigned char *p = (const unsigned char *)data.buf;
     Py_ssize_t end = data.len, pos = 0, changed = 0;
+    /* About as long as what comes (opened values are shorter, sealed ones a little
+     * longer): grown once at most, not from 4 KiB by doubling. */
+    if (rv_reserve(&out, data.len) < 0)
+        goto done;
     for (Py_ssize_t i = 0; i < count; i++) {
-        Py_ssize_t record_at = pos, at = pos;
-        int64_t length, skipped, key_length, value_length, header_count;
-        if (record_varint(p, end, &at, &length) < 0 || length < 1 || length > end - at)
+        RV_GIL_DROP();
+        rv_record r;
+        int read = rv_read_record(p, end, pos, &r, &starts, &starts_cap);
+        if (read == RV_MALFORMED)
             goto malformed;
-        Py_ssize_t start = at, stop = at + (Py_ssize_t)length;
-        at += 1;  /* attributes */
-        if (record_skip_varlong(p, stop, &at) < 0 || record_varint(p, stop, &at, &skipped) < 0
-                || rv_skip_field(p, stop, &at, &key_length) < 0)
-            goto malformed;
-        Py_ssize_t value_field = at;
-        if (rv_skip_field(p, stop, &at, &value_length) < 0)
-            goto malformed;
-        Py_ssize_t value_at = at - (value_length > 0 ? (Py_ssize_t)value_length : 0);
-        if (record_varint(p, stop, &at, &header_count) < 0 || header_count < 0
-                || header_count > stop - at)
-            goto malformed;
-        Py_ssize_t headers_at = at;
-        if (header_count > starts_cap) {
-            Py_ssize_t cap = header_count < 16 ? 16 : (Py_ssize_t)header_count;
-            Py_ssize_t *grown = PyMem_Realloc(starts, (size_t)cap * sizeof(Py_ssize_t));
-            if (grown == NULL) {
-                PyErr_NoMemory();
-                goto done;
-            }
-            starts = grown;
-            starts_cap = cap;
-        }
-        for (int64_t h = 0; h < header_count; h++) {
-            int64_t field;
-            starts[h] = at;
-            if (rv_skip_field(p, stop, &at, &field) < 0 || field < 0
-                    || rv_skip_field(p, stop, &at, &field) < 0)
-                goto malformed;
-        }
-        if (at != stop)
-            goto malformed;
+        if (read == RV_NO_MEMORY)
+            goto done;
+        Py_ssize_t record_at = r.record_at, start = r.start, stop = r.stop;
+        Py_ssize_t value_field = r.value_field, value_at = r.value_at;
+        Py_ssize_t headers_at = r.headers_at;
+        int64_t value_length = r.value_length, header_count = r.header_count;
         int64_t kept = header_count;  /* headers of the original kept */
         int applies = value_length >= 0 && (adding || (
             kept > 0 && rv_header_is(p, stop, starts[kept - 1], mark, mark_len)));
@@ -1658,6 +1742,7 @@ rewrite_values(PyObject *module, PyObject *args)
                 goto done;
             if (!sealer->seal(sealer->ctx, (const unsigned char *)seal_head, seal_head_len,
                               p + value_at, plain_len, (unsigned char *)body.buf + body.len)) {
+                RV_GIL_TAKE();
                 PyErr_SetString(PyExc_RuntimeError,
                                 "rewrite_values: the sealer has no nonce left, or failed");
                 goto done;
@@ -1674,33 +1759,22 @@ rewrite_values(PyObject *module, PyObject *args)
             pos = stop;
             continue;
         }
-        /* The opener: a value under the fast head, sealed once (the header before the
-         * mark is not one too), opened in C straight into the record rebuilt; a value
-         * whose tag fails goes the way of the others below (fn says why). */
-        if (opener != NULL && !adding
-                && value_length >= fast_head_len + split + GATEHOUSE_OPENER_TAG
-                && memcmp(p + value_at, fast_head, (size_t)fast_head_len) == 0
-                && (kept == 1 || !rv_header_is(p, stop, starts[kept - 2], mark, mark_len))) {
-            const unsigned char *v = p + value_at;
-            Py_ssize_t sealed_len = (Py_ssize_t)value_length - fast_head_len - split;
-            Py_ssize_t plain_len = sealed_len - GATEHOUSE_OPENER_TAG;
-            body.len = 0;
-            if (rv_put(&body, p + start, value_field - start) < 0
-                    || rv_varint(&body, plain_len) < 0 || rv_reserve(&body, plain_len) < 0)
+        /* The opener: a value under the fast head, sealed once, opened in C straight
+         * into the record rebuilt; a value whose tag fails goes the way of the others
+         * below (fn says why). */
+        if (opener != NULL && !adding) {
+            int opened = rv_open_fast(&out, &body, p, &r, starts, opener, fast_head,
+                                      fast_head_len, split, mark, mark_len);
+            if (opened == RV_NO_MEMORY)
                 goto done;
-            if (opener->open(opener->ctx, v + fast_head_len, v, fast_head_len,
-                             v + fast_head_len + split, sealed_len,
-                             (unsigned char *)body.buf + body.len)) {
-                body.len += plain_len;
-                if (rv_varint(&body, kept - 1) < 0
-                        || rv_put(&body, p + headers_at, starts[kept - 1] - headers_at) < 0
-                        || rv_varint(&out, body.len) < 0 || rv_put(&out, body.buf, body.len) < 0)
-                    goto done;
+            if (opened) {
                 changed++;
                 pos = stop;
                 continue;
             }
         }
+        RV_GIL_TAKE();  /* Python from here: kept for the rest of the call */
+        may_release = 0;
         PyObject *value = PyBytes_FromStringAndSize((const char *)p + value_at,
                                                     (Py_ssize_t)value_length);
         if (value == NULL)
@@ -1765,24 +1839,37 @@ rewrite_values(PyObject *module, PyObject *args)
         changed++;
         pos = stop;
     }
+    RV_GIL_TAKE();
     if (pos != end)
         goto malformed;
     {
-        PyObject *section = PyBytes_FromStringAndSize(out.buf ? out.buf : "", out.len);
+        PyObject *section = PyBytes_FromStringAndSize(NULL, out.len);
         if (section != NULL) {
+            /* The copy out too (a large answer's: megabytes) without the GIL: no one
+             * else holds the new bytes yet. */
+            RV_GIL_DROP();
+            if (out.len)
+                memcpy(PyBytes_AS_STRING(section), out.buf, (size_t)out.len);
+            RV_GIL_TAKE();
             result = Py_BuildValue("(Nn)", section, changed);
         }
     }
     goto done;
 malformed:
+    RV_GIL_TAKE();
     result = Py_None;
     Py_INCREF(result);
 done:
-    PyMem_Free(out.buf);
-    PyMem_Free(body.buf);
-    PyMem_Free(starts);
+    RV_GIL_TAKE();
+    if (result == NULL && !PyErr_Occurred())
+        PyErr_NoMemory();  /* the raw allocator's refusal */
+    free(out.buf);
+    free(body.buf);
+    free(starts);
     PyBuffer_Release(&data);
     return result;
+#undef RV_GIL_DROP
+#undef RV_GIL_TAKE
 }
 
 /* -- CRC-32C (Castagnoli) of record batches v2 -------------------------------------
@@ -1850,11 +1937,8 @@ static uint32_t crc32c_hardware(uint32_t crc, const unsigned char *p, Py_ssize_t
 
 static int crc32c_hardware_ok = 0;
 
-static PyObject *crc32c(PyObject *self, PyObject *args) {
-    Py_buffer data;
-    unsigned int crc = 0;
-    if (!PyArg_ParseTuple(args, "y*|I", &data, &crc))
-        return NULL;
+/* The tables made and the CPU asked, once (the GIL held). */
+static void crc32c_prepare(void) {
     if (!crc32c_ready) {
         crc32c_init();
 #ifdef CRC32C_HARDWARE
@@ -1862,17 +1946,163 @@ static PyObject *crc32c(PyObject *self, PyObject *args) {
         crc32c_hardware_ok = __builtin_cpu_supports("sse4.2");
 #endif
     }
-    uint32_t out;
-    Py_BEGIN_ALLOW_THREADS
+}
+
+/* CRC-32C of n bytes at p, on from crc, by the fastest way here (after crc32c_prepare). */
+static uint32_t crc32c_of(uint32_t crc, const unsigned char *p, Py_ssize_t n) {
 #ifdef CRC32C_HARDWARE
     if (crc32c_hardware_ok)
-        out = crc32c_hardware((uint32_t)crc, (const unsigned char *)data.buf, data.len);
-    else
+        return crc32c_hardware(crc, p, n);
 #endif
-        out = crc32c_update((uint32_t)crc, (const unsigned char *)data.buf, data.len);
+    return crc32c_update(crc, p, n);
+}
+
+static PyObject *crc32c(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    unsigned int crc = 0;
+    if (!PyArg_ParseTuple(args, "y*|I", &data, &crc))
+        return NULL;
+    crc32c_prepare();
+    uint32_t out;
+    Py_BEGIN_ALLOW_THREADS
+    out = crc32c_of((uint32_t)crc, (const unsigned char *)data.buf, data.len);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&data);
     return PyLong_FromUnsignedLong(out);
+}
+
+/* -- whole batches opened (record encryption) -----------------------------------------
+ * open_batches(records, at, fast, strip_key) -> (bytes, next_at, opened)
+ *
+ * encryption.open_records' usual case in one call, without the GIL: from offset ``at``
+ * of a records field, each whole v2 batch, uncompressed and not a control batch, whose
+ * sealed values (a record with a value whose last header's key is strip_key) all open
+ * by the fast opener (``fast``: rewrite_values' (head, split, call, capsule)) written
+ * again with them opened (as rewrite_values and records.rebuilt_batch_parts write it:
+ * the header as it came but for its length and CRC); a batch with none sealed as it
+ * came.  Stops before the first batch that is none of those (open_records' own loop
+ * takes it: another data key to learn, a compressed batch, a value that does not open,
+ * records that do not read, the partial batch the broker cut at the end): next_at is
+ * where, ``bytes`` what came before it, ``opened`` how many values opened. */
+
+#define ATTRIBUTES_AT 21
+#define CRC_AT 17
+
+static void
+put_u32(unsigned char *at, uint32_t v)
+{
+    at[0] = (unsigned char)(v >> 24);
+    at[1] = (unsigned char)(v >> 16);
+    at[2] = (unsigned char)(v >> 8);
+    at[3] = (unsigned char)v;
+}
+
+static PyObject *
+open_batches(PyObject *module, PyObject *args)
+{
+    Py_buffer data;
+    Py_ssize_t at;
+    PyObject *fast, *strip_key;
+    if (!PyArg_ParseTuple(args, "y*nOO", &data, &at, &fast, &strip_key))
+        return NULL;
+    gatehouse_opener *opener = NULL;
+    if (!PyTuple_Check(fast) || PyTuple_GET_SIZE(fast) != 4
+            || !PyBytes_Check(PyTuple_GET_ITEM(fast, 0))
+            || !PyLong_Check(PyTuple_GET_ITEM(fast, 1)) || !PyBytes_Check(strip_key)
+            || at < 0 || at > data.len) {
+        PyBuffer_Release(&data);
+        PyErr_SetString(PyExc_TypeError,
+                        "open_batches: fast is (head, split, call, opener), strip_key bytes");
+        return NULL;
+    }
+    opener = PyCapsule_GetPointer(PyTuple_GET_ITEM(fast, 3), GATEHOUSE_OPENER_CAPSULE);
+    Py_ssize_t split = PyLong_AsSsize_t(PyTuple_GET_ITEM(fast, 1));
+    if (opener == NULL || split < 0) {
+        PyBuffer_Release(&data);
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "open_batches: a negative split");
+        return NULL;
+    }
+    const char *head = PyBytes_AS_STRING(PyTuple_GET_ITEM(fast, 0));
+    Py_ssize_t head_len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(fast, 0));
+    const char *mark = PyBytes_AS_STRING(strip_key);
+    Py_ssize_t mark_len = PyBytes_GET_SIZE(strip_key);
+    crc32c_prepare();
+    const unsigned char *p = (const unsigned char *)data.buf;
+    Py_ssize_t end = data.len, pos = at, opened = 0;
+    rv_out out = {NULL, 0, 0}, body = {NULL, 0, 0};
+    Py_ssize_t *starts = NULL, starts_cap = 0;
+    int no_memory = 0;
+    Py_BEGIN_ALLOW_THREADS
+    no_memory = rv_reserve(&out, end - at) < 0;
+    while (!no_memory && end - pos >= BATCH_OVERHEAD) {
+        const unsigned char *h = p + pos;
+        long long size, count;
+        if (wire_batch(h, end - pos, &size, &count) != WIRE_BATCH
+                || (h[ATTRIBUTES_AT + 1] & 0x27) != 0)  /* compressed, or control */
+            break;
+        Py_ssize_t batch_at = out.len, rpos = pos + BATCH_OVERHEAD;
+        Py_ssize_t rend = pos + (Py_ssize_t)size, changed = 0;
+        int taken = rv_put(&out, h, BATCH_OVERHEAD) == 0;
+        for (long long i = 0; taken && i < count; i++) {
+            rv_record r;
+            int read = rv_read_record(p, rend, rpos, &r, &starts, &starts_cap);
+            if (read < 0) {
+                no_memory = read == RV_NO_MEMORY;
+                taken = 0;
+                break;
+            }
+            if (r.value_length >= 0 && r.header_count > 0
+                    && rv_header_is(p, r.stop, starts[r.header_count - 1], mark, mark_len)) {
+                int done = rv_open_fast(&out, &body, p, &r, starts, opener, head,
+                                        head_len, split, mark, mark_len);
+                no_memory = done == RV_NO_MEMORY;
+                taken = done == 1;
+                changed += taken;
+            } else if (rv_put(&out, p + r.record_at, r.stop - r.record_at) < 0) {
+                no_memory = 1;
+                taken = 0;
+            }
+            rpos = r.stop;
+        }
+        if (no_memory || !taken || rpos != rend) {
+            out.len = batch_at;  /* not one for here: open_records' loop takes it */
+            break;
+        }
+        if (changed == 0) {  /* none sealed: as it came */
+            out.len = batch_at;
+            if (rv_put(&out, h, rend - pos) < 0) {
+                no_memory = 1;
+                break;
+            }
+        } else {
+            unsigned char *rebuilt = (unsigned char *)out.buf + batch_at;
+            put_u32(rebuilt + LENGTH_AT, (uint32_t)(out.len - batch_at - LOG_OVERHEAD));
+            put_u32(rebuilt + CRC_AT, crc32c_of(0, rebuilt + ATTRIBUTES_AT,
+                                                out.len - batch_at - ATTRIBUTES_AT));
+        }
+        opened += changed;
+        pos = rend;
+    }
+    Py_END_ALLOW_THREADS
+    PyObject *result = NULL;
+    if (no_memory) {
+        PyErr_NoMemory();
+    } else {
+        PyObject *opened_bytes = PyBytes_FromStringAndSize(NULL, out.len);
+        if (opened_bytes != NULL) {
+            Py_BEGIN_ALLOW_THREADS  /* megabytes, maybe; no one else holds it yet */
+            if (out.len)
+                memcpy(PyBytes_AS_STRING(opened_bytes), out.buf, (size_t)out.len);
+            Py_END_ALLOW_THREADS
+            result = Py_BuildValue("(Nnn)", opened_bytes, pos, opened);
+        }
+    }
+    free(out.buf);
+    free(body.buf);
+    free(starts);
+    PyBuffer_Release(&data);
+    return result;
 }
 
 static PyMethodDef methods[] = {
@@ -1893,6 +2123,8 @@ static PyMethodDef methods[] = {
     {"read_records", records_read, METH_VARARGS,
      "read_records(data, pos, index, n, cls) -> ([record, ...], pos) | None"},
     {"crc32c", crc32c, METH_VARARGS, "crc32c(data, crc=0) -> CRC-32C of data"},
+    {"open_batches", open_batches, METH_VARARGS,
+     "open_batches(records, at, fast, strip_key) -> (bytes, next_at, opened)"},
     {"rewrite_values", rewrite_values, METH_VARARGS,
      "rewrite_values(section, count, fn, add_key, add_value, strip_key, fast=None)"
      " -> (section, changed) | None"},

@@ -55,6 +55,7 @@ _C_COUNT_RECORDS: Final = None if speedups is None else speedups.count_records
 _C_READ_RECORDS: Final = None if speedups is None else speedups.read_records
 _C_CRC32C: Final = None if speedups is None else speedups.crc32c
 _C_REWRITE: Final = None if speedups is None else speedups.rewrite_values
+_C_OPEN_BATCHES: Final = None if speedups is None else speedups.open_batches
 _C_CHUNK: Final = 256  # records made at once: a batch of millions is not all in memory
 V2_HEAD: Final = struct.Struct(">8xi4xb40xi")  # length (8), magic (16), count (57)
 _CRC_DATA_FROM: Final = 21  # CRC-32C covers attributes onwards
@@ -329,8 +330,10 @@ def legacy_key_value(records: Buffer, message: LegacyMessage) -> tuple[bytes | N
     return values[0], values[1]
 
 
-def iter_batches(records: Buffer | None) -> Iterator[RecordBatch | LegacyMessage]:
-    """The batches (and legacy messages) of a records field, in order.
+def iter_batches(records: Buffer | None, start: int = 0
+                 ) -> Iterator[RecordBatch | LegacyMessage]:
+    """The batches (and legacy messages) of a records field, in order, from offset
+    ``start`` (a batch's, or the end).
 
     Stops quietly at a partial batch at the end; raises ``RemoteProtocolError`` for a
     batch whose header is impossible (negative length, unknown magic).
@@ -339,7 +342,7 @@ def iter_batches(records: Buffer | None) -> Iterator[RecordBatch | LegacyMessage
         return
     view = memoryview(records)
     end = len(view)
-    pos = 0
+    pos = start
     while end - pos >= LOG_OVERHEAD + 5:  # up to the magic byte
         base_offset, length = _OFFSET_SIZE.unpack_from(view, pos)
         if length < 0:
@@ -491,6 +494,22 @@ def rewrite_values(section: Buffer, count: int, fn: Callable[[bytes], bytes | No
         if found is not None:
             return bytes(found[0]), int(found[1])
     return _rewrite_values(section, count, _with_fast(fn, fast), add, strip)
+
+
+def open_batches(records: Buffer, at: int, fast: FastCall, strip: bytes
+                 ) -> tuple[bytes, int, int] | None:
+    """``rewrite_values``' strip mode over whole batches at once, in C without the GIL
+    (a worker thread's opening lets the event loop go on): from offset ``at`` of a
+    records field, each whole, uncompressed, non-control v2 batch whose values under
+    ``strip``, all of them, are opened by ``fast``'s opener (its capsule) is rebuilt
+    with them opened, as ``rebuilt_batch_parts`` frames it (one with none as it came).
+    Returns those batches' bytes, the offset it stopped at (before a batch that is
+    none of those: the caller takes it its own way) and how many values opened; None
+    where the C version is not built or ``fast`` has no capsule."""
+    if _C_OPEN_BATCHES is None or fast[3] is None:
+        return None
+    done: tuple[bytes, int, int] = _C_OPEN_BATCHES(records, at, fast, strip)
+    return done
 
 
 def _with_fast(fn: Callable[[bytes], bytes | None], fast: FastCall | None
