@@ -26,6 +26,7 @@ from gatehouse.codecs import fetch, produce
 from gatehouse.codecs._scan import tag_fields
 from gatehouse.proxy.config import Limits
 from gatehouse.proxy.connection import _RECEIVE_SIZE, _SPLICE_READ
+from gatehouse.proxy.fastio import FastStream
 from gatehouse.proxy.hooks import CLIENT_CLOSED, Forward, Observer, Observers, Policy
 from gatehouse.proxy.quotas import Bucket, Charge
 from tests.support.fakebroker import frame_bytes, notsent_lowat, request, response_body
@@ -408,6 +409,84 @@ async def test_streamed_answers_reuse_their_buffer_unless_someone_kept_the_answe
                     assert pool.kept == 0  # still in the observer's hands
             if isinstance(observer, Keeper):
                 assert [bytes(f) for f in observer.kept] == [w[4:] for w in wires]
+
+
+def metadata_answer(correlation_id: int, topics: int = 3000) -> bytes:
+    """A Metadata v12 answer naming one broker and ``topics`` topics (3000: ~100 KiB)."""
+    body = response_body(3, 12, brokers=[{"node_id": 1, "host": "kafka-1.internal",
+                                          "port": 9092}],
+                         topics=[{"name": f"topic-{i:05d}", "topic_id": str(uuid.UUID(int=i + 1)),
+                                  "partitions": []} for i in range(topics)])
+    return frame_bytes(codecs.Response.build(3, 12, correlation_id, body).encode())
+
+
+@TRANSPORTS
+async def test_a_large_answer_that_changes_is_received_whole_into_a_pooled_buffer(
+        tcp: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large answer the proxy must read whole (its body may change: a Metadata
+    answer's brokers) is received straight into a pooled buffer, in reads as long as
+    what is left of it, then answered rewritten; the next reuses the buffer, and what an
+    observer kept of the last stays intact."""
+    wires = [metadata_answer(1), metadata_answer(2, 2500)]
+    assert all(len(w) > 64 * 1024 for w in wires)
+    reads: list[tuple[FastStream, int]] = []
+    real = FastStream.receive_into
+
+    async def receive_into(stream: FastStream, view: memoryview) -> int:
+        reads.append((stream, len(view)))
+        return await real(stream, view)
+
+    monkeypatch.setattr(FastStream, "receive_into", receive_into)
+    for observer in (None, Keeper()):
+        async with proxied(no_answer, observer=observer, tcp=tcp) as h:
+            pool = h.pumps.ctx.frame_buffers
+            reads.clear()
+            for correlation_id, wire in enumerate(wires, 1):
+                await h.client.send(request(3, 12, correlation_id).encode())
+                await h.broker.frames.send_raw(wire[:20_000])
+                await h.broker.frames.send_raw(wire[20_000:])
+                with trio.fail_after(5):
+                    frame = await h.client.receive()
+                answer = codecs.decode_response(frame, 3, 12)
+                assert answer.header.correlation_id == correlation_id
+                assert [(b.host, b.port) for b in answer.body.brokers] == [
+                    ("proxy.example", 19001)]
+                assert len(answer.body.topics) == (3000 if correlation_id == 1 else 2500)
+                # Back in the pool for the next one: the observers were shown the
+                # answer rewritten, a frame of its own.
+                assert pool.kept >= len(wire)
+            upstream = [n for stream, n in reads if stream is h.pumps.upstream_io]
+            assert upstream and upstream[0] > 64 * 1024  # what was left of it, at once
+            assert h.pumps.ctx.response_budget.held == 0
+            if isinstance(observer, Keeper):
+                kept = [codecs.decode_response(memoryview(bytes(f)), 3, 12) for f in
+                        observer.kept]
+                assert [len(k.body.topics) for k in kept] == [3000, 2500]
+                assert [k.body.brokers[0].host for k in kept] == ["proxy.example"] * 2
+
+
+@TRANSPORTS
+async def test_a_broker_gone_in_the_middle_of_an_answer_read_whole_closes_the_client(
+        tcp: bool) -> None:
+    """Nothing of an answer read whole goes on before its end: a broker gone in its
+    middle closes the client's connection, which got none of it."""
+    asked = trio.Event()
+
+    def handler(req: codecs.Request) -> Any:
+        asked.set()  # the proxy forwarded it: an answer has a place in its line
+        return None
+
+    async with proxied(handler, tcp=tcp) as h:
+        await h.client.send(request(3, 12, 1).encode())
+        with trio.fail_after(5):
+            await asked.wait()
+        await h.broker.frames.send_raw(metadata_answer(1)[:80_000])
+        await h.broker.frames.stream.aclose()
+        with trio.fail_after(5):
+            await h.done.wait()
+        assert "closed the connection in the middle of an answer" in h.pumps.close_reason
+        assert await h.client.stream.receive_some(1) == b""  # the close, and nothing else
+        assert h.pumps.ctx.response_budget.held == 0
 
 
 def test_a_buffer_pool_keeps_only_unviewed_buffers_within_its_limit() -> None:

@@ -144,6 +144,9 @@ _SHORTEST_SESSION = 1.0
 # reads of its structure (partition headers, tags) take at most this much, and an answer
 # this big that has not all arrived is spliced: the rest never enters the proxy.
 _SPLICE_READ = 16 * 1024
+# An answer read whole before it goes on (its body may change) is received straight
+# into a pooled buffer from this size on (``_receive_whole_answer``).
+_WHOLE_ANSWER_MIN = 64 * 1024
 _KEPT_FRAME_BYTES = 32 * 1024 * 1024
 _KEPT_API_VERSIONS_ANSWERS = 256
 # Fetch answers whose layout the walk of a spliced answer knows: the flexible versions
@@ -1087,17 +1090,7 @@ class ProxyConnection:
                     raise _out_of_step(correlation_id, pending)
                 pending.internal(bytes(frame))
             else:
-                frame = memoryview(wire)[4:]
-                charges = self._quota_charges(pending)
-                throttle = self._answer_throttle(pending, len(frame), charges) if charges else 0
-                out = await self.handle_response_frame(frame, pending)
-                if throttle:
-                    out = self._with_throttle(out, pending, throttle)
-                if out is frame:
-                    await self._send_client(wire)
-                else:
-                    await self._send_client_frame(out)
-                self._answered(pending, out)
+                await self._answer(wire, pending)
             if ticket:
                 self.response_bytes.give(ticket)
             await self._answer_sent()
@@ -1105,6 +1098,39 @@ class ProxyConnection:
             raise _Close(f"broker {self.conn.upstream} closed the connection with "
                          f"{in_flight} request(s) in flight", logging.WARNING)
         raise _Close(f"broker {self.conn.upstream} closed the connection")
+
+    async def _answer(self, wire: Buffer, pending: Pending) -> None:
+        """The broker's answer to ``pending`` (a request forwarded for the client, the
+        line's first), ``wire`` with its size prefix, handled and sent on."""
+        frame = memoryview(wire)[4:]
+        charges = self._quota_charges(pending)
+        throttle = self._answer_throttle(pending, len(frame), charges) if charges else 0
+        out = await self.handle_response_frame(frame, pending)
+        if throttle:
+            out = self._with_throttle(out, pending, throttle)
+        if out is frame:
+            await self._send_client(wire)
+        else:
+            await self._send_client_frame(out)
+        self._answered(pending, out)
+
+    async def _receive_whole_answer(self, reader: FrameReader, size: int,
+                                    pending: Pending) -> None:
+        """A large answer that is read whole before it goes on (its body may change: an
+        address rewritten, values decrypted), received straight into a pooled buffer in
+        reads as long as what is left of it, rather than gathered from reads of
+        ``answer_read`` bytes into a new buffer (whose pages would be faulted in afresh
+        for every answer: a decrypting consumer's 3 MB Fetch answers); then handled as
+        any other."""
+        whole, view = await self._relay_large(
+            reader.take_partial(), 4 + size, 0, self.upstream_io.receive_into,
+            _send_nothing, self._received_from_upstream,
+            f"broker {self.conn.upstream} closed the connection in the middle of an answer")
+        await self._answer(view.toreadonly(), pending)
+        pending.decoded = None  # the observers' (done with it), holding views of the buffer
+        del view  # the buffer goes back once no one else holds a view of it
+        self.ctx.frame_buffers.give(whole)
+        await self._answer_sent()
 
     async def _answer_sent(self) -> None:
         """The oldest entry's answer is sent; the proxy's own answers in line behind it
@@ -1120,13 +1146,19 @@ class ProxyConnection:
         come (all but a Fetch v16+ answer's last ``_TAIL_HOLD`` bytes, which wait for
         its end: see ``_streamed_tail``); b"" once it is sent (nothing is read past its
         end), or None when it is not one to stream (small, or its body may change before
-        the end)."""
+        the end).  One whose body may change is received whole here, if large
+        (``_receive_whole_answer``)."""
         line = self.line
-        if size < self.stream_min or not line or reader.buffered < 8:
+        if size < min(self.stream_min, _WHOLE_ANSWER_MIN) or not line or reader.buffered < 8:
             return None
         pending = line[0]
         hold = _held_tail(pending)
         if hold is None:
+            if pending.raw or pending.internal is not None or size < _WHOLE_ANSWER_MIN:
+                return None
+            await self._receive_whole_answer(reader, size, pending)
+            return b""
+        if size < self.stream_min:
             return None
         charges = self._quota_charges(pending)
         if charges and reader.buffered < _THROTTLE_HEAD:
