@@ -142,15 +142,22 @@ def test_the_busiest_connections_between_two_scrapes() -> None:
     second.connections = [conn(1, "quiet", 1_000, 3_048, 12),
                           conn(2, "busy", 2_098_152, 0, 410, answers_owed=3,
                                oldest_owed={"api": "Produce", "version": 12, "seconds": 0.2},
-                               produced={"orders": {"records": 2048, "bytes": 2_097_152}}),
+                               produced={"orders": {"records": 2048, "bytes": 2_097_152}},
+                               requests_by_api={"Produce": 400, "Metadata": 8, "Fetch": 2},
+                               errors={"Produce NOT_LEADER_OR_FOLLOWER": 2},
+                               last_error={"api": "Produce", "error": "NOT_LEADER_OR_FOLLOWER",
+                                           "seconds_ago": 1.5}),
                           conn(3, "new", 0, 4_096, 2, principal="svc-new")]
     out = io.StringIO()
-    Console(file=out, width=250, color_system=None).print(render(first, second, "URL"))
+    Console(file=out, width=320, color_system=None).print(render(first, second, "URL"))
     shown = out.getvalue().split("Busiest connections", 1)[1]
     rows = [row_cells(shown, name) for name in ("busy", "new", "quiet")]
-    # id | client | client id | software | principal | req/s | in/s | out/s | owed | topics
+    # id | client | client id | software | principal | req/s | in/s | out/s | owed | APIs
+    # | topics | errors
     assert rows[0] == ["2", "10.0.0.2:4000", "busy", "librdkafka 2.16", "-", "200",
-                       "1.0 MiB", "0 B", "3 (Produce v12, 0.2s)", "> orders"]
+                       "1.0 MiB", "0 B", "3 (Produce v12, 0.2s)", "Produce 400, Metadata 8 +1",
+                       "> orders", "2 (NOT_LEADER_OR_FOLLOWER)"]
+    assert rows[1][9:] == ["-", "-", "-"]  # nothing asked yet, moved or refused
     assert rows[1][4:8] == ["svc-new", "1", "0 B", "2.0 KiB"]  # new: counted from 0
     assert rows[2][5:8] == ["1", "0 B", "1.0 KiB"]
     assert shown.index("busy") < shown.index("new") < shown.index("quiet")
@@ -158,7 +165,7 @@ def test_the_busiest_connections_between_two_scrapes() -> None:
     third = parse(text(3), 14.0)
     third.connections = [conn(1, "reborn", 2_048, 0, 1, opened="2026-12-06T16:00:00Z")]
     out = io.StringIO()
-    Console(file=out, width=250, color_system=None).print(render(second, third, "URL"))
+    Console(file=out, width=320, color_system=None).print(render(second, third, "URL"))
     assert row_cells(out.getvalue().split("Busiest connections", 1)[1], "reborn")[5:8] == [
         "0.5", "1.0 KiB", "0 B"]
     # Not served to us (or no connection): no table.

@@ -317,7 +317,7 @@ def _busiest(prev: Snapshot | None, cur: Snapshot) -> Table | None:
     """The client connections moving the most bytes between the two scrapes (with no
     earlier scrape: the most bytes since they opened), from /connections; None when
     the proxy did not serve it to us or holds no connection."""
-    from gatehouse.cli.connections import ident, owed, software, topics
+    from gatehouse.cli.connections import apis, errors, ident, owed, software, topics
 
     if not cur.connections:
         return None
@@ -343,12 +343,13 @@ def _busiest(prev: Snapshot | None, cur: Snapshot) -> Table | None:
     table = _table("Busiest connections" + ("" if seconds else " (bytes since opened)"), [
         ("id", "right"), ("client", "left"), ("client id", "left"), ("software", "left"),
         ("principal", "left"), ("req/s", "right"), ("in/s", "right"), ("out/s", "right"),
-        ("owed", "right"), ("topics", "left")])
+        ("owed", "right"), ("APIs", "left"), ("topics", "left"), ("errors", "left")])
     for c in sorted(cur.connections, key=moved, reverse=True)[:TOP_ROWS]:
         table.add_row(ident(c), c["client"], c.get("client_id") or "-", software(c),
                       c.get("principal") or "-", _num(per_second(c, "requests")),
                       _bytes(per_second(c, "bytes_from_client")),
-                      _bytes(per_second(c, "bytes_to_client")), owed(c), topics(c))
+                      _bytes(per_second(c, "bytes_to_client")), owed(c), apis(c), topics(c),
+                      errors(c))
     return table
 
 
