@@ -746,17 +746,37 @@ def test_whole_batches_open_in_c_as_they_do_batch_by_batch(
     assert (whole.opened, whole.failed, whole.reason) == (
         by_batch.opened, by_batch.failed, by_batch.reason) == (
         18, 1, "the value does not open under its DEK (changed?)")
-    # What C took: from the second batch to the first of another key, the second key's
-    # second batch alone (a compressed one next), from "k" to the changed value, and so
-    # on; a batch C hands back is never half taken.
+    # What C took: from the first batch (its data key learnt from its first value) to
+    # the first of another key, the second key's second batch alone (a compressed one
+    # next), from "k" to the changed value, and so on; a batch C hands back is never
+    # half taken.
     starts = [0]
     for part in parts:
         starts.append(starts[-1] + len(part))
-    assert calls == [(starts[1], starts[4]), (starts[5], starts[6]), (starts[7], starts[8]),
+    assert calls == [(starts[0], starts[4]), (starts[5], starts[6]), (starts[7], starts[8]),
                      (starts[9], starts[10]), (starts[11], starts[12])]
     opened = [v for _, v, _ in values(whole.records)]
     assert opened[:4] == [b"a", b"b", b"c" * 500, None]
     assert b"twice" in opened and b"m" in opened and b"n" in opened
+
+
+def test_a_field_opened_whole_in_c_is_the_field_opened_batch_by_batch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every batch of a field under one data key, opened by one ``open_batches`` call
+    (its bytes given back as they are, not joined again), and batch by batch."""
+    from gatehouse.codecs import records as records_module
+
+    e = encryption(tmp_path)
+    cipher = RecordCipher()
+    records = b"".join(seal_records(batch(*[(b"k", b"v%d.%d" % (n, i) * 30) for i in range(8)]),
+                                    e, cipher, decompress, compress_zstd)[0] or b""
+                       for n in range(5))
+    whole = open_records(records, local_keys(e).find, RecordCipher(), decompress, LIMIT)
+    monkeypatch.setattr(records_module, "_C_OPEN_BATCHES", None)
+    by_batch = open_records(records, local_keys(e).find, RecordCipher(), decompress, LIMIT)
+    assert isinstance(whole.records, bytes) and whole.records == by_batch.records
+    assert whole.opened == by_batch.opened == 40
+    assert [v for _, v, _ in values(whole.records)][-1] == b"v4.7" * 30
 
 
 def test_values_sealed_in_c_as_they_are_in_python(tmp_path: Path,

@@ -1425,6 +1425,9 @@ produce_walk_feed(PyObject *module, PyObject *args)
 typedef struct {
     char *buf;
     Py_ssize_t len, cap;
+    /* A buffer not the raw allocator's (a bytes object's, made large enough): never
+     * grown; what would pass its end is refused, ``overflow`` set. */
+    int fixed, overflow;
 } rv_out;
 
 static int
@@ -1432,6 +1435,10 @@ rv_reserve(rv_out *o, Py_ssize_t n)
 {
     if (o->len + n <= o->cap)
         return 0;
+    if (o->fixed) {
+        o->overflow = 1;
+        return -1;
+    }
     Py_ssize_t cap = o->cap ? o->cap : 4096;
     while (cap < o->len + n) {
         if (cap > PY_SSIZE_T_MAX / 2)
@@ -1469,6 +1476,19 @@ rv_varint(rv_out *o, int64_t v)
     }
     tmp[n++] = (unsigned char)u;
     return rv_put(o, tmp, n);
+}
+
+/* How many bytes rv_varint writes for v. */
+static Py_ssize_t
+rv_varint_size(int64_t v)
+{
+    uint64_t u = ((uint64_t)v << 1) ^ (uint64_t)(v >> 63);
+    Py_ssize_t n = 1;
+    while (u >= 0x80) {
+        u >>= 7;
+        n++;
+    }
+    return n;
 }
 
 /* Past a key or value field (zig-zag length, then the bytes) inside [0, stop);
@@ -1552,11 +1572,12 @@ rv_read_record(const unsigned char *p, Py_ssize_t end, Py_ssize_t pos, rv_record
 
 /* The fast opener's work on record ``r``, whose last header has the strip mark: its
  * value, sealed once under the fast head (the header before the mark is not one too),
- * opened in C straight into the record rebuilt at the end of *out (*body: scratch).
- * 1 done; 0 not one for it (another head, sealed twice, a tag that fails: the caller
- * takes it another way); RV_NO_MEMORY. */
+ * opened in C straight into the record rebuilt at the end of *out (its length known
+ * first: no copy of the record).  1 done; 0 not one for it (another head, sealed
+ * twice, a tag that fails: the caller takes it another way; *out as it was);
+ * RV_NO_MEMORY. */
 static int
-rv_open_fast(rv_out *out, rv_out *body, const unsigned char *p, const rv_record *r,
+rv_open_fast(rv_out *out, const unsigned char *p, const rv_record *r,
              const Py_ssize_t *starts, const gatehouse_opener *opener, const char *head,
              Py_ssize_t head_len, Py_ssize_t split, const char *mark, Py_ssize_t mark_len)
 {
@@ -1568,17 +1589,20 @@ rv_open_fast(rv_out *out, rv_out *body, const unsigned char *p, const rv_record 
     const unsigned char *v = p + r->value_at;
     Py_ssize_t sealed_len = (Py_ssize_t)r->value_length - head_len - split;
     Py_ssize_t plain_len = sealed_len - GATEHOUSE_OPENER_TAG;
-    body->len = 0;
-    if (rv_put(body, p + r->start, r->value_field - r->start) < 0
-            || rv_varint(body, plain_len) < 0 || rv_reserve(body, plain_len) < 0)
+    Py_ssize_t before = r->value_field - r->start, headers = starts[kept - 1] - r->headers_at;
+    Py_ssize_t length = before + rv_varint_size(plain_len) + plain_len
+        + rv_varint_size(kept - 1) + headers;
+    Py_ssize_t was = out->len;
+    if (rv_varint(out, length) < 0 || rv_put(out, p + r->start, before) < 0
+            || rv_varint(out, plain_len) < 0 || rv_reserve(out, plain_len) < 0)
         return RV_NO_MEMORY;
     if (!opener->open(opener->ctx, v + head_len, v, head_len, v + head_len + split,
-                      sealed_len, (unsigned char *)body->buf + body->len))
+                      sealed_len, (unsigned char *)out->buf + out->len)) {
+        out->len = was;
         return 0;
-    body->len += plain_len;
-    if (rv_varint(body, kept - 1) < 0
-            || rv_put(body, p + r->headers_at, starts[kept - 1] - r->headers_at) < 0
-            || rv_varint(out, body->len) < 0 || rv_put(out, body->buf, body->len) < 0)
+    }
+    out->len += plain_len;
+    if (rv_varint(out, kept - 1) < 0 || rv_put(out, p + r->headers_at, headers) < 0)
         return RV_NO_MEMORY;
     return 1;
 }
@@ -1672,7 +1696,7 @@ rewrite_values(PyObject *module, PyObject *args)
     const char *fast_head = head_obj == NULL ? NULL : PyBytes_AS_STRING(head_obj);
     Py_ssize_t fast_head_len = head_obj == NULL ? 0 : PyBytes_GET_SIZE(head_obj);
     PyObject *result = NULL;
-    rv_out out = {NULL, 0, 0}, body = {NULL, 0, 0};
+    rv_out out = {NULL, 0, 0, 0, 0}, body = {NULL, 0, 0, 0, 0};
     Py_ssize_t *starts = NULL, starts_cap = 0;
     /* Not NULL: the GIL let go (see above); only where C alone may do a batch's work. */
     PyThreadState *released = NULL;
@@ -1763,7 +1787,7 @@ rewrite_values(PyObject *module, PyObject *args)
          * into the record rebuilt; a value whose tag fails goes the way of the others
          * below (fn says why). */
         if (opener != NULL && !adding) {
-            int opened = rv_open_fast(&out, &body, p, &r, starts, opener, fast_head,
+            int opened = rv_open_fast(&out, p, &r, starts, opener, fast_head,
                                       fast_head_len, split, mark, mark_len);
             if (opened == RV_NO_MEMORY)
                 goto done;
@@ -2030,12 +2054,19 @@ open_batches(PyObject *module, PyObject *args)
     crc32c_prepare();
     const unsigned char *p = (const unsigned char *)data.buf;
     Py_ssize_t end = data.len, pos = at, opened = 0;
-    rv_out out = {NULL, 0, 0}, body = {NULL, 0, 0};
+    /* Written straight into the bytes given back: what is opened is never longer than
+     * what came (values lose their envelope, records a header, lengths shrink or
+     * stay), so the bytes are made as long as the rest of the field and cut to size. */
+    PyObject *opened_bytes = PyBytes_FromStringAndSize(NULL, end - at);
+    if (opened_bytes == NULL) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    rv_out out = {PyBytes_AS_STRING(opened_bytes), 0, end - at, 1, 0};
     Py_ssize_t *starts = NULL, starts_cap = 0;
     int no_memory = 0;
     Py_BEGIN_ALLOW_THREADS
-    no_memory = rv_reserve(&out, end - at) < 0;
-    while (!no_memory && end - pos >= BATCH_OVERHEAD) {
+    while (end - pos >= BATCH_OVERHEAD) {
         const unsigned char *h = p + pos;
         long long size, count;
         if (wire_batch(h, end - pos, &size, &count) != WIRE_BATCH
@@ -2054,27 +2085,25 @@ open_batches(PyObject *module, PyObject *args)
             }
             if (r.value_length >= 0 && r.header_count > 0
                     && rv_header_is(p, r.stop, starts[r.header_count - 1], mark, mark_len)) {
-                int done = rv_open_fast(&out, &body, p, &r, starts, opener, head,
+                int done = rv_open_fast(&out, p, &r, starts, opener, head,
                                         head_len, split, mark, mark_len);
-                no_memory = done == RV_NO_MEMORY;
                 taken = done == 1;
                 changed += taken;
-            } else if (rv_put(&out, p + r.record_at, r.stop - r.record_at) < 0) {
-                no_memory = 1;
-                taken = 0;
+            } else {
+                taken = rv_put(&out, p + r.record_at, r.stop - r.record_at) == 0;
             }
             rpos = r.stop;
         }
+        /* Not one for here (or, never seen, longer opened than sealed: out.overflow):
+         * open_records' loop takes it. */
         if (no_memory || !taken || rpos != rend) {
-            out.len = batch_at;  /* not one for here: open_records' loop takes it */
+            out.len = batch_at;
             break;
         }
         if (changed == 0) {  /* none sealed: as it came */
             out.len = batch_at;
-            if (rv_put(&out, h, rend - pos) < 0) {
-                no_memory = 1;
+            if (rv_put(&out, h, rend - pos) < 0)
                 break;
-            }
         } else {
             unsigned char *rebuilt = (unsigned char *)out.buf + batch_at;
             put_u32(rebuilt + LENGTH_AT, (uint32_t)(out.len - batch_at - LOG_OVERHEAD));
@@ -2085,24 +2114,15 @@ open_batches(PyObject *module, PyObject *args)
         pos = rend;
     }
     Py_END_ALLOW_THREADS
-    PyObject *result = NULL;
-    if (no_memory) {
-        PyErr_NoMemory();
-    } else {
-        PyObject *opened_bytes = PyBytes_FromStringAndSize(NULL, out.len);
-        if (opened_bytes != NULL) {
-            Py_BEGIN_ALLOW_THREADS  /* megabytes, maybe; no one else holds it yet */
-            if (out.len)
-                memcpy(PyBytes_AS_STRING(opened_bytes), out.buf, (size_t)out.len);
-            Py_END_ALLOW_THREADS
-            result = Py_BuildValue("(Nnn)", opened_bytes, pos, opened);
-        }
-    }
-    free(out.buf);
-    free(body.buf);
     free(starts);
     PyBuffer_Release(&data);
-    return result;
+    if (no_memory) {
+        Py_DECREF(opened_bytes);
+        return PyErr_NoMemory();
+    }
+    if (_PyBytes_Resize(&opened_bytes, out.len) < 0)
+        return NULL;
+    return Py_BuildValue("(Nnn)", opened_bytes, pos, opened);
 }
 
 static PyMethodDef methods[] = {

@@ -740,7 +740,11 @@ def open_records(records: Any, find: Callable[[str], Kek | None], cipher: Record
             out.append(whole)
             continue
         fast = opener.fast()
-        if fast is not None and batch.compression == "none" and start != handed_back:
+        in_c = batch.compression == "none" and start != handed_back
+        if in_c and fast is None:  # the data key learnt from the first value
+            opener.learn(_first_value(records_section(records, batch)))
+            fast = opener.fast()
+        if in_c and fast is not None:
             # The usual case, batch after batch under the data key learnt: in C.
             done = open_batches(records, start, fast, _HEADER_BYTES)
             if done is not None and done[1] > start:
@@ -768,8 +772,10 @@ def open_records(records: Any, find: Callable[[str], Kek | None], cipher: Record
     result.failed, result.reason = opener.failed, opener.reason
     if not changed_any:
         return result
-    out.append(view[taken:])  # a partial batch at the end, as the broker cut it
-    result.records = b"".join(out)
+    if taken < len(view):
+        out.append(view[taken:])  # a partial batch at the end, as the broker cut it
+    # One part (the usual: every batch opened in C): no copy to join it.
+    result.records = out[0] if len(out) == 1 and isinstance(out[0], bytes) else b"".join(out)
     return result
 
 
