@@ -779,6 +779,79 @@ def test_a_field_opened_whole_in_c_is_the_field_opened_batch_by_batch(
     assert [v for _, v, _ in values(whole.records)][-1] == b"v4.7" * 30
 
 
+def test_whole_batches_seal_in_c_as_they_do_batch_by_batch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``seal_batches`` (a partition's batches sealed in C in one call, no GIL, under one
+    run of nonces) writes, byte for byte, what the batch-by-batch sealing writes under
+    the same data key and nonces (its uses rewound here): keys, headers, values of every
+    size."""
+    from gatehouse.codecs import records as records_module
+
+    e = encryption(tmp_path)
+    cipher = RecordCipher()
+    sizes = [1, 15, 16, 17, 100, 1024, 5000]
+    records = b"".join(batch(*[(b"k%d" % n, os.urandom(n)) for n in sizes]) for _ in range(4))
+    calls: list[tuple[int, int]] = []
+    real = records_module._C_SEAL_BATCHES
+    assert real is not None, "gatehouse.codecs._speedups was not built"
+
+    def counted(data: Any, at: int, *args: Any) -> Any:
+        done = real(data, at, *args)
+        calls.append((at, done[1]))
+        return done
+
+    monkeypatch.setattr(records_module, "_C_SEAL_BATCHES", counted)
+    whole, count = seal_records(records, e, cipher, decompress, compress_zstd)
+    assert calls == [(0, len(records))] and count == 4 * len(sizes)
+    [dek] = cipher._deks.values()
+    dek.uses = 0  # the same nonces again (never done outside this test)
+    monkeypatch.setattr(records_module, "_C_SEAL_BATCHES", None)
+    by_batch, again = seal_records(records, e, cipher, decompress, compress_zstd)
+    assert again == count and whole == by_batch
+
+
+def test_sealing_in_c_hands_back_what_it_does_not_take_and_never_reuses_a_nonce(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compressed batch amid plain ones is sealed its own way and C goes on after it;
+    null values stay null; every value opens to what was produced, and no two carry the
+    same nonce."""
+    from gatehouse.codecs import records as records_module
+
+    e = encryption(tmp_path)
+    cipher = RecordCipher()
+    parts = [batch((None, b"a"), (b"k", None), (None, b"b")),
+             batch((None, b"c" * 3000), (None, b"d"), compression="zstd"),
+             batch((b"k", b"e"), (None, b"f")), batch((None, None)),
+             batch((None, b"g" * 100))]
+    records = b"".join(parts)
+    calls: list[tuple[int, int]] = []
+    real = records_module._C_SEAL_BATCHES
+    assert real is not None
+
+    def counted(data: Any, at: int, *args: Any) -> Any:
+        done = real(data, at, *args)
+        calls.append((at, done[1]))
+        return done
+
+    monkeypatch.setattr(records_module, "_C_SEAL_BATCHES", counted)
+    sealed, count = seal_records(records, e, cipher, decompress, compress_zstd)
+    starts = list(itertools.accumulate(len(p) for p in parts))
+    assert calls == [(0, starts[0]), (starts[1], starts[4])] and count == 7
+    envelopes = [v for _, v, _ in values(sealed or b"") if v is not None]
+    assert len(envelopes) == 7
+    nonces = []
+    for envelope in envelopes:  # version, flags, KEK name, EDEK, then the nonce
+        at = 3 + envelope[2]
+        assert not envelope[1] & enc.WIDE
+        at += 1 + envelope[at]
+        nonces.append(envelope[at : at + 12])
+    assert len(set(nonces)) == 7
+    opened = open_records(sealed, local_keys(e).find, RecordCipher(), decompress, LIMIT)
+    assert opened.records is not None
+    assert [v for _, v, _ in values(opened.records)] == [
+        v for _, v, _ in values(records)]
+
+
 def test_values_sealed_in_c_as_they_are_in_python(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The AES-256-GCM sealing in C (rules/_aead.c) writes, byte for byte, the batch the
@@ -833,12 +906,15 @@ def _longest_stall(call: Callable[[], Any]) -> tuple[float, float]:
     return max(b - a for a, b in itertools.pairwise(during)), ended - began
 
 
-@pytest.mark.parametrize("way", ["open", "seal"])
+@pytest.mark.parametrize("way", ["open", "seal", "open_batches", "seal_batches"])
 def test_values_are_opened_and_sealed_in_c_without_the_gil(tmp_path: Path, way: str) -> None:
+    """A batch's values opened (or sealed) in C, by ``rewrite_values`` or a partition's
+    at once, let the GIL go meanwhile: the event loop goes on while a worker thread
+    opens a large Fetch answer.  Another thread's loop goes round while one batch of
+    64 MB is done (about 80 ms here)."""
+    from gatehouse.codecs.records import open_batches, seal_batches
+
     count = 1024
-    """A batch's values opened (or sealed) in C let the GIL go meanwhile: the event loop
-    goes on while a worker thread opens a large Fetch answer.  Another thread's loop
-    goes round while one batch of 64 MB is done (about 80 ms here)."""
     assert enc._gcm_opener is not None, "gatehouse.rules._aead was not built"
     e = encryption(tmp_path)
     cipher = RecordCipher()
@@ -857,6 +933,23 @@ def test_values_are_opened_and_sealed_in_c_without_the_gil(tmp_path: Path, way: 
             _, opened = rewrite_values(section, count, opener, strip=HEADER.encode(),
                                        fast=fast)
             assert opened == count
+    elif way == "open_batches":
+        opener = cipher.opener(local_keys(e).find, decompress, LIMIT)
+        opener.learn(next(v for _, v, _ in values(sealed)))
+        fast = opener.fast()
+        assert fast is not None
+
+        def work() -> None:
+            done = open_batches(sealed, 0, fast, HEADER.encode())
+            assert done is not None and done[1:] == (len(sealed), count)
+    elif way == "seal_batches":
+
+        def work() -> None:
+            done = seal_batches(plain, 0, in_c, (HEADER.encode(), b"1"))
+            assert done is not None and done[1:] == (len(plain), count)
+
+        _, in_c = cipher.batch_sealer(sealing(e), count)
+        assert in_c is not None
     else:
         [b] = iter_batches(plain)
         assert isinstance(b, RecordBatch)

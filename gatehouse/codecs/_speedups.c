@@ -1607,6 +1607,37 @@ rv_open_fast(rv_out *out, const unsigned char *p, const rv_record *r,
     return 1;
 }
 
+/* The sealer's work on record ``r`` (a value, not null): the value sealed in C
+ * straight into the record rebuilt at the end of *out as head, nonce, ciphertext and tag
+ * (what rewrite_values' fn would give, by the same nonces), the header (mark,
+ * mark_value) added last.  1 done; 0 the sealer has no nonce left or failed;
+ * RV_NO_MEMORY (or *out's end: overflow). */
+static int
+rv_seal(rv_out *out, const unsigned char *p, const rv_record *r, const gatehouse_sealer *sealer,
+        const char *head, Py_ssize_t head_len, const char *mark, Py_ssize_t mark_len,
+        const char *mark_value, Py_ssize_t mark_value_len)
+{
+    Py_ssize_t plain_len = (Py_ssize_t)r->value_length;
+    Py_ssize_t sealed_len = head_len + GATEHOUSE_SEALER_GROWTH + plain_len;
+    Py_ssize_t before = r->value_field - r->start, headers = r->stop - r->headers_at;
+    Py_ssize_t length = before + rv_varint_size(sealed_len) + sealed_len
+        + rv_varint_size(r->header_count + 1) + headers + rv_varint_size(mark_len) + mark_len
+        + rv_varint_size(mark_value_len) + mark_value_len;
+    if (rv_varint(out, length) < 0 || rv_put(out, p + r->start, before) < 0
+            || rv_varint(out, sealed_len) < 0 || rv_put(out, head, head_len) < 0
+            || rv_reserve(out, GATEHOUSE_SEALER_GROWTH + plain_len) < 0)
+        return RV_NO_MEMORY;
+    if (!sealer->seal(sealer->ctx, (const unsigned char *)head, head_len, p + r->value_at,
+                      plain_len, (unsigned char *)out->buf + out->len))
+        return 0;
+    out->len += GATEHOUSE_SEALER_GROWTH + plain_len;
+    if (rv_varint(out, r->header_count + 1) < 0 || rv_put(out, p + r->headers_at, headers) < 0
+            || rv_varint(out, mark_len) < 0 || rv_put(out, mark, mark_len) < 0
+            || rv_varint(out, mark_value_len) < 0 || rv_put(out, mark_value, mark_value_len) < 0)
+        return RV_NO_MEMORY;
+    return 1;
+}
+
 /* fast (head, split, call): a value that begins with head is given to
  * call(value[h:h + split], value[h + split:], head) instead of to fn (h = len(head));
  * if that raises, to fn after all.  A new reference, or NULL with an exception set. */
@@ -1754,31 +1785,18 @@ rewrite_values(PyObject *module, PyObject *args)
             pos = stop;
             continue;
         }
-        /* The sealer: the value sealed in C straight into the record rebuilt, as head,
-         * nonce, ciphertext and tag (what fn would give, by the same nonces). */
+        /* The sealer: the value sealed in C straight into the record rebuilt. */
         if (sealer != NULL && adding) {
-            Py_ssize_t plain_len = (Py_ssize_t)value_length;
-            body.len = 0;
-            if (rv_put(&body, p + start, value_field - start) < 0
-                    || rv_varint(&body, seal_head_len + GATEHOUSE_SEALER_GROWTH + plain_len) < 0
-                    || rv_put(&body, seal_head, seal_head_len) < 0
-                    || rv_reserve(&body, GATEHOUSE_SEALER_GROWTH + plain_len) < 0)
+            int sealed = rv_seal(&out, p, &r, sealer, seal_head, seal_head_len, mark,
+                                 mark_len, mark_value, mark_value_len);
+            if (sealed == RV_NO_MEMORY)
                 goto done;
-            if (!sealer->seal(sealer->ctx, (const unsigned char *)seal_head, seal_head_len,
-                              p + value_at, plain_len, (unsigned char *)body.buf + body.len)) {
+            if (!sealed) {
                 RV_GIL_TAKE();
                 PyErr_SetString(PyExc_RuntimeError,
                                 "rewrite_values: the sealer has no nonce left, or failed");
                 goto done;
             }
-            body.len += GATEHOUSE_SEALER_GROWTH + plain_len;
-            if (rv_varint(&body, header_count + 1) < 0
-                    || rv_put(&body, p + headers_at, stop - headers_at) < 0
-                    || rv_varint(&body, mark_len) < 0 || rv_put(&body, mark, mark_len) < 0
-                    || rv_varint(&body, mark_value_len) < 0
-                    || rv_put(&body, mark_value, mark_value_len) < 0
-                    || rv_varint(&out, body.len) < 0 || rv_put(&out, body.buf, body.len) < 0)
-                goto done;
             changed++;
             pos = stop;
             continue;
@@ -1995,19 +2013,22 @@ static PyObject *crc32c(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLong(out);
 }
 
-/* -- whole batches opened (record encryption) -----------------------------------------
+/* -- whole batches opened or sealed (record encryption) -----------------------------
  * open_batches(records, at, fast, strip_key) -> (bytes, next_at, opened)
+ * seal_batches(records, at, sealer, add_key, add_value) -> (bytes, next_at, sealed)
  *
- * encryption.open_records' usual case in one call, without the GIL: from offset ``at``
- * of a records field, each whole v2 batch, uncompressed and not a control batch, whose
- * sealed values (a record with a value whose last header's key is strip_key) all open
- * by the fast opener (``fast``: rewrite_values' (head, split, call, capsule)) written
- * again with them opened (as rewrite_values and records.rebuilt_batch_parts write it:
- * the header as it came but for its length and CRC); a batch with none sealed as it
- * came.  Stops before the first batch that is none of those (open_records' own loop
- * takes it: another data key to learn, a compressed batch, a value that does not open,
- * records that do not read, the partial batch the broker cut at the end): next_at is
- * where, ``bytes`` what came before it, ``opened`` how many values opened. */
+ * encryption.open_records' and seal_records' usual case in one call, without the GIL:
+ * from offset ``at`` of a records field, each whole v2 batch, uncompressed and not a
+ * control batch, written again with its values opened (those under strip_key, all of
+ * them by the fast opener: ``fast`` is rewrite_values' (head, split, call, capsule)) or
+ * sealed (every value, by the sealer: (head, capsule), the header (add_key, add_value)
+ * added), as rewrite_values and records.rebuilt_batch_parts write it: the header as it
+ * came but for its length and CRC; a batch with none to change as it came.  Stops
+ * before the first batch that is none of those (the caller's own loop takes it:
+ * another data key to learn, a compressed batch, a value that does not open, a sealer
+ * out of nonces, records that do not read, the partial batch the broker cut at the
+ * end): next_at is where, ``bytes`` what came before it, the count how many values
+ * changed. */
 
 #define ATTRIBUTES_AT 21
 #define CRC_AT 17
@@ -2021,6 +2042,106 @@ put_u32(unsigned char *at, uint32_t v)
     at[3] = (unsigned char)v;
 }
 
+/* What a run of batches gets done to its values: opened (opener) or sealed (sealer). */
+typedef struct {
+    const gatehouse_opener *opener;
+    const gatehouse_sealer *sealer;
+    const char *head;  /* the opener's fast head, or what the sealer puts first */
+    Py_ssize_t head_len, split;
+    const char *mark, *mark_value;  /* the header stripped, or added (with its value) */
+    Py_ssize_t mark_len, mark_value_len;
+} rv_batch_work;
+
+/* The batches from ``pos`` rewritten into *out while each takes ``w`` whole (the GIL
+ * not needed): where it stopped; *changed counts the values; *no_memory. */
+static Py_ssize_t
+rv_batches(const unsigned char *p, Py_ssize_t end, Py_ssize_t pos, rv_out *out,
+           const rv_batch_work *w, Py_ssize_t *changed_all, int *no_memory)
+{
+    Py_ssize_t *starts = NULL, starts_cap = 0;
+    while (end - pos >= BATCH_OVERHEAD) {
+        const unsigned char *h = p + pos;
+        long long size, count;
+        if (wire_batch(h, end - pos, &size, &count) != WIRE_BATCH
+                || (h[ATTRIBUTES_AT + 1] & 0x27) != 0)  /* compressed, or control */
+            break;
+        Py_ssize_t batch_at = out->len, rpos = pos + BATCH_OVERHEAD;
+        Py_ssize_t rend = pos + (Py_ssize_t)size, changed = 0;
+        int taken = rv_put(out, h, BATCH_OVERHEAD) == 0;
+        for (long long i = 0; taken && i < count; i++) {
+            rv_record r;
+            int read = rv_read_record(p, rend, rpos, &r, &starts, &starts_cap);
+            if (read < 0) {
+                *no_memory = read == RV_NO_MEMORY;
+                taken = 0;
+                break;
+            }
+            int done = -1;  /* -1: the record as it came */
+            if (w->sealer != NULL) {
+                if (r.value_length >= 0)
+                    done = rv_seal(out, p, &r, w->sealer, w->head, w->head_len, w->mark,
+                                   w->mark_len, w->mark_value, w->mark_value_len);
+            } else if (r.value_length >= 0 && r.header_count > 0
+                       && rv_header_is(p, r.stop, starts[r.header_count - 1], w->mark,
+                                       w->mark_len)) {
+                done = rv_open_fast(out, p, &r, starts, w->opener, w->head, w->head_len,
+                                    w->split, w->mark, w->mark_len);
+            }
+            if (done == -1)
+                taken = rv_put(out, p + r.record_at, r.stop - r.record_at) == 0;
+            else
+                taken = done == 1;
+            changed += done == 1;
+            rpos = r.stop;
+        }
+        /* Not one for here (or, never seen, past the end of the bytes made for it:
+         * out->overflow): the caller's loop takes it. */
+        if (*no_memory || !taken || rpos != rend) {
+            out->len = batch_at;
+            break;
+        }
+        if (changed == 0) {  /* none changed: as it came */
+            out->len = batch_at;
+            if (rv_put(out, h, rend - pos) < 0)
+                break;
+        } else {
+            unsigned char *rebuilt = (unsigned char *)out->buf + batch_at;
+            put_u32(rebuilt + LENGTH_AT, (uint32_t)(out->len - batch_at - LOG_OVERHEAD));
+            put_u32(rebuilt + CRC_AT, crc32c_of(0, rebuilt + ATTRIBUTES_AT,
+                                                out->len - batch_at - ATTRIBUTES_AT));
+        }
+        *changed_all += changed;
+        pos = rend;
+    }
+    free(starts);
+    return pos;
+}
+
+/* ``w`` done to the batches of ``data`` from ``at`` into new bytes at most ``room``
+ * long, without the GIL: (bytes, next_at, changed). */
+static PyObject *
+rv_batches_result(Py_buffer *data, Py_ssize_t at, Py_ssize_t room, const rv_batch_work *w)
+{
+    crc32c_prepare();
+    PyObject *written = PyBytes_FromStringAndSize(NULL, room);
+    if (written == NULL)
+        return NULL;
+    rv_out out = {PyBytes_AS_STRING(written), 0, room, 1, 0};
+    Py_ssize_t changed = 0, pos;
+    int no_memory = 0;
+    Py_BEGIN_ALLOW_THREADS
+    pos = rv_batches((const unsigned char *)data->buf, data->len, at, &out, w, &changed,
+                     &no_memory);
+    Py_END_ALLOW_THREADS
+    if (no_memory) {
+        Py_DECREF(written);
+        return PyErr_NoMemory();
+    }
+    if (_PyBytes_Resize(&written, out.len) < 0)
+        return NULL;
+    return Py_BuildValue("(Nnn)", written, pos, changed);
+}
+
 static PyObject *
 open_batches(PyObject *module, PyObject *args)
 {
@@ -2029,100 +2150,88 @@ open_batches(PyObject *module, PyObject *args)
     PyObject *fast, *strip_key;
     if (!PyArg_ParseTuple(args, "y*nOO", &data, &at, &fast, &strip_key))
         return NULL;
-    gatehouse_opener *opener = NULL;
+    PyObject *result = NULL;
+    rv_batch_work w = {0};
     if (!PyTuple_Check(fast) || PyTuple_GET_SIZE(fast) != 4
             || !PyBytes_Check(PyTuple_GET_ITEM(fast, 0))
             || !PyLong_Check(PyTuple_GET_ITEM(fast, 1)) || !PyBytes_Check(strip_key)
             || at < 0 || at > data.len) {
-        PyBuffer_Release(&data);
         PyErr_SetString(PyExc_TypeError,
                         "open_batches: fast is (head, split, call, opener), strip_key bytes");
-        return NULL;
+        goto done;
     }
-    opener = PyCapsule_GetPointer(PyTuple_GET_ITEM(fast, 3), GATEHOUSE_OPENER_CAPSULE);
-    Py_ssize_t split = PyLong_AsSsize_t(PyTuple_GET_ITEM(fast, 1));
-    if (opener == NULL || split < 0) {
-        PyBuffer_Release(&data);
+    w.opener = PyCapsule_GetPointer(PyTuple_GET_ITEM(fast, 3), GATEHOUSE_OPENER_CAPSULE);
+    w.split = PyLong_AsSsize_t(PyTuple_GET_ITEM(fast, 1));
+    if (w.opener == NULL || w.split < 0) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_ValueError, "open_batches: a negative split");
-        return NULL;
+        goto done;
     }
-    const char *head = PyBytes_AS_STRING(PyTuple_GET_ITEM(fast, 0));
-    Py_ssize_t head_len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(fast, 0));
-    const char *mark = PyBytes_AS_STRING(strip_key);
-    Py_ssize_t mark_len = PyBytes_GET_SIZE(strip_key);
-    crc32c_prepare();
-    const unsigned char *p = (const unsigned char *)data.buf;
-    Py_ssize_t end = data.len, pos = at, opened = 0;
-    /* Written straight into the bytes given back: what is opened is never longer than
-     * what came (values lose their envelope, records a header, lengths shrink or
-     * stay), so the bytes are made as long as the rest of the field and cut to size. */
-    PyObject *opened_bytes = PyBytes_FromStringAndSize(NULL, end - at);
-    if (opened_bytes == NULL) {
-        PyBuffer_Release(&data);
-        return NULL;
-    }
-    rv_out out = {PyBytes_AS_STRING(opened_bytes), 0, end - at, 1, 0};
-    Py_ssize_t *starts = NULL, starts_cap = 0;
-    int no_memory = 0;
-    Py_BEGIN_ALLOW_THREADS
-    while (end - pos >= BATCH_OVERHEAD) {
-        const unsigned char *h = p + pos;
-        long long size, count;
-        if (wire_batch(h, end - pos, &size, &count) != WIRE_BATCH
-                || (h[ATTRIBUTES_AT + 1] & 0x27) != 0)  /* compressed, or control */
-            break;
-        Py_ssize_t batch_at = out.len, rpos = pos + BATCH_OVERHEAD;
-        Py_ssize_t rend = pos + (Py_ssize_t)size, changed = 0;
-        int taken = rv_put(&out, h, BATCH_OVERHEAD) == 0;
-        for (long long i = 0; taken && i < count; i++) {
-            rv_record r;
-            int read = rv_read_record(p, rend, rpos, &r, &starts, &starts_cap);
-            if (read < 0) {
-                no_memory = read == RV_NO_MEMORY;
-                taken = 0;
-                break;
-            }
-            if (r.value_length >= 0 && r.header_count > 0
-                    && rv_header_is(p, r.stop, starts[r.header_count - 1], mark, mark_len)) {
-                int done = rv_open_fast(&out, p, &r, starts, opener, head,
-                                        head_len, split, mark, mark_len);
-                taken = done == 1;
-                changed += taken;
-            } else {
-                taken = rv_put(&out, p + r.record_at, r.stop - r.record_at) == 0;
-            }
-            rpos = r.stop;
-        }
-        /* Not one for here (or, never seen, longer opened than sealed: out.overflow):
-         * open_records' loop takes it. */
-        if (no_memory || !taken || rpos != rend) {
-            out.len = batch_at;
-            break;
-        }
-        if (changed == 0) {  /* none sealed: as it came */
-            out.len = batch_at;
-            if (rv_put(&out, h, rend - pos) < 0)
-                break;
-        } else {
-            unsigned char *rebuilt = (unsigned char *)out.buf + batch_at;
-            put_u32(rebuilt + LENGTH_AT, (uint32_t)(out.len - batch_at - LOG_OVERHEAD));
-            put_u32(rebuilt + CRC_AT, crc32c_of(0, rebuilt + ATTRIBUTES_AT,
-                                                out.len - batch_at - ATTRIBUTES_AT));
-        }
-        opened += changed;
-        pos = rend;
-    }
-    Py_END_ALLOW_THREADS
-    free(starts);
+    w.head = PyBytes_AS_STRING(PyTuple_GET_ITEM(fast, 0));
+    w.head_len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(fast, 0));
+    w.mark = PyBytes_AS_STRING(strip_key);
+    w.mark_len = PyBytes_GET_SIZE(strip_key);
+    /* What is opened is never longer than what came (values lose their envelope,
+     * records a header, lengths shrink or stay): the rest of the field's length. */
+    result = rv_batches_result(&data, at, data.len - at, &w);
+done:
     PyBuffer_Release(&data);
-    if (no_memory) {
-        Py_DECREF(opened_bytes);
-        return PyErr_NoMemory();
-    }
-    if (_PyBytes_Resize(&opened_bytes, out.len) < 0)
+    return result;
+}
+
+static PyObject *
+seal_batches(PyObject *module, PyObject *args)
+{
+    Py_buffer data;
+    Py_ssize_t at;
+    PyObject *seal, *add_key, *add_value;
+    if (!PyArg_ParseTuple(args, "y*nOOO", &data, &at, &seal, &add_key, &add_value))
         return NULL;
-    return Py_BuildValue("(Nnn)", opened_bytes, pos, opened);
+    PyObject *result = NULL;
+    rv_batch_work w = {0};
+    if (!PyTuple_Check(seal) || PyTuple_GET_SIZE(seal) != 2
+            || !PyBytes_Check(PyTuple_GET_ITEM(seal, 0)) || !PyBytes_Check(add_key)
+            || !PyBytes_Check(add_value) || at < 0 || at > data.len) {
+        PyErr_SetString(PyExc_TypeError, "seal_batches: sealer is (head, capsule), "
+                        "add_key and add_value bytes");
+        goto done;
+    }
+    w.sealer = PyCapsule_GetPointer(PyTuple_GET_ITEM(seal, 1), GATEHOUSE_SEALER_CAPSULE);
+    if (w.sealer == NULL)
+        goto done;
+    w.head = PyBytes_AS_STRING(PyTuple_GET_ITEM(seal, 0));
+    w.head_len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(seal, 0));
+    w.mark = PyBytes_AS_STRING(add_key);
+    w.mark_len = PyBytes_GET_SIZE(add_key);
+    w.mark_value = PyBytes_AS_STRING(add_value);
+    w.mark_value_len = PyBytes_GET_SIZE(add_value);
+    /* Each record grows by its envelope, the header added and at most 4 bytes in each
+     * of three lengths: room for the records of the batches it may take, counted from
+     * their headers. */
+    Py_ssize_t growth = w.head_len + GATEHOUSE_SEALER_GROWTH + w.mark_len + w.mark_value_len
+        + 2 * 5 + 3 * 4;
+    Py_ssize_t records = 0, pos = at;
+    const unsigned char *p = (const unsigned char *)data.buf;
+    while (data.len - pos >= BATCH_OVERHEAD) {
+        long long size, count;
+        if (wire_batch(p + pos, data.len - pos, &size, &count) != WIRE_BATCH
+                || (p[pos + ATTRIBUTES_AT + 1] & 0x27) != 0)
+            break;
+        if (count > 0) {
+            /* A record has two bytes at least: a count past that is not read (the
+             * batch is handed back at its records). */
+            records += count < size / 2 ? (Py_ssize_t)count : (Py_ssize_t)(size / 2);
+        }
+        pos += (Py_ssize_t)size;
+    }
+    if (records > (PY_SSIZE_T_MAX - data.len) / growth) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = rv_batches_result(&data, at, data.len - at + records * growth, &w);
+done:
+    PyBuffer_Release(&data);
+    return result;
 }
 
 static PyMethodDef methods[] = {
@@ -2145,6 +2254,8 @@ static PyMethodDef methods[] = {
     {"crc32c", crc32c, METH_VARARGS, "crc32c(data, crc=0) -> CRC-32C of data"},
     {"open_batches", open_batches, METH_VARARGS,
      "open_batches(records, at, fast, strip_key) -> (bytes, next_at, opened)"},
+    {"seal_batches", seal_batches, METH_VARARGS,
+     "seal_batches(records, at, sealer, add_key, add_value) -> (bytes, next_at, sealed)"},
     {"rewrite_values", rewrite_values, METH_VARARGS,
      "rewrite_values(section, count, fn, add_key, add_value, strip_key, fast=None)"
      " -> (section, changed) | None"},

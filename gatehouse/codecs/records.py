@@ -56,6 +56,7 @@ _C_READ_RECORDS: Final = None if speedups is None else speedups.read_records
 _C_CRC32C: Final = None if speedups is None else speedups.crc32c
 _C_REWRITE: Final = None if speedups is None else speedups.rewrite_values
 _C_OPEN_BATCHES: Final = None if speedups is None else speedups.open_batches
+_C_SEAL_BATCHES: Final = None if speedups is None else speedups.seal_batches
 _C_CHUNK: Final = 256  # records made at once: a batch of millions is not all in memory
 V2_HEAD: Final = struct.Struct(">8xi4xb40xi")  # length (8), magic (16), count (57)
 _CRC_DATA_FROM: Final = 21  # CRC-32C covers attributes onwards
@@ -509,6 +510,27 @@ def open_batches(records: Buffer, at: int, fast: FastCall, strip: bytes
     if _C_OPEN_BATCHES is None or fast[3] is None:
         return None
     done: tuple[bytes, int, int] = _C_OPEN_BATCHES(records, at, fast, strip)
+    return done
+
+
+def seals_batches() -> bool:
+    """Whether ``seal_batches`` is built here (its nonces are reserved only then)."""
+    return _C_SEAL_BATCHES is not None
+
+
+def seal_batches(records: Buffer, at: int, sealer: tuple[bytes, object],
+                 add: tuple[bytes, bytes]) -> tuple[bytes, int, int] | None:
+    """``rewrite_values``' add mode with a sealer over whole batches at once, in C
+    without the GIL: from offset ``at`` of a records field, each whole, uncompressed,
+    non-control v2 batch rebuilt with every value sealed (``sealer``: head, capsule) and
+    the header ``add`` last, as ``rebuilt_batch_parts`` frames it (one with no value
+    as it came).  Returns those batches' bytes, the offset it stopped at (before a batch
+    that is none of those, or where the sealer ran out of nonces: the caller takes it
+    its own way) and how many values were sealed; None where the C version is not
+    built."""
+    if _C_SEAL_BATCHES is None:
+        return None
+    done: tuple[bytes, int, int] = _C_SEAL_BATCHES(records, at, sealer, add[0], add[1])
     return done
 
 
