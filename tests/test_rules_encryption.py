@@ -748,13 +748,19 @@ def test_whole_batches_open_in_c_as_they_do_batch_by_batch(
         18, 1, "the value does not open under its DEK (changed?)")
     # What C took: from the first batch (its data key learnt from its first value) to
     # the first of another key, the second key's second batch alone (a compressed one
-    # next), from "k" to the changed value, and so on; a batch C hands back is never
-    # half taken.
+    # next), from "k" to the changed value, and so on, the last run with the batch cut
+    # at the end (kept as it came); a batch C hands back is never half taken.
     starts = [0]
     for part in parts:
         starts.append(starts[-1] + len(part))
     assert calls == [(starts[0], starts[4]), (starts[5], starts[6]), (starts[7], starts[8]),
-                     (starts[9], starts[10]), (starts[11], starts[12])]
+                     (starts[9], starts[10]), (starts[11], len(records))]
+    # A tail that is no cut batch (a negative length) is not kept: both ways refuse it.
+    for c_version in (counted, None):
+        monkeypatch.setattr(records_module, "_C_OPEN_BATCHES", c_version)
+        with pytest.raises(codecs.errors.RemoteProtocolError, match="negative length"):
+            open_records(records[:starts[12]] + b"\xff" * 20, local_keys(e).find,
+                         RecordCipher(), decompress, LIMIT)
     opened = [v for _, v, _ in values(whole.records)]
     assert opened[:4] == [b"a", b"b", b"c" * 500, None]
     assert b"twice" in opened and b"m" in opened and b"n" in opened

@@ -2026,9 +2026,10 @@ static PyObject *crc32c(PyObject *self, PyObject *args) {
  * came but for its length and CRC; a batch with none to change as it came.  Stops
  * before the first batch that is none of those (the caller's own loop takes it:
  * another data key to learn, a compressed batch, a value that does not open, a sealer
- * out of nonces, records that do not read, the partial batch the broker cut at the
- * end): next_at is where, ``bytes`` what came before it, the count how many values
- * changed. */
+ * out of nonces, records that do not read): next_at is where, ``bytes`` what came
+ * before it, the count how many values changed.  open_batches keeps the batch the
+ * broker cut at the end of a Fetch answer's field as it came (as open_records does);
+ * seal_batches stops before it (seal_records refuses it). */
 
 #define ATTRIBUTES_AT 21
 #define CRC_AT 17
@@ -2050,6 +2051,9 @@ typedef struct {
     Py_ssize_t head_len, split;
     const char *mark, *mark_value;  /* the header stripped, or added (with its value) */
     Py_ssize_t mark_len, mark_value_len;
+    /* Opening a Fetch answer's field: the batch the broker cut at its end kept as it
+     * came (iter_batches stops there quietly), so the caller has no tail to join. */
+    int keep_cut_tail;
 } rv_batch_work;
 
 /* The batches from ``pos`` rewritten into *out while each takes ``w`` whole (the GIL
@@ -2114,6 +2118,17 @@ rv_batches(const unsigned char *p, Py_ssize_t end, Py_ssize_t pos, rv_out *out,
         pos = rend;
     }
     free(starts);
+    if (w->keep_cut_tail && !*no_memory && pos < end) {
+        /* As records.iter_batches tells a cut batch: too short for its length and magic,
+         * or a length past the end. */
+        int cut = end - pos < LOG_OVERHEAD + 5;
+        if (!cut) {
+            int32_t length = (int32_t)wire_u32(p + pos + LENGTH_AT);
+            cut = length >= 0 && (long long)length > (long long)(end - pos) - LOG_OVERHEAD;
+        }
+        if (cut && rv_put(out, p + pos, end - pos) == 0)
+            pos = end;
+    }
     return pos;
 }
 
@@ -2171,6 +2186,7 @@ open_batches(PyObject *module, PyObject *args)
     w.head_len = PyBytes_GET_SIZE(PyTuple_GET_ITEM(fast, 0));
     w.mark = PyBytes_AS_STRING(strip_key);
     w.mark_len = PyBytes_GET_SIZE(strip_key);
+    w.keep_cut_tail = 1;
     /* What is opened is never longer than what came (values lose their envelope,
      * records a header, lengths shrink or stay): the rest of the field's length. */
     result = rv_batches_result(&data, at, data.len - at, &w);

@@ -503,10 +503,11 @@ def open_batches(records: Buffer, at: int, fast: FastCall, strip: bytes
     (a worker thread's opening lets the event loop go on): from offset ``at`` of a
     records field, each whole, uncompressed, non-control v2 batch whose values under
     ``strip``, all of them, are opened by ``fast``'s opener (its capsule) is rebuilt
-    with them opened, as ``rebuilt_batch_parts`` frames it (one with none as it came).
-    Returns those batches' bytes, the offset it stopped at (before a batch that is
-    none of those: the caller takes it its own way) and how many values opened; None
-    where the C version is not built or ``fast`` has no capsule."""
+    with them opened, as ``rebuilt_batch_parts`` frames it (one with none as it came),
+    and a batch cut at the end of the field kept as it came.  Returns those bytes, the
+    offset it stopped at (before a batch that is none of those: the caller takes it its
+    own way) and how many values opened; None where the C version is not built or
+    ``fast`` has no capsule."""
     if _C_OPEN_BATCHES is None or fast[3] is None:
         return None
     done: tuple[bytes, int, int] = _C_OPEN_BATCHES(records, at, fast, strip)
