@@ -701,6 +701,26 @@ def test_values_open_in_c_as_they_do_in_python(tmp_path: Path,
     assert all(HEADER not in [k for k, _ in h] for _, _, h in values(in_c.records))
 
 
+def count_c_calls(monkeypatch: pytest.MonkeyPatch, name: str
+                  ) -> tuple[list[tuple[int, int]], Callable[..., Any]]:
+    """``gatehouse.codecs.records``' C function ``name`` (``_C_OPEN_BATCHES``,
+    ``_C_SEAL_BATCHES``) put behind one that notes each call's (at, next_at); the notes
+    and that function."""
+    from gatehouse.codecs import records as records_module
+
+    calls: list[tuple[int, int]] = []
+    real = getattr(records_module, name)
+    assert real is not None, "gatehouse.codecs._speedups was not built"
+
+    def counted(data: Any, at: int, *args: Any) -> Any:
+        done = real(data, at, *args)
+        calls.append((at, done[1]))
+        return done
+
+    monkeypatch.setattr(records_module, name, counted)
+    return calls, counted
+
+
 def test_whole_batches_open_in_c_as_they_do_batch_by_batch(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``open_batches`` (batch after batch in C, no GIL) writes the records field that
@@ -729,16 +749,7 @@ def test_whole_batches_open_in_c_as_they_do_batch_by_batch(
              seal_records(sealed(first, b"twice"), e, first, decompress, compress_zstd)[0]
              or b"", sealed(first, b"m", b"n")]
     records = b"".join(parts) + sealed(first, b"cut")[:40]
-    calls: list[tuple[int, int]] = []
-    real = records_module._C_OPEN_BATCHES
-    assert real is not None, "gatehouse.codecs._speedups was not built"
-
-    def counted(data: Any, at: int, fast: Any, strip: bytes) -> Any:
-        done = real(data, at, fast, strip)
-        calls.append((at, done[1]))
-        return done
-
-    monkeypatch.setattr(records_module, "_C_OPEN_BATCHES", counted)
+    calls, counted = count_c_calls(monkeypatch, "_C_OPEN_BATCHES")
     whole = open_records(records, local_keys(e).find, RecordCipher(), decompress, LIMIT)
     monkeypatch.setattr(records_module, "_C_OPEN_BATCHES", None)
     by_batch = open_records(records, local_keys(e).find, RecordCipher(), decompress, LIMIT)
@@ -797,16 +808,7 @@ def test_whole_batches_seal_in_c_as_they_do_batch_by_batch(
     cipher = RecordCipher()
     sizes = [1, 15, 16, 17, 100, 1024, 5000]
     records = b"".join(batch(*[(b"k%d" % n, os.urandom(n)) for n in sizes]) for _ in range(4))
-    calls: list[tuple[int, int]] = []
-    real = records_module._C_SEAL_BATCHES
-    assert real is not None, "gatehouse.codecs._speedups was not built"
-
-    def counted(data: Any, at: int, *args: Any) -> Any:
-        done = real(data, at, *args)
-        calls.append((at, done[1]))
-        return done
-
-    monkeypatch.setattr(records_module, "_C_SEAL_BATCHES", counted)
+    calls, _ = count_c_calls(monkeypatch, "_C_SEAL_BATCHES")
     whole, count = seal_records(records, e, cipher, decompress, compress_zstd)
     assert calls == [(0, len(records))] and count == 4 * len(sizes)
     [dek] = cipher._deks.values()
@@ -821,7 +823,6 @@ def test_sealing_in_c_hands_back_what_it_does_not_take_and_never_reuses_a_nonce(
     """A compressed batch amid plain ones is sealed its own way and C goes on after it;
     null values stay null; every value opens to what was produced, and no two carry the
     same nonce."""
-    from gatehouse.codecs import records as records_module
 
     e = encryption(tmp_path)
     cipher = RecordCipher()
@@ -830,16 +831,7 @@ def test_sealing_in_c_hands_back_what_it_does_not_take_and_never_reuses_a_nonce(
              batch((b"k", b"e"), (None, b"f")), batch((None, None)),
              batch((None, b"g" * 100))]
     records = b"".join(parts)
-    calls: list[tuple[int, int]] = []
-    real = records_module._C_SEAL_BATCHES
-    assert real is not None
-
-    def counted(data: Any, at: int, *args: Any) -> Any:
-        done = real(data, at, *args)
-        calls.append((at, done[1]))
-        return done
-
-    monkeypatch.setattr(records_module, "_C_SEAL_BATCHES", counted)
+    calls, _ = count_c_calls(monkeypatch, "_C_SEAL_BATCHES")
     sealed, count = seal_records(records, e, cipher, decompress, compress_zstd)
     starts = list(itertools.accumulate(len(p) for p in parts))
     assert calls == [(0, starts[0]), (starts[1], starts[4])] and count == 7
