@@ -1127,7 +1127,6 @@ class ProxyConnection:
             _send_nothing, self._received_from_upstream,
             f"broker {self.conn.upstream} closed the connection in the middle of an answer")
         await self._answer(view.toreadonly(), pending)
-        pending.decoded = None  # the observers' (done with it), holding views of the buffer
         del view  # the buffer goes back once no one else holds a view of it
         self.ctx.frame_buffers.give(whole)
         await self._answer_sent()
@@ -1442,6 +1441,9 @@ class ProxyConnection:
         now = trio.current_time()
         size = len(frame) if size is None else size
         self.ctx.observer.response(self.conn, pending, size, now - pending.started, frame)
+        # The observers' decoded answer, done with: it may hold views of a pooled buffer
+        # that is to go back for the next answer.
+        pending.decoded = None
 
     def _quota_charges(self, pending: Pending) -> tuple[Charge, ...]:
         """The quotas a broker's answer to ``pending`` falls under (usually none)."""
