@@ -13,6 +13,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from tests.integration.test_workers import ready, wait_for
 from tests.support.clients import consume, produce, round_trip
 from tests.support.kafka import KafkaCluster
 from tests.support.ports import free_port, held_connections, wait_listening
@@ -45,8 +46,11 @@ def test_two_processes_share_the_ports_and_the_clients(kafka: KafkaCluster,
     metrics = [free_port(), free_port()]
     procs = [start(config, m, tmp_path / f"p{i}.log") for i, m in enumerate(metrics)]
     try:
-        for proc, metrics_port in zip(procs, metrics, strict=True):
+        for i, (proc, metrics_port) in enumerate(zip(procs, metrics, strict=True)):
             wait_listening(metrics_port, proc)
+            # Its proxy port bound too (its metrics endpoint may come up first): else the
+            # kernel has only the other process's socket to give connections to.
+            wait_for(lambda m=metrics_port: ready(m), "/readyz", proc, tmp_path / f"p{i}.log")
         # Connections spread over both processes (the kernel hashes each connection).
         with held_connections(port, 24):
             deadline = time.monotonic() + 30
