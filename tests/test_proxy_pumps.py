@@ -669,6 +669,27 @@ async def test_two_gib_frame_refused_before_buffering() -> None:
         assert h.broker.received == []
 
 
+
+@pytest.mark.parametrize("tcp", [False, True])
+async def test_a_whole_frame_in_one_read_still_meets_the_size_limit(tcp: bool) -> None:
+    # Over TCP a frame that arrives whole in one read is handed on as it came (no
+    # reader): one of max_frame_bytes goes up byte for byte, one a byte larger is
+    # refused, as through the reader (memory streams).
+    limit = 4096
+    fits = request(3, 12, 5, topics=[])
+    fits_bytes = bytes(fits.encode())
+    padded = fits_bytes + b"\x00" * (limit - len(fits_bytes))  # the broker ignores a tail
+    async with proxied(echo_handler, limits=Limits(max_frame_bytes=limit), tcp=tcp) as h:
+        await h.client.send_raw(struct.pack(">i", limit) + padded)
+        got = await h.client.receive()
+        assert got is not None and struct.unpack_from(">i", got)[0] == 5
+        assert h.broker.received == [padded]
+        await h.client.send_raw(struct.pack(">i", limit + 1) + padded + b"\x00")
+        with trio.move_on_after(10):  # a frame let through would be answered instead
+            await h.done.wait()
+        assert f"frame size {limit + 1} is outside" in h.pumps.close_reason
+        assert h.broker.received == [padded]
+
 async def test_client_disconnect_mid_frame() -> None:
     async with proxied(echo_handler) as h:
         await h.client.send_raw(struct.pack(">i", 100) + b"partial")

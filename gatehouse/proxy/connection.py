@@ -262,6 +262,9 @@ class ProxyConnection:
         self.conn = conn
         self.ctx = ctx
         self.limits = ctx.limits
+        # The run's clock, read directly: trio.current_time() is three calls deep, and
+        # the pumps read it several times a request.
+        self.now: Callable[[], float] = trio.lowlevel.current_clock().current_time
         # The answers owed, in request order; an entry leaves once its answer is sent.
         self.line: deque[Pending] = deque()
         self.room = trio.lowlevel.ParkingLot()  # the client reader, while the line is full
@@ -373,7 +376,7 @@ class ProxyConnection:
     def _touch(self) -> None:
         # A plain store: moving a cancel scope's deadline costs ~10 us (trio's deadline
         # heap), several times per request; the watchdog reads this instead.
-        self.last_active = trio.current_time()
+        self.last_active = self.now()
 
     async def _watch_idle(self) -> None:
         while True:
@@ -416,7 +419,8 @@ class ProxyConnection:
         to stop quietly (a drain).  ``stream(reader, size)`` may take a frame that has
         begun to arrive and deal with it whole, returning the bytes read past its end
         (None: it did not)."""
-        reader = FrameReader(self.limits.max_frame_bytes)
+        max_frame = self.limits.max_frame_bytes
+        reader = FrameReader(max_frame)
         reserved = 0  # budget bytes held for the frame being assembled
         while True:
             data = await receive()
@@ -428,6 +432,13 @@ class ProxyConnection:
                 except ProtocolError as exc:
                     self._malformed(direction, exc)
                 return
+            if not reader.buffered and type(data) is bytes and len(data) >= 4:
+                # The usual small request or answer: one whole frame in one read, handed
+                # on as it came (the reader would copy it in and out again).
+                (size,) = _SIZE.unpack_from(data)
+                if len(data) == 4 + size and size <= max_frame:
+                    yield data, 0
+                    continue
             reader.feed(data)
             while True:
                 while True:
@@ -550,7 +561,7 @@ class ProxyConnection:
             return
         except ProtocolError as exc:
             self._malformed("request", exc)
-        now = trio.current_time()
+        now = self.now()
         if isinstance(decision, Forward) and header.api_key in self.telemetry_keys:
             # The clients' telemetry, received by the proxy (answered here, never by the
             # broker), or observed on its way to the broker's own receiver.
@@ -1438,7 +1449,7 @@ class ProxyConnection:
         """The answer to ``pending`` is sent: ``frame`` (None when its bytes went by
         unread: ``size`` says how many there were)."""
         self.conn.responses += 1
-        now = trio.current_time()
+        now = self.now()
         size = len(frame) if size is None else size
         self.ctx.observer.response(self.conn, pending, size, now - pending.started, frame)
         # The observers' decoded answer, done with: it may hold views of a pooled buffer
