@@ -669,7 +669,6 @@ async def test_two_gib_frame_refused_before_buffering() -> None:
         assert h.broker.received == []
 
 
-
 @pytest.mark.parametrize("tcp", [False, True])
 async def test_a_whole_frame_in_one_read_still_meets_the_size_limit(tcp: bool) -> None:
     # Over TCP a frame that arrives whole in one read is handed on as it came (no
@@ -689,6 +688,7 @@ async def test_a_whole_frame_in_one_read_still_meets_the_size_limit(tcp: bool) -
             await h.done.wait()
         assert f"frame size {limit + 1} is outside" in h.pumps.close_reason
         assert h.broker.received == [padded]
+
 
 async def test_client_disconnect_mid_frame() -> None:
     async with proxied(echo_handler) as h:
