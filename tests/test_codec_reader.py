@@ -294,3 +294,21 @@ def test_peek_partial_leaves_the_bytes_for_take_partial() -> None:
     assert reader.peek_partial(1 << 20) == frame  # no more than there is
     assert reader.take_partial() == frame
     assert reader.buffered == 0
+
+
+def test_a_chunk_that_is_exactly_one_frame_is_handed_back_whole() -> None:
+    frame = prefixed(b"abcdef")
+    reader = FrameReader(max_frame_size=6)
+    assert reader.whole_frame(frame) is frame  # itself: no copy
+    assert reader.buffered == 0
+    # Anything else is left to feed: part of a frame, more than one, bytes already
+    # buffered, a mutable buffer (the caller may reuse it), a size over the limit.
+    assert reader.whole_frame(frame[:-1]) is None
+    assert reader.whole_frame(frame + prefixed(b"")) is None
+    assert reader.whole_frame(bytearray(frame)) is None
+    assert reader.whole_frame(b"\x00\x00") is None
+    assert FrameReader(max_frame_size=5).whole_frame(frame) is None
+    reader.feed(b"\x00")
+    assert reader.whole_frame(frame) is None
+    reader.feed(frame[1:])
+    assert reader.next_frame() == b"abcdef"

@@ -62,6 +62,18 @@ class FrameReader:
             if len(small) >= _SMALL_CHUNK:
                 self._flush_small()
 
+    def whole_frame(self, data: Buffer) -> bytes | None:
+        """``data`` itself, when nothing is buffered and it is exactly one complete frame
+        (size prefix included) within ``max_frame_size``: the usual small request or
+        answer, read whole, needs no trip through the reader (a copy in, a copy out).
+        None otherwise: ``feed`` it (a size out of bounds is refused there)."""
+        if self._buffered or type(data) is not bytes or len(data) < 4:
+            return None
+        (size,) = _SIZE.unpack_from(data)
+        if len(data) != 4 + size or size > self.max_frame_size:
+            return None
+        return data
+
     def _flush_small(self) -> None:
         if self._small:
             self._chunks.append(bytes(self._small))

@@ -419,8 +419,7 @@ class ProxyConnection:
         to stop quietly (a drain).  ``stream(reader, size)`` may take a frame that has
         begun to arrive and deal with it whole, returning the bytes read past its end
         (None: it did not)."""
-        max_frame = self.limits.max_frame_bytes
-        reader = FrameReader(max_frame)
+        reader = FrameReader(self.limits.max_frame_bytes)
         reserved = 0  # budget bytes held for the frame being assembled
         while True:
             data = await receive()
@@ -432,13 +431,10 @@ class ProxyConnection:
                 except ProtocolError as exc:
                     self._malformed(direction, exc)
                 return
-            if not reader.buffered and type(data) is bytes and len(data) >= 4:
-                # The usual small request or answer: one whole frame in one read, handed
-                # on as it came (the reader would copy it in and out again).
-                (size,) = _SIZE.unpack_from(data)
-                if len(data) == 4 + size and size <= max_frame:
-                    yield data, 0
-                    continue
+            whole = reader.whole_frame(data)
+            if whole is not None:  # one frame in one read: handed on as it came
+                yield whole, 0
+                continue
             reader.feed(data)
             while True:
                 while True:
