@@ -262,7 +262,7 @@ class ProxyConnection:
         self.conn = conn
         self.ctx = ctx
         self.limits = ctx.limits
-        # The run's clock, read directly: trio.current_time() is three calls deep, and
+        # The run's clock, read directly: self.now() is three calls deep, and
         # the pumps read it several times a request.
         self.now: Callable[[], float] = trio.lowlevel.current_clock().current_time
         # The answers owed, in request order; an entry leaves once its answer is sent.
@@ -288,7 +288,7 @@ class ProxyConnection:
         self.client_session_ends = math.inf
         # When to authenticate to the broker again (sasl.upstream against a broker with
         # connections.max.reauth.ms): checked before each request goes up.
-        self.reauthenticate_at = (trio.current_time() + upstream_session * _REAUTHENTICATE_AT
+        self.reauthenticate_at = (self.now() + upstream_session * _REAUTHENTICATE_AT
                                   if upstream_session is not None else math.inf)
         self.line_empty = trio.lowlevel.ParkingLot()  # unparked when no answer is owed
         self.idle = trio.CancelScope()
@@ -381,7 +381,7 @@ class ProxyConnection:
     async def _watch_idle(self) -> None:
         while True:
             deadline = self.last_active + self.limits.idle_timeout
-            if trio.current_time() >= deadline:
+            if self.now() >= deadline:
                 self.idle.cancel()
                 return
             await trio.sleep_until(deadline)
@@ -500,7 +500,7 @@ class ProxyConnection:
             if self.sasl_raw_rounds is None and _looks_like_request(frame):
                 self.sasl_raw_rounds = 0
             else:
-                pending = Pending(-1, -1, -1, trio.current_time(), raw=True)
+                pending = Pending(-1, -1, -1, self.now(), raw=True)
                 if self.sasl_raw_rounds is not None:
                     self.sasl_raw_rounds -= 1
                     self._raw_sasl_token(bytes(frame), pending)
@@ -514,7 +514,7 @@ class ProxyConnection:
         self._count_request(header)
         if self.client_session_ends < math.inf and header.api_key not in (
                 SASL_HANDSHAKE, SASL_AUTHENTICATE) and (
-                trio.current_time() >= self.client_session_ends):
+                self.now() >= self.client_session_ends):
             # As a broker with connections.max.reauth.ms: no request after the session.
             raise _Close("SASL session expired: the client did not authenticate again "
                          "(sasl.downstream.session_lifetime, or its token's expiry)")
@@ -552,7 +552,7 @@ class ProxyConnection:
                 raise _Close(refusal, logging.WARNING) from None
             await self._forward(
                 wire,
-                Pending(header.correlation_id, header.api_key, header.api_version, trio.current_time()),
+                Pending(header.correlation_id, header.api_key, header.api_version, self.now()),
             )
             return
         except ProtocolError as exc:
@@ -612,7 +612,7 @@ class ProxyConnection:
     async def _reauthenticate_if_due(self) -> None:
         """Before a request goes up: authenticate to the broker again if the session is
         near its end (no clock read where the broker gave no end)."""
-        if self.reauthenticate_at < math.inf and trio.current_time() >= self.reauthenticate_at:
+        if self.reauthenticate_at < math.inf and self.now() >= self.reauthenticate_at:
             await self._reauthenticate_upstream()
 
     async def _reauthenticate_upstream(self) -> None:
@@ -633,7 +633,7 @@ class ProxyConnection:
                          logging.WARNING) from None
         except ProtocolError as exc:
             self._malformed("response", exc)
-        now = trio.current_time()
+        now = self.now()
         self.reauthenticate_at = (now + lifetime * _REAUTHENTICATE_AT if lifetime is not None
                                   else math.inf)
         log_event(logger, logging.DEBUG, "re-authenticated to the broker",
@@ -651,7 +651,7 @@ class ProxyConnection:
             answered.set()
 
         await self._queue(Pending(req.correlation_id, req.api_key, req.api_version,
-                                  trio.current_time(), internal=keep))
+                                  self.now(), internal=keep))
         await self.upstream_io.send_frame(req.encode())
         await answered.wait()
         resp = decode_response(answers[0], req.api_key, req.api_version)
@@ -690,7 +690,7 @@ class ProxyConnection:
             code = sasl.handshake(mechanism, header.api_version)
             answer = handshake_answer(req, code, sasl.mechanisms)
             await self._answer_locally(Pending(header.correlation_id, key, header.api_version,
-                                               trio.current_time(), local=bytes(answer.encode()),
+                                               self.now(), local=bytes(answer.encode()),
                                                by_proxy=True))
             if code:
                 self.conn.refused += 1
@@ -730,7 +730,7 @@ class ProxyConnection:
             # As a broker waits (connection.failed.authentication.delay.ms): a client
             # guessing passwords gets its answers, and new connections, more slowly.
             await trio.sleep(FAILED_AUTHENTICATION_DELAY)
-        now = trio.current_time()
+        now = self.now()
         lifetime = self.ctx.sasl_session_lifetime
         if done and failure is None:
             again = self.conn.principal == sasl.user and self.client_session_ends < math.inf
@@ -808,7 +808,7 @@ class ProxyConnection:
             for charge, wait in held.values():
                 policy.throttled(self.conn, charge, wait, held=True)
             await trio.sleep(max(wait for _, wait in held.values()))
-            now = trio.current_time()
+            now = self.now()
         for charge in charges:
             if charge.kind == "requests":
                 charge.bucket.spend(1, now)
@@ -861,7 +861,7 @@ class ProxyConnection:
         pending = None
         if acks != 0:
             pending = Pending(header.correlation_id, PRODUCE, header.api_version,
-                              trio.current_time(), wants_response=decision.wants_response,
+                              self.now(), wants_response=decision.wants_response,
                               context=decision.context, policy=policy)
             await self._queue(pending)  # before its bytes go up, as in _forward
         total = 4 + size
@@ -897,7 +897,7 @@ class ProxyConnection:
         frame = view.toreadonly()[4:]
         self._observed(decode_request(frame), size, decision)
         if pending is not None:
-            pending.started = trio.current_time()  # its answer's time runs from here
+            pending.started = self.now()  # its answer's time runs from here
         await self.upstream_io.send_all(view[limit:])
         self.mid_request = False
         del frame, view  # the buffer goes back once no one else holds a view of it
@@ -957,7 +957,7 @@ class ProxyConnection:
                                                 else walking.topics())
             self._observed(req, size, decision)
             if pending is not None:
-                pending.started = trio.current_time()
+                pending.started = self.now()
             await self._splice_up(sent, total - moved, pipe, gone)
         finally:
             self._give_pipe(pipe)
@@ -1470,7 +1470,7 @@ class ProxyConnection:
         ``throttle_time_ms`` (KIP-219 clients then hold their next request back
         themselves; all report it): the longest debt of the enforced quotas of this
         answer's kind (``charges``: ``_quota_charges``).  0: nothing to say."""
-        now = trio.current_time()
+        now = self.now()
         key = pending.api_key
         wait = 0.0
         for charge in charges:
