@@ -157,7 +157,13 @@ def test_java_clients_push_their_metrics_to_the_proxy(kafka: KafkaCluster) -> No
             "--throughput", "-1", "--producer-props", f"bootstrap.servers={proxy.bootstrap}",
             "client.id=telemetry-java", "acks=all", timeout=120)
         assert produced.returncode == 0, produced.stderr[-2000:]
-        found = client_samples(proxy, "telemetry-java")
+        # Its last push, as it closed, may still be on its way into the proxy once the
+        # tool has exited: looked for until the proxy has taken one (10 s at most).
+        deadline = time.monotonic() + 10
+        while not (found := client_samples(proxy, "telemetry-java")):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         assert found, "the Java producer pushed nothing"
         some = next(iter(found.values()))
         assert some["client_software_name"] == "apache-kafka-java"
