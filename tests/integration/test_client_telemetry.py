@@ -26,7 +26,14 @@ from tests.support.clients import (
     produce,
     unique,
 )
-from tests.support.kafka import BROKER_JVM_OPTS, JAVA_SOURCES, KafkaCluster, libs_with_plugin
+from tests.support.kafka import (
+    BROKER_JVM_OPTS,
+    JAVA_SOURCES,
+    KafkaCluster,
+    libs_with_plugin,
+    start_java_process,
+    stop_process,
+)
 from tests.support.proxythread import ProxyThread
 
 PERF = "org.apache.kafka.tools.ProducerPerformance"
@@ -147,24 +154,31 @@ def test_librdkafka_producers_and_consumers_push_their_metrics_to_the_proxy(
     assert proxy.summed("gatehouse_requests_total", api="GetTelemetrySubscriptions") >= 2
 
 
-def test_java_clients_push_their_metrics_to_the_proxy(kafka: KafkaCluster) -> None:
+def test_java_clients_push_their_metrics_to_the_proxy(kafka: KafkaCluster,
+                                                       tmp_path: Path) -> None:
     topic = unique("telemetry-java")
     kafka.create_topic(topic, partitions=1)
-    # A long interval: the producer's last push, as it closes, stays exported that long.
-    with ProxyThread(kafka.bootstrap, extra_config=telemetry_config(60)) as proxy:
-        produced = kafka.run_java_tool(
-            PERF, "--topic", topic, "--num-records", "2000", "--record-size", "100",
-            "--throughput", "-1", "--producer-props", f"bootstrap.servers={proxy.bootstrap}",
-            "client.id=telemetry-java", "acks=all", timeout=120)
-        assert produced.returncode == 0, produced.stderr[-2000:]
-        # Its last push, as it closed, may still be on its way into the proxy once the
-        # tool has exited: looked for until the proxy has taken one (10 s at most).
-        deadline = time.monotonic() + 10
-        while not (found := client_samples(proxy, "telemetry-java")):
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
-        assert found, "the Java producer pushed nothing"
+    # The producer's pushes are looked for while it runs (eight seconds, at 1,000 records a
+    # second): a Java client pushes its last metrics as it closes only if its sender still
+    # has records to send then (Sender.run polls no more once it has none), which a quick
+    # run on a busy host may not have, so a push on the interval is what is waited for.
+    with ProxyThread(kafka.bootstrap, extra_config=telemetry_config(1)) as proxy:
+        producer = start_java_process(
+            kafka.libs, PERF, "--topic", topic, "--num-records", "8000", "--record-size",
+            "100", "--throughput", "1000", "--producer-props",
+            f"bootstrap.servers={proxy.bootstrap}", "client.id=telemetry-java", "acks=all",
+            log=tmp_path / "producer.log")
+        try:
+            deadline = time.monotonic() + 60
+            while not (found := client_samples(proxy, "telemetry-java")):
+                assert producer.poll() is None, (
+                    "the Java producer pushed nothing while it ran: "
+                    + (tmp_path / "producer.log").read_text()[-2000:])
+                assert time.monotonic() < deadline, "the Java producer pushed nothing"
+                time.sleep(0.05)
+            assert producer.wait(timeout=120) == 0, (tmp_path / "producer.log").read_text()[-2000:]
+        finally:
+            stop_process(producer, timeout=10, kill=True)
         some = next(iter(found.values()))
         assert some["client_software_name"] == "apache-kafka-java"
         assert any(name.startswith("kafka_client_producer_") for name in found), sorted(found)
