@@ -82,7 +82,7 @@ def wait_for(condition: Callable[[], bool], what: str, proc: subprocess.Popen[by
     deadline = time.monotonic() + timeout
     while not condition():
         if proc.poll() is not None:
-            raise AssertionError(f"supervisor exited ({proc.returncode}) waiting for {what}:\n"
+            raise AssertionError(f"gatehouse exited ({proc.returncode}) waiting for {what}:\n"
                                  + log.read_text())
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}:\n" + log.read_text())
