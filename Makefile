@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint unit soak bench install-dev kafka apicurio prometheus kerberos deploy-tools test-clients clean
+.PHONY: demo test lint unit soak sanitize bench install-dev kafka apicurio prometheus kerberos deploy-tools test-clients clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,11 @@ test: lint kafka apicurio prometheus kerberos deploy-tools test-clients
 # tests/codec_strategies.py's `examples`); `make test` runs the short ones.
 soak: install-dev kafka
 	GATEHOUSE_SOAK=1 $(BIN)/pytest -q tests/reliability $$(grep -l 'examples(' tests/test_*.py)
+
+# The C extensions built with ASan and UBSan in a copy of the tree, the unit suite run
+# over them (gcc's libasan and libubsan; halts at the first report).
+sanitize: install-dev
+	sh scripts/sanitize.sh
 
 bench: install-dev kafka
 	$(BIN)/pip install --quiet -e '.[bench]'
