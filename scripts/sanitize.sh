@@ -3,7 +3,7 @@
 # UndefinedBehaviorSanitizer in a copy of the tree, and tests run over them, stopping at
 # the first report.  `make sanitize` runs the unit suite (its C paths are held to the
 # Python ones on generated, cut and mutated input); arguments replace that selection:
-#   sh scripts/sanitize.sh tests/test_encrypt_records.py -k batches
+#   sh scripts/sanitize.sh tests/test_rules_encryption.py -k batches
 # The copy keeps the tree's own builds as they are; it is removed at the end.
 set -eu
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,7 +23,7 @@ for source in $(find gatehouse -name '_*.c'); do
     nm -D "$built" | grep -q __asan_report || { echo "not sanitized: $built" >&2; exit 1; }
 done
 if [ $# -eq 0 ]; then
-    # Less the tests that time how long C code holds the GIL: ASan's realloc copies
+    # All but the tests that time how long C code holds the GIL: ASan's realloc copies
     # (glibc's moves pages), and a 64 MB answer's copy is a stall the build does not have.
     set -- --ignore=tests/integration --ignore=tests/reliability -k 'not without_the_gil' tests
 fi
