@@ -262,7 +262,7 @@ class ProxyConnection:
         self.conn = conn
         self.ctx = ctx
         self.limits = ctx.limits
-        # The run's clock, read directly: self.now() is three calls deep, and
+        # The run's clock, read directly: trio.current_time() is three calls deep, and
         # the pumps read it several times a request.
         self.now: Callable[[], float] = trio.lowlevel.current_clock().current_time
         # The answers owed, in request order; an entry leaves once its answer is sent.
