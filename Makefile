@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint unit soak sanitize bench install-dev kafka apicurio prometheus kerberos deploy-tools test-clients clean
+.PHONY: demo test lint unit soak soak-reliability soak-properties sanitize bench install-dev kafka apicurio prometheus kerberos deploy-tools test-clients clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -65,8 +65,15 @@ test: lint kafka apicurio prometheus kerberos deploy-tools test-clients
 # The long variants of tests/reliability (minutes of fuzzing, 10,000 connections, more
 # fault rounds) and of the property tests (25 times the generated messages:
 # tests/codec_strategies.py's `examples`); `make test` runs the short ones.
-soak: install-dev kafka
-	GATEHOUSE_SOAK=1 $(BIN)/pytest -q tests/reliability $$(grep -l 'examples(' tests/test_*.py)
+# Each half alone: `make soak-reliability` (about half an hour on a 2-core host) and
+# `make soak-properties` (well over an hour there).
+soak: soak-reliability soak-properties
+
+soak-reliability: install-dev kafka
+	GATEHOUSE_SOAK=1 $(BIN)/pytest -q tests/reliability
+
+soak-properties: install-dev
+	GATEHOUSE_SOAK=1 $(BIN)/pytest -q $$(grep -l 'examples(' tests/test_*.py)
 
 # The C extensions built with ASan and UBSan in a copy of the tree, the unit suite run
 # over them (gcc's libasan and libubsan; halts at the first report).
