@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import struct
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -988,6 +989,40 @@ async def test_a_drain_that_comes_with_a_requests_bytes_still_forwards_and_answe
         assert struct.unpack_from(">i", await h.client.receive())[0] == 1
         await h.client.send(request(3, 12, 4242).encode())
         with trio.fail_after(5):  # a request owed an answer it never asked for hangs here
+            assert struct.unpack_from(">i", await h.client.receive())[0] == 4242
+            await h.done.wait()
+        assert h.pumps.close_reason == "connection age limit reached"
+        assert len(h.broker.received) == 2
+
+
+async def test_a_drain_stops_a_reader_waiting_on_a_quiet_socket_at_once() -> None:
+    # Plain TCP: the reader's one cancel scope, cancelled as it waits with no bytes there.
+    async with proxied(echo_handler, tcp=True) as h:
+        await h.client.send(request(3, 12, 1).encode())
+        assert struct.unpack_from(">i", await h.client.receive())[0] == 1
+        await trio.testing.wait_all_tasks_blocked()
+        assert h.pumps.client_io.waiting
+        h.pumps._drain("connection age limit reached")
+        with trio.fail_after(5):
+            await h.done.wait()
+            assert await h.client.receive() is None
+        assert h.pumps.close_reason == "connection age limit reached"
+
+
+async def test_a_drain_with_a_requests_bytes_waiting_on_the_socket_forwards_and_answers_it(
+) -> None:
+    # Plain TCP, the reader still waiting when the drain comes though the bytes are there
+    # (written without a checkpoint, so it has not run): not cancelled, it takes them.
+    async with proxied(echo_handler, tcp=True) as h:
+        await h.client.send(request(3, 12, 1).encode())
+        assert struct.unpack_from(">i", await h.client.receive())[0] == 1
+        await trio.testing.wait_all_tasks_blocked()
+        assert h.pumps.client_io.waiting
+        data = frame_bytes(request(3, 12, 4242).encode())
+        client_fd = h.client.stream.socket.fileno()  # type: ignore[attr-defined]
+        assert os.write(client_fd, data) == len(data)  # no checkpoint: the reader waits on
+        h.pumps._drain("connection age limit reached")
+        with trio.fail_after(5):
             assert struct.unpack_from(">i", await h.client.receive())[0] == 4242
             await h.done.wait()
         assert h.pumps.close_reason == "connection age limit reached"

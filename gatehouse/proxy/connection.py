@@ -293,12 +293,17 @@ class ProxyConnection:
         self.line_empty = trio.lowlevel.ParkingLot()  # unparked when no answer is owed
         self.idle = trio.CancelScope()
         self.last_active = 0.0  # trio clock: the last whole request or byte from the broker
-        # Around each wait for the client's bytes (a new one per receive): a drain cancels
-        # it only while the reader waits (see _drain), and stop_reading stops the reader
-        # at its next receive otherwise.  One scope around the whole reader would keep a
-        # cancel that came as the bytes did, for the next checkpoint: in the middle of
-        # forwarding the request they made, owed an answer never asked for.
+        # What a drain cancels, and only while the reader waits for a request's bytes
+        # that have not come (see _drain); stop_reading stops the reader at its next
+        # receive otherwise.  A cancel that came as the bytes did would be kept for the
+        # next checkpoint: in the middle of forwarding the request they made, owed an
+        # answer never asked for.  On a plain TCP socket, where a drain can see whether
+        # bytes are waiting, one scope around the whole reader (a new scope costs more
+        # than the rest of a small request's receive); on other streams (TLS, the tests'
+        # memory streams), a new one around each receive.
+        self.reader_scope = trio.CancelScope()
         self.receive_scope = trio.CancelScope()
+        self.awaiting_request = False  # the reader waits in _receive_from_client
         self.stop_reading = False
         self.drain_reason = SHUTTING_DOWN  # why it stopped reading (``_drain``)
         self.mid_request = False  # part of a request has gone upstream (streamed)
@@ -404,7 +409,19 @@ class ProxyConnection:
             return
         self.drain_reason = reason
         self.stop_reading = True
-        if self.client_io.waiting and not self.mid_request:
+        client = self.client_io
+        if not (client.waiting and self.awaiting_request):
+            return
+        if client.socket is not None:
+            # Bytes, EOF or an error waiting end the wait by themselves (the reader may
+            # already be scheduled to run with them): it takes them and stops after.
+            try:
+                if client.peek_at(0, 1) is not None:
+                    return
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+            self.reader_scope.cancel()
+        else:
             self.receive_scope.cancel()
 
     # -- client -> upstream ----------------------------------------------------------
@@ -461,26 +478,37 @@ class ProxyConnection:
         if self.stop_reading:
             self._record_close(self.drain_reason, logging.INFO)
             return None
-        with trio.CancelScope() as self.receive_scope:
-            data = await self.client_io.receive_some(self.client_read)
-            self.conn.bytes_from_client += len(data)
-            return data
-        self._record_close(self.drain_reason, logging.INFO)  # cancelled: a drain
-        return None
+        self.awaiting_request = True
+        try:
+            if self.client_io.socket is not None:  # inside the reader's scope
+                data = await self.client_io.receive_some(self.client_read)
+            else:
+                with trio.CancelScope() as self.receive_scope:
+                    data = await self.client_io.receive_some(self.client_read)
+                if self.receive_scope.cancelled_caught:
+                    self._record_close(self.drain_reason, logging.INFO)
+                    return None
+        finally:
+            self.awaiting_request = False
+        self.conn.bytes_from_client += len(data)
+        return data
 
     async def client_reader(self) -> None:
         try:
-            async for wire, reserved in self._wire_frames(self._receive_from_client,
-                                                          "request", self.request_bytes,
-                                                          self._stream_request):
-                # Only whole requests are activity: a client trickling the bytes of a
-                # frame that never completes (slowloris) still meets the idle timeout.
-                self._touch()
-                self.store_and_forward = False
-                self.client_read = _RECEIVE_SIZE
-                await self.handle_request_frame(wire)
-                if reserved:  # forwarded or answered here: done with its bytes
-                    self.request_bytes.give(reserved)
+            with self.reader_scope:
+                async for wire, reserved in self._wire_frames(self._receive_from_client,
+                                                              "request", self.request_bytes,
+                                                              self._stream_request):
+                    # Only whole requests are activity: a client trickling the bytes of a
+                    # frame that never completes (slowloris) still meets the idle timeout.
+                    self._touch()
+                    self.store_and_forward = False
+                    self.client_read = _RECEIVE_SIZE
+                    await self.handle_request_frame(wire)
+                    if reserved:  # forwarded or answered here: done with its bytes
+                        self.request_bytes.give(reserved)
+            if self.reader_scope.cancelled_caught:  # a drain, as the reader waited
+                self._record_close(self.drain_reason, logging.INFO)
         finally:
             self.client_done = True
 
