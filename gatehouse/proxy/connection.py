@@ -1097,7 +1097,8 @@ class ProxyConnection:
         if self.room:
             self.room.unpark()
         if not self.line:
-            self.line_empty.unpark_all()
+            if self.line_empty:  # rarely anyone there: the call costs more than the look
+                self.line_empty.unpark_all()
             if self.client_done:
                 self.answered.unpark_all()
 
