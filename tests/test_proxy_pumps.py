@@ -1,4 +1,5 @@
-"""The per-connection pumps over trio memory streams, against an in-process fake broker."""
+"""The per-connection pumps over trio memory streams (real loopback sockets where their own
+paths matter), against an in-process fake broker."""
 
 from __future__ import annotations
 
