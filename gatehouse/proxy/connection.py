@@ -303,10 +303,11 @@ class ProxyConnection:
         # memory streams), a new one around each receive.
         self.reader_scope = trio.CancelScope()
         self.receive_scope = trio.CancelScope()
-        self.awaiting_request = False  # the reader waits in _receive_from_client
+        # The reader waits in _receive_from_client: never while a streamed request's
+        # bytes come (a drain lets it finish: it goes up whole).
+        self.awaiting_request = False
         self.stop_reading = False
         self.drain_reason = SHUTTING_DOWN  # why it stopped reading (``_drain``)
-        self.mid_request = False  # part of a request has gone upstream (streamed)
         # The request being received was found not to stream: not asked again at every
         # receive of its bytes.
         self.store_and_forward = False
@@ -893,7 +894,6 @@ class ProxyConnection:
                               context=decision.context, policy=policy)
             await self._queue(pending)  # before its bytes go up, as in _forward
         total = 4 + size
-        self.mid_request = True  # a drain lets it finish: it goes up whole
         head = reader.take_partial()
         lead, skip = b"", 0  # what goes first in place of the frame's first skip bytes
         if decision.new_head is not None:
@@ -927,7 +927,6 @@ class ProxyConnection:
         if pending is not None:
             pending.started = self.now()  # its answer's time runs from here
         await self.upstream_io.send_all(view[limit:])
-        self.mid_request = False
         del frame, view  # the buffer goes back once no one else holds a view of it
         self.ctx.frame_buffers.give(whole)
         return b""
@@ -990,7 +989,6 @@ class ProxyConnection:
         finally:
             self._give_pipe(pipe)
         self._touch()
-        self.mid_request = False
 
     async def _splice_up(self, first: Buffer, n: int, pipe: Pipe, gone: str) -> None:
         """``first`` (bytes in hand) then the client's next ``n`` bytes, up to the broker."""
