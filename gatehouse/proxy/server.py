@@ -40,7 +40,7 @@ from gatehouse.proxy.kerberos import KerberosAcceptor, KerberosCredentials, kerb
 from gatehouse.proxy.live import LiveConnections
 from gatehouse.proxy.oauth import OAuthClient, TokenSource, TokenValidator
 from gatehouse.proxy.principal import certificate_principal, mapped_principal
-from gatehouse.proxy.proxyprotocol import ProxyHeaderError, read_proxy_header
+from gatehouse.proxy.proxyprotocol import ClosedBeforeHeader, ProxyHeaderError, read_proxy_header
 from gatehouse.proxy.sasl import (
     SaslError,
     SaslUsers,
@@ -384,6 +384,13 @@ class Proxy:
         try:
             with trio.fail_after(self.config.limits.connect_timeout):
                 source = await read_proxy_header(stream)
+        except ClosedBeforeHeader:
+            # The balancer's TCP health check: no bad header, an INFO line.
+            self.host_counts.release_total()
+            log_event(logger, logging.INFO, "connection closed before a PROXY protocol "
+                      "header (a port check?)", balancer=balancer)
+            await aclose_quietly(stream)
+            return
         except (trio.TooSlowError, ProxyHeaderError, *STREAM_ERRORS) as exc:
             self.host_counts.release_total()
             why = ("no header within limits.connect_timeout"
@@ -425,6 +432,12 @@ class Proxy:
                 tls = trio.SSLStream(stream, server_ssl, server_side=True)
                 try:
                     with trio.fail_after(self.config.limits.connect_timeout):
+                        if await _closed_before_a_byte(stream):
+                            # A TCP check (a load balancer's, Kubernetes'): it began no
+                            # handshake, so none failed; an INFO line, not a warning.
+                            reason = "closed before a TLS handshake began (a port check?)"
+                            await aclose_quietly(stream)
+                            return
                         server_name = await accept_tls(tls)
                 except (trio.TooSlowError, *STREAM_ERRORS, ssl.SSLError) as exc:
                     reason, level = f"TLS handshake failed: {_describe(exc)}", logging.WARNING
@@ -630,6 +643,18 @@ class Proxy:
 
     def shutdown(self) -> None:
         self.draining.set()
+
+
+async def _closed_before_a_byte(stream: trio.abc.Stream) -> bool:
+    """Whether the client closed (or reset) the connection before sending a byte: waits
+    for its first byte or its close, and leaves the byte where it is."""
+    sock = getattr(stream, "socket", None)
+    if sock is None:  # a test's memory stream: nothing to peek at
+        return False
+    try:
+        return await sock.recv(1, socket.MSG_PEEK) == b""  # type: ignore[no-any-return]
+    except ConnectionResetError:
+        return True
 
 
 def _innermost(exc: BaseException) -> BaseException:

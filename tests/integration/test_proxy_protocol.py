@@ -135,6 +135,9 @@ def test_clients_behind_a_balancer_are_served_as_who_they_are(
         with socket.create_connection(("127.0.0.1", port), timeout=10,
                                       source_address=(BALANCER, 0)) as bare:
             assert api_versions_answer(bare) == b""
+        # The balancer's TCP health check (connect, close): an INFO line, no warning.
+        socket.create_connection(("127.0.0.1", port), timeout=10,
+                                 source_address=(BALANCER, 0)).close()
 
         def logged() -> tuple[list[str], list[str]]:
             closed = [r.gatehouse_fields for r in caplog.records  # type: ignore[attr-defined]
@@ -143,11 +146,16 @@ def test_clients_behind_a_balancer_are_served_as_who_they_are(
                    if r.getMessage() == "connection closed: bad PROXY protocol header"]
             return [f["client"] for f in closed], bad
 
+        def checks() -> list[logging.LogRecord]:
+            return [r for r in caplog.records if r.getMessage()
+                    == "connection closed before a PROXY protocol header (a port check?)"]
+
         deadline = time.monotonic() + 10
-        while not logged()[1] and time.monotonic() < deadline:
+        while not (logged()[1] and checks()) and time.monotonic() < deadline:
             time.sleep(0.05)
         clients, bad = logged()
-        assert bad and "no PROXY protocol header: the connection began" in bad[0]
+        assert len(bad) == 1 and "no PROXY protocol header: the connection began" in bad[0]
+        assert [r.levelno for r in checks()] == [logging.INFO]
         assert any(c.startswith(f"{CLIENT_HOST}:") for c in clients), clients
         assert not any(c.startswith(f"{BALANCER}:") for c in clients), clients
         assert proxy.sample("gatehouse_rule_decisions_total", rule="no-deletes-from-outside",

@@ -393,6 +393,27 @@ def test_tls_handshakes_that_never_finish(tls_proxy: tuple[ProxyRunner, LogTap, 
         s.close()
 
 
+def test_a_port_check_on_the_tls_listener_is_no_failed_handshake(
+        tls_proxy: tuple[ProxyRunner, LogTap, Path]) -> None:
+    """A load balancer's or Kubernetes' TCP check connects and closes (or resets)
+    without a byte: one INFO line each, where every few seconds of warnings would bury
+    the real ones; a ClientHello cut short by a close still warns."""
+    proxy, tap, _ = tls_proxy
+    closed, reset, cut = (connect(proxy.port) for _ in range(3))
+    clients = {name: local_address(s) for name, s in
+               (("closed", closed), ("reset", reset), ("cut", cut))}
+    closed.close()
+    reset.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    reset.close()  # an RST, not a FIN
+    cut.sendall(_client_hello_prefix())
+    cut.close()
+    for name in ("closed", "reset"):
+        logged_once(tap, proxy, clients[name], "closed before a TLS handshake began")
+        assert [r.levelno for r in tap.about_latest(clients[name])] == [logging.INFO]
+    logged_once(tap, proxy, clients["cut"], "TLS handshake failed")
+    assert [r.levelno for r in tap.about_latest(clients["cut"])] == [logging.WARNING]
+
+
 def _client_hello_prefix() -> bytes:
     """The first bytes of a real TLS ClientHello (from an in-memory handshake)."""
     ctx = ssl.create_default_context()
