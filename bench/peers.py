@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -158,12 +158,15 @@ def free_port_block(size: int = 8) -> int:
     raise RuntimeError("no block of free ports")
 
 
-def librdkafka_rate(bootstrap: str, topic: str, records: int, size: int = 1024) -> float:
-    """MB/s of a confluent-kafka producer (acks=all) sending ``records`` records."""
+def librdkafka_rate(bootstrap: str, topic: str, records: int, size: int = 1024,
+                    conf: Mapping[str, object] | None = None) -> float:
+    """MB/s of a confluent-kafka producer (acks=all) sending ``records`` records; ``conf``:
+    more of its settings (TLS...)."""
     import confluent_kafka as ck
 
     producer = ck.Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5,
-                            "queue.buffering.max.messages": 200_000, "log_level": 3})
+                            "queue.buffering.max.messages": 200_000, "log_level": 3,
+                            **(conf or {})})
     payload = b"x" * size
     started = time.perf_counter()
     for _ in range(records):

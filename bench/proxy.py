@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import TypeVar
@@ -96,10 +96,12 @@ PRODUCED = re.compile(r"(\d+) records sent, ([\d.]+) records/sec \(([\d.]+) MB/s
 
 def produce_rate(kafka: KafkaCluster, bootstrap: str, topic: str, records: int,
                  size: int, timeout: float = 600, windows: list[float] | None = None,
-                 payload_file: Path | None = None) -> float:
+                 payload_file: Path | None = None, props: Sequence[str] = (),
+                 jvm_opts: Sequence[str] | None = None) -> float:
     """ProducerPerformance's MB/s; with ``windows``, the MB/s of each second of the run
     are added to it too.  With ``payload_file``, records are its lines, drawn at random
-    (``size`` unused)."""
+    (``size`` unused).  ``props``: more producer properties (``key=value``: TLS...);
+    ``jvm_opts``: the client JVM's own (the tests' by default)."""
     interval = () if windows is None else ("--reporting-interval", "1000")
     payload = (("--record-size", str(size)) if payload_file is None
                else ("--payload-file", str(payload_file)))
@@ -108,7 +110,7 @@ def produce_rate(kafka: KafkaCluster, bootstrap: str, topic: str, records: int,
                                  *interval,
                                  "--producer-props", f"bootstrap.servers={bootstrap}",
                                  "acks=all", "linger.ms=5", "delivery.timeout.ms=60000",
-                                 timeout=timeout)
+                                 *props, timeout=timeout, **_jvm(jvm_opts))
     lines = result.stdout.strip().splitlines() if result.stdout else []
     match = PRODUCED.search(lines[-1] if lines else "")
     if result.returncode != 0 or match is None:
@@ -145,19 +147,27 @@ def produce_latency(kafka: KafkaCluster, bootstrap: str, topic: str, records: in
     return float(match[1]), float(match[2]), float(match[0]), float(request[1])
 
 
-def consume_rate(kafka: KafkaCluster, bootstrap: str, topic: str, records: int) -> float:
+def consume_rate(kafka: KafkaCluster, bootstrap: str, topic: str, records: int,
+                 props: Sequence[str] = (), jvm_opts: Sequence[str] | None = None) -> float:
     """ConsumerPerformance's fetch.MB.sec: MB over the time from its first fetch to its last
     record.  Its MB.sec also counts the group join before the first fetch (0.2-0.4 s here,
-    through a proxy or not), a third of a run that moves 500 MB in a second."""
+    through a proxy or not), a third of a run that moves 500 MB in a second.  ``props``:
+    more consumer properties (``key=value``); ``jvm_opts`` as ``produce_rate``'s."""
     result = kafka.run_java_tool(CONSUMER_PERF, "--bootstrap-server", bootstrap, "--topic",
                                  topic, "--messages", str(records), "--timeout", "60000",
-                                 timeout=600)
+                                 *(a for prop in props for a in ("--command-property", prop)),
+                                 timeout=600, **_jvm(jvm_opts))
     lines = [ln for ln in result.stdout.splitlines() if ln and ln[0].isdigit()]
     if result.returncode != 0 or not lines:
         raise RuntimeError(f"ConsumerPerformance failed: {result.stderr[-1500:]}")
     # start.time, end.time, data.consumed.in.MB, MB.sec, data.consumed.in.nMsg, nMsg.sec,
     # rebalance.time.ms, fetch.time.ms, fetch.MB.sec, fetch.nMsg.sec
     return float(lines[-1].split(",")[8])
+
+
+def _jvm(jvm_opts: Sequence[str] | None) -> dict[str, Sequence[str]]:
+    """``run_java_tool``'s ``jvm_opts`` argument when one is given, else nothing."""
+    return {} if jvm_opts is None else {"jvm_opts": jvm_opts}
 
 
 def rotated(items: list[T], round_: int) -> list[T]:
@@ -175,10 +185,14 @@ def compare_throughput(kafka: KafkaCluster, targets: dict[str, str], *, records:
                        pids: Mapping[str, int] | None = None,
                        cpu: dict[str, dict[str, list[float]]] | None = None,
                        payload_file: Path | None = None,
+                       client_props: Mapping[str, Sequence[str]] | None = None,
+                       client_jvm_opts: Sequence[str] | None = None,
                        ) -> dict[str, dict[str, list[float]]]:
     """Produce (acks=all) then consume through each target, alternating targets each round
     so drift hits them alike; MB/s lists per target and metric.  ``payload_file``: the
-    producer's records are its lines (``produce_rate``).
+    producer's records are its lines (``produce_rate``); ``client_props``: a target's own
+    client properties (TLS...), for its producer and consumer alike; ``client_jvm_opts``
+    the clients' JVM options, every target's alike (the tests' by default).
 
     ``topic_for(name, size, round)`` is the topic the client uses and ``broker_topic`` maps
     it to the name to create on the broker (they differ behind a rename rule).  With
@@ -194,9 +208,14 @@ def compare_throughput(kafka: KafkaCluster, targets: dict[str, str], *, records:
                 topic = topic_for(name, size, r)
                 kafka.create_topic(broker_topic(topic), partitions=3)
                 label = f"{size // 1024} KiB"
+                props = (client_props or {}).get(name, ())
                 for metric, run in ((f"produce {label} MB/s", partial(produce_rate, size=size,
-                                                                 payload_file=payload_file)),
-                                    (f"consume {label} MB/s", consume_rate)):
+                                                                 payload_file=payload_file,
+                                                                 props=props,
+                                                                 jvm_opts=client_jvm_opts)),
+                                    (f"consume {label} MB/s", partial(
+                                        consume_rate, props=props,
+                                        jvm_opts=client_jvm_opts))):
                     pid = (pids or {}).get(name)
                     before = cpu_seconds(pid) if pid else 0.0
                     results[name].setdefault(metric, []).append(run(kafka, addr, topic, n))
