@@ -1,15 +1,19 @@
-"""TLS terminated at the proxy: what it costs, same broker, same run.
+"""TLS at the proxy: what it costs, against the broker's own TLS, same broker, same run.
 
     python bench/tls.py [--records 300000] [--rounds 3]
 
-The edge's usual set-up: clients speak TLS to Gatehouse (`tls.downstream`), which speaks
-plaintext to the broker behind it.  Kafka's own perf tools (acks=all, 1 KiB and 100 KiB
-records) and a librdkafka producer (1 KiB, twice the records) produce and consume direct
-in plaintext, through Gatehouse in plaintext, and through Gatehouse with TLS from the
-clients, the targets rotated each round so drift hits them alike.  The Java tools run
-with the JVM's full JIT here (the tests' C1-only JVMs decrypt TLS at some 14 MB/s, which
-would measure the client).  Prints MB/s and ratios to direct, the TLS proxy's ratio to
-the plaintext one round by round (what TLS costs), and each proxy's CPU per MB.
+One broker with a plaintext and an SSL listener.  Targets: the broker directly in
+plaintext (`direct`) and over TLS (`direct-tls`); Gatehouse in plaintext (`gatehouse`);
+Gatehouse terminating TLS (`tls.downstream`) in front of the plaintext listener, the
+edge's usual set-up (`gatehouse-tls`); and Gatehouse with TLS on both sides, to the SSL
+listener (`gatehouse-tls-both`).  Kafka's own perf tools (acks=all, 1 KiB and 100 KiB
+records) and a librdkafka producer (1 KiB, twice the records), targets rotated each
+round so drift hits them alike.  The Java tools and the broker run with the JVM's full
+JIT here (the tests' C1-only JVMs do TLS at some 14-20 MB/s, which would measure them).
+
+Prints MB/s and ratios to direct, then each TLS target against direct-tls (what the
+proxy costs a TLS client) and against the plaintext proxy, round by round, with each
+proxy's CPU per MB.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import trustme
+from cryptography.hazmat.primitives import serialization
 
 from bench.peers import librdkafka_rate
 from bench.proxy import (
@@ -34,11 +39,32 @@ from bench.proxy import (
     rotated,
     start_gatehouse,
 )
-from tests.support.kafka import KafkaCluster
+from tests.support.kafka import BROKER_JVM_OPTS, KafkaCluster
 
 # The clients' JVMs: the tests' options without -XX:TieredStopAtLevel=1 (C1 has no
 # AES-GCM intrinsics: Java's TLS at C1 is slower than any proxy).
 CLIENT_JVM = ("-Xmx512m", "-XX:+UseSerialGC", "-XX:-UsePerfData", "-Djava.awt.headless=true")
+# The broker's likewise, or its own TLS listener is the slowest part of direct-tls.
+BROKER_JVM = tuple(opt for opt in BROKER_JVM_OPTS if not opt.startswith("-XX:TieredStopAtLevel"))
+TLS_TARGETS = ("direct-tls", "gatehouse-tls", "gatehouse-tls-both")
+
+
+def write_pems(work: Path) -> tuple[Path, Path, Path, Path]:
+    """One certificate for 127.0.0.1 (the broker's and the proxy's): its chain, its key,
+    the two in one file as Kafka's PEM key store reads them (the key PKCS#8), the CA."""
+    ca = trustme.CA()
+    issued = ca.issue_cert("127.0.0.1", "localhost")
+    cert, key, keystore, ca_pem = (work / name for name in
+                                   ("cert.pem", "key.pem", "keystore.pem", "ca.pem"))
+    chain = b"".join(blob.bytes() for blob in issued.cert_chain_pems)
+    cert.write_bytes(chain)
+    issued.private_key_pem.write_to_path(str(key))
+    pkcs8 = serialization.load_pem_private_key(issued.private_key_pem.bytes(), None).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption())
+    keystore.write_bytes(pkcs8 + chain)
+    ca.cert_pem.write_to_path(str(ca_pem))
+    return cert, key, keystore, ca_pem
 
 
 def main() -> None:
@@ -48,35 +74,32 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("GATEHOUSE_KAFKA_VERSION", "4.4.0")
     work = Path(tempfile.mkdtemp(prefix="gatehouse-bench-tls-"))
-    ca = trustme.CA()
-    issued = ca.issue_cert("127.0.0.1", "localhost")
-    cert, key, ca_pem = work / "proxy.pem", work / "proxy.key", work / "ca.pem"
-    issued.cert_chain_pems[0].write_to_path(str(cert))
-    for extra in issued.cert_chain_pems[1:]:
-        extra.write_to_path(str(cert), append=True)
-    issued.private_key_pem.write_to_path(str(key))
-    ca.cert_pem.write_to_path(str(ca_pem))
+    cert, key, keystore, ca_pem = write_pems(work)
     # Java's client reads a PEM trust store itself and checks the IP address SAN.
-    tls_client = ("security.protocol=SSL", "ssl.truststore.type=PEM",
-                  f"ssl.truststore.location={ca_pem}")
+    java_tls = ("security.protocol=SSL", "ssl.truststore.type=PEM",
+                f"ssl.truststore.location={ca_pem}")
+    rdkafka_tls = {"security.protocol": "SSL", "ssl.ca.location": str(ca_pem)}
+    downstream = f"tls: {{downstream: {{cert: {cert}, key: {key}}}"
     procs = []
     try:
-        with KafkaCluster(1) as kafka:
+        with KafkaCluster(1, tls_keystore=keystore, jvm_opts=BROKER_JVM) as kafka:
             plain, plain_addr = start_gatehouse(kafka.bootstrap)
-            procs.append(plain)
-            tls, tls_addr = start_gatehouse(
-                kafka.bootstrap, f"tls: {{downstream: {{cert: {cert}, key: {key}}}}}\n")
-            procs.append(tls)
-            targets = {"direct": kafka.bootstrap, "gatehouse": plain_addr,
-                       "gatehouse-tls": tls_addr}
+            tls, tls_addr = start_gatehouse(kafka.bootstrap, downstream + "}\n")
+            both, both_addr = start_gatehouse(
+                kafka.ssl_bootstrap, downstream + f", upstream: {{ca: {ca_pem}}}}}\n")
+            procs += [plain, tls, both]
+            targets = {"direct": kafka.bootstrap, "direct-tls": kafka.ssl_bootstrap,
+                       "gatehouse": plain_addr, "gatehouse-tls": tls_addr,
+                       "gatehouse-tls-both": both_addr}
+            pids = {"gatehouse": plain.pid, "gatehouse-tls": tls.pid,
+                    "gatehouse-tls-both": both.pid}
             cpu: dict[str, dict[str, list[float]]] = {}
-            pids = {"gatehouse": plain.pid, "gatehouse-tls": tls.pid}
             results = compare_throughput(
                 kafka, targets, records=args.records, rounds=args.rounds,
                 sizes=(1024, 100 * 1024), pids=pids, cpu=cpu,
-                client_props={"gatehouse-tls": tls_client}, client_jvm_opts=CLIENT_JVM)
+                client_props={name: java_tls for name in TLS_TARGETS},
+                client_jvm_opts=CLIENT_JVM)
             metric = "librdkafka produce 1 KiB MB/s"
-            rdkafka_tls = {"security.protocol": "SSL", "ssl.ca.location": str(ca_pem)}
             for r in range(args.rounds):
                 for name, addr in rotated(list(targets.items()), r):
                     topic = f"bench-rdkafka-{name}-{r}"
@@ -85,7 +108,7 @@ def main() -> None:
                     before = cpu_seconds(pid) if pid else 0.0
                     records = 2 * args.records
                     results[name].setdefault(metric, []).append(librdkafka_rate(
-                        addr, topic, records, conf=rdkafka_tls if name == "gatehouse-tls"
+                        addr, topic, records, conf=rdkafka_tls if name in TLS_TARGETS
                         else None))
                     if pid:
                         cpu.setdefault(name, {}).setdefault(metric, []).append(
@@ -97,15 +120,16 @@ def main() -> None:
             proc.wait(30)
         shutil.rmtree(work, ignore_errors=True)
     print_ratios(results)
-    print(f"{'metric':<22}{'tls/plain proxy':>18}{'rounds':>26}"
-          f"{'CPU ms/MB plain':>18}{'CPU ms/MB tls':>16}")
-    for metric in results["direct"]:
-        paired = [t / p for t, p in zip(results["gatehouse-tls"][metric],
-                                        results["gatehouse"][metric], strict=True)]
-        print(f"{metric:<22}{statistics.median(paired):>18.3f}"
-              f"{f'{min(paired):.3f}-{max(paired):.3f}':>26}"
-              f"{1000 * statistics.median(cpu['gatehouse'][metric]):>18.2f}"
-              f"{1000 * statistics.median(cpu['gatehouse-tls'][metric]):>16.2f}")
+    for name, baseline in (("gatehouse-tls", "direct-tls"), ("gatehouse-tls-both", "direct-tls"),
+                           ("gatehouse-tls", "gatehouse")):
+        print(f"\n{name} / {baseline}, round by round; the proxies' CPU ms/MB")
+        for metric in results["direct"]:
+            paired = [t / b for t, b in zip(results[name][metric], results[baseline][metric],
+                                            strict=True)]
+            print(f"  {metric:<30}{statistics.median(paired):>7.3f}"
+                  f"  ({min(paired):.3f}-{max(paired):.3f})"
+                  + "".join(f"  {who} {1000 * statistics.median(cpu[who][metric]):.2f}"
+                            for who in (name, baseline) if who in cpu))
 
 
 if __name__ == "__main__":

@@ -232,6 +232,7 @@ class KafkaNode:
     controller_port: int | None  # None: a broker only
     sasl_port: int | None
     dir: Path
+    ssl_port: int | None = None  # SSL listener: only with KafkaCluster(tls_keystore=...)
     process: subprocess.Popen[bytes] | None = None
     paused: bool = False
     _log_file: IO[bytes] | None = field(default=None, repr=False)
@@ -257,6 +258,12 @@ class KafkaNode:
         if self.sasl_port is None:
             raise AttributeError("this cluster has no SASL listener (sasl_scram=False)")
         return f"{LOCALHOST}:{self.sasl_port}"
+
+    @property
+    def ssl_bootstrap(self) -> str:
+        if self.ssl_port is None:
+            raise AttributeError("this cluster has no SSL listener (tls_keystore=None)")
+        return f"{LOCALHOST}:{self.ssl_port}"
 
     @property
     def running(self) -> bool:
@@ -287,11 +294,15 @@ class KafkaCluster:
         jvm_opts: Iterable[str] = BROKER_JVM_OPTS,
         log_level: str = "WARN",
         keep_dir: bool | None = None,
+        tls_keystore: Path | None = None,
     ) -> None:
+        """``tls_keystore``: a PEM file with a private key (PKCS#8, unencrypted) and its
+        certificate chain, for an SSL listener on each broker (``ssl_bootstrap``)."""
         if n_nodes < 1:
             raise ValueError("n_nodes must be at least 1")
         self.n_nodes = n_nodes
         self.sasl_scram = sasl_scram
+        self.tls_keystore = tls_keystore
         self.version = version
         self._libs = libs
         self.extra_config = dict(extra_config or {})
@@ -319,6 +330,11 @@ class KafkaCluster:
         if not self.sasl_scram:
             raise AttributeError("this cluster has no SASL listener (sasl_scram=False)")
         return ",".join(node.sasl_bootstrap for node in self.nodes)
+
+    @property
+    def ssl_bootstrap(self) -> str:
+        """The SSL listeners; only with ``tls_keystore``."""
+        return ",".join(node.ssl_bootstrap for node in self.nodes)
 
     def client_config(self, sasl: bool = False, **extra: Any) -> dict[str, Any]:
         """A confluent-kafka config for this cluster (``sasl=True``: SCRAM as ``admin``)."""
@@ -363,6 +379,7 @@ class KafkaCluster:
                 controller_port=free_port(),
                 sasl_port=free_port() if self.sasl_scram else None,
                 dir=node_dir,
+                ssl_port=free_port() if self.tls_keystore else None,
             ))
         try:
             for node in self.nodes:
@@ -426,7 +443,8 @@ class KafkaCluster:
         node_id = max(node.node_id for node in self.nodes) + 1
         node = KafkaNode(node_id=node_id, port=free_port(), controller_port=None,
                          sasl_port=free_port() if self.sasl_scram else None,
-                         dir=self.base_dir / f"node{node_id}")
+                         dir=self.base_dir / f"node{node_id}",
+                         ssl_port=free_port() if self.tls_keystore else None)
         node.dir.mkdir()
         self.nodes.append(node)
         node.config_path.write_text(self._server_properties(node))
@@ -551,6 +569,10 @@ class KafkaCluster:
             listeners.append(f"SASL_PLAINTEXT://{LOCALHOST}:{node.sasl_port}")
             advertised.append(f"SASL_PLAINTEXT://{LOCALHOST}:{node.sasl_port}")
             protocols.append("SASL_PLAINTEXT:SASL_PLAINTEXT")
+        if node.ssl_port is not None:
+            listeners.append(f"SSL://{LOCALHOST}:{node.ssl_port}")
+            advertised.append(f"SSL://{LOCALHOST}:{node.ssl_port}")
+            protocols.append("SSL:SSL")
         if node.controller_port is not None:
             listeners.append(f"CONTROLLER://{LOCALHOST}:{node.controller_port}")
         props: dict[str, object] = {
@@ -602,6 +624,11 @@ class KafkaCluster:
                 "listener.name.sasl_plaintext.oauthbearer.sasl.jaas.config":
                     "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule"
                     " required;",
+            })
+        if node.ssl_port is not None:
+            props.update({
+                "listener.name.ssl.ssl.keystore.type": "PEM",
+                "listener.name.ssl.ssl.keystore.location": self.tls_keystore,
             })
         props.update(self.extra_config)
         props.update(self.node_config.get(node.node_id, {}))
