@@ -28,9 +28,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import trustme
-from cryptography.hazmat.primitives import serialization
-
 from bench.peers import librdkafka_rate
 from bench.proxy import (
     compare_throughput,
@@ -39,7 +36,7 @@ from bench.proxy import (
     rotated,
     start_gatehouse,
 )
-from tests.support.kafka import BROKER_JVM_OPTS, KafkaCluster
+from tests.support.kafka import BROKER_JVM_OPTS, KafkaCluster, tls_files_for_loopback
 
 # The clients' JVMs: the tests' options without -XX:TieredStopAtLevel=1 (C1 has no
 # AES-GCM intrinsics: Java's TLS at C1 is slower than any proxy).
@@ -49,24 +46,6 @@ BROKER_JVM = tuple(opt for opt in BROKER_JVM_OPTS if not opt.startswith("-XX:Tie
 TLS_TARGETS = ("direct-tls", "gatehouse-tls", "gatehouse-tls-both")
 
 
-def write_pems(work: Path) -> tuple[Path, Path, Path, Path]:
-    """One certificate for 127.0.0.1 (the broker's and the proxy's): its chain, its key,
-    the two in one file as Kafka's PEM key store reads them (the key PKCS#8), the CA."""
-    ca = trustme.CA()
-    issued = ca.issue_cert("127.0.0.1", "localhost")
-    cert, key, keystore, ca_pem = (work / name for name in
-                                   ("cert.pem", "key.pem", "keystore.pem", "ca.pem"))
-    chain = b"".join(blob.bytes() for blob in issued.cert_chain_pems)
-    cert.write_bytes(chain)
-    issued.private_key_pem.write_to_path(str(key))
-    pkcs8 = serialization.load_pem_private_key(issued.private_key_pem.bytes(), None).private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption())
-    keystore.write_bytes(pkcs8 + chain)
-    ca.cert_pem.write_to_path(str(ca_pem))
-    return cert, key, keystore, ca_pem
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--records", type=int, default=300_000)
@@ -74,7 +53,8 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("GATEHOUSE_KAFKA_VERSION", "4.4.0")
     work = Path(tempfile.mkdtemp(prefix="gatehouse-bench-tls-"))
-    cert, key, keystore, ca_pem = write_pems(work)
+    files = tls_files_for_loopback(work)
+    cert, key, keystore, ca_pem = (files[n] for n in ("cert", "key", "keystore", "ca"))
     # Java's client reads a PEM trust store itself and checks the IP address SAN.
     java_tls = ("security.protocol=SSL", "ssl.truststore.type=PEM",
                 f"ssl.truststore.location={ca_pem}")

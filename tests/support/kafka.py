@@ -52,6 +52,28 @@ TOOL_JVM_OPTS = (
 )
 
 
+def tls_files_for_loopback(directory: Path) -> dict[str, Path]:
+    """A new CA and a certificate it issued for 127.0.0.1 and localhost, written to
+    ``directory``: ``cert`` (the chain), ``key``, ``keystore`` (key and chain in one
+    file, the key PKCS#8, as Kafka's PEM key store reads them: ``tls_keystore``) and
+    ``ca``."""
+    import trustme
+    from cryptography.hazmat.primitives import serialization
+
+    ca = trustme.CA()
+    issued = ca.issue_cert("127.0.0.1", "localhost")
+    files = {name: directory / f"{name}.pem" for name in ("cert", "key", "keystore", "ca")}
+    chain = b"".join(blob.bytes() for blob in issued.cert_chain_pems)
+    files["cert"].write_bytes(chain)
+    issued.private_key_pem.write_to_path(str(files["key"]))
+    pkcs8 = serialization.load_pem_private_key(issued.private_key_pem.bytes(), None)
+    files["keystore"].write_bytes(pkcs8.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()) + chain)
+    ca.cert_pem.write_to_path(str(files["ca"]))
+    return files
+
+
 def libs_with_plugin(libs: Path, source: Path, where: Path) -> Path:
     """A Kafka libs directory (its jars linked into ``where/libs``) with the tests' own
     Java ``source`` compiled into a jar beside them: a broker plugin (a SASL callback
