@@ -379,6 +379,21 @@ async def test_peek_at_looks_ahead_and_leaves_every_byte_in_the_socket(
         stream.peek_at(0, 10)
 
 
+def tls_contexts(name: str) -> tuple[Any, Any]:
+    """A server context with a certificate for ``name`` from a new CA, and a client
+    context that trusts that CA."""
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert(name).configure_cert(server_ctx)
+    client_ctx = ssl.create_default_context()
+    ca.configure_trust(client_ctx)
+    return server_ctx, client_ctx
+
+
 async def test_a_fast_stream_gives_its_tcp_socket_the_systems_send_queue() -> None:
     """trio's SocketStream caps what waits unsent at 16 KiB (TCP_NOTSENT_LOWAT); the
     proxy's streams, plain or TLS over TCP, take the system's setting back (0)."""
@@ -387,15 +402,7 @@ async def test_a_fast_stream_gives_its_tcp_socket_the_systems_send_queue() -> No
     FastStream(a)
     assert notsent_lowat(a) == 0
     # TLS: the socket under the TLS stream.
-    import ssl
-
-    import trustme
-
-    ca = trustme.CA()
-    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("broker.test").configure_cert(server_ctx)
-    client_ctx = ssl.create_default_context()
-    ca.configure_trust(client_ctx)
+    _, client_ctx = tls_contexts("broker.test")
     c, d = await tcp_pair()
     tls = trio.SSLStream(c, client_ctx, server_hostname="broker.test")
     assert notsent_lowat(c) == 16384
@@ -409,15 +416,7 @@ async def test_a_fast_stream_gives_its_tcp_socket_the_systems_send_queue() -> No
 async def tls_pair() -> tuple[trio.SSLStream[Any], trio.SSLStream[Any]]:
     """A TLS client and server, handshake done, over memory streams: what the client
     sends is in the server's hands at once, nothing on the way."""
-    import ssl
-
-    import trustme
-
-    ca = trustme.CA()
-    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("proxy.test").configure_cert(server_ctx)
-    client_ctx = ssl.create_default_context()
-    ca.configure_trust(client_ctx)
+    server_ctx, client_ctx = tls_contexts("proxy.test")
     near, far = trio.testing.memory_stream_pair()
     client = trio.SSLStream(near, client_ctx, server_hostname="proxy.test")
     server = trio.SSLStream(far, server_ctx, server_side=True)

@@ -27,7 +27,7 @@ import pytest
 
 from scripts.fetch_kafka import ensure_kafka
 from tests.support.apicurio import ApicurioRegistry
-from tests.support.kafka import KafkaCluster
+from tests.support.kafka import KafkaCluster, tls_files_for_loopback
 from tests.support.tansu import TansuBroker
 
 KAFKA_FIXTURES = frozenset({"kafka_libs", "kafka", "kafka_cluster", "kafka_scram",
@@ -93,15 +93,7 @@ def kafka_scram(kafka_libs: Path) -> Iterator[KafkaCluster]:
 
 @pytest.fixture()
 def tls_files(tmp_path: Path) -> dict[str, str]:
-    import trustme
-
-    ca = trustme.CA()
-    cert = ca.issue_cert("localhost", "127.0.0.1")
-    paths = {"ca": tmp_path / "ca.pem", "cert": tmp_path / "cert.pem", "key": tmp_path / "key.pem"}
-    ca.cert_pem.write_to_path(str(paths["ca"]))
-    cert.cert_chain_pems[0].write_to_path(str(paths["cert"]))
-    cert.private_key_pem.write_to_path(str(paths["key"]))
-    return {k: str(v) for k, v in paths.items()}
+    return {k: str(v) for k, v in tls_files_for_loopback(tmp_path).items()}
 
 
 @pytest.fixture(scope="session")
