@@ -25,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.proxy import (
+    bench_cluster,
     compare_throughput,
     cpu_seconds,
     latencies,
@@ -33,7 +34,6 @@ from bench.proxy import (
     start_gatehouse,
 )
 from gatehouse.embedded import free_port
-from tests.support.kafka import KafkaCluster
 
 
 def scrape(port: int, name: str) -> dict[str, float]:
@@ -58,7 +58,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="gatehouse-bench-capture-"))
     off_metrics = free_port()
     procs = []
-    with KafkaCluster(1) as kafka:
+    with bench_cluster() as kafka:
         plain, plain_addr = start_gatehouse(
             kafka.bootstrap, f"metrics: {{listen: 127.0.0.1:{off_metrics}}}\n")
         procs.append(plain)

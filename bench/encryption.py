@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.peers import start_kroxylicious
-from bench.proxy import compare_throughput, print_ratios, start_gatehouse
+from bench.proxy import bench_cluster, compare_throughput, print_ratios, start_gatehouse
 from tests.support.kafka import KafkaCluster
 
 KEK = os.urandom(32)
@@ -89,7 +89,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     os.environ.setdefault("GATEHOUSE_KAFKA_VERSION", "4.4.0")
-    with KafkaCluster(1) as kafka:
+    with bench_cluster() as kafka:
         procs = {
             "gatehouse": start_gatehouse(kafka.bootstrap),
             "gatehouse-enc": start_encrypting_gatehouse(kafka.bootstrap),

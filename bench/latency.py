@@ -28,9 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.proxy import start_gatehouse
+from bench.proxy import bench_cluster, start_gatehouse
 from bench.replay import PARTITIONS, TOPIC, WORKLOADS, run_client, run_paced_client
-from tests.support.kafka import KafkaCluster
 
 PRODUCE_VERSION = 12
 
@@ -42,7 +41,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("GATEHOUSE_KAFKA_VERSION", "4.4.0")
     workload = WORKLOADS["produce-1k"]
-    with KafkaCluster(1) as kafka:
+    with bench_cluster() as kafka:
         kafka.create_topic(TOPIC, partitions=PARTITIONS)
         gate, gate_addr = start_gatehouse(kafka.bootstrap)
         try:

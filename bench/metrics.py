@@ -29,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.proxy import (
+    bench_cluster,
     compare_throughput,
     cpu_seconds,
     print_ratios,
@@ -131,7 +132,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("GATEHOUSE_KAFKA_VERSION", "4.4.0")
     metrics_port = free_port()
-    with KafkaCluster(1) as kafka:
+    with bench_cluster() as kafka:
         plain, plain_addr = start_gatehouse(kafka.bootstrap)
         metered, metered_addr = start_gatehouse(
             kafka.bootstrap, f"metrics: {{listen: 127.0.0.1:{metrics_port}}}\n")

@@ -41,6 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.proxy import (
+    bench_cluster,
     consume_rate,
     cpu_seconds,
     latencies,
@@ -243,7 +244,7 @@ def main() -> None:
         "kroxylicious+tenant": start_tenant_kroxylicious,
     }
     big = max(args.records // 50, 500)
-    with KafkaCluster(1) as kafka:
+    with bench_cluster() as kafka:
         targets = [Target("direct", kafka.bootstrap, None)]
         try:
             for name, start in starters.items():

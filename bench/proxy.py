@@ -28,17 +28,30 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gatehouse import codecs
 from gatehouse.embedded import free_port, tansu_binary, wait_for_port
-from tests.support.kafka import KafkaCluster
+from tests.support.kafka import BROKER_JVM_OPTS, KafkaCluster
 
 T = TypeVar("T")
 PERF = "org.apache.kafka.tools.ProducerPerformance"
 CONSUMER_PERF = "org.apache.kafka.tools.ConsumerPerformance"
+
+# The broker and the Java clients run as production runs them, with the JVM's full JIT.
+# The tests' options stop at C1 (-XX:TieredStopAtLevel=1, a quicker start), whose code
+# spends more CPU a byte (and has no AES-GCM intrinsics: TLS at 14-20 MB/s): on this
+# 2-core host the JVMs then took cores from the proxy, and a proxy's share weighed less.
+# Tables in RESULTS.md before the forty-ninth session's were measured with C1 JVMs.
+BROKER_JVM = tuple(opt for opt in BROKER_JVM_OPTS if not opt.startswith("-XX:TieredStopAtLevel"))
+CLIENT_JVM = ("-Xmx512m", "-XX:+UseSerialGC", "-XX:-UsePerfData", "-Djava.awt.headless=true")
+
+
+def bench_cluster(brokers: int = 1, **options: Any) -> KafkaCluster:
+    """The tests' KafkaCluster with the broker's JVM as production runs it (``BROKER_JVM``)."""
+    return KafkaCluster(brokers, jvm_opts=BROKER_JVM, **options)
 
 
 def start_gatehouse(upstream: str, extra_config: str = "") -> tuple[subprocess.Popen[bytes], str]:
@@ -97,11 +110,11 @@ PRODUCED = re.compile(r"(\d+) records sent, ([\d.]+) records/sec \(([\d.]+) MB/s
 def produce_rate(kafka: KafkaCluster, bootstrap: str, topic: str, records: int,
                  size: int, timeout: float = 600, windows: list[float] | None = None,
                  payload_file: Path | None = None, props: Sequence[str] = (),
-                 jvm_opts: Sequence[str] | None = None) -> float:
+                 jvm_opts: Sequence[str] = CLIENT_JVM) -> float:
     """ProducerPerformance's MB/s; with ``windows``, the MB/s of each second of the run
     are added to it too.  With ``payload_file``, records are its lines, drawn at random
     (``size`` unused).  ``props``: more producer properties (``key=value``: TLS...);
-    ``jvm_opts``: the client JVM's own (the tests' by default)."""
+    ``jvm_opts``: the client JVM's own."""
     interval = () if windows is None else ("--reporting-interval", "1000")
     payload = (("--record-size", str(size)) if payload_file is None
                else ("--payload-file", str(payload_file)))
@@ -110,7 +123,7 @@ def produce_rate(kafka: KafkaCluster, bootstrap: str, topic: str, records: int,
                                  *interval,
                                  "--producer-props", f"bootstrap.servers={bootstrap}",
                                  "acks=all", "linger.ms=5", "delivery.timeout.ms=60000",
-                                 *props, timeout=timeout, **_jvm(jvm_opts))
+                                 *props, timeout=timeout, jvm_opts=jvm_opts)
     lines = result.stdout.strip().splitlines() if result.stdout else []
     match = PRODUCED.search(lines[-1] if lines else "")
     if result.returncode != 0 or match is None:
@@ -138,7 +151,7 @@ def produce_latency(kafka: KafkaCluster, bootstrap: str, topic: str, records: in
                                  "--record-size", str(size), "--throughput", str(rate),
                                  "--print-metrics",
                                  "--producer-props", f"bootstrap.servers={bootstrap}",
-                                 "acks=all", "linger.ms=0", timeout=600)
+                                 "acks=all", "linger.ms=0", timeout=600, jvm_opts=CLIENT_JVM)
     found = PERCENTILES.findall(result.stdout or "")
     match = found[-1] if found else None  # the steady-state summary comes last
     request = REQUEST_LATENCY.search(result.stdout or "")
@@ -148,7 +161,7 @@ def produce_latency(kafka: KafkaCluster, bootstrap: str, topic: str, records: in
 
 
 def consume_rate(kafka: KafkaCluster, bootstrap: str, topic: str, records: int,
-                 props: Sequence[str] = (), jvm_opts: Sequence[str] | None = None) -> float:
+                 props: Sequence[str] = (), jvm_opts: Sequence[str] = CLIENT_JVM) -> float:
     """ConsumerPerformance's fetch.MB.sec: MB over the time from its first fetch to its last
     record.  Its MB.sec also counts the group join before the first fetch (0.2-0.4 s here,
     through a proxy or not), a third of a run that moves 500 MB in a second.  ``props``:
@@ -156,18 +169,13 @@ def consume_rate(kafka: KafkaCluster, bootstrap: str, topic: str, records: int,
     result = kafka.run_java_tool(CONSUMER_PERF, "--bootstrap-server", bootstrap, "--topic",
                                  topic, "--messages", str(records), "--timeout", "60000",
                                  *(a for prop in props for a in ("--command-property", prop)),
-                                 timeout=600, **_jvm(jvm_opts))
+                                 timeout=600, jvm_opts=jvm_opts)
     lines = [ln for ln in result.stdout.splitlines() if ln and ln[0].isdigit()]
     if result.returncode != 0 or not lines:
         raise RuntimeError(f"ConsumerPerformance failed: {result.stderr[-1500:]}")
     # start.time, end.time, data.consumed.in.MB, MB.sec, data.consumed.in.nMsg, nMsg.sec,
     # rebalance.time.ms, fetch.time.ms, fetch.MB.sec, fetch.nMsg.sec
     return float(lines[-1].split(",")[8])
-
-
-def _jvm(jvm_opts: Sequence[str] | None) -> dict[str, Sequence[str]]:
-    """``run_java_tool``'s ``jvm_opts`` argument when one is given, else nothing."""
-    return {} if jvm_opts is None else {"jvm_opts": jvm_opts}
 
 
 def rotated(items: list[T], round_: int) -> list[T]:
@@ -186,13 +194,11 @@ def compare_throughput(kafka: KafkaCluster, targets: dict[str, str], *, records:
                        cpu: dict[str, dict[str, list[float]]] | None = None,
                        payload_file: Path | None = None,
                        client_props: Mapping[str, Sequence[str]] | None = None,
-                       client_jvm_opts: Sequence[str] | None = None,
                        ) -> dict[str, dict[str, list[float]]]:
     """Produce (acks=all) then consume through each target, alternating targets each round
     so drift hits them alike; MB/s lists per target and metric.  ``payload_file``: the
     producer's records are its lines (``produce_rate``); ``client_props``: a target's own
-    client properties (TLS...), for its producer and consumer alike; ``client_jvm_opts``
-    the clients' JVM options, every target's alike (the tests' by default).
+    client properties (TLS...), for its producer and consumer alike.
 
     ``topic_for(name, size, round)`` is the topic the client uses and ``broker_topic`` maps
     it to the name to create on the broker (they differ behind a rename rule).  With
@@ -211,11 +217,9 @@ def compare_throughput(kafka: KafkaCluster, targets: dict[str, str], *, records:
                 props = (client_props or {}).get(name, ())
                 for metric, run in ((f"produce {label} MB/s", partial(produce_rate, size=size,
                                                                  payload_file=payload_file,
-                                                                 props=props,
-                                                                 jvm_opts=client_jvm_opts)),
+                                                                 props=props)),
                                     (f"consume {label} MB/s", partial(
-                                        consume_rate, props=props,
-                                        jvm_opts=client_jvm_opts))):
+                                        consume_rate, props=props))):
                     pid = (pids or {}).get(name)
                     before = cpu_seconds(pid) if pid else 0.0
                     results[name].setdefault(metric, []).append(run(kafka, addr, topic, n))
@@ -239,7 +243,7 @@ def compare_rules(name: str, rules: str, *, records: int, rounds: int,
                   ) -> dict[str, dict[str, list[float]]]:
     """``compare_throughput`` of direct, Gatehouse without rules ("no-rules") and
     Gatehouse with ``rules`` (``name``), on a broker of its own: what the rules cost."""
-    with KafkaCluster(1) as kafka:
+    with bench_cluster() as kafka:
         plain, plain_addr = start_gatehouse(kafka.bootstrap)
         ruled, ruled_addr = start_gatehouse(kafka.bootstrap, rules)
         try:
@@ -338,7 +342,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     os.environ.setdefault("GATEHOUSE_KAFKA_VERSION", "4.4.0")
-    with KafkaCluster(1) as kafka:
+    with bench_cluster() as kafka:
         gate, gate_addr = start_gatehouse(kafka.bootstrap)
         tansu, tansu_addr = start_tansu_proxy(kafka.bootstrap)
         targets = {"direct": kafka.bootstrap, "gatehouse": gate_addr, "tansu-proxy": tansu_addr}

@@ -34,9 +34,9 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.proxy import cpu_seconds, start_gatehouse
+from bench.proxy import bench_cluster, cpu_seconds, start_gatehouse
 from gatehouse import codecs
-from tests.support.kafka import SCRAM_PASSWORD, SCRAM_USER, KafkaCluster
+from tests.support.kafka import SCRAM_PASSWORD, SCRAM_USER
 
 _SALTED: dict[bytes, bytes] = {}  # salt -> salted password (the clients' cache)
 
@@ -122,7 +122,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--clients", type=int, default=4)
     args = parser.parse_args()
-    with KafkaCluster(1, sasl_scram=True) as kafka:
+    with bench_cluster(sasl_scram=True) as kafka:
         users = Path(tempfile.mkdtemp()) / "users.yaml"
         users.write_text(f"users:\n  {SCRAM_USER}: {{password: {SCRAM_PASSWORD}}}\n")
         proxy, bootstrap = start_gatehouse(

@@ -9,7 +9,8 @@ edge's usual set-up (`gatehouse-tls`); and Gatehouse with TLS on both sides, to 
 listener (`gatehouse-tls-both`).  Kafka's own perf tools (acks=all, 1 KiB and 100 KiB
 records) and a librdkafka producer (1 KiB, twice the records), targets rotated each
 round so drift hits them alike.  The Java tools and the broker run with the JVM's full
-JIT here (the tests' C1-only JVMs do TLS at some 14-20 MB/s, which would measure them).
+JIT, as every bench's do (the tests' C1-only JVMs do TLS at some 14-20 MB/s, which would
+measure them).
 
 Prints MB/s and ratios to direct, then each TLS target against direct-tls (what the
 proxy costs a TLS client) and against the plaintext proxy, round by round, with each
@@ -30,19 +31,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.peers import librdkafka_rate
 from bench.proxy import (
+    bench_cluster,
     compare_throughput,
     cpu_seconds,
     print_ratios,
     rotated,
     start_gatehouse,
 )
-from tests.support.kafka import BROKER_JVM_OPTS, KafkaCluster, tls_files_for_loopback
+from tests.support.kafka import tls_files_for_loopback
 
-# The clients' JVMs: the tests' options without -XX:TieredStopAtLevel=1 (C1 has no
-# AES-GCM intrinsics: Java's TLS at C1 is slower than any proxy).
-CLIENT_JVM = ("-Xmx512m", "-XX:+UseSerialGC", "-XX:-UsePerfData", "-Djava.awt.headless=true")
-# The broker's likewise, or its own TLS listener is the slowest part of direct-tls.
-BROKER_JVM = tuple(opt for opt in BROKER_JVM_OPTS if not opt.startswith("-XX:TieredStopAtLevel"))
 TLS_TARGETS = ("direct-tls", "gatehouse-tls", "gatehouse-tls-both")
 
 
@@ -62,7 +59,7 @@ def main() -> None:
     downstream = f"tls: {{downstream: {{cert: {cert}, key: {key}}}"
     procs = []
     try:
-        with KafkaCluster(1, tls_keystore=keystore, jvm_opts=BROKER_JVM) as kafka:
+        with bench_cluster(tls_keystore=keystore) as kafka:
             plain, plain_addr = start_gatehouse(kafka.bootstrap)
             tls, tls_addr = start_gatehouse(kafka.bootstrap, downstream + "}\n")
             both, both_addr = start_gatehouse(
@@ -77,8 +74,7 @@ def main() -> None:
             results = compare_throughput(
                 kafka, targets, records=args.records, rounds=args.rounds,
                 sizes=(1024, 100 * 1024), pids=pids, cpu=cpu,
-                client_props={name: java_tls for name in TLS_TARGETS},
-                client_jvm_opts=CLIENT_JVM)
+                client_props={name: java_tls for name in TLS_TARGETS})
             metric = "librdkafka produce 1 KiB MB/s"
             for r in range(args.rounds):
                 for name, addr in rotated(list(targets.items()), r):
