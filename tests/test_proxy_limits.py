@@ -6,14 +6,21 @@ either frees a place as connections close."""
 from __future__ import annotations
 
 import logging
+import socket
+import struct
 from functools import partial
 
 import pytest
 import trio
 
+from gatehouse.logs import FIELDS_ATTR
 from gatehouse.metrics import ProxyMetrics
 from gatehouse.proxy.config import config_from_text
 from gatehouse.proxy.server import Proxy
+
+
+async def hold(stream: trio.SocketStream) -> None:
+    await trio.sleep_forever()  # a broker that keeps the proxy's connections open
 
 
 async def closed_by_proxy(stream: trio.SocketStream) -> bool:
@@ -32,9 +39,6 @@ async def closed_by_proxy(stream: trio.SocketStream) -> bool:
 ])
 async def test_connections_past_the_limit_are_turned_away(
         limit: str, refused: str, logged: int, caplog: pytest.LogCaptureFixture) -> None:
-    async def hold(stream: trio.SocketStream) -> None:
-        await trio.sleep_forever()  # a broker that keeps the proxy's connections open
-
     caplog.set_level(logging.WARNING, logger="gatehouse.proxy")
     async with trio.open_nursery() as nursery:
         [broker] = await nursery.start(partial(trio.serve_tcp, hold, 0, host="127.0.0.1"))
@@ -67,5 +71,36 @@ async def test_connections_past_the_limit_are_turned_away(
         assert not await closed_by_proxy(again)
         for stream in (*first[1:], *turned_away, again):
             await stream.aclose()
+        proxy.shutdown()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_client_that_resets_before_the_proxy_accepts_is_still_named(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A connection reset while it waits in the listen queue has no peer left for
+    getpeername, but accept(2) gave its address: the proxy's close line names the client
+    (not "?"), and a balancer's health check is still known as the balancer's."""
+    caplog.set_level(logging.INFO, logger="gatehouse.proxy")
+    async with trio.open_nursery() as nursery:
+        [broker] = await nursery.start(partial(trio.serve_tcp, hold, 0, host="127.0.0.1"))
+        port = broker.socket.getsockname()[1]
+        proxy = Proxy(config_from_text(f"listen: 127.0.0.1:0\nupstream: [127.0.0.1:{port}]\n"
+                                       "brokers: {start_port: 0}\n"
+                                       "limits: {connect_timeout: 0.5}\n"))
+        await nursery.start(proxy.serve)
+        # Connected and reset without a checkpoint: the proxy's accept comes after.
+        client = socket.create_connection(("127.0.0.1", proxy.bootstrap_ports[0]))
+        named = f"127.0.0.1:{client.getsockname()[1]}"
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.close()  # an RST, not a FIN
+
+        def closes() -> list[str]:
+            return [getattr(r, FIELDS_ATTR)["client"] for r in caplog.records
+                    if r.getMessage() == "connection closed"]
+
+        with trio.fail_after(10):
+            while not closes():
+                await trio.sleep(0.01)
+        assert closes() == [named]
         proxy.shutdown()
         nursery.cancel_scope.cancel()

@@ -30,11 +30,6 @@ class ProxyHeaderError(Exception):
     """Bytes that are not a PROXY protocol header (from a peer that must send one)."""
 
 
-class ClosedBeforeHeader(ProxyHeaderError):
-    """The peer closed before sending a byte: a balancer's TCP health check, not a bad
-    header."""
-
-
 Source = tuple[str, int] | None  # the client's (host, port); None: the balancer's own
 # connection (v2 LOCAL, v1 UNKNOWN: a health check), served as its peer's
 
@@ -89,14 +84,11 @@ def parse_v2(fixed: bytes, body: bytes) -> Source:
     raise ProxyHeaderError(f"PROXY v2: family 0x{family:02x} with {len(body)} address bytes")
 
 
-async def _exactly(stream: trio.abc.ReceiveStream, n: int, first: bool = False) -> bytes:
+async def _exactly(stream: trio.abc.ReceiveStream, n: int) -> bytes:
     data = b""
     while len(data) < n:
         chunk = await stream.receive_some(n - len(data))
         if not chunk:
-            if first and not data:
-                raise ClosedBeforeHeader("the connection closed before the PROXY protocol "
-                                         "header began")
             raise ProxyHeaderError("the connection closed before the end of the PROXY "
                                    "protocol header")
         data += chunk
@@ -105,7 +97,7 @@ async def _exactly(stream: trio.abc.ReceiveStream, n: int, first: bool = False) 
 
 async def read_proxy_header(stream: trio.abc.ReceiveStream) -> Source:
     """Reads one header (v1 or v2) off ``stream``, not a byte more; the client it names."""
-    start = await _exactly(stream, 8, first=True)
+    start = await _exactly(stream, 8)
     if start == V2_SIGNATURE[:8]:
         fixed = start + await _exactly(stream, 8)
         body = await _exactly(stream, v2_body_length(fixed))

@@ -9,6 +9,7 @@ gets its own port, opened before the response naming it reaches the client.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import itertools
 import logging
@@ -40,7 +41,7 @@ from gatehouse.proxy.kerberos import KerberosAcceptor, KerberosCredentials, kerb
 from gatehouse.proxy.live import LiveConnections
 from gatehouse.proxy.oauth import OAuthClient, TokenSource, TokenValidator
 from gatehouse.proxy.principal import certificate_principal, mapped_principal
-from gatehouse.proxy.proxyprotocol import ClosedBeforeHeader, ProxyHeaderError, read_proxy_header
+from gatehouse.proxy.proxyprotocol import ProxyHeaderError, read_proxy_header
 from gatehouse.proxy.sasl import (
     SaslError,
     SaslUsers,
@@ -337,7 +338,7 @@ class Proxy:
         async with listener:
             while not self.draining.is_set():
                 try:
-                    stream = await listener.accept()
+                    stream, address = await _accept(listener)
                 except trio.ClosedResourceError:
                     return  # closed by shutdown
                 except OSError as exc:  # e.g. EMFILE: back off instead of spinning
@@ -346,7 +347,7 @@ class Proxy:
                     await trio.sleep(0.1)
                     continue
                 limits = self.config.limits
-                host, client = _peer(stream)  # one look at the address, for all below
+                host, client = _peer(address)
                 # The whole proxy's limit (all workers': hostcounts).
                 if not self.host_counts.admit_total(limits.max_connections):
                     self._refuse(client, "limit reached", limits.max_connections)
@@ -356,7 +357,7 @@ class Proxy:
                     # The client is named by the header: the per-address limit waits
                     # for it (read in the connection's own task, not here).
                     nursery.start_soon(self._admit_from_balancer, stream, name, node_id,
-                                       client)
+                                       host, client)
                     continue
                 if not self._admit_host(host, client):
                     self.host_counts.release_total()
@@ -377,20 +378,21 @@ class Proxy:
         return True
 
     async def _admit_from_balancer(self, stream: trio.SocketStream, listener: str,
-                                   node_id: int | None, balancer: str) -> None:
+                                   node_id: int | None, balancer_host: str,
+                                   balancer: str) -> None:
         """A connection from a load balancer (``proxy_protocol.from``): its PROXY
         protocol header names the client, which the rest of the connection is served
         as (logs, metrics, rules' ``source``, the per-address limit)."""
         try:
             with trio.fail_after(self.config.limits.connect_timeout):
+                if await _closed_before_a_byte(stream):
+                    # The balancer's TCP health check: no bad header, an INFO line.
+                    self.host_counts.release_total()
+                    log_event(logger, logging.INFO, "connection closed before a PROXY "
+                              "protocol header (a port check?)", balancer=balancer)
+                    await aclose_quietly(stream)
+                    return
                 source = await read_proxy_header(stream)
-        except ClosedBeforeHeader:
-            # The balancer's TCP health check: no bad header, an INFO line.
-            self.host_counts.release_total()
-            log_event(logger, logging.INFO, "connection closed before a PROXY protocol "
-                      "header (a port check?)", balancer=balancer)
-            await aclose_quietly(stream)
-            return
         except (trio.TooSlowError, ProxyHeaderError, *STREAM_ERRORS) as exc:
             self.host_counts.release_total()
             why = ("no header within limits.connect_timeout"
@@ -399,7 +401,7 @@ class Proxy:
                       "header", balancer=balancer, error=why)
             await aclose_quietly(stream)
             return
-        host, client = (_peer(stream) if source is None
+        host, client = ((balancer_host, balancer) if source is None
                         else (source[0], _address_text(*source)))
         if not self._admit_host(host, client):
             self.host_counts.release_total()
@@ -711,11 +713,35 @@ def _describe(exc: BaseException) -> str:
     return text or type(exc).__name__
 
 
-def _peer(stream: trio.SocketStream) -> tuple[str, str]:
+# accept(2)'s errors that concern the one connection, not the listener (a firewall's
+# EPERM, network errors already pending on it): the next connection is accepted.
+_ACCEPT_ERRNOS = frozenset(getattr(errno, name) for name in (
+    "EPERM", "ECONNABORTED", "EPROTO", "ENETDOWN", "ENOPROTOOPT", "EHOSTDOWN", "ENONET",
+    "EHOSTUNREACH", "EOPNOTSUPP", "ENETUNREACH", "ENOSR", "ESOCKTNOSUPPORT",
+    "EPROTONOSUPPORT", "ETIMEDOUT", "ECONNRESET") if hasattr(errno, name))
+
+
+async def _accept(listener: trio.SocketListener) -> tuple[trio.SocketStream, Any]:
+    """``listener.accept()``, and the client's address as accept(2) gave it: trio's drops
+    it, and a client that resets at once has none left for getpeername (its lines would
+    name it "?", and one from a balancer would not be known as such)."""
+    while True:
+        try:
+            sock, address = await listener.socket.accept()
+        except OSError as exc:
+            if exc.errno == errno.EBADF:  # the listener closed (shutdown)
+                raise trio.ClosedResourceError from None
+            if exc.errno not in _ACCEPT_ERRNOS:
+                raise
+        else:
+            return trio.SocketStream(sock), address
+
+
+def _peer(address: Any) -> tuple[str, str]:
     """The client's host, and its address as the logs write it (``host:port``)."""
     try:
-        host, port, *_ = stream.socket.getpeername()
-    except (OSError, ValueError):
+        host, port, *_ = address
+    except (TypeError, ValueError):  # not an IP socket's address
         return "?", "?"
     return host, _address_text(host, port)
 

@@ -135,9 +135,14 @@ def test_clients_behind_a_balancer_are_served_as_who_they_are(
         with socket.create_connection(("127.0.0.1", port), timeout=10,
                                       source_address=(BALANCER, 0)) as bare:
             assert api_versions_answer(bare) == b""
-        # The balancer's TCP health check (connect, close): an INFO line, no warning.
+        # The balancer's TCP health checks (connect, then close or reset): an INFO line
+        # each, no warning.
         socket.create_connection(("127.0.0.1", port), timeout=10,
                                  source_address=(BALANCER, 0)).close()
+        reset = socket.create_connection(("127.0.0.1", port), timeout=10,
+                                         source_address=(BALANCER, 0))
+        reset.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        reset.close()  # an RST, not a FIN
 
         def logged() -> tuple[list[str], list[str]]:
             closed = [r.gatehouse_fields for r in caplog.records  # type: ignore[attr-defined]
@@ -151,11 +156,11 @@ def test_clients_behind_a_balancer_are_served_as_who_they_are(
                     == "connection closed before a PROXY protocol header (a port check?)"]
 
         deadline = time.monotonic() + 10
-        while not (logged()[1] and checks()) and time.monotonic() < deadline:
+        while not (logged()[1] and len(checks()) >= 2) and time.monotonic() < deadline:
             time.sleep(0.05)
         clients, bad = logged()
         assert len(bad) == 1 and "no PROXY protocol header: the connection began" in bad[0]
-        assert [r.levelno for r in checks()] == [logging.INFO]
+        assert [r.levelno for r in checks()] == [logging.INFO] * 2
         assert any(c.startswith(f"{CLIENT_HOST}:") for c in clients), clients
         assert not any(c.startswith(f"{BALANCER}:") for c in clients), clients
         assert proxy.sample("gatehouse_rule_decisions_total", rule="no-deletes-from-outside",
