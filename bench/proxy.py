@@ -220,14 +220,23 @@ def compare_throughput(kafka: KafkaCluster, targets: dict[str, str], *, records:
                                                                  props=props)),
                                     (f"consume {label} MB/s", partial(
                                         consume_rate, props=props))):
-                    pid = (pids or {}).get(name)
-                    before = cpu_seconds(pid) if pid else 0.0
-                    results[name].setdefault(metric, []).append(run(kafka, addr, topic, n))
-                    if pid and cpu is not None:
-                        cpu.setdefault(name, {}).setdefault(metric, []).append(
-                            (cpu_seconds(pid) - before) / (n * size / 1e6))
+                    measure(results, cpu, name, metric, (pids or {}).get(name),
+                            n * size / 1e6, partial(run, kafka, addr, topic, n))
                 kafka.delete_topics([broker_topic(topic)])  # the disk stays bounded
     return results
+
+
+def measure(results: dict[str, dict[str, list[float]]],
+            cpu: dict[str, dict[str, list[float]]] | None, name: str, metric: str,
+            pid: int | None, megabytes: float, run: Callable[[], float]) -> None:
+    """One run of a workload through target ``name``: its MB/s added to ``results``, and,
+    with a ``pid`` (the target's proxy process) and ``cpu``, that process's CPU seconds
+    per MB of the ``megabytes`` the run moved."""
+    before = cpu_seconds(pid) if pid else 0.0
+    results.setdefault(name, {}).setdefault(metric, []).append(run())
+    if pid and cpu is not None:
+        cpu.setdefault(name, {}).setdefault(metric, []).append(
+            (cpu_seconds(pid) - before) / megabytes)
 
 
 def cpu_seconds(pid: int) -> float:

@@ -25,6 +25,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -33,7 +34,7 @@ from bench.peers import librdkafka_rate
 from bench.proxy import (
     bench_cluster,
     compare_throughput,
-    cpu_seconds,
+    measure,
     print_ratios,
     rotated,
     start_gatehouse,
@@ -80,15 +81,10 @@ def main() -> None:
                 for name, addr in rotated(list(targets.items()), r):
                     topic = f"bench-rdkafka-{name}-{r}"
                     kafka.create_topic(topic, partitions=3)
-                    pid = pids.get(name)
-                    before = cpu_seconds(pid) if pid else 0.0
                     records = 2 * args.records
-                    results[name].setdefault(metric, []).append(librdkafka_rate(
-                        addr, topic, records, conf=rdkafka_tls if name in TLS_TARGETS
-                        else None))
-                    if pid:
-                        cpu.setdefault(name, {}).setdefault(metric, []).append(
-                            (cpu_seconds(pid) - before) / (records * 1024 / 1e6))
+                    measure(results, cpu, name, metric, pids.get(name), records * 1024 / 1e6,
+                            partial(librdkafka_rate, addr, topic, records,
+                                    conf=rdkafka_tls if name in TLS_TARGETS else None))
                     kafka.delete_topics([topic])
     finally:
         for proc in procs:
