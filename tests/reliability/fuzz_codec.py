@@ -249,9 +249,24 @@ def main(argv: list[str]) -> None:
     except ImportError:
         _blind(argv)
         return
-    atheris.instrument_all()  # coverage feedback from every function loaded so far
+    instrument_ours(atheris)
     atheris.Setup(argv, check_input)
     atheris.Fuzz()
+
+
+def instrument_ours(atheris: Any) -> None:
+    """Coverage feedback from the project's own functions loaded so far (the codecs, the
+    rules' readers): atheris.instrument_all also took the standard library's and the test
+    tools' (15,000 functions against some 1,100), minutes of start-up on a 2-core host
+    before the first input, and coverage signal from code the inputs never reach."""
+    import gc
+    import types
+
+    ours = [obj for obj in gc.get_objects() if isinstance(obj, types.FunctionType)
+            and (obj.__module__ or "").partition(".")[0] == "gatehouse"]
+    for func in ours:
+        atheris.instrument_func(func)
+    print(f"INFO: instrumented {len(ours)} functions of gatehouse", file=sys.stderr)
 
 
 if __name__ == "__main__":
