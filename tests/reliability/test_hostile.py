@@ -41,7 +41,7 @@ from tests.reliability.support import (
 )
 from tests.support.clients import produce, unique
 from tests.support.fakebroker import frame_bytes, request
-from tests.support.kafka import KafkaCluster
+from tests.support.kafka import KafkaCluster, tls_files_for_loopback
 from tests.test_rules import rules
 
 IDLE_TIMEOUT = 3.0
@@ -353,19 +353,12 @@ def test_slowloris(hostile: Setup) -> None:
 @pytest.fixture(scope="module")
 def tls_proxy(kafka: KafkaCluster, tmp_path_factory: pytest.TempPathFactory
               ) -> Iterator[tuple[ProxyRunner, LogTap, Path]]:
-    import trustme
-
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    d = tmp_path_factory.mktemp("tls")
-    cert.private_key_and_cert_chain_pem.write_to_path(str(d / "proxy.pem"))
-    cert.private_key_pem.write_to_path(str(d / "proxy.key"))
-    ca.cert_pem.write_to_path(str(d / "ca.pem"))
+    files = tls_files_for_loopback(tmp_path_factory.mktemp("tls"))
     config = (f"listen: 127.0.0.1:0\nupstream: [{kafka.bootstrap}]\nbrokers: {{start_port: 0}}\n"
-              f"tls: {{downstream: {{cert: {d / 'proxy.pem'}, key: {d / 'proxy.key'}}}}}\n"
+              f"tls: {{downstream: {{cert: {files['cert']}, key: {files['key']}}}}}\n"
               + LIMITS)
     with LogTap() as tap, ProxyRunner(config) as proxy:
-        yield proxy, tap, d / "ca.pem"
+        yield proxy, tap, files["ca"]
         assert proxy.alive()
 
 
