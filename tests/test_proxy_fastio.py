@@ -458,6 +458,125 @@ async def test_a_bad_tls_record_after_good_ones_breaks_the_stream_after_them() -
         await stream.receive_some(1000)
 
 
+async def tls_tcp_pair() -> tuple[trio.SSLStream[Any], trio.SSLStream[Any]]:
+    """A TLS client and server over loopback TCP, handshake done: the proxy's own."""
+    server_ctx, client_ctx = tls_contexts("proxy.test")
+    near, far = await tcp_pair()
+    client = trio.SSLStream(near, client_ctx, server_hostname="proxy.test")
+    server = trio.SSLStream(far, server_ctx, server_side=True)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(client.do_handshake)
+        nursery.start_soon(server.do_handshake)
+    return client, server
+
+
+async def receive_exactly(stream: Any, n: int) -> bytes:
+    parts = []
+    while n:
+        data = await stream.receive_some(n)
+        assert data, "EOF before the bytes expected"
+        parts.append(data)
+        n -= len(data)
+    return b"".join(parts)
+
+
+async def test_a_tls_stream_over_tcp_is_read_and_written_by_the_fast_stream() -> None:
+    """Over TCP, once the handshake is done, the proxy seals and opens the records
+    itself (trio's stream only closes): both ways at once, byte for byte, a large frame
+    sent from where it lies, and the server's TLS 1.3 session tickets (which trio holds
+    back from the handshake) sent before its first record."""
+    client, server = await tls_tcp_pair()
+    stream = FastStream(server)
+    assert stream._tls is not None  # taken over
+    assert FastStream((await tls_pair())[1])._tls is None  # over memory streams: trio's
+    up = os.urandom(3 * 1024 * 1024 + 17)
+    down = os.urandom(5 * 1024 * 1024 + 3)
+    frame = os.urandom(300_000)
+    got: dict[str, bytes] = {}
+
+    async def client_sends() -> None:
+        await client.send_all(up)
+
+    async def client_receives() -> None:
+        got["down"] = await receive_exactly(client, len(down) + 4 + len(frame))
+
+    async def proxy_receives() -> None:
+        got["up"] = await receive_exactly(stream, len(up))
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(client_sends)
+            nursery.start_soon(client_receives)
+            nursery.start_soon(proxy_receives)
+            await stream.send_all(down)
+            await stream.send_frame(frame)
+    assert got["up"] == up
+    assert got["down"] == down + struct.pack(">i", len(frame)) + frame
+    assert client._ssl_object.version() == "TLSv1.3"
+    assert client._ssl_object.session.has_ticket  # the held-back tickets went first
+    # Into a buffer: a frame's own, decrypted where it lies.
+    await client.send_all(frame)
+    buffer = bytearray(len(frame))
+    with memoryview(buffer) as view:
+        at = 0
+        while at < len(frame):
+            at += await stream.receive_into(view[at:])
+    assert buffer == frame
+    await client.aclose()  # close_notify: the end, after every byte
+    assert await stream.receive_some(1000) == b""
+    await server.aclose()
+    with pytest.raises(trio.ClosedResourceError):
+        await stream.receive_some(1000)
+
+
+async def test_a_tls_peer_that_closes_without_close_notify_or_forges_a_record_breaks_it() -> None:
+    """An EOF without close_notify, and a record no key sealed after good ones: the
+    good bytes are handed over, then BrokenResourceError (as trio's stream)."""
+    client, server = await tls_tcp_pair()
+    stream = FastStream(server)
+    await client.send_all(b"k" * 40_000)
+    await client.transport_stream.aclose()  # TCP's FIN, no close_notify
+    assert await receive_exactly(stream, 40_000) == b"k" * 40_000
+    with pytest.raises(trio.BrokenResourceError):
+        await stream.receive_some(1000)
+    with pytest.raises(trio.BrokenResourceError):  # and it stays broken
+        await stream.send_all(b"x")
+    await server.aclose()  # no close_notify after a broken stream: just closed
+
+    client, server = await tls_tcp_pair()
+    stream = FastStream(server)
+    await client.send_all(b"k" * 40_000)
+    await client.transport_stream.send_all(b"\x17\x03\x03\x00\x20" + bytes(32))
+    assert await receive_exactly(stream, 40_000) == b"k" * 40_000
+    with pytest.raises(trio.BrokenResourceError):
+        await stream.receive_some(1000)
+    await client.aclose()
+    await server.aclose()
+
+
+async def test_a_cancelled_tls_receive_loses_nothing_and_a_cancelled_send_breaks_it() -> None:
+    """A receive cancelled while it waits for bytes (the connection's drain does that)
+    loses none; a send cancelled while the peer does not read has left part of a
+    record on the wire: the stream is broken and closes without a close_notify."""
+    client, server = await tls_tcp_pair()
+    stream = FastStream(server)
+    with trio.move_on_after(0.05) as scope:
+        await stream.receive_some(1000)
+    assert scope.cancelled_caught and not stream.waiting
+    await client.send_all(b"after")
+    assert await stream.receive_some(1000) == b"after"
+
+    far = server.transport_stream
+    far.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 64 * 1024)
+    with trio.move_on_after(0.5) as scope:
+        await stream.send_all(b"y" * (16 * 1024 * 1024))  # the client reads nothing
+    assert scope.cancelled_caught
+    with pytest.raises(trio.BrokenResourceError):
+        await stream.send_all(b"z")
+    await server.aclose()
+    await client.aclose()
+
+
 async def test_a_large_send_goes_to_the_kernel_whole_while_the_peer_does_not_read() -> None:
     """512 KiB to a peer that reads nothing yet: FastStream's send completes (the send
     buffer takes it, as a client's own socket would), where trio's 16 KiB cap stops

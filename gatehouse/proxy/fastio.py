@@ -19,8 +19,11 @@ keeps trio's rules otherwise:
 Its sockets queue what the proxy sends as the system's TCP defaults let them, not
 trio's 16 KiB (``bulk_sends``): a proxy relays bulk bytes.
 
-Anything but a plain TCP ``SocketStream`` (TLS, the tests' memory streams) goes through
-its own methods unchanged.
+A TLS stream over TCP whose handshake is done is served the same way: its ``SSLObject``
+decrypts what one read of the socket brought (up to ``_TLS_READ``) and encrypts what is
+sent, with no trip through trio's ``SSLStream`` (its locks, its one 16 KiB record a
+receive, its scheduler yields); trio's stream keeps the handshake and the close.
+Anything else (the tests' memory streams) goes through its own methods unchanged.
 
 ``splice_to`` moves bytes from one socket to another through a pipe (Linux splice(2)):
 they never enter user space, so a large answer's records cost the proxy neither the
@@ -59,6 +62,11 @@ _UNSUPPORTED: Final = (errno.EOPNOTSUPP, errno.ENOPROTOOPT, errno.EINVAL)
 # Whether TCP sockets take SO_PEEK_OFF here (learnt from the first try; None: not yet).
 _PEEK_OFFSETS: bool | None = None
 _TCP_NOTSENT_LOWAT: Final = getattr(socket, "TCP_NOTSENT_LOWAT", None)
+# Read from a TLS stream's socket at a time: what a 1 MB request's records need in four.
+_TLS_READ: Final = 256 * 1024
+# A TLS record's most plaintext: a large frame's first record is its size prefix and
+# this much less 4 of it, the rest sealed from where it lies.
+_TLS_RECORD: Final = 16 * 1024
 # Peeked at a time by ``peek_walk``: a batch's header and the parts around it (a longer
 # part is read in more peeks).
 PEEK_READ: Final = 512
@@ -96,7 +104,8 @@ class FastStream:
     One task receives and one task sends at a time (the pumps' own discipline; trio's
     stream would raise ``BusyResourceError`` otherwise, this one does not check)."""
 
-    __slots__ = ("_plain", "_ready_calls", "_tls_object", "socket", "stream", "waiting")
+    __slots__ = ("_plain", "_ready_calls", "_tls", "_tls_object", "socket", "stream",
+                 "waiting")
 
     def __init__(self, stream: trio.abc.Stream) -> None:
         self.stream = stream
@@ -116,9 +125,14 @@ class FastStream:
         # already received are taken from it at once (_more_records).
         self._tls_object: Any = (getattr(stream, "_ssl_object", None)
                                  if isinstance(stream, trio.SSLStream) else None)
+        # Over TCP, with the handshake done: the TLS stream's records read and written
+        # here (_TlsState), trio's stream used for its close only.
+        self._tls: _TlsState | None = _TlsState.take_over(stream)
 
     async def receive_some(self, max_bytes: int) -> bytes | bytearray:
         if self.socket is None:
+            if self._tls is not None:
+                return await self._tls_receive(max_bytes)
             self.waiting = True  # trio's streams lose nothing to a cancelled receive
             try:
                 data = await self.stream.receive_some(max_bytes)
@@ -155,6 +169,8 @@ class FastStream:
         caller wants them (a large frame's own buffer), not in a new object to be joined
         later.  Returns how many came; 0 at EOF."""
         if self.socket is None:
+            if self._tls is not None:
+                return await self._tls_receive_into(view)
             data = await self.receive_some(len(view))
             view[:len(data)] = data
             return len(data)
@@ -259,7 +275,10 @@ class FastStream:
     async def send_all(self, data: Any) -> None:
         sock = self.socket
         if sock is None:
-            await self.stream.send_all(data)
+            if self._tls is not None:
+                await self._tls_send((data,))
+            else:
+                await self.stream.send_all(data)
             return
         with memoryview(data) as view:
             await self._write_all(sock, [view])
@@ -269,6 +288,12 @@ class FastStream:
         joined, without the copy that joins a large one (a changed request or answer)."""
         prefix = _SIZE.pack(len(frame))
         sock = self.socket
+        if sock is None and self._tls is not None and len(frame) >= _GATHER_MIN:
+            # Two whole records' worth apart: no 4-byte record, no copy of the frame.
+            with memoryview(frame) as view:
+                head = _TLS_RECORD - len(prefix)
+                await self._tls_send((b"".join((prefix, view[:head])), view[head:]))
+            return
         if sock is None or len(frame) < _GATHER_MIN:
             await self.send_all(b"".join((prefix, frame)))
             return
@@ -343,11 +368,200 @@ class FastStream:
                 await trio.lowlevel.wait_readable(src)
         return n
 
+    async def _tls_receive(self, max_bytes: int) -> bytes | bytearray:
+        """``receive_some`` of a TLS stream taken over: the records in hand, decrypted,
+        up to ``max_bytes``; the socket read (and waited for) only when no whole record
+        is.  b"" after the peer's close_notify; BrokenResourceError for a bad record or
+        an EOF without close_notify (as trio's stream)."""
+        tls = self._tls
+        assert tls is not None
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while True:
+            tls.check()
+            try:
+                data: bytes = tls.ssl.read(max_bytes)
+            except ssl.SSLWantReadError:
+                await self._tls_fill(tls)
+                continue
+            except ssl.SSLError as exc:
+                tls.broken()
+                raise trio.BrokenResourceError(exc) from exc
+            if data and len(data) < max_bytes:
+                data = self._more_records(data, max_bytes)  # type: ignore[assignment]
+            await self._tls_after_read(tls)
+            return data
+
+    async def _tls_receive_into(self, view: memoryview) -> int:
+        """``receive_into`` of a TLS stream taken over: decrypted straight into ``view``."""
+        tls = self._tls
+        assert tls is not None
+        await trio.lowlevel.checkpoint_if_cancelled()
+        want = len(view)
+        read: Any = tls.ssl.read  # with a buffer: how many bytes it took (typeshed: bytes)
+        while True:
+            tls.check()
+            try:
+                got: int = read(want, view)
+            except ssl.SSLWantReadError:
+                await self._tls_fill(tls)
+                continue
+            except ssl.SSLError as exc:
+                tls.broken()
+                raise trio.BrokenResourceError(exc) from exc
+            while got and got < want:  # the records after it already in hand
+                try:
+                    more: int = read(want - got, view[got:])
+                except ssl.SSLError:  # nothing whole in hand, or an error: the next call's
+                    break
+                if not more:
+                    break
+                got += more
+            await self._tls_after_read(tls)
+            return got
+
+    async def _tls_fill(self, tls: _TlsState) -> None:
+        """The socket's next bytes into the TLS stream's incoming buffer (its EOF too),
+        waiting for them when there are none; what a read left to send (a renegotiation's
+        answer, TLS 1.3's key update) goes first, or the peer may wait for it."""
+        if tls.outgoing.pending and not tls.lock.locked():
+            await self._tls_flush(tls)
+        if tls.incoming.eof:  # SSLObject asks for more after the socket's EOF: never spin
+            tls.broken()
+            raise trio.BrokenResourceError("the TLS peer's connection ended inside a record")
+        sock = tls.socket
+        while True:
+            try:
+                raw = os.read(_fd(sock), _TLS_READ)
+            except BlockingIOError:
+                self.waiting = True
+                try:
+                    await trio.lowlevel.wait_readable(sock)
+                finally:
+                    self.waiting = False
+                self._ready_calls = 0
+                continue
+            except OSError as exc:
+                tls.broken()
+                raise trio.BrokenResourceError(exc) from exc
+            if raw:
+                tls.incoming.write(raw)
+            else:
+                tls.incoming.write_eof()  # the next read: close_notify's b"", or an error
+            return
+
+    async def _tls_after_read(self, tls: _TlsState) -> None:
+        if tls.outgoing.pending and not tls.lock.locked():
+            # The read made something to send (see _tls_fill); while a send is under
+            # way, its task sends this too before it lets go of the lock.
+            await self._tls_flush(tls)
+        self._ready_calls += 1
+        if self._ready_calls >= _YIELD_EVERY:
+            self._ready_calls = 0
+            await trio.lowlevel.cancel_shielded_checkpoint()  # bytes in hand: see _read
+
+    async def _tls_send(self, parts: tuple[Any, ...]) -> None:
+        """``parts`` sealed into records, in order, and sent."""
+        tls = self._tls
+        assert tls is not None
+        await trio.lowlevel.checkpoint_if_cancelled()
+        tls.check()
+        try:
+            for part in parts:
+                if len(part):  # SSLObject.write(b"") would mean something else
+                    tls.ssl.write(part)
+        except ssl.SSLError as exc:
+            tls.broken()
+            raise trio.BrokenResourceError(exc) from exc
+        await self._tls_flush(tls)
+
+    async def _tls_flush(self, tls: _TlsState) -> None:
+        """Every sealed byte to the socket, by one task at a time: the receiving task
+        sends only what a read made (rare), and whoever holds the lock sends what the
+        other sealed meanwhile too, so records leave in the order they were sealed.  A
+        send cut short (cancelled, failed) leaves a record half sent: the stream is
+        broken, as trio's is then."""
+        lock = tls.lock
+        try:
+            lock.acquire_nowait()  # no yield when no one else sends (always, but rarely)
+        except trio.WouldBlock:
+            try:
+                await lock.acquire()
+            except BaseException:  # sealed records of ours may be left unsent
+                tls.broken()
+                raise
+        try:
+            while True:
+                sealed = tls.outgoing.read()
+                if tls.delayed is not None:  # TLS 1.3 session tickets, held by trio
+                    sealed, tls.delayed = tls.delayed + sealed, None
+                if not sealed:
+                    break
+                await self._write_all(tls.socket, [sealed])
+        except BaseException:
+            tls.broken()
+            raise
+        finally:
+            lock.release()
+
     async def _fair(self) -> None:
         self._ready_calls += 1
         if self._ready_calls >= _YIELD_EVERY:
             self._ready_calls = 0
             await trio.lowlevel.checkpoint()
+
+
+class _TlsState:
+    """What ``FastStream`` needs of a trio ``SSLStream`` it reads and writes itself: the
+    ``SSLObject``, its two memory buffers and the TCP socket under them."""
+
+    __slots__ = ("delayed", "incoming", "lock", "outgoing", "socket", "ssl", "stream")
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.ssl: ssl.SSLObject = stream._ssl_object
+        self.incoming: ssl.MemoryBIO = stream._incoming
+        self.outgoing: ssl.MemoryBIO = stream._outgoing
+        self.socket: Any = stream.transport_stream.socket
+        # A TLS 1.3 server's session tickets, which trio holds back from the handshake
+        # until the first send (its issue 819): sent before the first record here.
+        self.delayed: bytes | None = stream._delayed_outgoing
+        stream._delayed_outgoing = None
+        self.lock = trio.StrictFIFOLock()
+
+    @classmethod
+    def take_over(cls, stream: trio.abc.Stream) -> _TlsState | None:
+        """The state of ``stream``, a TLS stream over TCP whose handshake is done (the
+        proxy's always are by then); None for any other, or where this trio keeps its
+        state otherwise (its own methods then serve)."""
+        if not isinstance(stream, trio.SSLStream):
+            return None
+        handshook = getattr(stream, "_handshook", None)
+        if (type(stream.transport_stream) is not trio.SocketStream or handshook is None
+                or not getattr(handshook, "done", False)
+                or not all(hasattr(stream, name) for name in _SSLSTREAM_STATE)):
+            return None
+        return cls(stream)
+
+    def check(self) -> None:
+        """trio's stream's state: ClosedResourceError once closed, BrokenResourceError
+        once broken (here or there)."""
+        state = self.stream._state.name
+        if state == "CLOSED":
+            raise trio.ClosedResourceError("the TLS stream was closed")
+        if state == "BROKEN":
+            raise trio.BrokenResourceError("the TLS stream is broken")
+
+    def broken(self) -> None:
+        """Marks trio's stream broken: its close then sends no close_notify after a
+        record cut short, and every later call here fails."""
+        state = self.stream._state
+        if state.name == "OK":
+            self.stream._state = type(state).BROKEN
+
+
+# The attributes of trio's SSLStream that _TlsState reads (trio 0.25 to 0.35 at least).
+_SSLSTREAM_STATE: Final = ("_ssl_object", "_incoming", "_outgoing", "_delayed_outgoing",
+                           "_state")
 
 
 def bulk_sends(stream: trio.abc.Stream) -> None:
