@@ -413,11 +413,14 @@ async def test_a_fast_stream_gives_its_tcp_socket_the_systems_send_queue() -> No
         await stream.aclose()
 
 
-async def tls_pair() -> tuple[trio.SSLStream[Any], trio.SSLStream[Any]]:
-    """A TLS client and server, handshake done, over memory streams: what the client
-    sends is in the server's hands at once, nothing on the way."""
+async def tls_pair(over_tcp: bool = False) -> tuple[trio.SSLStream[Any], trio.SSLStream[Any]]:
+    """A TLS client and server, handshake done, over memory streams (what the client
+    sends is in the server's hands at once, nothing on the way) or over loopback TCP
+    (the proxy's own: FastStream reads and writes the records itself)."""
     server_ctx, client_ctx = tls_contexts("proxy.test")
-    near, far = trio.testing.memory_stream_pair()
+    near: trio.abc.Stream
+    far: trio.abc.Stream
+    near, far = await tcp_pair() if over_tcp else trio.testing.memory_stream_pair()
     client = trio.SSLStream(near, client_ctx, server_hostname="proxy.test")
     server = trio.SSLStream(far, server_ctx, server_side=True)
     async with trio.open_nursery() as nursery:
@@ -458,18 +461,6 @@ async def test_a_bad_tls_record_after_good_ones_breaks_the_stream_after_them() -
         await stream.receive_some(1000)
 
 
-async def tls_tcp_pair() -> tuple[trio.SSLStream[Any], trio.SSLStream[Any]]:
-    """A TLS client and server over loopback TCP, handshake done: the proxy's own."""
-    server_ctx, client_ctx = tls_contexts("proxy.test")
-    near, far = await tcp_pair()
-    client = trio.SSLStream(near, client_ctx, server_hostname="proxy.test")
-    server = trio.SSLStream(far, server_ctx, server_side=True)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(client.do_handshake)
-        nursery.start_soon(server.do_handshake)
-    return client, server
-
-
 async def receive_exactly(stream: Any, n: int) -> bytes:
     parts = []
     while n:
@@ -485,7 +476,7 @@ async def test_a_tls_stream_over_tcp_is_read_and_written_by_the_fast_stream() ->
     itself (trio's stream only closes): both ways at once, byte for byte, a large frame
     sent from where it lies, and the server's TLS 1.3 session tickets (which trio holds
     back from the handshake) sent before its first record."""
-    client, server = await tls_tcp_pair()
+    client, server = await tls_pair(over_tcp=True)
     stream = FastStream(server)
     assert stream._tls is not None  # taken over
     assert FastStream((await tls_pair())[1])._tls is None  # over memory streams: trio's
@@ -532,7 +523,7 @@ async def test_a_tls_stream_over_tcp_is_read_and_written_by_the_fast_stream() ->
 async def test_a_tls_peer_that_closes_without_close_notify_or_forges_a_record_breaks_it() -> None:
     """An EOF without close_notify, and a record no key sealed after good ones: the
     good bytes are handed over, then BrokenResourceError (as trio's stream)."""
-    client, server = await tls_tcp_pair()
+    client, server = await tls_pair(over_tcp=True)
     stream = FastStream(server)
     await client.send_all(b"k" * 40_000)
     await client.transport_stream.aclose()  # TCP's FIN, no close_notify
@@ -543,7 +534,7 @@ async def test_a_tls_peer_that_closes_without_close_notify_or_forges_a_record_br
         await stream.send_all(b"x")
     await server.aclose()  # no close_notify after a broken stream: just closed
 
-    client, server = await tls_tcp_pair()
+    client, server = await tls_pair(over_tcp=True)
     stream = FastStream(server)
     await client.send_all(b"k" * 40_000)
     await client.transport_stream.send_all(b"\x17\x03\x03\x00\x20" + bytes(32))
@@ -558,7 +549,7 @@ async def test_a_cancelled_tls_receive_loses_nothing_and_a_cancelled_send_breaks
     """A receive cancelled while it waits for bytes (the connection's drain does that)
     loses none; a send cancelled while the peer does not read has left part of a
     record on the wire: the stream is broken and closes without a close_notify."""
-    client, server = await tls_tcp_pair()
+    client, server = await tls_pair(over_tcp=True)
     stream = FastStream(server)
     with trio.move_on_after(0.05) as scope:
         await stream.receive_some(1000)
