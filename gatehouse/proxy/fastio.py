@@ -255,22 +255,29 @@ class FastStream:
             try:
                 got = read(_fd(sock), arg)
             except BlockingIOError:
-                self.waiting = True
-                try:
-                    await trio.lowlevel.wait_readable(sock)
-                finally:
-                    self.waiting = False
-                self._ready_calls = 0
+                await self._wait_for_bytes(sock)
                 continue
             except OSError as exc:
                 raise trio.BrokenResourceError(exc) from exc
-            self._ready_calls += 1
-            if self._ready_calls >= _YIELD_EVERY:
-                self._ready_calls = 0
-                # Bytes in hand: a cancellation now would lose them (trio's own receive
-                # does the same).
-                await trio.lowlevel.cancel_shielded_checkpoint()
+            await self._fair_with_bytes_in_hand()
             return got
+
+    async def _wait_for_bytes(self, sock: Any) -> None:
+        """Until ``sock`` has bytes (or EOF); ``waiting`` meanwhile."""
+        self.waiting = True
+        try:
+            await trio.lowlevel.wait_readable(sock)
+        finally:
+            self.waiting = False
+        self._ready_calls = 0
+
+    async def _fair_with_bytes_in_hand(self) -> None:
+        """``_fair`` after a receive: a cancellation now would lose the bytes received,
+        so the yield is shielded (trio's own receive does the same)."""
+        self._ready_calls += 1
+        if self._ready_calls >= _YIELD_EVERY:
+            self._ready_calls = 0
+            await trio.lowlevel.cancel_shielded_checkpoint()
 
     async def send_all(self, data: Any) -> None:
         sock = self.socket
@@ -375,49 +382,43 @@ class FastStream:
         an EOF without close_notify (as trio's stream)."""
         tls = self._tls
         assert tls is not None
-        await trio.lowlevel.checkpoint_if_cancelled()
-        while True:
-            tls.check()
-            try:
-                data: bytes = tls.ssl.read(max_bytes)
-            except ssl.SSLWantReadError:
-                await self._tls_fill(tls)
-                continue
-            except ssl.SSLError as exc:
-                tls.broken()
-                raise trio.BrokenResourceError(exc) from exc
-            if data and len(data) < max_bytes:
-                data = self._more_records(data, max_bytes)  # type: ignore[assignment]
-            await self._tls_after_read(tls)
-            return data
+        data: bytes = await self._tls_read(tls, max_bytes)
+        if data and len(data) < max_bytes:
+            data = self._more_records(data, max_bytes)  # type: ignore[assignment]
+        await self._tls_after_read(tls)
+        return data
 
     async def _tls_receive_into(self, view: memoryview) -> int:
         """``receive_into`` of a TLS stream taken over: decrypted straight into ``view``."""
         tls = self._tls
         assert tls is not None
-        await trio.lowlevel.checkpoint_if_cancelled()
         want = len(view)
+        got: int = await self._tls_read(tls, want, view)
         read: Any = tls.ssl.read  # with a buffer: how many bytes it took (typeshed: bytes)
+        while got and got < want:  # the records after it already in hand
+            try:
+                more: int = read(want - got, view[got:])
+            except ssl.SSLError:  # nothing whole in hand, or an error: the next call's
+                break
+            if not more:
+                break
+            got += more
+        await self._tls_after_read(tls)
+        return got
+
+    async def _tls_read(self, tls: _TlsState, *args: Any) -> Any:
+        """The ``SSLObject``'s ``read(*args)`` once it has a whole record (or the end) in
+        hand, the socket read and waited for until it has."""
+        await trio.lowlevel.checkpoint_if_cancelled()
         while True:
             tls.check()
             try:
-                got: int = read(want, view)
+                return tls.ssl.read(*args)
             except ssl.SSLWantReadError:
                 await self._tls_fill(tls)
-                continue
             except ssl.SSLError as exc:
                 tls.broken()
                 raise trio.BrokenResourceError(exc) from exc
-            while got and got < want:  # the records after it already in hand
-                try:
-                    more: int = read(want - got, view[got:])
-                except ssl.SSLError:  # nothing whole in hand, or an error: the next call's
-                    break
-                if not more:
-                    break
-                got += more
-            await self._tls_after_read(tls)
-            return got
 
     async def _tls_fill(self, tls: _TlsState) -> None:
         """The socket's next bytes into the TLS stream's incoming buffer (its EOF too),
@@ -433,12 +434,7 @@ class FastStream:
             try:
                 raw = os.read(_fd(sock), _TLS_READ)
             except BlockingIOError:
-                self.waiting = True
-                try:
-                    await trio.lowlevel.wait_readable(sock)
-                finally:
-                    self.waiting = False
-                self._ready_calls = 0
+                await self._wait_for_bytes(sock)
                 continue
             except OSError as exc:
                 tls.broken()
@@ -454,10 +450,7 @@ class FastStream:
             # The read made something to send (see _tls_fill); while a send is under
             # way, its task sends this too before it lets go of the lock.
             await self._tls_flush(tls)
-        self._ready_calls += 1
-        if self._ready_calls >= _YIELD_EVERY:
-            self._ready_calls = 0
-            await trio.lowlevel.cancel_shielded_checkpoint()  # bytes in hand: see _read
+        await self._fair_with_bytes_in_hand()
 
     async def _tls_send(self, parts: tuple[Any, ...]) -> None:
         """``parts`` sealed into records, in order, and sent."""
