@@ -13,10 +13,10 @@ from pathlib import Path
 import confluent_kafka as ck
 import pytest
 
-from tests.integration.test_metrics_topics import PERF
+from tests.integration.test_metrics_topics import CONSUMER_PERF, PERF
 from tests.integration.test_sasl_proxy import logged, wait_for
 from tests.support.clients import consume, produce, unique, watermarks
-from tests.support.kafka import KafkaCluster, tls_files_for_loopback
+from tests.support.kafka import TOOL_JVM_OPTS, KafkaCluster, tls_files_for_loopback
 from tests.support.proxythread import ProxyThread
 
 
@@ -77,3 +77,45 @@ def test_a_broker_certificate_from_another_ca_is_refused_and_reported(
         assert proxy.sample("gatehouse_upstream_failures_total",
                             broker=kafka.ssl_bootstrap) >= 1
     assert watermarks(kafka.bootstrap, topic) == (0, 0)
+
+
+def test_tls_key_updates_mid_connection_both_ways_through_the_proxy(
+        tls_broker: tuple[KafkaCluster, dict[str, Path]], tmp_path: Path) -> None:
+    """TLS 1.3 key updates in the middle of a connection, which the proxy's own TLS
+    reads must take and its sends answer: Java's clients with a key limit of 64 KiB
+    (`jdk.tls.keyLimits`) send a KeyUpdate asking for one back every 64 KiB they send or
+    receive (OpenSSL seals its answer before the proxy's next record).  Every record
+    produced through the proxy is consumed through it."""
+    kafka, files = tls_broker
+    topic = unique("tls-rekey")
+    kafka.create_topic(topic, partitions=1)
+    client_tls = tmp_path / "client-tls.properties"
+    client_tls.write_text("security.protocol=SSL\nssl.truststore.type=PEM\n"
+                          f"ssl.truststore.location={files['ca']}\n")
+    # A security property (java.security), not a system one: a file added to them.
+    limits = tmp_path / "key-limits.security"
+    limits.write_text("jdk.tls.keyLimits=AES/GCM/NoPadding KeyUpdate 2^16, "
+                      "ChaCha20-Poly1305 KeyUpdate 2^16\n")
+    rekeying = (*TOOL_JVM_OPTS, f"-Djava.security.properties={limits}",
+                "-Djavax.net.debug=ssl:handshake")
+    downstream = f"tls:\n  downstream: {{cert: {files['cert']}, key: {files['key']}}}\n"
+    with ProxyThread(kafka.bootstrap, extra_config=downstream) as proxy:
+        produced = kafka.run_java_tool(
+            PERF, "--topic", topic, "--num-records", "3000", "--record-size", "1024",
+            "--throughput", "-1", "--producer-props", f"bootstrap.servers={proxy.bootstrap}",
+            "acks=all", "--producer.config", str(client_tls), timeout=180, jvm_opts=rekeying)
+        assert re.search(r"^3000 records sent", produced.stdout, re.M), produced.stderr[-2000:]
+        consumed = kafka.run_java_tool(
+            CONSUMER_PERF, "--bootstrap-server", proxy.bootstrap, "--topic", topic,
+            "--messages", "3000", "--timeout", "60000", "--command-config", str(client_tls),
+            timeout=180, jvm_opts=rekeying)
+        assert consumed.returncode == 0, consumed.stderr[-2000:]
+        assert proxy.sample("gatehouse_topic_records_total", topic=topic,
+                            direction="fetch") >= 3000
+    assert watermarks(kafka.bootstrap, topic, 0)[1] == 3000
+    for tool in (produced, consumed):
+        debug = tool.stdout + tool.stderr  # Java's TLS debug lines
+        # Many key updates each way: the client's, and the proxy's, each taken by the
+        # other side (a record sealed with a stale key would have failed the connection).
+        assert debug.count("Produced KeyUpdate post-handshake message") >= 10, debug[-2000:]
+        assert debug.count("Consuming KeyUpdate post-handshake message") >= 10, debug[-2000:]
