@@ -599,16 +599,22 @@ async def test_a_tls_1_2_client_that_renegotiates_mid_connection_is_answered() -
                 assert stream._tls is not None
                 await client.stdin.send_all(b"before\n")
                 assert await receive_exactly(stream, 7) == b"before\n"
+                printed = b""
+
+                async def printed_by_the_client(text: bytes) -> None:
+                    nonlocal printed
+                    while text not in printed:
+                        more = await client.stdout.receive_some(65536)
+                        assert more, printed[-2000:]
+                        printed += more
+
                 await client.stdin.send_all(b"R\n")  # s_client: renegotiate
+                # Its next line only then: one read of "R\nafter\n" would drop the rest.
+                await printed_by_the_client(b"RENEGOTIATING")
                 await client.stdin.send_all(b"after\n")
                 assert await receive_exactly(stream, 6) == b"after\n"
                 await stream.send_all(b"answered\n")
-                printed = b""
-                while b"answered" not in printed:
-                    more = await client.stdout.receive_some(65536)
-                    assert more, printed[-2000:]
-                    printed += more
-            assert b"RENEGOTIATING" in printed  # the client did, and went on
+                await printed_by_the_client(b"answered")
         finally:
             client.kill()
             await client.wait()
