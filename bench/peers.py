@@ -111,7 +111,11 @@ defaultFilters: [tenant]
     return start_kroxylicious(upstream, filters)
 
 
-def start_kroxylicious(upstream: str, filters: str = "") -> tuple[subprocess.Popen[bytes], str]:
+def start_kroxylicious(upstream: str, filters: str = "", tls: str = ""
+                       ) -> tuple[subprocess.Popen[bytes], str]:
+    """Kroxylicious with one port-per-broker virtual cluster in front of ``upstream``;
+    ``filters``: its filter definitions (YAML); ``tls``: the virtual cluster's own TLS
+    (YAML at its indentation: ``tls: {key: ...}``)."""
     libs = ensure_kroxylicious(log=True)
     port = free_port()
     config = Path(tempfile.mkdtemp()) / "kroxylicious.yaml"
@@ -126,7 +130,7 @@ def start_kroxylicious(upstream: str, filters: str = "") -> tuple[subprocess.Pop
         brokerStartPort: {free_port_block()}
     logNetwork: false
     logFrames: false
-""")
+""" + tls)
     proc = subprocess.Popen(
         [java_binary(), "-Xmx512m", "-cp", f"{libs}/*", str(HERE / "peers" /
                                                            "KroxyliciousLauncher.java"),

@@ -5,12 +5,13 @@
 One broker with a plaintext and an SSL listener.  Targets: the broker directly in
 plaintext (`direct`) and over TLS (`direct-tls`); Gatehouse in plaintext (`gatehouse`);
 Gatehouse terminating TLS (`tls.downstream`) in front of the plaintext listener, the
-edge's usual set-up (`gatehouse-tls`); and Gatehouse with TLS on both sides, to the SSL
-listener (`gatehouse-tls-both`).  Kafka's own perf tools (acks=all, 1 KiB and 100 KiB
-records) and a librdkafka producer (1 KiB, twice the records), targets rotated each
-round so drift hits them alike.  The Java tools and the broker run with the JVM's full
-JIT, as every bench's do (the tests' C1-only JVMs do TLS at some 14-20 MB/s, which would
-measure them).
+edge's usual set-up (`gatehouse-tls`); Gatehouse with TLS on both sides, to the SSL
+listener (`gatehouse-tls-both`); and the peer, Kroxylicious, terminating TLS the same
+way in front of the plaintext listener (`kroxylicious-tls`).  Kafka's own perf tools
+(acks=all, 1 KiB and 100 KiB records) and a librdkafka producer (1 KiB, twice the
+records), targets rotated each round so drift hits them alike.  The Java tools and the
+broker run with the JVM's full JIT, as every bench's do (the tests' C1-only JVMs do TLS
+at some 14-20 MB/s, which would measure them).
 
 Prints MB/s and ratios to direct, then each TLS target against direct-tls (what the
 proxy costs a TLS client) and against the plaintext proxy, round by round, with each
@@ -30,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.peers import librdkafka_rate
+from bench.peers import librdkafka_rate, start_kroxylicious
 from bench.proxy import (
     bench_cluster,
     compare_throughput,
@@ -41,7 +42,7 @@ from bench.proxy import (
 )
 from tests.support.kafka import tls_files_for_loopback
 
-TLS_TARGETS = ("direct-tls", "gatehouse-tls", "gatehouse-tls-both")
+TLS_TARGETS = ("direct-tls", "gatehouse-tls", "gatehouse-tls-both", "kroxylicious-tls")
 
 
 def main() -> None:
@@ -65,12 +66,16 @@ def main() -> None:
             tls, tls_addr = start_gatehouse(kafka.bootstrap, downstream + "}\n")
             both, both_addr = start_gatehouse(
                 kafka.ssl_bootstrap, downstream + f", upstream: {{ca: {ca_pem}}}}}\n")
-            procs += [plain, tls, both]
+            # The peer terminating TLS the same way (Netty's TLS, the JVM's full JIT).
+            kroxy, kroxy_addr = start_kroxylicious(
+                kafka.bootstrap, tls=f"    tls:\n      key: {{privateKeyFile: {keystore}, "
+                                     f"certificateFile: {cert}}}\n")
+            procs += [plain, tls, both, kroxy]
             targets = {"direct": kafka.bootstrap, "direct-tls": kafka.ssl_bootstrap,
                        "gatehouse": plain_addr, "gatehouse-tls": tls_addr,
-                       "gatehouse-tls-both": both_addr}
+                       "gatehouse-tls-both": both_addr, "kroxylicious-tls": kroxy_addr}
             pids = {"gatehouse": plain.pid, "gatehouse-tls": tls.pid,
-                    "gatehouse-tls-both": both.pid}
+                    "gatehouse-tls-both": both.pid, "kroxylicious-tls": kroxy.pid}
             cpu: dict[str, dict[str, list[float]]] = {}
             results = compare_throughput(
                 kafka, targets, records=args.records, rounds=args.rounds,
@@ -92,8 +97,8 @@ def main() -> None:
             proc.wait(30)
         shutil.rmtree(work, ignore_errors=True)
     print_ratios(results)
-    for name, baseline in (("gatehouse-tls", "direct-tls"), ("gatehouse-tls-both", "direct-tls"),
-                           ("gatehouse-tls", "gatehouse")):
+    for name, baseline in (("gatehouse-tls", "direct-tls"), ("kroxylicious-tls", "direct-tls"),
+                           ("gatehouse-tls-both", "direct-tls"), ("gatehouse-tls", "gatehouse")):
         print(f"\n{name} / {baseline}, round by round; the proxies' CPU ms/MB")
         for metric in results["direct"]:
             paired = [t / b for t, b in zip(results[name][metric], results[baseline][metric],
