@@ -26,7 +26,7 @@ from tests.integration.test_capture_kafka import (
     produce_each,
     proxy_config,
 )
-from tests.integration.test_metrics_topics import CONSUMER_PERF, PERF
+from tests.integration.test_metrics_topics import PERF
 from tests.integration.test_sasl_proxy import logged, wait_for
 from tests.support.clients import produce_and_consume_for, unique, watermarks
 from tests.support.kafka import BROKER_JVM_OPTS, TOOL_JVM_OPTS, KafkaCluster
@@ -194,11 +194,8 @@ def test_a_java_clients_own_kerberos_login_passes_through(
         produced = produce(proxy, topic, 500)
         assert produced.returncode == 0, produced.stderr[-2000:]
         assert watermarks(kerberos_kafka.bootstrap, topic) == (0, 500)
-        consumed = kerberos_kafka.run_java_tool(
-            CONSUMER_PERF, "--bootstrap-server", proxy.bootstrap, "--topic", topic,
-            "--messages", "500", "--timeout", "60000", "--command-config", str(properties),
-            timeout=120, jvm_opts=jvm)
-        assert consumed.returncode == 0, consumed.stderr[-2000:]
+        kerberos_kafka.consume_with_java(proxy.bootstrap, topic, 500, "--command-config",
+                                         str(properties), jvm_opts=jvm)
         assert proxy.sample("gatehouse_topic_records_total", topic=topic,
                             direction="fetch") == 500
         # Each connection of both tools logged in through the proxy (before its client

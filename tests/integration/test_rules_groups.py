@@ -16,7 +16,7 @@ from confluent_kafka.admin import AdminClient
 
 from scripts.fetch_kafka import ensure_kafka_streams
 from tests.integration.test_metrics_groups import JavaMember
-from tests.integration.test_metrics_topics import CONSUMER_PERF, PERF, versions_seen
+from tests.integration.test_metrics_topics import PERF, versions_seen
 from tests.integration.test_rules_topic_ids import call
 from tests.support.clients import produce, unique
 from tests.support.kafka import KafkaCluster
@@ -97,14 +97,9 @@ def test_a_tenants_groups_live_under_its_prefix_and_others_are_out_of_reach(
 
         # The Java consumer, classic group protocol and KIP-848's.
         for group, protocol in ((java, "classic"), (kip848, "consumer")):
-            result = kafka.run_java_tool(
-                CONSUMER_PERF, "--bootstrap-server", proxy.bootstrap, "--topic", name,
-                "--group", group, "--messages", "110", "--timeout", "60000",
-                "--command-property", "client.id=a-java",
-                "--command-property", f"group.protocol={protocol}", timeout=120)
-            assert result.returncode == 0, result.stderr[-2000:]
-            rows = [ln for ln in result.stdout.splitlines() if ln[:1].isdigit()]
-            assert rows and int(rows[-1].split(",")[4]) == 110
+            kafka.consume_with_java(proxy.bootstrap, name, 110, "--group", group,
+                                    "--command-property", "client.id=a-java",
+                                    "--command-property", f"group.protocol={protocol}")
         # kafka-python, the classic group APIs.
         from kafka import KafkaConsumer
 

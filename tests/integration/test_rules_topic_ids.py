@@ -16,7 +16,7 @@ from confluent_kafka.admin import AdminClient
 
 from gatehouse import codecs
 from gatehouse.codecs.records import encode_batch
-from tests.integration.test_metrics_topics import CONSUMER_PERF, PERF, versions_seen
+from tests.integration.test_metrics_topics import PERF, versions_seen
 from tests.support.clients import consume, recv_exact, unique, watermarks
 from tests.support.kafka import KafkaCluster
 from tests.support.proxythread import ProxyThread
@@ -85,13 +85,8 @@ def test_a_tenant_names_its_own_topics_by_id_and_no_one_elses(kafka: KafkaCluste
         assert "500 records sent" in produced.stdout
         registry = proxy.metrics.registry
         assert max(versions_seen(registry, "Produce", "apache-kafka-java")) >= 13
-        consumed = kafka.run_java_tool(
-            CONSUMER_PERF, "--bootstrap-server", proxy.bootstrap, "--topic", client_name,
-            "--messages", "500", "--timeout", "60000", "--command-property",
-            "client.id=a-perf-consumer", timeout=120)
-        assert consumed.returncode == 0, consumed.stderr[-2000:]
-        rows = [ln for ln in consumed.stdout.splitlines() if ln[:1].isdigit()]
-        assert rows and int(rows[-1].split(",")[4]) == 500
+        kafka.consume_with_java(proxy.bootstrap, client_name, 500,
+                                "--command-property", "client.id=a-perf-consumer")
         assert min(versions_seen(registry, "Fetch", "apache-kafka-java")) >= 13
         conf = {"bootstrap.servers": proxy.bootstrap, "client.id": "a-librdkafka"}
         assert len(consume(conf, client_name, 500)) == 500

@@ -13,7 +13,7 @@ from pathlib import Path
 import confluent_kafka as ck
 import pytest
 
-from tests.integration.test_metrics_topics import CONSUMER_PERF, PERF
+from tests.integration.test_metrics_topics import PERF
 from tests.integration.test_sasl_proxy import logged, wait_for
 from tests.support.clients import consume, produce, unique, watermarks
 from tests.support.kafka import TOOL_JVM_OPTS, KafkaCluster, tls_files_for_loopback
@@ -105,11 +105,8 @@ def test_tls_key_updates_mid_connection_both_ways_through_the_proxy(
             "--throughput", "-1", "--producer-props", f"bootstrap.servers={proxy.bootstrap}",
             "acks=all", "--producer.config", str(client_tls), timeout=180, jvm_opts=rekeying)
         assert re.search(r"^3000 records sent", produced.stdout, re.M), produced.stderr[-2000:]
-        consumed = kafka.run_java_tool(
-            CONSUMER_PERF, "--bootstrap-server", proxy.bootstrap, "--topic", topic,
-            "--messages", "3000", "--timeout", "60000", "--command-config", str(client_tls),
-            timeout=180, jvm_opts=rekeying)
-        assert consumed.returncode == 0, consumed.stderr[-2000:]
+        consumed = kafka.consume_with_java(proxy.bootstrap, topic, 3000, "--command-config",
+                                           str(client_tls), timeout=180, jvm_opts=rekeying)
         assert proxy.sample("gatehouse_topic_records_total", topic=topic,
                             direction="fetch") >= 3000
     assert watermarks(kafka.bootstrap, topic, 0)[1] == 3000

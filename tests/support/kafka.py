@@ -46,6 +46,7 @@ BROKER_JVM_OPTS = (
 # Java programs of the tests' own (Java's single-file source launcher runs them on the
 # Kafka jars' classpath: run_java_tool(libs, str(JAVA_SOURCES / "X.java"), ...)).
 JAVA_SOURCES = Path(__file__).resolve().parent / "java"
+CONSUMER_PERF = "org.apache.kafka.tools.ConsumerPerformance"
 TOOL_JVM_OPTS = (
     "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:-UsePerfData",
     "-Djava.awt.headless=true",
@@ -577,6 +578,21 @@ class KafkaCluster:
         """
         return run_java_tool(self.libs, main_class, *args, timeout=timeout, jvm_opts=jvm_opts,
                              check=check, log_level=self.log_level)
+
+    def consume_with_java(self, bootstrap: str, topic: str, messages: int, *options: str,
+                          timeout: float = 120.0, jvm_opts: Iterable[str] = TOOL_JVM_OPTS,
+                          ) -> subprocess.CompletedProcess[str]:
+        """Kafka's ConsumerPerformance reading ``messages`` records of ``topic`` from
+        ``bootstrap`` (``options``: more of its own, ``--command-config``, ``--group``...),
+        within a minute of no records; fails the test unless it exited cleanly having
+        read every one of them."""
+        result = self.run_java_tool(
+            CONSUMER_PERF, "--bootstrap-server", bootstrap, "--topic", topic, "--messages",
+            str(messages), "--timeout", "60000", *options, timeout=timeout, jvm_opts=jvm_opts)
+        assert result.returncode == 0, result.stderr[-2000:]
+        rows = [line for line in result.stdout.splitlines() if line[:1].isdigit()]
+        assert rows and int(rows[-1].split(",")[4]) == messages, result.stdout[-2000:]
+        return result
 
     # -- internals --
 
