@@ -259,7 +259,7 @@ class FastStream:
                 continue
             except OSError as exc:
                 raise trio.BrokenResourceError(exc) from exc
-            await self._fair_with_bytes_in_hand()
+            await self._fair(bytes_in_hand=True)
             return got
 
     async def _wait_for_bytes(self, sock: Any) -> None:
@@ -270,14 +270,6 @@ class FastStream:
         finally:
             self.waiting = False
         self._ready_calls = 0
-
-    async def _fair_with_bytes_in_hand(self) -> None:
-        """``_fair`` after a receive: a cancellation now would lose the bytes received,
-        so the yield is shielded (trio's own receive does the same)."""
-        self._ready_calls += 1
-        if self._ready_calls >= _YIELD_EVERY:
-            self._ready_calls = 0
-            await trio.lowlevel.cancel_shielded_checkpoint()
 
     async def send_all(self, data: Any) -> None:
         sock = self.socket
@@ -424,8 +416,7 @@ class FastStream:
         """The socket's next bytes into the TLS stream's incoming buffer (its EOF too),
         waiting for them when there are none; what a read left to send (a renegotiation's
         answer, TLS 1.3's key update) goes first, or the peer may wait for it."""
-        if tls.outgoing.pending and not tls.lock.locked():
-            await self._tls_flush(tls)
+        await self._tls_send_what_reads_made(tls)
         if tls.incoming.eof:  # SSLObject asks for more after the socket's EOF: never spin
             tls.broken()
             raise trio.BrokenResourceError("the TLS peer's connection ended inside a record")
@@ -446,11 +437,14 @@ class FastStream:
             return
 
     async def _tls_after_read(self, tls: _TlsState) -> None:
+        await self._tls_send_what_reads_made(tls)
+        await self._fair(bytes_in_hand=True)
+
+    async def _tls_send_what_reads_made(self, tls: _TlsState) -> None:
+        """What a read sealed to send (see _tls_fill), sent now; while a send is under
+        way, its task sends it too before it lets go of the lock."""
         if tls.outgoing.pending and not tls.lock.locked():
-            # The read made something to send (see _tls_fill); while a send is under
-            # way, its task sends this too before it lets go of the lock.
             await self._tls_flush(tls)
-        await self._fair_with_bytes_in_hand()
 
     async def _tls_send(self, parts: tuple[Any, ...]) -> None:
         """``parts`` sealed into records, in order, and sent."""
@@ -496,11 +490,17 @@ class FastStream:
         finally:
             lock.release()
 
-    async def _fair(self) -> None:
+    async def _fair(self, bytes_in_hand: bool = False) -> None:
+        """One yield every ``_YIELD_EVERY`` calls that did not wait; after a receive
+        (``bytes_in_hand``) a shielded one: a cancellation then would lose the bytes
+        received (trio's own receive does the same)."""
         self._ready_calls += 1
         if self._ready_calls >= _YIELD_EVERY:
             self._ready_calls = 0
-            await trio.lowlevel.checkpoint()
+            if bytes_in_hand:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+            else:
+                await trio.lowlevel.checkpoint()
 
 
 class _TlsState:
@@ -528,9 +528,8 @@ class _TlsState:
         state otherwise (its own methods then serve)."""
         if not isinstance(stream, trio.SSLStream):
             return None
-        handshook = getattr(stream, "_handshook", None)
-        if (type(stream.transport_stream) is not trio.SocketStream or handshook is None
-                or not getattr(handshook, "done", False)
+        if (type(stream.transport_stream) is not trio.SocketStream
+                or not getattr(getattr(stream, "_handshook", None), "done", False)
                 or not all(hasattr(stream, name) for name in _SSLSTREAM_STATE)):
             return None
         return cls(stream)
