@@ -29,6 +29,7 @@ from tests.support.clients import (
 from tests.support.kafka import (
     BROKER_JVM_OPTS,
     JAVA_SOURCES,
+    PERF,
     KafkaCluster,
     libs_with_plugin,
     start_java_process,
@@ -36,7 +37,6 @@ from tests.support.kafka import (
 )
 from tests.support.proxythread import ProxyThread
 
-PERF = "org.apache.kafka.tools.ProducerPerformance"
 CLIENT_METRICS = "org.apache.kafka.tools.ClientMetricsCommand"
 
 

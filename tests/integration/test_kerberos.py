@@ -26,10 +26,9 @@ from tests.integration.test_capture_kafka import (
     produce_each,
     proxy_config,
 )
-from tests.integration.test_metrics_topics import PERF
 from tests.integration.test_sasl_proxy import logged, wait_for
 from tests.support.clients import produce_and_consume_for, unique, watermarks
-from tests.support.kafka import BROKER_JVM_OPTS, TOOL_JVM_OPTS, KafkaCluster
+from tests.support.kafka import BROKER_JVM_OPTS, PERF, TOOL_JVM_OPTS, KafkaCluster
 from tests.support.kerberos import REALM, KerberosRealm
 from tests.support.proxythread import ProxyThread
 from tests.test_capture import read_records

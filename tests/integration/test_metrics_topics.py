@@ -10,10 +10,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 
 from tests.support.clients import consume, unique
-from tests.support.kafka import KafkaCluster
+from tests.support.kafka import PERF, KafkaCluster
 from tests.support.proxythread import ProxyThread
-
-PERF = "org.apache.kafka.tools.ProducerPerformance"
 
 
 def versions_seen(registry: CollectorRegistry, api: str, software_prefix: str) -> set[int]:

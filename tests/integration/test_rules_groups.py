@@ -16,10 +16,10 @@ from confluent_kafka.admin import AdminClient
 
 from scripts.fetch_kafka import ensure_kafka_streams
 from tests.integration.test_metrics_groups import JavaMember
-from tests.integration.test_metrics_topics import PERF, versions_seen
+from tests.integration.test_metrics_topics import versions_seen
 from tests.integration.test_rules_topic_ids import call
 from tests.support.clients import produce, unique
-from tests.support.kafka import KafkaCluster
+from tests.support.kafka import PERF, KafkaCluster
 from tests.support.proxythread import ProxyThread
 
 RULES = ("- name: tenant-a\n  match: {client_id: '^a-'}\n"

@@ -16,9 +16,9 @@ from confluent_kafka.admin import AdminClient
 
 from gatehouse import codecs
 from gatehouse.codecs.records import encode_batch
-from tests.integration.test_metrics_topics import PERF, versions_seen
+from tests.integration.test_metrics_topics import versions_seen
 from tests.support.clients import consume, recv_exact, unique, watermarks
-from tests.support.kafka import KafkaCluster
+from tests.support.kafka import PERF, KafkaCluster
 from tests.support.proxythread import ProxyThread
 
 RULES = ("- name: tenant-a\n  match: {client_id: '^a-'}\n"

@@ -20,13 +20,12 @@ import pytest
 import trustme
 
 from tests.support.clients import unique
-from tests.support.kafka import KafkaCluster
+from tests.support.kafka import PERF, KafkaCluster
 from tests.support.netns import Netns, namespace_or_skip
 from tests.support.proxythread import ProxyThread
 from tests.support.tansu import tansu_binary
 
 DOMAIN = "gatehouse.test"  # .test never resolves (RFC 2606): the clients are told, below
-PERF = "org.apache.kafka.tools.ProducerPerformance"
 
 
 @pytest.fixture

@@ -13,10 +13,9 @@ from pathlib import Path
 import confluent_kafka as ck
 import pytest
 
-from tests.integration.test_metrics_topics import PERF
 from tests.integration.test_sasl_proxy import logged, wait_for
 from tests.support.clients import consume, produce, unique, watermarks
-from tests.support.kafka import TOOL_JVM_OPTS, KafkaCluster, tls_files_for_loopback
+from tests.support.kafka import PERF, TOOL_JVM_OPTS, KafkaCluster, tls_files_for_loopback
 from tests.support.proxythread import ProxyThread
 
 

@@ -46,6 +46,7 @@ BROKER_JVM_OPTS = (
 # Java programs of the tests' own (Java's single-file source launcher runs them on the
 # Kafka jars' classpath: run_java_tool(libs, str(JAVA_SOURCES / "X.java"), ...)).
 JAVA_SOURCES = Path(__file__).resolve().parent / "java"
+PERF = "org.apache.kafka.tools.ProducerPerformance"
 CONSUMER_PERF = "org.apache.kafka.tools.ConsumerPerformance"
 TOOL_JVM_OPTS = (
     "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:-UsePerfData",
