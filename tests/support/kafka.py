@@ -319,14 +319,21 @@ class KafkaCluster:
         log_level: str = "WARN",
         keep_dir: bool | None = None,
         tls_keystore: Path | None = None,
+        relayed_listeners: Mapping[str, tuple[int, int]] | None = None,
     ) -> None:
         """``tls_keystore``: a PEM file with a private key (PKCS#8, unencrypted) and its
-        certificate chain, for an SSL listener on each broker (``ssl_bootstrap``)."""
+        certificate chain, for an SSL listener on each broker (``ssl_bootstrap``).
+        ``relayed_listeners``: name -> (port, advertised port), more PLAINTEXT listeners
+        whose clients are told the other port (a relay in front of them keeps them on
+        it); one node only."""
         if n_nodes < 1:
             raise ValueError("n_nodes must be at least 1")
         self.n_nodes = n_nodes
         self.sasl_scram = sasl_scram
         self.tls_keystore = tls_keystore
+        if relayed_listeners and n_nodes != 1:
+            raise ValueError("relayed_listeners: one node only (one port each)")
+        self.relayed_listeners = dict(relayed_listeners or {})
         self.version = version
         self._libs = libs
         self.extra_config = dict(extra_config or {})
@@ -612,6 +619,10 @@ class KafkaCluster:
             listeners.append(f"SSL://{LOCALHOST}:{node.ssl_port}")
             advertised.append(f"SSL://{LOCALHOST}:{node.ssl_port}")
             protocols.append("SSL:SSL")
+        for name, (port, advertised_port) in self.relayed_listeners.items():
+            listeners.append(f"{name}://{LOCALHOST}:{port}")
+            advertised.append(f"{name}://{LOCALHOST}:{advertised_port}")
+            protocols.append(f"{name}:PLAINTEXT")
         if node.controller_port is not None:
             listeners.append(f"CONTROLLER://{LOCALHOST}:{node.controller_port}")
         props: dict[str, object] = {

@@ -1,0 +1,235 @@
+"""Gatehouse beside two relays that read nothing, same broker, same run: what the event loop
+costs a proxy of small requests.
+
+    python -m bench.relays [--records 300000] [--rounds 5] [--round-trips 3000]
+
+The relays forward bytes as they come, no frame parsed, no address rewritten: a trio relay
+(trio's SocketStream, a task per direction), a raw trio relay (trio's readiness waits
+around ``os.read``/``os.write``, as Gatehouse's own streams do) and a blocking relay (an
+OS thread per direction, ``recv_into`` then ``sendall``).  The broker advertises each relay's own port
+on a listener of its own (``KafkaCluster(relayed_listeners=...)``), so clients stay on
+the relay after Metadata, as they stay on Gatehouse.  Prints, against direct:
+
+- Kafka's ProducerPerformance / ConsumerPerformance with 1 KiB records (acks=all), the
+  targets rotated each round: throughput ratios and each proxy's CPU ms per MB;
+- a loop of 40 KB Produce requests (three partitions' batches of 13 records, acks=1),
+  one in flight, as a Java producer's 1 KiB records make them: added p50, and each
+  proxy's user and system CPU microseconds per round trip (/proc).
+
+What it shows: the CPU a proxy spends on a small request and its answer besides the
+system's own work (which the blocking relay nearly is), and how much of that is the
+event loop's (the raw trio relay) rather than the inspection's (Gatehouse minus it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import trio
+
+from bench.proxy import bench_cluster, compare_throughput, rotated, start_gatehouse
+from gatehouse import codecs
+from gatehouse.codecs.records import encode_batch
+from gatehouse.embedded import free_port, wait_for_port
+
+RELAY_READ = 256 * 1024
+
+
+# -- the relays (each its own process: ``python -m bench.relays serve KIND PORT UPSTREAM``) --
+
+
+def serve_trio_relay(port: int, upstream: int) -> None:
+    async def pump(source: trio.SocketStream, sink: trio.SocketStream) -> None:
+        while data := await source.receive_some(RELAY_READ):
+            await sink.send_all(data)
+
+    async def handle(client: trio.SocketStream) -> None:
+        broker = await trio.open_tcp_stream("127.0.0.1", upstream)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pump, client, broker)
+            nursery.start_soon(pump, broker, client)
+
+    trio.run(trio.serve_tcp, handle, port)
+
+
+def serve_raw_trio_relay(port: int, upstream: int) -> None:
+    """trio's loop at its leanest: its readiness waits around the system's reads and
+    writes, none of SocketStream's checkpoints."""
+    async def pump(source: int, sink: int) -> None:
+        while True:
+            try:
+                data = os.read(source, RELAY_READ)
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(source)
+                continue
+            if not data:
+                return
+            view = memoryview(data)
+            while view:
+                try:
+                    view = view[os.write(sink, view):]
+                except BlockingIOError:
+                    await trio.lowlevel.wait_writable(sink)
+
+    async def handle(client: trio.SocketStream) -> None:
+        broker = await trio.open_tcp_stream("127.0.0.1", upstream)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pump, client.socket.fileno(), broker.socket.fileno())
+            nursery.start_soon(pump, broker.socket.fileno(), client.socket.fileno())
+
+    trio.run(trio.serve_tcp, handle, port)
+
+
+def serve_thread_relay(port: int, upstream: int) -> None:
+    def pump(source: socket.socket, sink: socket.socket) -> None:
+        buffer = bytearray(RELAY_READ)
+        view = memoryview(buffer)
+        while n := source.recv_into(buffer):
+            sink.sendall(view[:n])
+        sink.shutdown(socket.SHUT_WR)
+
+    server = socket.create_server(("127.0.0.1", port))
+    while True:
+        client, _ = server.accept()
+        broker = socket.create_connection(("127.0.0.1", upstream))
+        for sock in (client, broker):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        threading.Thread(target=pump, args=(client, broker), daemon=True).start()
+        threading.Thread(target=pump, args=(broker, client), daemon=True).start()
+
+
+RELAYS = {"trio-relay": serve_trio_relay, "raw-trio-relay": serve_raw_trio_relay,
+          "thread-relay": serve_thread_relay}
+
+
+def start_relay(kind: str, port: int, upstream: int) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([sys.executable, "-m", "bench.relays", "serve", kind, str(port),
+                             str(upstream)], stdin=subprocess.DEVNULL)
+    wait_for_port("127.0.0.1", port, 30, proc)
+    return proc
+
+
+# -- the round-trip loop ------------------------------------------------------------------
+
+
+def produce_frame(topic: str, partitions: int = 3, records: int = 13) -> bytes:
+    """One Produce v9 request as a Java producer's 1 KiB records make them (~40 KB)."""
+    batch = encode_batch([(int(time.time() * 1000), None, bytes(1000))] * records)
+    frame = bytes(codecs.request_from_dict({
+        "header": {"api_key": 0, "api_version": 9, "correlation_id": 1, "client_id": "bench"},
+        "body": {"transactional_id": None, "acks": 1, "timeout_ms": 5000, "topic_data": [
+            {"name": topic, "partition_data": [{"index": p, "records": batch}
+                                               for p in range(partitions)]}]},
+    }).encode())
+    return struct.pack(">i", len(frame)) + frame
+
+
+def round_trips(bootstrap: str, frame: bytes, n: int) -> list[float]:
+    """Seconds per request and its answer, one in flight."""
+    host, port = bootstrap.rsplit(":", 1)
+    out = []
+    with socket.create_connection((host, int(port))) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for _ in range(n):
+            start = time.perf_counter()
+            sock.sendall(frame)
+            size = struct.unpack(">i", _exactly(sock, 4))[0]
+            answer = _exactly(sock, size)
+            out.append(time.perf_counter() - start)
+            errors = {part.error_code for topic in codecs.decode_response(answer, 0, 9).body
+                      .responses for part in topic.partition_responses}
+            if errors != {0}:
+                raise RuntimeError(f"Produce request answered with errors {errors}")
+    return out
+
+
+def _exactly(sock: socket.socket, n: int) -> bytes:
+    data = bytearray()
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("closed")
+        data += chunk
+    return bytes(data)
+
+
+def user_system(pid: int) -> tuple[float, float]:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["serve"]:
+        kind, port, upstream = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+        RELAYS[kind](port, upstream)
+        return
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--records", type=int, default=300_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--round-trips", type=int, default=3000)
+    args = parser.parse_args()
+    os.environ.setdefault("GATEHOUSE_KAFKA_VERSION", "4.4.0")
+    ports = {kind: (free_port(), free_port()) for kind in RELAYS}  # broker's, relay's
+    listeners = {f"RELAY{i}": pair for i, pair in enumerate(ports.values())}
+    with bench_cluster(relayed_listeners=listeners) as kafka:
+        gate, gate_addr = start_gatehouse(kafka.bootstrap)
+        procs = {"gatehouse": gate}
+        targets = {"direct": kafka.bootstrap, "gatehouse": gate_addr}
+        try:
+            for kind, (broker_port, port) in ports.items():
+                procs[kind] = start_relay(kind, port, broker_port)
+                targets[kind] = f"127.0.0.1:{port}"
+            cpu: dict[str, dict[str, list[float]]] = {}
+            results = compare_throughput(kafka, targets, records=args.records,
+                                         rounds=args.rounds, cpu=cpu,
+                                         pids={k: p.pid for k, p in procs.items()})
+            kafka.create_topic("bench-round-trips", partitions=3)
+            frame = produce_frame("bench-round-trips")
+            trips: dict[str, list[float]] = {name: [] for name in targets}
+            spent = {name: [0.0, 0.0] for name in procs}
+            for addr in targets.values():  # warmed: first answers are slower
+                round_trips(addr, frame, 200)
+            for r in range(len(targets)):
+                for name, addr in rotated(list(targets.items()), r):
+                    before = user_system(procs[name].pid) if name in procs else None
+                    trips[name] += round_trips(addr, frame, args.round_trips)
+                    if before is not None:
+                        after = user_system(procs[name].pid)
+                        spent[name][0] += after[0] - before[0]
+                        spent[name][1] += after[1] - before[1]
+        finally:
+            for proc in procs.values():
+                proc.terminate()
+                proc.wait(15)
+    print(f"{'metric':<22}{'direct':>10}" + "".join(f"{n:>34}" for n in procs))
+    for metric, direct_values in results["direct"].items():
+        direct = statistics.median(direct_values)
+        cells = []
+        for name in procs:
+            values = results[name][metric]
+            cells.append(f"{statistics.median(values) / direct:.3f} "
+                         f"({min(values) / direct:.2f}-{max(values) / direct:.2f}) "
+                         f"{1000 * statistics.median(cpu[name][metric]):.2f}ms/MB")
+        print(f"{metric:<22}{direct:>10.1f}" + "".join(f"{c:>34}" for c in cells))
+    direct_p50 = statistics.median(trips["direct"])
+    print(f"40 KB Produce round trip, one in flight ({len(targets) * args.round_trips} each): "
+          f"direct p50 {1000 * direct_p50:.3f} ms")
+    for name in procs:
+        count = len(trips[name])
+        print(f"  {name:<16} added p50 {1000 * (statistics.median(trips[name]) - direct_p50):+.3f}"
+              f" ms, CPU per round trip: user {1e6 * spent[name][0] / count:.0f} us, "
+              f"system {1e6 * spent[name][1] / count:.0f} us")
+
+
+if __name__ == "__main__":
+    main()
