@@ -298,21 +298,28 @@ def latencies(bootstrap: str, n: int = 2000) -> list[float]:
         frame = bytes(codecs.Request.build(18, 3, i, "bench", body).encode())
         t0 = time.perf_counter()
         sock.sendall(struct.pack(">i", len(frame)) + frame)
-        size = struct.unpack(">i", _exact(sock, 4))[0]
-        _exact(sock, size)
+        receive_frame(sock)
         out.append(time.perf_counter() - t0)
     sock.close()
     return out
 
 
-def _exact(sock: socket.socket, n: int) -> bytes:
-    data = b""
+def receive_frame(sock: socket.socket) -> bytes:
+    """One size-prefixed frame from a blocking socket: its bytes after the prefix."""
+    return _exactly(sock, _SIZE.unpack(_exactly(sock, 4))[0])
+
+
+def _exactly(sock: socket.socket, n: int) -> bytes:
+    data = bytearray()
     while len(data) < n:
         chunk = sock.recv(n - len(data))
         if not chunk:
             raise ConnectionError("closed")
         data += chunk
-    return data
+    return bytes(data)
+
+
+_SIZE = struct.Struct(">i")
 
 
 def rss_with_idle_connections(proc: subprocess.Popen[bytes], bootstrap: str,
@@ -331,8 +338,7 @@ def rss_with_idle_connections(proc: subprocess.Popen[bytes], bootstrap: str,
         s.sendall(struct.pack(">i", len(frame)) + frame)
         socks.append(s)
     for s in socks:  # every connection has been served once, then sits idle
-        size = struct.unpack(">i", _exact(s, 4))[0]
-        _exact(s, size)
+        receive_frame(s)
     after = rss()
     for s in socks:
         s.close()

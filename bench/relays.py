@@ -36,7 +36,13 @@ from pathlib import Path
 
 import trio
 
-from bench.proxy import bench_cluster, compare_throughput, rotated, start_gatehouse
+from bench.proxy import (
+    bench_cluster,
+    compare_throughput,
+    receive_frame,
+    rotated,
+    start_gatehouse,
+)
 from gatehouse import codecs
 from gatehouse.codecs.records import encode_batch
 from gatehouse.embedded import free_port, wait_for_port
@@ -142,24 +148,13 @@ def round_trips(bootstrap: str, frame: bytes, n: int) -> list[float]:
         for _ in range(n):
             start = time.perf_counter()
             sock.sendall(frame)
-            size = struct.unpack(">i", _exactly(sock, 4))[0]
-            answer = _exactly(sock, size)
+            answer = receive_frame(sock)
             out.append(time.perf_counter() - start)
             errors = {part.error_code for topic in codecs.decode_response(answer, 0, 9).body
                       .responses for part in topic.partition_responses}
             if errors != {0}:
                 raise RuntimeError(f"Produce request answered with errors {errors}")
     return out
-
-
-def _exactly(sock: socket.socket, n: int) -> bytes:
-    data = bytearray()
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError("closed")
-        data += chunk
-    return bytes(data)
 
 
 def user_system(pid: int) -> tuple[float, float]:

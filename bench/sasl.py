@@ -34,7 +34,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.proxy import bench_cluster, cpu_seconds, start_gatehouse
+from bench.proxy import bench_cluster, cpu_seconds, receive_frame, start_gatehouse
 from gatehouse import codecs
 from tests.support.kafka import SCRAM_PASSWORD, SCRAM_USER
 
@@ -50,18 +50,7 @@ def _call(sock: socket.socket, api_key: int, version: int, correlation_id: int,
     body = codecs.api(api_key).request.root.cls(**fields)
     frame = codecs.Request.build(api_key, version, correlation_id, "bench", body).encode()
     sock.sendall(struct.pack(">i", len(frame)) + bytes(frame))
-    size = struct.unpack(">i", _exactly(sock, 4))[0]
-    return codecs.decode_response(_exactly(sock, size), api_key, version).body
-
-
-def _exactly(sock: socket.socket, n: int) -> bytes:
-    data = bytearray()
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError("closed")
-        data += chunk
-    return bytes(data)
+    return codecs.decode_response(receive_frame(sock), api_key, version).body
 
 
 def login(address: tuple[str, int]) -> None:
