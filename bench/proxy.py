@@ -34,11 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gatehouse import codecs
 from gatehouse.embedded import free_port, tansu_binary, wait_for_port
-from tests.support.kafka import BROKER_JVM_OPTS, KafkaCluster
+from tests.support.kafka import BROKER_JVM_OPTS, CONSUMER_PERF, PERF, KafkaCluster
 
 T = TypeVar("T")
-PERF = "org.apache.kafka.tools.ProducerPerformance"
-CONSUMER_PERF = "org.apache.kafka.tools.ConsumerPerformance"
 
 # The broker and the Java clients run as production runs them, with the JVM's full JIT.
 # The tests' options stop at C1 (-XX:TieredStopAtLevel=1, a quicker start), whose code
@@ -47,6 +45,7 @@ CONSUMER_PERF = "org.apache.kafka.tools.ConsumerPerformance"
 # Tables in RESULTS.md before the forty-ninth session's were measured with C1 JVMs.
 BROKER_JVM = tuple(opt for opt in BROKER_JVM_OPTS if not opt.startswith("-XX:TieredStopAtLevel"))
 CLIENT_JVM = ("-Xmx512m", "-XX:+UseSerialGC", "-XX:-UsePerfData", "-Djava.awt.headless=true")
+_SIZE = struct.Struct(">i")
 
 
 def bench_cluster(brokers: int = 1, **options: Any) -> KafkaCluster:
@@ -318,8 +317,6 @@ def _exactly(sock: socket.socket, n: int) -> bytes:
         data += chunk
     return bytes(data)
 
-
-_SIZE = struct.Struct(">i")
 
 
 def rss_with_idle_connections(proc: subprocess.Popen[bytes], bootstrap: str,
