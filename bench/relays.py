@@ -1,14 +1,16 @@
-"""Gatehouse beside two relays that read nothing, same broker, same run: what the event loop
-costs a proxy of small requests.
+"""Gatehouse beside relays that read nothing or the least, same broker, same run: what the
+event loop costs a proxy of small requests.
 
     python -m bench.relays [--records 300000] [--rounds 5] [--round-trips 3000]
 
 The relays forward bytes as they come, no frame parsed, no address rewritten: a trio relay
 (trio's SocketStream, a task per direction), a raw trio relay (trio's readiness waits
 around ``os.read``/``os.write``, as Gatehouse's own streams do) and a blocking relay (an
-OS thread per direction, ``recv_into`` then ``sendall``).  The broker advertises each relay's own port
-on a listener of its own (``KafkaCluster(relayed_listeners=...)``), so clients stay on
-the relay after Metadata, as they stay on Gatehouse.  Prints, against direct:
+OS thread per direction, ``recv_into`` then ``sendall``); and the blocking relay again
+with the least a proxy's inspection does, in Python (frames split, each request's header
+decoded and counted, its answer matched by correlation id).  The broker advertises each
+relay's own port on a listener of its own (``KafkaCluster(relayed_listeners=...)``), so
+clients stay on the relay after Metadata, as they stay on Gatehouse.  Prints, against direct:
 
 - Kafka's ProducerPerformance / ConsumerPerformance with 1 KiB records (acks=all), the
   targets rotated each round: throughput ratios and each proxy's CPU ms per MB;
@@ -18,7 +20,8 @@ the relay after Metadata, as they stay on Gatehouse.  Prints, against direct:
 
 What it shows: the CPU a proxy spends on a small request and its answer besides the
 system's own work (which the blocking relay nearly is), and how much of that is the
-event loop's (the raw trio relay) rather than the inspection's (Gatehouse minus it).
+event loop's (the raw trio relay) rather than the inspection's (Gatehouse minus it), and
+what the inspection costs without an event loop (the inspecting thread relay).
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter, deque
+from collections.abc import Callable
 from pathlib import Path
 
 import trio
@@ -44,10 +49,13 @@ from bench.proxy import (
     start_gatehouse,
 )
 from gatehouse import codecs
+from gatehouse.codecs.peek import produce_acks
 from gatehouse.codecs.records import encode_batch
 from gatehouse.embedded import free_port, wait_for_port
 
 RELAY_READ = 256 * 1024
+_SIZE = struct.Struct(">i")
+_HEAD_BYTES = 1024  # enough of a frame for its header (and a Produce request's acks)
 
 
 # -- the relays (each its own process: ``python -m bench.relays serve KIND PORT UPSTREAM``) --
@@ -113,8 +121,75 @@ def serve_thread_relay(port: int, upstream: int) -> None:
         threading.Thread(target=pump, args=(broker, client), daemon=True).start()
 
 
+def serve_inspecting_thread_relay(port: int, upstream: int) -> None:
+    """The blocking relay with the least a proxy's inspection does, in Python: frames
+    split, each request's header decoded (gatehouse.codecs) and counted by API, version
+    and client, its answer owed (unless acks=0) and matched by correlation id."""
+    counts: Counter[tuple[object, ...]] = Counter()
+
+    def frames(source: socket.socket, sink: socket.socket,
+               each: Callable[[memoryview], None]) -> None:
+        """Bytes from source to sink as they come, ``each`` called with every frame's
+        bytes after its size (or its first ones in hand, at least _HEAD_BYTES, for a
+        frame longer than that not yet all in: its rest then goes on as it comes)."""
+        buffer = bytearray(RELAY_READ)
+        view = memoryview(buffer)
+        held = 0  # bytes in the buffer
+        passing = 0  # bytes of a frame already seen, still to come
+        while n := source.recv_into(view[held:]):
+            held += n
+            at = 0
+            while at < held:
+                if passing:
+                    step = min(passing, held - at)
+                    passing -= step
+                    at += step
+                    continue
+                if held - at < 4:
+                    break
+                size = _SIZE.unpack_from(buffer, at)[0]
+                in_hand = min(held - at - 4, size)
+                if in_hand < min(size, _HEAD_BYTES):
+                    break
+                each(view[at + 4:at + 4 + in_hand])
+                passing = size - in_hand
+                at += 4 + in_hand
+            sink.sendall(view[:at])
+            view[:held - at] = view[at:held]
+            held -= at
+        sink.shutdown(socket.SHUT_WR)
+
+    def serve(client: socket.socket, broker: socket.socket) -> None:
+        owed: deque[tuple[int, int]] = deque()
+
+        def request(frame: memoryview) -> None:
+            req = codecs.decode_request(frame)
+            header = req.header
+            counts[header.api_key, header.api_version, header.client_id] += 1
+            if header.api_key != 0 or produce_acks(req) != 0:
+                owed.append((header.correlation_id, header.api_key))
+
+        def answer(frame: memoryview) -> None:
+            correlation_id, api_key = owed.popleft()
+            if _SIZE.unpack_from(frame)[0] != correlation_id:
+                raise RuntimeError("an answer out of order")
+            counts["answers", api_key] += 1
+
+        threading.Thread(target=frames, args=(client, broker, request), daemon=True).start()
+        frames(broker, client, answer)
+
+    server = socket.create_server(("127.0.0.1", port))
+    while True:
+        client, _ = server.accept()
+        broker = socket.create_connection(("127.0.0.1", upstream))
+        for sock in (client, broker):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        threading.Thread(target=serve, args=(client, broker), daemon=True).start()
+
+
 RELAYS = {"trio-relay": serve_trio_relay, "raw-trio-relay": serve_raw_trio_relay,
-          "thread-relay": serve_thread_relay}
+          "thread-relay": serve_thread_relay,
+          "inspecting-thread-relay": serve_inspecting_thread_relay}
 
 
 def start_relay(kind: str, port: int, upstream: int) -> subprocess.Popen[bytes]:
@@ -206,7 +281,7 @@ def main() -> None:
             for proc in procs.values():
                 proc.terminate()
                 proc.wait(15)
-    print(f"{'metric':<22}{'direct':>10}" + "".join(f"{n:>34}" for n in procs))
+    print(f"{'metric':<22}{'direct':>10}" + "".join(f"{n:>36}" for n in procs))
     for metric, direct_values in results["direct"].items():
         direct = statistics.median(direct_values)
         cells = []
@@ -215,13 +290,13 @@ def main() -> None:
             cells.append(f"{statistics.median(values) / direct:.3f} "
                          f"({min(values) / direct:.2f}-{max(values) / direct:.2f}) "
                          f"{1000 * statistics.median(cpu[name][metric]):.2f}ms/MB")
-        print(f"{metric:<22}{direct:>10.1f}" + "".join(f"{c:>34}" for c in cells))
+        print(f"{metric:<22}{direct:>10.1f}" + "".join(f"{c:>36}" for c in cells))
     direct_p50 = statistics.median(trips["direct"])
     print(f"40 KB Produce round trip, one in flight ({len(targets) * args.round_trips} each): "
           f"direct p50 {1000 * direct_p50:.3f} ms")
     for name in procs:
         count = len(trips[name])
-        print(f"  {name:<16} added p50 {1000 * (statistics.median(trips[name]) - direct_p50):+.3f}"
+        print(f"  {name:<24} added p50 {1000 * (statistics.median(trips[name]) - direct_p50):+.3f}"
               f" ms, CPU per round trip: user {1e6 * spent[name][0] / count:.0f} us, "
               f"system {1e6 * spent[name][1] / count:.0f} us")
 
