@@ -37,7 +37,6 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from pathlib import Path
 
 import trio
 
@@ -47,6 +46,7 @@ from bench.proxy import (
     receive_frame,
     rotated,
     start_gatehouse,
+    user_system_seconds,
 )
 from gatehouse import codecs
 from gatehouse.codecs.peek import produce_acks
@@ -232,12 +232,6 @@ def round_trips(bootstrap: str, frame: bytes, n: int) -> list[float]:
     return out
 
 
-def user_system(pid: int) -> tuple[float, float]:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick
-
-
 def main() -> None:
     if sys.argv[1:2] == ["serve"]:
         kind, port, upstream = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
@@ -271,10 +265,10 @@ def main() -> None:
                 round_trips(addr, frame, 200)
             for r in range(len(targets)):
                 for name, addr in rotated(list(targets.items()), r):
-                    before = user_system(procs[name].pid) if name in procs else None
+                    before = user_system_seconds(procs[name].pid) if name in procs else None
                     trips[name] += round_trips(addr, frame, args.round_trips)
                     if before is not None:
-                        after = user_system(procs[name].pid)
+                        after = user_system_seconds(procs[name].pid)
                         spent[name][0] += after[0] - before[0]
                         spent[name][1] += after[1] - before[1]
         finally:
