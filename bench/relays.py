@@ -111,14 +111,23 @@ def serve_thread_relay(port: int, upstream: int) -> None:
             sink.sendall(view[:n])
         sink.shutdown(socket.SHUT_WR)
 
+    def serve(client: socket.socket, broker: socket.socket) -> None:
+        threading.Thread(target=pump, args=(client, broker), daemon=True).start()
+        pump(broker, client)
+
+    _serve_blocking(port, upstream, serve)
+
+
+def _serve_blocking(port: int, upstream: int,
+                    serve: Callable[[socket.socket, socket.socket], None]) -> None:
+    """Each client's connection and its own to the broker to ``serve``, in a thread."""
     server = socket.create_server(("127.0.0.1", port))
     while True:
         client, _ = server.accept()
         broker = socket.create_connection(("127.0.0.1", upstream))
         for sock in (client, broker):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        threading.Thread(target=pump, args=(client, broker), daemon=True).start()
-        threading.Thread(target=pump, args=(broker, client), daemon=True).start()
+        threading.Thread(target=serve, args=(client, broker), daemon=True).start()
 
 
 def serve_inspecting_thread_relay(port: int, upstream: int) -> None:
@@ -178,13 +187,7 @@ def serve_inspecting_thread_relay(port: int, upstream: int) -> None:
         threading.Thread(target=frames, args=(client, broker, request), daemon=True).start()
         frames(broker, client, answer)
 
-    server = socket.create_server(("127.0.0.1", port))
-    while True:
-        client, _ = server.accept()
-        broker = socket.create_connection(("127.0.0.1", upstream))
-        for sock in (client, broker):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        threading.Thread(target=serve, args=(client, broker), daemon=True).start()
+    _serve_blocking(port, upstream, serve)
 
 
 RELAYS = {"trio-relay": serve_trio_relay, "raw-trio-relay": serve_raw_trio_relay,
