@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gatehouse import codecs
 from gatehouse.embedded import free_port, tansu_binary, wait_for_port
+from tests.support.clients import recv_exact
 from tests.support.kafka import BROKER_JVM_OPTS, CONSUMER_PERF, PERF, KafkaCluster
 
 T = TypeVar("T")
@@ -311,17 +312,7 @@ def latencies(bootstrap: str, n: int = 2000) -> list[float]:
 
 def receive_frame(sock: socket.socket) -> bytes:
     """One size-prefixed frame from a blocking socket: its bytes after the prefix."""
-    return _exactly(sock, _SIZE.unpack(_exactly(sock, 4))[0])
-
-
-def _exactly(sock: socket.socket, n: int) -> bytes:
-    data = bytearray()
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError("closed")
-        data += chunk
-    return bytes(data)
+    return recv_exact(sock, _SIZE.unpack(recv_exact(sock, 4))[0])
 
 
 
